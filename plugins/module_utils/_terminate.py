@@ -1,0 +1,179 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) 2026, gpuops.nvidia contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Ending processes safely: signal, wait, escalate to SIGKILL, confirm exit.
+
+Each target is pinned before the first signal: a pidfd (Linux >= 5.3, Python >= 3.9)
+opened and checked against the start time recorded at scan time, so a PID reused between
+scan and signal is never hit, and exit is observed by polling the pidfd (readable once the
+process has exited: a zombie counts as exited). Where pidfds are unavailable, the start
+time (/proc/PID/stat field 22) is re-read right before every signal instead.
+"""
+from __future__ import annotations
+
+import os
+import select
+import signal
+import time
+
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _procscan
+
+_POLL_SECONDS = 0.02
+
+
+def parse_signal(name):
+    """signal.Signals for "SIGTERM", "TERM", "term" or "15"; ValueError for anything else."""
+    text = str(name).strip().upper()
+    if text.isdigit():
+        return signal.Signals(int(text))
+    if not text.startswith("SIG"):
+        text = "SIG" + text
+    try:
+        return signal.Signals[text]
+    except KeyError:
+        raise ValueError("unknown signal %r" % (name,))
+
+
+def _state(pid, proc):
+    try:
+        with open("%s/%d/stat" % (proc, pid), "rb") as stat:
+            data = stat.read()
+    except OSError:
+        return None
+    return data[data.rindex(b")") + 2:].split()[0].decode()
+
+
+class Target:
+    """One process to end, pinned to its identity (PID + start ticks, and a pidfd where possible)."""
+
+    def __init__(self, holder, proc="/proc"):
+        self.holder = holder
+        self.pid = holder["pid"]
+        self.start_ticks = holder["start_ticks"]
+        self.proc = proc
+        self.pidfd = None
+        self.signals = []
+        self.exited_at = None
+        self.gone_before_signal = None
+
+    def same_process(self):
+        return _procscan.read_start_ticks(self.pid, self.proc) == self.start_ticks
+
+    def pin(self):
+        """Open a pidfd and check identity. False (with gone_before_signal set) if the process is not ours anymore."""
+        if hasattr(os, "pidfd_open"):
+            try:
+                self.pidfd = os.pidfd_open(self.pid)
+            except ProcessLookupError:
+                self.gone_before_signal = "exited before any signal"
+                return False
+            except OSError:
+                self.pidfd = None  # kernel without pidfd support: fall back to start-time checks
+        if not self.same_process():
+            self.close()
+            self.gone_before_signal = ("exited before any signal" if _procscan.read_start_ticks(self.pid, self.proc) is None
+                                       else "PID reused by another process since the scan: not signalled")
+            return False
+        return True
+
+    def exited(self):
+        if self.exited_at is not None:
+            return True
+        if self.pidfd is not None:
+            done = bool(select.select([self.pidfd], [], [], 0)[0])
+        else:
+            done = not self.same_process() or _state(self.pid, self.proc) in ("Z", "X")
+        if done:
+            self.exited_at = time.monotonic()
+        return done
+
+    def send(self, sig):
+        """Send `sig` to this very process; False if it has exited meanwhile."""
+        if self.exited():
+            return False
+        try:
+            if self.pidfd is not None:
+                signal.pidfd_send_signal(self.pidfd, sig)
+            elif self.same_process():
+                os.kill(self.pid, sig)
+            else:
+                self.exited_at = time.monotonic()
+                return False
+        except ProcessLookupError:
+            self.exited_at = time.monotonic()
+            return False
+        self.signals.append(sig.name)
+        return True
+
+    def state(self):
+        return _state(self.pid, self.proc)
+
+    def close(self):
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+            self.pidfd = None
+
+
+def _wait_exit(targets, deadline):
+    """Poll until every target has exited or the deadline passes; no fixed sleep beyond one short poll."""
+    while True:
+        alive = [t for t in targets if not t.exited()]
+        if not alive or time.monotonic() >= deadline:
+            return alive
+        fds = [t.pidfd for t in alive if t.pidfd is not None]
+        timeout = min(_POLL_SECONDS if len(fds) < len(alive) else 1.0, max(0.0, deadline - time.monotonic()))
+        if fds:
+            select.select(fds, [], [], timeout)
+        else:
+            time.sleep(timeout)
+
+
+def end_processes(holders, sig=signal.SIGTERM, grace_period=10.0, kill_wait=5.0, proc="/proc"):
+    """Signal each holder, wait up to `grace_period` s, SIGKILL the rest, wait up to `kill_wait` s.
+
+    Returns {"signalled": [...], "exited": [...], "survived": [...], "skipped": [...]} where each
+    entry is the holder dict plus "signals" (names sent), and for exited ones "exited_after_s"
+    (seconds from the first signal), for survivors "state" and "reason", for skipped ones "reason".
+    """
+    started = time.monotonic()
+    targets, skipped = [], []
+    for holder in holders:
+        target = Target(holder, proc)
+        if target.pin():
+            targets.append(target)
+        else:
+            skipped.append(dict(holder, reason=target.gone_before_signal))
+    try:
+        for target in targets:
+            target.send(sig)
+        alive = _wait_exit(targets, time.monotonic() + grace_period)
+        if sig != signal.SIGKILL:
+            for target in alive:
+                target.send(signal.SIGKILL)
+        alive = _wait_exit(alive, time.monotonic() + kill_wait)
+        return _report(targets, alive, skipped, started)
+    finally:
+        for target in targets:
+            target.close()
+
+
+def _report(targets, alive, skipped, started):
+    signalled, exited, survived = [], [], []
+    for target in targets:
+        if not target.signals:
+            skipped.append(dict(target.holder, reason="exited before any signal"))
+            continue
+        entry = dict(target.holder, signals=list(target.signals))
+        signalled.append(entry)
+        if target in alive:
+            state = target.state()
+            if state == "D":
+                reason = ("unkillable: in uninterruptible sleep (D), most likely stuck inside the driver; SIGKILL is pending "
+                          "and takes effect only when the call returns. Next step: a GPU reset (nvidia-smi --gpu-reset) or a reboot")
+            else:
+                reason = "still running after SIGKILL (state %s)" % state
+            survived.append(dict(entry, state=state, reason=reason))
+        else:
+            exited.append(dict(entry, exited_after_s=round(target.exited_at - started, 3)))
+    return {"signalled": signalled, "exited": exited, "survived": survived, "skipped": skipped}
