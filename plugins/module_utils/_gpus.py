@@ -109,8 +109,7 @@ class Inspector:
         driver = self.read_driver(timeout)
         scan = _procscan.scan_holders(self.proc, skip_pids=self.own_pids())
         view = _holders.merge(driver, scan, psutil, self.proc, exclude_pids=self.own_pids())
-        view["driver"] = {key: driver.get(key) for key in ("available", "error", "driver_version", "nvml_version",
-                                                            "cuda_driver_version")}
+        view["driver"] = {key: driver.get(key) for key in ("available", "error", "driver_version", "nvml_version", "cuda_driver_version")}
         view["driver"]["timed_out"] = bool(driver.get("timed_out"))
         return view
 
@@ -161,12 +160,8 @@ def ancestors(pid=None, proc="/proc"):
     current = os.getpid() if pid is None else pid
     while current and current not in chain:
         chain.add(current)
-        try:
-            with open("%s/%d/stat" % (proc, current), "rb") as stat:
-                data = stat.read()
-        except OSError:
-            break
-        current = int(data[data.rindex(b")") + 2:].split()[1])
+        stat = _procscan.read_stat(current, proc)
+        current = stat["ppid"] if stat else 0
     return chain
 
 
@@ -184,15 +179,22 @@ def protection(holder, own_chain, exclude=(), include_protected=False):
         return "this module or one of its ancestors (Ansible, the SSH session)"
     if holder.get("ppid") == 2 or pid == 2:
         return "kernel thread"
-    names = {holder.get("comm") or ""}
-    cmdline = holder.get("cmdline") or ""
-    if cmdline:
-        names.add(os.path.basename(cmdline.split(" ", 1)[0]))
-    if names & set(exclude):
-        return "excluded by the exclude option"
-    if not include_protected and names & set(PROTECTED_NAMES):
-        return "protected GPU daemon (%s)" % ", ".join(sorted(names & set(PROTECTED_NAMES)))
+    excluded = _matching_names(holder, exclude)
+    if excluded:
+        return "excluded by the exclude option (%s)" % ", ".join(excluded)
+    daemons = [] if include_protected else _matching_names(holder, PROTECTED_NAMES)
+    if daemons:
+        return "protected GPU daemon (%s)" % ", ".join(daemons)
     return None
+
+
+def _matching_names(holder, names):
+    """The names in `names` that are this process's name: its comm (which the kernel cuts to
+    15 bytes) or the basename of its argv[0]."""
+    comm = holder.get("comm") or ""
+    cmdline = holder.get("cmdline") or ""
+    argv0 = os.path.basename(cmdline.split(" ", 1)[0]) if cmdline else ""
+    return sorted({name for name in names if name and (comm == name[:15] or argv0 == name)})
 
 
 def holders_of(view, indices):

@@ -12,17 +12,9 @@ map; minor == index is never assumed.
 from __future__ import annotations
 
 import datetime
-import os
 import pwd
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils import _procscan
-
-# psutil status names -> the kernel's one-letter states (/proc/PID/stat field 3).
-_STATE_LETTERS = {
-    "running": "R", "sleeping": "S", "disk-sleep": "D", "stopped": "T", "tracing-stop": "t",
-    "zombie": "Z", "dead": "X", "wake-kill": "K", "waking": "W", "idle": "I", "parked": "P",
-}
-
 
 def minor_map(driver, proc="/proc"):
     """Index/minor table of the GPUs: [{"index", "minor", "uuid", "name", "pci_bus_id"}] and its source.
@@ -53,37 +45,29 @@ def _user(uid):
 def process_details(psutil, pid, proc="/proc"):
     """Identity and description of one process, or None when it is gone.
 
-    Returns {"pid", "ppid", "pgid", "sid", "user", "uid", "comm", "cmdline" (str, the full
-    /proc/PID/cmdline joined by spaces), "state" (kernel letter), "start_time" (ISO 8601, UTC),
-    "start_ticks" (field 22 of /proc/PID/stat, for identity checks)}.
+    Returns {"pid", "ppid", "pgid", "sid", "comm", "state", "start_ticks"} from /proc/PID/stat,
+    and {"user", "uid", "cmdline" (str: /proc/PID/cmdline joined by spaces, trailing blanks removed, "" for a zombie),
+    "start_time" (ISO 8601, UTC)} from psutil (None where access is denied).
     """
+    details = _procscan.read_stat(pid, proc)
+    if details is None:
+        return None
+    details.update(pid=pid, user=None, uid=None, cmdline=None, start_time=None)
     try:
         process = psutil.Process(pid)
         with process.oneshot():
-            uid = process.uids().real
-            details = {
-                "pid": pid,
-                "ppid": process.ppid(),
-                "user": _user(uid),
-                "uid": uid,
-                "comm": process.name(),
-                "state": _STATE_LETTERS.get(process.status(), "?"),
-                "start_time": datetime.datetime.fromtimestamp(process.create_time(), datetime.timezone.utc).isoformat(),
-            }
+            details["uid"] = process.uids().real
+            details["user"] = _user(details["uid"])
+            details["start_time"] = datetime.datetime.fromtimestamp(process.create_time(), datetime.timezone.utc).isoformat()
         try:
-            details["cmdline"] = " ".join(process.cmdline())
+            # rstrip: setproctitle (vLLM's VLLM::* titles) pads the argv area with spaces.
+            details["cmdline"] = " ".join(process.cmdline()).rstrip()
         except psutil.ZombieProcess:
             details["cmdline"] = ""
-        details["pgid"] = os.getpgid(pid)
-        details["sid"] = os.getsid(pid)
-    except (psutil.NoSuchProcess, ProcessLookupError):
+    except psutil.NoSuchProcess:
         return None
     except psutil.AccessDenied:
-        details = {"pid": pid, "ppid": None, "user": None, "uid": None, "comm": None, "state": "?",
-                   "start_time": None, "cmdline": None, "pgid": None, "sid": None}
-    details["start_ticks"] = _procscan.read_start_ticks(pid, proc)
-    if details["start_ticks"] is None:
-        return None
+        pass
     return details
 
 

@@ -49,7 +49,9 @@ def _memory(pynvml, handle):
         info = pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2)
         return {"total_mib": info.total // MIB, "used_mib": info.used // MIB, "free_mib": info.free // MIB,
                 "reserved_mib": info.reserved // MIB, "source": "nvmlDeviceGetMemoryInfo_v2"}
-    except (pynvml.NVMLError_FunctionNotFound, pynvml.NVMLError_NotSupported, pynvml.NVMLError_LibraryMismatch):
+    # A driver without nvmlDeviceGetMemoryInfo_v2 (FunctionNotFound), or one that does not know the v2 struct
+    # version (ArgumentVersionMismatch).
+    except (pynvml.NVMLError_FunctionNotFound, pynvml.NVMLError_NotSupported, pynvml.NVMLError_ArgumentVersionMismatch):
         info = pynvml.nvmlDeviceGetMemoryInfo(handle)
         # v1 `used` includes reserved memory; v1 cannot tell them apart.
         return {"total_mib": info.total // MIB, "used_mib": info.used // MIB, "free_mib": info.free // MIB,
@@ -184,7 +186,7 @@ class DriverQuery:
             if isinstance(exc, NvmlTimeout):
                 raise
             raise NvmlTimeout("the NVML worker failed: %s" % exc)
-        line, _, self._buffer = self._buffer.partition(b"\n")
+        line, _newline, self._buffer = self._buffer.partition(b"\n")
         return json.loads(line.decode("utf-8"))
 
     def close(self):
@@ -197,7 +199,7 @@ class DriverQuery:
             except OSError:
                 pass
         pid, self.pid = self.pid, None
-        for _ in range(20):
+        for _attempt in range(20):
             done, _status = os.waitpid(pid, os.WNOHANG)
             if done:
                 return

@@ -123,8 +123,7 @@ def scan_process(pid, proc="/proc"):
     handles = DeviceHandles(pid)
     base = "%s/%d/" % (proc, pid)
     leader_fds = _listdir(base + "fd")
-    if leader_fds:
-        _scan_fd_dir(base + "fd/", leader_fds, handles)
+    leader_holds = bool(leader_fds) and _scan_fd_dir(base + "fd/", leader_fds, handles)
     tids = _listdir(base + "task")
     if tids and len(tids) > 1:
         leader = set(leader_fds or ())
@@ -138,7 +137,7 @@ def scan_process(pid, proc="/proc"):
             # thread. Only a table that differs is read again.
             if not names or set(names) == leader:
                 continue
-            if _scan_fd_dir(task_fd, names, handles) and not leader_fds:
+            if _scan_fd_dir(task_fd, names, handles) and not leader_holds:
                 handles.thread_only = True
     _scan_maps(proc, pid, handles)
     if not handles.seen_in:
@@ -169,10 +168,12 @@ def scan_holders(proc="/proc", skip_pids=()):
     return holders
 
 
-def read_start_ticks(pid, proc="/proc"):
-    """Start time of PID in clock ticks since boot (field 22 of /proc/PID/stat), or None if gone.
+def read_stat(pid, proc="/proc"):
+    """Fields of /proc/PID/stat, or None if the process is gone.
 
-    Together with the PID it identifies a process: a reused PID has another start time.
+    Returns {"comm" (the kernel's name, cut to 15 bytes), "state" (one letter: R, S, D, Z...),
+    "ppid", "pgid", "sid", "start_ticks" (field 22: start time in clock ticks since boot)}.
+    PID plus start_ticks identify a process: a reused PID has another start time.
     """
     try:
         with open("%s/%d/stat" % (proc, pid), "rb") as stat:
@@ -182,8 +183,16 @@ def read_start_ticks(pid, proc="/proc"):
             return None
         raise
     # comm (field 2) may contain spaces and parentheses: split after the last ')'.
-    fields = data[data.rindex(b")") + 2:].split()
-    return int(fields[19])
+    close = data.rindex(b")")
+    fields = data[close + 2:].split()
+    return {"comm": data[data.index(b"(") + 1:close].decode("utf-8", "replace"), "state": fields[0].decode(),
+            "ppid": int(fields[1]), "pgid": int(fields[2]), "sid": int(fields[3]), "start_ticks": int(fields[19])}
+
+
+def read_start_ticks(pid, proc="/proc"):
+    """Start time of PID in clock ticks since boot (field 22 of /proc/PID/stat), or None if gone."""
+    stat = read_stat(pid, proc)
+    return None if stat is None else stat["start_ticks"]
 
 
 def read_nspids(pid, proc="/proc"):
@@ -214,7 +223,7 @@ def proc_driver_minors(proc="/proc"):
         try:
             with open(os.path.join(base, bus, "information")) as handle:
                 for line in handle:
-                    key, _, value = line.partition(":")
+                    key, _colon, value = line.partition(":")
                     key, value = key.strip(), value.strip()
                     if key == "Device Minor":
                         info["minor"] = int(value)

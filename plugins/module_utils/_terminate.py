@@ -36,12 +36,8 @@ def parse_signal(name):
 
 
 def _state(pid, proc):
-    try:
-        with open("%s/%d/stat" % (proc, pid), "rb") as stat:
-            data = stat.read()
-    except OSError:
-        return None
-    return data[data.rindex(b")") + 2:].split()[0].decode()
+    stat = _procscan.read_stat(pid, proc)
+    return None if stat is None else stat["state"]
 
 
 class Target:
@@ -132,18 +128,19 @@ def _wait_exit(targets, deadline):
 def end_processes(holders, sig=signal.SIGTERM, grace_period=10.0, kill_wait=5.0, proc="/proc"):
     """Signal each holder, wait up to `grace_period` s, SIGKILL the rest, wait up to `kill_wait` s.
 
-    Returns {"signalled": [...], "exited": [...], "survived": [...], "skipped": [...]} where each
+    Returns {"signalled": [...], "exited": [...], "survived": [...], "not_signalled": [...]} where each
     entry is the holder dict plus "signals" (names sent), and for exited ones "exited_after_s"
-    (seconds from the first signal), for survivors "state" and "reason", for skipped ones "reason".
+    (seconds from the first signal; also set on their "signalled" entries), for survivors "state"
+    and "reason", for not_signalled ones "reason".
     """
     started = time.monotonic()
-    targets, skipped = [], []
+    targets, not_signalled = [], []
     for holder in holders:
         target = Target(holder, proc)
         if target.pin():
             targets.append(target)
         else:
-            skipped.append(dict(holder, reason=target.gone_before_signal))
+            not_signalled.append(dict(holder, reason=target.gone_before_signal))
     try:
         for target in targets:
             target.send(sig)
@@ -152,19 +149,21 @@ def end_processes(holders, sig=signal.SIGTERM, grace_period=10.0, kill_wait=5.0,
             for target in alive:
                 target.send(signal.SIGKILL)
         alive = _wait_exit(alive, time.monotonic() + kill_wait)
-        return _report(targets, alive, skipped, started)
+        return _report(targets, alive, not_signalled, started)
     finally:
         for target in targets:
             target.close()
 
 
-def _report(targets, alive, skipped, started):
+def _report(targets, alive, not_signalled, started):
     signalled, exited, survived = [], [], []
     for target in targets:
         if not target.signals:
-            skipped.append(dict(target.holder, reason="exited before any signal"))
+            not_signalled.append(dict(target.holder, reason="exited before any signal"))
             continue
         entry = dict(target.holder, signals=list(target.signals))
+        if target not in alive:
+            entry["exited_after_s"] = round(target.exited_at - started, 3)
         signalled.append(entry)
         if target in alive:
             state = target.state()
@@ -175,5 +174,5 @@ def _report(targets, alive, skipped, started):
                 reason = "still running after SIGKILL (state %s)" % state
             survived.append(dict(entry, state=state, reason=reason))
         else:
-            exited.append(dict(entry, exited_after_s=round(target.exited_at - started, 3)))
-    return {"signalled": signalled, "exited": exited, "survived": survived, "skipped": skipped}
+            exited.append(entry)
+    return {"signalled": signalled, "exited": exited, "survived": survived, "not_signalled": not_signalled}

@@ -17,6 +17,9 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils import _gpus
 # Default threshold: NVML v2 `used` excludes reserved memory, so an idle GPU reports a few MiB;
 # 256 MiB tolerates idle usage and small driver allocations, and no CUDA context is that small.
 DEFAULT_MAX_USED_MIB = 256
+# Each NVML query may take the time left before the timeout plus this much (seconds): a healthy
+# driver answers in milliseconds, a hung one is given up on at most this long after the timeout.
+NVML_SLACK_S = 1.0
 
 
 def gpu_status(view, indices, max_used_mib, own_chain, exclude=(), include_protected=False):
@@ -78,7 +81,7 @@ def wait_released(inspector, indices, timeout, max_used_mib=DEFAULT_MAX_USED_MIB
 
     Returns {"released" (bool), "elapsed_s", "polls", "gpus" (gpu_status of the last poll),
     "driver" (the last snapshot's driver state)}. A driver that stops answering ends the
-    wait at once with released=False (its NVML query is bounded by the time left).
+    wait at once with released=False (its NVML query is bounded by the time left plus NVML_SLACK_S).
     """
     own_chain = _gpus.ancestors()
     start = clock()
@@ -86,7 +89,8 @@ def wait_released(inspector, indices, timeout, max_used_mib=DEFAULT_MAX_USED_MIB
     polls = 0
     while True:
         polls += 1
-        view = inspector.snapshot(timeout=max(0.001, deadline - clock()))
+        # A hung driver may delay the last look by at most NVML_SLACK_S beyond `timeout`.
+        view = inspector.snapshot(timeout=max(0.0, deadline - clock()) + NVML_SLACK_S)
         status = gpu_status(view, indices, max_used_mib, own_chain, exclude, include_protected)
         done = all(gpu["released"] for gpu in status)
         now = clock()

@@ -21,7 +21,7 @@ description:
   - A PID from the driver's lists becomes a holder only when C(/proc) shows that process holding NVIDIA
     device files (inside containers NVML reports host PIDs). Unconfirmed ones are kept per GPU with
     C(verified=false).
-  - NVML runs in a child process bounded by O(driver_timeout): a wedged driver cannot hang the module.
+  - NVML runs in a child process bounded by O(driver_timeout), so a wedged driver cannot hang the module.
   - Without the NVIDIA driver library the facts say so in C(driver.available) and C(driver.error), and the
     holders still come from the C(/proc) scan.
 author: gpuops maintainers (@gpuops)

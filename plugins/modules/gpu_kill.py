@@ -9,7 +9,7 @@ module: gpu_kill
 short_description: End exactly the selected processes that hold NVIDIA GPUs
 version_added: 0.1.0
 description:
-  - Ensures that no selected process holds the selected GPUs. Holders are found as in M(gpuops.nvidia.gpu_facts):
+  - Ensures that no selected process holds the selected GPUs. Holders are found as in M(gpuops.nvidia.gpu_facts), from
     the driver's process lists plus a fuser-style scan of C(/proc) (fds of every thread, memory mappings) for
     C(/dev/nvidia*), so orphaned vLLM C(VLLM::EngineCore) and C(VLLM::Worker_TP*) processes and children that only
     inherited a device handle are found whatever their names.
@@ -121,7 +121,9 @@ would_signal:
   type: list
   elements: dict
 signalled:
-  description: Holders that were signalled, each with C(signals), the signal names sent in order.
+  description:
+    - Holders that were signalled, each with C(signals), the signal names sent in order, and C(exited_after_s)
+      (seconds from the first signal to the observed exit) for those that exited.
   returned: always
   type: list
   elements: dict
@@ -141,7 +143,7 @@ protected:
   returned: always
   type: list
   elements: dict
-skipped:
+not_signalled:
   description: Selected holders that were not signalled because they exited, or their PID was reused, before the signal.
   returned: always
   type: list
@@ -231,7 +233,7 @@ def main():
                         % view["driver"]["error"])
         own_chain = _gpus.ancestors()
         result = dict(changed=False, gpus=indices, driver=view["driver"], would_signal=[], signalled=[], exited=[],
-                      survived=[], skipped=[], protected=[], not_holding=[])
+                      survived=[], not_signalled=[], protected=[], not_holding=[])
         seen = set()
         for _round in range(_ROUNDS):
             targets, protected, not_holding = select_targets(view, params, indices, regex, own_chain)
@@ -246,7 +248,7 @@ def main():
                 break
             seen.update((t["pid"], t["start_ticks"]) for t in targets)
             outcome = _terminate.end_processes(targets, sig, params["grace_period"], params["kill_wait"])
-            for key in ("signalled", "exited", "survived", "skipped"):
+            for key in ("signalled", "exited", "survived", "not_signalled"):
                 result[key].extend(outcome[key])
             result["changed"] = result["changed"] or bool(outcome["signalled"])
             if outcome["survived"]:

@@ -12,13 +12,14 @@ description:
   - Waits until every selected GPU has no holder left and its used memory (NVML memory info v2, C(used), which
     excludes reserved memory) is at or below O(max_used_mib).
   - Holders are found as in M(gpuops.nvidia.gpu_facts). The protected GPU daemons (nvidia-persistenced, DCGM,
-    fabric manager, MPS, Xorg; see M(gpuops.nvidia.gpu_kill)) and the Ansible process chain do not count: they
+    fabric manager, MPS, Xorg; see M(gpuops.nvidia.gpu_kill)) and the Ansible process chain do not count, as they
     hold the device files of healthy GPUs too.
   - Polls every O(poll_interval) seconds with no fixed sleeps, so it returns within one poll interval of the
     release (the driver frees a dead process's memory some time after its last handle closes).
-  - On timeout it fails with a report per GPU (RV(gpus)): the memory still used, the processes still holding it
+  - On timeout it fails with a report per GPU (RV(gpus)) giving the memory still used, the processes still holding it
     with their state, the memory no process explains, and the next step an operator can take.
-  - A driver call that hangs does not hang the module: each NVML query is bounded by the time left.
+  - A driver call that hangs does not hang the module, as each NVML query is bounded by the time left before
+    O(timeout) plus one second; the module returns at most about one second after O(timeout).
   - Without the NVIDIA driver library it waits for the holders alone (from the C(/proc) scan) and says so.
 author: gpuops maintainers (@gpuops)
 requirements:
@@ -39,7 +40,7 @@ options:
     description:
       - Used memory in MiB at or below which a GPU without holders counts as released.
       - The default, 256, tolerates the few MiB an idle GPU reports in NVML v2 C(used). Where only NVML memory info
-        v1 exists, used memory includes reserved memory (often several hundred MiB): raise it there.
+        v1 exists, used memory includes reserved memory (often several hundred MiB), so raise it there.
     type: int
     default: 256
   poll_interval:

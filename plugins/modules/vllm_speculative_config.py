@@ -1,0 +1,231 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) 2026, gpuops.nvidia contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: vllm_speculative_config
+short_description: Validate a vLLM speculative decoding config against the drafter's config.json
+version_added: 0.1.0
+description:
+  - Reads the drafter's C(config.json) on the managed host and checks the requested vLLM
+    C(--speculative-config) against it, field by field, before a server is started with it.
+  - Wrong values there rarely make vLLM fail; the server starts and the acceptance rate collapses.
+    Every mismatch is reported with the requested value, the drafter's value and what happens in vLLM.
+  - Values the drafter defines are filled in when not given (C(num_speculative_tokens) in O(speculative_config)).
+  - Methods V(dflash), V(eagle), V(eagle3), V(mtp) and V(ngram) are supported. Fields vLLM does not accept
+    for the method are rejected with the list of accepted ones.
+  - "DFlash: a requested C(target_layer_ids) is compared with C(dflash_config.target_layer_ids) on the
+    same basis: both are 0-based target layer indices whose output the drafter was trained on. vLLM taps the hidden
+    state entering layer C(id + 1) (the same tensor), so the output of the target's last layer cannot be tapped;
+    the vLLM tap ids are shown in RV(checks)."
+  - "DFlash: a C(eagle_aux_hidden_state_layer_ids) key left in the drafter's config.json (top level or in
+    C(eagle_config)) takes precedence over C(dflash_config.target_layer_ids) in vLLM. When it equals
+    C(target_layer_ids + 1) vLLM taps the right layers and the module only warns; any other value fails."
+  - "DFlash: the drafter's attention layout (C(layer_types), C(sliding_window), C(dflash_config.use_swa),
+    C(dflash_config.causal)) is resolved the way vLLM does. Mixed sliding/full layers need vLLM's V2 model runner:
+    RV(environment) then holds C(VLLM_USE_V2_MODEL_RUNNER=1)."
+  - Read-only; C(changed) is always V(false).
+author: gpuops maintainers (@gpuops)
+extends_documentation_fragment:
+  - gpuops.nvidia.attributes
+  - gpuops.nvidia.attributes.INFO_MODULE
+options:
+  speculative_config:
+    description:
+      - The config as passed to C(vllm serve --speculative-config), as a dictionary.
+      - Required keys are C(method) (one of V(dflash), V(eagle), V(eagle3), V(mtp), V(ngram)) and C(model)
+        (the drafter directory on the managed host; not for V(ngram); for V(mtp) it may be omitted, vLLM then
+        uses the target checkpoint and O(drafter_config) must point at the target's config.json).
+      - "vLLM fields accepted for every method: C(method), C(num_speculative_tokens), C(enforce_eager).
+        Drafter-based methods also take C(model), C(draft_tensor_parallel_size) (1 or the target's tensor parallel
+        size), C(quantization), C(max_model_len), C(revision), C(code_revision), C(attention_backend),
+        C(draft_sample_method), C(disable_padded_drafter_batch); V(eagle) and V(eagle3) also
+        C(speculative_token_tree) and C(parallel_drafting); V(ngram) C(prompt_lookup_min) and C(prompt_lookup_max)."
+      - "For V(dflash), what the drafter defines can be stated to have it checked: C(target_layer_ids) (0-based,
+        as in C(dflash_config.target_layer_ids)), C(mask_token_id), C(layer_types) (one of V(sliding_attention) or
+        V(full_attention) for all layers, or a list with one per drafter layer), C(sliding_window), C(block_size).
+        vLLM reads these from config.json: they are checked, never put into RV(speculative_config)."
+      - C(num_speculative_tokens) defaults to the drafter's value (DFlash C(block_size - 1), MTP layer count,
+        speculators C(proposal_methods[].speculative_tokens)); V(ngram) requires it.
+    type: dict
+    required: true
+  drafter_config:
+    description:
+      - Path of the drafter's C(config.json), or of the directory holding it, on the managed host.
+      - Defaults to C(<model>/config.json).
+    type: path
+  target_num_layers:
+    description:
+      - Number of hidden layers of the target model, to check the hidden-state taps against.
+      - Defaults to the drafter's C(num_target_layers); when both are known they must agree.
+    type: int
+  allow_fields:
+    description:
+      - Further field names to accept and pass to vLLM unchecked, for fields of vLLM releases newer than this
+        module knows.
+    type: list
+    elements: str
+    default: []
+notes:
+  - The drafter must be on the managed host; Hugging Face ids are not downloaded.
+  - vLLM releases before the DFlash layer fix tapped C(target_layer_ids) without the C(+ 1), one layer early;
+    this module checks against current vLLM behaviour.
+seealso:
+  - name: vLLM speculative decoding
+    description: vLLM's documentation of C(--speculative-config).
+    link: https://docs.vllm.ai/en/latest/features/spec_decode.html
+  - name: DFlash
+    description: Block-diffusion drafters (z-lab).
+    link: https://github.com/z-lab/dflash
+"""
+
+EXAMPLES = r"""
+- name: Validate the DFlash drafter config before starting vLLM
+  gpuops.nvidia.vllm_speculative_config:
+    speculative_config:
+      method: dflash
+      model: /models/Qwen3.6-27B-DFlash
+      target_layer_ids: [1, 16, 31, 46, 61]
+      mask_token_id: 248070
+  register: spec
+
+- name: Start vLLM with the validated config and the environment it needs
+  ansible.builtin.command:
+    argv: [vllm, serve, /models/Qwen3.6-27B, --speculative-config, "{{ spec.speculative_config_json }}"]
+  environment: "{{ spec.environment }}"
+
+- name: EAGLE-3 head, number of speculative tokens taken from the drafter
+  gpuops.nvidia.vllm_speculative_config:
+    speculative_config:
+      method: eagle3
+      model: /models/Qwen3-235B-A22B-EAGLE3
+    target_num_layers: 94
+
+- name: MTP layers shipped inside the target checkpoint
+  gpuops.nvidia.vllm_speculative_config:
+    speculative_config:
+      method: mtp
+      num_speculative_tokens: 1
+    drafter_config: /models/DeepSeek-V3/config.json
+
+- name: N-gram lookup needs no drafter
+  gpuops.nvidia.vllm_speculative_config:
+    speculative_config:
+      method: ngram
+      num_speculative_tokens: 4
+      prompt_lookup_max: 4
+"""
+
+RETURN = r"""
+speculative_config:
+  description: The validated config with the drafter's values filled in, to pass to C(--speculative-config).
+  returned: success
+  type: dict
+  sample: {"method": "dflash", "model": "/models/Qwen3.6-27B-DFlash", "num_speculative_tokens": 15}
+speculative_config_json:
+  description: RV(speculative_config) as compact JSON, ready for C(--speculative-config).
+  returned: success
+  type: str
+  sample: '{"method":"dflash","model":"/models/Qwen3.6-27B-DFlash","num_speculative_tokens":15}'
+environment:
+  description: Environment variables the vLLM server needs for this drafter (empty when none).
+  returned: success
+  type: dict
+  sample: {"VLLM_USE_V2_MODEL_RUNNER": "1"}
+filled:
+  description: Fields of RV(speculative_config) taken from the drafter because they were not given.
+  returned: success
+  type: list
+  elements: str
+  sample: ["num_speculative_tokens"]
+drafter_config:
+  description: Path of the drafter config.json that was read; V(null) for V(ngram).
+  returned: success
+  type: str
+  sample: /models/Qwen3.6-27B-DFlash/config.json
+checks:
+  description: One entry per checked field.
+  returned: success
+  type: list
+  elements: dict
+  contains:
+    field:
+      description: Field name (config.json key or speculative config field).
+      type: str
+    status:
+      description:
+        - V(ok) requested and drafter agree; V(filled) taken from the drafter into RV(speculative_config);
+          V(from_drafter) not requested, vLLM uses the drafter's value; V(warning) usable but worth fixing;
+          V(mismatch) does not match.
+      type: str
+      choices: [ok, filled, from_drafter, warning, mismatch]
+    requested:
+      description: Requested value, V(null) when not given.
+      type: raw
+    drafter:
+      description: Value the drafter defines (or the limit it sets).
+      type: raw
+    detail:
+      description: What was checked, or why it does not match.
+      type: str
+  sample: [{"field": "target_layer_ids", "status": "ok", "requested": [1, 16, 31, 46, 61], "drafter": [1, 16, 31, 46, 61],
+            "detail": "vLLM taps the hidden states entering target layers [2, 17, 32, 47, 62] (target_layer_ids + 1)"}]
+mismatches:
+  description:
+    - Every field that does not match the drafter, also listed one per line in C(msg).
+  returned: failure, when fields do not match the drafter
+  type: list
+  elements: dict
+  contains:
+    field:
+      description: Field name.
+      type: str
+    requested:
+      description: Requested value (for a stale config.json key, the value vLLM would use).
+      type: raw
+    drafter:
+      description: The drafter's value.
+      type: raw
+    explanation:
+      description: What vLLM does with the requested value.
+      type: str
+  sample: [{"field": "mask_token_id", "requested": 248064, "drafter": 248070,
+            "explanation": "the drafter fills the positions to draft with the embedding of token 248070; ..."}]
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.gpuops.nvidia.plugins.module_utils._speculative import (
+    SpeculativeConfigError,
+    validate_speculative_config,
+)
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            speculative_config=dict(type="dict", required=True),
+            drafter_config=dict(type="path"),
+            target_num_layers=dict(type="int"),
+            allow_fields=dict(type="list", elements="str", default=[]),
+        ),
+        supports_check_mode=True,
+    )
+    try:
+        result = validate_speculative_config(
+            module.params["speculative_config"],
+            drafter_config=module.params["drafter_config"],
+            target_num_layers=module.params["target_num_layers"],
+            allow_fields=module.params["allow_fields"],
+        )
+    except SpeculativeConfigError as error:
+        module.fail_json(msg=str(error), mismatches=error.mismatches)
+    for warning in result.pop("warnings"):
+        module.warn(warning)
+    module.exit_json(changed=False, **result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,36 @@
+#!/bin/bash
+# Set up this checkout: .venv with every dependency, the collection linked under .collections/,
+# and the simulated driver built. Idempotent: a second run only checks.
+set -euo pipefail
+cd "$(dirname "$(readlink -f "$0")")/.."
+
+pick_python() {
+  # pyenv shims for non-default versions exit 127, so prefer real interpreters; ansible-core 2.21 needs >= 3.12.
+  local c
+  for c in ${PYTHON:-} "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.1[2-9]*/bin/python3.1[2-9] python3.13 python3.12 python3; do
+    [ -n "$c" ] || continue
+    if "$c" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' >/dev/null 2>&1; then
+      echo "$c"; return 0
+    fi
+  done
+  echo "no Python >= 3.11 found (set PYTHON=/path/to/python3.12)" >&2
+  return 1
+}
+
+if [ ! -x .venv/bin/python ]; then
+  py=$(pick_python)
+  echo "setup: creating .venv with $py ($("$py" --version))"
+  "$py" -m venv .venv
+fi
+stamp=.venv/.requirements-dev.sha
+want=$(sha256sum requirements-dev.txt | cut -d' ' -f1)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  echo "setup: installing requirements-dev.txt into .venv"
+  .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip
+  .venv/bin/python -m pip install -q --disable-pip-version-check -r requirements-dev.txt
+  echo "$want" > "$stamp"
+fi
+mkdir -p .collections/ansible_collections/gpuops
+ln -sfn ../../.. .collections/ansible_collections/gpuops/nvidia
+tests/sim/gpunode build >/dev/null
+echo "setup: ready ($(.venv/bin/ansible --version | head -1), $(.venv/bin/python --version))"

@@ -1,0 +1,53 @@
+"""Fixtures shared by every test directory: simulated GPU nodes (see tests/simnode.py)."""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import os
+import subprocess
+
+import pytest
+
+from simnode import Node, up
+
+_node_numbers = itertools.count()
+
+
+@functools.lru_cache(maxsize=None)
+def _namespaces_refused() -> str | None:
+    """Why this process cannot create a node's namespaces, or None if it can."""
+    user = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
+    try:
+        result = subprocess.run(["unshare", *user, "--pid", "--mount", "--fork", "true"],
+                                capture_output=True, text=True, timeout=30, check=False)
+    except OSError as error:
+        return f"cannot run unshare: {error}"
+    if result.returncode != 0:
+        return f"unshare --pid --mount is not permitted here: {result.stderr.strip()}"
+    return None
+
+
+@pytest.fixture
+def simnode():
+    """Factory `simnode(**knobs) -> Node` (knobs as simnode.up); every node it made is downed
+    after the test, even when the test fails. Skips the test where namespaces are refused."""
+    refused = _namespaces_refused()
+    if refused:
+        pytest.skip(refused)
+    nodes: list[Node] = []
+
+    def make(**knobs) -> Node:
+        node = up(f"t-{os.getpid()}-{next(_node_numbers)}", **knobs)
+        nodes.append(node)
+        return node
+
+    yield make
+    failures = []
+    for node in nodes:
+        try:
+            node.down()
+        except Exception as error:  # down every node before reporting
+            failures.append(f"{node.name}: {error}")
+    if failures:
+        pytest.fail("could not down simulated nodes:\n" + "\n".join(failures))

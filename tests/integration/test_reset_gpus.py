@@ -1,0 +1,210 @@
+"""playbooks/reset_gpus.yml and the gpu_facts / gpu_kill / gpu_wait modules, end to end on simulated nodes."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from ansible_run import REPO, module, only, playbook
+from nodetools import alive, gpu_memory, processes, start_holder, start_vllm, vllm_tree, wait_for
+from simnode import inventory_file
+
+PLAYBOOK = REPO / "playbooks" / "reset_gpus.yml"
+
+
+def orphaned_tp8(simnode, **knobs):
+    """A node whose vLLM TP=8 API server was SIGKILLed: EngineCore and 8 workers keep every GPU."""
+    node = simnode(gpus=8, release_latency=0.5, **knobs)
+    api = start_vllm(node, "/models/m", "--tensor-parallel-size", "8")
+    node.exec("kill", "-9", str(api))
+    wait_for(lambda: not alive(node, api), 10, what="API server gone")
+    engines, workers = vllm_tree(node)
+    assert len(engines) == 1 and len(workers) == 8
+    return node, engines + workers
+
+
+def test_reset_ends_orphaned_vllm_tree_and_releases_memory(simnode, tmp_path):
+    node, tree = orphaned_tp8(simnode)
+    inventory = inventory_file(tmp_path, node)
+    assert all(used > 60000 for used, _pids in gpu_memory(node))
+
+    rc, out, recap = playbook(inventory, PLAYBOOK, "--check")
+    assert rc == 0, out
+    assert recap[node.name]["changed"] == 1, out
+    assert "would signal" in out
+    assert all(alive(node, pid) for pid in tree), "check mode signalled something"
+    assert all(used > 60000 for used, _pids in gpu_memory(node))
+
+    rc, out, recap = playbook(inventory, PLAYBOOK)
+    assert rc == 0, out
+    assert recap[node.name] == {"ok": 6, "changed": 1, "unreachable": 0, "failed": 0}, out
+    assert "memory released after" in out
+    assert not any(alive(node, pid) for pid in tree), processes(node)
+    assert all(used <= 256 and not pids for used, pids in gpu_memory(node))
+    for gpu in range(8):
+        assert "GPU %d NVIDIA H100 80GB HBM3: 73403 -> 0 MiB used" % gpu in out
+
+    rc, out, recap = playbook(inventory, PLAYBOOK)
+    assert rc == 0 and recap[node.name]["changed"] == 0, out
+
+
+def test_facts_report_vllm_holders_with_identity_and_memory(simnode, tmp_path):
+    node, tree = orphaned_tp8(simnode)
+    status, result = only(module(inventory_file(tmp_path, node), "gpuops.nvidia.gpu_facts"))
+    assert status == "SUCCESS"
+    facts = result["ansible_facts"]["nvidia"]
+    assert facts["driver"]["available"] and facts["driver"]["driver_version"]
+    assert [g["index"] for g in facts["gpus"]] == list(range(8))
+    holders = {h["pid"]: h for h in facts["holders"]}
+    engines, workers = vllm_tree(node)
+    for rank, pid in enumerate(sorted(workers, key=lambda p: holders[p]["cmdline"])):
+        worker = holders[pid]
+        assert worker["cmdline"] == "VLLM::Worker_TP%d" % rank
+        assert worker["comm"] == "VLLM::Worker_TP"  # the kernel's 15 bytes, not psutil's guess
+        assert worker["ppid"] == engines[0] and worker["state"] in "RS"
+        assert worker["gpus"] == [rank] and worker["memory_mib"] == {str(rank): 73403}
+        assert worker["seen_in"] == ["driver", "fd"]
+        assert worker["user"] == "root" and worker["start_time"] and worker["start_ticks"] > 0
+    for gpu in facts["gpus"]:
+        assert gpu["memory_used_mib"] == 73403 and gpu["memory_reserved_mib"] == 529
+        assert gpu["memory_source"] == "nvmlDeviceGetMemoryInfo_v2"
+        assert gpu["unexplained_mib"] == 0 and len(gpu["holder_pids"]) >= 1
+
+
+def test_protected_daemons_and_unselected_holders_survive(simnode, tmp_path):
+    node = simnode(gpus=4, release_latency=0.2)
+    daemon = start_holder(node, [0, 1, 2, 3], mib=16, title="nvidia-persistenced")
+    outside_match = start_holder(node, [1], mib=2048)
+    outside_gpus = start_holder(node, [3], mib=2048, title="VLLM::Worker_TP0")
+    target = start_holder(node, [1], mib=4096, title="VLLM::Worker_TP1")
+    inventory = inventory_file(tmp_path, node)
+
+    rc, out, recap = playbook(inventory, PLAYBOOK, "-e", '{"reset_gpus_gpus": [1], "reset_gpus_match": "VLLM::|nvidia-persistenced", '
+                              '"reset_gpus_max_used_mib": 4096, "reset_gpus_timeout": 2}')
+    # GPU 1 still holds the unselected process: the wait reports it and fails.
+    assert rc != 0 and "not released" in out and str(outside_match) in out, out
+    assert not alive(node, target)
+    assert alive(node, daemon) and alive(node, outside_match) and alive(node, outside_gpus)
+    assert "protected GPU daemon (nvidia-persistenced)" in out
+
+
+def test_check_mode_kill_signals_nothing_and_second_kill_is_unchanged(simnode, tmp_path):
+    node = simnode(gpus=2, release_latency=0.1)
+    holder = start_holder(node, [0], mib=1000)
+    inventory = inventory_file(tmp_path, node)
+    status, result = only(module(inventory, "gpuops.nvidia.gpu_kill", check=True))
+    assert status == "CHANGED" and [p["pid"] for p in result["would_signal"]] == [holder]
+    assert result["signalled"] == [] and alive(node, holder)
+    status, result = only(module(inventory, "gpuops.nvidia.gpu_kill", {"grace_period": 5}))
+    assert status == "CHANGED" and [p["pid"] for p in result["exited"]] == [holder]
+    assert result["signalled"][0]["signals"] == ["SIGTERM"]
+    status, result = only(module(inventory, "gpuops.nvidia.gpu_kill"))
+    assert status == "SUCCESS" and result["changed"] is False and result["signalled"] == []
+
+
+@pytest.mark.parametrize("args, message", [
+    ({"gpus": [9]}, "unknown GPU 9"),
+    ({"gpus": ["GPU-00000000-0000-0000-0000-000000000000"]}, "unknown GPU"),
+    ({"match": "VLLM::(("}, "invalid regex"),
+    ({"grace_period": -1}, "must not be negative: grace_period=-1"),
+    ({"signal": "SIGBOGUS"}, "unknown signal"),
+])
+def test_bad_input_fails_clearly_and_kills_nothing(simnode, tmp_path, args, message):
+    node = simnode(gpus=2)
+    holder = start_holder(node, [0, 1], mib=512)
+    status, result = only(module(inventory_file(tmp_path, node), "gpuops.nvidia.gpu_kill", args))
+    assert status == "FAILED!" and message in result["msg"], result
+    assert "nothing was signalled" in result["msg"]
+    assert alive(node, holder)
+
+
+def test_inherited_handle_is_found_and_memory_released(simnode, tmp_path):
+    node = simnode(gpus=2, release_latency=0.3)
+    child = start_holder(node, [1], mib=3000, mode="inherit")
+    inventory = inventory_file(tmp_path, node)
+    facts = only(module(inventory, "gpuops.nvidia.gpu_facts"))[1]["ansible_facts"]["nvidia"]
+    gpu1 = facts["gpus"][1]
+    assert gpu1["driver_processes"] == [] and gpu1["memory_used_mib"] == 3000
+    assert gpu1["unexplained_mib"] == 3000 and gpu1["holder_pids"] == [child]
+    holder = facts["holders"][0]
+    assert holder["pid"] == child and holder["seen_in"] == ["fd"] and holder["memory_mib"] == {"1": None}
+    rc, out, recap = playbook(inventory, PLAYBOOK)
+    assert rc == 0 and recap[node.name]["changed"] == 1, out
+    assert gpu_memory(node)[1] == (0, [])
+
+
+def test_minor_numbers_that_differ_from_indices(simnode, tmp_path):
+    node = simnode(gpus=4, minors=[3, 2, 1, 0], release_latency=0.1)
+    on_index0 = start_holder(node, [0], mib=700)   # holds /dev/nvidia3
+    on_index3 = start_holder(node, [3], mib=900)   # holds /dev/nvidia0
+    inventory = inventory_file(tmp_path, node)
+    facts = only(module(inventory, "gpuops.nvidia.gpu_facts"))[1]["ansible_facts"]["nvidia"]
+    by_pid = {h["pid"]: h for h in facts["holders"]}
+    assert by_pid[on_index0]["gpus"] == [0] and by_pid[on_index0]["minors"] == [3]
+    assert by_pid[on_index3]["gpus"] == [3] and by_pid[on_index3]["minors"] == [0]
+    uuid0 = facts["gpus"][0]["uuid"]
+    status, result = only(module(inventory, "gpuops.nvidia.gpu_kill", {"gpus": [uuid0]}))
+    assert status == "CHANGED" and [p["pid"] for p in result["signalled"]] == [on_index0]
+    assert alive(node, on_index3) and not alive(node, on_index0)
+
+
+def test_sigterm_ignoring_holder_is_escalated_to_sigkill(simnode, tmp_path):
+    node = simnode(gpus=1, release_latency=0.1)
+    stubborn = start_holder(node, [0], mib=100, mode="ignore-term")
+    status, result = only(module(inventory_file(tmp_path, node), "gpuops.nvidia.gpu_kill", {"grace_period": 0.5}))
+    assert status == "CHANGED", result
+    [entry] = result["exited"]
+    assert entry["pid"] == stubborn and entry["signals"] == ["SIGTERM", "SIGKILL"]
+    assert entry["exited_after_s"] >= 0.5
+
+
+def test_zombie_counts_as_exited_on_a_node_that_never_reaps(simnode, tmp_path):
+    node = simnode(gpus=1, release_latency=0.1, no_reap=True)
+    holder = start_holder(node, [0], mib=100)
+    inventory = inventory_file(tmp_path, node)
+    status, result = only(module(inventory, "gpuops.nvidia.gpu_kill", {"grace_period": 5}))
+    assert status == "CHANGED" and result["exited"][0]["pid"] == holder and result["survived"] == []
+    assert processes(node)[holder][1] == "Z"
+    status, result = only(module(inventory, "gpuops.nvidia.gpu_kill"))
+    assert result["changed"] is False
+
+
+def test_leaked_memory_makes_wait_fail_with_a_report(simnode, tmp_path):
+    node = simnode(gpus=2, stray_mib={1: 5000})
+    started = time.monotonic()
+    status, result = only(module(inventory_file(tmp_path, node), "gpuops.nvidia.gpu_wait", {"timeout": 1}))
+    assert status == "FAILED!" and time.monotonic() - started < 15
+    stuck_gpus = [g for g in result["gpus"] if not g["released"]]
+    assert len(stuck_gpus) == 1, result
+    stuck = stuck_gpus[0]
+    assert stuck["index"] == 1 and stuck["memory_used_mib"] == 5000 and stuck["unexplained_mib"] == 5000
+    assert stuck["holders"] == [] and "nvidia-smi --gpu-reset -i 1" in stuck["next_step"]
+    assert "GPU 1: 5000 MiB used" in result["msg"]
+
+
+def test_hung_driver_does_not_hang_the_modules(simnode, tmp_path):
+    node = simnode(gpus=2, hang="nvmlDeviceGetMemoryInfo_v2")
+    inventory = inventory_file(tmp_path, node)
+    started = time.monotonic()
+    status, result = only(module(inventory, "gpuops.nvidia.gpu_facts", {"driver_timeout": 1}))
+    assert status == "SUCCESS" and result["ansible_facts"]["nvidia"]["driver"]["timed_out"] is True
+    status, result = only(module(inventory, "gpuops.nvidia.gpu_wait", {"timeout": 2, "driver_timeout": 1}))
+    assert status == "FAILED!" and "stopped answering" in result["msg"]
+    assert time.monotonic() - started < 20
+
+
+def test_host_without_driver_library(simnode, tmp_path):
+    node = simnode(gpus=2, no_driver=True, release_latency=0.1)
+    holder = start_holder(node, [0], mib=100)
+    inventory = inventory_file(tmp_path, node)
+    status, result = only(module(inventory, "gpuops.nvidia.gpu_facts"))
+    facts = result["ansible_facts"]["nvidia"]
+    assert status == "SUCCESS" and facts["driver"]["available"] is False
+    assert "LibraryNotFound" in facts["driver"]["error"] and facts["gpus"] == []
+    assert [h["pid"] for h in facts["holders"]] == [holder] and facts["holders"][0]["minors"] == [0]
+    status, result = only(module(inventory, "gpuops.nvidia.gpu_kill", {"gpus": [0]}))
+    assert status == "FAILED!" and "no NVML" in result["msg"] and alive(node, holder)
+    rc, out, recap = playbook(inventory, PLAYBOOK)
+    assert rc == 0 and recap[node.name]["changed"] == 1, out
+    assert "driver library not usable" in out and not alive(node, holder)

@@ -1,0 +1,746 @@
+"""gpunode: create, enter and destroy simulated GPU nodes (contract: tests/sim/README.md).
+
+A node is a PID + mount namespace whose PID 1 is ``gpusim-init`` (tests/sim/init/gpusim-init.c):
+private /dev with the NVIDIA device files, private /run with /run/gpusim bound to the node's run
+directory, and an ld.so cache that finds the fake ``libnvidia-ml.so.1``. Its state lives in
+``$GPUNODE_ROOT/NAME/`` (default root /tmp/gpuops-sim). Standard library only, Python >= 3.9.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import hashlib
+import json
+import math
+import os
+import re
+import select
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+SIM_DIR = REPO / "tests" / "sim"
+BUILD_DIR = SIM_DIR / "build"
+INIT_SOURCE = SIM_DIR / "init" / "gpusim-init.c"
+INIT_BINARY = BUILD_DIR / "gpusim-init"
+FAKENVML_DIR = SIM_DIR / "fakenvml"
+FAKENVML_BUILD_SCRIPT = FAKENVML_DIR / "build.sh"
+DRIVER_LIBRARY = BUILD_DIR / "libnvidia-ml.so.1"
+VENV_PYTHON = REPO / ".venv" / "bin" / "python"
+
+NAME_PATTERN = re.compile(r"[A-Za-z0-9_.-]+")
+READY_TIMEOUT_S = 10.0
+STOP_TIMEOUT_S = 10.0
+UNSHARE_EXIT_TIMEOUT_S = 1.0
+POLL_INTERVAL_S = 0.002
+
+# node.conf keys in file order with their defaults; "" means none (the key is left out).
+CONF_DEFAULTS = {
+    "gpus": "8",
+    "name": "NVIDIA H100 80GB HBM3",
+    "memory_total_mib": "81559",
+    "minors": "",
+    "reserved_mib": "529",
+    "idle_used_mib": "0",
+    "stray_mib": "",
+    "release_latency": "0.5",
+    "hang": "",
+    "lost": "",
+    "driver_version": "580.95.05",
+    "nvml_version": "13.580.95.05",
+    "cuda_driver_version": "13000",
+    "persistence_mode": "1",
+    "uuids": "",
+    "pci_bus_ids": "",
+}
+# The device files under /dev are made at `up`: these keys cannot change on a running node.
+FIXED_AT_UP = ("gpus", "minors")
+# PCI buses of the eight GPUs of an HGX H100 board; GPU i >= 8 uses PCI domain i // 8.
+HGX_PCI_BUSES = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)
+MAX_GPUS = 64
+
+
+class GpunodeError(Exception):
+    """A failure reported to the user as `gpunode: MESSAGE` with exit status 1."""
+
+
+# ---------------------------------------------------------------------------------------------
+# node.conf
+
+
+def _int_text(key: str, text: str, minimum: int = 0) -> str:
+    try:
+        value = int(text)
+    except ValueError:
+        raise GpunodeError(f"{key}: {text!r} is not an integer") from None
+    if value < minimum:
+        raise GpunodeError(f"{key}: {value} is below {minimum}")
+    return str(value)
+
+
+def _list_items(text: str) -> list[str]:
+    return [item.strip() for item in text.split(",")] if text.strip() else []
+
+
+def _gpu_index_list(key: str, text: str, gpus: int) -> str:
+    indices = [int(_int_text(key, item)) for item in _list_items(text)]
+    for index in indices:
+        if index >= gpus:
+            raise GpunodeError(f"{key}: GPU index {index} out of range (node has {gpus} GPUs)")
+    return ",".join(str(index) for index in indices)
+
+
+def _stray_mib(text: str, gpus: int) -> str:
+    entries = []
+    for item in _list_items(text):
+        index, sep, mib = item.partition(":")
+        if not sep:
+            raise GpunodeError(f"stray_mib: {item!r} is not INDEX:MiB")
+        entries.append(f"{_gpu_index_list('stray_mib', index, gpus)}:{_int_text('stray_mib', mib)}")
+    return ",".join(entries)
+
+
+def _per_gpu_list(key: str, text: str, gpus: int, pattern: str) -> str:
+    items = _list_items(text)
+    if len(items) != gpus:
+        raise GpunodeError(f"{key}: {len(items)} entries for {gpus} GPUs")
+    for item in items:
+        if not re.fullmatch(pattern, item):
+            raise GpunodeError(f"{key}: {item!r} does not match {pattern}")
+    if len(set(items)) != len(items):
+        raise GpunodeError(f"{key}: entries are not distinct")
+    return ",".join(items)
+
+
+def default_uuid(node_name: str, index: int) -> str:
+    """GPU UUID of GPU `index` of node `node_name`: GPU-<8-4-4-4-12 hex>, stable across runs."""
+    digest = hashlib.sha256(f"{node_name}/{index}".encode()).hexdigest()
+    return f"GPU-{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"
+
+
+def default_pci_bus_id(index: int) -> str:
+    """NVML-style PCI bus id (DOMAIN:BUS:DEVICE.FUNCTION) of GPU `index`, distinct per index."""
+    return f"{index // len(HGX_PCI_BUSES):08X}:{HGX_PCI_BUSES[index % len(HGX_PCI_BUSES)]:02X}:00.0"
+
+
+def validate_conf(conf: dict[str, str]) -> dict[str, str]:
+    """Check node.conf settings {key: text}; return them normalised, in file order.
+
+    Keys whose value is "" (none) are left out. Raises GpunodeError on an unknown key or a value
+    that does not fit (wrong type, list length != gpus, GPU index out of range).
+    """
+    unknown = sorted(set(conf) - set(CONF_DEFAULTS))
+    if unknown:
+        raise GpunodeError(f"unknown node.conf key(s): {', '.join(unknown)}")
+    gpus = int(_int_text("gpus", conf["gpus"], minimum=1))
+    if gpus > MAX_GPUS:
+        raise GpunodeError(f"gpus: at most {MAX_GPUS}")
+    checks = {
+        "gpus": lambda text: str(gpus),
+        "name": lambda text: text,
+        "memory_total_mib": lambda text: _int_text("memory_total_mib", text, minimum=1),
+        "minors": lambda text: _per_gpu_list("minors", text, gpus, r"0|[1-9][0-9]{0,2}"),
+        "reserved_mib": lambda text: _int_text("reserved_mib", text),
+        "idle_used_mib": lambda text: _int_text("idle_used_mib", text),
+        "stray_mib": lambda text: _stray_mib(text, gpus),
+        "release_latency": _release_latency,
+        "hang": lambda text: _matching("hang", text, r"all|nvml[A-Za-z0-9_]+"),
+        "lost": lambda text: _gpu_index_list("lost", text, gpus),
+        "driver_version": lambda text: _matching("driver_version", text, r"[0-9.]+"),
+        "nvml_version": lambda text: _matching("nvml_version", text, r"[0-9.]+"),
+        "cuda_driver_version": lambda text: _int_text("cuda_driver_version", text),
+        "persistence_mode": lambda text: _matching("persistence_mode", text, r"[01]"),
+        "uuids": lambda text: _per_gpu_list(
+            "uuids", text, gpus, r"GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"),
+        "pci_bus_ids": lambda text: _per_gpu_list(
+            "pci_bus_ids", text, gpus, r"[0-9A-F]{8}:[0-9A-F]{2}:[0-9A-F]{2}\.[0-7]"),
+    }
+    normalised = {}
+    for key in CONF_DEFAULTS:
+        text = conf.get(key, "").strip()
+        if "\n" in text:
+            raise GpunodeError(f"{key}: value spans lines")
+        if text:
+            normalised[key] = checks[key](text)
+    for key in ("minors", "uuids", "pci_bus_ids"):
+        if key not in normalised:
+            raise GpunodeError(f"{key} must be set")
+    return normalised
+
+
+def _matching(key: str, text: str, pattern: str) -> str:
+    if not re.fullmatch(pattern, text):
+        raise GpunodeError(f"{key}: {text!r} does not match {pattern}")
+    return text
+
+
+def _release_latency(text: str) -> str:
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise GpunodeError(f"release_latency: {text!r} is not a number of seconds") from None
+    if not math.isfinite(seconds) or seconds < 0:
+        raise GpunodeError("release_latency: must be >= 0")
+    return text
+
+
+def read_conf(path: Path) -> dict[str, str]:
+    """Parse node.conf (one KEY=VALUE per line) into {key: text}."""
+    conf = {}
+    for line in path.read_text().splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            conf[key.strip()] = value.strip()
+    return conf
+
+
+def write_conf(path: Path, conf: dict[str, str]) -> None:
+    """Replace node.conf atomically (temporary file + rename) with validated settings."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    temporary.write_text("".join(f"{key}={value}\n" for key, value in conf.items()))
+    os.replace(temporary, path)
+
+
+# ---------------------------------------------------------------------------------------------
+# builds
+
+
+def _stale(output: Path, sources: list[Path]) -> bool:
+    if not output.exists():
+        return True
+    built = output.stat().st_mtime
+    return any(source.stat().st_mtime > built for source in sources)
+
+
+def _build_lock():
+    """Exclusive lock serialising builds of concurrent `gpunode up`s (released on close)."""
+    BUILD_DIR.mkdir(parents=True, exist_ok=True)
+    lock = open(os.open(BUILD_DIR / ".build.lock", os.O_RDONLY | os.O_CREAT, 0o644))
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    return lock
+
+
+def build_init(force: bool = False) -> Path:
+    """Compile gpusim-init into tests/sim/build/ when the source is newer; return its path."""
+    with _build_lock():
+        if force or _stale(INIT_BINARY, [INIT_SOURCE]):
+            temporary = INIT_BINARY.with_name(f".{INIT_BINARY.name}.{os.getpid()}")
+            _run_build(["gcc", "-O2", "-Wall", "-Wextra", "-o", str(temporary), str(INIT_SOURCE)],
+                       "gpusim-init")
+            os.replace(temporary, INIT_BINARY)
+    return INIT_BINARY
+
+
+def build_driver(force: bool = False) -> Path:
+    """Run tests/sim/fakenvml/build.sh when a file of fakenvml/ is newer than the library."""
+    with _build_lock():
+        if not FAKENVML_BUILD_SCRIPT.exists():
+            raise GpunodeError(f"fake driver not built: {FAKENVML_BUILD_SCRIPT} does not exist")
+        sources = [path for path in FAKENVML_DIR.iterdir() if path.is_file()]
+        if force or _stale(DRIVER_LIBRARY, sources):
+            _run_build(["bash", str(FAKENVML_BUILD_SCRIPT)], "fake driver")
+        if not DRIVER_LIBRARY.exists():
+            raise GpunodeError(f"fake driver not built: {FAKENVML_BUILD_SCRIPT} made no {DRIVER_LIBRARY}")
+    return DRIVER_LIBRARY
+
+
+def _run_build(command: list[str], what: str) -> None:
+    result = subprocess.run(command, cwd=REPO, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                            check=False)
+    if result.returncode != 0:
+        raise GpunodeError(f"building {what} failed ({shlex.join(command)}):\n{result.stdout}{result.stderr}")
+
+
+# ---------------------------------------------------------------------------------------------
+# processes
+
+
+def _user_namespace_args() -> list[str]:
+    """Unprivileged callers need a user namespace to own the node's namespaces."""
+    return [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
+
+
+def _pid_namespace(pid: int | str) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid")
+    except OSError:
+        return None
+
+
+def _state_and_start_time(pid: int) -> tuple[str, str] | None:
+    """(state, start time in clock ticks since boot) of process `pid`, None if there is none."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()
+    return fields[0], fields[19]
+
+
+def _alive(pid: int, start_time: str) -> bool:
+    """True while process `pid` started at `start_time` exists and is not a zombie."""
+    found = _state_and_start_time(pid)
+    return found is not None and found[1] == start_time and found[0] != "Z"
+
+
+def init_running(info: dict) -> bool:
+    """True when the node's recorded init PID still has the node's PID namespace (PIDs wrap)."""
+    return _pid_namespace(info["init_pid"]) == info["pidns"]
+
+
+def inside_node(info: dict) -> bool:
+    """True when the calling process is itself in the node's PID namespace."""
+    return _pid_namespace("self") == info["pidns"]
+
+
+def node_path(info: dict, path: str) -> str:
+    """PATH for the node: its bin/ directory first, then `path`."""
+    bin_dir = str(Path(info["state_dir"]) / "bin")
+    return path if path == bin_dir or path.startswith(bin_dir + ":") else f"{bin_dir}:{path}"
+
+
+def nsenter_argv(info: dict, working_dir: str) -> list[str]:
+    """Command prefix that runs the rest of a command line inside the node.
+
+    nsenter joins the node's PID and mount namespaces (and its user namespace when the node was
+    made unprivileged) keeping `working_dir`; setpriv gives the command SIGTERM when nsenter dies,
+    as nsenter does not forward signals.
+    """
+    user = ["--user", "--preserve-credentials"] if info["userns"] else []
+    return ["nsenter", "--target", str(info["init_pid"]), *user, "--pid", "--mount",
+            f"--wd={working_dir}", "--", "setpriv", "--pdeathsig", "TERM", "--"]
+
+
+def enter_command(info: dict, command: list[str]) -> tuple[list[str], dict[str, str]]:
+    """(argv, environment) that run `command` inside the node with the node's PATH.
+
+    Raises GpunodeError when the node is not running. A caller already inside the node runs the
+    command directly.
+    """
+    environment = dict(os.environ)
+    environment["PATH"] = node_path(info, environment.get("PATH", os.defpath))
+    if inside_node(info):
+        return list(command), environment
+    if not init_running(info):
+        raise GpunodeError(f"node {info['name']} is not running")
+    return nsenter_argv(info, os.getcwd()) + list(command), environment
+
+
+# ---------------------------------------------------------------------------------------------
+# nodes
+
+
+def gpunode_root() -> Path:
+    """Directory holding one state directory per node ($GPUNODE_ROOT, default /tmp/gpuops-sim)."""
+    return Path(os.environ.get("GPUNODE_ROOT", "/tmp/gpuops-sim"))
+
+
+def node_python() -> str:
+    """Interpreter the node runs: the repository's venv Python, else the one running gpunode."""
+    return str(VENV_PYTHON) if os.access(VENV_PYTHON, os.X_OK) else sys.executable
+
+
+def state_dir_of(name: str) -> Path:
+    """$GPUNODE_ROOT/NAME; GpunodeError if NAME is not [A-Za-z0-9_.-]+."""
+    if not NAME_PATTERN.fullmatch(name) or name in (".", ".."):
+        raise GpunodeError(f"invalid node name {name!r} (allowed: letters, digits, _ . -)")
+    return gpunode_root() / name
+
+
+def load_node(name: str) -> dict:
+    """node.json of node `name` (what `up` printed); GpunodeError if there is no such node."""
+    try:
+        return json.loads((state_dir_of(name) / "node.json").read_text())
+    except FileNotFoundError:
+        raise GpunodeError(f"node {name} is not running (no such node)") from None
+
+
+def node_running(name: str) -> bool:
+    """True when node `name` exists and its init is alive (False for a dead or broken node)."""
+    try:
+        return init_running(load_node(name))
+    except (GpunodeError, ValueError, KeyError):
+        return False
+
+
+def _write_ld_cache(lib_dir: Path, driver: bool) -> None:
+    """Make lib_dir/ld.so.cache covering the host's library directories plus lib_dir.
+
+    ldconfig runs in a private mount namespace with a tmpfs over /var/cache/ldconfig, so that it
+    does not rewrite the host's aux cache; -X keeps it from touching symlinks in system dirs.
+    """
+    conf = lib_dir / "ld.so.conf"
+    cache = lib_dir / "ld.so.cache"
+    conf.write_text(f"include /etc/ld.so.conf\n{lib_dir}\n")
+    ldconfig_path = shutil.which("ldconfig", path=f"{os.environ.get('PATH', os.defpath)}:/usr/sbin:/sbin")
+    if ldconfig_path is None:
+        raise GpunodeError("ldconfig not found")
+    ldconfig = f"{ldconfig_path} -X -C {shlex.quote(str(cache))} -f {shlex.quote(str(conf))}"
+    if os.path.isdir("/var/cache/ldconfig"):
+        ldconfig = f"mount -n -t tmpfs tmpfs /var/cache/ldconfig && {ldconfig}"
+    result = subprocess.run(["unshare", *_user_namespace_args(), "--mount", "--", "sh", "-c", ldconfig],
+                            stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise GpunodeError(f"ldconfig failed: {result.stderr.strip()}")
+    listing = subprocess.run([ldconfig_path, "-p", "-C", str(cache)], capture_output=True, text=True,
+                             check=True).stdout
+    sonames = {line.split()[0] for line in listing.splitlines()[1:] if line.strip()}
+    if "libc.so.6" not in sonames:
+        raise GpunodeError(f"{cache} does not cover the host's libraries (no libc.so.6)")
+    if driver != ("libnvidia-ml.so.1" in sonames):
+        raise GpunodeError(f"{cache} {'lacks' if driver else 'has'} libnvidia-ml.so.1"
+                           + ("" if driver else " (the host has an NVIDIA driver library)"))
+
+
+def _write_executable(path: Path, text: str) -> None:
+    path.write_text(text)
+    path.chmod(0o755)
+
+
+def _vllm_script(python: str) -> str:
+    """bin/vllm: runs simvllm.cli:main() like a pip-installed console script."""
+    return (f"#!{python}\n"
+            "import sys\n"
+            f"sys.path.insert(0, {str(SIM_DIR)!r})\n"
+            "from simvllm.cli import main\n"
+            "sys.exit(main())\n")
+
+
+def _python_wrapper(info: dict, python: str) -> str:
+    """The node's interpreter wrapper: /bin/sh doing what `gpunode exec NAME -- PYTHON` does."""
+    bin_dir = shlex.quote(str(Path(info["state_dir"]) / "bin"))
+    pidns = shlex.quote(info["pidns"])
+    enter = " ".join('--wd="$PWD"' if arg.startswith("--wd=") else shlex.quote(arg)
+                     for arg in nsenter_argv(info, "."))
+    return f"""#!/bin/sh
+# Interpreter of simulated GPU node {info['name']} (written by gpunode up): {python} inside the node.
+case $PATH in {bin_dir}|{bin_dir}:*) ;; *) PATH={bin_dir}:$PATH; export PATH ;; esac
+namespaces=$(readlink /proc/self/ns/pid /proc/{info['init_pid']}/ns/pid 2>/dev/null)
+case $namespaces in
+{pidns}|{pidns}"
+"*) exec {shlex.quote(python)} "$@" ;;
+*"
+"{pidns}) exec {enter} {shlex.quote(python)} "$@" ;;
+esac
+echo "gpunode: node {info['name']} is not running" >&2
+exit 1
+"""
+
+
+def _read_ready_line(ready_fd: int, deadline: float) -> str:
+    data = b""
+    while b"\n" not in data:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or not select.select([ready_fd], [], [], remaining)[0]:
+            break
+        chunk = os.read(ready_fd, 64)
+        if not chunk:
+            break
+        data += chunk
+    return data.decode(errors="replace").strip()
+
+
+def _start_init(state: Path, minors: list[str], reap: bool) -> tuple[subprocess.Popen, int]:
+    """Start the node's namespaces and init; return (unshare process, init's PID on the host)."""
+    ready_read, ready_write = os.pipe()
+    command = ["unshare", *_user_namespace_args(), "--pid", "--mount", "--fork", "--kill-child", "--",
+               str(INIT_BINARY), "--state-dir", str(state), "--ready-fd", str(ready_write),
+               "--minors", ",".join(minors)]
+    if not reap:
+        command.append("--no-reap")
+    with open(state / "node.log", "ab") as log:
+        unshare = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                   start_new_session=True, pass_fds=(ready_write,))
+    os.close(ready_write)
+    try:
+        line = _read_ready_line(ready_read, time.monotonic() + READY_TIMEOUT_S)
+    finally:
+        os.close(ready_read)
+    ready = re.fullmatch(r"ready ([0-9]+)", line)
+    if not ready:
+        unshare.kill()
+        unshare.wait()
+        log_text = (state / "node.log").read_text(errors="replace").strip()
+        raise GpunodeError(f"node did not start (unshare exit {unshare.returncode}): {log_text}")
+    return unshare, int(ready.group(1))
+
+
+def create_node(name: str, conf: dict[str, str], driver: bool, reap: bool) -> dict:
+    """Start node `name` with node.conf settings `conf`; return its description (node.json).
+
+    Raises GpunodeError if a running node has that name, a build fails or the node does not
+    become ready within READY_TIMEOUT_S. A dead node's leftover state is removed first.
+    """
+    state = state_dir_of(name)
+    conf = validate_conf(conf)
+    if state.exists():
+        if node_running(name):
+            raise GpunodeError(f"node {name} already exists and is running")
+        destroy_node(name)
+    build_init()
+    if driver:
+        build_driver()
+    gpunode_root().mkdir(parents=True, exist_ok=True)
+    try:
+        state.mkdir()
+    except FileExistsError:
+        raise GpunodeError(f"node {name} is being created by another gpunode") from None
+    try:
+        return _populate_and_start(name, state, conf, driver, reap)
+    except BaseException:
+        shutil.rmtree(state, ignore_errors=True)
+        raise
+
+
+def _populate_and_start(name: str, state: Path, conf: dict[str, str], driver: bool, reap: bool) -> dict:
+    run_dir, lib_dir, bin_dir = state / "run", state / "lib", state / "bin"
+    for directory in (run_dir, run_dir / "proc", lib_dir, bin_dir):
+        directory.mkdir()
+    for shared in (run_dir / "contexts", run_dir / "released"):
+        shared.mkdir()
+        shared.chmod(0o1777)
+    write_conf(run_dir / "node.conf", conf)
+    if driver:
+        shutil.copy2(DRIVER_LIBRARY, lib_dir / DRIVER_LIBRARY.name)
+    _write_ld_cache(lib_dir, driver)
+    python = node_python()
+    _write_executable(bin_dir / "vllm", _vllm_script(python))
+
+    minors = conf["minors"].split(",")
+    unshare, init_pid = _start_init(state, minors, reap)
+    info = {
+        "name": name,
+        "init_pid": init_pid,
+        "pidns": _pid_namespace(init_pid),
+        "state_dir": str(state),
+        "run_dir": str(run_dir),
+        "python": str(state / "python"),
+        "gpus": [
+            {"index": index, "minor": int(minor), "uuid": uuid, "pci_bus_id": bus_id,
+             "name": conf["name"], "memory_total_mib": int(conf["memory_total_mib"])}
+            for index, (minor, uuid, bus_id) in enumerate(
+                zip(minors, conf["uuids"].split(","), conf["pci_bus_ids"].split(",")))
+        ],
+        "driver": driver,
+        "release_latency": float(conf["release_latency"]),
+        "reap": reap,
+        "userns": bool(_user_namespace_args()),
+        "init_start_time": (_state_and_start_time(init_pid) or ("", ""))[1],
+        "unshare_pid": unshare.pid,
+        "unshare_start_time": (_state_and_start_time(unshare.pid) or ("", ""))[1],
+        "log": str(state / "node.log"),
+    }
+    _write_executable(state / "python", _python_wrapper(info, python))
+    temporary = state / ".node.json.tmp"
+    temporary.write_text(json.dumps(info, indent=2) + "\n")
+    os.replace(temporary, state / "node.json")
+    return info
+
+
+def _wait_gone(pid: int, start_time: str, timeout: float) -> bool:
+    """Poll until process `pid` has exited (zombie or gone); False if `timeout` s passed first."""
+    deadline = time.monotonic() + timeout
+    while _alive(pid, start_time):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(POLL_INTERVAL_S)
+    return True
+
+
+def destroy_node(name: str) -> bool:
+    """End every process of node `name` and remove its state; False if there was no such node.
+
+    SIGKILL to the init ends every process of the node's PID namespace and frees its mount
+    namespace; unshare, which waits for it, reaps it and exits (SIGKILLed if it does not, e.g. when
+    stopped). Raises GpunodeError if a process outlives SIGKILL for STOP_TIMEOUT_S.
+    """
+    state = state_dir_of(name)
+    if not state.exists():
+        return False
+    try:
+        info = json.loads((state / "node.json").read_text())
+    except (OSError, ValueError):
+        info = None  # `up` failed or is still writing it: nothing was recorded to stop
+    if info is not None:
+        init = (info["init_pid"], info["init_start_time"])
+        unshare = (info["unshare_pid"], info["unshare_start_time"])
+        if init_running(info):
+            _kill(info["init_pid"])
+        if not _wait_gone(*init, STOP_TIMEOUT_S):
+            raise GpunodeError(f"node {name}: init {init[0]} did not exit after SIGKILL")
+        if not _wait_gone(*unshare, UNSHARE_EXIT_TIMEOUT_S):
+            _kill(info["unshare_pid"])
+            if not _wait_gone(*unshare, STOP_TIMEOUT_S):
+                raise GpunodeError(f"node {name}: unshare {unshare[0]} did not exit after SIGKILL")
+    shutil.rmtree(state)
+    return True
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def node_names() -> list[str]:
+    """Names of the nodes that have a state directory, sorted."""
+    root = gpunode_root()
+    if not root.is_dir():
+        return []
+    return sorted(entry.name for entry in root.iterdir()
+                  if entry.is_dir() and NAME_PATTERN.fullmatch(entry.name))
+
+
+def inventory_text(names: list[str]) -> str:
+    """Ansible INI inventory: group `gpunodes`, one host per node, with its connection vars."""
+    lines = ["[gpunodes]"]
+    for name in names:
+        host_vars = {"ansible_connection": "local", "ansible_python_interpreter": load_node(name)["python"]}
+        lines.append(" ".join([name] + [f"{key}={shlex.quote(value)}" for key, value in host_vars.items()]))
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# command line
+
+
+def _up(args: argparse.Namespace) -> int:
+    gpus = args.gpus
+    conf = dict(CONF_DEFAULTS)
+    conf.update({
+        "gpus": str(gpus),
+        "name": args.model_name,
+        "memory_total_mib": str(args.memory_mib),
+        "minors": args.minors if args.minors is not None else ",".join(map(str, range(gpus))),
+        "reserved_mib": str(args.reserved_mib),
+        "idle_used_mib": str(args.idle_used_mib),
+        "stray_mib": args.stray_mib,
+        "release_latency": args.release_latency,
+        "hang": args.hang,
+        "lost": args.lost,
+        "uuids": ",".join(default_uuid(args.name, index) for index in range(gpus)),
+        "pci_bus_ids": ",".join(default_pci_bus_id(index) for index in range(gpus)),
+    })
+    info = create_node(args.name, conf, driver=not args.no_driver, reap=not args.no_reap)
+    print(json.dumps(info, indent=2))
+    return 0
+
+
+def _exec(args: argparse.Namespace) -> int:
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        raise GpunodeError("exec: no command given")
+    argv, environment = enter_command(load_node(args.name), command)
+    try:
+        os.execvpe(argv[0], argv, environment)
+    except OSError as error:
+        raise GpunodeError(f"exec {argv[0]}: {error.strerror}") from None
+
+
+def _set(args: argparse.Namespace) -> int:
+    info = load_node(args.name)
+    conf_path = Path(info["run_dir"]) / "node.conf"
+    conf = dict(CONF_DEFAULTS)
+    conf.update(read_conf(conf_path))
+    for assignment in args.assignments:
+        key, sep, value = assignment.partition("=")
+        if not sep:
+            raise GpunodeError(f"set: {assignment!r} is not KEY=VALUE")
+        if key in FIXED_AT_UP:
+            raise GpunodeError(f"set: {key} is fixed when the node is made (gpunode up)")
+        if key not in CONF_DEFAULTS:
+            raise GpunodeError(f"set: unknown key {key!r} (known: {', '.join(CONF_DEFAULTS)})")
+        conf[key] = value
+    write_conf(conf_path, validate_conf(conf))
+    return 0
+
+
+def _down(args: argparse.Namespace) -> int:
+    if args.all == bool(args.names):
+        raise GpunodeError("down: give node names or --all")
+    for name in node_names() if args.all else args.names:
+        if not destroy_node(name):
+            print(f"gpunode: no node {name} (nothing to do)", file=sys.stderr)
+    return 0
+
+
+def _inventory(args: argparse.Namespace) -> int:
+    sys.stdout.write(inventory_text(args.names))
+    return 0
+
+
+def _list(args: argparse.Namespace) -> int:
+    for name in node_names():
+        print(f"{name}\t{'running' if node_running(name) else 'dead'}")
+    return 0
+
+
+def _build(args: argparse.Namespace) -> int:
+    print(build_init(force=True))
+    print(build_driver(force=True))
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gpunode", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command_name", required=True)
+
+    up = commands.add_parser("up", help="create a node and print its description (JSON)")
+    up.add_argument("name")
+    up.add_argument("--gpus", type=int, default=int(CONF_DEFAULTS["gpus"]))
+    up.add_argument("--model-name", default=CONF_DEFAULTS["name"])
+    up.add_argument("--memory-mib", type=int, default=int(CONF_DEFAULTS["memory_total_mib"]))
+    up.add_argument("--minors", help="comma-separated minor numbers (default 0..N-1)")
+    up.add_argument("--reserved-mib", type=int, default=int(CONF_DEFAULTS["reserved_mib"]))
+    up.add_argument("--idle-used-mib", type=int, default=int(CONF_DEFAULTS["idle_used_mib"]))
+    up.add_argument("--stray-mib", default="", help="INDEX:MiB,... memory that never frees")
+    up.add_argument("--release-latency", default=CONF_DEFAULTS["release_latency"], help="seconds")
+    up.add_argument("--no-driver", action="store_true", help="no libnvidia-ml.so.1 in the node")
+    up.add_argument("--hang", default="", help="NVML function that blocks forever (all: every call)")
+    up.add_argument("--lost", default="", help="GPU indices that answer NVML_ERROR_GPU_IS_LOST")
+    up.add_argument("--no-reap", action="store_true", help="init never reaps: zombies stay")
+    up.set_defaults(handler=_up)
+
+    exec_ = commands.add_parser("exec", help="run a command inside a node")
+    exec_.add_argument("name")
+    exec_.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD...")
+    exec_.set_defaults(handler=_exec)
+
+    set_ = commands.add_parser("set", help="edit a running node's node.conf")
+    set_.add_argument("name")
+    set_.add_argument("assignments", nargs="+", metavar="KEY=VALUE")
+    set_.set_defaults(handler=_set)
+
+    down = commands.add_parser("down", help="end a node's processes and remove its state")
+    down.add_argument("names", nargs="*")
+    down.add_argument("--all", action="store_true")
+    down.set_defaults(handler=_down)
+
+    inventory = commands.add_parser("inventory", help="print an Ansible INI inventory of nodes")
+    inventory.add_argument("names", nargs="+")
+    inventory.set_defaults(handler=_inventory)
+
+    commands.add_parser("list", help="list nodes and their status").set_defaults(handler=_list)
+    commands.add_parser("build", help="build gpusim-init and the fake driver").set_defaults(handler=_build)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point; returns the exit status."""
+    args = _parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except GpunodeError as error:
+        print(f"gpunode: {error}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

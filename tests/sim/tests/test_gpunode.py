@@ -1,0 +1,329 @@
+"""Tests of tests/sim/gpunode: nodes are real PID + mount namespaces with a private /dev."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from simnode import GPUNODE, REPO, VENV_PYTHON, gpunode, inventory_file, up
+
+POLL_DEADLINE_S = 10.0
+
+
+def poll(condition, what: str, deadline_s: float = POLL_DEADLINE_S):
+    """Call `condition` until it returns a truthy value (returned) or fail after `deadline_s`."""
+    deadline = time.monotonic() + deadline_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+def run_gpunode(*args: str, root: Path | None = None, **kwargs) -> subprocess.CompletedProcess:
+    environment = dict(os.environ)
+    if root is not None:
+        environment["GPUNODE_ROOT"] = str(root)
+    return subprocess.run([str(GPUNODE), *args], capture_output=True, text=True, timeout=60,
+                          env=environment, check=False, **kwargs)
+
+
+def process_state(node, pid: int) -> str | None:
+    """State letter (R, S, Z...) of process `pid` as the node sees it, None if it has none."""
+    return node.py(
+        "import sys\n"
+        "try:\n"
+        "    print(open(f'/proc/{sys.argv[1]}/stat').read().rsplit(')', 1)[1].split()[0])\n"
+        "except FileNotFoundError:\n"
+        "    print('-')\n", str(pid)).strip().replace("-", "") or None
+
+
+def host_processes_in(pidns: str) -> list[int]:
+    """Host PIDs of the processes (zombies included) whose PID namespace is `pidns`."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.readlink(f"/proc/{entry}/ns/pid") == pidns:
+                    found.append(int(entry))
+            except OSError:
+                pass
+    return found
+
+
+def test_node_has_its_own_pid_namespace(simnode):
+    node = simnode(no_driver=True)
+    seen = json.loads(node.py(
+        "import json, os\n"
+        "pids = sorted(int(p) for p in os.listdir('/proc') if p.isdigit())\n"
+        "print(json.dumps({'pids': pids, 'me': os.getpid(), 'init': open('/proc/1/comm').read().strip(),\n"
+        "                  'pidns': os.readlink('/proc/self/ns/pid')}))"))
+    assert seen["init"] == "gpusim-init"
+    assert seen["pidns"] == node.info["pidns"] != os.readlink("/proc/self/ns/pid")
+    # init, and the Python that nsenter forked (setpriv execs it in place)
+    assert seen["pids"] == [1, seen["me"]]
+    assert node.info["init_pid"] in host_processes_in(node.info["pidns"])
+
+
+def test_node_has_private_dev_and_run(simnode):
+    node = simnode(gpus=2, minors=[3, 5], no_driver=True)
+    (node.run_dir / "from-host").write_text("shared\n")
+    listing = json.loads(node.py(
+        "import json, os, stat\n"
+        "def kind(path):\n"
+        "    mode = os.lstat(path).st_mode\n"
+        "    return ('chr' if stat.S_ISCHR(mode) else 'reg' if stat.S_ISREG(mode) else\n"
+        "            'lnk' if stat.S_ISLNK(mode) else 'dir', oct(stat.S_IMODE(mode)))\n"
+        "print(json.dumps({'dev': {name: kind('/dev/' + name) for name in os.listdir('/dev')},\n"
+        "                  'run': sorted(os.listdir('/run')),\n"
+        "                  'from_host': open('/run/gpusim/from-host').read(),\n"
+        "                  'proc_init': open('/run/gpusim/proc/1/comm').read().strip()}))"))
+    dev = listing["dev"]
+    for name in ("nvidia3", "nvidia5", "nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"):
+        assert dev[name] == ["reg", "0o666"], name
+    assert not [name for name in dev if name.startswith("nvidia") and name[6:].isdigit()
+                and name not in ("nvidia3", "nvidia5")]
+    for name in ("null", "zero", "full", "random", "urandom", "tty"):
+        assert dev[name][0] == "chr", name
+    assert dev["ptmx"][0] == dev["fd"][0] == "lnk"
+    assert dev["pts"][0] == dev["shm"][0] == "dir"
+    assert listing["run"] == ["gpusim"]
+    assert listing["from_host"] == "shared\n"
+    assert listing["proc_init"] == "gpusim-init"
+    assert [gpu["minor"] for gpu in node.info["gpus"]] == [3, 5]
+    assert "/dev/nvidia3" not in Path("/proc/self/mountinfo").read_text()
+
+
+def test_devices_and_shared_memory_work_inside(simnode):
+    node = simnode(gpus=1, no_driver=True)
+    out = node.py(
+        "import mmap, os, pty\n"
+        "from multiprocessing import shared_memory\n"
+        "fd = os.open('/dev/nvidia0', os.O_RDWR)\n"
+        "os.lseek(fd, 12345, os.SEEK_SET)\n"
+        "print(os.lseek(fd, 0, os.SEEK_CUR))\n"
+        "os.ftruncate(fd, 4096)\n"
+        "mmap.mmap(fd, 4096).close()\n"
+        "segment = shared_memory.SharedMemory(create=True, size=4096)\n"
+        "segment.close(); segment.unlink()\n"
+        "master, slave = pty.openpty()\n"
+        "print(os.ttyname(slave))\n")
+    offset, tty = out.split()
+    assert offset == "12345"
+    assert tty.startswith("/dev/pts/")
+
+
+def test_two_nodes_do_not_see_each_others_processes(simnode):
+    first, second = simnode(no_driver=True), simnode(no_driver=True)
+    first.spawn("import time; time.sleep(600)  # holder-of-first")
+    second.spawn("import time; time.sleep(600)  # holder-of-second")
+    listing = ("import os\n"
+               "for pid in filter(str.isdigit, os.listdir('/proc')):\n"
+               "    print(open(f'/proc/{pid}/cmdline').read().replace('\\0', ' '))\n")
+    seen_by_first, seen_by_second = first.py(listing), second.py(listing)
+    assert "holder-of-first" in seen_by_first and "holder-of-second" not in seen_by_first
+    assert "holder-of-second" in seen_by_second and "holder-of-first" not in seen_by_second
+
+
+def test_exec_passes_stdin_stdout_stderr_and_status(simnode):
+    node = simnode(no_driver=True)
+    result = run_gpunode("exec", node.name, "--", "sh", "-c", "cat; echo oops >&2; exit 7",
+                         input="hello\n")
+    assert (result.returncode, result.stdout, result.stderr) == (7, "hello\n", "oops\n")
+    killed = run_gpunode("exec", node.name, "--", "sh", "-c", "kill -TERM $$")
+    assert killed.returncode in (-signal.SIGTERM, 128 + signal.SIGTERM)
+    assert node.exec("pwd").stdout.strip() == os.getcwd()
+    assert node.exec("sh", "-c", "command -v vllm").stdout.strip() == str(node.state_dir / "bin" / "vllm")
+
+
+def test_vllm_on_path_is_a_console_script_of_the_venv(simnode):
+    node = simnode(no_driver=True)
+    vllm = node.state_dir / "bin" / "vllm"
+    assert vllm.read_text().splitlines()[0] == f"#!{VENV_PYTHON}"
+    assert "serve" in node.exec("vllm", "--help").stdout
+
+
+def test_command_gets_sigterm_when_the_exec_caller_dies(simnode):
+    node = simnode(no_driver=True)
+    pid_file = node.run_dir / "sleeper.pid"
+    # gpunode exec execs nsenter, so this Popen's PID is nsenter's.
+    caller = subprocess.Popen([str(GPUNODE), "exec", node.name, "--", "sh", "-c",
+                               "echo $$ > /run/gpusim/sleeper.pid.tmp; mv /run/gpusim/sleeper.pid.tmp "
+                               "/run/gpusim/sleeper.pid; exec sleep 600"], stdin=subprocess.DEVNULL)
+    try:
+        sleeper = int(poll(lambda: pid_file.exists() and pid_file.read_text(), "the command to start"))
+        assert process_state(node, sleeper) in ("S", "R")
+    finally:
+        caller.kill()
+        caller.wait()
+    poll(lambda: process_state(node, sleeper) is None, "the command to end after SIGTERM")
+
+
+def test_init_reaps_orphans(simnode):
+    node = simnode(no_driver=True)
+    orphan = node.spawn("pass")
+    poll(lambda: process_state(node, orphan) is None, "init to reap the orphan")
+
+
+def test_no_reap_leaves_a_zombie(simnode):
+    node = simnode(no_driver=True, no_reap=True)
+    orphan = node.spawn("pass")
+    poll(lambda: process_state(node, orphan) == "Z", "the orphan to exit")
+    ppid = node.py(f"print(open('/proc/{orphan}/stat').read().rsplit(')', 1)[1].split()[1])")
+    assert ppid.strip() == "1"
+
+
+def test_python_wrapper_runs_inside_the_node(simnode):
+    node = simnode(no_driver=True)
+    probe = ("import os, shutil\n"
+             "print(open('/proc/1/comm').read().strip(), os.readlink('/proc/self/ns/pid'),\n"
+             "      shutil.which('vllm'), os.getcwd())")
+    from_host = subprocess.run([node.info["python"], "-c", probe], capture_output=True, text=True,
+                               check=True, timeout=60).stdout.split()
+    expected = ["gpusim-init", node.info["pidns"], str(node.state_dir / "bin" / "vllm"), os.getcwd()]
+    assert from_host == expected
+    # From inside the node the wrapper runs Python directly (no second nsenter).
+    assert node.exec(node.info["python"], "-c", probe).stdout.split() == expected
+    assert node.exec("sh", "-c", 'echo "$PATH"').stdout.count(str(node.state_dir / "bin")) == 1
+
+
+def test_exec_on_a_downed_node_fails_clearly(simnode):
+    node = simnode(no_driver=True)
+    node.down()
+    result = run_gpunode("exec", node.name, "--", "true")
+    assert result.returncode == 1
+    assert f"node {node.name} is not running" in result.stderr
+    with pytest.raises(gpunode.GpunodeError, match="is not running"):
+        node.exec("true")
+    assert run_gpunode("down", node.name).returncode == 0  # idempotent
+
+
+def test_dead_node_is_reported_and_replaced(simnode):
+    node = simnode(no_driver=True)
+    os.kill(node.info["init_pid"], signal.SIGKILL)
+    poll(lambda: not host_processes_in(node.info["pidns"]), "the node's processes to end")
+    listed = run_gpunode("list").stdout.splitlines()
+    assert f"{node.name}\tdead" in listed
+    result = run_gpunode("exec", node.name, "--", "true")
+    assert result.returncode == 1 and f"node {node.name} is not running" in result.stderr
+    wrapper = subprocess.run([node.info["python"], "-c", "pass"], capture_output=True, text=True,
+                             check=False)
+    assert wrapper.returncode == 1 and f"node {node.name} is not running" in wrapper.stderr
+    replacement = up(node.name, no_driver=True)  # downed by the fixture under the same name
+    assert f"{node.name}\trunning" in run_gpunode("list").stdout.splitlines()
+    assert replacement.py("print(open('/proc/1/comm').read())").strip() == "gpusim-init"
+
+
+def test_up_refuses_a_running_name(simnode):
+    node = simnode(no_driver=True)
+    result = run_gpunode("up", node.name, "--no-driver")
+    assert result.returncode == 1
+    assert "already exists and is running" in result.stderr
+    assert node.exec("true").returncode == 0
+
+
+def test_up_rejects_bad_knobs(tmp_path):
+    try:
+        for args, message in ((["--gpus", "2", "--minors", "0"], "minors: 1 entries for 2 GPUs"),
+                              (["--gpus", "2", "--lost", "2"], "lost: GPU index 2 out of range"),
+                              (["--stray-mib", "0-100"], "is not INDEX:MiB")):
+            result = run_gpunode("up", "bad", "--no-driver", *args, root=tmp_path)
+            assert result.returncode == 1 and message in result.stderr, result.stderr
+        assert not (tmp_path / "bad").exists()
+        assert run_gpunode("up", "a/b", root=tmp_path).returncode == 1
+    finally:
+        run_gpunode("down", "--all", root=tmp_path)
+
+
+def test_set_rewrites_node_conf(simnode):
+    node = simnode(gpus=2, no_driver=True, lost=[1])
+    node.set(release_latency=2.5, stray_mib={0: 1024}, lost=None)
+    conf = gpunode.read_conf(node.run_dir / "node.conf")
+    assert conf["release_latency"] == "2.5" and conf["stray_mib"] == "0:1024"
+    assert "lost" not in conf
+    assert node.py("print(open('/run/gpusim/node.conf').read())").strip() == \
+        (node.run_dir / "node.conf").read_text().strip()
+    for bad, message in (("gpus=4", "fixed when the node is made"), ("colour=blue", "unknown key"),
+                         ("lost=5", "out of range"), ("persistence_mode=2", "does not match"),
+                         ("release_latency", "is not KEY=VALUE")):
+        result = run_gpunode("set", node.name, bad)
+        assert result.returncode == 1 and message in result.stderr, result.stderr
+    assert gpunode.read_conf(node.run_dir / "node.conf") == conf
+
+
+def test_down_all_leaves_nothing_behind(tmp_path):
+    root = tmp_path / "root"
+    try:
+        nodes = [up(f"all-{index}", root=root, no_driver=index == 0) for index in range(2)]
+        for node in nodes:
+            node.spawn("import time; time.sleep(600)")
+            node.exec("sh", "-c", "exec sleep 600 </dev/null >/dev/null 2>&1 &")
+    finally:
+        result = run_gpunode("down", "--all", root=root)
+    assert result.returncode == 0, result.stderr
+    assert list(root.iterdir()) == []
+    assert str(root) not in Path("/proc/self/mountinfo").read_text()
+    for node in nodes:
+        assert host_processes_in(node.info["pidns"]) == []
+        assert not gpunode._alive(node.info["unshare_pid"], node.info["unshare_start_time"])
+    assert run_gpunode("list", root=root).stdout == ""
+    absent = run_gpunode("down", "all-0", root=root)
+    assert absent.returncode == 0 and "no node all-0" in absent.stderr
+
+
+def test_inventory_lists_nodes_with_their_interpreter(simnode):
+    first, second = simnode(no_driver=True), simnode(no_driver=True)
+    lines = run_gpunode("inventory", first.name, second.name).stdout.splitlines()
+    assert lines == ["[gpunodes]"] + [
+        f"{node.name} ansible_connection=local ansible_python_interpreter={node.info['python']}"
+        for node in (first, second)]
+
+
+def test_ansible_runs_inside_each_node(simnode, tmp_path):
+    nodes = [simnode(no_driver=True), simnode(no_driver=True)]
+    inventory = inventory_file(tmp_path, *nodes)
+    result = subprocess.run(
+        [str(VENV_PYTHON.parent / "ansible"), "-i", str(inventory), "all", "-m", "command",
+         "-a", "sh -c 'cat /proc/1/comm; readlink /proc/self/ns/pid'"],
+        cwd=REPO, capture_output=True, text=True, timeout=120, check=False,
+        env={**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg")})
+    assert result.returncode == 0, result.stdout + result.stderr
+    for node in nodes:
+        expected = f"{node.name} | CHANGED | rc=0 >>\ngpusim-init\n{node.info['pidns']}\n"
+        assert expected in result.stdout + "\n", result.stdout
+
+
+@pytest.fixture
+def driver_built():
+    if not gpunode.FAKENVML_BUILD_SCRIPT.exists():
+        pytest.skip("the fake driver's build.sh does not exist yet")
+
+
+def test_pynvml_lists_the_configured_gpus(driver_built, simnode):
+    node = simnode(gpus=3, model_name="NVIDIA A100-SXM4-80GB", minors=[0, 2, 4])
+    devices = json.loads(node.py(
+        "import json, pynvml\n"
+        "pynvml.nvmlInit()\n"
+        "handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]\n"
+        "print(json.dumps([[pynvml.nvmlDeviceGetName(h), pynvml.nvmlDeviceGetMinorNumber(h),\n"
+        "                   pynvml.nvmlDeviceGetUUID(h)] for h in handles]))"))
+    assert devices == [["NVIDIA A100-SXM4-80GB", gpu["minor"], gpu["uuid"]] for gpu in node.info["gpus"]]
+    assert [gpu["minor"] for gpu in node.info["gpus"]] == [0, 2, 4]
+
+
+def test_no_driver_node_has_no_nvml_library(driver_built, simnode):
+    node = simnode(no_driver=True)
+    out = node.py("import pynvml\n"
+                  "try:\n"
+                  "    pynvml.nvmlInit()\n"
+                  "except pynvml.NVMLError_LibraryNotFound:\n"
+                  "    print('library not found')\n")
+    assert out.strip() == "library not found"
