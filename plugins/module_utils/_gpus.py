@@ -177,7 +177,7 @@ def protection(holder, own_chain, exclude=(), include_protected=False):
         return "PID 1 (init)"
     if pid in own_chain:
         return "this module or one of its ancestors (Ansible, the SSH session)"
-    if holder.get("ppid") == 2 or pid == 2:
+    if holder.get("kernel_thread"):
         return "kernel thread"
     excluded = _matching_names(holder, exclude)
     if excluded:

@@ -16,6 +16,7 @@ import pwd
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils import _procscan
 
+
 def minor_map(driver, proc="/proc"):
     """Index/minor table of the GPUs: [{"index", "minor", "uuid", "name", "pci_bus_id"}] and its source.
 
@@ -128,13 +129,12 @@ def merge(driver, scan, psutil, proc="/proc", exclude_pids=()):
         explained = 0
         for listed in nvml_gpu.get("processes", []):
             pid = listed["pid"]
-            verified = pid in holders or (pid in scan and pid not in exclude)
+            verified = pid in holders
             gpu["driver_processes"].append(dict(listed, verified=verified))
             explained += listed["used_mib"] or 0
             if not verified:
                 continue
-            holder = holders.setdefault(pid, {"gpus": set(), "minors": set(), "memory_mib": {}, "seen_in": set(),
-                                              "control_only": False, "thread_only": scan[pid].thread_only})
+            holder = holders[pid]
             holder["gpus"].add(index)
             holder["control_only"] = False
             holder["seen_in"].add("driver")

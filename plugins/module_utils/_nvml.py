@@ -91,9 +91,16 @@ def read_gpu(pynvml, index):
             for proc in processes:
                 used = proc.usedGpuMemory
                 gpu["processes"].append({"pid": proc.pid, "used_mib": None if used is None else used // MIB, "type": kind})
-    except pynvml.NVMLError as exc:
+    except _errors(pynvml) as exc:
         gpu["error"] = str(exc)
     return gpu
+
+
+def _errors(pynvml):
+    """Exceptions that mean "the driver said no": NVML errors, and pynvml's NVMLLibraryMismatchError
+    (a driver library without the _v3 process-list functions; not an NVMLError subclass)."""
+    return (pynvml.NVMLError,) + tuple(
+        cls for cls in (getattr(pynvml, "NVMLLibraryMismatchError", None),) if isinstance(cls, type))
 
 
 def read_driver(pynvml, initialized=False):

@@ -19,6 +19,7 @@ import re
 # /dev/nvidia<minor> (195:<minor>), the control and UVM devices, and MIG capabilities.
 _DEVICE_RE = re.compile(r"^/dev/nvidia(?:(?P<minor>\d+)|ctl|-uvm|-uvm-tools|-modeset|-caps/.*)$")
 _MAPS_MARK = b"/dev/nvidia"
+_PF_KTHREAD = 0x00200000  # include/linux/sched.h: "I am a kernel thread"
 # errno values that mean "the process or thread is gone, or not ours to read": skip it.
 _SKIP_ERRNOS = (errno.ENOENT, errno.ESRCH, errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EINVAL)
 
@@ -172,7 +173,8 @@ def read_stat(pid, proc="/proc"):
     """Fields of /proc/PID/stat, or None if the process is gone.
 
     Returns {"comm" (the kernel's name, cut to 15 bytes), "state" (one letter: R, S, D, Z...),
-    "ppid", "pgid", "sid", "start_ticks" (field 22: start time in clock ticks since boot)}.
+    "ppid", "pgid", "sid", "start_ticks" (field 22: start time in clock ticks since boot),
+    "kernel_thread" (PF_KTHREAD in field 9, the flags)}.
     PID plus start_ticks identify a process: a reused PID has another start time.
     """
     try:
@@ -186,7 +188,8 @@ def read_stat(pid, proc="/proc"):
     close = data.rindex(b")")
     fields = data[close + 2:].split()
     return {"comm": data[data.index(b"(") + 1:close].decode("utf-8", "replace"), "state": fields[0].decode(),
-            "ppid": int(fields[1]), "pgid": int(fields[2]), "sid": int(fields[3]), "start_ticks": int(fields[19])}
+            "ppid": int(fields[1]), "pgid": int(fields[2]), "sid": int(fields[3]), "start_ticks": int(fields[19]),
+            "kernel_thread": bool(int(fields[6]) & _PF_KTHREAD)}
 
 
 def read_start_ticks(pid, proc="/proc"):
@@ -219,7 +222,8 @@ def proc_driver_minors(proc="/proc"):
     base = os.path.join(proc, "driver", "nvidia", "gpus")
     gpus = []
     for bus in sorted(_listdir(base) or ()):
-        info = {"pci_bus_id": bus, "minor": None, "uuid": None, "name": None}
+        # The directory is named 0000:18:00.0; NVML writes the domain with 8 digits.
+        info = {"pci_bus_id": bus.rjust(16, "0"), "minor": None, "uuid": None, "name": None}
         try:
             with open(os.path.join(base, bus, "information")) as handle:
                 for line in handle:

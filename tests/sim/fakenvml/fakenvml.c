@@ -1,0 +1,1311 @@
+/*
+ * fakenvml.c - a fake NVIDIA driver library (libnvidia-ml.so.1) for simulated GPU nodes.
+ *
+ * The unmodified pynvml loads it with CDLL("libnvidia-ml.so.1") and sees GPUs that exist only
+ * as files. The contract is tests/sim/README.md; the model in short:
+ *
+ * - Run directory: $GPUSIM_RUN, else /run/gpusim. <run>/node.conf (key=value lines) is read
+ *   again on every call, so knobs change live (gpunode set). Keys: gpus, name,
+ *   memory_total_mib, minors, uuids, pci_bus_ids, reserved_mib, idle_used_mib, stray_mib
+ *   ("i:MiB,..."), release_latency, hang, lost, driver_version, nvml_version,
+ *   cuda_driver_version, persistence_mode, dev_dir (default /dev) and proc_dir (default
+ *   <run>/proc when a procfs is mounted there, else /proc). Without uuids, GPU i gets a UUID
+ *   hashed from the run directory's device/inode and i.
+ *
+ * - A context is a file <run>/contexts/<T>, lines "<index> <MiB> [compute|graphics|mps]",
+ *   written by process T (T = its PID in the namespace of proc_dir). A handle with token T on
+ *   GPU i is an fd of any thread (<proc>/PID/task/TID/fd) linking to <dev_dir>/nvidia<minor i>
+ *   whose file position is T, or a mapping of that file at offset T*4096 (<proc>/PID/maps).
+ *   Each (context, GPU) line is in one of these states:
+ *     held       some process holds a handle with token T: memory counted; the line is listed
+ *                (pid T) when process T itself holds one;
+ *     releasing  no handle left: still counted until release_latency seconds after the first
+ *                call that saw it gone; that moment is kept in <run>/released/<T>.<i>, so all
+ *                processes agree. A release is never undone (as in the driver): to create
+ *                the context again, write the context file again (a new inode);
+ *     freed      not counted. When every line of a context is freed, the context file and its
+ *                state files are removed.
+ *   Cost: the creator's own fds/maps are checked first, then the holder last seen for that
+ *   line (<run>/released/<T>.<i>.holder); only when both fail is every process of proc_dir
+ *   scanned (one scan is reused for 20 ms). Released lines are not scanned at all.
+ *
+ * - Memory of GPU i (MiB = 2^20 bytes): used = idle_used + stray + held/releasing contexts;
+ *   free = total - reserved - used (floor 0); nvmlMemory_t (v1) reports used = total - free,
+ *   i.e. reserved memory included, like current drivers.
+ *
+ * - While initialized (reference counted), the library holds <dev_dir>/nvidiactl and every
+ *   <dev_dir>/nvidia<minor> open at position 0, like the real one. nvidiactl missing:
+ *   NVML_ERROR_DRIVER_NOT_LOADED.
+ *
+ * - lost: handle-by-index/UUID of those GPUs and calls on their handles answer
+ *   NVML_ERROR_GPU_IS_LOST. hang=<symbol>: that call never returns (sleeps forever);
+ *   hang=all: every call after a successful init never returns (nvmlErrorString excepted).
+ *
+ * Calls are serialized by one mutex. Struct layouts are those of nvml.h (LP64, with padding).
+ */
+#define _GNU_SOURCE
+#include <ctype.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define EXPORT __attribute__((visibility("default")))
+
+/* ---- nvml.h subset ---------------------------------------------------------------------- */
+
+typedef enum {
+    NVML_SUCCESS = 0,
+    NVML_ERROR_UNINITIALIZED = 1,
+    NVML_ERROR_INVALID_ARGUMENT = 2,
+    NVML_ERROR_NOT_SUPPORTED = 3,
+    NVML_ERROR_NO_PERMISSION = 4,
+    NVML_ERROR_ALREADY_INITIALIZED = 5,
+    NVML_ERROR_NOT_FOUND = 6,
+    NVML_ERROR_INSUFFICIENT_SIZE = 7,
+    NVML_ERROR_DRIVER_NOT_LOADED = 9,
+    NVML_ERROR_TIMEOUT = 10,
+    NVML_ERROR_FUNCTION_NOT_FOUND = 13,
+    NVML_ERROR_GPU_IS_LOST = 15,
+    NVML_ERROR_OPERATING_SYSTEM = 17,
+    NVML_ERROR_LIB_RM_VERSION_MISMATCH = 18,
+    NVML_ERROR_IN_USE = 19,
+    NVML_ERROR_MEMORY = 20,
+    NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25,
+    NVML_ERROR_UNKNOWN = 999
+} nvmlReturn_t;
+
+typedef enum { NVML_FEATURE_DISABLED = 0, NVML_FEATURE_ENABLED = 1 } nvmlEnableState_t;
+
+typedef struct nvmlDevice_st {
+    unsigned int index;
+} *nvmlDevice_t;
+
+typedef struct {
+    unsigned long long total;
+    unsigned long long free;
+    unsigned long long used;
+} nvmlMemory_t;
+
+typedef struct {
+    unsigned int version;
+    unsigned long long total;
+    unsigned long long reserved;
+    unsigned long long free;
+    unsigned long long used;
+} nvmlMemory_v2_t;
+
+#define NVML_MEMORY_V2_VERSION ((unsigned int)(sizeof(nvmlMemory_v2_t) | (2 << 24)))
+
+typedef struct {
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+    unsigned int gpuInstanceId;
+    unsigned int computeInstanceId;
+} nvmlProcessInfo_t;
+
+typedef struct {
+    char busIdLegacy[16];
+    unsigned int domain;
+    unsigned int bus;
+    unsigned int device;
+    unsigned int pciDeviceId;
+    unsigned int pciSubSystemId;
+    char busId[32];
+} nvmlPciInfo_t;
+
+_Static_assert(sizeof(nvmlMemory_t) == 24, "nvmlMemory_t layout");
+_Static_assert(sizeof(nvmlMemory_v2_t) == 40, "nvmlMemory_v2_t layout");
+_Static_assert(NVML_MEMORY_V2_VERSION == 0x02000028, "nvmlMemory_v2 version");
+_Static_assert(sizeof(nvmlProcessInfo_t) == 24, "nvmlProcessInfo_t layout");
+_Static_assert(offsetof(nvmlProcessInfo_t, usedGpuMemory) == 8, "nvmlProcessInfo_t padding");
+_Static_assert(sizeof(nvmlPciInfo_t) == 68, "nvmlPciInfo_t layout");
+
+#define NO_INSTANCE_ID 0xFFFFFFFFu
+#define MIB (1ULL << 20)
+#define PAGE_BYTES 4096ULL
+#define PCI_DEVICE_ID_H100_SXM 0x233010DEu
+#define PCI_SUBSYSTEM_ID_H100_SXM 0x16C110DEu
+#define SCAN_REUSE_SECONDS 0.020
+
+/* ---- node configuration (node.conf) ------------------------------------------------------ */
+
+#define MAX_GPUS 64
+#define TEXT_LEN 96
+
+enum context_type { CONTEXT_COMPUTE, CONTEXT_GRAPHICS, CONTEXT_MPS };
+
+struct gpu_config {
+    unsigned int minor;
+    char uuid[TEXT_LEN];
+    unsigned int pci_domain, pci_bus, pci_device;
+    unsigned long long stray_mib;
+    int lost;
+};
+
+struct node_config {
+    char run_dir[PATH_MAX];
+    char dev_dir[PATH_MAX];
+    char proc_dir[PATH_MAX];
+    unsigned int gpus;
+    char name[TEXT_LEN];
+    unsigned long long memory_total_mib;
+    unsigned long long reserved_mib;
+    unsigned long long idle_used_mib;
+    double release_latency;
+    char hang[128];
+    char driver_version[80];
+    char nvml_version[80];
+    int cuda_driver_version;
+    int persistence_mode;
+    struct gpu_config gpu[MAX_GPUS];
+};
+
+/* All state below is guarded by g_lock. */
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct node_config g_cfg;
+static unsigned int g_init_count;
+static int g_held_fds[MAX_GPUS + 1];
+static unsigned int g_held_count;
+static struct nvmlDevice_st g_devices[MAX_GPUS]; /* index set when the handle is handed out */
+
+/* A child forked while another thread is inside a call must not inherit a locked mutex. */
+static void lock_before_fork(void)
+{
+    pthread_mutex_lock(&g_lock);
+}
+
+static void unlock_after_fork(void)
+{
+    pthread_mutex_unlock(&g_lock);
+}
+
+__attribute__((constructor)) static void register_fork_handlers(void)
+{
+    pthread_atfork(lock_before_fork, unlock_after_fork, unlock_after_fork);
+}
+
+/* Copies src into dst[size], cut to fit. */
+static void copy_text(char *dst, size_t size, const char *src)
+{
+    size_t len = strnlen(src, size - 1);
+    memcpy(dst, src, len);
+    dst[len] = '\0';
+}
+
+static char *trim(char *s)
+{
+    while (isspace((unsigned char)*s))
+        s++;
+    char *end = s + strlen(s);
+    while (end > s && isspace((unsigned char)end[-1]))
+        *--end = '\0';
+    return s;
+}
+
+/* out = dir/name; returns 0 (out empty) when it would not fit. */
+static int path_join(char *out, size_t size, const char *dir, const char *name)
+{
+    size_t dir_len = strlen(dir), name_len = strlen(name);
+    if (dir_len + 1 + name_len + 1 > size) {
+        out[0] = '\0';
+        return 0;
+    }
+    memcpy(out, dir, dir_len);
+    out[dir_len] = '/';
+    memcpy(out + dir_len + 1, name, name_len + 1);
+    return 1;
+}
+
+static double monotonic_seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* Reads a whole small file into buf (NUL-terminated); the file's inode into *inode if not
+ * NULL. Returns its length or -1. */
+static ssize_t read_small_file(int dir_fd, const char *path, char *buf, size_t size,
+                               unsigned long long *inode)
+{
+    int fd = openat(dir_fd, path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    struct stat st;
+    if (inode && fstat(fd, &st) != 0) {
+        close(fd);
+        return -1;
+    }
+    if (inode)
+        *inode = (unsigned long long)st.st_ino;
+    size_t len = 0;
+    while (len < size - 1) {
+        ssize_t n = read(fd, buf + len, size - 1 - len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            break;
+        len += (size_t)n;
+    }
+    close(fd);
+    buf[len] = '\0';
+    return (ssize_t)len;
+}
+
+/* FNV-1a, then the splitmix64 finalizer so that close inputs give unrelated outputs. */
+static unsigned long long hash_text(const char *text, unsigned long long seed)
+{
+    unsigned long long h = 1469598103934665603ULL ^ seed;
+    for (; *text; text++) {
+        h ^= (unsigned char)*text;
+        h *= 1099511628211ULL;
+    }
+    h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    h = (h ^ (h >> 27)) * 0x94d049bb133111ebULL;
+    return h ^ (h >> 31);
+}
+
+/* Splits a comma list in place; returns the number of items (at most max). */
+static unsigned int split_list(char *value, char **items, unsigned int max)
+{
+    unsigned int n = 0;
+    char *save = NULL;
+    for (char *tok = strtok_r(value, ",", &save); tok && n < max; tok = strtok_r(NULL, ",", &save)) {
+        tok = trim(tok);
+        if (*tok)
+            items[n++] = tok;
+    }
+    return n;
+}
+
+static void apply_defaults(struct node_config *cfg)
+{
+    cfg->gpus = 8;
+    copy_text(cfg->name, sizeof cfg->name, "NVIDIA H100 80GB HBM3");
+    cfg->memory_total_mib = 81559;
+    cfg->reserved_mib = 529;
+    cfg->idle_used_mib = 0;
+    cfg->release_latency = 0.5;
+    cfg->hang[0] = '\0';
+    copy_text(cfg->driver_version, sizeof cfg->driver_version, "580.95.05");
+    copy_text(cfg->nvml_version, sizeof cfg->nvml_version, "13.580.95.05");
+    cfg->cuda_driver_version = 13000;
+    cfg->persistence_mode = 1;
+    copy_text(cfg->dev_dir, sizeof cfg->dev_dir, "/dev");
+    cfg->proc_dir[0] = '\0';
+    memset(cfg->gpu, 0, sizeof cfg->gpu);
+}
+
+/* Per-GPU lists are kept as raw strings until the GPU count is known. */
+struct raw_lists {
+    char minors[4096], uuids[8192], pci_bus_ids[4096], stray[4096], lost[4096];
+};
+
+/* Applies one node.conf line; an empty value leaves the default ("KEY=" means none). */
+static void set_key(struct node_config *cfg, struct raw_lists *raw, const char *key, const char *value)
+{
+    if (!*value)
+        return;
+    if (!strcmp(key, "gpus")) {
+        unsigned long n = strtoul(value, NULL, 10);
+        cfg->gpus = n > MAX_GPUS ? MAX_GPUS : (unsigned int)n;
+    } else if (!strcmp(key, "name")) {
+        copy_text(cfg->name, sizeof cfg->name, value);
+    } else if (!strcmp(key, "memory_total_mib")) {
+        cfg->memory_total_mib = strtoull(value, NULL, 10);
+    } else if (!strcmp(key, "reserved_mib")) {
+        cfg->reserved_mib = strtoull(value, NULL, 10);
+    } else if (!strcmp(key, "idle_used_mib")) {
+        cfg->idle_used_mib = strtoull(value, NULL, 10);
+    } else if (!strcmp(key, "release_latency")) {
+        cfg->release_latency = strtod(value, NULL);
+    } else if (!strcmp(key, "hang")) {
+        copy_text(cfg->hang, sizeof cfg->hang, value);
+    } else if (!strcmp(key, "driver_version")) {
+        copy_text(cfg->driver_version, sizeof cfg->driver_version, value);
+    } else if (!strcmp(key, "nvml_version")) {
+        copy_text(cfg->nvml_version, sizeof cfg->nvml_version, value);
+    } else if (!strcmp(key, "cuda_driver_version")) {
+        cfg->cuda_driver_version = (int)strtol(value, NULL, 10);
+    } else if (!strcmp(key, "persistence_mode")) {
+        cfg->persistence_mode = strtol(value, NULL, 10) != 0;
+    } else if (!strcmp(key, "dev_dir")) {
+        copy_text(cfg->dev_dir, sizeof cfg->dev_dir, value);
+    } else if (!strcmp(key, "proc_dir")) {
+        copy_text(cfg->proc_dir, sizeof cfg->proc_dir, value);
+    } else if (!strcmp(key, "minors")) {
+        copy_text(raw->minors, sizeof raw->minors, value);
+    } else if (!strcmp(key, "uuids")) {
+        copy_text(raw->uuids, sizeof raw->uuids, value);
+    } else if (!strcmp(key, "pci_bus_ids")) {
+        copy_text(raw->pci_bus_ids, sizeof raw->pci_bus_ids, value);
+    } else if (!strcmp(key, "stray_mib")) {
+        copy_text(raw->stray, sizeof raw->stray, value);
+    } else if (!strcmp(key, "lost")) {
+        copy_text(raw->lost, sizeof raw->lost, value);
+    }
+}
+
+static void fill_gpu_lists(struct node_config *cfg, struct raw_lists *raw)
+{
+    static const unsigned int dgx_buses[8] = {0x18, 0x2a, 0x3a, 0x5d, 0x9a, 0xab, 0xba, 0xdb};
+    char *items[MAX_GPUS];
+    unsigned int n_minors = split_list(raw->minors, items, MAX_GPUS);
+    for (unsigned int i = 0; i < MAX_GPUS; i++)
+        cfg->gpu[i].minor = i < n_minors ? (unsigned int)strtoul(items[i], NULL, 10) : i;
+
+    struct stat run_st;
+    char seed_text[64];
+    if (stat(cfg->run_dir, &run_st) != 0)
+        memset(&run_st, 0, sizeof run_st);
+    unsigned int n_uuids = split_list(raw->uuids, items, MAX_GPUS);
+    for (unsigned int i = 0; i < MAX_GPUS; i++) {
+        if (i < n_uuids) {
+            copy_text(cfg->gpu[i].uuid, TEXT_LEN, items[i]);
+            continue;
+        }
+        snprintf(seed_text, sizeof seed_text, "%llu:%llu:%u", (unsigned long long)run_st.st_dev,
+                 (unsigned long long)run_st.st_ino, i);
+        unsigned long long a = hash_text(seed_text, 0), b = hash_text(seed_text, 0x9e3779b97f4a7c15ULL);
+        snprintf(cfg->gpu[i].uuid, TEXT_LEN, "GPU-%08llx-%04llx-%04llx-%04llx-%012llx", a >> 32,
+                 (a >> 16) & 0xffff, a & 0xffff, b >> 48, b & 0xffffffffffffULL);
+    }
+
+    unsigned int n_pci = split_list(raw->pci_bus_ids, items, MAX_GPUS);
+    for (unsigned int i = 0; i < MAX_GPUS; i++) {
+        struct gpu_config *g = &cfg->gpu[i];
+        unsigned int function;
+        if (i < n_pci &&
+            sscanf(items[i], "%x:%x:%x.%x", &g->pci_domain, &g->pci_bus, &g->pci_device, &function) == 4)
+            continue;
+        g->pci_domain = i / 8;
+        g->pci_bus = dgx_buses[i % 8];
+        g->pci_device = 0;
+    }
+
+    unsigned int n_stray = split_list(raw->stray, items, MAX_GPUS);
+    for (unsigned int k = 0; k < n_stray; k++) {
+        unsigned int index;
+        unsigned long long mib;
+        if (sscanf(items[k], "%u:%llu", &index, &mib) == 2 && index < MAX_GPUS)
+            cfg->gpu[index].stray_mib += mib;
+    }
+
+    unsigned int n_lost = split_list(raw->lost, items, MAX_GPUS);
+    for (unsigned int k = 0; k < n_lost; k++) {
+        unsigned long index = strtoul(items[k], NULL, 10);
+        if (index < MAX_GPUS)
+            cfg->gpu[index].lost = 1;
+    }
+}
+
+/* Reloads g_cfg from <run>/node.conf (defaults where a key or the file is missing). */
+static void load_config(void)
+{
+    static struct raw_lists raw;
+    static char text[65536];
+    struct node_config *cfg = &g_cfg;
+    const char *run = getenv("GPUSIM_RUN");
+
+    apply_defaults(cfg);
+    memset(&raw, 0, sizeof raw);
+    copy_text(cfg->run_dir, sizeof cfg->run_dir, run && *run ? run : "/run/gpusim");
+
+    char path[PATH_MAX + 32];
+    path_join(path, sizeof path, cfg->run_dir, "node.conf");
+    if (read_small_file(AT_FDCWD, path, text, sizeof text, NULL) >= 0) {
+        char *save = NULL;
+        for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+            char *eq = strchr(line, '=');
+            line = trim(line);
+            if (*line == '#' || !eq)
+                continue;
+            *eq = '\0';
+            set_key(cfg, &raw, trim(line), trim(eq + 1));
+        }
+    }
+    fill_gpu_lists(cfg, &raw);
+
+    if (!cfg->proc_dir[0]) {
+        /* <run>/proc counts only when a procfs is mounted there (it has "self") */
+        struct stat st;
+        char self[PATH_MAX + 32];
+        path_join(path, sizeof path, cfg->run_dir, "proc");
+        path_join(self, sizeof self, path, "self");
+        copy_text(cfg->proc_dir, sizeof cfg->proc_dir, lstat(self, &st) == 0 ? path : "/proc");
+    }
+}
+
+/* ---- call entry: lock, config, hang, init ------------------------------------------------ */
+
+static void hang_forever(void)
+{
+    for (;;)
+        sleep(3600);
+}
+
+enum entry_kind { NEEDS_INIT, INIT_CALL, NO_INIT };
+
+/* Locks, reloads the config and blocks forever if this call is told to hang.
+ * Returns with g_lock held; release it with leave(). */
+static nvmlReturn_t enter(const char *symbol, enum entry_kind kind)
+{
+    pthread_mutex_lock(&g_lock);
+    load_config();
+    int hang = !strcmp(g_cfg.hang, symbol) ||
+               (!strcmp(g_cfg.hang, "all") && g_init_count > 0 && kind != INIT_CALL);
+    if (hang) {
+        pthread_mutex_unlock(&g_lock);
+        hang_forever();
+    }
+    if (kind == NEEDS_INIT && g_init_count == 0)
+        return NVML_ERROR_UNINITIALIZED;
+    return NVML_SUCCESS;
+}
+
+static nvmlReturn_t leave(nvmlReturn_t rc)
+{
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+
+/* Resolves a handle to its GPU index, checking validity and the lost knob. */
+static nvmlReturn_t device_index(nvmlDevice_t device, unsigned int *index)
+{
+    uintptr_t p = (uintptr_t)device, base = (uintptr_t)g_devices;
+    if (p < base || p >= base + sizeof g_devices || (p - base) % sizeof g_devices[0])
+        return NVML_ERROR_INVALID_ARGUMENT;
+    unsigned int i = (unsigned int)((p - base) / sizeof g_devices[0]);
+    if (i >= g_cfg.gpus || g_devices[i].index != i) /* never handed out */
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (g_cfg.gpu[i].lost)
+        return NVML_ERROR_GPU_IS_LOST;
+    *index = i;
+    return NVML_SUCCESS;
+}
+
+/* enter() for calls on a device handle. */
+static nvmlReturn_t enter_device(const char *symbol, nvmlDevice_t device, unsigned int *index)
+{
+    nvmlReturn_t rc = enter(symbol, NEEDS_INIT);
+    return rc != NVML_SUCCESS ? rc : device_index(device, index);
+}
+
+static nvmlReturn_t copy_out(char *buf, unsigned int length, const char *text)
+{
+    if (!buf)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (strlen(text) + 1 > length)
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    memcpy(buf, text, strlen(text) + 1);
+    return NVML_SUCCESS;
+}
+
+/* ---- handles held in /proc: fds (any thread) and mappings -------------------------------- */
+
+struct handle {
+    unsigned int minor;
+    unsigned long long token;
+    unsigned long pid; /* a process that holds it */
+};
+
+struct handle_set {
+    struct handle *items;
+    size_t count, capacity;
+};
+
+static const struct handle *handle_set_find(const struct handle_set *set, unsigned int minor,
+                                            unsigned long long token)
+{
+    for (size_t k = 0; k < set->count; k++)
+        if (set->items[k].minor == minor && set->items[k].token == token)
+            return &set->items[k];
+    return NULL;
+}
+
+static void handle_set_add(struct handle_set *set, unsigned int minor, unsigned long long token,
+                           unsigned long pid)
+{
+    if (handle_set_find(set, minor, token))
+        return;
+    if (set->count == set->capacity) {
+        size_t capacity = set->capacity ? set->capacity * 2 : 16;
+        struct handle *items = realloc(set->items, capacity * sizeof *items);
+        if (!items)
+            return;
+        set->items = items;
+        set->capacity = capacity;
+    }
+    set->items[set->count++] = (struct handle){minor, token, pid};
+}
+
+/* What a holder's link or mapping must name: "<dev_dir>/nvidia" followed by the minor. */
+struct device_prefix {
+    char text[PATH_MAX + 16];
+    size_t len;
+};
+
+static void make_device_prefix(struct device_prefix *prefix, const char *dev_dir)
+{
+    char resolved[PATH_MAX];
+    const char *dir = realpath(dev_dir, resolved) ? resolved : dev_dir;
+    snprintf(prefix->text, sizeof prefix->text, "%s/nvidia", strcmp(dir, "/") ? dir : "");
+    prefix->len = strlen(prefix->text);
+}
+
+/* Parses "<prefix><digits>" (the whole of [path, end)) into a minor number. */
+static int parse_device_path(const struct device_prefix *prefix, const char *path, const char *end,
+                             unsigned int *minor)
+{
+    if ((size_t)(end - path) <= prefix->len || memcmp(path, prefix->text, prefix->len))
+        return 0;
+    unsigned int value = 0;
+    for (const char *c = path + prefix->len; c < end; c++) {
+        if (!isdigit((unsigned char)*c) || value > 1000000)
+            return 0;
+        value = value * 10 + (unsigned int)(*c - '0');
+    }
+    *minor = value;
+    return 1;
+}
+
+static int is_number(const char *name)
+{
+    if (!*name)
+        return 0;
+    for (; *name; name++)
+        if (!isdigit((unsigned char)*name))
+            return 0;
+    return 1;
+}
+
+/* Adds the device fds (position > 0) of one thread. */
+static void scan_thread_fds(int task_dir, const char *tid, unsigned long pid,
+                            const struct device_prefix *prefix, struct handle_set *out)
+{
+    char path[NAME_MAX * 2 + 16], link[PATH_MAX], info[256];
+    snprintf(path, sizeof path, "%s/fd", tid);
+    int fd_dir = openat(task_dir, path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd_dir < 0)
+        return;
+    DIR *dir = fdopendir(fd_dir);
+    if (!dir) {
+        close(fd_dir);
+        return;
+    }
+    struct dirent *entry;
+    while ((entry = readdir(dir))) {
+        if (!is_number(entry->d_name))
+            continue;
+        ssize_t n = readlinkat(fd_dir, entry->d_name, link, sizeof link - 1);
+        unsigned int minor;
+        if (n <= 0 || !parse_device_path(prefix, link, link + n, &minor))
+            continue;
+        snprintf(path, sizeof path, "%s/fdinfo/%s", tid, entry->d_name);
+        if (read_small_file(task_dir, path, info, sizeof info, NULL) < 0 || strncmp(info, "pos:", 4))
+            continue;
+        unsigned long long pos = strtoull(info + 4, NULL, 10);
+        if (pos > 0)
+            handle_set_add(out, minor, pos, pid);
+    }
+    closedir(dir);
+}
+
+/* Adds the device mappings of one thread's address space. Returns 0 when its maps are empty
+ * (kernel thread, or a thread-group leader that has exited). */
+static int scan_thread_maps(int task_dir, const char *tid, unsigned long pid,
+                            const struct device_prefix *prefix, struct handle_set *out)
+{
+    static char *buf;
+    static size_t capacity;
+    char path[NAME_MAX + 16];
+    snprintf(path, sizeof path, "%s/maps", tid);
+    int fd = openat(task_dir, path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    size_t len = 0;
+    for (;;) {
+        if (capacity - len < 65536) {
+            size_t grown = capacity ? capacity * 2 : 262144;
+            char *bigger = realloc(buf, grown);
+            if (!bigger)
+                break;
+            buf = bigger;
+            capacity = grown;
+        }
+        ssize_t n = read(fd, buf + len, capacity - len - 1);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            break;
+        len += (size_t)n;
+    }
+    close(fd);
+    if (len == 0)
+        return 0;
+    buf[len] = '\0';
+
+    /* line: start-end perms offset dev inode path */
+    for (char *hit = memmem(buf, len, prefix->text, prefix->len); hit;
+         hit = memmem(hit + 1, len - (size_t)(hit + 1 - buf), prefix->text, prefix->len)) {
+        char *line_end = memchr(hit, '\n', len - (size_t)(hit - buf));
+        char *line = hit;
+        while (line > buf && line[-1] != '\n')
+            line--;
+        unsigned long long offset;
+        unsigned int minor;
+        if (!line_end)
+            line_end = buf + len;
+        if (hit == buf || hit[-1] != ' ' || !parse_device_path(prefix, hit, line_end, &minor) ||
+            sscanf(line, "%*x-%*x %*s %llx", &offset) != 1)
+            continue;
+        if (offset % PAGE_BYTES == 0 && offset > 0)
+            handle_set_add(out, minor, offset / PAGE_BYTES, pid);
+    }
+    return 1;
+}
+
+/* Adds every device handle held by process pid (all threads; its address space once). */
+static void scan_process(int proc_dir, unsigned long pid, const struct device_prefix *prefix,
+                         struct handle_set *out)
+{
+    char path[64];
+    snprintf(path, sizeof path, "%lu/task", pid);
+    int task_dir = openat(proc_dir, path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (task_dir < 0)
+        return;
+    DIR *tasks = fdopendir(task_dir);
+    if (!tasks) {
+        close(task_dir);
+        return;
+    }
+    int maps_seen = 0;
+    struct dirent *entry;
+    while ((entry = readdir(tasks))) {
+        if (!is_number(entry->d_name))
+            continue;
+        scan_thread_fds(task_dir, entry->d_name, pid, prefix, out);
+        if (!maps_seen)
+            maps_seen = scan_thread_maps(task_dir, entry->d_name, pid, prefix, out);
+    }
+    closedir(tasks);
+}
+
+/* Handles held by process pid alone. The caller frees out->items. */
+static void process_handles(unsigned long pid, const struct device_prefix *prefix, struct handle_set *out)
+{
+    int proc_dir = open(g_cfg.proc_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (proc_dir < 0)
+        return;
+    scan_process(proc_dir, pid, prefix, out);
+    close(proc_dir);
+}
+
+/* Handles held by any process of proc_dir; one scan is reused for SCAN_REUSE_SECONDS. */
+static const struct handle_set *all_handles(const struct device_prefix *prefix)
+{
+    static struct handle_set scan;
+    static double taken_at = -1;
+    static char taken_for[2 * PATH_MAX + 32];
+    char key[sizeof taken_for];
+    snprintf(key, sizeof key, "%s\n%s", g_cfg.proc_dir, prefix->text);
+    double now = monotonic_seconds();
+    if (taken_at >= 0 && now - taken_at < SCAN_REUSE_SECONDS && !strcmp(key, taken_for))
+        return &scan;
+
+    scan.count = 0;
+    int proc_dir = open(g_cfg.proc_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (proc_dir >= 0) {
+        DIR *dir = fdopendir(proc_dir);
+        if (dir) {
+            struct dirent *entry;
+            while ((entry = readdir(dir)))
+                if (is_number(entry->d_name))
+                    scan_process(proc_dir, strtoul(entry->d_name, NULL, 10), prefix, &scan);
+            closedir(dir);
+        } else {
+            close(proc_dir);
+        }
+    }
+    taken_at = monotonic_seconds();
+    copy_text(taken_for, sizeof taken_for, key);
+    return &scan;
+}
+
+/* ---- contexts and their release ------------------------------------------------------------ */
+
+struct context_line {
+    unsigned int gpu;
+    unsigned long long mib;
+    enum context_type type;
+    int counted; /* memory still allocated (held or releasing) */
+    int listed;  /* shown in the process list: process T holds it itself */
+};
+
+struct context {
+    unsigned long token;
+    unsigned long long inode;
+    unsigned int count;
+    struct context_line lines[MAX_GPUS];
+};
+
+static int parse_context(const char *text, struct context *ctx)
+{
+    char copy[8192], *save = NULL;
+    copy_text(copy, sizeof copy, text);
+    ctx->count = 0;
+    for (char *line = strtok_r(copy, "\n", &save); line && ctx->count < MAX_GPUS;
+         line = strtok_r(NULL, "\n", &save)) {
+        unsigned int gpu;
+        unsigned long long mib;
+        char type[16] = "compute";
+        if (sscanf(line, "%u %llu %15s", &gpu, &mib, type) < 2 || gpu >= g_cfg.gpus)
+            continue;
+        struct context_line *l = &ctx->lines[ctx->count];
+        if (!strcmp(type, "compute"))
+            l->type = CONTEXT_COMPUTE;
+        else if (!strcmp(type, "graphics"))
+            l->type = CONTEXT_GRAPHICS;
+        else if (!strcmp(type, "mps"))
+            l->type = CONTEXT_MPS;
+        else
+            continue;
+        l->gpu = gpu;
+        l->mib = mib;
+        ctx->count++;
+    }
+    return ctx->count > 0;
+}
+
+/* State of line (token, gpu) kept in <run>/released/ (mode 1777), valid for one context file
+ * (its inode: a reused PID writes a new file):
+ *   <T>.<i>         "<inode> <start>": the release began at CLOCK_MONOTONIC second start
+ *                   (first writer wins; a release is never undone);
+ *   <T>.<i>.holder  "<inode> <pid>": a process other than T last seen holding the handle,
+ *                   checked before falling back to a full scan. */
+static void state_path(char *out, size_t size, const struct context *ctx, unsigned int gpu, const char *suffix)
+{
+    char dir[PATH_MAX];
+    path_join(dir, sizeof dir, g_cfg.run_dir, "released");
+    if (mkdir(dir, 01777) == 0)
+        chmod(dir, 01777); /* mkdir applies the umask */
+    snprintf(out, size, "%s/%lu.%u%s", dir, ctx->token, gpu, suffix);
+}
+
+/* Reads "<inode> <value>" from a state file; 0 when missing or left by another context. */
+static int read_state(const char *path, const struct context *ctx, double *value)
+{
+    char text[128];
+    unsigned long long inode;
+    return read_small_file(AT_FDCWD, path, text, sizeof text, NULL) > 0 &&
+           sscanf(text, "%llu %lf", &inode, value) == 2 && inode == ctx->inode;
+}
+
+/* Writes "<inode> <value>" to path: by link (fails if path exists) or by rename (replaces it). */
+static int write_state(const char *path, const struct context *ctx, const char *value, int replace)
+{
+    char tmp[PATH_MAX + 128];
+    snprintf(tmp, sizeof tmp, "%s.%d.tmp", path, (int)getpid());
+    FILE *f = fopen(tmp, "we");
+    if (!f)
+        return 0;
+    fprintf(f, "%llu %s\n", ctx->inode, value);
+    int written = fclose(f) == 0 && (replace ? rename(tmp, path) : link(tmp, path)) == 0;
+    unlink(tmp);
+    return written;
+}
+
+/* When the release of line (token, gpu) began: its marker, or now (recorded). */
+static double release_start(const struct context *ctx, unsigned int gpu, double now)
+{
+    char path[PATH_MAX + 64], value[32];
+    double start;
+    state_path(path, sizeof path, ctx, gpu, "");
+    snprintf(value, sizeof value, "%.6f", now);
+    for (int attempt = 0; attempt < 3; attempt++) {
+        if (read_state(path, ctx, &start))
+            return start;
+        unlink(path); /* missing, or left by an earlier context of a reused PID */
+        if (write_state(path, ctx, value, 0))
+            return now;
+    }
+    return now;
+}
+
+/* Whether some process holds a handle with ctx's token on GPU gpu: the last holder seen
+ * first, then a scan of every process (which records the holder it finds). */
+static int held_by_another(const struct context *ctx, unsigned int gpu, const struct device_prefix *prefix)
+{
+    char path[PATH_MAX + 64], value[32];
+    unsigned int minor = g_cfg.gpu[gpu].minor;
+    double pid;
+    state_path(path, sizeof path, ctx, gpu, ".holder");
+    if (read_state(path, ctx, &pid)) {
+        struct handle_set set = {0};
+        process_handles((unsigned long)pid, prefix, &set);
+        int holds = handle_set_find(&set, minor, ctx->token) != NULL;
+        free(set.items);
+        if (holds)
+            return 1;
+    }
+    const struct handle *found = handle_set_find(all_handles(prefix), minor, ctx->token);
+    if (!found)
+        return 0;
+    snprintf(value, sizeof value, "%lu", found->pid);
+    write_state(path, ctx, value, 1);
+    return 1;
+}
+
+/* Decides counted/listed for every line of ctx; removes the context once all is freed. */
+static void evaluate_context(struct context *ctx, const char *ctx_path, const struct device_prefix *prefix)
+{
+    char path[PATH_MAX + 64];
+    struct handle_set own = {0};
+    process_handles(ctx->token, prefix, &own);
+    double now = monotonic_seconds(), start;
+    int any_counted = 0;
+    for (unsigned int k = 0; k < ctx->count; k++) {
+        struct context_line *l = &ctx->lines[k];
+        state_path(path, sizeof path, ctx, l->gpu, "");
+        l->listed = 0;
+        if (read_state(path, ctx, &start)) {
+            l->counted = now < start + g_cfg.release_latency;
+        } else {
+            l->listed = handle_set_find(&own, g_cfg.gpu[l->gpu].minor, ctx->token) != NULL;
+            l->counted = l->listed || held_by_another(ctx, l->gpu, prefix) ||
+                         now < release_start(ctx, l->gpu, now) + g_cfg.release_latency;
+        }
+        any_counted |= l->counted;
+    }
+    free(own.items);
+    if (any_counted)
+        return;
+    struct stat st;
+    if (stat(ctx_path, &st) == 0 && (unsigned long long)st.st_ino == ctx->inode)
+        unlink(ctx_path);
+    for (unsigned int k = 0; k < ctx->count; k++) {
+        state_path(path, sizeof path, ctx, ctx->lines[k].gpu, "");
+        unlink(path);
+        state_path(path, sizeof path, ctx, ctx->lines[k].gpu, ".holder");
+        unlink(path);
+    }
+}
+
+/* Calls visit(ctx line) for every line on GPU gpu of every context that has one, after
+ * evaluating that context. */
+static void for_each_context_line(unsigned int gpu, void (*visit)(const struct context *, const struct context_line *, void *),
+                                  void *arg)
+{
+    char dir_path[PATH_MAX], ctx_path[PATH_MAX + 32], text[8192];
+    struct device_prefix prefix;
+    struct context ctx;
+    path_join(dir_path, sizeof dir_path, g_cfg.run_dir, "contexts");
+    DIR *dir = opendir(dir_path);
+    if (!dir)
+        return;
+    make_device_prefix(&prefix, g_cfg.dev_dir);
+    struct dirent *entry;
+    while ((entry = readdir(dir))) {
+        if (!is_number(entry->d_name))
+            continue;
+        path_join(ctx_path, sizeof ctx_path, dir_path, entry->d_name);
+        if (read_small_file(AT_FDCWD, ctx_path, text, sizeof text, &ctx.inode) < 0)
+            continue;
+        ctx.token = strtoul(entry->d_name, NULL, 10);
+        if (ctx.token == 0 || !parse_context(text, &ctx))
+            continue;
+        int on_gpu = 0;
+        for (unsigned int k = 0; k < ctx.count; k++)
+            on_gpu |= ctx.lines[k].gpu == gpu;
+        if (!on_gpu)
+            continue;
+        evaluate_context(&ctx, ctx_path, &prefix);
+        for (unsigned int k = 0; k < ctx.count; k++)
+            if (ctx.lines[k].gpu == gpu)
+                visit(&ctx, &ctx.lines[k], arg);
+    }
+    closedir(dir);
+}
+
+static void add_counted_mib(const struct context *ctx, const struct context_line *line, void *arg)
+{
+    (void)ctx;
+    if (line->counted)
+        *(unsigned long long *)arg += line->mib;
+}
+
+struct process_list {
+    enum context_type type;
+    unsigned int count;
+    nvmlProcessInfo_t items[1024];
+};
+
+static void add_listed_process(const struct context *ctx, const struct context_line *line, void *arg)
+{
+    struct process_list *list = arg;
+    if (!line->listed || line->type != list->type || list->count >= 1024)
+        return;
+    list->items[list->count++] = (nvmlProcessInfo_t){
+        .pid = (unsigned int)ctx->token,
+        .usedGpuMemory = line->mib * MIB,
+        .gpuInstanceId = NO_INSTANCE_ID,
+        .computeInstanceId = NO_INSTANCE_ID,
+    };
+}
+
+struct memory_state {
+    unsigned long long total, reserved, used, free;
+};
+
+static void gpu_memory(unsigned int gpu, struct memory_state *m)
+{
+    unsigned long long context_mib = 0;
+    for_each_context_line(gpu, add_counted_mib, &context_mib);
+    m->total = g_cfg.memory_total_mib * MIB;
+    m->reserved = g_cfg.reserved_mib * MIB;
+    m->used = (g_cfg.idle_used_mib + g_cfg.gpu[gpu].stray_mib + context_mib) * MIB;
+    m->free = m->total > m->reserved + m->used ? m->total - m->reserved - m->used : 0;
+}
+
+/* ---- exported API ------------------------------------------------------------------------ */
+
+static const char *error_text(nvmlReturn_t rc)
+{
+    switch (rc) {
+    case NVML_SUCCESS: return "Success";
+    case NVML_ERROR_UNINITIALIZED: return "Uninitialized";
+    case NVML_ERROR_INVALID_ARGUMENT: return "Invalid Argument";
+    case NVML_ERROR_NOT_SUPPORTED: return "Not Supported";
+    case NVML_ERROR_NO_PERMISSION: return "Insufficient Permissions";
+    case NVML_ERROR_ALREADY_INITIALIZED: return "Already Initialized";
+    case NVML_ERROR_NOT_FOUND: return "Not Found";
+    case NVML_ERROR_INSUFFICIENT_SIZE: return "Insufficient Size";
+    case NVML_ERROR_DRIVER_NOT_LOADED: return "Driver Not Loaded";
+    case NVML_ERROR_TIMEOUT: return "Timeout";
+    case NVML_ERROR_FUNCTION_NOT_FOUND: return "Function Not Found";
+    case NVML_ERROR_GPU_IS_LOST: return "GPU is lost";
+    case NVML_ERROR_OPERATING_SYSTEM: return "Operating System Error";
+    case NVML_ERROR_LIB_RM_VERSION_MISMATCH: return "RM has detected an NVML/RM version mismatch.";
+    case NVML_ERROR_IN_USE: return "In use by another client";
+    case NVML_ERROR_MEMORY: return "Insufficient Memory";
+    case NVML_ERROR_ARGUMENT_VERSION_MISMATCH: return "Version mismatch between versioned argument";
+    default: return "Unknown Error";
+    }
+}
+
+EXPORT const char *nvmlErrorString(nvmlReturn_t result)
+{
+    return error_text(result);
+}
+
+EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags)
+{
+    (void)flags;
+    nvmlReturn_t rc = enter(__func__, INIT_CALL);
+    if (rc != NVML_SUCCESS)
+        return leave(rc);
+    if (g_init_count > 0) {
+        g_init_count++;
+        return leave(NVML_SUCCESS);
+    }
+    char path[PATH_MAX + 32], name[32];
+    path_join(path, sizeof path, g_cfg.dev_dir, "nvidiactl");
+    int ctl = open(path, O_RDONLY | O_CLOEXEC);
+    if (ctl < 0)
+        return leave(NVML_ERROR_DRIVER_NOT_LOADED);
+    g_held_fds[0] = ctl;
+    g_held_count = 1;
+    for (unsigned int i = 0; i < g_cfg.gpus; i++) {
+        snprintf(name, sizeof name, "nvidia%u", g_cfg.gpu[i].minor);
+        path_join(path, sizeof path, g_cfg.dev_dir, name);
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd >= 0)
+            g_held_fds[g_held_count++] = fd;
+    }
+    g_init_count = 1;
+    return leave(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlInit_v2(void)
+{
+    return nvmlInitWithFlags(0);
+}
+
+EXPORT nvmlReturn_t nvmlInit(void)
+{
+    return nvmlInitWithFlags(0);
+}
+
+EXPORT nvmlReturn_t nvmlShutdown(void)
+{
+    nvmlReturn_t rc = enter(__func__, NEEDS_INIT);
+    if (rc != NVML_SUCCESS)
+        return leave(rc);
+    if (--g_init_count == 0) {
+        for (unsigned int k = 0; k < g_held_count; k++)
+            close(g_held_fds[k]);
+        g_held_count = 0;
+    }
+    return leave(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length)
+{
+    nvmlReturn_t rc = enter(__func__, NEEDS_INIT);
+    return leave(rc != NVML_SUCCESS ? rc : copy_out(version, length, g_cfg.driver_version));
+}
+
+EXPORT nvmlReturn_t nvmlSystemGetNVMLVersion(char *version, unsigned int length)
+{
+    nvmlReturn_t rc = enter(__func__, NO_INIT);
+    return leave(rc != NVML_SUCCESS ? rc : copy_out(version, length, g_cfg.nvml_version));
+}
+
+static nvmlReturn_t cuda_driver_version(const char *symbol, int *version)
+{
+    nvmlReturn_t rc = enter(symbol, NEEDS_INIT);
+    if (rc == NVML_SUCCESS) {
+        if (version)
+            *version = g_cfg.cuda_driver_version;
+        else
+            rc = NVML_ERROR_INVALID_ARGUMENT;
+    }
+    return leave(rc);
+}
+
+EXPORT nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *cudaDriverVersion)
+{
+    return cuda_driver_version(__func__, cudaDriverVersion);
+}
+
+EXPORT nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *cudaDriverVersion)
+{
+    return cuda_driver_version(__func__, cudaDriverVersion);
+}
+
+static nvmlReturn_t device_count(const char *symbol, unsigned int *count)
+{
+    nvmlReturn_t rc = enter(symbol, NEEDS_INIT);
+    if (rc == NVML_SUCCESS) {
+        if (count)
+            *count = g_cfg.gpus;
+        else
+            rc = NVML_ERROR_INVALID_ARGUMENT;
+    }
+    return leave(rc);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *deviceCount)
+{
+    return device_count(__func__, deviceCount);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetCount(unsigned int *deviceCount)
+{
+    return device_count(__func__, deviceCount);
+}
+
+/* Fills *device with GPU index's handle (g_lock held). */
+static nvmlReturn_t handle_for(unsigned int index, nvmlDevice_t *device)
+{
+    if (!device || index >= g_cfg.gpus)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (g_cfg.gpu[index].lost)
+        return NVML_ERROR_GPU_IS_LOST;
+    g_devices[index].index = index;
+    *device = &g_devices[index];
+    return NVML_SUCCESS;
+}
+
+static nvmlReturn_t handle_by_index(const char *symbol, unsigned int index, nvmlDevice_t *device)
+{
+    nvmlReturn_t rc = enter(symbol, NEEDS_INIT);
+    return leave(rc != NVML_SUCCESS ? rc : handle_for(index, device));
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device)
+{
+    return handle_by_index(__func__, index, device);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex(unsigned int index, nvmlDevice_t *device)
+{
+    return handle_by_index(__func__, index, device);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device)
+{
+    nvmlReturn_t rc = enter(__func__, NEEDS_INIT);
+    if (rc != NVML_SUCCESS)
+        return leave(rc);
+    if (!uuid || !device)
+        return leave(NVML_ERROR_INVALID_ARGUMENT);
+    for (unsigned int i = 0; i < g_cfg.gpus; i++)
+        if (!strcmp(g_cfg.gpu[i].uuid, uuid))
+            return leave(handle_for(i, device));
+    return leave(NVML_ERROR_NOT_FOUND);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index)
+{
+    unsigned int i;
+    nvmlReturn_t rc = enter_device(__func__, device, &i);
+    if (rc == NVML_SUCCESS && !index)
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (rc == NVML_SUCCESS)
+        *index = i;
+    return leave(rc);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length)
+{
+    unsigned int i;
+    nvmlReturn_t rc = enter_device(__func__, device, &i);
+    return leave(rc != NVML_SUCCESS ? rc : copy_out(name, length, g_cfg.name));
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length)
+{
+    unsigned int i;
+    nvmlReturn_t rc = enter_device(__func__, device, &i);
+    return leave(rc != NVML_SUCCESS ? rc : copy_out(uuid, length, g_cfg.gpu[i].uuid));
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsigned int *minorNumber)
+{
+    unsigned int i;
+    nvmlReturn_t rc = enter_device(__func__, device, &i);
+    if (rc == NVML_SUCCESS && !minorNumber)
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (rc == NVML_SUCCESS)
+        *minorNumber = g_cfg.gpu[i].minor;
+    return leave(rc);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetPersistenceMode(nvmlDevice_t device, nvmlEnableState_t *mode)
+{
+    unsigned int i;
+    nvmlReturn_t rc = enter_device(__func__, device, &i);
+    if (rc == NVML_SUCCESS && !mode)
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (rc == NVML_SUCCESS)
+        *mode = g_cfg.persistence_mode ? NVML_FEATURE_ENABLED : NVML_FEATURE_DISABLED;
+    return leave(rc);
+}
+
+static nvmlReturn_t pci_info(const char *symbol, nvmlDevice_t device, nvmlPciInfo_t *pci)
+{
+    unsigned int i;
+    nvmlReturn_t rc = enter_device(symbol, device, &i);
+    if (rc == NVML_SUCCESS && !pci)
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (rc != NVML_SUCCESS)
+        return leave(rc);
+    const struct gpu_config *g = &g_cfg.gpu[i];
+    memset(pci, 0, sizeof *pci);
+    pci->domain = g->pci_domain;
+    pci->bus = g->pci_bus;
+    pci->device = g->pci_device;
+    pci->pciDeviceId = PCI_DEVICE_ID_H100_SXM;
+    pci->pciSubSystemId = PCI_SUBSYSTEM_ID_H100_SXM;
+    snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, "%04X:%02X:%02X.0", g->pci_domain & 0xffff,
+             g->pci_bus & 0xff, g->pci_device & 0xff);
+    snprintf(pci->busId, sizeof pci->busId, "%08X:%02X:%02X.0", g->pci_domain, g->pci_bus & 0xff,
+             g->pci_device & 0xff);
+    return leave(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *pci)
+{
+    return pci_info(__func__, device, pci);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
+{
+    unsigned int i;
+    nvmlReturn_t rc = enter_device(__func__, device, &i);
+    if (rc == NVML_SUCCESS && !memory)
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (rc != NVML_SUCCESS)
+        return leave(rc);
+    struct memory_state m;
+    gpu_memory(i, &m);
+    memory->total = m.total;
+    memory->free = m.free;
+    memory->used = m.total - m.free;
+    return leave(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory)
+{
+    unsigned int i;
+    nvmlReturn_t rc = enter_device(__func__, device, &i);
+    if (rc == NVML_SUCCESS && !memory)
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (rc == NVML_SUCCESS && memory->version != NVML_MEMORY_V2_VERSION)
+        rc = NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    if (rc != NVML_SUCCESS)
+        return leave(rc);
+    struct memory_state m;
+    gpu_memory(i, &m);
+    memory->total = m.total;
+    memory->reserved = m.reserved;
+    memory->free = m.free;
+    memory->used = m.used;
+    return leave(NVML_SUCCESS);
+}
+
+/* The count-probe protocol of the *RunningProcesses calls. */
+static nvmlReturn_t running_processes(const char *symbol, enum context_type type, nvmlDevice_t device,
+                                      unsigned int *count, nvmlProcessInfo_t *infos)
+{
+    static struct process_list list;
+    unsigned int i;
+    nvmlReturn_t rc = enter_device(symbol, device, &i);
+    if (rc == NVML_SUCCESS && !count)
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (rc != NVML_SUCCESS)
+        return leave(rc);
+    list.type = type;
+    list.count = 0;
+    for_each_context_line(i, add_listed_process, &list);
+    if (*count < list.count) {
+        *count = list.count;
+        return leave(NVML_ERROR_INSUFFICIENT_SIZE);
+    }
+    if (list.count > 0 && !infos)
+        return leave(NVML_ERROR_INVALID_ARGUMENT);
+    if (list.count > 0)
+        memcpy(infos, list.items, list.count * sizeof *infos);
+    *count = list.count;
+    return leave(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount,
+                                                            nvmlProcessInfo_t *infos)
+{
+    return running_processes(__func__, CONTEXT_COMPUTE, device, infoCount, infos);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount,
+                                                             nvmlProcessInfo_t *infos)
+{
+    return running_processes(__func__, CONTEXT_GRAPHICS, device, infoCount, infos);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount,
+                                                               nvmlProcessInfo_t *infos)
+{
+    return running_processes(__func__, CONTEXT_MPS, device, infoCount, infos);
+}

@@ -1,0 +1,221 @@
+"""EngineCore and worker processes of the simulated vLLM (V1 engine process model).
+
+EngineCore (`VLLM::EngineCore`) is a child of the API server. With a world size
+(tensor x pipeline parallel) of 1 it holds the GPU itself; otherwise it starts one worker per
+rank (`VLLM::Worker_TP<r>`, `_PP<p>` when pipeline parallel) that holds its GPU.
+
+- Workers watch a death pipe (their channel to EngineCore): when EngineCore is gone they SIGTERM
+  themselves. EngineCore has no parent-death detection: it survives the API server's SIGKILL.
+- SIGTERM/SIGINT to EngineCore: it SIGTERMs the workers, waits up to 4 s, SIGKILLs the rest
+  and exits 0.
+- Knobs (from the API server, read from SIMVLLM_* env there): `load_seconds`,
+  `teardown_seconds` (each GPU rank lingers this long after SIGTERM), `workers_ignore_sigterm`,
+  `warmup_orphan` (EngineCore keeps SIGTERM's default disposition and workers do not watch the
+  death pipe until warm-up ends: a SIGTERM during loading kills EngineCore and orphans its
+  workers, vLLM PR 44751), `crash` (EngineCore dies right after loading).
+
+Channel protocol: parent -> child: one config message first; EngineCore -> worker: {"event":
+"warm"} after warm-up; child -> parent: {"event": "ready"}.
+"""
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+from simvllm.gpu import GpuError, NodeGpus
+from simvllm.runtime import LineChannel, SignalWaker, next_event, process_title, setup_logging, spawn_child
+
+WORKER_TERMINATE_GRACE_S = 4.0
+
+logger = logging.getLogger(__name__)
+
+
+def child_main(title, channel_fd):
+    """Entry point of a child process: `title` is its process title, `channel_fd` its channel."""
+    import setproctitle
+
+    setproctitle.setproctitle(title)
+    setup_logging(title.split("::", 1)[-1])
+    waker = SignalWaker()
+    channel = LineChannel(socket.socket(fileno=channel_fd))
+    event = next_event(waker, [channel])
+    if event[0] != "message":
+        return 1
+    config = event[2]
+    if config["role"] == "engine_core":
+        return EngineCore(config, channel, waker).run()
+    return run_worker(config, channel, waker)
+
+
+def _create_context(config):
+    """Create the CUDA context of one GPU rank; returns its fds or None after logging the error."""
+    try:
+        return NodeGpus.load().create_context(
+            config["gpu_index"], config["local_rank"], config["gpu_memory_utilization"]
+        )
+    except GpuError as error:
+        logger.error("ValueError: %s", error)
+    except OSError as error:
+        logger.error("RuntimeError: CUDA error: cannot open the GPU: %s", error)
+    return None
+
+
+def _tear_down(teardown_seconds):
+    logger.info("Shutting down (teardown %.1f s).", teardown_seconds)
+    time.sleep(teardown_seconds)
+
+
+def run_worker(config, engine, waker):
+    """A worker rank: holds one GPU until SIGTERM (or until EngineCore is gone). Returns the exit status."""
+    if config["workers_ignore_sigterm"]:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        waker.watch(signal.SIGINT)
+    else:
+        waker.watch(signal.SIGTERM, signal.SIGINT)
+    gpu_fds = _create_context(config)
+    if gpu_fds is None:
+        return 1
+    logger.info("Worker rank %d holds GPU %d.", config["rank"], config["gpu_index"])
+    try:
+        engine.send({"event": "ready"})
+    except OSError:
+        logger.error("EngineCore is gone before this worker was ready.")
+        return 1
+    warm = not config["warmup_orphan"]
+    while True:
+        event = next_event(waker, [engine])
+        if event[0] == "signal":
+            _tear_down(config["teardown_seconds"])
+            return 0
+        if event[0] == "message" and event[2].get("event") == "warm":
+            warm = True
+        elif event[0] == "eof":
+            if warm:
+                logger.info("Parent process exited, terminating worker.")
+                os.kill(os.getpid(), signal.SIGTERM)
+            else:
+                logger.warning("EngineCore is gone during warm-up; waiting in collective.")
+
+
+class EngineCore:
+    """The EngineCore process: starts and watches the workers, reports readiness to the API server."""
+
+    def __init__(self, config, api_server, waker):
+        self.config = config
+        self.api_server = api_server
+        self.waker = waker
+        self.worker_processes = []
+        self.worker_channels = []
+        self.gpu_fds = None
+
+    def run(self):
+        """Start, load, serve until SIGTERM. Returns the exit status."""
+        config = self.config
+        self.waker.watch(signal.SIGINT)
+        if not config["warmup_orphan"]:
+            self.waker.watch(signal.SIGTERM)
+        tp, pp = config["tensor_parallel_size"], config["pipeline_parallel_size"]
+        try:
+            visible = NodeGpus.load().visible_indices(os.environ.get("CUDA_VISIBLE_DEVICES"))
+        except GpuError as error:
+            logger.error("RuntimeError: %s", error)
+            return 1
+        world_size = tp * pp
+        if world_size > len(visible):
+            logger.error(
+                "ValueError: World size (%d) is larger than the number of available GPUs (%d) in this node.",
+                world_size, len(visible),
+            )
+            return 1
+        if world_size == 1:
+            self.gpu_fds = _create_context(dict(config, gpu_index=visible[0], local_rank=0))
+            if self.gpu_fds is None:
+                return 1
+        else:
+            status = self._start_workers(visible[:world_size], tp, pp)
+            if status is not None:
+                return status
+        logger.info("Starting to load model %s...", config["model"])
+        deadline = time.monotonic() + config["load_seconds"]
+        while (remaining := deadline - time.monotonic()) > 0:
+            status = self._handle_serving_event(next_event(self.waker, self.worker_channels, remaining))
+            if status is not None:
+                return status
+        logger.info("Loading weights took %.2f seconds", config["load_seconds"])
+        if config["warmup_orphan"]:
+            self.waker.watch(signal.SIGTERM)
+            for channel in self.worker_channels:
+                channel.send({"event": "warm"})
+        try:
+            self.api_server.send({"event": "ready"})
+        except OSError:
+            logger.warning("API server is gone; EngineCore keeps running.")
+        if config["crash"]:
+            logger.error("EngineCore encountered a fatal error.")
+            logger.error("RuntimeError: CUDA error: an illegal memory access was encountered")
+            return 1
+        while True:
+            status = self._handle_serving_event(next_event(self.waker, self.worker_channels))
+            if status is not None:
+                return status
+
+    def _start_workers(self, gpu_indices, tp, pp):
+        """Start one worker per rank and wait until all hold their GPU; None on success, else the exit status."""
+        for rank, gpu_index in enumerate(gpu_indices):
+            name = "Worker"
+            if pp > 1:
+                name += "_PP%d" % (rank // tp)
+            if tp > 1:
+                name += "_TP%d" % (rank % tp)
+            process, channel = spawn_child(process_title(name))
+            self.worker_processes.append(process)
+            self.worker_channels.append(channel)
+            channel.send(dict(self.config, role="worker", rank=rank, local_rank=rank, gpu_index=gpu_index))
+        waiting = set(self.worker_channels)
+        while waiting:
+            event = next_event(self.waker, self.worker_channels)
+            if event[0] == "message":
+                waiting.discard(event[1])
+            elif event[0] == "signal":
+                return self.shut_down(0)
+            elif event[0] == "eof":
+                logger.error("WorkerProc failed to start.")
+                return self.shut_down(1)
+        return None
+
+    def _handle_serving_event(self, event):
+        """React to a signal or a worker's death; returns the exit status or None to keep serving."""
+        if event[0] == "signal":
+            return self.shut_down(0)
+        if event[0] == "eof":
+            logger.error("A worker process died unexpectedly, shutting down executor.")
+            return self.shut_down(1)
+        return None
+
+    def shut_down(self, status):
+        """SIGTERM the workers, SIGKILL those left after 4 s, tear down; returns `status`."""
+        logger.info("Shutting down EngineCore.")
+        processes = self.worker_processes
+        for process in processes:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + WORKER_TERMINATE_GRACE_S
+        for process in processes:
+            try:
+                process.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        for process in processes:
+            if process.poll() is None:
+                logger.warning("Worker %d did not exit within %.0f s: SIGKILL.",
+                               process.pid, WORKER_TERMINATE_GRACE_S)
+                process.kill()
+                process.wait()
+        if self.gpu_fds is not None:
+            _tear_down(self.config["teardown_seconds"])
+        sys.stdout.flush()
+        return status

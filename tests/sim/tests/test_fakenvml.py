@@ -1,0 +1,644 @@
+"""Tests of the fake NVIDIA driver library (tests/sim/fakenvml) through the real pynvml.
+
+They run outside a simulated node: a temporary run directory (GPUSIM_RUN) whose node.conf points
+dev_dir at regular files <tmp>/dev/nvidia<minor> and proc_dir at /proc. pynvml runs in a child
+Python with LD_LIBRARY_PATH set at its start. Holders are processes started here that open a
+device file, seek it to their PID (or map it at PID*4096) and write their context file, as the
+contract (tests/sim/README.md) says; they end when their stdin closes.
+"""
+
+import json
+import os
+import select
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+BUILD_SCRIPT = REPO / "tests" / "sim" / "fakenvml" / "build.sh"
+MIB = 1 << 20
+MINORS = [3, 1, 7, 0, 5, 2, 6, 4]  # index -> minor: deliberately not the identity
+TOTAL_MIB = 81559
+RESERVED_MIB = 529
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("gcc") is None,
+    reason="gcc is missing: the fake NVML library (tests/sim/fakenvml/build.sh) cannot be built",
+)
+
+# Runs in a child Python before each NVML snippet; the snippet prints its result with emit().
+PROLOGUE = """
+import ctypes, json, os, sys, time
+import pynvml as N
+MIB = 1 << 20
+def emit(value):
+    print(json.dumps(value), flush=True)
+def used_v2(index):
+    return N.nvmlDeviceGetMemoryInfo(N.nvmlDeviceGetHandleByIndex(index), version=N.nvmlMemory_v2).used // MIB
+def compute_pids(index):
+    handle = N.nvmlDeviceGetHandleByIndex(index)
+    return [p.pid for p in N.nvmlDeviceGetComputeRunningProcesses(handle)]
+"""
+
+# A holder: argv = run dir, how it holds (fd | map | fork), JSON [[device, index, MiB, type]...].
+HOLDER = r"""
+import ctypes, json, os, sys
+run_dir, hold, lines = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+token = os.getpid()
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                      ctypes.c_long]
+PROT_READ, MAP_SHARED, MAP_FAILED = 1, 1, ctypes.c_void_p(-1).value
+for device, _, _, _ in lines:
+    fd = os.open(device, os.O_RDWR)
+    if hold == "map":
+        if libc.mmap(None, 4096, PROT_READ, MAP_SHARED, fd, token * 4096) == MAP_FAILED:
+            sys.exit(f"mmap failed: errno {ctypes.get_errno()}")
+        os.close(fd)
+    else:
+        os.lseek(fd, token, os.SEEK_SET)
+context = os.path.join(run_dir, "contexts", str(token))
+with open(context + ".tmp", "w") as f:
+    f.writelines(f"{index} {mib} {kind}\n" for _, index, mib, kind in lines)
+os.rename(context + ".tmp", context)
+if hold == "fork":
+    child = os.fork()
+    if child:
+        print("ready", token, child, flush=True)
+        os._exit(0)
+else:
+    print("ready", token, flush=True)
+sys.stdin.read()
+"""
+
+# A holder whose main thread exits (pthread_exit) while another thread keeps the device open.
+THREAD_HOLDER_C = r"""
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+static char **args; /* device contexts_dir index MiB */
+
+static void *hold(void *unused)
+{
+    (void)unused;
+    char path[4096], tmp[4096];
+    int fd = open(args[1], O_RDWR);
+    if (fd < 0 || lseek(fd, getpid(), SEEK_SET) != getpid())
+        _exit(2);
+    snprintf(path, sizeof path, "%s/%d", args[2], getpid());
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f)
+        _exit(2);
+    fprintf(f, "%s %s compute\n", args[3], args[4]);
+    fclose(f);
+    if (rename(tmp, path) != 0)
+        _exit(2);
+    printf("ready %d\n", getpid());
+    fflush(stdout);
+    char c;
+    while (read(0, &c, 1) > 0) {
+    }
+    _exit(0);
+}
+
+int main(int argc, char **argv)
+{
+    pthread_t thread;
+    if (argc != 5)
+        return 2;
+    args = argv;
+    if (pthread_create(&thread, NULL, hold, NULL) != 0)
+        return 2;
+    pthread_exit(NULL);
+}
+"""
+
+
+def poll(predicate, timeout, interval=0.02):
+    """Calls predicate() until it returns a truthy value or timeout seconds pass; returns the value."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(interval)
+
+
+class Holder:
+    """A holder process started by this test (and, for hold="fork", its forked child)."""
+
+    def __init__(self, proc):
+        self.proc = proc
+        self.token = None  # its PID, the context token
+        self.child_pidfd = None
+
+    def end(self, timeout=10):
+        """Closes the holder's stdin, which makes it (and a forked child) exit; waits for that."""
+        if self.proc.stdin and not self.proc.stdin.closed:
+            self.proc.stdin.close()
+        self.proc.wait(timeout)
+        if self.child_pidfd is not None:
+            readable, _, _ = select.select([self.child_pidfd], [], [], timeout)
+            assert readable, "forked holder child did not exit"
+            os.close(self.child_pidfd)
+            self.child_pidfd = None
+
+
+class FakeNode:
+    """A run directory, device files and node.conf for the fake driver, outside any namespace."""
+
+    def __init__(self, root, library_dir):
+        self.run_dir = root / "run"
+        self.dev_dir = root / "dev"
+        self.contexts_dir = self.run_dir / "contexts"
+        self.contexts_dir.mkdir(parents=True)
+        self.dev_dir.mkdir()
+        for name in ["nvidiactl"] + [f"nvidia{minor}" for minor in MINORS]:
+            (self.dev_dir / name).touch()
+        self.env = dict(os.environ, GPUSIM_RUN=str(self.run_dir), LD_LIBRARY_PATH=str(library_dir))
+        self.holders = []
+        self.knobs = {
+            "gpus": len(MINORS),
+            "minors": ",".join(map(str, MINORS)),
+            "memory_total_mib": TOTAL_MIB,
+            "reserved_mib": RESERVED_MIB,
+            "release_latency": 0.3,
+            "dev_dir": self.dev_dir,
+            "proc_dir": "/proc",
+        }
+        self.set()
+
+    def set(self, **knobs):
+        """Updates node.conf (atomically) with these key=value knobs."""
+        self.knobs.update(knobs)
+        conf = self.run_dir / "node.conf"
+        tmp = self.run_dir / "node.conf.tmp"
+        tmp.write_text("".join(f"{key}={value}\n" for key, value in self.knobs.items()))
+        tmp.rename(conf)
+
+    def device(self, index):
+        """Path of GPU index's device file."""
+        return str(self.dev_dir / f"nvidia{MINORS[index]}")
+
+    def nvml(self, body, timeout=60):
+        """Runs PROLOGUE + body in a child Python; returns the JSON of its last emit()."""
+        script = PROLOGUE + textwrap.dedent(body)
+        proc = subprocess.run([sys.executable, "-c", script], env=self.env, capture_output=True,
+                              text=True, timeout=timeout)
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout.splitlines()[-1])
+
+    def start_nvml(self, body):
+        """Starts PROLOGUE + body in a child Python without waiting (stdout piped)."""
+        script = PROLOGUE + textwrap.dedent(body)
+        return subprocess.Popen([sys.executable, "-c", script], env=self.env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+
+    def _start_holder(self, argv):
+        """Starts a holder; returns (Holder, extra numbers of its "ready TOKEN ..." line)."""
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        holder = Holder(proc)
+        self.holders.append(holder)  # ended at teardown even if it never gets ready
+        line = proc.stdout.readline().split()
+        assert line[:1] == ["ready"], f"holder {argv} failed: {proc.stderr.read()}"
+        holder.token = int(line[1])
+        return holder, [int(value) for value in line[2:]]
+
+    def hold(self, contexts, hold="fd"):
+        """Starts a holder of contexts [(index, MiB, type)]; returns the Holder once it is ready."""
+        lines = [[self.device(index), index, mib, kind] for index, mib, kind in contexts]
+        holder, extra = self._start_holder(
+            [sys.executable, "-c", HOLDER, str(self.run_dir), hold, json.dumps(lines)])
+        if hold == "fork":
+            holder.child_pidfd = os.pidfd_open(extra[0])  # alive: it waits on stdin
+        return holder
+
+    def hold_in_thread(self, program, index, mib):
+        """Starts the C thread holder on GPU index; returns the Holder once it is ready."""
+        holder, _ = self._start_holder(
+            [str(program), self.device(index), str(self.contexts_dir), str(index), str(mib)])
+        return holder
+
+    def end_holders(self):
+        for holder in self.holders:
+            holder.end()
+
+
+@pytest.fixture(scope="session")
+def library_dir():
+    """Builds the fake library with build.sh; returns its directory."""
+    result = subprocess.run([str(BUILD_SCRIPT)], check=True, capture_output=True, text=True)
+    library = Path(result.stdout.strip())
+    assert library.name == "libnvidia-ml.so.1" and library.is_file()
+    return library.parent
+
+
+@pytest.fixture()
+def node(tmp_path, library_dir):
+    fake = FakeNode(tmp_path, library_dir)
+    yield fake
+    fake.end_holders()
+
+
+@pytest.fixture(scope="module")
+def thread_holder(tmp_path_factory):
+    """The C thread holder, compiled with gcc."""
+    build = tmp_path_factory.mktemp("thread_holder")
+    source = build / "thread_holder.c"
+    source.write_text(THREAD_HOLDER_C)
+    program = build / "thread_holder"
+    subprocess.run(["gcc", "-O2", "-Wall", "-pthread", "-o", str(program), str(source)], check=True)
+    return program
+
+
+def test_build_is_idempotent_and_rebuilds_newer_source(library_dir):
+    library = library_dir / "libnvidia-ml.so.1"
+
+    def build(*args):
+        subprocess.run([str(BUILD_SCRIPT), *args], check=True, capture_output=True)
+        return library.stat().st_mtime_ns
+
+    before = library.stat().st_mtime_ns
+    assert build() == before
+    source_mtime = (BUILD_SCRIPT.parent / "fakenvml.c").stat().st_mtime_ns
+    os.utime(library, ns=(source_mtime - 10**9, source_mtime - 10**9))  # source now newer
+    assert build() >= source_mtime
+    future = time.time_ns() + 3600 * 10**9
+    os.utime(library, ns=(future, future))  # library newer: only --force rebuilds
+    assert build() == future
+    assert build("--force") < future
+
+
+def test_eight_devices_identity(node):
+    result = node.nvml("""
+        N.nvmlInit()
+        gpus = []
+        for index in range(N.nvmlDeviceGetCount()):
+            handle = N.nvmlDeviceGetHandleByIndex(index)
+            uuid = N.nvmlDeviceGetUUID(handle)
+            pci = N.nvmlDeviceGetPciInfo(handle)
+            gpus.append({
+                "index": N.nvmlDeviceGetIndex(handle),
+                "name": N.nvmlDeviceGetName(handle),
+                "uuid": uuid,
+                "index_by_uuid": N.nvmlDeviceGetIndex(N.nvmlDeviceGetHandleByUUID(uuid)),
+                "minor": N.nvmlDeviceGetMinorNumber(handle),
+                "bus_id": pci.busId,
+                "bus_id_legacy": pci.busIdLegacy,
+                "pci": [pci.domain, pci.bus, pci.device, pci.pciDeviceId],
+                "persistence": N.nvmlDeviceGetPersistenceMode(handle),
+            })
+        emit({
+            "driver": N.nvmlSystemGetDriverVersion(),
+            "nvml": N.nvmlSystemGetNVMLVersion(),
+            "cuda": [N.nvmlSystemGetCudaDriverVersion(), N.nvmlSystemGetCudaDriverVersion_v2()],
+            "gpus": gpus,
+        })
+    """)
+    assert result["driver"] == "580.95.05"
+    assert result["nvml"] == "13.580.95.05"
+    assert result["cuda"] == [13000, 13000]
+    gpus = result["gpus"]
+    assert [gpu["index"] for gpu in gpus] == list(range(8))
+    assert [gpu["index_by_uuid"] for gpu in gpus] == list(range(8))
+    assert [gpu["minor"] for gpu in gpus] == MINORS
+    assert {gpu["name"] for gpu in gpus} == {"NVIDIA H100 80GB HBM3"}
+    assert {gpu["persistence"] for gpu in gpus} == {1}
+    uuids = [gpu["uuid"] for gpu in gpus]
+    assert len(set(uuids)) == 8
+    for uuid in uuids:
+        assert uuid.startswith("GPU-") and [len(part) for part in uuid[4:].split("-")] == [8, 4, 4, 4, 12]
+    bus_ids = [gpu["bus_id"] for gpu in gpus]
+    assert len(set(bus_ids)) == 8
+    for gpu in gpus:
+        domain, bus, device, device_id = gpu["pci"]
+        assert gpu["bus_id"] == f"{domain:08X}:{bus:02X}:{device:02X}.0"
+        assert gpu["bus_id_legacy"] == f"{domain:04X}:{bus:02X}:{device:02X}.0"
+        assert device_id & 0xFFFF == 0x10DE  # NVIDIA's vendor id
+
+
+def test_configured_identity_and_live_knobs(node):
+    uuids = [f"GPU-00000000-0000-0000-0000-00000000000{index}" for index in range(2)]
+    node.set(gpus=2, name="NVIDIA A100-SXM4-80GB", uuids=",".join(uuids),
+             pci_bus_ids="0000:07:00.0,00000001:0F:00.0", persistence_mode=0, driver_version="550.1")
+    result = node.nvml("""
+        N.nvmlInit()
+        handles = [N.nvmlDeviceGetHandleByIndex(index) for index in range(N.nvmlDeviceGetCount())]
+        before = [N.nvmlDeviceGetUUID(h) for h in handles], [N.nvmlDeviceGetPciInfo(h).busId for h in handles]
+        with open(os.environ["GPUSIM_RUN"] + "/node.conf", "a") as conf:
+            conf.write("gpus=3\\ndriver_version=550.2\\n")
+        emit({"before": before, "name": N.nvmlDeviceGetName(handles[0]),
+              "persistence": N.nvmlDeviceGetPersistenceMode(handles[1]),
+              "count_after": N.nvmlDeviceGetCount(), "driver_after": N.nvmlSystemGetDriverVersion()})
+    """)
+    assert result["before"] == [uuids, ["00000000:07:00.0", "00000001:0F:00.0"]]
+    assert result["name"] == "NVIDIA A100-SXM4-80GB"
+    assert result["persistence"] == 0
+    assert result["count_after"] == 3
+    assert result["driver_after"] == "550.2"
+
+
+def test_memory_v1_includes_reserved_v2_reports_it(node):
+    node.set(idle_used_mib=12, stray_mib="1:2000,1:48,6:100")
+    result = node.nvml("""
+        N.nvmlInit()
+        memory = {}
+        for index in (0, 1, 6):
+            handle = N.nvmlDeviceGetHandleByIndex(index)
+            v1 = N.nvmlDeviceGetMemoryInfo(handle)
+            v2 = N.nvmlDeviceGetMemoryInfo(handle, version=N.nvmlMemory_v2)
+            memory[index] = {"v1": [v1.total, v1.free, v1.used],
+                             "v2": [v2.version, v2.total, v2.reserved, v2.free, v2.used]}
+        emit(memory)
+    """)
+    for index, used_mib in (("0", 12), ("1", 12 + 2048), ("6", 112)):
+        total, free = TOTAL_MIB * MIB, (TOTAL_MIB - RESERVED_MIB - used_mib) * MIB
+        assert result[index]["v2"] == [0x02000028, total, RESERVED_MIB * MIB, free, used_mib * MIB]
+        assert result[index]["v1"] == [total, free, (used_mib + RESERVED_MIB) * MIB]
+
+
+def test_context_listed_with_its_memory_by_type(node):
+    holder = node.hold([(2, 1024, "compute"), (5, 300, "graphics"), (6, 200, "mps")])
+    result = node.nvml("""
+        N.nvmlInit()
+        lists = {}
+        for index in (0, 2, 5, 6):
+            handle = N.nvmlDeviceGetHandleByIndex(index)
+            lists[index] = {
+                "used": used_v2(index),
+                "compute": [[p.pid, p.usedGpuMemory, p.gpuInstanceId, p.computeInstanceId]
+                            for p in N.nvmlDeviceGetComputeRunningProcesses(handle)],
+                "graphics": [[p.pid, p.usedGpuMemory] for p in N.nvmlDeviceGetGraphicsRunningProcesses(handle)],
+                "mps": [[p.pid, p.usedGpuMemory] for p in N.nvmlDeviceGetMPSComputeRunningProcesses(handle)],
+            }
+        emit(lists)
+    """)
+    pid = holder.token
+    assert result["0"] == {"used": 0, "compute": [], "graphics": [], "mps": []}
+    assert result["2"] == {"used": 1024, "compute": [[pid, 1024 * MIB, 0xFFFFFFFF, 0xFFFFFFFF]],
+                           "graphics": [], "mps": []}
+    assert result["5"] == {"used": 300, "compute": [], "graphics": [[pid, 300 * MIB]], "mps": []}
+    assert result["6"] == {"used": 200, "compute": [], "graphics": [], "mps": [[pid, 200 * MIB]]}
+
+
+def test_count_probe_protocol_and_error_codes(node):
+    holder = node.hold([(4, 512, "compute")])
+    result = node.nvml("""
+        from ctypes import byref, c_char_p, c_uint, create_string_buffer
+        lib = ctypes.CDLL("libnvidia-ml.so.1")
+        lib.nvmlErrorString.restype = c_char_p
+        count, device = c_uint(0), N.c_nvmlDevice_t()
+        before_init = lib.nvmlDeviceGetCount_v2(byref(count))
+        assert lib.nvmlInitWithFlags(0) == 0
+        codes = {"before_init": before_init,
+                 "bad_index": lib.nvmlDeviceGetHandleByIndex_v2(8, byref(device)),
+                 "unknown_uuid": lib.nvmlDeviceGetHandleByUUID(b"GPU-no-such", byref(device)),
+                 "error_string": lib.nvmlErrorString(6).decode()}
+        assert lib.nvmlDeviceGetHandleByIndex_v2(4, byref(device)) == 0
+        probe = c_uint(0)
+        codes["probe"] = lib.nvmlDeviceGetComputeRunningProcesses_v3(device, byref(probe), None), probe.value
+        infos = (N.c_nvmlProcessInfo_v3_t * 1)()
+        fetched = c_uint(1)
+        codes["fetch"] = lib.nvmlDeviceGetComputeRunningProcesses_v3(device, byref(fetched), infos), fetched.value
+        codes["pid"] = infos[0].pid
+        idle = c_uint(0)
+        assert lib.nvmlDeviceGetHandleByIndex_v2(3, byref(device)) == 0
+        codes["idle_probe"] = lib.nvmlDeviceGetComputeRunningProcesses_v3(device, byref(idle), None), idle.value
+        memory = N.c_nvmlMemory_v2_t(version=0x01000028)
+        codes["memory_version"] = lib.nvmlDeviceGetMemoryInfo_v2(device, byref(memory))
+        short = create_string_buffer(8)
+        codes["short_name"] = lib.nvmlDeviceGetName(device, short, c_uint(8))
+        codes["forged_handle"] = lib.nvmlDeviceGetMinorNumber(ctypes.c_void_p(16), byref(count))
+        emit(codes)
+    """)
+    assert result == {
+        "before_init": 1,       # NVML_ERROR_UNINITIALIZED
+        "bad_index": 2,         # NVML_ERROR_INVALID_ARGUMENT
+        "unknown_uuid": 6,      # NVML_ERROR_NOT_FOUND
+        "error_string": "Not Found",
+        "probe": [7, 1],        # NVML_ERROR_INSUFFICIENT_SIZE, count filled in
+        "fetch": [0, 1],
+        "pid": holder.token,
+        "idle_probe": [0, 0],   # nothing running: NVML_SUCCESS
+        "memory_version": 25,   # NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+        "short_name": 7,
+        "forged_handle": 2,
+    }
+
+
+def test_uninitialized_after_final_shutdown(node):
+    result = node.nvml("""
+        N.nvmlInit()
+        N.nvmlInit()
+        N.nvmlShutdown()
+        still = N.nvmlDeviceGetCount()
+        N.nvmlShutdown()
+        try:
+            N.nvmlDeviceGetCount()
+            after = "returned"
+        except N.NVMLError_Uninitialized:
+            after = "uninitialized"
+        emit([still, after])
+    """)
+    assert result == [8, "uninitialized"]
+
+
+def test_init_holds_device_files_at_position_zero(node):
+    result = node.nvml("""
+        def held():
+            files = {}
+            for fd in os.listdir("/proc/self/fd"):
+                try:
+                    target = os.readlink(f"/proc/self/fd/{fd}")
+                    with open(f"/proc/self/fdinfo/{fd}") as info:
+                        pos = int(info.readline().split()[1])
+                except FileNotFoundError:  # the listing's own fd
+                    continue
+                if os.path.basename(target).startswith("nvidia"):
+                    files[os.path.basename(target)] = pos
+            return files
+        states = [held()]
+        N.nvmlInit(); N.nvmlInit()
+        states.append(held())
+        N.nvmlShutdown()
+        states.append(held())
+        N.nvmlShutdown()
+        states.append(held())
+        emit(states)
+    """)
+    expected = {"nvidiactl": 0, **{f"nvidia{minor}": 0 for minor in MINORS}}
+    assert result == [{}, expected, expected, {}]
+
+
+def test_inherited_handle_keeps_memory_unlisted(node):
+    holder = node.hold([(1, 2048, "compute")], hold="fork")
+    holder.proc.wait(10)  # the creator has exited; its forked child still has the fd
+    node.set(release_latency=0.3)
+    result = node.nvml("""
+        N.nvmlInit()
+        samples = []
+        start = time.monotonic()
+        while time.monotonic() - start < 1.0:  # well past release_latency
+            samples.append([used_v2(1), compute_pids(1)])
+            time.sleep(0.05)
+        emit(samples)
+    """)
+    assert len(result) >= 5
+    assert all(sample == [2048, []] for sample in result), result
+    holder.end()
+    freed = node.nvml("""
+        N.nvmlInit()
+        start = time.monotonic()
+        while used_v2(1) != 0 and time.monotonic() - start < 10:
+            time.sleep(0.02)
+        emit(used_v2(1))
+    """)
+    assert freed == 0
+    assert not (node.contexts_dir / str(holder.token)).exists()
+
+
+def test_memory_freed_after_release_latency_not_before(node):
+    latency = 1.0
+    node.set(release_latency=latency)
+    holder = node.hold([(3, 4096, "compute"), (7, 100, "compute")])
+    holder.end()
+    result = node.nvml("""
+        N.nvmlInit()
+        start = time.monotonic()
+        first = [used_v2(3), compute_pids(3)]
+        while used_v2(3) != 0 and time.monotonic() - start < 15:
+            time.sleep(0.02)
+        freed_after = time.monotonic() - start
+        emit({"first": first, "freed_after": freed_after, "gpu7": used_v2(7)})
+    """)
+    assert result["first"] == [4096, []]
+    assert latency <= result["freed_after"] < latency + 3.0
+    assert result["gpu7"] == 0
+    assert not (node.contexts_dir / str(holder.token)).exists()
+    assert list((node.run_dir / "released").iterdir()) == []
+
+
+def test_state_left_by_an_earlier_context_is_ignored(node):
+    holder = node.hold([(2, 256, "compute")])
+    released = node.run_dir / "released"
+    released.mkdir(mode=0o1777, exist_ok=True)
+    # files of an earlier context file of the same PID (inode 0: never a real file)
+    (released / f"{holder.token}.2").write_text("0 0.0\n")
+    (released / f"{holder.token}.2.holder").write_text("0 1\n")
+    result = node.nvml("""
+        N.nvmlInit()
+        emit([used_v2(2), compute_pids(2)])
+    """)
+    assert result == [256, [holder.token]]
+
+
+def test_mapping_holder(node):
+    holder = node.hold([(0, 777, "compute")], hold="map")
+    maps = Path(f"/proc/{holder.token}/maps").read_text()
+    assert f"{holder.token * 4096:08x}" in maps and node.device(0) in maps
+    assert not any(os.readlink(f"/proc/{holder.token}/fd/{fd}") == node.device(0)
+                   for fd in os.listdir(f"/proc/{holder.token}/fd"))
+    result = node.nvml("""
+        N.nvmlInit()
+        emit([used_v2(0), compute_pids(0)])
+    """)
+    assert result == [777, [holder.token]]
+
+
+def test_thread_only_holder(node, thread_holder):
+    holder = node.hold_in_thread(thread_holder, index=5, mib=640)
+
+    def leader_exited():
+        with open(f"/proc/{holder.token}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
+
+    assert poll(leader_exited, timeout=10), "the main thread did not exit"
+    try:
+        assert os.listdir(f"/proc/{holder.token}/fd") == []
+    except PermissionError:
+        pass  # a zombie leader's fd table is gone: unreadable is fine too
+    result = node.nvml("""
+        N.nvmlInit()
+        emit([used_v2(5), compute_pids(5)])
+    """)
+    assert result == [640, [holder.token]]
+
+
+def test_lost_gpu(node):
+    node.set(lost="2")
+    result = node.nvml("""
+        N.nvmlInit()
+        outcome = {}
+        def attempt(name, call):
+            try:
+                call()
+                outcome[name] = "ok"
+            except N.NVMLError as error:
+                outcome[name] = error.value
+        attempt("by_index", lambda: N.nvmlDeviceGetHandleByIndex(2))
+        conf = os.environ["GPUSIM_RUN"] + "/node.conf"
+        handle3 = N.nvmlDeviceGetHandleByIndex(3)
+        attempt("other", lambda: N.nvmlDeviceGetMemoryInfo(handle3))
+        with open(conf, "a") as f:
+            f.write("lost=2,3\\n")
+        attempt("held_handle", lambda: N.nvmlDeviceGetMemoryInfo(handle3))
+        attempt("processes", lambda: N.nvmlDeviceGetComputeRunningProcesses(handle3))
+        attempt("count", N.nvmlDeviceGetCount)
+        emit(outcome)
+    """)
+    assert result == {"by_index": 15, "other": "ok", "held_handle": 15, "processes": 15, "count": "ok"}
+
+
+def test_lost_gpu_by_uuid(node):
+    uuids = [f"GPU-00000000-0000-0000-0000-00000000000{index}" for index in range(8)]
+    node.set(uuids=",".join(uuids), lost="6")
+    result = node.nvml(f"""
+        N.nvmlInit()
+        try:
+            N.nvmlDeviceGetHandleByUUID("{uuids[6]}")
+            emit("returned")
+        except N.NVMLError_GpuIsLost:
+            emit("lost")
+    """)
+    assert result == "lost"
+
+
+@pytest.mark.parametrize("hang", ["nvmlDeviceGetMemoryInfo", "all"])
+def test_hang_blocks_the_call(node, hang):
+    node.set(hang=hang)
+    # the snippet learns which call should block from the environment
+    node.env["HANG"] = hang
+    proc = node.start_nvml("""
+        N.nvmlInit()
+        print("initialized", flush=True)
+        if os.environ["HANG"] == "all":
+            print("calling", flush=True)
+            N.nvmlDeviceGetCount()
+        else:
+            handle = N.nvmlDeviceGetHandleByIndex(0)
+            N.nvmlDeviceGetMemoryInfo(handle, version=N.nvmlMemory_v2)  # another symbol: answers
+            print("calling", flush=True)
+            N.nvmlDeviceGetMemoryInfo(handle)
+        print("returned", flush=True)
+    """)
+    try:
+        assert proc.stdout.readline() == "initialized\n", proc.stderr.read()
+        assert proc.stdout.readline() == "calling\n", proc.stderr.read()
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.wait(timeout=1.5)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.stdout.read() == ""

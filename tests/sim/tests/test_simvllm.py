@@ -1,0 +1,620 @@
+"""Tests of the simulated vLLM (tests/sim/simvllm), run outside a node.
+
+Each test gets its own run directory (GPUSIM_RUN) holding node.conf, contexts/ and dev/ with
+regular files standing in for /dev/nvidia*; the real /dev is never touched. Every `vllm serve`
+starts in a new session; the fixture SIGKILLs whatever is left of that session (orphans keep
+their session ID), so nothing survives a test.
+"""
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import psutil
+import pytest
+
+SIM_DIR = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(SIM_DIR))
+
+from simvllm.specdecode import SpeculativeConfigError, SpeculativeDecoding  # noqa: E402
+
+LAUNCHER = "import sys; sys.path.insert(0, sys.argv.pop(1)); from simvllm.cli import main; sys.exit(main())"
+MEMORY_TOTAL_MIB = 81559
+RESERVED_MIB = 529
+GPUS = 8
+MINORS = [7, 6, 5, 4, 3, 2, 1, 0]
+DEFAULT_CONTEXT_MIB = int(0.9 * MEMORY_TOTAL_MIB)
+POLL_S = 0.05
+
+DRAFTER_CONFIG = {
+    "architectures": ["DFlashDraftModel"],
+    "block_size": 16,
+    "dflash_config": {"mask_token_id": 248070, "target_layer_ids": [1, 16, 31, 46, 61]},
+    "layer_types": ["sliding_attention"] * 4 + ["full_attention"],
+    "sliding_window": 2048,
+    "num_hidden_layers": 5,
+    "num_target_layers": 64,
+}
+GUESSED = {
+    "target_layer_ids": [1, 17, 33, 49, 63],
+    "mask_token_id": 248064,
+    "layer_types": ["full_attention"] * 5,
+}
+V2_RUNNER = {"VLLM_USE_V2_MODEL_RUNNER": "1"}
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def wait_for(predicate, timeout, what, log=None):
+    """Poll `predicate` every 50 ms until it returns a true value (returned) or fail after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail("timed out after %.1f s waiting for %s%s" % (timeout, what, "\n" + log() if log else ""))
+        time.sleep(POLL_S)
+
+
+def assert_stays(predicate, seconds, what):
+    """Check `predicate` every 50 ms for `seconds` s."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        assert predicate(), what
+        time.sleep(POLL_S)
+
+
+def alive(pid):
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def title(pid):
+    with open("/proc/%d/cmdline" % pid, "rb") as cmdline:
+        return cmdline.read().split(b"\0", 1)[0].decode()
+
+
+def comm(pid):
+    with open("/proc/%d/comm" % pid) as comm_file:
+        return comm_file.read().strip()
+
+
+def children(pid):
+    try:
+        return [child.pid for child in psutil.Process(pid).children()]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def refused(port):
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    except ConnectionRefusedError:
+        return True
+    return False
+
+
+def http(port, method, path, body=None, headers=None):
+    """One request to 127.0.0.1:`port`; returns (status, body text)."""
+    headers = dict(headers or {})
+    data = None
+    if body is not None:
+        data = json.dumps(body).encode()
+        headers["Content-Type"] = "application/json"
+    request = urllib.request.Request("http://127.0.0.1:%d%s" % (port, path), data, headers, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+def health(port):
+    """Status of GET /health, or None while nothing listens."""
+    try:
+        return http(port, "GET", "/health")[0]
+    except (ConnectionError, urllib.error.URLError):
+        return None
+
+
+def metric_samples(text, name):
+    """{labels string: value} of the samples of metric `name` in Prometheus text."""
+    pattern = re.compile(r"^%s\{([^}]*)\} (\S+)$" % re.escape(name))
+    return {match.group(1): float(match.group(2)) for match in map(pattern.match, text.splitlines()) if match}
+
+
+def metric(text, name):
+    samples = metric_samples(text, name)
+    assert len(samples) == 1, "want one sample of %s in:\n%s" % (name, text)
+    return next(iter(samples.values()))
+
+
+# ---------------------------------------------------------------- fixtures
+
+
+class SimNode:
+    """A run directory standing in for a node: node.conf, contexts/, dev/nvidia*."""
+
+    def __init__(self, root):
+        self.run_dir = root / "run"
+        self.dev_dir = root / "dev"
+        self.contexts_dir = self.run_dir / "contexts"
+        self.contexts_dir.mkdir(parents=True)
+        self.dev_dir.mkdir()
+        for name in ["nvidiactl", "nvidia-uvm"] + ["nvidia%d" % minor for minor in MINORS]:
+            (self.dev_dir / name).touch()
+        (self.run_dir / "node.conf").write_text(
+            "gpus=%d\nmemory_total_mib=%d\nminors=%s\nreserved_mib=%d\ndev_dir=%s\n"
+            % (GPUS, MEMORY_TOTAL_MIB, ",".join(map(str, MINORS)), RESERVED_MIB, self.dev_dir)
+        )
+
+    def context(self, pid):
+        """Content of the context file of `pid`, or None."""
+        try:
+            return (self.contexts_dir / str(pid)).read_text()
+        except FileNotFoundError:
+            return None
+
+    def device_handles(self, pid):
+        """{device file name: [file positions]} of the nvidia files `pid` holds open."""
+        handles = {}
+        for fd in os.listdir("/proc/%d/fd" % pid):
+            try:
+                target = os.readlink("/proc/%d/fd/%s" % (pid, fd))
+                with open("/proc/%d/fdinfo/%s" % (pid, fd)) as fdinfo:
+                    position = int(fdinfo.readline().split()[1])
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+            if os.path.dirname(target) == str(self.dev_dir):
+                handles.setdefault(os.path.basename(target), []).append(position)
+        return handles
+
+    def holds_gpu(self, pid, index):
+        """True when `pid` holds a context on GPU `index` per the contract."""
+        handles = self.device_handles(pid)
+        return (pid in handles.get("nvidia%d" % MINORS[index], [])
+                and "nvidiactl" in handles and "nvidia-uvm" in handles)
+
+
+@pytest.fixture
+def node(tmp_path):
+    return SimNode(tmp_path)
+
+
+class Server:
+    """One `vllm serve` started by the `serve` fixture."""
+
+    def __init__(self, node, args, env, log_path):
+        self.node = node
+        self.port = free_port()
+        self.log_path = log_path
+        self.started = time.time()
+        with open(log_path, "wb") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-c", LAUNCHER, str(SIM_DIR), "serve", "/models/m",
+                 "--port", str(self.port), *args],
+                env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self.pid = self.process.pid
+
+    def log(self):
+        return self.log_path.read_text()
+
+    def engine_core(self):
+        """PID of EngineCore (waits for it)."""
+        def find():
+            return next((pid for pid in children(self.pid) if title(pid) == "VLLM::EngineCore"), None)
+        return wait_for(find, 10, "EngineCore", self.log)
+
+    def workers(self, engine_core, count):
+        """{title: pid} of EngineCore's `count` workers, once each holds its context."""
+        def find():
+            found = {title(pid): pid for pid in children(engine_core) if title(pid).startswith("VLLM::Worker")}
+            return found if len(found) == count and all(self.node.context(pid) for pid in found.values()) else None
+        return wait_for(find, 15, "%d workers holding contexts" % count, self.log)
+
+    def wait_ready(self):
+        wait_for(lambda: health(self.port) == 200, 15, "/health 200", self.log)
+
+    def session(self):
+        """Processes of this server's session still running (orphans included)."""
+        found = []
+        for process in psutil.process_iter(["create_time", "status"]):
+            try:
+                if (os.getsid(process.pid) == self.pid and process.info["create_time"] >= self.started - 1
+                        and process.info["status"] != psutil.STATUS_ZOMBIE):
+                    found.append(process)
+            except (ProcessLookupError, PermissionError):
+                continue
+        return found
+
+    def kill_all(self):
+        for process in self.session():
+            try:
+                process.kill()
+            except psutil.NoSuchProcess:
+                pass
+        self.process.kill()
+        self.process.wait()
+
+
+@pytest.fixture
+def serve(node, tmp_path):
+    """Factory: serve(*args, **env) starts `vllm serve /models/m --port P *args` with knobs `env`."""
+    servers = []
+
+    def start(*args, **env):
+        environment = {name: value for name, value in os.environ.items()
+                       if not name.startswith(("SIMVLLM_", "VLLM_", "CUDA_VISIBLE_DEVICES"))}
+        environment.update(GPUSIM_RUN=str(node.run_dir), SIMVLLM_LOAD_SECONDS="0.3")
+        environment.update(env)
+        server = Server(node, [str(arg) for arg in args], environment, tmp_path / ("vllm-%d.log" % len(servers)))
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.kill_all()
+
+
+@pytest.fixture
+def drafter(tmp_path):
+    """A DFlash drafter directory (config.json as trained); returns its path."""
+    path = tmp_path / "drafter"
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps(DRAFTER_CONFIG))
+    return path
+
+
+# ---------------------------------------------------------------- process model
+
+
+def test_tp8_engine_core_and_eight_workers_each_hold_their_gpu(node, serve):
+    server = serve("--tensor-parallel-size", 8, "--gpu-memory-utilization", 0.5)
+    engine_core = server.engine_core()
+    workers = server.workers(engine_core, 8)
+
+    assert sorted(workers) == sorted("VLLM::Worker_TP%d" % rank for rank in range(8))
+    assert comm(engine_core) == "VLLM::EngineCor"
+    assert psutil.Process(engine_core).ppid() == server.pid
+    assert "serve" in psutil.Process(server.pid).cmdline()
+    for rank in range(8):
+        pid = workers["VLLM::Worker_TP%d" % rank]
+        assert comm(pid) == ("VLLM::Worker_TP%d" % rank)[:15]
+        assert node.holds_gpu(pid, rank), node.device_handles(pid)
+        assert [name for name in node.device_handles(pid) if name.startswith("nvidia") and name[6:].isdigit()] \
+            == ["nvidia%d" % MINORS[rank]]
+        assert node.context(pid) == "%d %d\n" % (rank, int(0.5 * MEMORY_TOTAL_MIB))
+    assert node.device_handles(engine_core) == {}
+    assert node.device_handles(server.pid) == {}
+    server.wait_ready()
+
+
+def test_tp1_engine_core_holds_the_first_visible_gpu(node, serve):
+    server = serve(CUDA_VISIBLE_DEVICES="5,2")
+    engine_core = server.engine_core()
+    wait_for(lambda: node.context(engine_core), 10, "EngineCore's context", server.log)
+
+    assert node.context(engine_core) == "5 %d\n" % DEFAULT_CONTEXT_MIB
+    assert node.holds_gpu(engine_core, 5)
+    server.wait_ready()
+    assert children(engine_core) == []
+
+
+def test_pipeline_parallel_worker_titles(serve):
+    server = serve("-tp", 2, "-pp", 2)
+    workers = server.workers(server.engine_core(), 4)
+    assert sorted(workers) == ["VLLM::Worker_PP%d_TP%d" % (p, t) for p in range(2) for t in range(2)]
+
+
+def test_sigkill_of_api_server_orphans_engine_core_and_workers(node, serve):
+    server = serve("-tp", 4)
+    engine_core = server.engine_core()
+    workers = server.workers(engine_core, 4)
+    server.wait_ready()
+
+    server.process.send_signal(signal.SIGKILL)
+    server.process.wait()
+
+    assert refused(server.port)
+    assert psutil.Process(engine_core).ppid() != server.pid
+
+    def tree_holds():
+        return alive(engine_core) and all(
+            node.holds_gpu(workers["VLLM::Worker_TP%d" % rank], rank) for rank in range(4))
+
+    assert_stays(tree_holds, 1.5, "EngineCore and its workers keep running and holding their GPUs")
+
+
+def test_sigkill_of_engine_core_ends_workers_then_api_server(serve):
+    server = serve("-tp", 4)
+    engine_core = server.engine_core()
+    workers = server.workers(engine_core, 4)
+    server.wait_ready()
+
+    os.kill(engine_core, signal.SIGKILL)
+
+    wait_for(lambda: health(server.port) in (503, None), 5, "/health 503", server.log)
+    wait_for(lambda: not any(alive(pid) for pid in workers.values()), 5, "workers to exit", server.log)
+    assert server.process.wait(timeout=5) == 1
+
+
+@pytest.mark.parametrize("phase", ["serving", "loading"])
+def test_sigterm_to_api_server_ends_everything(serve, phase):
+    server = serve("-tp", 4, SIMVLLM_LOAD_SECONDS="0.3" if phase == "serving" else "30")
+    engine_core = server.engine_core()
+    server.workers(engine_core, 4)
+    if phase == "serving":
+        server.wait_ready()
+
+    started = time.monotonic()
+    server.process.send_signal(signal.SIGTERM)
+
+    assert server.process.wait(timeout=5) == 0
+    wait_for(lambda: not server.session(), 5 - (time.monotonic() - started), "every process to exit", server.log)
+
+
+def test_sigterm_with_shutdown_timeout_exits_once_idle(serve):
+    server = serve("--shutdown-timeout", 30)
+    server.wait_ready()
+    server.process.send_signal(signal.SIGTERM)
+    assert server.process.wait(timeout=3) == 0
+    assert refused(server.port)
+
+
+def test_workers_ignoring_sigterm_are_sigkilled_after_4_seconds(serve):
+    server = serve("-tp", 2, SIMVLLM_WORKERS_IGNORE_SIGTERM="1")
+    server.workers(server.engine_core(), 2)
+    server.wait_ready()
+
+    started = time.monotonic()
+    server.process.send_signal(signal.SIGTERM)
+    wait_for(lambda: not server.session() and server.process.poll() is not None, 8, "every process to exit",
+             server.log)
+    elapsed = time.monotonic() - started
+
+    assert 4.0 <= elapsed < 6.5
+    assert server.process.returncode == 0
+    assert server.log().count("SIGKILL") == 2
+
+
+def test_slow_teardown_keeps_workers_holding_after_sigterm(node, serve):
+    server = serve("-tp", 2, SIMVLLM_TEARDOWN_SECONDS="1.5")
+    workers = server.workers(server.engine_core(), 2)
+    server.wait_ready()
+
+    started = time.monotonic()
+    server.process.send_signal(signal.SIGTERM)
+    assert_stays(lambda: node.holds_gpu(workers["VLLM::Worker_TP0"], 0), 1.0, "worker holds its GPU during teardown")
+    wait_for(lambda: not server.session(), 4, "every process to exit", server.log)
+    assert 1.5 <= time.monotonic() - started < 4.0
+
+
+def test_sigterm_during_warm_up_orphans_workers(node, serve):
+    server = serve("-tp", 2, SIMVLLM_WARMUP_ORPHAN="1", SIMVLLM_LOAD_SECONDS="30")
+    engine_core = server.engine_core()
+    workers = server.workers(engine_core, 2)
+
+    server.process.send_signal(signal.SIGTERM)
+
+    assert server.process.wait(timeout=5) == 0
+    wait_for(lambda: not alive(engine_core), 5, "EngineCore to die", server.log)
+    assert all(psutil.Process(pid).ppid() != engine_core for pid in workers.values())
+    assert_stays(lambda: all(node.holds_gpu(workers["VLLM::Worker_TP%d" % r], r) for r in range(2)), 1.5,
+                 "orphaned workers keep running and holding their GPUs")
+
+
+def test_engine_core_crash_after_load_fails_health_and_exits_1(serve):
+    server = serve(SIMVLLM_CRASH="1")
+    wait_for(lambda: health(server.port) == 503, 10, "/health 503", server.log)
+    assert server.process.wait(timeout=5) == 1
+    wait_for(lambda: not server.session(), 5, "every process to exit", server.log)
+
+
+@pytest.mark.parametrize("args, env, status, message", [
+    (["--gpu-memory-utilization", 0.9], {"CUDA_VISIBLE_DEVICES": "3"}, 1, "Free memory on device cuda:0"),
+    (["-tp", 2], {"CUDA_VISIBLE_DEVICES": "2,3"}, 1, "Free memory on device cuda:1"),
+    (["-tp", 8], {"CUDA_VISIBLE_DEVICES": "0,1"}, 1,
+     "World size (8) is larger than the number of available GPUs (2)"),
+    (["--speculative-config", "{not json"], {}, 2, "invalid JSON value"),
+    (["--speculative-config", '{"method": "dflash", "model": "/nonexistent/drafter", "num_speculative_tokens": 15}'],
+     {}, 1, "Invalid repository ID or local directory specified: '/nonexistent/drafter'"),
+], ids=["free-memory", "free-memory-tp2", "too-few-gpus", "invalid-json", "missing-drafter"])
+def test_start_failures(node, serve, args, env, status, message):
+    (node.contexts_dir / "999999").write_text("3 40000\n")  # another process's context on GPU 3
+    server = serve(*args, **env)
+    assert server.process.wait(timeout=15) == status
+    assert message in server.log()
+    wait_for(lambda: not server.session(), 5, "every process to exit", server.log)
+
+
+def test_free_memory_counts_reserved_memory(node, serve):
+    server = serve("--gpu-memory-utilization", 1.0)
+    assert server.process.wait(timeout=15) == 1
+    assert "Free memory on device cuda:0 (79.13/79.65 GiB)" in server.log()
+
+
+def test_start_fails_without_node_conf(node, serve):
+    (node.run_dir / "node.conf").unlink()
+    server = serve()
+    assert server.process.wait(timeout=15) == 1
+    assert "Failed to infer device type" in server.log()
+
+
+# ---------------------------------------------------------------- HTTP
+
+
+def test_http_refused_while_loading_then_openai_endpoints(node, serve):
+    server = serve("--max-model-len", 64, SIMVLLM_LOAD_SECONDS="1.5")
+    engine_core = server.engine_core()
+    wait_for(lambda: node.context(engine_core), 10, "EngineCore's context", server.log)
+    assert refused(server.port)
+
+    server.wait_ready()
+    assert "Starting vLLM API server on http://0.0.0.0:%d" % server.port in server.log()
+    status, body = http(server.port, "GET", "/v1/models")
+    assert status == 200
+    assert json.loads(body) == {"object": "list", "data": [
+        {"id": "/models/m", "object": "model", "created": json.loads(body)["data"][0]["created"],
+         "owned_by": "vllm", "root": "/models/m", "parent": None, "max_model_len": 64}]}
+    assert json.loads(http(server.port, "GET", "/version")[1])["version"]
+
+    status, body = http(server.port, "POST", "/v1/completions",
+                        {"model": "/models/m", "prompt": "one two three", "max_tokens": 7})
+    completion = json.loads(body)
+    assert status == 200
+    assert completion["object"] == "text_completion"
+    assert len(completion["choices"][0]["text"].split()) == 7
+    assert completion["usage"] == {"prompt_tokens": 3, "completion_tokens": 7, "total_tokens": 10}
+    again = json.loads(http(server.port, "POST", "/v1/completions", {"prompt": "one two three", "max_tokens": 7})[1])
+    assert again["choices"][0]["text"] == completion["choices"][0]["text"]
+
+    status, body = http(server.port, "POST", "/v1/chat/completions",
+                        {"messages": [{"role": "user", "content": "hello there"}], "max_tokens": 5})
+    assert status == 200
+    assert len(json.loads(body)["choices"][0]["message"]["content"].split()) == 5
+
+    assert http(server.port, "POST", "/v1/completions", {"model": "other", "prompt": "x"})[0] == 404
+    status, body = http(server.port, "POST", "/v1/completions", {"prompt": "x", "max_tokens": 64})
+    assert status == 400 and "maximum context length is 64 tokens" in body
+
+    metrics = http(server.port, "GET", "/metrics")[1]
+    assert metric_samples(metrics, "vllm:prompt_tokens_total") == {'engine="0",model_name="/models/m"': 3 + 3 + 2}
+    assert metric(metrics, "vllm:generation_tokens_total") == 7 + 7 + 5
+    assert metric(metrics, "vllm:num_requests_running") == 0
+    assert "spec_decode" not in metrics
+
+
+def test_api_key_guards_v1_only(serve):
+    server = serve("--api-key", "secret", "--served-model-name", "a", "b")
+    server.wait_ready()
+    bearer = {"Authorization": "Bearer secret"}
+
+    assert http(server.port, "GET", "/v1/models")[0] == 401
+    assert http(server.port, "GET", "/v1/models", headers={"Authorization": "Bearer wrong"})[0] == 401
+    assert http(server.port, "POST", "/v1/completions", {"prompt": "x"})[0] == 401
+    status, body = http(server.port, "GET", "/v1/models", headers=bearer)
+    assert status == 200
+    assert [model["id"] for model in json.loads(body)["data"]] == ["a", "b"]
+    assert http(server.port, "POST", "/v1/completions", {"model": "b", "prompt": "x"}, bearer)[0] == 200
+    assert health(server.port) == 200
+    assert http(server.port, "GET", "/metrics")[0] == 200
+
+
+def test_api_key_from_environment(serve):
+    server = serve(VLLM_API_KEY="envkey")
+    server.wait_ready()
+    assert http(server.port, "GET", "/v1/models")[0] == 401
+    assert http(server.port, "GET", "/v1/models", headers={"Authorization": "Bearer envkey"})[0] == 200
+
+
+# ---------------------------------------------------------------- speculative decoding
+
+
+@pytest.mark.parametrize("extra, env, low, high", [
+    ({}, V2_RUNNER, 0.6, 0.8),
+    (GUESSED, V2_RUNNER, 0.0, 0.05),
+    ({}, {}, 0.0, 0.05),  # mixed sliding/full layout without the V2 model runner runs as all-full
+], ids=["matching", "guessed", "matching-without-v2-runner"])
+def test_dflash_acceptance_metrics(serve, drafter, extra, env, low, high):
+    speculative_config = dict({"method": "dflash", "model": str(drafter), "num_speculative_tokens": 15}, **extra)
+    server = serve("--speculative-config", json.dumps(speculative_config), **env)
+    server.wait_ready()
+    for index in range(5):
+        request = {"prompt": "prompt %d" % index, "max_tokens": 200}
+        assert http(server.port, "POST", "/v1/completions", request)[0] == 200
+
+    metrics = http(server.port, "GET", "/metrics")[1]
+    drafts = metric(metrics, "vllm:spec_decode_num_drafts_total")
+    draft_tokens = metric(metrics, "vllm:spec_decode_num_draft_tokens_total")
+    accepted = metric(metrics, "vllm:spec_decode_num_accepted_tokens_total")
+    per_position = metric_samples(metrics, "vllm:spec_decode_num_accepted_tokens_per_pos_total")
+
+    assert draft_tokens == 15 * drafts
+    assert low <= accepted / draft_tokens <= high
+    assert sorted(re.search(r'position="(\d+)"', labels).group(1) for labels in per_position) \
+        == sorted(str(position) for position in range(15))
+    assert sum(per_position.values()) == accepted
+    assert accepted + drafts >= 5 * 200  # every draft step yields its accepted tokens plus one
+
+
+def test_dflash_too_many_speculative_tokens_fails_start(serve, drafter):
+    server = serve("--speculative-config",
+                   json.dumps({"method": "dflash", "model": str(drafter), "num_speculative_tokens": 16}))
+    assert server.process.wait(timeout=15) == 1
+    assert "num_speculative_tokens (16) must be at most block_size - 1 (15)" in server.log()
+
+
+def _agrees(drafter_dir, **speculative_keys):
+    """drafter_agrees of a DFlash config for `drafter_dir` with the V2 model runner enabled."""
+    config = dict({"method": "dflash", "model": str(drafter_dir), "num_speculative_tokens": 15}, **speculative_keys)
+    return SpeculativeDecoding.from_config(config, V2_RUNNER).drafter_agrees
+
+
+@pytest.mark.parametrize("keys, agrees", [
+    ({}, True),
+    ({"target_layer_ids": [1, 16, 31, 46, 61], "mask_token_id": 248070}, True),
+    ({"layer_types": DRAFTER_CONFIG["layer_types"]}, True),
+    ({"use_swa": True}, True),
+    ({"target_layer_ids": [1, 17, 33, 49, 63]}, False),
+    ({"target_layer_ids": [2, 17, 32, 47, 62]}, False),
+    ({"mask_token_id": 248064}, False),
+    ({"use_swa": False}, False),
+    ({"layer_types": ["full_attention"] * 5}, False),
+])
+def test_dflash_agreement(drafter, keys, agrees):
+    assert _agrees(drafter, **keys) is agrees
+
+
+@pytest.mark.parametrize("stale_layer_ids, agrees", [
+    ([2, 17, 32, 47, 62], True),  # already shifted by one, as vLLM taps them
+    ([1, 16, 31, 46, 61], False),  # off by one
+])
+def test_dflash_stale_eagle_aux_layer_ids_win(drafter, stale_layer_ids, agrees):
+    config = dict(DRAFTER_CONFIG, eagle_aux_hidden_state_layer_ids=stale_layer_ids)
+    (drafter / "config.json").write_text(json.dumps(config))
+    assert _agrees(drafter) is agrees
+    assert _agrees(drafter, target_layer_ids=[1, 16, 31, 46, 61]) is agrees
+
+
+def test_other_methods(tmp_path):
+    eagle = tmp_path / "eagle"
+    eagle.mkdir()
+    (eagle / "config.json").write_text("{}")
+    assert SpeculativeDecoding.from_config(
+        {"method": "eagle3", "model": str(eagle), "num_speculative_tokens": 3}, {}).drafter_agrees
+    assert SpeculativeDecoding.from_config({"method": "ngram", "num_speculative_tokens": 4}, {}).drafter_agrees
+    for bad in ({"method": "eagle", "model": str(tmp_path / "missing"), "num_speculative_tokens": 3},
+                {"method": "eagle", "num_speculative_tokens": 3},
+                {"method": "ngram"},
+                {"method": "medusa2", "num_speculative_tokens": 3}):
+        with pytest.raises(SpeculativeConfigError):
+            SpeculativeDecoding.from_config(bad, {})
+
+
+def test_draft_counts_follow_the_acceptance_rate():
+    decoding = SpeculativeDecoding(method="dflash", num_speculative_tokens=15, drafter_agrees=True)
+    rate = decoding.acceptance_rate("a prompt")
+    counts = decoding.draft("a prompt", 5000)
+    assert 0.6 <= rate <= 0.8
+    assert counts.num_accepted_tokens / counts.num_draft_tokens == pytest.approx(rate, abs=0.005)
+    assert list(counts.accepted_per_position) == sorted(counts.accepted_per_position, reverse=True)

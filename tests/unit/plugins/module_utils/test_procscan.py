@@ -1,0 +1,173 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) 2026, gpuops.nvidia contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""_procscan against a fake /proc tree built in tmp_path (symlinks only point at /dev paths; nothing is created in /dev)."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _procscan
+
+# A /proc/PID/stat whose comm holds spaces and ") ": field 22 (starttime) is 987654, every other number differs.
+STAT_TRICKY = (b"4242 (VLLM::Worker) 1 x) S 1 4100 4100 0 -1 4194560 11 12 13 14 15 16 17 18 20 0 "
+               b"41 0 987654 123456789 2048 18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 17 3 0 0 0 0 0\n")
+
+INFORMATION_H100 = """Model: \t\t NVIDIA H100 80GB HBM3
+IRQ:   \t\t 2147
+GPU UUID: \t GPU-5a3e1c2b-1111-4000-8000-000000000000
+Video BIOS: \t 96.00.74.00.01
+Bus Type: \t PCIe
+DMA Size: \t 52 bits
+DMA Mask: \t 0xfffffffffffff
+Bus Location: \t 0000:18:00.0
+Device Minor: \t 2
+GPU Firmware: \t 535.129.03
+GPU Excluded:\t No
+"""
+
+
+def make_process(proc, pid, fds=None, tasks=None, maps=b"", stat=None, status=None):
+    """Create proc/PID with fd/ links ({fd: target}), task/TID/fd/ ({tid: {fd: target}}), maps, stat, status.
+
+    The leader's task entry gets the leader's fds unless `tasks` names it.
+    """
+    base = proc / str(pid)
+    (base / "fd").mkdir(parents=True)
+    for fd, target in (fds or {}).items():
+        os.symlink(target, str(base / "fd" / str(fd)))
+    tasks = dict(tasks or {})
+    tasks.setdefault(pid, fds or {})
+    for tid, task_fds in tasks.items():
+        (base / "task" / str(tid) / "fd").mkdir(parents=True)
+        for fd, target in task_fds.items():
+            os.symlink(target, str(base / "task" / str(tid) / "fd" / str(fd)))
+    (base / "maps").write_bytes(maps)
+    if stat is not None:
+        (base / "stat").write_bytes(stat)
+    if status is not None:
+        (base / "status").write_text(status)
+    return base
+
+
+@pytest.fixture
+def proc(tmp_path):
+    root = tmp_path / "proc"
+    root.mkdir()
+    (root / "self").mkdir()  # non-numeric entries are not processes
+    return root
+
+
+def test_fd_and_mapping_give_minors_control_and_seen_in(proc):
+    maps = (b"55d0c0000000-55d0c0001000 r--p 00000000 08:01 131 /usr/bin/python3.12\n"
+            b"7f3a40000000-7f3a40200000 rw-s 00200000 00:05 1027                       /dev/nvidia2\n")
+    make_process(proc, 100, fds={0: "/dev/null", 1: "socket:[4711]", 3: "/dev/nvidia3", 4: "/dev/nvidiactl",
+                                 5: "anon_inode:[eventfd]"}, maps=maps)
+    handles = _procscan.scan_process(100, str(proc))
+    assert handles.as_dict() == {"pid": 100, "minors": [2, 3], "control": True, "seen_in": ["fd", "mapping"],
+                                 "thread_only": False}
+
+
+def test_control_devices_alone_set_control_without_minors(proc):
+    make_process(proc, 110, fds={3: "/dev/nvidia-uvm", 4: "/dev/nvidia-uvm-tools", 5: "/dev/nvidia-caps/nvidia-cap1"})
+    handles = _procscan.scan_process(110, str(proc))
+    assert handles.control is True
+    assert handles.minors == set()
+    assert handles.seen_in == {"fd"}
+
+
+def test_mapping_only_holder(proc):
+    make_process(proc, 120, fds={0: "/dev/null"},
+                 maps=b"7f3a40000000-7f3a40200000 rw-s 00000000 00:05 1027 /dev/nvidia7\n")
+    handles = _procscan.scan_process(120, str(proc))
+    assert handles.minors == {7}
+    assert handles.seen_in == {"mapping"}
+
+
+def test_lookalike_paths_are_not_devices(proc):
+    make_process(proc, 130, fds={3: "/dev/nvidia3x", 4: "/dev/nvidia-smi.log", 5: "/tmp/dev/nvidia0"},
+                 maps=b"7f00-7f01 r--p 00000000 08:01 9 /dev/nvidia-foo\n")
+    assert _procscan.scan_process(130, str(proc)) is None
+
+
+def test_thread_only_holder_with_empty_leader_fd_dir(proc):
+    # The main thread exited: /proc/PID/fd is empty, another thread still has the device open.
+    make_process(proc, 200, fds={}, tasks={200: {}, 201: {5: "/dev/nvidia0", 6: "/dev/nvidiactl"}})
+    handles = _procscan.scan_process(200, str(proc))
+    assert handles.minors == {0}
+    assert handles.thread_only is True
+    assert handles.seen_in == {"fd"}
+
+
+def test_thread_with_its_own_fd_table_is_read(proc):
+    # The leader's table holds no NVIDIA file; thread 301 runs with its own fd table that does.
+    make_process(proc, 300, fds={0: "/dev/null", 1: "pipe:[99]"},
+                 tasks={301: {0: "/dev/null", 7: "/dev/nvidia1"}})
+    handles = _procscan.scan_process(300, str(proc))
+    assert handles.minors == {1}
+    assert handles.thread_only is True
+
+
+def test_thread_sharing_the_leaders_device_is_not_thread_only(proc):
+    make_process(proc, 310, fds={3: "/dev/nvidia4"}, tasks={311: {3: "/dev/nvidia4", 8: "/dev/nvidia5"}})
+    handles = _procscan.scan_process(310, str(proc))
+    assert handles.minors == {4, 5}
+    assert handles.thread_only is False
+
+
+def test_scan_holders_skips_non_holders_vanished_entries_and_skip_pids(proc):
+    make_process(proc, 100, fds={3: "/dev/nvidia3"})
+    make_process(proc, 400, fds={0: "/dev/null"})  # holds nothing
+    (proc / "500").mkdir()  # vanished: no fd, task or maps left
+    base = make_process(proc, 600, fds={3: "/dev/nvidia0"})
+    (base / "fd" / "9").write_text("")  # not a link (readlink EINVAL): skipped like a vanished fd
+    make_process(proc, 700, fds={3: "/dev/nvidia1"})
+    holders = _procscan.scan_holders(str(proc), skip_pids=[700])
+    assert sorted(holders) == [100, 600]
+    assert holders[600].minors == {0}
+    assert sorted(_procscan.list_pids(str(proc))) == [100, 400, 500, 600, 700]
+
+
+def test_read_start_ticks_takes_field_22_after_a_comm_with_parenthesis(proc):
+    make_process(proc, 4242, stat=STAT_TRICKY)
+    assert _procscan.read_start_ticks(4242, str(proc)) == 987654
+    assert _procscan.read_start_ticks(4243, str(proc)) is None
+
+
+def test_read_start_ticks_of_a_real_process_is_stable():
+    ticks = _procscan.read_start_ticks(os.getpid())
+    assert isinstance(ticks, int) and ticks > 0
+    assert _procscan.read_start_ticks(os.getpid()) == ticks
+
+
+def test_read_nspids(proc):
+    make_process(proc, 4242, status="Name:\tpython3\nTgid:\t4242\nNSpid:\t4242\t17\t1\nPPid:\t1\n")
+    make_process(proc, 4300, status="Name:\told-kernel\nPid:\t4300\n")
+    assert _procscan.read_nspids(4242, str(proc)) == [4242, 17, 1]
+    assert _procscan.read_nspids(4300, str(proc)) == [4300]
+    assert _procscan.read_nspids(4999, str(proc)) == []
+
+
+def test_proc_driver_minors_reads_information_files_in_bus_order(proc):
+    gpus_dir = proc / "driver" / "nvidia" / "gpus"
+    (gpus_dir / "0000:18:00.0").mkdir(parents=True)
+    (gpus_dir / "0000:18:00.0" / "information").write_text(INFORMATION_H100)
+    (gpus_dir / "0000:2a:00.0").mkdir()
+    (gpus_dir / "0000:2a:00.0" / "information").write_text(
+        INFORMATION_H100.replace("GPU-5a3e1c2b-1111", "GPU-5a3e1c2b-2222").replace("Device Minor: \t 2", "Device Minor: \t 0")
+        .replace("0000:18:00.0", "0000:2a:00.0"))
+    (gpus_dir / "0000:05:00.0").mkdir()  # no information file: skipped
+    (gpus_dir / "0000:06:00.0").mkdir()
+    (gpus_dir / "0000:06:00.0" / "information").write_text("Model: \t\t NVIDIA H100\nDevice Minor: \t garbage\n")
+    assert _procscan.proc_driver_minors(str(proc)) == [
+        {"pci_bus_id": "00000000:18:00.0", "minor": 2, "uuid": "GPU-5a3e1c2b-1111-4000-8000-000000000000",
+         "name": "NVIDIA H100 80GB HBM3"},
+        {"pci_bus_id": "00000000:2a:00.0", "minor": 0, "uuid": "GPU-5a3e1c2b-2222-4000-8000-000000000000",
+         "name": "NVIDIA H100 80GB HBM3"},
+    ]
+
+
+def test_proc_driver_minors_without_kernel_module(proc):
+    assert _procscan.proc_driver_minors(str(proc)) == []
