@@ -21,16 +21,19 @@ for _ in $(seq 100); do
 done
 api=$(in_node sh -c 'for p in /proc/[0-9]*; do if tr "\0" " " < $p/cmdline 2>/dev/null | grep -q "bin/vll[m] serve"; then echo ${p#/proc/}; break; fi; done')
 in_node kill -9 "$api"
-echo "   API server PID $api killed; EngineCore and its workers are orphaned and keep the GPUs:"
+echo "   API server PID $api killed; EngineCore and its workers are orphaned (parent: the node's init, PID 1):"
 sleep 0.5
+in_node ps -o pid,ppid,stat,comm,args -C gpusim-init,ps --deselect
+echo "   What holds the GPUs (gpuops.nvidia.gpu_facts):"
 show
 
 echo
 echo "== 3. ansible-playbook playbooks/reset_gpus.yml"
 ansible-playbook -i "$inv" playbooks/reset_gpus.yml
 
-echo "== 4. After the reset"
+echo "== 4. After the reset (EngineCore exits by itself once its workers are gone, as vLLM's worker monitor does)"
 show
+in_node ps -o pid,ppid,stat,comm,args -C gpusim-init,ps --deselect || echo "   no process left in the node but its init"
 echo
 echo "== 5. A second run changes nothing:"
 ansible-playbook -i "$inv" playbooks/reset_gpus.yml | grep -A1 "PLAY RECAP"

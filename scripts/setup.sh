@@ -33,4 +33,4 @@ fi
 mkdir -p .collections/ansible_collections/gpuops
 ln -sfn ../../.. .collections/ansible_collections/gpuops/nvidia
 tests/sim/gpunode build >/dev/null
-echo "setup: ready ($(.venv/bin/ansible --version | head -1), $(.venv/bin/python --version))"
+echo "setup: ready (ansible-core $(.venv/bin/python -c "import ansible.release as r; print(r.__version__)"), $(.venv/bin/python --version))"
