@@ -1,4 +1,4 @@
-#!/bin/bash
+#!/usr/bin/env bash
 # The main job on a simulated GPU node: an orphaned vLLM TP=8 tree holds all 8 GPUs;
 # playbooks/reset_gpus.yml finds it, ends it and waits until the memory is released.
 set -euo pipefail
@@ -19,6 +19,7 @@ in_node sh -c 'setsid -f vllm serve /models/llama-70b --tensor-parallel-size 8 -
 for _ in $(seq 100); do
   n=$(in_node sh -c 'ls /run/gpusim/contexts | wc -l'); [ "$n" -ge 8 ] && break; sleep 0.1
 done
+# shellcheck disable=SC2016  # the loop is expanded by the shell inside the node
 api=$(in_node sh -c 'for p in /proc/[0-9]*; do if tr "\0" " " < $p/cmdline 2>/dev/null | grep -q "bin/vll[m] serve"; then echo ${p#/proc/}; break; fi; done')
 in_node kill -9 "$api"
 echo "   API server PID $api killed; EngineCore and its workers are orphaned (parent: the node's init, PID 1):"

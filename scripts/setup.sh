@@ -1,4 +1,4 @@
-#!/bin/bash
+#!/usr/bin/env bash
 # Set up this checkout: .venv with every dependency, the collection linked under .collections/,
 # and the simulated driver built. Idempotent: a second run only checks.
 set -euo pipefail
@@ -29,6 +29,12 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip
   .venv/bin/python -m pip install -q --disable-pip-version-check -r requirements-dev.txt
   echo "$want" > "$stamp"
+fi
+# ansible-test's shellcheck sanity test is skipped (with a warning) when shellcheck is missing.
+if ! command -v shellcheck >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  echo "setup: installing shellcheck (apt-get)"
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq shellcheck; } >/dev/null 2>&1 ||
+    echo "setup: could not install shellcheck; ansible-test will skip its shellcheck test"
 fi
 mkdir -p .collections/ansible_collections/gpuops
 ln -sfn ../../.. .collections/ansible_collections/gpuops/nvidia

@@ -1,8 +1,8 @@
-#!/bin/bash
+#!/usr/bin/env bash
 # Every test of this checkout: ansible-test sanity, ansible-lint (production profile), then pytest
 # (unit tests, simulator tests, integration tests on simulated GPU nodes). Run after scripts/setup.sh.
 set -uo pipefail
-cd "$(dirname "$(readlink -f "$0")")/.."
+cd "$(dirname "$(readlink -f "$0")")/.." || exit 1
 export PATH="$PWD/.venv/bin:$PATH"
 failed=()
 

@@ -32,7 +32,7 @@ def module(inventory, name, args=None, check=False, timeout=120):
         cmd += ["-a", json.dumps(args)]
     if check:
         cmd.append("--check")
-    proc = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=timeout, check=False)
     results = {}
     for line in proc.stdout.splitlines():
         match = re.match(r"^(\S+) \| (SUCCESS|CHANGED|FAILED!) => (\{.*\})$", line)
@@ -52,7 +52,7 @@ def playbook(inventory, path, *args, timeout=300):
     """Run ansible-playbook; return (returncode, output, {host: recap counters})."""
     cmd = ["ansible-playbook", "-i", str(inventory), str(path)] + list(args)
     started = time.monotonic()
-    proc = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=timeout, check=False)
     output = proc.stdout + proc.stderr
     recap = {}
     for match in re.finditer(r"^(\S+)\s+: ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", output, re.M):

@@ -23,7 +23,7 @@ def children():
     started = []
 
     def start(count):
-        for _ in range(count):
+        for _number in range(count):
             started.append(subprocess.Popen(["sleep", "60"]))
         return [p.pid for p in started[-count:]]
 

@@ -89,7 +89,7 @@ def test_child_ignoring_sigterm_gets_sigkill_after_the_grace_period(spawn, pidfd
 
 
 def test_several_children_are_ended_together(spawn):
-    children = [spawn(["sleep", "60"]) for _ in range(3)]
+    children = [spawn(["sleep", "60"]) for _number in range(3)]
     outcome = _terminate.end_processes([holder_of(c) for c in children], grace_period=5.0, kill_wait=2.0)
     assert sorted(e["pid"] for e in outcome["exited"]) == sorted(c.pid for c in children)
     assert all(e["signals"] == ["SIGTERM"] for e in outcome["exited"])

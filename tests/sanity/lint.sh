@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Copyright (c) 2026, gpuops.nvidia contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+#
+# Run ansible-lint (production profile, offline; see .ansible-lint) on the collection from the repo root.
+#   tests/sanity/lint.sh [ANSIBLE-LINT ARGS...]
+# The collection resolves as gpuops.nvidia through .collections/ansible_collections/gpuops/nvidia,
+# a symlink to the repo root, created here when missing. GPUOPS_VENV: default <repo>/.venv.
+set -euo pipefail
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+VENV=${GPUOPS_VENV:-$REPO/.venv}
+[[ -x $VENV/bin/ansible-lint ]] || { echo "lint.sh: no ansible-lint in $VENV (set GPUOPS_VENV)" >&2; exit 2; }
+
+collection_link=$REPO/.collections/ansible_collections/gpuops/nvidia
+if [[ ! -e $collection_link ]]; then
+    mkdir -p "$(dirname "$collection_link")"
+    ln -sfn ../../.. "$collection_link"
+fi
+
+cd "$REPO"
+# ansible-lint warns when its own bin directory is not on PATH, and runs ansible-* helpers from there.
+PATH=$VENV/bin:$PATH ANSIBLE_COLLECTIONS_PATH=$REPO/.collections exec "$VENV/bin/ansible-lint" "$@"
