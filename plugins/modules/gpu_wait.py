@@ -125,7 +125,7 @@ def main():
         try:
             _gpus.check_nonnegative(timeout=params["timeout"], max_used_mib=params["max_used_mib"],
                                     poll_interval=params["poll_interval"], driver_timeout=params["driver_timeout"])
-            indices = _gpus.select_gpus(params["gpus"], inspector.snapshot(timeout=params["timeout"]))
+            indices = _gpus.select_gpus(params["gpus"], inspector.snapshot(timeout=params["timeout"] + _wait.NVML_SLACK_S))
         except _gpus.SelectionError as exc:
             module.fail_json(msg=str(exc))
         result = _wait.wait_released(inspector, indices, params["timeout"], params["max_used_mib"],
@@ -143,7 +143,8 @@ def main():
     if result["driver"]["timed_out"]:
         msg = "the NVIDIA driver stopped answering (%s); GPU memory release could not be confirmed" % result["driver"]["error"]
     else:
-        msg = "not released after %.1f s: %s" % (result["elapsed_s"], "; ".join(_describe(gpu) for gpu in stuck))
+        msg = "%s: %s" % ("not free" if params["timeout"] == 0 else "not released after %.1f s" % result["elapsed_s"],
+                          "; ".join(_describe(gpu) for gpu in stuck))
     module.fail_json(msg=msg, changed=False, **result)
 
 

@@ -208,3 +208,22 @@ def test_host_without_driver_library(simnode, tmp_path):
     rc, out, recap = playbook(inventory, PLAYBOOK)
     assert rc == 0 and recap[node.name]["changed"] == 1, out
     assert "driver library not usable" in out and not alive(node, holder)
+
+
+def test_check_gpus_probe_changes_nothing_and_fails_on_dirty_gpus(simnode, tmp_path):
+    dirty = simnode(gpus=2, release_latency=0.1)
+    clean = simnode(gpus=2)
+    holder = start_holder(dirty, [1], mib=3000)
+    inventory = inventory_file(tmp_path, dirty, clean)
+    check = REPO / "playbooks" / "check_gpus.yml"
+    rc, out, recap = playbook(inventory, check)
+    assert rc != 0 and recap[dirty.name]["failed"] == 1 and recap[clean.name]["failed"] == 0, out
+    assert recap[dirty.name]["changed"] == 0 and recap[clean.name]["changed"] == 0
+    [line] = [l for l in out.splitlines() if l.startswith("fatal: [%s]" % dirty.name)]
+    assert "not free: GPU 1: 3000 MiB used" in line and "PID %d" % holder in line
+    assert "%s: GPUs free (2 checked)" % clean.name in out
+    assert alive(dirty, holder)
+    rc, out, recap = playbook(inventory, PLAYBOOK)
+    assert rc == 0
+    rc, out, recap = playbook(inventory, check)
+    assert rc == 0 and recap[dirty.name]["failed"] == 0, out
