@@ -162,6 +162,11 @@ class DriverQuery:
             try:
                 os.close(req_w)
                 os.close(rep_r)
+                # Let go of the module's stdio: a worker stuck in the driver must not keep the
+                # pipe to Ansible open after the module has gone.
+                devnull = os.open(os.devnull, os.O_RDWR)
+                for fd in (0, 1, 2):
+                    os.dup2(devnull, fd)
                 _worker(self._pynvml, req_r, rep_w)
             except BaseException:  # pylint: disable=broad-except
                 status = 1
