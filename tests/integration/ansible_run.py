@@ -13,9 +13,9 @@ REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = REPO / ".venv" / "bin"
 
 
-def _env():
+def _env(bin_dir=VENV_BIN):
     env = dict(os.environ)
-    env["PATH"] = "%s:%s" % (VENV_BIN, env.get("PATH", ""))
+    env["PATH"] = "%s:%s" % (bin_dir, env.get("PATH", ""))
     env["ANSIBLE_CONFIG"] = str(REPO / "ansible.cfg")
     env["ANSIBLE_NOCOLOR"] = "1"
     env.pop("ANSIBLE_STDOUT_CALLBACK", None)
@@ -48,11 +48,11 @@ def only(results):
     return next(iter(results.values()))
 
 
-def playbook(inventory, path, *args, timeout=300):
-    """Run ansible-playbook; return (returncode, output, {host: recap counters})."""
-    cmd = ["ansible-playbook", "-i", str(inventory), str(path)] + list(args)
+def playbook(inventory, path, *args, timeout=300, bin_dir=VENV_BIN):
+    """Run ansible-playbook from `bin_dir` (default: .venv's controller); return (returncode, output, {host: recap counters})."""
+    cmd = [str(Path(bin_dir) / "ansible-playbook"), "-i", str(inventory), str(path)] + list(args)
     started = time.monotonic()
-    proc = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=timeout, check=False)
+    proc = subprocess.run(cmd, cwd=REPO, env=_env(bin_dir), capture_output=True, text=True, timeout=timeout, check=False)
     output = proc.stdout + proc.stderr
     recap = {}
     for match in re.finditer(r"^(\S+)\s+: ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", output, re.M):

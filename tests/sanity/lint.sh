@@ -3,7 +3,8 @@
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 #
-# Run ansible-lint (production profile, offline; see .ansible-lint) on the collection from the repo root.
+# Lint the collection from the repo root: `antsibull-changelog lint` (changelogs/fragments), then
+# ansible-lint (production profile, offline; see .ansible-lint).
 #   tests/sanity/lint.sh [ANSIBLE-LINT ARGS...]
 # The collection resolves as gpuops.nvidia through .collections/ansible_collections/gpuops/nvidia,
 # a symlink to the repo root, created here when missing. GPUOPS_VENV: default <repo>/.venv.
@@ -11,7 +12,9 @@ set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 VENV=${GPUOPS_VENV:-$REPO/.venv}
-[[ -x $VENV/bin/ansible-lint ]] || { echo "lint.sh: no ansible-lint in $VENV (set GPUOPS_VENV)" >&2; exit 2; }
+for tool in ansible-lint antsibull-changelog; do
+    [[ -x $VENV/bin/$tool ]] || { echo "lint.sh: no $tool in $VENV (set GPUOPS_VENV)" >&2; exit 2; }
+done
 
 collection_link=$REPO/.collections/ansible_collections/gpuops/nvidia
 if [[ ! -e $collection_link ]]; then
@@ -20,5 +23,13 @@ if [[ ! -e $collection_link ]]; then
 fi
 
 cd "$REPO"
+# Both run; the script fails when either does.
+echo "== antsibull-changelog lint" >&2
+changelog_rc=0
+"$VENV/bin/antsibull-changelog" lint || changelog_rc=$?
+echo "== ansible-lint" >&2
+lint_rc=0
 # ansible-lint warns when its own bin directory is not on PATH, and runs ansible-* helpers from there.
-PATH=$VENV/bin:$PATH ANSIBLE_COLLECTIONS_PATH=$REPO/.collections exec "$VENV/bin/ansible-lint" "$@"
+PATH=$VENV/bin:$PATH ANSIBLE_COLLECTIONS_PATH=$REPO/.collections "$VENV/bin/ansible-lint" "$@" || lint_rc=$?
+(( changelog_rc == 0 )) || echo "lint.sh: antsibull-changelog lint failed (rc $changelog_rc)" >&2
+(( changelog_rc == 0 && lint_rc == 0 ))

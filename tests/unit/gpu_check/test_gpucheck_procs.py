@@ -1,0 +1,86 @@
+"""tests/gpu/gpucheck/procs.py: /proc reading against a fake /proc tree, and pinned signalling of real children."""
+
+import os
+import signal
+import subprocess
+import sys
+
+from gpucheck import procs
+
+
+def fake_process(proc, pid, ppid, comm="python", nspid=None, fds=None, cmdline="python", state="S", start=1000):
+    """Write /proc/PID/{stat,status,cmdline,task/PID/fd} for a fake process; fds: {fd: link target}."""
+    base = proc / str(pid)
+    (base / "task" / str(pid) / "fd").mkdir(parents=True)
+    fields = [state, str(ppid)] + ["0"] * 17 + [str(start)] + ["0"] * 10
+    (base / "stat").write_text("%d (%s) %s\n" % (pid, comm, " ".join(fields)))
+    (base / "status").write_text("Name:\t%s\nNSpid:\t%s\n" % (comm, "\t".join(str(p) for p in (nspid or [pid]))))
+    (base / "cmdline").write_bytes(cmdline.replace(" ", "\0").encode() + b"\0")
+    for fd, target in (fds or {}).items():
+        os.symlink(target, base / "task" / str(pid) / "fd" / str(fd))
+
+
+def test_read_stat_handles_comm_with_spaces_and_parentheses(tmp_path):
+    fake_process(tmp_path, 42, 7, comm="VLLM::W (x) y", state="D", start=98765)
+    assert procs.read_stat(42, str(tmp_path)) == {"state": "D", "ppid": 7, "start_ticks": 98765, "comm": "VLLM::W (x) y"}
+    assert procs.read_stat(43, str(tmp_path)) is None
+
+
+def test_nested_holder_maps_back_to_its_host_pid(tmp_path):
+    fake_process(tmp_path, 100, 1, comm="unshare")
+    fake_process(tmp_path, 101, 100, comm="sh", nspid=[101, 1])
+    fake_process(tmp_path, 102, 101, comm="python", nspid=[102, 2])
+    fake_process(tmp_path, 200, 1, comm="python", nspid=[200, 2])  # another namespace's PID 2, not ours
+    assert procs.descendants(100, str(tmp_path)) == [101, 102]
+    assert procs.nspids(102, str(tmp_path)) == [102, 2]
+    assert procs.host_pid(2, 100, str(tmp_path)) == 102
+    assert procs.host_pid(3, 100, str(tmp_path)) is None
+
+
+def test_device_files_are_read_from_every_thread(tmp_path):
+    fake_process(tmp_path, 50, 1, fds={3: "/dev/nvidiactl", 4: "/dev/nvidia0", 5: "/dev/nvidia0", 6: "/tmp/log"})
+    thread = tmp_path / "50" / "task" / "51" / "fd"
+    thread.mkdir(parents=True)
+    os.symlink("/dev/nvidia-uvm", thread / "9")
+    assert procs.device_files(50, str(tmp_path)) == ["/dev/nvidia-uvm", "/dev/nvidia0", "/dev/nvidiactl"]
+    assert procs.device_files(51, str(tmp_path)) == []
+
+
+def test_processes_with_marker(tmp_path):
+    fake_process(tmp_path, 10, 1, cmdline="python workload.py --marker gpucheck-1-ab")
+    fake_process(tmp_path, 11, 1, cmdline="VLLM::Worker_TP0 [gpucheck-1-ab]")
+    fake_process(tmp_path, 12, 1, cmdline="python workload.py --marker gpucheck-2-cd")
+    assert procs.processes_with("gpucheck-1-ab", str(tmp_path)) == [10, 11]
+
+
+def sleeper():
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+
+
+def test_pinned_kills_its_process_once():
+    child = sleeper()
+    try:
+        pinned = procs.Pinned(child.pid, popen=child)
+        assert pinned.alive()
+        assert pinned.kill(signal.SIGKILL)
+        child.wait(timeout=10)
+        assert not pinned.alive()
+        assert not pinned.kill(signal.SIGKILL)  # reaped: nothing left to signal
+        pinned.close()
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_pinned_never_signals_a_pid_with_another_start_time():
+    child = sleeper()
+    try:
+        pinned = procs.Pinned(child.pid)
+        pinned.close()  # no pidfd: the start time is all that guards the PID
+        pinned.start_ticks += 1  # as if the PID now named another process
+        assert not pinned.alive()
+        assert not pinned.kill(signal.SIGKILL)
+        assert child.poll() is None
+    finally:
+        child.kill()
+        child.wait()

@@ -1,0 +1,133 @@
+"""tests/gpu/gpucheck/report.py: observations, comparison with the simulator, knobs, Markdown table."""
+
+import copy
+
+import pytest
+
+from gpucheck import report
+
+GIB = 1 << 30
+
+
+def holder(lists=("compute",), nbytes=GIB, listed_mib=1024, seen_in=("driver", "fd"), role="hold", minor=3):
+    return {"role": role, "bytes": nbytes, "lists": list(lists), "listed_mib": listed_mib,
+            "seen_in": list(seen_in), "found_by_scan": "fd" in seen_in,
+            "device_files": ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia%d" % minor] if nbytes or role == "inherited" else []}
+
+
+def latency(released, exited=0.01, unlisted=0.012):
+    return {"status": "ok", "seconds": {"exited": exited, "unlisted": unlisted, "released": released}}
+
+
+def sim_like_result():
+    """A check result as a simulated node with default knobs produces it (shape of check.py's result.json)."""
+    return {
+        "date": "2026-11-29T08:00:00+00:00", "status": "ok",
+        "gpu": {"name": "NVIDIA H100 80GB HBM3", "memory_total_mib": 81559, "minor": 3, "all_minors": [3, 5]},
+        "driver": {"driver_version": "580.95.05", "cuda_driver_version": 13000},
+        "host": {"backend": "sim"},
+        "scenarios": {
+            "idle": {"status": "ok", "memory": {"used_mib": 0, "reserved_mib": 529, "used_v1_mib": 529, "total_mib": 81559},
+                     "nvml_client_device_files": ["/dev/nvidiactl", "/dev/nvidia3", "/dev/nvidia5"]},
+            "vllm_tree": {"status": "ok", "holders": {
+                "vllm": holder(lists=(), nbytes=0, listed_mib=None, seen_in=(), role="api"),
+                "vllm.engine": holder(lists=(), nbytes=0, listed_mib=None, seen_in=(), role="engine"),
+                "vllm.engine.tp0": holder(), "vllm.engine.tp1": holder()},
+                "gpu_facts": {"unexplained_mib": 0},
+                "gpu_kill": {"elapsed_s": 0.07}, "gpu_wait": {"elapsed_s": 0.01}},
+            "inherited": {"status": "ok", "holders": {
+                "inherit": holder(), "inherit.child": holder(lists=(), nbytes=0, listed_mib=None, seen_in=("fd",), role="inherited")},
+                "after_parent_exit": {"memory_kept": True, "child_lists": [], "parent_lists": []}},
+            "sigterm_ignored": {"status": "ok", "holders": {"stubborn": holder()}},
+            "nested_pidns": {"status": "ok", "holders": {"nested": holder()}, "driver_pid": "host"},
+            "release_latency": {"status": "ok", "sizes": {"1": latency(0.51), "10": latency(0.503), "50": latency(0.512)}},
+        },
+    }
+
+
+def real_like_result():
+    """What a real GPU might report: several behaviours differ from the simulator."""
+    result = sim_like_result()
+    result["gpu"].update(name="NVIDIA H200", memory_total_mib=143771, minor=0, all_minors=[0])
+    result["host"]["backend"] = "torch"
+    scenarios = result["scenarios"]
+    scenarios["idle"]["memory"] = {"used_mib": 40, "reserved_mib": 1012, "used_v1_mib": 1052, "total_mib": 143771}
+    scenarios["idle"]["nvml_client_device_files"] = ["/dev/nvidiactl", "/dev/nvidia0"]
+    for scenario in ("vllm_tree", "inherited", "sigterm_ignored", "nested_pidns"):
+        for item in scenarios[scenario]["holders"].values():
+            item["device_files"] = [p.replace("nvidia3", "nvidia0") for p in item["device_files"]] + ["/dev/nvidia-uvm-tools"]
+            if item["listed_mib"]:
+                item["listed_mib"] = 1024 + 510
+                item["seen_in"] = ["driver", "fd", "mapping"]
+    scenarios["inherited"]["after_parent_exit"]["parent_lists"] = ["compute"]
+    scenarios["release_latency"]["sizes"] = {"1": latency(0.62, exited=0.6), "10": latency(1.9, exited=1.8),
+                                             "50": {"status": "skipped", "reason": "does not fit"}}
+    return result
+
+
+def test_a_simulated_node_shows_no_difference():
+    obs = report.observations(sim_like_result())
+    assert all(obs[item] is not None for item in report.SIMULATOR), [k for k, v in obs.items() if v is None]
+    rows = report.compare(obs)
+    assert len(rows) == len(report.SIMULATOR)
+    assert [row["item"] for row in rows if not row["same"]] == []
+
+
+def test_differences_name_what_the_real_driver_did():
+    obs = report.observations(real_like_result())
+    differing = {row["item"]: row for row in report.compare(obs) if not row["same"]}
+    assert set(differing) == {"idle_used_mib", "reserved_mib", "context_overhead_mib", "holder_seen_in", "holder_device_files",
+                              "inherited_driver_lists_dead_parent", "release_s_10gib"}
+    assert differing["reserved_mib"]["real"] == 1012 and differing["reserved_mib"]["simulator"] == 529
+    assert differing["context_overhead_mib"]["real"] == 510
+    assert differing["holder_seen_in"]["real"] == ["driver", "fd", "mapping"]
+    assert differing["holder_device_files"]["real"] == ["/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia<minor>",
+                                                        "/dev/nvidiactl"]
+    assert obs["release_s_50gib"] is None  # skipped: not compared
+    assert "release_s_50gib" not in {row["item"] for row in report.compare(obs)}
+    assert obs["v1_used_includes_reserved"] is True
+
+
+@pytest.mark.parametrize("released, same", [(0.74, True), (0.76, False), (0.26, True), (0.24, False)])
+def test_latency_is_the_same_within_its_tolerance(released, same):
+    result = sim_like_result()
+    result["scenarios"]["release_latency"]["sizes"]["1"] = latency(released)
+    row = next(r for r in report.compare(report.observations(result)) if r["item"] == "release_s_1gib")
+    assert row["same"] is same
+
+
+def test_a_failed_scenario_still_counts_but_an_errored_one_does_not():
+    result = sim_like_result()
+    result["scenarios"]["nested_pidns"].update(status="failed", driver_pid="namespace")
+    assert report.observations(result)["nested_driver_pid"] == "namespace"
+    result["scenarios"]["nested_pidns"]["status"] = "error"
+    assert report.observations(result)["nested_driver_pid"] is None
+
+
+def test_device_files_of_other_gpus_are_normalized():
+    paths = ["/dev/nvidia0", "/dev/nvidia7", "/dev/nvidiactl", "/dev/nvidia-caps/nvidia-cap1"]
+    assert report.normalize_device_files(paths, [0, 7]) == ["/dev/nvidia-caps/nvidia-cap1", "/dev/nvidia<minor>", "/dev/nvidiactl"]
+    assert report.normalize_device_files(paths, [0]) == ["/dev/nvidia-caps/nvidia-cap1", "/dev/nvidia7", "/dev/nvidia<minor>",
+                                                         "/dev/nvidiactl"]
+
+
+def test_suggested_knobs_match_the_gpu():
+    knobs = report.suggested_sim_knobs(real_like_result())
+    # release latency: the median of (released - exited) over the measured sizes
+    assert knobs == {"model_name": "NVIDIA H200", "memory_mib": 143771, "reserved_mib": 1012, "idle_used_mib": 40,
+                     "release_latency": 0.06}
+
+
+def test_markdown_table_has_one_row_per_result_and_lists_differences():
+    results = [sim_like_result(), real_like_result()]
+    text = report.render_markdown(copy.deepcopy(results))
+    lines = text.splitlines()
+    assert lines[0].count("|") == len(report.COLUMNS) + 1 and lines[1].count("---|") == len(report.COLUMNS)
+    rows = lines[2:4]
+    assert all(row.count("|") == len(report.COLUMNS) + 1 for row in rows)
+    assert "| 2026-11-29 | NVIDIA H100 80GB HBM3 (81559 MiB) | 580.95.05 (CUDA 13000) | sim | 0 / 529 | 0 | 5/6 · 6/6 | " \
+           "not listed / kept | 0.51 / 0.50 / 0.51 | 0.07 + 0.01 | 0 (ok) |" == rows[0]
+    assert "| 40 / 1012 | 510 |" in rows[1] and "| 0.62 / 1.90 / – |" in rows[1] and "| 7 (ok) |" in rows[1]
+    assert "- none" in lines[lines.index("Differences from the simulator, NVIDIA H100 80GB HBM3, 2026-11-29:") + 1]
+    assert "- `reserved_mib`: real 1012, simulator 529" in text
+    assert "reserved_mib=1012" in text

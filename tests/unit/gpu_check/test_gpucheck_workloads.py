@@ -1,0 +1,122 @@
+"""tests/gpu/gpucheck/workloads.py and tests/gpu/workload.py without a GPU: the simulator's context files stand in
+for CUDA (tests/sim/README.md, "Creating a CUDA context"), outside any node (GPUSIM_RUN and dev_dir point at tmp)."""
+
+import os
+import signal
+
+import pytest
+
+from gpucheck import procs
+from gpucheck.timing import poll_until
+from gpucheck.workloads import WorkloadError, Workloads
+
+MIB = 1 << 20
+
+
+@pytest.fixture
+def sim_run(tmp_path, monkeypatch):
+    """A run directory and device directory as a simulated node has them; returns (workloads run dir, sim run dir)."""
+    sim_dir, dev_dir, run_dir = tmp_path / "sim", tmp_path / "dev", tmp_path / "run"
+    for directory in (sim_dir / "contexts", dev_dir, run_dir):
+        directory.mkdir(parents=True)
+    for name in ("nvidiactl", "nvidia-uvm", "nvidia4"):
+        (dev_dir / name).write_bytes(b"")
+    (sim_dir / "node.conf").write_text("gpus=1\nminors=4\ndev_dir=%s\n" % dev_dir)
+    monkeypatch.setenv("GPUSIM_RUN", str(sim_dir))
+    return run_dir, sim_dir
+
+
+@pytest.fixture
+def make_workloads():
+    made = []
+
+    def make(run_dir, backend="sim"):
+        workloads = Workloads(str(run_dir), "gpucheck-test-%d" % os.getpid(), backend, 0, "GPU-test", max_lifetime=120)
+        made.append(workloads)
+        return workloads
+
+    yield make
+    for workloads in made:
+        assert workloads.stop_all() == []
+
+
+def open_device_files(pid, dev_dir):
+    """Paths under dev_dir that `pid` holds open (workload.py reports /dev/nvidia* only)."""
+    fd_dir = "/proc/%d/fd" % pid
+    return sorted({os.readlink(os.path.join(fd_dir, fd)) for fd in os.listdir(fd_dir)} & {
+        os.path.join(dev_dir, name) for name in os.listdir(dev_dir)})
+
+
+def context_mib(sim_dir, pid):
+    with open(os.path.join(sim_dir, "contexts", str(pid))) as context:
+        return context.read()
+
+
+def test_vllm_tree_reports_ready_retitled_and_holding(sim_run, make_workloads):
+    run_dir, sim_dir = sim_run
+    workloads = make_workloads(run_dir)
+    names = ["vllm", "vllm.engine", "vllm.engine.tp0", "vllm.engine.tp1"]
+    launcher = workloads.start("vllm", role="api", nbytes=64 * MIB, tp=2)
+    infos = workloads.wait_ready(names, launcher, 60)
+    assert infos["vllm"]["host_pid"] == launcher.pid
+    engine = infos["vllm.engine"]["host_pid"]
+    assert procs.read_stat(engine)["ppid"] == launcher.pid
+    for rank in (0, 1):
+        worker = infos["vllm.engine.tp%d" % rank]
+        assert procs.read_stat(worker["host_pid"])["ppid"] == engine
+        assert worker["comm"] == "VLLM::Worker_TP" and workloads.marker in worker["cmdline"]
+        dev_dir = os.path.join(os.path.dirname(sim_dir), "dev")
+        assert open_device_files(worker["host_pid"], dev_dir) == [os.path.join(dev_dir, n) for n in ("nvidia-uvm", "nvidia4", "nvidiactl")]
+        assert context_mib(sim_dir, worker["host_pid"]) == "0 64\n"
+    assert open_device_files(launcher.pid, dev_dir) == [] and open_device_files(engine, dev_dir) == []
+    # The API server's SIGKILL orphans EngineCore and its workers, as with vLLM.
+    assert workloads.kill("vllm", signal.SIGKILL)
+    assert poll_until(lambda: not workloads.alive("vllm"), 10)
+    assert all(workloads.alive(name) for name in names[1:])
+
+
+def test_forked_child_only_inherits_the_handles(sim_run, make_workloads):
+    run_dir, sim_dir = sim_run
+    workloads = make_workloads(run_dir)
+    launcher = workloads.start("inherit", nbytes=32 * MIB, fork_child=True)
+    infos = workloads.wait_ready(["inherit", "inherit.child"], launcher, 60)
+    parent, child = infos["inherit"], infos["inherit.child"]
+    assert procs.read_stat(child["host_pid"])["ppid"] == parent["host_pid"]
+    dev_dir = os.path.join(os.path.dirname(sim_dir), "dev")
+    assert open_device_files(child["host_pid"], dev_dir) == open_device_files(parent["host_pid"], dev_dir) != []
+    assert child["role"] == "inherited"
+    assert os.listdir(os.path.join(sim_dir, "contexts")) == [str(parent["host_pid"])]
+    assert workloads.kill("inherit")
+    assert poll_until(lambda: not workloads.alive("inherit"), 10)
+    assert workloads.alive("inherit.child")
+
+
+def test_sigterm_can_be_ignored(sim_run, make_workloads):
+    run_dir, _sim_dir = sim_run
+    workloads = make_workloads(run_dir)
+    launcher = workloads.start("stubborn", nbytes=MIB, ignore_sigterm=True)
+    workloads.wait_ready(["stubborn"], launcher, 60)
+    assert workloads.kill("stubborn", signal.SIGTERM)
+    assert poll_until(lambda: not workloads.alive("stubborn"), 0.5) is None  # still there after SIGTERM
+    assert workloads.kill("stubborn", signal.SIGKILL)
+    assert poll_until(lambda: not workloads.alive("stubborn"), 10)
+
+
+def test_unpinned_processes_end_with_the_lifeline(sim_run, make_workloads):
+    run_dir, _sim_dir = sim_run
+    workloads = make_workloads(run_dir)
+    launcher = workloads.start("vllm", role="api", nbytes=MIB, tp=2)
+    workloads.wait_ready(["vllm"], launcher, 60)  # the engine and workers are never pinned
+    assert poll_until(lambda: all(os.path.exists(os.path.join(run_dir, "vllm.engine.tp%d.json" % r)) for r in (0, 1)), 60)
+    assert len(procs.processes_with(workloads.marker)) == 4
+    assert workloads.stop_all() == []
+    assert [pid for pid in procs.processes_with(workloads.marker) if procs.read_stat(pid)["state"] != "Z"] == []
+
+
+def test_an_allocation_failure_is_reported_at_once(tmp_path, make_workloads):
+    if os.path.exists("/proc/driver/nvidia"):
+        pytest.skip("this host has the NVIDIA driver")
+    workloads = make_workloads(tmp_path, backend="cuda")
+    launcher = workloads.start("hold", nbytes=MIB)
+    with pytest.raises(WorkloadError, match="hold: WorkloadError: cannot load libcuda.so.1"):
+        workloads.wait_ready(["hold"], launcher, 60)
