@@ -1,0 +1,226 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) 2026, gpuops.nvidia contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Long-running processes without a service manager: the `nohup cmd > log &` of GPU hosts, done safely.
+
+A detached process is started in its own session (setsid: it is the session and process group
+leader, its PID is the session ID), with stdin on /dev/null and stdout/stderr appended to a log
+file. Its pidfile holds one line, "PID START_TICKS", the start time (/proc/PID/stat field 22)
+identifying the process beyond its PID.
+
+Stopping ends every member of that session: processes whose session ID is the leader's PID and
+that started no earlier than the leader. That covers children that outlived the leader (vLLM's
+EngineCore and TP workers after the API server was SIGKILLed), since they keep the session ID;
+Linux does not hand out a PID while it is still in use as a session ID, so the members found are
+the leader's descendants. Processes are signalled through _terminate (pidfd-pinned, SIGTERM, wait,
+SIGKILL). Processes that left the session (setsid again) are not found here.
+"""
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import time
+
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _procscan, _terminate
+
+_ROUNDS = 3
+
+
+class DetachedError(Exception):
+    """The process cannot be started or stopped as asked (message says why)."""
+
+
+def read_pidfile(path):
+    """(pid, start_ticks) from a pidfile, or None when the file does not exist.
+
+    Raises DetachedError for a file that exists but does not hold "PID START_TICKS".
+    """
+    try:
+        with open(path) as pidfile:
+            text = pidfile.read()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise DetachedError("cannot read pidfile %s: %s" % (path, exc))
+    fields = text.split()
+    if len(fields) != 2 or not all(field.isdigit() for field in fields):
+        raise DetachedError("pidfile %s does not hold 'PID START_TICKS': %r" % (path, text[:80]))
+    return int(fields[0]), int(fields[1])
+
+
+def write_pidfile(path, pid, start_ticks):
+    """Write "PID START_TICKS" atomically (temporary file in the same directory, then rename)."""
+    tmp = "%s.%d.tmp" % (path, os.getpid())
+    with open(tmp, "w") as pidfile:
+        pidfile.write("%d %d\n" % (pid, start_ticks))
+    os.replace(tmp, path)
+
+
+def remove_pidfile(path):
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def read_cmdline(pid, proc="/proc"):
+    """/proc/PID/cmdline joined by spaces ("" for a kernel thread or a process that is gone)."""
+    try:
+        with open("%s/%d/cmdline" % (proc, pid), "rb") as cmdline:
+            return cmdline.read().rstrip(b"\0").replace(b"\0", b" ").decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def leader_running(record, proc="/proc"):
+    """True when the process of `record` (pid, start_ticks) is alive: same start time, not a zombie."""
+    pid, start_ticks = record
+    stat = _procscan.read_stat(pid, proc)
+    return stat is not None and stat["start_ticks"] == start_ticks and stat["state"] not in ("Z", "X")
+
+
+def session_members(record, proc="/proc"):
+    """Live processes of the session led by `record` (pid, start_ticks), leader included when alive.
+
+    Returns holder-like dicts {"pid", "ppid", "comm", "cmdline", "start_ticks"} sorted by PID, for
+    _terminate.end_processes. When the leader's PID now belongs to another process (a stale pidfile),
+    that session is not ours: returns [].
+    """
+    sid, leader_ticks = record
+    leader = _procscan.read_stat(sid, proc)
+    if leader is not None and leader["start_ticks"] != leader_ticks:
+        return []
+    members = []
+    for pid in _procscan.list_pids(proc):
+        stat = _procscan.read_stat(pid, proc)
+        if stat is None or stat["sid"] != sid or stat["start_ticks"] < leader_ticks or stat["state"] in ("Z", "X"):
+            continue
+        members.append({"pid": pid, "ppid": stat["ppid"], "comm": stat["comm"], "cmdline": read_cmdline(pid, proc),
+                        "start_ticks": stat["start_ticks"]})
+    return sorted(members, key=lambda member: member["pid"])
+
+
+def read_environment_files(paths):
+    """Variables from files of KEY=VALUE lines, later files winning (like systemd's EnvironmentFile=).
+
+    Blank lines and lines starting with # or ; are skipped; a value in matching single or double quotes
+    is unquoted. Raises DetachedError for an unreadable file or a line without "=".
+    """
+    environment = {}
+    for path in paths:
+        try:
+            with open(path) as env_file:
+                lines = env_file.read().splitlines()
+        except OSError as exc:
+            raise DetachedError("cannot read environment file %s: %s" % (path, exc))
+        for number, line in enumerate(lines, 1):
+            line = line.strip()
+            if not line or line[0] in "#;":
+                continue
+            key, sep, value = line.partition("=")
+            key, value = key.strip(), value.strip()
+            if not sep or not key:
+                raise DetachedError("%s line %d is not KEY=VALUE" % (path, number))
+            if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+                value = value[1:-1]
+            environment[key] = value
+    return environment
+
+
+def _spawn(argv, env, cwd, log_fd):
+    """fork, setsid, stdio on /dev/null and `log_fd`, exec `argv`; return the child's PID.
+
+    The exec error, if any, comes back over a close-on-exec pipe (as subprocess does): DetachedError.
+    Every other descriptor is closed in the child, so it keeps no pipe of Ansible's open.
+    """
+    read_end, write_end = os.pipe2(os.O_CLOEXEC)
+    pid = os.fork()
+    if pid == 0:  # the child: exec or _exit, never return
+        try:
+            os.setsid()
+            os.chdir(cwd)
+            os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+            os.dup2(log_fd, 1)
+            os.dup2(log_fd, 2)
+            os.closerange(3, write_end)
+            os.closerange(write_end + 1, os.sysconf("SC_OPEN_MAX"))
+            os.execvpe(argv[0], argv, env)
+        except OSError as exc:
+            os.write(write_end, (exc.strerror or str(exc)).encode("utf-8", "replace"))
+        finally:
+            os._exit(127)
+    os.close(write_end)
+    try:
+        error = b""
+        while True:
+            chunk = os.read(read_end, 4096)
+            if not chunk:
+                break
+            error += chunk
+    finally:
+        os.close(read_end)
+    if error:
+        os.waitpid(pid, 0)
+        raise DetachedError("cannot execute %s: %s" % (argv[0], error.decode("utf-8", "replace")))
+    return pid
+
+
+def start(argv, log_file, environment=None, environment_files=(), cwd="/", inherit_environment=True, proc="/proc"):
+    """Start `argv` in a new session with stdio on /dev/null and `log_file` (appended); return (pid, start_ticks).
+
+    The environment is this process's (when `inherit_environment`), then the variables of
+    `environment_files`, then `environment`. A line naming the time and the command is appended to the
+    log first (on one line), so each start is found in it. Raises DetachedError when the command cannot be
+    executed. The child is left unreaped: when this process exits it is reparented (to init or a subreaper).
+    """
+    env = dict(os.environ) if inherit_environment else {}
+    env.update(read_environment_files(environment_files))
+    env.update((str(key), str(value)) for key, value in (environment or {}).items())
+    try:
+        log_fd = os.open(log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
+    except OSError as exc:
+        raise DetachedError("cannot open log file %s: %s" % (log_file, exc))
+    try:
+        command = " ".join(shlex.quote(arg) for arg in argv).replace("\n", "\\n")
+        os.write(log_fd, ("=== %s detached_process: starting %s\n" % (time.strftime("%Y-%m-%dT%H:%M:%S%z"), command)).encode())
+        pid = _spawn(argv, env, cwd, log_fd)
+    finally:
+        os.close(log_fd)
+    # Not reaped before this process exits, so /proc/PID/stat exists even if the child died at once.
+    return pid, _procscan.read_start_ticks(pid, proc)
+
+
+def stop(pidfile, grace_period=30.0, kill_wait=10.0, check_mode=False, proc="/proc"):
+    """End every member of the session recorded in `pidfile` (SIGTERM, `grace_period` s, SIGKILL, `kill_wait` s).
+
+    Members started meanwhile by dying processes are ended too (up to 3 rounds). The pidfile is removed
+    once nothing survived. Returns {"changed", "pid" (leader PID or None), "would_signal", "signalled",
+    "exited", "survived", "not_signalled"} (lists of member dicts as in _terminate.end_processes).
+    """
+    result = {"changed": False, "pid": None, "would_signal": [], "signalled": [], "exited": [], "survived": [],
+              "not_signalled": []}
+    record = read_pidfile(pidfile)
+    if record is None:
+        return result
+    result["pid"] = record[0]
+    result["changed"] = True  # at least the pidfile goes
+    members = session_members(record, proc)
+    if check_mode:
+        result["would_signal"] = members
+        return result
+    seen = set()
+    for _round in range(_ROUNDS):
+        members = [m for m in members if (m["pid"], m["start_ticks"]) not in seen]
+        if not members:
+            break
+        seen.update((m["pid"], m["start_ticks"]) for m in members)
+        outcome = _terminate.end_processes(members, signal.SIGTERM, grace_period, kill_wait, proc)
+        for key in ("signalled", "exited", "survived", "not_signalled"):
+            result[key].extend(outcome[key])
+        if outcome["survived"]:
+            return result
+        members = session_members(record, proc)
+    remove_pidfile(pidfile)
+    return result

@@ -1,0 +1,303 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) 2026, gpuops.nvidia contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Talking to a running vLLM server over HTTP: readiness and speculative-decoding acceptance.
+
+Readiness (`wait_ready`): GET /health answers 200, GET /v1/models lists the served model name, and one
+completion succeeds. vLLM binds its port early and only listens once the model is loaded, so
+"connection refused" means "still loading" (or dead: a watched PID tells which).
+
+Acceptance (`measure_acceptance`): vLLM counts speculative decoding in Prometheus counters on /metrics
+(`vllm:spec_decode_num_drafts_total`, `..._num_draft_tokens_total`, `..._num_accepted_tokens_total`,
+`..._num_accepted_tokens_per_pos_total{position="k"}`). They are read before and after a warm-up of
+fixed prompts at temperature 0; from the differences, acceptance rate = accepted / draft tokens and
+mean acceptance length = 1 + accepted / drafts (tokens produced per target forward pass).
+"""
+from __future__ import annotations
+
+import json
+import re
+import socket
+import time
+from urllib.error import HTTPError, URLError
+
+from ansible.module_utils.urls import open_url
+
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _detached, _procscan
+
+SPEC_DECODE_PREFIX = "vllm:spec_decode_"
+DRAFTS = "vllm:spec_decode_num_drafts_total"
+DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
+ACCEPTED_TOKENS = "vllm:spec_decode_num_accepted_tokens_total"
+ACCEPTED_PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+
+DEFAULT_PROMPTS = (
+    "Explain in a few sentences why GPU memory must be released before a new server can use it.",
+    "Write a Python function that returns the n-th Fibonacci number, with a docstring.",
+    "List the planets of the solar system in order from the sun, one per line.",
+    "Summarize what a tensor-parallel worker does in a large language model server.",
+)
+
+# name{labels} value [timestamp]
+_SAMPLE_RE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>.*)\})?\s+(?P<value>\S+)(?:\s+\S+)?$")
+_LABEL_RE = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
+_LABEL_UNESCAPE = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
+
+
+class VllmApiError(Exception):
+    """The server answered something that makes the measurement impossible (message says what).
+
+    ``status`` is the HTTP status of the answer, or None when the problem is its content.
+    """
+
+    def __init__(self, message, status=None):
+        super().__init__(message)
+        self.status = status
+
+
+def parse_prometheus(text):
+    """Samples of a Prometheus text exposition: [(name, {label: value}, float value)].
+
+    Comment and blank lines are skipped; a line that is not a sample raises VllmApiError.
+    """
+    samples = []
+    for number, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        match = _SAMPLE_RE.match(line)
+        if match is None:
+            raise VllmApiError("line %d of /metrics is not a Prometheus sample: %r" % (number, line[:120]))
+        labels = {}
+        label_text = match.group("labels") or ""
+        position = 0
+        while position < len(label_text):
+            label = _LABEL_RE.match(label_text, position)
+            if label is None:
+                raise VllmApiError("line %d of /metrics has malformed labels: %r" % (number, line[:120]))
+            labels[label.group(1)] = re.sub(r'\\[\\"n]', lambda m: _LABEL_UNESCAPE[m.group(0)], label.group(2))
+            position = label.end()
+        try:
+            value = float(match.group("value"))
+        except ValueError:
+            raise VllmApiError("line %d of /metrics has a value that is not a number: %r" % (number, line[:120]))
+        samples.append((match.group("name"), labels, value))
+    return samples
+
+
+def spec_decode_counters(samples, model_name=None):
+    """Speculative-decoding counters summed over engines: {"drafts", "draft_tokens", "accepted_tokens",
+    "accepted_per_position" ({position int: count})}, or None when the server exports none (no
+    speculative decoding). Samples labelled with another `model_name` are ignored.
+    """
+    counters = {"drafts": 0.0, "draft_tokens": 0.0, "accepted_tokens": 0.0, "accepted_per_position": {}}
+    found = False
+    keys = {DRAFTS: "drafts", DRAFT_TOKENS: "draft_tokens", ACCEPTED_TOKENS: "accepted_tokens"}
+    for name, labels, value in samples:
+        if not name.startswith(SPEC_DECODE_PREFIX):
+            continue
+        if model_name is not None and labels.get("model_name", model_name) != model_name:
+            continue
+        if name in keys:
+            counters[keys[name]] += value
+            found = True
+        elif name == ACCEPTED_PER_POSITION and labels.get("position", "").isdigit():
+            position = int(labels["position"])
+            counters["accepted_per_position"][position] = counters["accepted_per_position"].get(position, 0.0) + value
+    return counters if found else None
+
+
+def acceptance_from_counters(before, after):
+    """Differences of two spec_decode_counters() readings and the rates computed from them.
+
+    Returns {"drafts", "draft_tokens", "accepted_tokens" (ints), "accepted_per_position" (list, index =
+    draft position), "acceptance_rate" (accepted / draft tokens, None without drafts),
+    "mean_acceptance_length" (1 + accepted / drafts, None without drafts), "acceptance_per_position"
+    (accepted at k / drafts)}. Raises VllmApiError when a counter went down (the server restarted).
+    """
+    delta = {}
+    for key in ("drafts", "draft_tokens", "accepted_tokens"):
+        delta[key] = int(round(after[key] - before[key]))
+        if delta[key] < 0:
+            raise VllmApiError("%s went down from %d to %d during the warm-up: the server restarted" % (key, before[key], after[key]))
+    positions = sorted(set(after["accepted_per_position"]) | set(before["accepted_per_position"]))
+    per_position = [int(round(after["accepted_per_position"].get(k, 0.0) - before["accepted_per_position"].get(k, 0.0)))
+                    for k in range(positions[-1] + 1)] if positions else []
+    drafts, draft_tokens = delta["drafts"], delta["draft_tokens"]
+    delta["accepted_per_position"] = per_position
+    delta["acceptance_rate"] = round(delta["accepted_tokens"] / draft_tokens, 4) if draft_tokens else None
+    delta["mean_acceptance_length"] = round(1 + delta["accepted_tokens"] / drafts, 3) if drafts else None
+    delta["acceptance_per_position"] = [round(count / drafts, 4) for count in per_position] if drafts else []
+    return delta
+
+
+class Client:
+    """HTTP client for one vLLM server: base URL (http://host:port), API key (Bearer), per-request timeout in seconds."""
+
+    def __init__(self, base_url, api_key=None, timeout=30.0, validate_certs=True):
+        self.base_url = base_url.rstrip("/")
+        self.api_key = api_key
+        self.timeout = timeout
+        self.validate_certs = validate_certs
+
+    def request(self, path, payload=None):
+        """GET `path`, or POST `payload` as JSON; returns (HTTP status, body text).
+
+        HTTP errors are returned as their status; an unreachable server raises ConnectionError with the reason.
+        """
+        headers = {"Accept": "application/json, text/plain"}
+        if self.api_key:
+            headers["Authorization"] = "Bearer %s" % self.api_key
+        data = None
+        if payload is not None:
+            headers["Content-Type"] = "application/json"
+            data = json.dumps(payload)
+        try:
+            response = open_url(self.base_url + path, data=data, headers=headers, method="POST" if payload is not None else "GET",
+                                timeout=self.timeout, validate_certs=self.validate_certs)
+            return response.getcode(), response.read().decode("utf-8", "replace")
+        except HTTPError as exc:
+            body = exc.read().decode("utf-8", "replace") if exc.fp is not None else ""
+            return exc.code, body
+        except URLError as exc:
+            raise ConnectionError(str(exc.reason))
+        except (socket.timeout, OSError) as exc:
+            raise ConnectionError(str(exc) or exc.__class__.__name__)
+
+    def json(self, path, payload=None):
+        """request() whose 200 answer must be a JSON object; VllmApiError otherwise (with the status and body)."""
+        status, body = self.request(path, payload)
+        if status != 200:
+            raise VllmApiError(("%s %s: HTTP %d %s" % ("POST" if payload is not None else "GET", path, status, _brief(body))).rstrip()
+                               + (" (wrong or missing API key)" if status == 401 else ""), status)
+        try:
+            answer = json.loads(body)
+        except ValueError:
+            answer = None
+        if not isinstance(answer, dict):
+            raise VllmApiError("%s: the answer is not a JSON object: %s" % (path, _brief(body)))
+        return answer
+
+    def complete(self, model, prompt, max_tokens):
+        """One /v1/completions request at temperature 0; returns (text, completion tokens)."""
+        answer = self.json("/v1/completions", {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0})
+        choices = answer.get("choices") or [{}]
+        usage = answer.get("usage") or {}
+        return choices[0].get("text", ""), int(usage.get("completion_tokens") or 0)
+
+
+def _brief(body, limit=300):
+    body = " ".join(body.split())
+    return body if len(body) <= limit else body[:limit] + "..."
+
+
+def _check_ready(client, served_model_name, completion_max_tokens):
+    """One look: (stage reached, ready, what was seen, models, completion). Raises VllmApiError for a 4xx from /v1."""
+    try:
+        status, body = client.request("/health")
+    except ConnectionError as exc:
+        return "health", False, "GET /health: %s" % exc, None, None
+    if status != 200:
+        return "health", False, ("GET /health: HTTP %d %s" % (status, _brief(body, 100))).rstrip(), None, None
+    try:
+        models = [entry.get("id") for entry in client.json("/v1/models").get("data") or () if isinstance(entry, dict)]
+    except ConnectionError as exc:
+        return "models", False, "GET /v1/models: %s" % exc, None, None
+    except VllmApiError as exc:
+        if exc.status is not None and 400 <= exc.status < 500:
+            raise
+        return "models", False, str(exc), None, None
+    if served_model_name not in models:
+        return "models", False, "GET /v1/models lists %s, not %r" % (models, served_model_name), models, None
+    if not completion_max_tokens:
+        return "ready", True, "healthy", models, None
+    started = time.monotonic()
+    try:
+        text, tokens = client.complete(served_model_name, "Hello", completion_max_tokens)
+    except ConnectionError as exc:
+        return "completion", False, "POST /v1/completions: %s" % exc, models, None
+    except VllmApiError as exc:
+        if exc.status is not None and 400 <= exc.status < 500:
+            raise
+        return "completion", False, str(exc), models, None
+    completion = {"text": text, "completion_tokens": tokens, "elapsed_s": round(time.monotonic() - started, 3)}
+    return "ready", True, "healthy", models, completion
+
+
+def wait_ready(client, served_model_name, timeout, poll_interval=2.0, process=None, completion_max_tokens=4, proc="/proc"):
+    """Poll until the server is ready (see module docstring), `timeout` seconds at most (0: one look).
+
+    `process`: the server's process, a PID or a (PID, start_ticks) pair as in a detached_process pidfile
+    ((0, 0): none); when it is not running the wait ends at once. `completion_max_tokens` 0 skips the
+    completion. Returns {"ready", "stage" (health, models, completion or ready), "last_error", "models",
+    "completion" ({"text", "completion_tokens", "elapsed_s"} or None), "healthy_after_s" (first /health 200
+    with the model listed), "elapsed_s", "attempts", "process_exited", "msg"}.
+    """
+    started = time.monotonic()
+    if isinstance(process, int):
+        process = (process, _procscan.read_start_ticks(process, proc)) if process else None
+    result = {"ready": False, "stage": "health", "last_error": None, "models": None, "completion": None, "healthy_after_s": None,
+              "elapsed_s": 0.0, "attempts": 0, "process_exited": False}
+    while True:
+        if process is not None and not _detached.leader_running(process, proc):
+            result["process_exited"] = True
+            result["msg"] = ("the server process (PID %d) exited after %.1f s, before it was ready (last: %s)" % (
+                process[0], time.monotonic() - started, result["last_error"] or "no answer yet")) if result["attempts"] else (
+                "the server process (PID %d) is not running" % process[0] if process[0] else "no server process is running")
+            break
+        result["attempts"] += 1
+        try:
+            stage, ready, seen, models, completion = _check_ready(client, served_model_name, completion_max_tokens)
+        except VllmApiError as exc:
+            result["last_error"] = str(exc)
+            result["msg"] = "the server refuses the request: %s" % exc
+            break
+        result.update(stage=stage, models=models if models is not None else result["models"])
+        if stage in ("completion", "ready") and result["healthy_after_s"] is None:
+            result["healthy_after_s"] = round(time.monotonic() - started, 3)
+        if ready:
+            result.update(ready=True, completion=completion, last_error=None,
+                          msg="ready after %.1f s" % (time.monotonic() - started))
+            break
+        result["last_error"] = seen
+        remaining = timeout - (time.monotonic() - started)
+        if remaining <= 0:
+            result["msg"] = "not ready after %.0f s (stopped at %s): %s" % (timeout, stage, seen)
+            break
+        time.sleep(min(poll_interval, remaining))
+    result["elapsed_s"] = round(time.monotonic() - started, 3)
+    return result
+
+
+def _read_counters(client, served_model_name, when):
+    status, body = client.request("/metrics")
+    if status != 200:
+        raise VllmApiError("GET /metrics %s the warm-up: HTTP %d %s" % (when, status, _brief(body)), status)
+    counters = spec_decode_counters(parse_prometheus(body), served_model_name)
+    if counters is None:
+        raise VllmApiError("/metrics has no vllm:spec_decode_* counters for %r %s the warm-up: speculative decoding is not enabled"
+                           % (served_model_name, when))
+    return counters
+
+
+def measure_acceptance(client, served_model_name, prompts, max_tokens):
+    """Read the spec-decode counters, run one completion per prompt (temperature 0), read them again.
+
+    Returns acceptance_from_counters() plus "completions", "completion_tokens", "elapsed_s" (warm-up
+    seconds), "tokens_per_s" (completion tokens per second of the sequential warm-up), "before" and
+    "after" (the raw counters). Raises VllmApiError (no counters, a failed request) or ConnectionError.
+    """
+    before = _read_counters(client, served_model_name, "before")
+    started = time.monotonic()
+    completion_tokens = 0
+    for prompt in prompts:
+        completion_tokens += client.complete(served_model_name, prompt, max_tokens)[1]
+    elapsed = time.monotonic() - started
+    after = _read_counters(client, served_model_name, "after")
+    result = acceptance_from_counters(before, after)
+    for counters in (before, after):
+        counters["accepted_per_position"] = [counters["accepted_per_position"][k] for k in sorted(counters["accepted_per_position"])]
+    result.update(completions=len(prompts), completion_tokens=completion_tokens, elapsed_s=round(elapsed, 3),
+                  tokens_per_s=round(completion_tokens / elapsed, 1) if elapsed > 0 else None, before=before, after=after)
+    return result

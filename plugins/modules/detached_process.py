@@ -1,0 +1,220 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) 2026, gpuops.nvidia contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: detached_process
+short_description: Start and stop a long-running process without a service manager, with a pidfile and a log file
+version_added: 0.1.0
+description:
+  - For hosts without systemd (containers, rented GPU hosts where servers are started with C(nohup)), runs a
+    command detached from Ansible and ends it, and everything it started, reliably.
+  - O(state=started) starts O(argv) in a new session (C(setsid)), with stdin on C(/dev/null) and stdout and stderr
+    appended to O(log_file), and writes O(pidfile) with the PID and the process start time (field 22 of
+    C(/proc/PID/stat)), which identifies the process even after its PID is reused. When the process of the
+    pidfile is still running nothing is done.
+  - O(state=stopped) sends SIGTERM to every process of that session (the leader and all its descendants, also
+    those that outlived it, such as vLLM's C(VLLM::EngineCore) and C(VLLM::Worker_TP*) after the API server was
+    SIGKILLed), waits up to O(stop_timeout) seconds, sends SIGKILL to those left and waits up to O(kill_wait)
+    seconds. Each process is pinned by a pidfd before it is signalled, as in M(gpuops.nvidia.gpu_kill). The
+    pidfile is removed once nothing survived.
+  - Processes that left the session (started their own with C(setsid)) are not found; on GPU hosts follow with
+    M(gpuops.nvidia.gpu_kill) on the process's GPUs.
+  - The module does not compare O(argv) or O(environment) with those of a running process; stop it first to
+    apply new ones (RV(running_cmdline) shows what runs).
+author: gpuops maintainers (@gpuops)
+extends_documentation_fragment:
+  - gpuops.nvidia.attributes
+attributes:
+  check_mode:
+    support: full
+    details:
+      - Starts and signals nothing; reports whether it would, and RV(would_signal) for O(state=stopped).
+  diff_mode:
+    support: none
+options:
+  state:
+    description: V(started) to have the process running, V(stopped) to have it and its session ended.
+    type: str
+    choices: [started, stopped]
+    default: started
+  argv:
+    description: The command and its arguments. Required with O(state=started).
+    type: list
+    elements: str
+  pidfile:
+    description: Path of the pidfile (its directory must exist).
+    type: path
+    required: true
+  log_file:
+    description:
+      - File receiving stdout and stderr (appended; created with mode 0640; its directory must exist). Each start
+        first appends a line with the time and the command. Required with O(state=started).
+    type: path
+  environment:
+    description: Environment variables for the process, set after those of O(environment_files).
+    type: dict
+    default: {}
+  environment_files:
+    description:
+      - Files of C(KEY=VALUE) lines read on the managed host at start, as systemd's C(EnvironmentFile=) (comments
+        with C(#) or C(;), optional quotes). Keeps secrets such as an API key out of module arguments.
+    type: list
+    elements: path
+    default: []
+  inherit_environment:
+    description: Start from the environment of the module's process (as a shell's C(nohup) would); V(false) starts from an empty one.
+    type: bool
+    default: true
+  cwd:
+    description: Working directory of the process.
+    type: path
+    default: /
+  stop_timeout:
+    description: Seconds between SIGTERM and SIGKILL with O(state=stopped).
+    type: float
+    default: 30.0
+  kill_wait:
+    description: Seconds to wait for exit after SIGKILL before failing.
+    type: float
+    default: 10.0
+notes:
+  - The process runs as the user the module runs as (use C(become_user) to choose it).
+seealso:
+  - module: gpuops.nvidia.gpu_kill
+  - name: setsid(2)
+    description: Sessions and process groups.
+    link: https://man7.org/linux/man-pages/man2/setsid.2.html
+"""
+
+EXAMPLES = r"""
+- name: Start vLLM detached, as nohup would, with a pidfile and a log file
+  gpuops.nvidia.detached_process:
+    argv: [/opt/vllm/bin/vllm, serve, /models/Qwen3-32B, --port, "8000", --tensor-parallel-size, "4"]
+    environment:
+      CUDA_VISIBLE_DEVICES: "0,1,2,3"
+    environment_files: [/etc/vllm/qwen.env]
+    pidfile: /var/lib/vllm/qwen.pid
+    log_file: /var/log/vllm/qwen.log
+  register: server
+
+- name: Stop it and everything it started, giving it 60 s to shut down
+  gpuops.nvidia.detached_process:
+    state: stopped
+    pidfile: /var/lib/vllm/qwen.pid
+    stop_timeout: 60
+"""
+
+RETURN = r"""
+pid:
+  description: PID of the session leader (the process started), or null when there is none.
+  returned: always
+  type: int
+  sample: 4242
+start_ticks:
+  description: Start time of RV(pid) in clock ticks since boot, as in the pidfile.
+  returned: when O(state=started) and the process runs (not in check mode when it had to be started)
+  type: int
+running_cmdline:
+  description: Command line of the process that was already running (nothing was started).
+  returned: when O(state=started) and the process was already running
+  type: str
+would_signal:
+  description: In check mode with O(state=stopped), the session's processes that would be signalled.
+  returned: when O(state=stopped)
+  type: list
+  elements: dict
+  sample: [{"pid": 4242, "ppid": 1, "comm": "vllm", "cmdline": "/opt/vllm/bin/vllm serve ...", "start_ticks": 81234}]
+signalled:
+  description: Processes signalled, with C(signals) (names sent in order) and C(exited_after_s) for those that exited.
+  returned: when O(state=stopped)
+  type: list
+  elements: dict
+exited:
+  description: Signalled processes that exited, with C(exited_after_s) (seconds from the first signal).
+  returned: when O(state=stopped)
+  type: list
+  elements: dict
+survived:
+  description: Processes still alive after SIGKILL, with C(state) and C(reason).
+  returned: when O(state=stopped)
+  type: list
+  elements: dict
+elapsed_s:
+  description: Seconds the module took.
+  returned: always
+  type: float
+"""
+
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _detached
+
+
+def ensure_started(module):
+    params = module.params
+    record = _detached.read_pidfile(params["pidfile"])
+    if record is not None and _detached.leader_running(record):
+        return dict(changed=False, pid=record[0], start_ticks=record[1], running_cmdline=_detached.read_cmdline(record[0]),
+                    msg="already running as PID %d" % record[0])
+    if module.check_mode:
+        return dict(changed=True, pid=None, msg="would start %s" % params["argv"][0])
+    pid, start_ticks = _detached.start(params["argv"], params["log_file"], params["environment"], params["environment_files"],
+                                       params["cwd"], params["inherit_environment"])
+    _detached.write_pidfile(params["pidfile"], pid, start_ticks)
+    return dict(changed=True, pid=pid, start_ticks=start_ticks, msg="started PID %d, log in %s" % (pid, params["log_file"]))
+
+
+def ensure_stopped(module):
+    params = module.params
+    result = _detached.stop(params["pidfile"], params["stop_timeout"], params["kill_wait"], module.check_mode)
+    if result["survived"]:
+        module.fail_json(msg="%d process(es) of the session survived SIGKILL: %s" % (
+            len(result["survived"]), "; ".join("PID %s (%s): %s" % (s["pid"], s["comm"], s["reason"]) for s in result["survived"])),
+            **result)
+    if module.check_mode:
+        result["msg"] = "would signal %d process(es)" % len(result["would_signal"])
+    elif result["pid"] is None:
+        result["msg"] = "no pidfile: nothing to stop"
+    else:
+        result["msg"] = "signalled %d process(es), %d exited" % (len(result["signalled"]), len(result["exited"]))
+    return result
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            state=dict(type="str", choices=["started", "stopped"], default="started"),
+            argv=dict(type="list", elements="str"),
+            pidfile=dict(type="path", required=True),
+            log_file=dict(type="path"),
+            environment=dict(type="dict", default={}),
+            environment_files=dict(type="list", elements="path", default=[]),
+            inherit_environment=dict(type="bool", default=True),
+            cwd=dict(type="path", default="/"),
+            stop_timeout=dict(type="float", default=30.0),
+            kill_wait=dict(type="float", default=10.0),
+        ),
+        required_if=[("state", "started", ("argv", "log_file"))],
+        supports_check_mode=True,
+    )
+    if module.params["state"] == "started" and not module.params["argv"]:
+        module.fail_json(msg="argv must not be empty")
+    started = time.monotonic()
+    try:
+        if module.params["state"] == "started":
+            result = ensure_started(module)
+        else:
+            result = ensure_stopped(module)
+    except _detached.DetachedError as exc:
+        module.fail_json(msg=str(exc))
+    result["elapsed_s"] = round(time.monotonic() - started, 3)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

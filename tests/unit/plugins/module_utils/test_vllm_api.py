@@ -1,0 +1,137 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) 2026, gpuops.nvidia contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""_vllm_api: Prometheus parsing and acceptance arithmetic, and the HTTP client against the fake_vllm server."""
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _vllm_api
+
+METRICS = r"""# HELP vllm:spec_decode_num_drafts Number of spec decoding drafts.
+# TYPE vllm:spec_decode_num_drafts counter
+vllm:spec_decode_num_drafts_total{engine="0",model_name="qwen"} 10.0
+vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="qwen"} 150.0 1732866000000
+vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="qwen"} 100.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="qwen",position="1"} 9.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="qwen",position="0"} 10.0
+vllm:spec_decode_num_drafts_total{engine="0",model_name="other \"quoted\", model"} 7.0
+vllm:generation_tokens_total{engine="0",model_name="qwen"} 1.5e3
+"""
+
+
+def test_parse_prometheus_reads_labels_values_and_skips_comments():
+    samples = _vllm_api.parse_prometheus(METRICS)
+    assert len(samples) == 7
+    assert samples[0] == ("vllm:spec_decode_num_drafts_total", {"engine": "0", "model_name": "qwen"}, 10.0)
+    assert samples[1][2] == 150.0  # a timestamp after the value is ignored
+    assert samples[5][1]["model_name"] == 'other "quoted", model'
+    assert samples[6][2] == 1500.0
+
+
+@pytest.mark.parametrize("text, message", [
+    ("vllm:x_total{engine=0} 1.0", "malformed labels"),
+    ("vllm:x_total 1,5", "not a number"),
+    ("vllm:x_total", "not a Prometheus sample"),
+])
+def test_parse_prometheus_rejects_malformed_lines(text, message):
+    with pytest.raises(_vllm_api.VllmApiError, match=message):
+        _vllm_api.parse_prometheus(text)
+
+
+def test_spec_decode_counters_filter_by_model_and_are_none_without_speculative_decoding():
+    samples = _vllm_api.parse_prometheus(METRICS)
+    assert _vllm_api.spec_decode_counters(samples, "qwen") == {
+        "drafts": 10.0, "draft_tokens": 150.0, "accepted_tokens": 100.0, "accepted_per_position": {0: 10.0, 1: 9.0}}
+    assert _vllm_api.spec_decode_counters(samples)["drafts"] == 17.0
+    assert _vllm_api.spec_decode_counters(_vllm_api.parse_prometheus('vllm:generation_tokens_total{a="b"} 3')) is None
+
+
+def test_acceptance_from_counter_differences():
+    before = {"drafts": 10.0, "draft_tokens": 150.0, "accepted_tokens": 100.0, "accepted_per_position": {0: 10.0, 1: 9.0}}
+    after = {"drafts": 30.0, "draft_tokens": 450.0, "accepted_tokens": 160.0, "accepted_per_position": {0: 25.0, 1: 20.0, 2: 4.0}}
+    result = _vllm_api.acceptance_from_counters(before, after)
+    assert result == {"drafts": 20, "draft_tokens": 300, "accepted_tokens": 60, "accepted_per_position": [15, 11, 4],
+                      "acceptance_rate": 0.2, "mean_acceptance_length": 4.0, "acceptance_per_position": [0.75, 0.55, 0.2]}
+    idle = _vllm_api.acceptance_from_counters(before, before)
+    assert idle["acceptance_rate"] is None and idle["mean_acceptance_length"] is None
+    earlier, later = after, before  # read in this order, the counters went down
+    with pytest.raises(_vllm_api.VllmApiError, match="went down .* the server restarted"):
+        _vllm_api.acceptance_from_counters(earlier, later)
+
+
+def test_measure_acceptance_over_a_warm_up(fake_vllm):
+    fake_vllm.api_key = "k"
+    fake_vllm.complete(20)  # counters that existed before the warm-up
+    client = _vllm_api.Client(fake_vllm.url, "k", timeout=5)
+    result = _vllm_api.measure_acceptance(client, "served", ["one", "two"], 16)
+    assert result["drafts"] == 8 and result["draft_tokens"] == 32 and result["accepted_tokens"] == 24
+    assert result["acceptance_rate"] == 0.75 and result["mean_acceptance_length"] == 4.0
+    assert result["accepted_per_position"] == [8, 8, 8, 0] and result["acceptance_per_position"] == [1.0, 1.0, 1.0, 0.0]
+    assert result["completions"] == 2 and result["completion_tokens"] == 32 and result["tokens_per_s"] > 0
+    posts = [r for r in fake_vllm.requests if r[0] == "POST"]
+    assert [r[3] for r in posts] == [{"model": "served", "prompt": p, "max_tokens": 16, "temperature": 0} for p in ("one", "two")]
+    assert all(r[2]["Authorization"] == "Bearer k" for r in posts)
+
+
+def test_measure_acceptance_without_speculative_decoding_or_with_failing_completions(fake_vllm):
+    client = _vllm_api.Client(fake_vllm.url, timeout=5)
+    fake_vllm.completion_status = 500
+    with pytest.raises(_vllm_api.VllmApiError, match="POST /v1/completions: HTTP 500"):
+        _vllm_api.measure_acceptance(client, "served", ["one"], 8)
+    fake_vllm.spec_decode = False
+    with pytest.raises(_vllm_api.VllmApiError, match="no vllm:spec_decode_.* speculative decoding is not enabled"):
+        _vllm_api.measure_acceptance(client, "served", ["one"], 8)
+
+
+def test_wait_ready_checks_health_models_and_one_completion(fake_vllm):
+    result = _vllm_api.wait_ready(_vllm_api.Client(fake_vllm.url, timeout=5), "served", timeout=5, poll_interval=0.05)
+    assert result["ready"] and result["stage"] == "ready" and result["attempts"] == 1
+    assert result["models"] == ["served"] and result["completion"]["completion_tokens"] == 4
+    assert result["healthy_after_s"] is not None and result["last_error"] is None
+
+
+@pytest.mark.parametrize("change, stage, seen", [
+    ({"health_status": 503}, "health", "GET /health: HTTP 503"),
+    ({"models": ["other"]}, "models", "GET /v1/models lists ['other'], not 'served'"),
+    ({"completion_status": 500}, "completion", "POST /v1/completions: HTTP 500"),
+])
+def test_wait_ready_times_out_with_what_it_saw(fake_vllm, change, stage, seen):
+    for name, value in change.items():
+        setattr(fake_vllm, name, value)
+    started = time.monotonic()
+    result = _vllm_api.wait_ready(_vllm_api.Client(fake_vllm.url, timeout=5), "served", timeout=1, poll_interval=0.05)
+    assert not result["ready"] and result["stage"] == stage and result["last_error"].startswith(seen), result
+    assert result["attempts"] > 1 and 1 <= time.monotonic() - started < 10
+    assert result["msg"].startswith("not ready after 1 s (stopped at %s)" % stage)
+
+
+def test_wait_ready_stops_at_once_on_a_wrong_api_key(fake_vllm):
+    fake_vllm.api_key = "right"
+    result = _vllm_api.wait_ready(_vllm_api.Client(fake_vllm.url, "wrong", timeout=5), "served", timeout=30, poll_interval=0.05)
+    assert not result["ready"] and result["attempts"] == 1 and "HTTP 401" in result["msg"] and "wrong or missing API key" in result["msg"]
+
+
+def test_wait_ready_while_nothing_listens_and_when_the_server_process_exits():
+    with socket.socket() as sock:  # a port nobody listens on: bound, not listening, like vLLM while it loads
+        sock.bind(("127.0.0.1", 0))
+        url = "http://127.0.0.1:%d" % sock.getsockname()[1]
+        client = _vllm_api.Client(url, timeout=2)
+        result = _vllm_api.wait_ready(client, "served", timeout=0.2, poll_interval=0.05)
+        assert not result["ready"] and result["stage"] == "health" and "refused" in result["last_error"].lower()
+        server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.5)"])
+        try:
+            started = time.monotonic()
+            result = _vllm_api.wait_ready(client, "served", timeout=30, poll_interval=0.05, process=server.pid)
+            assert result["process_exited"] and time.monotonic() - started < 10
+            assert result["msg"].startswith("the server process (PID %d) exited after" % server.pid)
+        finally:
+            server.wait()
+        result = _vllm_api.wait_ready(client, "served", timeout=30, process=(0, 0))
+        assert result["process_exited"] and result["attempts"] == 0 and result["msg"] == "no server process is running"
