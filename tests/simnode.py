@@ -134,7 +134,8 @@ def up(name: str, root: Path | None = None, **knobs) -> Node:
 
     Knobs are the `up` options with underscores: gpus=2, model_name=..., memory_mib=...,
     minors=[3, 5], reserved_mib, idle_used_mib, stray_mib={0: 1024}, release_latency=0.1,
-    no_driver=True, hang="nvmlDeviceGetCount", lost=[1], no_reap=True. `root` overrides
+    no_driver=True, hang="nvmlDeviceGetCount", lost=[1], no_reap=True, ssh=True (an sshd in the node, which
+    `inventory_file` then reaches over SSH; root only). `root` overrides
     $GPUNODE_ROOT. Raises NodeCommandError (with gpunode's message) if the node cannot start.
     """
     args = ["up", name]

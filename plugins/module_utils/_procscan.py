@@ -8,20 +8,30 @@ A fuser-style scan of /proc: for every process, the fds of every thread
 (/proc/PID/task/TID/fd) and its memory mappings (/proc/PID/maps), matched
 against the NVIDIA device paths. psutil cannot do this (Process.open_files()
 lists regular files only and never shows /dev/nvidia*), so we read /proc
-ourselves. Readlink first: it is the cheapest call per fd.
+ourselves. The cost is one readlink per fd and one read of every maps file:
+fds are read by number where the fd directory's size gives their count (no
+listing), and large scans are shared by forked worker processes.
 """
 from __future__ import annotations
 
 import errno
+import json
 import os
 import re
 
 # /dev/nvidia<minor> (195:<minor>), the control and UVM devices, and MIG capabilities.
 _DEVICE_RE = re.compile(r"^/dev/nvidia(?:(?P<minor>\d+)|ctl|-uvm|-uvm-tools|-modeset|-caps/.*)$")
+_DEVICE_PREFIX = "/dev/nvidia"
 _MAPS_MARK = b"/dev/nvidia"
 _PF_KTHREAD = 0x00200000  # include/linux/sched.h: "I am a kernel thread"
 # errno values that mean "the process or thread is gone, or not ours to read": skip it.
 _SKIP_ERRNOS = (errno.ENOENT, errno.ESRCH, errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EINVAL)
+# Per proc root: does st_size of PROC/PID/fd count the open fds? (see _size_counts_fds)
+_SIZE_COUNTS_FDS = {}
+# "0", "1", "2"...: fd numbers as names, grown on demand (see _fd_names)
+_FD_NAMES = []
+# Holes in an fd table read by number before listing the directory instead (see _probe_fds)
+_MAX_HOLES = 16
 
 
 class DeviceHandles:
@@ -70,29 +80,171 @@ class DeviceHandles:
             "thread_only": self.thread_only,
         }
 
+    @classmethod
+    def from_dict(cls, data):
+        """The DeviceHandles whose as_dict() is `data`."""
+        handles = cls(data["pid"])
+        handles.minors = set(data["minors"])
+        handles.control = data["control"]
+        handles.seen_in = set(data["seen_in"])
+        handles.thread_only = data["thread_only"]
+        return handles
+
+
+def _skip(exc):
+    """True when OSError `exc` means the process or fd vanished or is not ours to read."""
+    return exc.errno in _SKIP_ERRNOS
+
 
 def _listdir(path):
     try:
         return os.listdir(path)
     except OSError as exc:
-        if exc.errno in _SKIP_ERRNOS:
+        if _skip(exc):
             return None
         raise
 
 
-def _scan_fd_dir(fd_dir, names, handles):
-    found = False
+def _readlinks(dir_fd, names):
+    """(names, targets) of the fd entries `names` of the open fd directory `dir_fd`; vanished ones left out."""
+    readlink = os.readlink
+    try:
+        return names, [readlink(name, dir_fd=dir_fd) for name in names]
+    except OSError as exc:
+        if not _skip(exc):
+            raise
+    kept, targets = [], []
     for name in names:
         try:
-            target = os.readlink(fd_dir + name)
+            targets.append(readlink(name, dir_fd=dir_fd))
         except OSError as exc:
-            if exc.errno in _SKIP_ERRNOS:
-                continue
-            raise
-        # Cheap prefix test before the regex: most fds are sockets, pipes and files.
-        if target.startswith("/dev/nvidia") and handles.add(target, "fd"):
+            if not _skip(exc):
+                raise
+            continue
+        kept.append(name)
+    return kept, targets
+
+
+def _fd_names(count):
+    """["0", "1", ...]: at least `count` fd numbers as directory entry names (built once, reused)."""
+    if len(_FD_NAMES) < count:
+        _FD_NAMES.extend(str(number) for number in range(len(_FD_NAMES), count))
+    return _FD_NAMES
+
+
+def _probe_fds(dir_fd, count):
+    """Read fds 0, 1, 2... of the open fd directory `dir_fd` until `count` are found, without listing it.
+
+    Listing a /proc fd directory costs a third or more of reading every link, and fd tables are nearly
+    always dense (open() returns the lowest free number), so numbers are read in runs, each as long as
+    the fds still missing; a run that hits a hole is read again up to the hole, and the next run starts
+    after it. Returns (names, targets), or None after _MAX_HOLES holes, past 2 * count + 64 numbers, or
+    when fds close meanwhile: then list the directory.
+    """
+    budget = 2 * count + 64
+    numbers = _fd_names(budget)
+    readlink = os.readlink
+    names, targets = [], []
+    start = holes = 0
+    while len(targets) < count:
+        run = numbers[start:start + count - len(targets)]
+        try:
+            read = [readlink(name, dir_fd=dir_fd) for name in run]
+        except OSError as exc:
+            if not _skip(exc):
+                raise
+            missing = int(exc.filename)
+        else:
+            targets += read
+            names += run
+            continue
+        holes += 1
+        if holes > _MAX_HOLES or missing + count - len(targets) >= budget:
+            return None
+        present = numbers[start:missing]
+        try:
+            targets += [readlink(name, dir_fd=dir_fd) for name in present]
+        except OSError as exc:
+            if not _skip(exc):
+                raise
+            return None
+        names += present
+        start = missing + 1
+    return names, targets
+
+
+def _size_counts_fds(proc):
+    """True when st_size of PROC/PID/fd is the number of open fds (procfs of Linux >= 6.2).
+
+    Checked once per proc root on our own fd directory: opening a pipe must add exactly 2.
+    Older kernels report 0; a directory that is not procfs reports something else.
+    """
+    if proc not in _SIZE_COUNTS_FDS:
+        fd_dir = "%s/%d/fd" % (proc, os.getpid())
+        try:
+            before = os.stat(fd_dir).st_size
+            read_end, write_end = os.pipe()
+            try:
+                after = os.stat(fd_dir).st_size
+            finally:
+                os.close(read_end)
+                os.close(write_end)
+            _SIZE_COUNTS_FDS[proc] = before > 0 and after == before + 2
+        except OSError:
+            _SIZE_COUNTS_FDS[proc] = False
+    return _SIZE_COUNTS_FDS[proc]
+
+
+def _fd_table(fd_dir, size_counts_fds):
+    """(names, targets) of the fds open in `fd_dir` (/proc/PID/fd or /proc/PID/task/TID/fd).
+
+    None when it cannot be read (the process vanished, or is not ours). Where the directory's
+    size is its number of fds, the fds are read by number without listing the directory.
+    """
+    try:
+        dir_fd = os.open(fd_dir, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as exc:
+        if _skip(exc):
+            return None
+        raise
+    try:
+        if size_counts_fds:
+            table = _probe_fds(dir_fd, os.fstat(dir_fd).st_size)
+            if table is not None:
+                return table
+        return _readlinks(dir_fd, os.listdir(dir_fd))
+    except OSError as exc:
+        if _skip(exc):
+            return None
+        raise
+    finally:
+        os.close(dir_fd)
+
+
+def _record_fds(targets, handles):
+    """Record the NVIDIA device files among fd `targets` in `handles`; True if there was one."""
+    # One search of all targets joined (in C) first: nearly every process holds none.
+    if _DEVICE_PREFIX not in "\n".join(targets):
+        return False
+    found = False
+    for target in targets:
+        if target.startswith(_DEVICE_PREFIX) and handles.add(target, "fd"):
             found = True
     return found
+
+
+def _maybe_other_threads(base):
+    """False when /proc/PID/task has exactly one entry, seen from its link count without listing it.
+
+    procfs gives the task directory 2 + (number of threads) links, as ordinary file systems count
+    2 + subdirectories; any other count (or a file system that reports 1) means: list it.
+    """
+    try:
+        return os.stat(base + "task").st_nlink != 3
+    except OSError as exc:
+        if _skip(exc):
+            return False
+        raise
 
 
 def _scan_maps(proc, pid, handles):
@@ -100,7 +252,7 @@ def _scan_maps(proc, pid, handles):
         with open("%s/%d/maps" % (proc, pid), "rb") as maps:
             data = maps.read()
     except OSError as exc:
-        if exc.errno in _SKIP_ERRNOS:
+        if _skip(exc):
             return
         raise
     if _MAPS_MARK not in data:
@@ -123,22 +275,28 @@ def scan_process(pid, proc="/proc"):
     """
     handles = DeviceHandles(pid)
     base = "%s/%d/" % (proc, pid)
-    leader_fds = _listdir(base + "fd")
-    leader_holds = bool(leader_fds) and _scan_fd_dir(base + "fd/", leader_fds, handles)
-    tids = _listdir(base + "task")
-    if tids and len(tids) > 1:
-        leader = set(leader_fds or ())
-        for tid in tids:
+    size_counts_fds = _size_counts_fds(proc)
+    leader = _fd_table(base + "fd", size_counts_fds)
+    leader_holds = leader is not None and _record_fds(leader[1], handles)
+    if _maybe_other_threads(base):
+        leader_names = leader[0] if leader else []
+        leader_set = None
+        for tid in _listdir(base + "task") or ():
             if tid == str(pid):
                 continue
-            task_fd = "%stask/%s/fd/" % (base, tid)
+            task_fd = "%stask/%s/fd" % (base, tid)
             names = _listdir(task_fd)
             # Threads normally share the leader's fd table (CLONE_FILES): an identical
             # set of fd numbers is taken as the same table, to avoid re-reading it per
             # thread. Only a table that differs is read again.
-            if not names or set(names) == leader:
+            if not names or names == leader_names:
                 continue
-            if _scan_fd_dir(task_fd, names, handles) and not leader_holds:
+            if leader_set is None:
+                leader_set = set(leader_names)
+            if set(names) == leader_set:
+                continue
+            table = _fd_table(task_fd, False)
+            if table is not None and _record_fds(table[1], handles) and not leader_holds:
                 handles.thread_only = True
     _scan_maps(proc, pid, handles)
     if not handles.seen_in:
@@ -151,22 +309,107 @@ def list_pids(proc="/proc"):
     return [int(name) for name in os.listdir(proc) if name.isdigit()]
 
 
-def scan_holders(proc="/proc", skip_pids=()):
+def scan_holders(proc="/proc", skip_pids=(), workers=None):
     """Every process holding an NVIDIA device file: {pid: DeviceHandles}.
 
     Args:
         proc: the /proc to read (its PID namespace is the one PIDs refer to).
         skip_pids: PIDs not to scan (for example our own process and its NVML worker).
+        workers: processes sharing the scan; None picks one per PIDS_PER_WORKER processes, at most
+            one per CPU we may run on and MAX_WORKERS (1 where we are multi-threaded: see _scan_parallel).
     """
     skip = set(skip_pids)
+    pids = [pid for pid in list_pids(proc) if pid not in skip]
+    if workers is None:
+        workers = _worker_count(len(pids))
+    if workers > 1:
+        return _scan_parallel(pids, proc, workers)
+    return _scan_pids(pids, proc)
+
+
+# A scan of many processes is shared by forked workers: reading /proc costs kernel time per fd and
+# per mapping, which spreads over CPUs; below a few hundred processes a fork costs more than it saves.
+PIDS_PER_WORKER = 250
+MAX_WORKERS = 8
+
+
+def _worker_count(pid_count):
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    return max(1, min(cpus, MAX_WORKERS, pid_count // PIDS_PER_WORKER))
+
+
+def _scan_pids(pids, proc):
     holders = {}
-    for pid in list_pids(proc):
-        if pid in skip:
-            continue
+    for pid in pids:
         handles = scan_process(pid, proc)
         if handles is not None:
             holders[pid] = handles
     return holders
+
+
+def _scan_parallel(pids, proc, workers):
+    """scan_holders' result for `pids`, read by `workers` processes: this one and forked children.
+
+    Each child scans every workers-th PID and sends its holders as JSON through a pipe. A child
+    that fails (or a fork that fails) leaves its share to this process, so the result is the same
+    as a serial scan's. A multi-threaded process scans alone: a fork copies only the calling
+    thread, and a lock held by another thread would stay locked in the child.
+    """
+    if not _single_threaded():
+        return _scan_pids(pids, proc)
+    children = []
+    for share in range(1, workers):
+        try:
+            read_end, write_end = os.pipe()
+            child = os.fork()
+        except OSError:
+            break
+        if child == 0:  # the worker: no return to the caller, no atexit handlers, no stdio flush
+            status = 1
+            try:
+                os.close(read_end)
+                # Let go of the caller's stdio (a module's pipe to Ansible): a worker blocked on the maps
+                # of a process stuck in the driver must not keep it open.
+                devnull = os.open(os.devnull, os.O_RDWR)
+                for fd in (0, 1, 2):
+                    os.dup2(devnull, fd)
+                found = _scan_pids(pids[share::workers], proc)
+                with os.fdopen(write_end, "wb") as out:
+                    out.write(json.dumps([handles.as_dict() for handles in found.values()]).encode("utf-8"))
+                status = 0
+            finally:
+                os._exit(status)
+        os.close(write_end)
+        children.append((share, child, read_end))
+    done = len(children) + 1
+    holders = _scan_pids(pids[0::workers], proc)
+    for share, child, read_end in children:
+        with os.fdopen(read_end, "rb") as reply:
+            data = reply.read()
+        _pid, status = os.waitpid(child, 0)
+        try:
+            found = json.loads(data.decode("utf-8")) if status == 0 else None
+        except ValueError:
+            found = None
+        if found is None:
+            holders.update(_scan_pids(pids[share::workers], proc))
+            continue
+        for entry in found:
+            holders[entry["pid"]] = DeviceHandles.from_dict(entry)
+    for share in range(done, workers):  # forks that failed: scan their shares here
+        holders.update(_scan_pids(pids[share::workers], proc))
+    return holders
+
+
+def _single_threaded():
+    """True when this process runs one thread (its task directory has exactly one entry)."""
+    try:
+        return os.stat("/proc/self/task").st_nlink == 3
+    except OSError:
+        return False
 
 
 def read_stat(pid, proc="/proc"):
@@ -181,7 +424,7 @@ def read_stat(pid, proc="/proc"):
         with open("%s/%d/stat" % (proc, pid), "rb") as stat:
             data = stat.read()
     except OSError as exc:
-        if exc.errno in _SKIP_ERRNOS:
+        if _skip(exc):
             return None
         raise
     # comm (field 2) may contain spaces and parentheses: split after the last ')'.
@@ -206,7 +449,7 @@ def read_nspids(pid, proc="/proc"):
                 if line.startswith("NSpid:"):
                     return [int(x) for x in line.split()[1:]]
     except OSError as exc:
-        if exc.errno in _SKIP_ERRNOS:
+        if _skip(exc):
             return []
         raise
     return [pid]

@@ -80,7 +80,7 @@ def wait_released(inspector, indices, timeout, max_used_mib=DEFAULT_MAX_USED_MIB
     """Poll snapshots until every selected GPU is released or `timeout` seconds pass.
 
     Returns {"released" (bool), "elapsed_s", "polls", "gpus" (gpu_status of the last poll),
-    "driver" (the last snapshot's driver state)}. A driver that stops answering ends the
+    "driver" (the last snapshot's driver state), "view" (the last snapshot itself)}. A driver that stops answering ends the
     wait at once with released=False (its NVML query is bounded by the time left plus NVML_SLACK_S).
     """
     own_chain = _gpus.ancestors()
@@ -96,5 +96,5 @@ def wait_released(inspector, indices, timeout, max_used_mib=DEFAULT_MAX_USED_MIB
         now = clock()
         if done or now >= deadline or view["driver"]["timed_out"]:
             return {"released": done and not view["driver"]["timed_out"], "elapsed_s": round(now - start, 3), "polls": polls,
-                    "gpus": status, "driver": view["driver"]}
+                    "gpus": status, "driver": view["driver"], "view": view}
         sleep(min(poll_interval, max(0.0, deadline - now)))

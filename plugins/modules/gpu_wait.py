@@ -44,9 +44,11 @@ options:
     type: int
     default: 256
   poll_interval:
-    description: Seconds between two looks at the GPUs.
+    description:
+      - Seconds between two looks at the GPUs. A look costs a few milliseconds of CPU on a node with a few hundred
+        processes; with the default the module returns within about 0.05 s of the release there.
     type: float
-    default: 0.05
+    default: 0.02
   exclude:
     description: Process names that do not count as holders, added to the protected daemons.
     type: list
@@ -100,7 +102,19 @@ driver:
   description: State of the NVIDIA driver library at the last look, as in gpu_facts.
   returned: always
   type: dict
+after:
+  description:
+    - The GPUs and their holders at the last look, in the structure of the C(nvidia) facts of M(gpuops.nvidia.gpu_facts)
+      (C(driver), C(gpus) with memory in MiB and C(holder_pids), C(holders), C(unmapped_minors), C(index_source)), so that
+      a play needs no separate gpu_facts task to report the outcome. Unlike RV(gpus), it covers every GPU and every
+      holder, protected daemons included.
+  returned: when the GPUs could be read (not when an option is invalid)
+  type: dict
+  sample: {"driver": {"available": true}, "gpus": [{"index": 0, "memory_used_mib": 0, "holder_pids": []}], "holders": [],
+           "unmapped_minors": [], "index_source": "nvml"}
 """
+
+import gc
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
@@ -112,7 +126,7 @@ def main():
         argument_spec=dict(
             timeout=dict(type="float", default=60.0),
             max_used_mib=dict(type="int", default=_wait.DEFAULT_MAX_USED_MIB),
-            poll_interval=dict(type="float", default=0.05),
+            poll_interval=dict(type="float", default=0.02),
             exclude=dict(type="list", elements="str", default=[]),
             **_gpus.SELECTION_ARGS
         ),
@@ -130,8 +144,12 @@ def main():
             module.fail_json(msg=str(exc))
         result = _wait.wait_released(inspector, indices, params["timeout"], params["max_used_mib"],
                                      params["poll_interval"], params["exclude"])
+        result["after"] = result.pop("view")
     finally:
         inspector.close()
+    # The process ends right after the result: spare it the final garbage collection of every imported
+    # object, which delays the module's return by 20-60 ms.
+    gc.freeze()
     if not result["driver"]["available"] and not result["driver"]["timed_out"]:
         module.warn("NVIDIA driver library not usable (%s): waited for holders from the /proc scan alone; "
                     "memory release is not confirmed" % result["driver"]["error"])

@@ -3,6 +3,7 @@
     load = populate(node, processes=2000, fds=100_000, holders=36, threads=8)
     load["holders"]          # PIDs (in the node) that hold an NVIDIA device file, by design
     load["processes"], load["fds"]   # what the node then has in total (counted from its /proc)
+    tree = orphaned_tree(node, tp=8)  # {"engine": PID, "workers": [PID...]}: a light orphaned vLLM tree
 
 Everything is created by one launcher process inside the node (detached, stdio on /dev/null), which
 forks the rest without exec, so 2,000 processes take a second or two and little memory:
@@ -24,13 +25,15 @@ from pathlib import Path
 
 # Runs inside the node: python -c LOAD_PROGRAM SPEC_JSON. Writes /run/gpusim/load.json when done.
 LOAD_PROGRAM = r"""
-import json, mmap, os, resource, signal, sys, threading
+import ctypes, json, mmap, os, resource, signal, sys, threading
 
 spec = json.loads(sys.argv[1])
 conf = dict(line.strip().split("=", 1) for line in open("/run/gpusim/node.conf") if "=" in line)
 minors = [int(x) for x in conf["minors"].split(",")]
 ready_r, ready_w = os.pipe()
-mappings = []  # kept referenced: a collected mmap object unmaps
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
 
 
 launcher = os.getpid()
@@ -90,7 +93,9 @@ def holder(kind, index, mib, threads):
             os.open("/dev/nvidia-uvm", os.O_RDWR)
         fd = create_context(index, mib)
         if kind == "mapping":
-            mappings.append(mmap.mmap(fd, 4096, mmap.MAP_SHARED, mmap.PROT_READ, offset=os.getpid() * 4096))
+            # Python's mmap refuses to map past the end of the (empty) file: map it with libc.
+            if libc.mmap(None, 4096, mmap.PROT_READ, mmap.MAP_SHARED, fd, os.getpid() * 4096) in (None, 2 ** 64 - 1):
+                raise OSError(ctypes.get_errno(), "mmap of the device file failed")
             os.close(fd)
         if kind == "inherited":
             grandchild = child(lambda: start_threads(threads))
@@ -151,6 +156,54 @@ for name in os.listdir("/proc"):
 print(json.dumps({"processes": processes, "fds": fds}))
 """
 
+# Runs inside the node: python -c TREE_PROGRAM TP. The shape of an orphaned vLLM TP tree, made by forks
+# only: the "API server" forks VLLM::EngineCore, which forks VLLM::Worker_TP<i> holding GPU i (one
+# context of 1024 MiB each, per tests/sim/README.md); once every worker holds its GPU the API server
+# writes /run/gpusim/tree.json and exits, orphaning the rest. The engine exits when its workers are gone.
+TREE_PROGRAM = r"""
+import json, os, signal, sys
+import setproctitle
+
+tp = int(sys.argv[1])
+conf = dict(line.strip().split("=", 1) for line in open("/run/gpusim/node.conf") if "=" in line)
+minors = [int(x) for x in conf["minors"].split(",")]
+ready_r, ready_w = os.pipe()
+engine = os.fork()
+if engine == 0:
+    os.close(ready_r)
+    setproctitle.setproctitle("VLLM::EngineCore")
+    workers = []
+    for rank in range(tp):
+        worker = os.fork()
+        if worker == 0:
+            setproctitle.setproctitle("VLLM::Worker_TP%d" % rank)
+            pid = os.getpid()
+            fd = os.open("/dev/nvidia%d" % minors[rank], os.O_RDWR)
+            os.lseek(fd, pid, os.SEEK_SET)
+            with open("/run/gpusim/contexts/.%d" % pid, "w") as context:
+                context.write("%d 1024\n" % rank)
+            os.rename("/run/gpusim/contexts/.%d" % pid, "/run/gpusim/contexts/%d" % pid)
+            os.write(ready_w, b"%d " % pid)
+            os.close(ready_w)
+            while True:
+                signal.pause()
+        workers.append(worker)
+    os.close(ready_w)
+    for _ in workers:
+        os.wait()
+    os._exit(0)
+os.close(ready_w)
+report = b""
+while len(report.split()) < tp:
+    chunk = os.read(ready_r, 4096)
+    if not chunk:
+        sys.exit("a worker died before holding its GPU")
+    report += chunk
+with open("/run/gpusim/.tree.json", "w") as out:
+    json.dump({"engine": engine, "workers": [int(pid) for pid in report.split()]}, out)
+os.rename("/run/gpusim/.tree.json", "/run/gpusim/tree.json")
+"""
+
 SLEEPER_FDS = 3
 FD_HELPER_MAX_FDS = 10_000
 
@@ -189,15 +242,33 @@ def populate(node, processes: int, fds: int, holders: int, threads: int = 8, con
     spec = plan(processes, fds, holders, threads, control_only)
     node.exec("sh", "-c", 'setsid -f "$0" -c "$1" "$2" </dev/null >/dev/null 2>&1',
               str(node_python()), LOAD_PROGRAM, json.dumps(spec))
-    report = Path(node.run_dir) / "load.json"
-    deadline = time.monotonic() + timeout
-    while not report.exists():
-        if time.monotonic() > deadline:
-            raise TimeoutError("the load launcher in node %s did not report within %.0f s" % (node.name, timeout))
-        time.sleep(0.05)
-    made = json.loads(report.read_text())
+    made = json.loads(_wait_for_file(Path(node.run_dir) / "load.json", timeout, "the load launcher in node %s" % node.name))
     made.update(count(node))
     return made
+
+
+def orphaned_tree(node, tp: int = 8, timeout: float = 60.0) -> dict:
+    """Start TREE_PROGRAM's orphaned TP tree in `node`; return {"engine": PID, "workers": [PID...]} (node PIDs).
+
+    Raises TimeoutError when it has not reported after `timeout` seconds.
+    """
+    report = Path(node.run_dir) / "tree.json"
+    report.unlink(missing_ok=True)
+    node.exec("sh", "-c", 'setsid -f "$0" -c "$1" "$2" </dev/null >/dev/null 2>&1',
+              str(node_python()), TREE_PROGRAM, str(tp))
+    return json.loads(_wait_for_file(report, timeout, "the TP tree in node %s" % node.name))
+
+
+def _wait_for_file(path: Path, timeout: float, what: str) -> str:
+    """Text of `path` once it exists (written by rename, so complete); TimeoutError after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return path.read_text()
+        except FileNotFoundError:
+            if time.monotonic() > deadline:
+                raise TimeoutError("%s did not report within %.0f s" % (what, timeout)) from None
+            time.sleep(0.02)
 
 
 def node_python() -> Path:

@@ -19,6 +19,7 @@ import select
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -64,6 +65,16 @@ FIXED_AT_UP = ("gpus", "minors")
 # PCI buses of the eight GPUs of an HGX H100 board; GPU i >= 8 uses PCI domain i // 8.
 HGX_PCI_BUSES = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)
 MAX_GPUS = 64
+
+# SSH-reached nodes (`up --ssh`): material shared by every node under $GPUNODE_ROOT/ssh/ (a name no
+# node may take), one sshd per node on its own loopback address 127.0.<K // 254 + 1>.<K % 254 + 1>:22.
+SSH_DIR_NAME = "ssh"
+SSHD = "/usr/sbin/sshd"
+SSH_PORT = 22
+SSH_MAX_NODES = 254 * 254
+SSH_READY_TIMEOUT_S = 10.0
+# Files sshd writes for pty sessions: per-node copies are bound over them inside the node.
+SSH_LOGIN_RECORDS = ("/var/log/wtmp", "/var/log/btmp", "/var/log/lastlog")
 
 
 class GpunodeError(Exception):
@@ -350,6 +361,8 @@ def state_dir_of(name: str) -> Path:
     """$GPUNODE_ROOT/NAME; GpunodeError if NAME is not [A-Za-z0-9_.-]+."""
     if not NAME_PATTERN.fullmatch(name) or name in (".", ".."):
         raise GpunodeError(f"invalid node name {name!r} (allowed: letters, digits, _ . -)")
+    if name == SSH_DIR_NAME:
+        raise GpunodeError(f"node name {name!r} is reserved ($GPUNODE_ROOT/{SSH_DIR_NAME} holds the SSH keys)")
     return gpunode_root() / name
 
 
@@ -471,12 +484,18 @@ def _start_init(state: Path, minors: list[str], reap: bool) -> tuple[subprocess.
     return unshare, int(ready.group(1))
 
 
-def create_node(name: str, conf: dict[str, str], driver: bool, reap: bool) -> dict:
+def create_node(name: str, conf: dict[str, str], driver: bool, reap: bool, ssh: bool = False) -> dict:
     """Start node `name` with node.conf settings `conf`; return its description (node.json).
 
-    Raises GpunodeError if a running node has that name, a build fails or the node does not
-    become ready within READY_TIMEOUT_S. A dead node's leftover state is removed first.
+    With `ssh`, the node also runs its own sshd (see start_sshd). Raises GpunodeError if a running
+    node has that name, a build fails, the node does not become ready within READY_TIMEOUT_S, or
+    (ssh) sshd is missing, not root, or does not listen within SSH_READY_TIMEOUT_S. A dead node's
+    leftover state is removed first.
     """
+    if ssh and os.geteuid() != 0:
+        raise GpunodeError("--ssh needs root (sshd's privilege separation)")
+    if ssh and not os.access(SSHD, os.X_OK):
+        raise GpunodeError(f"--ssh: {SSHD} is not installed (scripts/bench/ensure_tools.sh sshd installs it)")
     state = state_dir_of(name)
     conf = validate_conf(conf)
     if state.exists():
@@ -492,10 +511,18 @@ def create_node(name: str, conf: dict[str, str], driver: bool, reap: bool) -> di
     except FileExistsError:
         raise GpunodeError(f"node {name} is being created by another gpunode") from None
     try:
-        return _populate_and_start(name, state, conf, driver, reap)
+        info = _populate_and_start(name, state, conf, driver, reap)
     except BaseException:
         shutil.rmtree(state, ignore_errors=True)
         raise
+    if ssh:
+        try:
+            info["ssh"] = start_sshd(info)
+        except BaseException:
+            destroy_node(name)
+            raise
+        _write_node_json(info)
+    return info
 
 
 def _populate_and_start(name: str, state: Path, conf: dict[str, str], driver: bool, reap: bool) -> dict:
@@ -537,10 +564,172 @@ def _populate_and_start(name: str, state: Path, conf: dict[str, str], driver: bo
         "log": str(state / "node.log"),
     }
     _write_executable(state / "python", _python_wrapper(info, python))
+    _write_node_json(info)
+    return info
+
+
+def _write_node_json(info: dict) -> None:
+    state = Path(info["state_dir"])
     temporary = state / ".node.json.tmp"
     temporary.write_text(json.dumps(info, indent=2) + "\n")
     os.replace(temporary, state / "node.json")
-    return info
+
+
+# ---------------------------------------------------------------------------------------------
+# nodes reached over SSH
+
+
+def ssh_dir() -> Path:
+    """$GPUNODE_ROOT/ssh: keys, known_hosts and the minimal .bashrc shared by every SSH node."""
+    return gpunode_root() / SSH_DIR_NAME
+
+
+def _ssh_lock():
+    """Exclusive lock serialising address allocation and sshd starts (released on close)."""
+    directory = ssh_dir()
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    lock = open(os.open(directory / ".lock", os.O_RDONLY | os.O_CREAT, 0o600))
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    return lock
+
+
+def _keygen(path: Path, comment: str) -> None:
+    if not path.exists():
+        _run_build(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)], f"SSH key {path}")
+
+
+def _ssh_material() -> dict[str, Path]:
+    """Create, once, the shared SSH files (call with the SSH lock held); return their paths.
+
+    One host key for every node (a changing key would make ssh warn or refuse), one client key
+    authorized on every node, a known_hosts file matching every loopback address, and the
+    minimal .bashrc bound over root's inside the nodes (bash runs ~/.bashrc for every SSH command).
+    """
+    directory = ssh_dir()
+    paths = {"host_key": directory / "ssh_host_ed25519_key", "client_key": directory / "id_ed25519",
+             "authorized_keys": directory / "authorized_keys", "known_hosts": directory / "known_hosts",
+             "bashrc": directory / "bashrc"}
+    _keygen(paths["host_key"], "gpunode-host")
+    _keygen(paths["client_key"], "gpunode-client")
+    host_public = (directory / "ssh_host_ed25519_key.pub").read_text().split()
+    # Running nodes' sshds read these: replace them only when they differ, and atomically.
+    for key, text in (("authorized_keys", (directory / "id_ed25519.pub").read_text()),
+                      ("known_hosts", f"127.* {host_public[0]} {host_public[1]}\n"),
+                      ("bashrc", "# ~/.bashrc of simulated GPU nodes (gpunode up --ssh): nothing to run per SSH command.\n")):
+        if not paths[key].exists() or paths[key].read_text() != text:
+            temporary = paths[key].with_name(f".{paths[key].name}.{os.getpid()}.tmp")
+            temporary.write_text(text)
+            os.replace(temporary, paths[key])
+    return paths
+
+
+def ssh_address(number: int) -> str:
+    """Loopback address of SSH node slot `number` (0 -> 127.0.1.1, 254 -> 127.0.2.1...)."""
+    return f"127.0.{number // 254 + 1}.{number % 254 + 1}"
+
+
+def _free_ssh_address() -> str:
+    """First loopback address no running node uses and where port SSH_PORT can be bound."""
+    taken = set()
+    for name in node_names():
+        try:
+            info = load_node(name)
+        except (GpunodeError, ValueError):
+            continue
+        if "ssh" in info and init_running(info):
+            taken.add(info["ssh"]["host"])
+    for number in range(SSH_MAX_NODES):
+        address = ssh_address(number)
+        if address in taken:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind((address, SSH_PORT))
+            except OSError:
+                continue  # something else listens there (a host sshd on 0.0.0.0:22 takes every one)
+        return address
+    raise GpunodeError(f"no free loopback address for port {SSH_PORT} (a host sshd listening on 0.0.0.0:22?)")
+
+
+def _sshd_config(info: dict, address: str, material: dict[str, Path]) -> str:
+    path = f"{Path(info['state_dir']) / 'bin'}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    return "\n".join([
+        f"# sshd of simulated GPU node {info['name']} (written by gpunode up --ssh)",
+        f"ListenAddress {address}:{SSH_PORT}",
+        f"HostKey {material['host_key']}",
+        f"AuthorizedKeysFile {material['authorized_keys']}",
+        "PermitRootLogin prohibit-password",
+        "PasswordAuthentication no",
+        "KbdInteractiveAuthentication no",
+        "UsePAM no",
+        "UseDNS no",
+        # The keys live under $GPUNODE_ROOT, which may be in /tmp (mode 1777).
+        "StrictModes no",
+        "PidFile none",
+        # Ansible's forks open many connections at once; the default (10:30:100) drops some.
+        "MaxStartups 64:30:128",
+        "MaxSessions 64",
+        "PrintMotd no",
+        "PrintLastLog no",
+        "LogLevel ERROR",
+        f"SetEnv PATH={path}",
+        "Subsystem sftp internal-sftp",
+        "",
+    ])
+
+
+def start_sshd(info: dict) -> dict:
+    """Start an sshd inside running node `info`, listening on its own loopback address, port 22.
+
+    sshd runs in the foreground as an orphan of the node's init (so every SSH session lands in the
+    node's PID and mount namespaces) with a private /run/sshd, the minimal .bashrc bound over
+    root's and per-node login records bound over the host's. Returns {"host", "port", "user",
+    "private_key", "known_hosts", "config", "log"}. Raises GpunodeError when sshd does not
+    accept connections within SSH_READY_TIMEOUT_S (its log is in the message).
+    """
+    state = Path(info["state_dir"])
+    node_ssh = state / "ssh"
+    node_ssh.mkdir(mode=0o700, exist_ok=True)
+    config, log = node_ssh / "sshd_config", node_ssh / "sshd.log"
+    binds = []
+    home_bashrc = Path(os.path.expanduser("~root")) / ".bashrc"
+    with _ssh_lock():
+        material = _ssh_material()
+        address = _free_ssh_address()
+        config.write_text(_sshd_config(info, address, material))
+        if home_bashrc.exists():
+            binds.append((material["bashrc"], home_bashrc))
+        for record in SSH_LOGIN_RECORDS:
+            if os.path.exists(record):
+                copy = node_ssh / os.path.basename(record)
+                copy.touch()
+                binds.append((copy, Path(record)))
+        script = "".join(f"mount -n --bind {shlex.quote(str(source))} {shlex.quote(str(target))} || exit 1\n"
+                         for source, target in binds)
+        script += (f"mkdir -p /run/sshd && chmod 0755 /run/sshd || exit 1\n"
+                   f"exec setsid -f {SSHD} -D -e -f {shlex.quote(str(config))} </dev/null >>{shlex.quote(str(log))} 2>&1\n")
+        result = subprocess.run(nsenter_argv(info, "/") + ["/bin/sh", "-c", script], stdin=subprocess.DEVNULL,
+                                capture_output=True, text=True, check=False)
+        if result.returncode != 0:
+            raise GpunodeError(f"starting sshd in node {info['name']} failed: {result.stderr.strip()}")
+        _wait_listening(address, log)
+    return {"host": address, "port": SSH_PORT, "user": "root", "private_key": str(material["client_key"]),
+            "known_hosts": str(material["known_hosts"]), "config": str(config), "log": str(log)}
+
+
+def _wait_listening(address: str, log: Path) -> None:
+    deadline = time.monotonic() + SSH_READY_TIMEOUT_S
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            if probe.connect_ex((address, SSH_PORT)) == 0:
+                return
+        # sshd logs only errors (LogLevel ERROR): anything logged before it listens is fatal.
+        logged = log.read_text(errors="replace").strip() if log.exists() else ""
+        if logged:
+            raise GpunodeError(f"sshd on {address}:{SSH_PORT} did not start: {logged}")
+        if time.monotonic() > deadline:
+            raise GpunodeError(f"sshd on {address}:{SSH_PORT} accepted no connection within {SSH_READY_TIMEOUT_S:.0f} s")
+        time.sleep(POLL_INTERVAL_S)
 
 
 def _wait_gone(pid: int, start_time: str, timeout: float) -> bool:
@@ -595,14 +784,29 @@ def node_names() -> list[str]:
     if not root.is_dir():
         return []
     return sorted(entry.name for entry in root.iterdir()
-                  if entry.is_dir() and NAME_PATTERN.fullmatch(entry.name))
+                  if entry.is_dir() and NAME_PATTERN.fullmatch(entry.name) and entry.name != SSH_DIR_NAME)
 
 
 def inventory_text(names: list[str]) -> str:
-    """Ansible INI inventory: group `gpunodes`, one host per node, with its connection vars."""
+    """Ansible INI inventory: group `gpunodes`, one host per node, with its connection vars.
+
+    A node started with --ssh is reached over SSH (its loopback address, the shared client key and
+    known_hosts, pipelining) and runs the venv's Python directly; others use the local connection
+    with the node's interpreter wrapper.
+    """
     lines = ["[gpunodes]"]
     for name in names:
-        host_vars = {"ansible_connection": "local", "ansible_python_interpreter": load_node(name)["python"]}
+        info = load_node(name)
+        if "ssh" in info:
+            ssh = info["ssh"]
+            host_vars = {
+                "ansible_host": ssh["host"], "ansible_port": str(ssh["port"]), "ansible_user": ssh["user"],
+                "ansible_ssh_private_key_file": ssh["private_key"],
+                "ansible_ssh_common_args": f"-o UserKnownHostsFile={ssh['known_hosts']} -o StrictHostKeyChecking=yes",
+                "ansible_ssh_pipelining": "true", "ansible_python_interpreter": node_python(),
+            }
+        else:
+            host_vars = {"ansible_connection": "local", "ansible_python_interpreter": info["python"]}
         lines.append(" ".join([name] + [f"{key}={shlex.quote(value)}" for key, value in host_vars.items()]))
     return "\n".join(lines) + "\n"
 
@@ -628,7 +832,7 @@ def _up(args: argparse.Namespace) -> int:
         "uuids": ",".join(default_uuid(args.name, index) for index in range(gpus)),
         "pci_bus_ids": ",".join(default_pci_bus_id(index) for index in range(gpus)),
     })
-    info = create_node(args.name, conf, driver=not args.no_driver, reap=not args.no_reap)
+    info = create_node(args.name, conf, driver=not args.no_driver, reap=not args.no_reap, ssh=args.ssh)
     print(json.dumps(info, indent=2))
     return 0
 
@@ -706,6 +910,7 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--hang", default="", help="NVML function that blocks forever (all: every call)")
     up.add_argument("--lost", default="", help="GPU indices that answer NVML_ERROR_GPU_IS_LOST")
     up.add_argument("--no-reap", action="store_true", help="init never reaps: zombies stay")
+    up.add_argument("--ssh", action="store_true", help="run an sshd in the node on its own loopback address (root)")
     up.set_defaults(handler=_up)
 
     exec_ = commands.add_parser("exec", help="run a command inside a node")

@@ -6,6 +6,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -171,3 +173,83 @@ def test_proc_driver_minors_reads_information_files_in_bus_order(proc):
 
 def test_proc_driver_minors_without_kernel_module(proc):
     assert _procscan.proc_driver_minors(str(proc)) == []
+
+
+def test_scan_split_over_worker_processes_equals_the_serial_scan(proc):
+    maps = b"7f3a40000000-7f3a40200000 rw-s 00000000 00:05 1027 /dev/nvidia5\n"
+    for pid in range(100, 130):
+        kind = pid % 4
+        make_process(proc, pid, fds={0: "/dev/null", 3: "/dev/nvidia%d" % (pid % 8)} if kind == 0 else {0: "/dev/null"},
+                     tasks={pid + 1000: {7: "/dev/nvidiactl"}} if kind == 1 else None, maps=maps if kind == 2 else b"")
+    serial = _procscan.scan_holders(str(proc), skip_pids=[104], workers=1)
+    parallel = _procscan.scan_holders(str(proc), skip_pids=[104], workers=3)
+    assert sorted(parallel) == sorted(serial) and len(serial) == 22
+    assert [parallel[pid].as_dict() for pid in sorted(parallel)] == [serial[pid].as_dict() for pid in sorted(serial)]
+    assert parallel[101].thread_only is True and parallel[101].control is True
+    assert parallel[102].seen_in == {"mapping"} and parallel[102].minors == {5}
+
+
+# A process with fds 0, 1, 2 (stdio) and the numbers in argv[1:] open on /dev/zero; says "ready", then sleeps.
+_SPARSE_FDS = (
+    "import os, sys, time\n"
+    "for number in sys.argv[1:]:\n"
+    "    os.dup2(os.open('/dev/zero', os.O_RDONLY), int(number))\n"
+    "print('ready', flush=True)\n"
+    "time.sleep(60)\n"
+)
+
+
+@pytest.mark.parametrize("numbers, found_by_number", [
+    ((5, 9), True),      # holes a few numbers wide: read by number
+    ((5, 9, 300), False),  # fd 300 is past 2 * count + 64 numbers: the directory is listed instead
+])
+def test_fds_read_by_number_match_the_listing_of_a_sparse_table(numbers, found_by_number):
+    child = subprocess.Popen([sys.executable, "-c", _SPARSE_FDS] + [str(number) for number in numbers],
+                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert child.stdout.readline() == "ready\n"
+        fd_dir = "/proc/%d/fd" % child.pid
+        listed = dict(zip(*_procscan._fd_table(fd_dir, size_counts_fds=False)))
+        # Each os.open above took the lowest free number before dup2 moved it: the child keeps those too.
+        assert set(int(name) for name in listed) >= {0, 1, 2} | set(numbers)
+        assert listed[str(numbers[-1])] == "/dev/zero"
+        if not _procscan._size_counts_fds("/proc"):
+            pytest.skip("st_size of /proc/PID/fd is not the number of fds here (Linux < 6.2)")
+        assert dict(zip(*_procscan._fd_table(fd_dir, size_counts_fds=True))) == listed
+        dir_fd = os.open(fd_dir, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            probed = _procscan._probe_fds(dir_fd, len(listed))
+        finally:
+            os.close(dir_fd)
+        assert (probed is not None) == found_by_number
+        if found_by_number:
+            assert dict(zip(*probed)) == listed
+    finally:
+        child.kill()
+        child.wait()
+        child.stdout.close()
+
+
+def test_fd_directory_sizes_are_not_taken_for_fd_counts_outside_procfs(proc):
+    assert _procscan._size_counts_fds(str(proc)) is False
+
+
+def test_a_failing_scan_worker_leaves_its_share_to_the_caller(proc, monkeypatch):
+    for pid in range(100, 112):
+        make_process(proc, pid, fds={3: "/dev/nvidia%d" % (pid % 4)})
+    caller = os.getpid()
+    scan_process = _procscan.scan_process
+    scanned_by_caller = []
+
+    def failing_in_workers(pid, proc_dir):
+        if os.getpid() != caller:
+            raise RuntimeError("worker trouble")
+        scanned_by_caller.append(pid)
+        return scan_process(pid, proc_dir)
+
+    monkeypatch.setattr(_procscan, "scan_process", failing_in_workers)
+    holders = _procscan.scan_holders(str(proc), workers=3)
+    assert sorted(holders) == list(range(100, 112))
+    assert holders[105].minors == {1}
+    # The caller scanned its own third, then the two thirds of the failed workers: every PID once.
+    assert sorted(scanned_by_caller) == list(range(100, 112))

@@ -1,0 +1,456 @@
+"""Benchmark gpuops.nvidia on simulated GPU nodes; print medians, write the raw results and a plot.
+
+    .venv/bin/python scripts/bench/run.py            # full run (about 10 minutes on 2 cores)
+    .venv/bin/python scripts/bench/run.py --quick    # fewer runs, smaller loads (about 3 minutes)
+    .venv/bin/python scripts/bench/run.py --sections scan,release --runs 3
+
+Sections (method and targets: docs/performance.md):
+  scan     the collection's holder scan vs `fuser -v /dev/nvidia*` vs `lsof /dev/nvidia*`, inside one node with
+           about 2,000 processes and 100,000 open fds, a few dozen of them GPU holders; the holder sets must agree
+  release  how long after the simulated driver frees the memory gpu_wait returns, per release latency
+  node     playbooks/reset_gpus.yml on one node with an orphaned vLLM TP=8 tree vs a play of one ping task
+  fleet    the same reset over real SSH on N nodes (forks N) vs on one node; CPU seconds per node
+Every comparison is measured side by side in one run (alternating), so load from other work on the machine
+hits both sides. Needs root (nodes, sshd); installs psmisc, lsof and openssh-server with apt-get if missing.
+Not a test: it asserts nothing about speed, it reports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "integration"), str(Path(__file__).resolve().parent)]
+
+import nodeload  # noqa: E402
+import plot  # noqa: E402
+from ansible_run import _env as ansible_env  # noqa: E402
+from nodetools import alive, start_holder, start_vllm, wait_for  # noqa: E402
+from simnode import gpunode, inventory_file, up  # noqa: E402
+
+VENV_BIN = REPO / ".venv" / "bin"
+PLAYBOOK = REPO / "playbooks" / "reset_gpus.yml"
+ENSURE_TOOLS = Path(__file__).resolve().parent / "ensure_tools.sh"
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+# Runs inside the scan node: rounds of scan / serial scan / fuser / lsof in rotating order.
+# argv: rounds. Prints {"times": {tool: [{"wall_s", "cpu_s"}]}, "sets": {tool: [PID...]}}.
+SCAN_PROGRAM = r"""
+import glob, json, os, subprocess, sys, time
+sys.path.insert(0, %(collections)r)
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _procscan
+
+files = sorted(glob.glob("/dev/nvidia*"))
+
+
+def fuser():
+    result = subprocess.run(["fuser", "-v"] + files, capture_output=True, text=True)
+    return {int(word) for word in result.stdout.split()}  # PIDs on stdout, the table on stderr
+
+
+def lsof():
+    result = subprocess.run(["lsof"] + files, capture_output=True, text=True)
+    return {int(line.split()[1]) for line in result.stdout.splitlines()[1:]}
+
+
+tools = {"scan": lambda: set(_procscan.scan_holders()), "scan_serial": lambda: set(_procscan.scan_holders(workers=1)),
+         "fuser": fuser, "lsof": lsof}
+names = list(tools)
+times = {name: [] for name in names}
+sets = {}
+for number in range(int(sys.argv[1])):
+    for name in names[number %% len(names):] + names[:number %% len(names)]:
+        cpu_before, wall_before = sum(os.times()[:4]), time.perf_counter()
+        found = tools[name]()
+        wall, cpu = time.perf_counter() - wall_before, sum(os.times()[:4]) - cpu_before
+        times[name].append({"wall_s": wall, "cpu_s": cpu})
+        sets[name] = sorted(found)
+print(json.dumps({"times": times, "sets": sets}))
+"""
+
+NOOP_PLAY = """- name: One task that reaches the host
+  hosts: all
+  gather_facts: false
+  tasks:
+    - name: Ping
+      ansible.builtin.ping:
+"""
+
+RESET_PLAY = """- name: Reset NVIDIA GPUs ({strategy} strategy)
+  hosts: all
+  gather_facts: false
+  strategy: {strategy}
+  roles:
+    - role: gpuops.nvidia.reset_gpus
+"""
+
+
+def log(message: str) -> None:
+    print("[%s] %s" % (time.strftime("%H:%M:%S"), message), file=sys.stderr, flush=True)
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def timed(argv: list[str], env: dict[str, str] | None = None, timeout: float = 600) -> dict:
+    """Run argv to the end; {"wall_s", "cpu_s" (user + system of it and every descendant it reaped),
+    "max_rss_mib" (the largest of those processes), "rc", "output"}."""
+    with tempfile.TemporaryFile() as output:
+        started = time.monotonic()
+        process = subprocess.Popen(argv, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=output,
+                                   stderr=subprocess.STDOUT)
+        timer = threading.Timer(timeout, process.kill)
+        timer.start()
+        try:
+            _pid, status, usage = os.wait4(process.pid, 0)
+        finally:
+            timer.cancel()
+        wall = time.monotonic() - started
+        process.returncode = os.waitstatus_to_exitcode(status)
+        output.seek(0)
+        text = output.read().decode(errors="replace")
+    return {"wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime, "max_rss_mib": usage.ru_maxrss / 1024,
+            "rc": process.returncode, "output": text}
+
+
+def ensure_tools(*tools: str) -> None:
+    result = subprocess.run([str(ENSURE_TOOLS), *tools], capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise SystemExit("bench: %s" % result.stderr.strip())
+
+
+def node_name(section: str, number: int = 0) -> str:
+    return "bench-%d-%s-%d" % (os.getpid(), section, number)
+
+
+def write_inventory(directory: Path, nodes: list) -> Path:
+    """INI inventory of `nodes` (gpunode inventory) in a directory of its own under `directory`."""
+    own = directory / ("inventory-%d" % len(nodes))
+    own.mkdir(exist_ok=True)
+    return inventory_file(own, *nodes)
+
+
+def playbook(inventory: Path, play: Path, forks: int = 5) -> dict:
+    result = timed([str(VENV_BIN / "ansible-playbook"), "-i", str(inventory), "-f", str(forks), str(play)], ansible_env())
+    if result["rc"] != 0:
+        raise RuntimeError("ansible-playbook %s failed (rc %d):\n%s" % (play.name, result["rc"], result["output"][-3000:]))
+    return result
+
+
+# ---------------------------------------------------------------------------------------------
+# sections
+
+
+def bench_scan(args, workdir: Path) -> dict:
+    """Scan vs fuser vs lsof inside one loaded node."""
+    ensure_tools("fuser", "lsof")
+    node = up(node_name("scan"), gpus=8)
+    try:
+        log("scan: filling node %s with %d processes and %d fds" % (node.name, args.processes, args.fds))
+        made = nodeload.populate(node, processes=args.processes, fds=args.fds, holders=args.holders)
+        log("scan: %d processes, %d fds, %d GPU holders + %d control-only; %d rounds"
+            % (made["processes"], made["fds"], len(made["holders"]), len(made["control_only"]), args.scan_rounds))
+        code = SCAN_PROGRAM % {"collections": str(REPO / ".collections")}
+        measured = json.loads(node.py(code, str(args.scan_rounds), timeout=1800))
+    finally:
+        node.down()
+    expected = sorted(made["holders"] + made["control_only"])
+    result = {"processes": made["processes"], "fds": made["fds"], "holders": len(made["holders"]),
+              "control_only": len(made["control_only"]), "expected": expected, "runs": measured["times"],
+              "sets_agree": {tool: found == expected for tool, found in measured["sets"].items()}}
+    result["median_wall_s"] = {tool: median([run["wall_s"] for run in runs]) for tool, runs in measured["times"].items()}
+    result["median_cpu_s"] = {tool: median([run["cpu_s"] for run in runs]) for tool, runs in measured["times"].items()}
+    return result
+
+
+def _descendants(host_pid: int) -> list[int]:
+    """Host PIDs of the processes below `host_pid` (from the host's /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path("/proc/%s/stat" % entry).read_bytes()
+            except OSError:
+                continue
+            children.setdefault(int(stat[stat.rindex(b")") + 2:].split()[1]), []).append(int(entry))
+    found, todo = [], [host_pid]
+    while todo:
+        pid = todo.pop()
+        for child in children.get(pid, []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def release_once(node, latency: float, workdir: Path) -> dict:
+    """One measurement: gpu_wait polling, the holder SIGKILLed; gpu_wait's exit vs the driver's release instant."""
+    holder = start_holder(node, [0], mib=1000)
+    arguments = workdir / ("gpu_wait-%s.json" % node.name)
+    arguments.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": {"gpus": [0], "timeout": latency + 30}}))
+    argv, env = gpunode.enter_command(node.info, [str(VENV_BIN / "python"), "-m",
+                                                  "ansible_collections.gpuops.nvidia.plugins.modules.gpu_wait",
+                                                  str(arguments)])
+    env["PYTHONPATH"] = str(REPO / ".collections")
+    wait_process = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
+    # Below nsenter: nsenter's child in the node (which becomes the module's Python) and, once gpu_wait
+    # polls, its NVML worker. Then end the holder.
+    wait_for(lambda: len(_descendants(wait_process.pid)) >= 2, 30, 0.01, "gpu_wait to start polling")
+    node.exec("kill", "-9", str(holder))
+    marker = Path(node.run_dir) / "released" / ("%d.0" % holder)
+    release_began = float(wait_for(lambda: marker.exists() and marker.read_text().split()[1], 30, 0.002,
+                                   "the driver to start releasing"))
+    output = wait_process.communicate(timeout=latency + 60)[0]
+    returned = time.monotonic()
+    reply = json.loads(output)
+    if not reply.get("released"):
+        raise RuntimeError("gpu_wait did not report a release: %s" % output[-2000:])
+    return {"latency_s": latency, "delay_s": returned - (release_began + latency), "polls": reply["polls"],
+            "module_elapsed_s": reply["elapsed_s"]}
+
+
+def bench_release(args, workdir: Path) -> dict:
+    """gpu_wait's return after the simulated release, for each latency."""
+    node = up(node_name("release"), gpus=2)
+    results = {}
+    try:
+        for latency in args.latencies:
+            node.set(release_latency=latency)
+            runs = []
+            for number in range(args.release_runs):
+                runs.append(release_once(node, latency, workdir))
+                log("release: latency %.1f s, run %d: gpu_wait returned %.3f s after the release"
+                    % (latency, number + 1, runs[-1]["delay_s"]))
+            results["%g" % latency] = {"runs": runs, "median_delay_s": median([run["delay_s"] for run in runs]),
+                                       "max_delay_s": max(run["delay_s"] for run in runs)}
+    finally:
+        node.down()
+    return results
+
+
+def bench_node(args, workdir: Path) -> dict:
+    """reset_gpus.yml on one node with an orphaned vLLM TP=8 tree vs a one-ping play, alternating."""
+    latency = 0.5
+    node = up(node_name("node"), gpus=8, release_latency=latency)
+    inventory = write_inventory(workdir, [node])
+    noop = workdir / "noop.yml"
+    noop.write_text(NOOP_PLAY)
+    runs = {"reset": [], "noop": []}
+    try:
+        playbook(inventory, noop)  # warm-up: the controller's caches, AnsiballZ payloads
+        for number in range(args.runs):
+            api = start_vllm(node, "/models/m", "--tensor-parallel-size", "8")
+            node.exec("kill", "-9", str(api))
+            wait_for(lambda: not alive(node, api), 10, what="API server gone")
+            order = ("reset", "noop") if number % 2 == 0 else ("noop", "reset")
+            for kind in order:
+                result = playbook(inventory, PLAYBOOK if kind == "reset" else noop)
+                runs[kind].append({"wall_s": result["wall_s"], "cpu_s": result["cpu_s"], "max_rss_mib": result["max_rss_mib"]})
+            log("node: run %d: reset %.2f s, noop %.2f s" % (number + 1, runs["reset"][-1]["wall_s"], runs["noop"][-1]["wall_s"]))
+    finally:
+        node.down()
+    reset, noop_wall = median([r["wall_s"] for r in runs["reset"]]), median([r["wall_s"] for r in runs["noop"]])
+    return {"release_latency_s": latency, "runs": runs, "median_reset_s": reset, "median_noop_s": noop_wall,
+            "median_extra_s": median([r["wall_s"] - n["wall_s"] for r, n in zip(runs["reset"], runs["noop"])])}
+
+
+def _cpu_ticks(pid: int, with_children: bool) -> int:
+    try:
+        fields = Path("/proc/%d/stat" % pid).read_bytes().rsplit(b")", 1)[1].split()
+    except OSError:
+        return 0
+    return sum(int(value) for value in fields[11:15 if with_children else 13])
+
+
+def _ssh_masters() -> list[int]:
+    """Host PIDs of Ansible's ControlPersist masters ("ssh: ... [mux]"): their CPU is the controller's too."""
+    masters = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                command = Path("/proc/%s/cmdline" % entry).read_bytes()
+            except OSError:
+                continue
+            if command.startswith(b"ssh: ") and b"[mux]" in command:
+                masters.append(int(entry))
+    return masters
+
+
+def _sshd_processes(nodes: list) -> list[int]:
+    """Host PIDs of the nodes' sshd listeners and their connection processes.
+
+    Everything an SSH session runs (the shell, the module, its NVML worker) is reaped below a connection
+    process, and a connection process by its listener, so their CPU with their reaped children's is the
+    node side's CPU (a connection stays open between runs: ControlPersist).
+    """
+    configs = [node.info["ssh"]["config"].encode() for node in nodes]
+    listeners, parents = [], {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                command = Path("/proc/%s/cmdline" % entry).read_bytes()
+                stat = Path("/proc/%s/stat" % entry).read_bytes()
+            except OSError:
+                continue
+            parents[int(entry)] = int(stat[stat.rindex(b")") + 2:].split()[1])
+            # sshd retitles itself: "sshd: /usr/sbin/sshd -D -e -f CONFIG [listener] ..."
+            if command.startswith(b"sshd: ") and b"[listener]" in command and any(config in command for config in configs):
+                listeners.append(int(entry))
+    return listeners + [pid for pid, parent in parents.items() if parent in listeners]
+
+
+def fleet_run(nodes: list, inventory: Path, play: Path, trees: bool = True) -> dict:
+    """Fresh orphaned trees on `nodes` (unless not `trees`), then `play` over SSH with forks = len(nodes); wall and CPU."""
+    threads = [threading.Thread(target=nodeload.orphaned_tree, args=(node, 8)) for node in nodes if trees]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    node_before = sum(_cpu_ticks(pid, True) for pid in _sshd_processes(nodes))
+    masters_before = {pid: _cpu_ticks(pid, False) for pid in _ssh_masters()}
+    result = playbook(inventory, play, forks=len(nodes))
+    masters_cpu = sum(_cpu_ticks(pid, False) - masters_before.get(pid, 0) for pid in _ssh_masters()) / CLOCK_TICKS
+    node_cpu = (sum(_cpu_ticks(pid, True) for pid in _sshd_processes(nodes)) - node_before) / CLOCK_TICKS
+    controller_cpu = result["cpu_s"] + masters_cpu
+    return {"hosts": len(nodes), "wall_s": result["wall_s"], "controller_cpu_s": controller_cpu, "node_cpu_s": node_cpu,
+            "controller_max_rss_mib": result["max_rss_mib"],
+            "controller_cpu_per_host_s": controller_cpu / len(nodes), "node_cpu_per_host_s": node_cpu / len(nodes)}
+
+
+def bench_fleet(args, workdir: Path) -> dict:
+    """The reset over SSH on args.nodes nodes vs on one node, per strategy, alternating."""
+    ensure_tools("sshd")
+    log("fleet: starting %d SSH nodes" % args.nodes)
+    nodes = []
+    try:
+        started = time.monotonic()
+        for number in range(args.nodes):
+            nodes.append(up(node_name("fleet", number), gpus=8, release_latency=0.5, ssh=True))
+        up_seconds = time.monotonic() - started
+        one, fleet = write_inventory(workdir, nodes[:1]), write_inventory(workdir, nodes)
+        results = {"nodes": args.nodes, "up_s": up_seconds, "strategies": {}}
+        for strategy in args.strategies:
+            play = workdir / ("reset-%s.yml" % strategy)
+            play.write_text(RESET_PLAY.format(strategy=strategy))
+            cold = fleet_run(nodes, fleet, play)  # warm-up: opens every ControlPersist connection
+            fleet_run(nodes[:1], one, play)
+            runs = {"one": [], "fleet": []}
+            for number in range(args.fleet_runs):
+                for kind in (("one", "fleet") if number % 2 == 0 else ("fleet", "one")):
+                    runs[kind].append(fleet_run(nodes[:1] if kind == "one" else nodes, one if kind == "one" else fleet, play))
+                log("fleet (%s): run %d: 1 node %.2f s, %d nodes %.2f s"
+                    % (strategy, number + 1, runs["one"][-1]["wall_s"], args.nodes, runs["fleet"][-1]["wall_s"]))
+            summary = {key: median([run[key] for run in runs["fleet"]]) for key in
+                       ("wall_s", "controller_cpu_per_host_s", "node_cpu_per_host_s")}
+            summary["one_node_wall_s"] = median([run["wall_s"] for run in runs["one"]])
+            summary["ratio"] = summary["wall_s"] / summary["one_node_wall_s"]
+            results["strategies"][strategy] = {"cold_fleet": cold, "runs": runs, "median": summary}
+    finally:
+        for node in nodes:
+            node.down()
+    return results
+
+
+# ---------------------------------------------------------------------------------------------
+# report
+
+
+def table(results: dict) -> str:
+    """Markdown table of the medians in `results`."""
+    rows = ["| measurement | median | target | met |", "|---|---|---|---|"]
+    scan = results.get("scan")
+    if scan:
+        wall, cpu = scan["median_wall_s"], scan["median_cpu_s"]
+        title = "%d processes, %d fds" % (scan["processes"], scan["fds"])
+        for tool in ("scan", "scan_serial", "fuser", "lsof"):
+            rows.append("| holder scan, %s: `%s` | %.0f ms wall, %.0f ms CPU | | |" % (
+                title, {"scan": "scan_holders()", "scan_serial": "scan_holders(workers=1)", "fuser": "fuser -v",
+                        "lsof": "lsof"}[tool], wall[tool] * 1000, cpu[tool] * 1000))
+        ratio = wall["scan"] / wall["fuser"]
+        rows.append("| scan / fuser (wall) | %.2f | <= 0.50 | %s |" % (ratio, "yes" if ratio <= 0.5 else "no"))
+        rows.append("| serial scan / fuser (wall) | %.2f | | |" % (wall["scan_serial"] / wall["fuser"]))
+        agree = all(scan["sets_agree"].values())
+        rows.append("| holder sets of scan, fuser, lsof = the %d made | %s | same set | %s |"
+                    % (len(scan["expected"]), "all agree" if agree else scan["sets_agree"], "yes" if agree else "no"))
+    for latency, release in results.get("release", {}).items():
+        rows.append("| gpu_wait return after the release, latency %s s (max %.3f) | %.3f s | <= 0.1 s | %s |" % (
+            latency, release["max_delay_s"], release["median_delay_s"], "yes" if release["max_delay_s"] <= 0.1 else "no"))
+    node = results.get("node")
+    if node:
+        budget = 1.0 + node["release_latency_s"]
+        rows.append("| one node: reset_gpus.yml, orphaned TP=8 tree | %.2f s | | |" % node["median_reset_s"])
+        rows.append("| one node: play of one ping task | %.2f s | | |" % node["median_noop_s"])
+        rows.append("| one node: reset - ping play (release latency %.1f s) | %.2f s | <= %.1f s | %s |" % (
+            node["release_latency_s"], node["median_extra_s"], budget, "yes" if node["median_extra_s"] <= budget else "no"))
+        rows.append("| one node: CPU of the reset, controller and node together (local connection) | %.2f s | | |"
+                    % median([run["cpu_s"] for run in node["runs"]["reset"]]))
+    fleet = results.get("fleet")
+    if fleet:
+        for strategy, data in fleet["strategies"].items():
+            summary = data["median"]
+            rows.append("| fleet (%s): 1 node over SSH | %.2f s | | |" % (strategy, summary["one_node_wall_s"]))
+            rows.append("| fleet (%s): %d nodes over SSH, forks %d | %.2f s | | |" % (strategy, fleet["nodes"], fleet["nodes"], summary["wall_s"]))
+            rows.append("| fleet (%s): %d nodes / 1 node | %.2f | <= 2.5 | %s |" % (
+                strategy, fleet["nodes"], summary["ratio"], "yes" if summary["ratio"] <= 2.5 else "no"))
+            rows.append("| fleet (%s): CPU per node, controller + node side | %.2f + %.2f s | | |" % (
+                strategy, summary["controller_cpu_per_host_s"], summary["node_cpu_per_host_s"]))
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
+    parser.add_argument("--quick", action="store_true", help="fewer runs and smaller loads")
+    parser.add_argument("--sections", default="scan,release,node,fleet")
+    parser.add_argument("--runs", type=int, help="runs per comparison (default 5, quick 2)")
+    parser.add_argument("--nodes", type=int, default=32, help="nodes of the SSH fleet")
+    parser.add_argument("--strategies", default="linear,free", help="strategies for the fleet")
+    parser.add_argument("--out", type=Path, default=REPO / "docs", help="where performance.json and performance.svg go")
+    args = parser.parse_args(argv)
+    if os.geteuid() != 0:
+        raise SystemExit("bench: needs root (simulated nodes, sshd)")
+    args.runs = args.runs or (2 if args.quick else 5)
+    args.processes, args.fds, args.holders = (1000, 50_000, 36) if args.quick else (2000, 100_000, 36)
+    args.scan_rounds = max(3, args.runs + 2)
+    args.latencies = [0.5, 2.0] if args.quick else [0.5, 2.0, 10.0]
+    args.release_runs = args.runs if args.quick else 3
+    args.fleet_runs = max(1, args.runs - 2) if not args.quick else 1
+    args.strategies = args.strategies.split(",")
+    sections = args.sections.split(",")
+    unknown = set(sections) - {"scan", "release", "node", "fleet"}
+    if unknown:
+        parser.error("unknown sections: %s" % ", ".join(sorted(unknown)))
+
+    results = {"machine": {"cpus": len(os.sched_getaffinity(0)), "kernel": platform.release(),
+                           "python": platform.python_version(), "load_before": os.getloadavg()},
+               "quick": args.quick, "runs": args.runs, "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="gpuops-bench-") as workdir:
+        for section, function in (("scan", bench_scan), ("release", bench_release), ("node", bench_node), ("fleet", bench_fleet)):
+            if section in sections:
+                log("section %s" % section)
+                results[section] = function(args, Path(workdir))
+    results["machine"]["load_after"] = os.getloadavg()
+    results["duration_s"] = time.monotonic() - started
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "performance.json").write_text(json.dumps(results, indent=1) + "\n")
+    (args.out / "performance.svg").write_text(plot.svg(results))
+    print(table(results))
+    print("\n%d CPUs, load %s before and %s after; %.0f s; raw results: %s, plot: %s" % (
+        results["machine"]["cpus"], "/".join("%.1f" % x for x in results["machine"]["load_before"]),
+        "/".join("%.1f" % x for x in results["machine"]["load_after"]), results["duration_s"],
+        args.out / "performance.json", args.out / "performance.svg"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
