@@ -30,12 +30,12 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   .venv/bin/python -m pip install -q --disable-pip-version-check -r requirements-dev.txt
   echo "$want" > "$stamp"
 fi
-# ansible-test's shellcheck sanity test is skipped (with a warning) when shellcheck is missing.
-if ! command -v shellcheck >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-  echo "setup: installing shellcheck (apt-get)"
-  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq shellcheck; } >/dev/null 2>&1 ||
-    echo "setup: could not install shellcheck; ansible-test will skip its shellcheck test"
-fi
+# Debian tools the tests use: shellcheck (ansible-test skips its shellcheck test without it), sshd for
+# SSH-reached simulated nodes, fuser and lsof for the scan comparisons. Installed here, before any
+# simulated node runs: apt-get runs ldconfig, which replaces the host's /etc/ld.so.cache and with it
+# the cache that running nodes bind over it. Tests that need a missing tool skip with the reason.
+scripts/bench/ensure_tools.sh shellcheck sshd fuser lsof ||
+  echo "setup: some Debian tools are missing (see above); the tests that need them will be skipped"
 mkdir -p .collections/ansible_collections/gpuops
 ln -sfn ../../.. .collections/ansible_collections/gpuops/nvidia
 tests/sim/gpunode build >/dev/null

