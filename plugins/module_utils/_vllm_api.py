@@ -45,6 +45,15 @@ _LABEL_RE = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s
 _LABEL_UNESCAPE = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
 
 
+# Options of every module that talks to one vLLM server (request_timeout differs per module).
+SERVER_ARGS = dict(
+    url=dict(type="str", required=True),
+    api_key=dict(type="str", no_log=True),
+    served_model_name=dict(type="str", required=True, aliases=["model"]),
+    validate_certs=dict(type="bool", default=True),
+)
+
+
 class VllmApiError(Exception):
     """The server answered something that makes the measurement impossible (message says what).
 

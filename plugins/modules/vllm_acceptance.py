@@ -153,14 +153,11 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils import _vllm_api
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            url=dict(type="str", required=True),
-            api_key=dict(type="str", no_log=True),
-            served_model_name=dict(type="str", required=True, aliases=["model"]),
+            _vllm_api.SERVER_ARGS,
             prompts=dict(type="list", elements="str"),
             max_tokens=dict(type="int", default=128, no_log=False),
             min_acceptance_rate=dict(type="float"),
             request_timeout=dict(type="float", default=120.0),
-            validate_certs=dict(type="bool", default=True),
         ),
         supports_check_mode=True,
     )

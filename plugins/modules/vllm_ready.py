@@ -139,16 +139,13 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils import _detached, _v
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            url=dict(type="str", required=True),
-            api_key=dict(type="str", no_log=True),
-            served_model_name=dict(type="str", required=True, aliases=["model"]),
+            _vllm_api.SERVER_ARGS,
             timeout=dict(type="float", default=600.0),
             poll_interval=dict(type="float", default=2.0),
             request_timeout=dict(type="float", default=30.0),
             pid=dict(type="int"),
             pidfile=dict(type="path"),
             completion_max_tokens=dict(type="int", default=4, no_log=False),
-            validate_certs=dict(type="bool", default=True),
         ),
         mutually_exclusive=[("pid", "pidfile")],
         supports_check_mode=True,
