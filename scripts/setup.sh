@@ -26,8 +26,9 @@ stamp=.venv/.requirements-dev.sha
 want=$(sha256sum requirements-dev.txt | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "setup: installing requirements-dev.txt into .venv"
-  .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip
-  .venv/bin/python -m pip install -q --disable-pip-version-check -r requirements-dev.txt
+  # (filter: some machines' pip configuration names local package folders that may not exist)
+  .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip 2>&1 | { grep -v "^WARNING: Location 'file:" || true; }
+  .venv/bin/python -m pip install -q --disable-pip-version-check -r requirements-dev.txt 2>&1 | { grep -v "^WARNING: Location 'file:" || true; }
   echo "$want" > "$stamp"
 fi
 # Debian tools the tests use: shellcheck (ansible-test skips its shellcheck test without it), sshd for
