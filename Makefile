@@ -12,6 +12,7 @@ demo: setup
 test: setup
 	@./scripts/test.sh
 
+# Simulated nodes are shared by every checkout on this machine (/tmp/gpuops-sim): list them with
+# `tests/sim/gpunode list` and end yours with `tests/sim/gpunode down NAME`.
 clean:
-	tests/sim/gpunode down --all
 	rm -rf tests/sim/build .collections

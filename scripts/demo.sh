@@ -34,7 +34,8 @@ ansible-playbook -i "$inv" playbooks/reset_gpus.yml
 
 echo "== 4. After the reset (EngineCore exits by itself once its workers are gone, as vLLM's worker monitor does)"
 show
-in_node ps -o pid,ppid,stat,comm,args -C gpusim-init,ps --deselect || echo "   no process left in the node but its init"
+left=$(in_node ps -o pid,ppid,stat,comm,args -C gpusim-init,ps --deselect --no-headers || true)
+echo "${left:-   no process left in the node but its init}"
 echo
 echo "== 5. A second run changes nothing:"
 ansible-playbook -i "$inv" playbooks/reset_gpus.yml | grep -A1 "PLAY RECAP"

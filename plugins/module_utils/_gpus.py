@@ -37,6 +37,7 @@ else:
 PROTECTED_NAMES = (
     "nvidia-persistenced", "nv-hostengine", "dcgm-exporter", "nv-fabricmanager", "nvidia-fabricmanager",
     "nvidia-cuda-mps-control", "nvidia-cuda-mps-server", "Xorg", "Xwayland", "X",
+    "nvidia-device-plugin", "gpu-feature-discovery", "nvidia-mig-manager", "nvidia-smi",
 )
 
 # Options shared by every module that selects GPUs and asks the driver.

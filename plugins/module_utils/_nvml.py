@@ -151,7 +151,7 @@ class DriverQuery:
         self.pid = None
         self._req = self._rep = None
         self._buffer = b""
-        self.timed_out = False
+        self.timed_out = None  # the first failure's text, once NVML stopped answering
 
     def _start(self):
         req_r, req_w = os.pipe()
@@ -178,7 +178,7 @@ class DriverQuery:
     def read(self, timeout):
         """One reading (see read_driver), or NvmlTimeout after `timeout` seconds."""
         if self.timed_out:
-            raise NvmlTimeout("NVML did not answer earlier in this run; not asked again")
+            raise NvmlTimeout("%s; not asked again in this run" % self.timed_out)
         if self.pid is None:
             self._start()
         deadline = time.monotonic() + timeout
@@ -193,11 +193,11 @@ class DriverQuery:
                     raise NvmlTimeout("the NVML worker exited unexpectedly")
                 self._buffer += chunk
         except (NvmlTimeout, OSError) as exc:
-            self.timed_out = True
             self.close()
-            if isinstance(exc, NvmlTimeout):
-                raise
-            raise NvmlTimeout("the NVML worker failed: %s" % exc)
+            if not isinstance(exc, NvmlTimeout):
+                exc = NvmlTimeout("the NVML worker failed: %s" % exc)
+            self.timed_out = str(exc)
+            raise exc
         line, _newline, self._buffer = self._buffer.partition(b"\n")
         return json.loads(line.decode("utf-8"))
 

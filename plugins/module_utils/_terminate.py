@@ -26,7 +26,10 @@ def parse_signal(name):
     """signal.Signals for "SIGTERM", "TERM", "term" or "15"; ValueError for anything else."""
     text = str(name).strip().upper()
     if text.isdigit():
-        return signal.Signals(int(text))
+        try:
+            return signal.Signals(int(text))
+        except ValueError:
+            raise ValueError("unknown signal %r" % (name,))
     if not text.startswith("SIG"):
         text = "SIG" + text
     try:

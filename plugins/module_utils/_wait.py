@@ -46,11 +46,13 @@ def gpu_status(view, indices, max_used_mib, own_chain, exclude=(), include_prote
         holders = [_brief(h, index) for h in counted if index in h["gpus"]]
         used = gpu["memory_used_mib"]
         checked = used is not None
+        # A GPU the driver answers with an error (lost, fallen off the bus) is never "released":
+        # its memory cannot be checked, and its holders may not be mapped to it.
         status.append({
             "index": index, "uuid": gpu.get("uuid"), "memory_used_mib": used,
             "memory_reserved_mib": gpu["memory_reserved_mib"], "unexplained_mib": gpu["unexplained_mib"],
-            "holders": holders, "memory_checked": checked,
-            "released": not holders and (not checked or used <= max_used_mib),
+            "holders": holders, "memory_checked": checked, "error": gpu.get("error"),
+            "released": not holders and not gpu.get("error") and (not checked or used <= max_used_mib),
         })
     return status
 
@@ -63,6 +65,9 @@ def _brief(holder, index):
 
 def next_step(gpu):
     """What an operator can do about a GPU that was not released (one sentence)."""
+    if gpu.get("error"):
+        return ("NVML answers this GPU with an error (%s): it may have fallen off the bus (see Xid errors in dmesg); "
+                "reset it (nvidia-smi --gpu-reset -i %s) or reboot the host" % (gpu["error"], gpu["index"]))
     if any(h["state"] == "D" for h in gpu["holders"]):
         return ("a holder is in uninterruptible sleep (D), stuck in the driver: SIGKILL cannot end it; "
                 "reset the GPU (nvidia-smi --gpu-reset -i %s) or reboot the host" % gpu["index"])

@@ -178,6 +178,7 @@ before:
 """
 
 import gc
+import pwd
 import time
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
@@ -207,6 +208,14 @@ def select_targets(view, params, indices, regex, own_chain):
             targets.append(holder)
     not_holding = sorted(pids - {h["pid"] for h in candidates})
     return targets, protected, not_holding
+
+
+def _known_user(name):
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        return False
+    return True
 
 
 def main():
@@ -241,6 +250,9 @@ def main():
         if not view["driver"]["available"]:
             module.warn("NVIDIA driver library not usable (%s): holders come from the /proc scan alone"
                         % view["driver"]["error"])
+        unknown_users = [u for u in params["users"] or () if not u.isdigit() and not _known_user(u)]
+        if unknown_users:
+            module.warn("no such user on this host: %s (selects no process)" % ", ".join(unknown_users))
         own_chain = _gpus.ancestors()
         result = dict(changed=False, gpus=indices, driver=view["driver"], would_signal=[], signalled=[], exited=[],
                       survived=[], not_signalled=[], protected=[], not_holding=[], before=view)
@@ -274,9 +286,9 @@ def main():
         module.fail_json(msg="%d selected process(es) survived SIGKILL: %s" % (
             len(result["survived"]), "; ".join("PID %s (%s): %s" % (s["pid"], s["comm"], s["reason"]) for s in result["survived"])),
             **result)
-    if module.check_mode and result["would_signal"]:
-        result["msg"] = "would signal %d process(es): %s" % (
-            len(result["would_signal"]), ", ".join("%s (%s)" % (t["pid"], t["comm"]) for t in result["would_signal"]))
+    if module.check_mode:
+        result["msg"] = "would signal %d process(es)%s" % (len(result["would_signal"]), "".join(
+            ", %s (%s)" % (t["pid"], t["comm"]) for t in result["would_signal"]))
     else:
         result["msg"] = "signalled %d process(es), %d exited" % (len(result["signalled"]), len(result["exited"]))
     module.exit_json(**result)

@@ -18,8 +18,8 @@ description:
     release (the driver frees a dead process's memory some time after its last handle closes).
   - On timeout it fails with a report per GPU (RV(gpus)) giving the memory still used, the processes still holding it
     with their state, the memory no process explains, and the next step an operator can take.
-  - A driver call that hangs does not hang the module, as each NVML query is bounded by the time left before
-    O(timeout) plus one second; the module returns at most about one second after O(timeout).
+  - A driver call that hangs does not hang the module. The first NVML query (which initializes NVML) is bounded by
+    O(driver_timeout), each later one by the time left before O(timeout) plus one second.
   - Without the NVIDIA driver library it waits for the holders alone (from the C(/proc) scan) and says so.
 author: gpuops maintainers (@gpuops)
 requirements:
@@ -55,7 +55,7 @@ options:
     elements: str
     default: []
   driver_timeout:
-    description: Longest wait in seconds for one NVML query (bounded by the time left before O(timeout)).
+    description: Longest wait in seconds for one NVML query; after the first, also bounded by the time left before O(timeout) plus one second.
     type: float
     default: 10.0
 seealso:
@@ -139,7 +139,8 @@ def main():
         try:
             _gpus.check_nonnegative(timeout=params["timeout"], max_used_mib=params["max_used_mib"],
                                     poll_interval=params["poll_interval"], driver_timeout=params["driver_timeout"])
-            indices = _gpus.select_gpus(params["gpus"], inspector.snapshot(timeout=params["timeout"] + _wait.NVML_SLACK_S))
+            # The first look initializes NVML (seconds on some drivers): it may take the whole driver_timeout.
+            indices = _gpus.select_gpus(params["gpus"], inspector.snapshot())
         except _gpus.SelectionError as exc:
             module.fail_json(msg=str(exc))
         result = _wait.wait_released(inspector, indices, params["timeout"], params["max_used_mib"],
