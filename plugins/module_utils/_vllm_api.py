@@ -45,7 +45,8 @@ _LABEL_RE = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s
 _LABEL_UNESCAPE = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
 
 
-# Options of every module that talks to one vLLM server (request_timeout differs per module).
+# Options of every module that talks to one vLLM server (documented by the gpuops.nvidia.vllm_server doc
+# fragment, except served_model_name, whose meaning each module states; request_timeout differs per module).
 SERVER_ARGS = dict(
     url=dict(type="str", required=True),
     api_key=dict(type="str", no_log=True),

@@ -22,6 +22,7 @@ description:
 author: gpuops maintainers (@gpuops)
 extends_documentation_fragment:
   - gpuops.nvidia.attributes
+  - gpuops.nvidia.vllm_server
 attributes:
   check_mode:
     support: full
@@ -32,13 +33,6 @@ attributes:
     details:
       - Changes nothing.
 options:
-  url:
-    description: Base URL of the server, for example V(http://127.0.0.1:8000).
-    type: str
-    required: true
-  api_key:
-    description: The server's API key, sent as a Bearer token.
-    type: str
   served_model_name:
     description: The served model name to send the completions to; counters labelled with another model are ignored.
     type: str
@@ -59,10 +53,6 @@ options:
     description: Seconds one request may take.
     type: float
     default: 120.0
-  validate_certs:
-    description: Verify TLS certificates for an V(https) O(url).
-    type: bool
-    default: true
 seealso:
   - module: gpuops.nvidia.vllm_speculative_config
   - module: gpuops.nvidia.vllm_ready

@@ -21,15 +21,9 @@ description:
 author: gpuops maintainers (@gpuops)
 extends_documentation_fragment:
   - gpuops.nvidia.attributes
+  - gpuops.nvidia.vllm_server
   - gpuops.nvidia.attributes.INFO_MODULE
 options:
-  url:
-    description: Base URL of the server, for example V(http://127.0.0.1:8000).
-    type: str
-    required: true
-  api_key:
-    description: The server's API key (C(--api-key) or C(VLLM_API_KEY)), sent as a Bearer token.
-    type: str
   served_model_name:
     description: Model name the server must list in C(/v1/models) (C(--served-model-name), else the model path).
     type: str
@@ -61,10 +55,6 @@ options:
     description: Tokens to generate in the check completion (prompt V(Hello), temperature 0); V(0) skips it.
     type: int
     default: 4
-  validate_certs:
-    description: Verify TLS certificates for an V(https) O(url).
-    type: bool
-    default: true
 notes:
   - The module fails when the server is not ready; RV(ready) and RV(last_error) say how far it got.
 seealso:

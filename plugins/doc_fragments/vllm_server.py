@@ -1,0 +1,24 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) 2026, gpuops.nvidia contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+from __future__ import annotations
+
+
+class ModuleDocFragment:
+    """How the modules that talk to one vLLM server reach it (argument spec: _vllm_api.SERVER_ARGS)."""
+
+    DOCUMENTATION = r"""
+options:
+  url:
+    description: Base URL of the server, for example V(http://127.0.0.1:8000).
+    type: str
+    required: true
+  api_key:
+    description: The server's API key (C(--api-key) or C(VLLM_API_KEY)), sent as a Bearer token.
+    type: str
+  validate_certs:
+    description: Verify TLS certificates for an V(https) O(url).
+    type: bool
+    default: true
+"""
