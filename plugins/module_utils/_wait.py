@@ -20,6 +20,8 @@ DEFAULT_MAX_USED_MIB = 256
 # Each NVML query may take the time left before the timeout plus this much (seconds): a healthy
 # driver answers in milliseconds, a hung one is given up on at most this long after the timeout.
 NVML_SLACK_S = 1.0
+# Seconds between two looks: a look costs a few ms on a node with a few hundred processes.
+DEFAULT_POLL_INTERVAL_S = 0.02
 
 
 def gpu_status(view, indices, max_used_mib, own_chain, exclude=(), include_protected=False):
@@ -80,7 +82,7 @@ def next_step(gpu):
     return "the driver did not report memory; check the NVIDIA driver (nvidia-smi)"
 
 
-def wait_released(inspector, indices, timeout, max_used_mib=DEFAULT_MAX_USED_MIB, poll_interval=0.05,
+def wait_released(inspector, indices, timeout, max_used_mib=DEFAULT_MAX_USED_MIB, poll_interval=DEFAULT_POLL_INTERVAL_S,
                   exclude=(), include_protected=False, clock=time.monotonic, sleep=time.sleep):
     """Poll snapshots until every selected GPU is released or `timeout` seconds pass.
 

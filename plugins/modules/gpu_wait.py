@@ -126,7 +126,7 @@ def main():
         argument_spec=dict(
             timeout=dict(type="float", default=60.0),
             max_used_mib=dict(type="int", default=_wait.DEFAULT_MAX_USED_MIB),
-            poll_interval=dict(type="float", default=0.02),
+            poll_interval=dict(type="float", default=_wait.DEFAULT_POLL_INTERVAL_S),
             exclude=dict(type="list", elements="str", default=[]),
             **_gpus.SELECTION_ARGS
         ),
