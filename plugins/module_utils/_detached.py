@@ -25,7 +25,6 @@ import time
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils import _procscan, _terminate
 
-_ROUNDS = 3
 
 
 class DetachedError(Exception):
@@ -210,17 +209,11 @@ def stop(pidfile, grace_period=30.0, kill_wait=10.0, check_mode=False, proc="/pr
     if check_mode:
         result["would_signal"] = members
         return result
-    seen = set()
-    for _round in range(_ROUNDS):
-        members = [m for m in members if (m["pid"], m["start_ticks"]) not in seen]
-        if not members:
-            break
-        seen.update((m["pid"], m["start_ticks"]) for m in members)
-        outcome = _terminate.end_processes(members, signal.SIGTERM, grace_period, kill_wait, proc)
-        for key in ("signalled", "exited", "survived", "not_signalled"):
-            result[key].extend(outcome[key])
-        if outcome["survived"]:
-            return result
-        members = session_members(record, proc)
+    outcome = _terminate.end_until_gone(lambda _first: session_members(record, proc), members, signal.SIGTERM,
+                                        grace_period, kill_wait, proc=proc)
+    for key in ("signalled", "exited", "survived", "not_signalled"):
+        result[key].extend(outcome[key])
+    if outcome["survived"]:
+        return result
     remove_pidfile(pidfile)
     return result

@@ -2,16 +2,18 @@
 # Copyright (c) 2026, gpuops.nvidia contributors
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""One view of the host's GPUs and their holders, GPU selection, and protection rules.
+"""One view of the host's GPUs and their holders: the snapshot.
 
-Shared by gpu_facts, gpu_kill and gpu_wait: `Inspector.snapshot()` asks NVML (bounded by
-a deadline) and scans /proc, then merges both; `select_gpus()` turns the `gpus` option into
-NVML indices; `protection()` says why a holder must never be signalled.
+Shared by gpu_facts, gpu_kill and gpu_wait: `Inspector.snapshot()` asks NVML (bounded by a
+deadline), scans /proc (all of it, or only the PIDs the driver lists where their memory explains
+the GPUs), reads the identity of the processes found, and hands everything to the pure
+`_holders.merge`. What is selected among the holders is decided in `_select`.
 """
 from __future__ import annotations
 
+import datetime
 import os
-import re
+import pwd
 import traceback
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils import _holders, _nvml, _procscan
@@ -32,23 +34,14 @@ except ImportError:
 else:
     PYNVML_IMPORT_ERROR = None
 
-# Daemons that hold GPUs legitimately; never signalled unless the operator says so explicitly.
-# Matched against the process name (comm) and the basename of argv[0].
-PROTECTED_NAMES = (
-    "nvidia-persistenced", "nv-hostengine", "dcgm-exporter", "nv-fabricmanager", "nvidia-fabricmanager",
-    "nvidia-cuda-mps-control", "nvidia-cuda-mps-server", "Xorg", "Xwayland", "X",
-    "nvidia-device-plugin", "gpu-feature-discovery", "nvidia-mig-manager", "nvidia-smi",
-)
-
 # Options shared by every module that selects GPUs and asks the driver.
 SELECTION_ARGS = dict(
     gpus=dict(type="list", elements="raw"),
     driver_timeout=dict(type="float", default=10.0),
 )
-
-
-class SelectionError(ValueError):
-    """Bad input: an unknown GPU, an invalid regex, a negative time... Nothing was signalled."""
+# Used memory (MiB) that the driver's lists may leave unexplained on a GPU before processes that only hold its
+# device file count as its holders: the same idle floor as gpu_wait's max_used_mib default (docs/attribution.md).
+DEFAULT_TOLERANCE_MIB = 256
 
 
 def missing_libraries():
@@ -70,11 +63,59 @@ def check_libraries(module, missing_required_lib):
                          exception=trace)
 
 
-def check_nonnegative(**values):
-    """Raise SelectionError naming each option whose value (seconds, MiB) is negative."""
-    bad = ["%s=%s" % (name, value) for name, value in sorted(values.items()) if value is not None and value < 0]
-    if bad:
-        raise SelectionError("must not be negative: %s" % ", ".join(bad))
+def minor_map(driver, proc="/proc"):
+    """Index/minor table of the GPUs: [{"index", "minor", "uuid", "name", "pci_bus_id"}] and its source.
+
+    From NVML when the driver answered (nvmlDeviceGetMinorNumber); otherwise from the kernel
+    module's /proc/driver/nvidia/gpus/*/information (indices in PCI bus order, NVML's default);
+    otherwise [] (no mapping: GPUs can then only be selected all together).
+    Returns (gpus, source) with source "nvml", "proc_driver" or None.
+    """
+    if driver and driver.get("available"):
+        return ([{k: gpu.get(k) for k in ("index", "minor", "uuid", "name", "pci_bus_id")} for gpu in driver["gpus"]],
+                "nvml")
+    gpus = _procscan.proc_driver_minors(proc)
+    if gpus:
+        for index, gpu in enumerate(gpus):
+            gpu["index"] = index
+        return gpus, "proc_driver"
+    return [], None
+
+
+def _user(uid):
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def process_details(psutil, pid, proc="/proc"):
+    """Identity and description of one process, or None when it is gone.
+
+    Returns {"pid", "ppid", "pgid", "sid", "comm", "state", "start_ticks"} from /proc/PID/stat,
+    and {"user", "uid", "cmdline" (str: /proc/PID/cmdline joined by spaces, trailing blanks removed, "" for a zombie),
+    "start_time" (ISO 8601, UTC)} from psutil (None where access is denied).
+    """
+    details = _procscan.read_stat(pid, proc)
+    if details is None:
+        return None
+    details.update(pid=pid, user=None, uid=None, cmdline=None, start_time=None)
+    try:
+        process = psutil.Process(pid)
+        with process.oneshot():
+            details["uid"] = process.uids().real
+            details["user"] = _user(details["uid"])
+            details["start_time"] = datetime.datetime.fromtimestamp(process.create_time(), datetime.timezone.utc).isoformat()
+        try:
+            # rstrip: setproctitle (vLLM's VLLM::* titles) pads the argv area with spaces.
+            details["cmdline"] = " ".join(process.cmdline()).rstrip()
+        except psutil.ZombieProcess:
+            details["cmdline"] = ""
+    except psutil.NoSuchProcess:
+        return None
+    except psutil.AccessDenied:
+        pass
+    return details
 
 
 class Inspector:
@@ -101,15 +142,37 @@ class Inspector:
             return {"available": False, "error": str(exc), "timed_out": True, "gpus": [],
                     "driver_version": None, "nvml_version": None, "cuda_driver_version": None}
 
-    def snapshot(self, timeout=None):
-        """Ask NVML, scan /proc, merge.
+    def snapshot(self, timeout=None, scope="full", indices=None, tolerance_mib=DEFAULT_TOLERANCE_MIB):
+        """Ask NVML, scan /proc, merge (see _holders.merge), with "driver", "index_source" and "scan" added.
 
-        Returns _holders.merge()'s dict plus "driver": {"available", "error", "timed_out", "driver_version",
-        "nvml_version", "cuda_driver_version"}.
+        scope "full" scans every process (facts: device users are reported too). scope "listed" scans only the
+        PIDs the driver lists when their memory explains every GPU of `indices` (None = all): ending and waiting
+        then need no full /proc scan; any GPU with unexplained or unknown memory makes it a full scan.
+        "scan" says which was done ("full" or "listed").
         """
         driver = self.read_driver(timeout)
-        scan = _procscan.scan_holders(self.proc, skip_pids=self.own_pids())
-        view = _holders.merge(driver, scan, psutil, self.proc, exclude_pids=self.own_pids())
+        table, index_source = minor_map(driver, self.proc)
+        own = self.own_pids()
+        listed = _listed_pids(driver, indices, tolerance_mib) if scope == "listed" else None
+        if listed is None:
+            scan = _procscan.scan_holders(self.proc, skip_pids=own)
+        else:
+            scan = _procscan.scan_pids(sorted(listed - own), self.proc)
+        wanted = set(scan) | {item["pid"] for gpu in driver.get("gpus", []) for item in gpu.get("processes", [])}
+        processes = {}
+        for pid in sorted(wanted - own):
+            details = process_details(psutil, pid, self.proc)
+            if details is not None:
+                processes[pid] = details
+        view = _holders.merge(driver, table, scan, processes, tolerance_mib, exclude_pids=own)
+        for holder in view["holders"]:
+            if holder["ppid"] > 1:
+                parent = _procscan.read_stat(holder["ppid"], self.proc)
+                holder["parent"] = {"pid": holder["ppid"], "comm": parent["comm"]} if parent else None
+            else:
+                holder["parent"] = None
+        view["index_source"] = index_source
+        view["scan"] = "full" if listed is None else "listed"
         view["driver"] = {key: driver.get(key) for key in ("available", "error", "driver_version", "nvml_version", "cuda_driver_version")}
         view["driver"]["timed_out"] = bool(driver.get("timed_out"))
         return view
@@ -118,94 +181,21 @@ class Inspector:
         self._query.close()
 
 
-def select_gpus(requested, view):
-    """NVML indices selected by the `gpus` option (indices or UUIDs; None/empty = all).
-
-    Returns a sorted list of indices, or None for "all GPUs" (which also works when no
-    index <-> minor map is known). Raises SelectionError for an unknown index or UUID,
-    or when specific GPUs are asked for but neither NVML nor /proc/driver/nvidia can map them.
-    """
-    if not requested:
+def _listed_pids(driver, indices, tolerance_mib):
+    """The PIDs the driver lists on any GPU when, on every GPU of `indices` (None = all), their memory explains
+    the used memory within tolerance_mib; else None (a full scan is needed)."""
+    if not driver.get("available") or not driver.get("gpus"):
         return None
-    if not view["gpus"]:
-        raise SelectionError("cannot select GPUs %s: no NVML and no /proc/driver/nvidia here to map indices to "
-                             "minor numbers; select all GPUs (omit gpus)" % (list(requested),))
-    by_uuid = {gpu["uuid"]: gpu["index"] for gpu in view["gpus"] if gpu.get("uuid")}
-    indices = {gpu["index"] for gpu in view["gpus"]}
-    selected = set()
-    for item in requested:
-        text = str(item).strip()
-        if text.isdigit() and int(text) in indices:
-            selected.add(int(text))
-        elif text in by_uuid:
-            selected.add(by_uuid[text])
-        else:
-            raise SelectionError("unknown GPU %r: this host has indices %s and UUIDs %s"
-                                 % (item, sorted(indices), sorted(by_uuid)))
-    return sorted(selected)
-
-
-def compile_match(pattern):
-    """Compile the `match` regex, or raise SelectionError with the regex error."""
-    if pattern is None:
-        return None
-    try:
-        return re.compile(pattern)
-    except re.error as exc:
-        raise SelectionError("invalid regex in match %r: %s" % (pattern, exc))
-
-
-def ancestors(pid=None, proc="/proc"):
-    """PIDs of `pid` (default: this process) and all its ancestors up to PID 1."""
-    chain = set()
-    current = os.getpid() if pid is None else pid
-    while current and current not in chain:
-        chain.add(current)
-        stat = _procscan.read_stat(current, proc)
-        current = stat["ppid"] if stat else 0
-    return chain
-
-
-def protection(holder, own_chain, exclude=(), include_protected=False):
-    """Why `holder` must not be signalled, or None.
-
-    Never: PID 1, kernel threads, this process and its ancestors (the Ansible process chain
-    and the SSH session). By default also the daemons of PROTECTED_NAMES and the names in
-    `exclude`; `include_protected=True` lifts PROTECTED_NAMES (never `exclude`).
-    """
-    pid = holder["pid"]
-    if pid == 1:
-        return "PID 1 (init)"
-    if pid in own_chain:
-        return "this module or one of its ancestors (Ansible, the SSH session)"
-    if holder.get("kernel_thread"):
-        return "kernel thread"
-    excluded = _matching_names(holder, exclude)
-    if excluded:
-        return "excluded by the exclude option (%s)" % ", ".join(excluded)
-    daemons = [] if include_protected else _matching_names(holder, PROTECTED_NAMES)
-    if daemons:
-        return "protected GPU daemon (%s)" % ", ".join(daemons)
-    return None
-
-
-def _matching_names(holder, names):
-    """The names in `names` that are this process's name: its comm (which the kernel cuts to
-    15 bytes) or the basename of its argv[0]."""
-    comm = holder.get("comm") or ""
-    cmdline = holder.get("cmdline") or ""
-    argv0 = os.path.basename(cmdline.split(" ", 1)[0]) if cmdline else ""
-    return sorted({name for name in names if name and (comm == name[:15] or argv0 == name)})
-
-
-def holders_of(view, indices):
-    """Holders of the selected GPUs, from a snapshot.
-
-    indices None (all GPUs) also takes the control-only holders (processes that hold only
-    /dev/nvidiactl or /dev/nvidia-uvm: they use the driver, and may own UVM memory, but no
-    single GPU); specific indices take the holders of any of those GPUs.
-    """
-    if indices is None:
-        return list(view["holders"])
-    wanted = set(indices)
-    return [h for h in view["holders"] if wanted & set(h["gpus"])]
+    pids = set()
+    for gpu in driver["gpus"]:
+        processes = gpu.get("processes", [])
+        pids.update(item["pid"] for item in processes)
+        if indices is not None and gpu["index"] not in indices:
+            continue
+        memory = gpu.get("memory") or {}
+        if gpu.get("error") or memory.get("used_mib") is None:
+            return None
+        listed = sum(item["used_mib"] or 0 for item in processes)
+        if memory["used_mib"] - listed > tolerance_mib:
+            return None
+    return pids

@@ -39,7 +39,12 @@ class DeviceHandles:
 
     Attributes:
         pid: process ID, in the PID namespace of the scanned /proc.
-        minors: set of int, the N of each /dev/nvidiaN held (not the NVML index).
+        minors: set of int, the N of each /dev/nvidiaN held (not the NVML index), by fd or mapping.
+        mapped: set of int, the minors of the /dev/nvidiaN files it maps (a CUDA process maps the
+            device it computes on; an NVML client only opens it).
+        ctl: True when it holds /dev/nvidiactl (every driver client does, NVML ones included).
+        uvm: True when it holds /dev/nvidia-uvm or /dev/nvidia-uvm-tools: the CUDA runtime opens it at
+            initialization, NVML never does (see docs/attribution.md).
         control: True when it holds /dev/nvidiactl, /dev/nvidia-uvm*, /dev/nvidia-modeset or
             /dev/nvidia-caps/*: these say "uses the driver", not which GPU.
         seen_in: set of str, where it was seen: "fd" (a thread's open fd) and/or "mapping"
@@ -48,11 +53,14 @@ class DeviceHandles:
             (fuser and lsof miss such a process).
     """
 
-    __slots__ = ("pid", "minors", "control", "seen_in", "thread_only")
+    __slots__ = ("pid", "minors", "mapped", "ctl", "uvm", "control", "seen_in", "thread_only")
 
     def __init__(self, pid):
         self.pid = pid
         self.minors = set()
+        self.mapped = set()
+        self.ctl = False
+        self.uvm = False
         self.control = False
         self.seen_in = set()
         self.thread_only = False
@@ -65,16 +73,31 @@ class DeviceHandles:
         minor = match.group("minor")
         if minor is None:
             self.control = True
+            if path == "/dev/nvidiactl":
+                self.ctl = True
+            elif path.startswith("/dev/nvidia-uvm"):
+                self.uvm = True
         else:
             self.minors.add(int(minor))
+            if where == "mapping":
+                self.mapped.add(int(minor))
         self.seen_in.add(where)
         return True
 
+    @property
+    def cuda(self):
+        """True for a CUDA user: it holds /dev/nvidia-uvm or maps a device (NVML-only clients do neither)."""
+        return self.uvm or bool(self.mapped)
+
     def as_dict(self):
-        """Plain-data view: {"pid", "minors" (sorted list), "control", "seen_in" (sorted), "thread_only"}."""
+        """Plain-data view: {"pid", "minors", "mapped" (sorted lists), "ctl", "uvm", "control", "seen_in" (sorted),
+        "thread_only"}."""
         return {
             "pid": self.pid,
             "minors": sorted(self.minors),
+            "mapped": sorted(self.mapped),
+            "ctl": self.ctl,
+            "uvm": self.uvm,
             "control": self.control,
             "seen_in": sorted(self.seen_in),
             "thread_only": self.thread_only,
@@ -85,6 +108,9 @@ class DeviceHandles:
         """The DeviceHandles whose as_dict() is `data`."""
         handles = cls(data["pid"])
         handles.minors = set(data["minors"])
+        handles.mapped = set(data["mapped"])
+        handles.ctl = data["ctl"]
+        handles.uvm = data["uvm"]
         handles.control = data["control"]
         handles.seen_in = set(data["seen_in"])
         handles.thread_only = data["thread_only"]
@@ -483,3 +509,8 @@ def proc_driver_minors(proc="/proc"):
         if info["minor"] is not None:
             gpus.append(info)
     return gpus
+
+
+def scan_pids(pids, proc="/proc"):
+    """scan_holders' result for these PIDs only (those that hold no NVIDIA device file, or are gone, are left out)."""
+    return _scan_pids(pids, proc)

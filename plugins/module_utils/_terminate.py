@@ -179,3 +179,52 @@ def _report(targets, alive, not_signalled, started):
         else:
             exited.append(entry)
     return {"signalled": signalled, "exited": exited, "survived": survived, "not_signalled": not_signalled}
+
+
+ROUNDS = 3
+
+
+def end_until_gone(choose, first, sig=signal.SIGTERM, grace_period=10.0, kill_wait=5.0, rounds=ROUNDS, proc="/proc"):
+    """End what `choose` selects, look again, end what appeared meanwhile, at most `rounds` times.
+
+    `choose(first_round)` returns the processes to end now (dicts with pid, start_ticks, ppid, comm, cmdline),
+    from a fresh look for every round but the first, where `first` (the list already chosen) is used. A process is
+    signalled at most once (PID + start time). A process that appears in a later round with the parent or the
+    command line of one that was ended is a respawn: it is ended too and reported in "respawned" with what it
+    replaced. Stops at the first round where a process survives SIGKILL.
+
+    Returns end_processes()' lists, summed over the rounds, plus "respawned": [process + {"replaces" (PID),
+    "parent" ({"pid", "comm"} or None)}].
+    """
+    result = {"signalled": [], "exited": [], "survived": [], "not_signalled": [], "respawned": []}
+    seen = set()
+    targets = first
+    for number in range(rounds):
+        if number:
+            targets = [t for t in choose(False) if (t["pid"], t["start_ticks"]) not in seen]
+            result["respawned"].extend(_respawns(targets, result["signalled"]))
+        if not targets:
+            break
+        seen.update((t["pid"], t["start_ticks"]) for t in targets)
+        outcome = end_processes(targets, sig, grace_period, kill_wait, proc)
+        for key in ("signalled", "exited", "survived", "not_signalled"):
+            result[key].extend(outcome[key])
+        if outcome["survived"]:
+            break
+    return result
+
+
+def _respawns(targets, ended):
+    found = []
+    for target in targets:
+        for old in ended:
+            same_parent = target.get("ppid", 0) > 1 and target.get("ppid") == old.get("ppid")
+            same_command = bool(target.get("cmdline")) and target.get("cmdline") == old.get("cmdline")
+            if same_parent or same_command:
+                parent = target.get("parent")
+                if parent is None and target.get("ppid", 0) > 1:
+                    stat = _procscan.read_stat(target["ppid"])
+                    parent = {"pid": target["ppid"], "comm": stat["comm"] if stat else None}
+                found.append(dict(target, replaces=old["pid"], parent=parent))
+                break
+    return found

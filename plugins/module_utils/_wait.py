@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import time
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _gpus
-
 # Default threshold: NVML v2 `used` excludes reserved memory, so an idle GPU reports a few MiB;
 # 256 MiB tolerates idle usage and small driver allocations, and no CUDA context is that small.
 DEFAULT_MAX_USED_MIB = 256
@@ -24,84 +22,74 @@ NVML_SLACK_S = 1.0
 DEFAULT_POLL_INTERVAL_S = 0.02
 
 
-def gpu_status(view, indices, max_used_mib, own_chain, exclude=(), include_protected=False):
-    """Per selected GPU: is it released? Returns [{"index", "memory_used_mib", "memory_reserved_mib",
-    "unexplained_mib", "holders" ([{pid, comm, state, cmdline, memory_mib}]), "released" (bool),
-    "memory_checked" (False when NVML could not be asked)}].
-
-    Protected daemons (nvidia-persistenced, DCGM...) and our own process chain do not count
-    as holders: they hold the device files on healthy GPUs too.
-    """
-    status = []
-    wanted = None if indices is None else set(indices)
-    by_index = {gpu["index"]: gpu for gpu in view["gpus"]}
-    counted = [h for h in view["holders"]
-               if not h["control_only"] and _gpus.protection(h, own_chain, exclude, include_protected) is None]
-    if not view["gpus"]:
-        # No index map (no NVML, no /proc/driver/nvidia): one entry for "all GPUs", from /proc alone.
-        return [{"index": None, "memory_used_mib": None, "memory_reserved_mib": None, "unexplained_mib": None,
-                 "holders": [_brief(h, None) for h in counted], "memory_checked": False, "released": not counted}]
-    for index in sorted(by_index):
-        if wanted is not None and index not in wanted:
-            continue
-        gpu = by_index[index]
-        holders = [_brief(h, index) for h in counted if index in h["gpus"]]
-        used = gpu["memory_used_mib"]
-        checked = used is not None
-        # A GPU the driver answers with an error (lost, fallen off the bus) is never "released":
-        # its memory cannot be checked, and its holders may not be mapped to it.
-        status.append({
-            "index": index, "uuid": gpu.get("uuid"), "memory_used_mib": used,
-            "memory_reserved_mib": gpu["memory_reserved_mib"], "unexplained_mib": gpu["unexplained_mib"],
-            "holders": holders, "memory_checked": checked, "error": gpu.get("error"),
-            "released": not holders and not gpu.get("error") and (not checked or used <= max_used_mib),
-        })
-    return status
-
-
-def _brief(holder, index):
-    memory = holder["memory_mib"].get(str(index)) if index is not None else None
-    return {"pid": holder["pid"], "comm": holder["comm"], "state": holder["state"], "cmdline": holder["cmdline"],
-            "user": holder["user"], "memory_mib": memory}
-
-
 def next_step(gpu):
-    """What an operator can do about a GPU that was not released (one sentence)."""
+    """What an operator can do about a GPU (a gpu_status entry) that was not released: one sentence."""
+    index = gpu["index"]
+    which = "the GPUs" if index is None else "GPU %s" % index
     if gpu.get("error"):
-        return ("NVML answers this GPU with an error (%s): it may have fallen off the bus (see Xid errors in dmesg); "
-                "reset it (nvidia-smi --gpu-reset -i %s) or reboot the host" % (gpu["error"], gpu["index"]))
-    if any(h["state"] == "D" for h in gpu["holders"]):
-        return ("a holder is in uninterruptible sleep (D), stuck in the driver: SIGKILL cannot end it; "
-                "reset the GPU (nvidia-smi --gpu-reset -i %s) or reboot the host" % gpu["index"])
+        return ("NVML answers %s with an error (%s): it may have fallen off the bus; look for Xid errors in the kernel "
+                "log (dmesg | grep -i xid), then reset it (nvidia-smi --gpu-reset -i %s) or reboot the host"
+                % (which, gpu["error"], index))
+    stuck = [h for h in gpu["holders"] if h["state"] == "D"]
+    if stuck:
+        return ("PID %s (%s) is in uninterruptible sleep (D), stuck in the driver: SIGKILL cannot end it; %s"
+                % (stuck[0]["pid"], stuck[0]["comm"],
+                   "reboot the host" if index is None else
+                   "reset the GPU (nvidia-smi --gpu-reset -i %s) or reboot the host" % index))
     if gpu["holders"]:
-        return "processes still hold the GPU: end them with gpuops.nvidia.gpu_kill (or check why they restart)"
+        parents = ["PID %s (%s)" % (h["parent"]["pid"], h["parent"]["comm"]) for h in gpu["holders"] if h.get("parent")]
+        text = "processes still hold %s: end them with gpuops.nvidia.gpu_kill" % which
+        if parents:
+            text += ("; if they come back after being ended, stop their parent (%s: for example a torchrun or Ray agent, "
+                     "or a systemd unit) first" % ", ".join(sorted(set(parents))))
+        return text
+    if gpu.get("foreign"):
+        return ("%s; run the check on the host (outside this PID namespace) to see and end that process"
+                % "; ".join(describe_foreign(item, index) for item in gpu["foreign"]))
     if gpu["memory_checked"]:
-        return ("memory is used but no process here holds the GPU (a leaked context, or a holder in a PID namespace "
-                "this host cannot see): wait longer, or reset the GPU (nvidia-smi --gpu-reset -i %s, needs no client "
-                "on the device, nvidia-persistenced included) or reboot" % gpu["index"])
-    return "the driver did not report memory; check the NVIDIA driver (nvidia-smi)"
+        text = ("memory is used that no process explains (a leaked context, or memory still being released): "
+                "wait longer, or reset the GPU (nvidia-smi --gpu-reset -i %s, needs no client on the device, "
+                "nvidia-persistenced included) or reboot" % index)
+        if gpu.get("suspects"):
+            text += ("; only NVML clients hold its device file (PIDs %s), and they hold no memory"
+                     % ", ".join(str(p) for p in gpu["suspects"]))
+        return text
+    return "the driver did not report memory for %s: check the NVIDIA driver (nvidia-smi)" % which
 
 
-def wait_released(inspector, indices, timeout, max_used_mib=DEFAULT_MAX_USED_MIB, poll_interval=DEFAULT_POLL_INTERVAL_S,
-                  exclude=(), include_protected=False, clock=time.monotonic, sleep=time.sleep):
-    """Poll snapshots until every selected GPU is released or `timeout` seconds pass.
+def describe_foreign(item, index):
+    """One driver-listed PID that no process here confirms, in words."""
+    mib = "memory not reported" if item["used_mib"] is None else "%s MiB" % item["used_mib"]
+    if item["reason"] == "absent":
+        return ("the driver lists PID %s (%s) on GPU %s; no such process holds it in this PID namespace (a container?)"
+                % (item["pid"], mib, index))
+    return ("the driver lists PID %s (%s) on GPU %s; PID %s here (%s) does not hold that GPU: it is another process "
+            "in this PID namespace (a container?)" % (item["pid"], mib, index, item["pid"], item["comm"]))
 
-    Returns {"released" (bool), "elapsed_s", "polls", "gpus" (gpu_status of the last poll),
-    "driver" (the last snapshot's driver state), "view" (the last snapshot itself)}. A driver that stops answering ends the
-    wait at once with released=False (its NVML query is bounded by the time left plus NVML_SLACK_S).
+
+def wait_released(inspector, selection, timeout, max_used_mib=DEFAULT_MAX_USED_MIB, poll_interval=DEFAULT_POLL_INTERVAL_S,
+                  clock=time.monotonic, sleep=time.sleep):
+    """Poll snapshots until every GPU `selection` (a _select.Selection) selects is released or `timeout` seconds pass.
+
+    Returns {"released" (bool), "elapsed_s", "polls", "gpus" (Selection.gpu_status of the last poll),
+    "driver" (the last snapshot's driver state), "view" (the last snapshot itself)}. A driver that stops answering,
+    or a selected GPU that the driver answers with an error (a lost GPU), ends the wait at once with released=False:
+    waiting cannot change either (the NVML query is bounded by the time left plus NVML_SLACK_S).
+    Each look scans only the PIDs the driver lists while their memory explains the selected GPUs.
     """
-    own_chain = _gpus.ancestors()
     start = clock()
     deadline = start + timeout
     polls = 0
     while True:
         polls += 1
         # A hung driver may delay the last look by at most NVML_SLACK_S beyond `timeout`.
-        view = inspector.snapshot(timeout=max(0.0, deadline - clock()) + NVML_SLACK_S)
-        status = gpu_status(view, indices, max_used_mib, own_chain, exclude, include_protected)
+        view = inspector.snapshot(timeout=max(0.0, deadline - clock()) + NVML_SLACK_S, scope="listed",
+                                  indices=selection.indices, tolerance_mib=max_used_mib)
+        status = selection.gpu_status(view, max_used_mib)
         done = all(gpu["released"] for gpu in status)
         now = clock()
-        if done or now >= deadline or view["driver"]["timed_out"]:
+        hopeless = view["driver"]["timed_out"] or any(gpu.get("error") for gpu in status)
+        if done or now >= deadline or hopeless:
             return {"released": done and not view["driver"]["timed_out"], "elapsed_s": round(now - start, 3), "polls": polls,
                     "gpus": status, "driver": view["driver"], "view": view}
         sleep(min(poll_interval, max(0.0, deadline - now)))

@@ -9,21 +9,26 @@ module: gpu_facts
 short_description: NVIDIA GPU memory and the processes holding each GPU, as facts
 version_added: 0.1.0
 description:
-  - Sets C(ansible_facts.nvidia) with the driver and NVML versions, every GPU's identity and memory, and
-    every process holding a GPU (a holder).
+  - Sets C(ansible_facts.nvidia) with the driver and NVML versions, every GPU's identity and memory, every
+    process holding a GPU's memory (a holder), and every other process with NVIDIA device files open (a device user).
   - Memory comes from NVML (C(nvmlDeviceGetMemoryInfo_v2), which reports reserved memory apart from used memory;
     C(nvmlDeviceGetMemoryInfo) v1 where v2 is missing, whose used memory includes reserved memory).
-  - Holders are the union of the driver's process lists (C(nvmlDeviceGetComputeRunningProcesses_v3),
-    C(..Graphics..), C(..MPSCompute..)) and a fuser-style scan of C(/proc) (the fds of every thread in
-    C(/proc/PID/task/TID/fd), and C(/proc/PID/maps)) for C(/dev/nvidia*). The scan finds what the driver
-    does not list, such as forked children that only inherited a device handle; GPUs are matched through
-    the minor number of C(/dev/nvidiaN) (C(nvmlDeviceGetMinorNumber)), never assuming minor equals index.
-  - A PID from the driver's lists becomes a holder only when C(/proc) shows that process holding NVIDIA
-    device files (inside containers NVML reports host PIDs). Unconfirmed ones are kept per GPU with
-    C(verified=false).
+  - Holding a GPU means holding its memory (docs/attribution.md). A PID in GPU i's process lists
+    (C(nvmlDeviceGetComputeRunningProcesses_v3), C(..Graphics..), C(..MPSCompute..)) holds GPU i, with the listed
+    memory, once C(/proc) confirms it (that process holds GPU i's device file or, for an MPS client, C(/dev/nvidiactl)).
+    A listed PID that is absent or holds something else here (inside containers NVML reports host PIDs) is never a
+    holder; it is reported in C(foreign) per GPU, and its memory is explained.
+  - A fuser-style scan of C(/proc) (the fds of every thread in C(/proc/PID/task/TID/fd), and C(/proc/PID/maps)) for
+    C(/dev/nvidia*) finds the processes the driver does not list. Such a process holds GPU i only where GPU i's used
+    memory minus what the driver lists exceeds O(max_used_mib) (C(memory_unexplained)), as with forked children that only
+    inherited a handle, a zombie leader's thread, a mapping. Among them CUDA users (C(/dev/nvidia-uvm) open, or a
+    device mapping) come first; NVML-only clients are only named as C(suspects). Every other process with device
+    files open (NVML exporters and tools, NCCL workers with every GPU's file open) is a device user.
+  - GPUs are matched through the minor number of C(/dev/nvidiaN) (C(nvmlDeviceGetMinorNumber)), never assuming
+    minor equals index.
   - NVML runs in a child process bounded by O(driver_timeout), so a wedged driver cannot hang the module.
-  - Without the NVIDIA driver library the facts say so in C(driver.available) and C(driver.error), and the
-    holders still come from the C(/proc) scan.
+  - Without the NVIDIA driver library the facts say so in C(driver.available) and C(driver.error); memory is
+    unknown, so the CUDA users holding a GPU's device file are its holders, from the C(/proc) scan alone.
 author: gpuops maintainers (@gpuops)
 requirements:
   - nvidia-ml-py (module C(pynvml)) and psutil on the managed host
@@ -33,9 +38,17 @@ extends_documentation_fragment:
   - gpuops.nvidia.attributes.facts_module
 options:
   driver_timeout:
-    description: Seconds to wait for NVML to answer before reporting the driver as hung.
+    description: Seconds to wait for NVML to answer (greater than 0) before reporting the driver as hung.
     type: float
     default: 10.0
+  max_used_mib:
+    description:
+      - Tolerance in MiB for memory that the driver's process lists do not explain (used minus listed), per GPU. Beyond
+        it, processes that hold the GPU's device file without being listed become its holders. The default, 256, is
+        the idle floor that M(gpuops.nvidia.gpu_wait) allows (real drivers attribute a few MiB to a few hundred MiB
+        per GPU to no process).
+    type: int
+    default: 256
 notes:
   - The module's own process and its NVML worker hold the device files while NVML is initialized;
     they are never reported as holders.
@@ -84,11 +97,17 @@ ansible_facts:
             - One entry per GPU, in NVML index order.
             - Memory in MiB from NVML memory info v2 (v1 where v2 is missing, then C(memory_reserved_mib) is null
               and C(memory_used_mib) includes reserved memory; C(memory_source) names the call).
-            - C(holder_pids) are the holders of this GPU. C(driver_processes) are the driver's process lists
-              (C(used_mib) null where NVML reports it as not available; C(verified) false when C(/proc) does not
-              confirm the PID). C(explained_mib) is the memory the driver attributes to processes and
-              C(unexplained_mib) the used memory no listed process explains (for example memory kept by
-              an inherited handle, a leaked context, or idle usage of a few MiB).
+            - C(holder_pids) are the holders of this GPU, C(device_user_pids) the device users with its device file
+              open. C(driver_processes) are the driver's process lists (C(used_mib) null where NVML reports it as
+              not available; C(verified) false when C(/proc) does not confirm the PID). C(explained_mib) is the
+              memory the driver attributes to processes and C(unexplained_mib) the used memory no listed process
+              explains (null when unknown; for example memory kept by an inherited handle, a leaked context, or
+              idle usage of a few MiB); C(memory_unexplained) is true when it exceeds C(tolerance_mib)
+              (O(max_used_mib)) or memory is unknown.
+            - C(foreign) are the listed PIDs that no process here confirms (C(pid), C(used_mib), C(type), C(reason)
+              C(absent) or C(not_holding), C(comm) of the unrelated process with that PID, else null).
+              C(suspects) are the PIDs of NVML-only clients holding the device file where memory is unexplained and
+              no CUDA user does (never holders).
             - C(error) is the NVML error for this GPU (for example a lost GPU), else null.
           returned: always
           type: list
@@ -107,18 +126,26 @@ ansible_facts:
               driver_processes: [{"pid": 4242, "used_mib": 72874, "type": "compute", "verified": true}]
               explained_mib: 72874
               unexplained_mib: 0
+              memory_unexplained: false
+              tolerance_mib: 256
+              foreign: []
+              suspects: []
               holder_pids: [4242]
+              device_user_pids: [4242, 5120]
               error: null
         holders:
           description:
             - Every process holding a GPU. C(pid), C(ppid), C(pgid), C(sid), C(user), C(uid), C(comm)
               (the kernel's 15-byte name), C(cmdline) (full C(/proc/PID/cmdline)), C(state) (kernel letter R, S, D,
               Z...), C(start_time) (ISO 8601, UTC) and C(start_ticks) (field 22 of C(/proc/PID/stat)).
-            - C(gpus) are NVML indices, C(minors) the C(/dev/nvidiaN) numbers, C(memory_mib) the memory per GPU
-              index where the driver reports it (null where not), C(seen_in) where the process was seen
-              (C(driver), C(fd), C(mapping)).
-            - C(control_only) is true for a process holding only C(/dev/nvidiactl) or C(/dev/nvidia-uvm) (it
-              uses the driver but no single GPU); C(thread_only) when only a non-main thread holds the handle.
+            - C(gpus) are the NVML indices of the GPUs it holds memory on, C(device_gpus) those whose device file it
+              has open, C(minors) the C(/dev/nvidiaN) numbers, C(memory_mib) the memory per GPU index where the driver
+              reports it (null where not), C(attribution) per GPU index C(driver) (listed by the driver) or
+              C(device_file) (holds the device file where memory is unexplained), C(seen_in) where the process was
+              seen (C(driver), C(fd), C(mapping)), C(kind) C(cuda) (C(/dev/nvidia-uvm) or a device mapping) or
+              C(nvml), C(parent) (C(pid), C(comm) of its parent, null under init).
+            - C(control_only) is true for a listed process holding no device file (an MPS client, with only
+              C(/dev/nvidiactl) and C(/dev/nvidia-uvm)); C(thread_only) when only a non-main thread holds the handle.
           returned: always
           type: list
           elements: dict
@@ -135,11 +162,31 @@ ansible_facts:
               start_time: "2026-11-29T08:00:00.120000+00:00"
               start_ticks: 123456
               gpus: [0]
-              minors: [0]
+              device_gpus: [0, 1]
+              minors: [0, 1]
               memory_mib: {"0": 72874}
+              attribution: {"0": driver}
               seen_in: [driver, fd]
+              kind: cuda
+              parent: {"pid": 4100, "comm": "VLLM::EngineCor"}
               control_only: false
               thread_only: false
+        device_users:
+          description:
+            - Processes with NVIDIA device files open that hold no GPU's memory (NVML exporters, nvtop, NCCL workers'
+              files of other GPUs' devices); they are never signalled by default and never make a GPU "not free". The identity
+              fields of C(holders), plus C(device_gpus), C(minors), C(kind) (C(cuda) or C(nvml)), C(seen_in),
+              C(thread_only).
+          returned: always
+          type: list
+          elements: dict
+          sample:
+            - {"pid": 5120, "comm": "nvidia_gpu_expo", "cmdline": "nvidia_gpu_exporter", "device_gpus": [0, 1],
+               "minors": [0, 1], "kind": "nvml", "seen_in": ["fd"], "thread_only": false}
+        scan:
+          description: C(full) (every process was scanned) or C(listed) (only the PIDs the driver lists).
+          returned: always
+          type: str
         unmapped_minors:
           description: Minor numbers held by some process that no GPU known to NVML has.
           returned: always
@@ -153,27 +200,29 @@ ansible_facts:
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _gpus
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _gpus, _options
 
 
 def main():
     module = AnsibleModule(
-        argument_spec=dict(driver_timeout=_gpus.SELECTION_ARGS["driver_timeout"]),
+        argument_spec=dict(driver_timeout=_gpus.SELECTION_ARGS["driver_timeout"],
+                           max_used_mib=dict(type="int", default=_gpus.DEFAULT_TOLERANCE_MIB)),
         supports_check_mode=True,
     )
     _gpus.check_libraries(module, missing_required_lib)
     try:
-        _gpus.check_nonnegative(driver_timeout=module.params["driver_timeout"])
-    except _gpus.SelectionError as exc:
+        _options.check_numbers(positive=("driver_timeout",), driver_timeout=module.params["driver_timeout"],
+                               max_used_mib=module.params["max_used_mib"])
+    except _options.OptionError as exc:
         module.fail_json(msg=str(exc))
     inspector = _gpus.Inspector(driver_timeout=module.params["driver_timeout"])
     try:
-        view = inspector.snapshot()
+        view = inspector.snapshot(tolerance_mib=module.params["max_used_mib"])
     finally:
         inspector.close()
     if not view["driver"]["available"]:
-        module.warn("NVIDIA driver library not usable (%s): GPU memory is unknown; holders come from the /proc scan alone"
-                    % view["driver"]["error"])
+        module.warn("NVIDIA driver library not usable (%s): GPU memory is unknown; holders are the CUDA processes "
+                    "holding device files, from the /proc scan alone" % view["driver"]["error"])
     module.exit_json(changed=False, ansible_facts={"nvidia": view})
 
 

@@ -9,10 +9,15 @@ module: gpu_kill
 short_description: End exactly the selected processes that hold NVIDIA GPUs
 version_added: 0.1.0
 description:
-  - Ensures that no selected process holds the selected GPUs. Holders are found as in M(gpuops.nvidia.gpu_facts), from
-    the driver's process lists plus a fuser-style scan of C(/proc) (fds of every thread, memory mappings) for
-    C(/dev/nvidia*), so orphaned vLLM C(VLLM::EngineCore) and C(VLLM::Worker_TP*) processes and children that only
-    inherited a device handle are found whatever their names.
+  - Ensures that no selected process holds the selected GPUs. Holding a GPU means holding its memory; holders are
+    attributed as in M(gpuops.nvidia.gpu_facts) (see docs/attribution.md). A process the driver lists on a GPU, and
+    that this PID namespace confirms, holds it; a process the driver lists nowhere holds a GPU only where memory
+    the driver's lists do not explain is left (an inherited handle, a zombie leader's thread, a mapping), found by a
+    fuser-style scan of C(/proc) (fds of every thread, memory mappings). So orphaned vLLM C(VLLM::EngineCore) and
+    C(VLLM::Worker_TP*) processes and children that only inherited a device handle are found whatever their names,
+    while NVML clients (exporters, nvtop) and NCCL workers that merely have the device files open are never signalled.
+  - A PID the driver lists that no process here confirms (inside a container the driver reports host PIDs) is
+    never signalled; it is named in RV(foreign) and in the message.
   - Sends O(signal) to each selected holder, waits up to O(grace_period) seconds, sends SIGKILL to the ones left,
     and waits up to O(kill_wait) seconds for them to exit. A zombie counts as exited; a process stuck in
     uninterruptible sleep (state D) is reported as unkillable.
@@ -24,11 +29,16 @@ description:
     nvidia-fabricmanager, the MPS control daemon and server, and Xorg / Xwayland; O(exclude) adds names, and only
     O(include_protected=true) lifts the default list.
   - When several holders are selected they are signalled together (vLLM's EngineCore and its TP workers end in
-    parallel). After the round the GPUs are scanned again and new selected holders (for example children started
-    meanwhile) are ended too, for at most 3 rounds.
+    parallel). After the round the GPUs are looked at again and new selected holders (for example children started
+    meanwhile) are ended too, for at most 3 rounds. One that has the parent or the command line of a process just
+    ended is a respawn; it is named in RV(respawned) with its parent, and a warning says to stop that parent.
+  - Holders of the selected GPUs that O(pids), O(match), O(users), O(exclude) or the protection rules leave alone are
+    listed in RV(left_alone) with the reason, and named in the message.
   - Returns C(changed=true) only when something was signalled, so a second run reports C(changed=false).
-  - Bad input (unknown GPU index or UUID, invalid regex, negative times, unknown signal) fails before anything is
-    signalled.
+  - Bad input fails before anything is signalled; an unknown GPU index (indices are ASCII digits) or UUID, an
+    invalid regex, an unknown user, a PID of 0 or less, an empty list or empty O(match) (an empty selection would
+    otherwise mean "everything"; omit the option to select any), a negative or non-finite (nan, inf) time, an
+    O(driver_timeout) of 0, an unknown signal.
   - Without the NVIDIA driver library it works from the C(/proc) scan alone (all GPUs, or GPUs mapped through
     C(/proc/driver/nvidia)) and says so in a warning.
 author: gpuops maintainers (@gpuops)
@@ -46,19 +56,21 @@ attributes:
 options:
   gpus:
     description:
-      - GPUs whose holders are selected, as NVML indices or UUIDs. Default is all GPUs; then processes holding
-        only C(/dev/nvidiactl) or C(/dev/nvidia-uvm) are selected too.
+      - GPUs whose holders are selected, as NVML indices (ASCII digits) or UUIDs. Omitted, all GPUs; an empty list is
+        refused.
     type: list
     elements: raw
   pids:
-    description: Only these PIDs (of holders of the selected GPUs) are selected.
+    description: Only these PIDs (of holders of the selected GPUs) are selected. Omitted, any; an empty list is refused.
     type: list
     elements: int
   match:
-    description: Only holders whose full command line (C(/proc/PID/cmdline) joined by spaces) matches this Python regex (search).
+    description:
+      - Only holders whose full command line (C(/proc/PID/cmdline) joined by spaces) matches this Python regex (search).
+      - Omitted, any; an empty string is refused.
     type: str
   users:
-    description: Only holders owned by these users (names or numeric UIDs).
+    description: Only holders owned by these users (names that exist on the host, or numeric UIDs). Omitted, any; an empty list is refused.
     type: list
     elements: str
   signal:
@@ -83,7 +95,7 @@ options:
     type: bool
     default: false
   driver_timeout:
-    description: Seconds to wait for NVML to answer before going on from the C(/proc) scan alone.
+    description: Seconds to wait for NVML to answer (greater than 0) before going on from the C(/proc) scan alone.
     type: float
     default: 10.0
 notes:
@@ -139,7 +151,29 @@ survived:
   type: list
   elements: dict
 protected:
-  description: Holders of the selected GPUs that were left alone, with C(reason).
+  description: Holders of the selected GPUs left alone by the protection rules or O(exclude), with C(reason).
+  returned: always
+  type: list
+  elements: dict
+left_alone:
+  description:
+    - Every holder of the selected GPUs that was not selected, with C(reason) (not in O(pids), command line not matching
+      O(match), user not in O(users), excluded, protected GPU daemon, this module's own process chain, PID 1).
+  returned: always
+  type: list
+  elements: dict
+foreign:
+  description:
+    - Entries of the driver's process lists on the selected GPUs that no process in this PID namespace confirms
+      (C(pid), C(used_mib), C(type), C(gpu), C(reason) C(absent) or C(not_holding), C(comm) of the unrelated process
+      with that PID). Never signalled; run on the host to end them.
+  returned: always
+  type: list
+  elements: dict
+respawned:
+  description:
+    - Selected holders that appeared after others were ended, with the parent or command line of one of them, with
+      C(replaces) (the PID that was ended) and C(parent) (C(pid), C(comm)).
   returned: always
   type: list
   elements: dict
@@ -174,123 +208,121 @@ before:
   returned: when the GPUs could be read (not when an option is invalid)
   type: dict
   sample: {"driver": {"available": true}, "gpus": [{"index": 0, "memory_used_mib": 72874, "holder_pids": [4242]}],
-           "holders": [{"pid": 4242, "comm": "VLLM::Worker_TP", "gpus": [0]}], "unmapped_minors": [], "index_source": "nvml"}
+           "holders": [{"pid": 4242, "comm": "python3", "cmdline": "python3 train.py", "gpus": [0]}], "unmapped_minors": [],
+           "index_source": "nvml"}
 """
 
 import gc
-import pwd
+import re
 import time
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _gpus, _terminate
-
-_ROUNDS = 3
-
-
-def select_targets(view, params, indices, regex, own_chain):
-    """Split the holders of the selected GPUs into (targets, protected, not_holding PIDs)."""
-    users = set(params["users"] or ())
-    pids = set(params["pids"] or ())
-    targets, protected = [], []
-    candidates = _gpus.holders_of(view, indices)
-    for holder in candidates:
-        if pids and holder["pid"] not in pids:
-            continue
-        if regex is not None and not regex.search(holder["cmdline"] or ""):
-            continue
-        if users and holder["user"] not in users and str(holder["uid"]) not in users:
-            continue
-        reason = _gpus.protection(holder, own_chain, params["exclude"], params["include_protected"])
-        if reason:
-            protected.append(dict(holder, reason=reason))
-        else:
-            targets.append(holder)
-    not_holding = sorted(pids - {h["pid"] for h in candidates})
-    return targets, protected, not_holding
-
-
-def _known_user(name):
-    try:
-        pwd.getpwnam(name)
-    except KeyError:
-        return False
-    return True
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _gpus, _options, _select, _terminate
 
 
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            pids=dict(type="list", elements="int"),
-            match=dict(type="str"),
-            users=dict(type="list", elements="str"),
             signal=dict(type="str", default="SIGTERM"),
             grace_period=dict(type="float", default=10.0),
             kill_wait=dict(type="float", default=5.0),
-            exclude=dict(type="list", elements="str", default=[]),
-            include_protected=dict(type="bool", default=False),
-            **_gpus.SELECTION_ARGS
+            **dict(_select.HOLDER_ARGS, **_gpus.SELECTION_ARGS)
         ),
         supports_check_mode=True,
     )
     _gpus.check_libraries(module, missing_required_lib)
     params = module.params
-    inspector = _gpus.Inspector(driver_timeout=params["driver_timeout"])
     started = time.monotonic()
     try:
+        _options.check_numbers(positive=("driver_timeout",), grace_period=params["grace_period"],
+                               kill_wait=params["kill_wait"], driver_timeout=params["driver_timeout"])
+        sig = _terminate.parse_signal(params["signal"])
+        _select.check_options(params)
+    except ValueError as exc:  # OptionError, SelectionError and unknown signals
+        module.fail_json(msg="nothing was signalled: %s" % exc)
+    inspector = _gpus.Inspector(driver_timeout=params["driver_timeout"])
+    try:
+        view = inspector.snapshot()
         try:
-            _gpus.check_nonnegative(grace_period=params["grace_period"], kill_wait=params["kill_wait"],
-                                    driver_timeout=params["driver_timeout"])
-            regex = _gpus.compile_match(params["match"])
-            sig = _terminate.parse_signal(params["signal"])
-            view = inspector.snapshot()
-            indices = _gpus.select_gpus(params["gpus"], view)
-        except ValueError as exc:  # SelectionError and unknown signals
-            module.fail_json(msg="nothing was signalled: %s" % exc)
-        if not view["driver"]["available"]:
-            module.warn("NVIDIA driver library not usable (%s): holders come from the /proc scan alone"
-                        % view["driver"]["error"])
-        unknown_users = [u for u in params["users"] or () if not u.isdigit() and not _known_user(u)]
-        if unknown_users:
-            module.warn("no such user on this host: %s (selects no process)" % ", ".join(unknown_users))
-        own_chain = _gpus.ancestors()
-        result = dict(changed=False, gpus=indices, driver=view["driver"], would_signal=[], signalled=[], exited=[],
-                      survived=[], not_signalled=[], protected=[], not_holding=[], before=view)
-        seen = set()
-        for _round in range(_ROUNDS):
-            targets, protected, not_holding = select_targets(view, params, indices, regex, own_chain)
-            targets = [t for t in targets if (t["pid"], t["start_ticks"]) not in seen]
-            if _round == 0:
-                result["protected"], result["not_holding"] = protected, not_holding
-            if not targets:
-                break
-            if module.check_mode:
-                result["would_signal"] = targets
-                result["changed"] = True
-                break
-            seen.update((t["pid"], t["start_ticks"]) for t in targets)
-            outcome = _terminate.end_processes(targets, sig, params["grace_period"], params["kill_wait"])
-            for key in ("signalled", "exited", "survived", "not_signalled"):
-                result[key].extend(outcome[key])
-            result["changed"] = result["changed"] or bool(outcome["signalled"])
-            if outcome["survived"]:
-                break
-            view = inspector.snapshot()
+            selection = _select.Selection.from_params(params, view)
+        except _select.SelectionError as exc:
+            module.fail_json(msg="nothing was signalled: %s" % exc, driver=view["driver"])
+        result = run(module, inspector, selection, view, sig)
     finally:
         inspector.close()
     result["elapsed_s"] = round(time.monotonic() - started, 3)
-    # The process ends right after the result: spare it the final garbage collection of every imported
-    # object, which delays the module's return by 20-60 ms.
     gc.freeze()
+    finish(module, result)
+
+
+def run(module, inspector, selection, view, sig):
+    """Select, end (three rounds at most: processes may appear while others die), and return the result dict."""
+    params = module.params
+    if view["driver"]["timed_out"]:
+        module.warn("NVML did not answer within driver_timeout (%s s): the driver may be hung (look for Xid errors in the "
+                    "kernel log); GPU memory is unknown, so holders are the CUDA processes holding device files, from the "
+                    "/proc scan alone" % params["driver_timeout"])
+    elif not view["driver"]["available"]:
+        module.warn("NVIDIA driver library not usable (%s): GPU memory is unknown, so holders are the CUDA processes "
+                    "holding device files, from the /proc scan alone" % view["driver"]["error"])
+    split = selection.split(view)
+    result = dict(changed=False, gpus=selection.indices, driver=view["driver"], would_signal=[], signalled=[], exited=[],
+                  survived=[], not_signalled=[], respawned=[], left_alone=split["left_alone"],
+                  protected=[h for h in split["left_alone"] if not _NARROWING.match(h["reason"])],
+                  not_holding=split["not_holding"], foreign=_foreign(view, selection.indices), before=view)
+    if module.check_mode:
+        result["would_signal"] = split["targets"]
+        result["changed"] = bool(split["targets"])
+        return result
+
+    def choose(_first):
+        return selection.split(inspector.snapshot(scope="listed", indices=selection.indices))["targets"]
+
+    outcome = _terminate.end_until_gone(choose, split["targets"], sig, params["grace_period"], params["kill_wait"])
+    result.update(outcome)
+    result["changed"] = bool(outcome["signalled"])
+    return result
+
+
+# left_alone reasons that come from pids/match/users (the others are protections and `exclude`).
+_NARROWING = re.compile(r"not in pids|command line does not match|user .* not in users")
+
+
+def _foreign(view, indices):
+    return [dict(item, gpu=gpu["index"]) for gpu in view["gpus"] if indices is None or gpu["index"] in indices
+            for item in gpu["foreign"]]
+
+
+def _names(processes):
+    return ", ".join("%s (%s)" % (p["pid"], p["comm"]) for p in processes)
+
+
+def finish(module, result):
+    """exit_json or fail_json with a message that says what was done and what was left."""
     if result["survived"]:
         module.fail_json(msg="%d selected process(es) survived SIGKILL: %s" % (
             len(result["survived"]), "; ".join("PID %s (%s): %s" % (s["pid"], s["comm"], s["reason"]) for s in result["survived"])),
             **result)
     if module.check_mode:
-        result["msg"] = "would signal %d process(es)%s" % (len(result["would_signal"]), "".join(
-            ", %s (%s)" % (t["pid"], t["comm"]) for t in result["would_signal"]))
+        msg = "would signal %d process(es)%s" % (len(result["would_signal"]),
+                                                 ": " + _names(result["would_signal"]) if result["would_signal"] else "")
     else:
-        result["msg"] = "signalled %d process(es), %d exited" % (len(result["signalled"]), len(result["exited"]))
+        msg = "signalled %d process(es), %d exited" % (len(result["signalled"]), len(result["exited"]))
+    if result["driver"]["timed_out"]:
+        msg += "; NVML did not answer within driver_timeout (the driver may be hung): holders from the /proc scan alone"
+    if result["left_alone"]:
+        msg += "; left alone: %s" % "; ".join("PID %s (%s): %s" % (h["pid"], h["comm"], h["reason"]) for h in result["left_alone"])
+    for item in result["foreign"]:
+        msg += "; the driver lists PID %s (%s) on GPU %s, which no process here holds (a container?): not signalled" % (
+            item["pid"], "memory not reported" if item["used_mib"] is None else "%s MiB" % item["used_mib"], item["gpu"])
+    for item in result["respawned"]:
+        parent = item.get("parent")
+        module.warn("PID %s (%s) came back as PID %s%s: stop that parent first (for example a torchrun or Ray agent, or "
+                    "a systemd unit), or the GPU will be held again" % (
+                        item["replaces"], item["comm"], item["pid"],
+                        ", started by PID %s (%s)" % (parent["pid"], parent["comm"]) if parent else ""))
+    result["msg"] = msg
     module.exit_json(**result)
 
 

@@ -9,8 +9,17 @@ module: gpu_wait
 short_description: Wait until NVIDIA GPUs are really released
 version_added: 0.1.0
 description:
-  - Waits until every selected GPU has no holder left and its used memory (NVML memory info v2, C(used), which
-    excludes reserved memory) is at or below O(max_used_mib).
+  - Waits until every selected GPU has no selected holder left and its used memory (NVML memory info v2, C(used),
+    which excludes reserved memory), minus the memory of the holders the selection leaves alone, is at or below
+    O(max_used_mib).
+  - Holding a GPU means holding its memory (docs/attribution.md); processes that merely have device files open (NVML
+    exporters, nvtop, NCCL workers of other GPUs) are device users and never count. O(pids), O(match), O(users),
+    O(exclude) and O(include_protected) select holders exactly as in M(gpuops.nvidia.gpu_kill); a holder they leave
+    alone is reported (RV(left_alone)) and does not make the wait fail.
+  - Where the driver's process lists explain the selected GPUs' memory, each look reads only the listed processes'
+    fds; a full C(/proc) scan runs only where memory is unexplained.
+  - A selected GPU that the driver answers with an error (a lost GPU) fails the wait at the first look, naming the
+    GPU and the next step.
   - Holders are found as in M(gpuops.nvidia.gpu_facts). The protected GPU daemons (nvidia-persistenced, DCGM,
     fabric manager, MPS, Xorg; see M(gpuops.nvidia.gpu_kill)) and the Ansible process chain do not count, as they
     hold the device files of healthy GPUs too.
@@ -29,7 +38,7 @@ extends_documentation_fragment:
   - gpuops.nvidia.attributes.info_module
 options:
   gpus:
-    description: GPUs to wait for, as NVML indices or UUIDs. Default is all GPUs.
+    description: GPUs to wait for, as NVML indices (ASCII digits) or UUIDs. Omitted, all GPUs; an empty list is refused.
     type: list
     elements: raw
   timeout:
@@ -49,13 +58,34 @@ options:
         processes; with the default the module returns within about 0.05 s of the release there.
     type: float
     default: 0.02
+  pids:
+    description:
+      - Only these PIDs count as holders to wait for (the selection of M(gpuops.nvidia.gpu_kill)); other holders are
+        left alone and their memory does not make the wait fail. Omitted, any; an empty list is refused.
+    type: list
+    elements: int
+  match:
+    description:
+      - Only holders whose full command line matches this Python regex count (as in M(gpuops.nvidia.gpu_kill)).
+        Omitted, any; an empty string is refused.
+    type: str
+  users:
+    description: Only holders owned by these users (names or UIDs) count. Omitted, any; an empty list is refused.
+    type: list
+    elements: str
   exclude:
     description: Process names that do not count as holders, added to the protected daemons.
     type: list
     elements: str
     default: []
+  include_protected:
+    description: Count the protected GPU daemons as holders too (as when M(gpuops.nvidia.gpu_kill) ends them).
+    type: bool
+    default: false
   driver_timeout:
-    description: Longest wait in seconds for one NVML query; after the first, also bounded by the time left before O(timeout) plus one second.
+    description:
+      - Longest wait in seconds for one NVML query (greater than 0); after the first, also bounded by the time left
+        before O(timeout) plus one second.
     type: float
     default: 10.0
 seealso:
@@ -91,10 +121,25 @@ polls:
 gpus:
   description:
     - Per selected GPU at the last look, C(index), C(uuid), C(memory_used_mib), C(memory_reserved_mib), C(unexplained_mib)
-      (used memory the driver attributes to no process), C(holders) (C(pid), C(comm), C(state), C(cmdline), C(user),
-      C(memory_mib)), C(memory_checked) (false when NVML could not be asked) and C(released).
+      (used memory the driver's lists do not explain, null when unknown), C(memory_unexplained) (beyond the tolerance
+      O(max_used_mib)), C(holders) (selected holders still holding it, with C(pid), C(comm), C(state), C(cmdline), C(user),
+      C(memory_mib), C(attribution), C(parent)), C(left_alone) (the same fields plus C(reason)) and C(left_alone_mib),
+      C(foreign) (driver-listed PIDs that no process here confirms, with C(pid), C(used_mib), C(type), C(reason), C(comm)),
+      C(suspects) (PIDs of NVML-only clients holding the device file where memory is unexplained), C(error),
+      C(memory_checked) (false when NVML could not be asked) and C(released).
     - On failure each GPU not released also has C(next_step), what an operator can do next.
     - Without any index map (no NVML and no C(/proc/driver/nvidia)) there is one entry with C(index) null for all GPUs.
+  returned: always
+  type: list
+  elements: dict
+memory_checked:
+  description: False when the memory of some selected GPU could not be read (no driver library, a lost GPU).
+  returned: always
+  type: bool
+left_alone:
+  description:
+    - Holders of the selected GPUs that the selection leaves alone (C(pid), C(comm), C(state), C(cmdline), C(user),
+      C(memory_mib), C(reason), C(gpu)), one entry per GPU they hold.
   returned: always
   type: list
   elements: dict
@@ -118,7 +163,7 @@ import gc
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _gpus, _wait
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _gpus, _options, _select, _wait
 
 
 def main():
@@ -127,50 +172,82 @@ def main():
             timeout=dict(type="float", default=60.0),
             max_used_mib=dict(type="int", default=_wait.DEFAULT_MAX_USED_MIB),
             poll_interval=dict(type="float", default=_wait.DEFAULT_POLL_INTERVAL_S),
-            exclude=dict(type="list", elements="str", default=[]),
-            **_gpus.SELECTION_ARGS
+            **dict(_select.HOLDER_ARGS, **_gpus.SELECTION_ARGS)
         ),
         supports_check_mode=True,
     )
     _gpus.check_libraries(module, missing_required_lib)
     params = module.params
+    try:
+        _options.check_numbers(positive=("driver_timeout",), timeout=params["timeout"], max_used_mib=params["max_used_mib"],
+                               poll_interval=params["poll_interval"], driver_timeout=params["driver_timeout"])
+        _select.check_options(params)
+    except _options.OptionError as exc:
+        module.fail_json(msg=str(exc))
     inspector = _gpus.Inspector(driver_timeout=params["driver_timeout"])
     try:
+        # The first look initializes NVML (seconds on some drivers): it may take the whole driver_timeout.
+        first = inspector.snapshot(scope="listed", tolerance_mib=params["max_used_mib"])
         try:
-            _gpus.check_nonnegative(timeout=params["timeout"], max_used_mib=params["max_used_mib"],
-                                    poll_interval=params["poll_interval"], driver_timeout=params["driver_timeout"])
-            # The first look initializes NVML (seconds on some drivers): it may take the whole driver_timeout.
-            indices = _gpus.select_gpus(params["gpus"], inspector.snapshot())
-        except _gpus.SelectionError as exc:
-            module.fail_json(msg=str(exc))
-        result = _wait.wait_released(inspector, indices, params["timeout"], params["max_used_mib"],
-                                     params["poll_interval"], params["exclude"])
+            selection = _select.Selection.from_params(params, first)
+        except _select.SelectionError as exc:
+            module.fail_json(msg=str(exc), driver=first["driver"])
+        result = _wait.wait_released(inspector, selection, params["timeout"], params["max_used_mib"], params["poll_interval"])
         result["after"] = result.pop("view")
     finally:
         inspector.close()
     # The process ends right after the result: spare it the final garbage collection of every imported
     # object, which delays the module's return by 20-60 ms.
     gc.freeze()
-    if not result["driver"]["available"] and not result["driver"]["timed_out"]:
+    finish(module, params, result)
+
+
+def finish(module, params, result):
+    """exit_json when released, else fail_json with one line per GPU that says why and what to do next."""
+    driver = result["driver"]
+    result["memory_checked"] = all(gpu["memory_checked"] for gpu in result["gpus"])
+    result["left_alone"] = [dict(h, gpu=gpu["index"]) for gpu in result["gpus"] for h in gpu["left_alone"]]
+    if not driver["available"] and not driver["timed_out"]:
         module.warn("NVIDIA driver library not usable (%s): waited for holders from the /proc scan alone; "
-                    "memory release is not confirmed" % result["driver"]["error"])
+                    "memory release is not confirmed" % driver["error"])
+    left = ""
+    if result["left_alone"]:
+        left = "; left alone: %s" % ", ".join(sorted({"PID %s (%s, %s)" % (h["pid"], h["comm"], h["reason"])
+                                                       for h in result["left_alone"]}))
     if result["released"]:
-        module.exit_json(changed=False, msg="released after %.2f s" % result["elapsed_s"], **result)
+        what = "released" if result["memory_checked"] else "no holder left (memory not checked: no driver)"
+        module.exit_json(changed=False, msg="%s after %.2f s%s" % (what, result["elapsed_s"], left), **result)
     stuck = [gpu for gpu in result["gpus"] if not gpu["released"]]
     for gpu in stuck:
         gpu["next_step"] = _wait.next_step(gpu)
-    if result["driver"]["timed_out"]:
-        msg = "the NVIDIA driver stopped answering (%s); GPU memory release could not be confirmed" % result["driver"]["error"]
+    if driver["timed_out"]:
+        msg = ("NVML did not answer within driver_timeout (%s s): the driver may be hung (%s); GPU memory release could "
+               "not be confirmed. Next: look for Xid errors in the kernel log (dmesg) and check nvidia-smi; a hung "
+               "driver needs a GPU reset or a reboot" % (params["driver_timeout"], driver["error"]))
     else:
-        msg = "%s: %s" % ("not free" if params["timeout"] == 0 else "not released after %.1f s" % result["elapsed_s"],
-                          "; ".join(_describe(gpu) for gpu in stuck))
+        msg = "%s: %s%s" % ("not free" if params["timeout"] == 0 else "not released after %.1f s" % result["elapsed_s"],
+                            "; ".join(describe(gpu) for gpu in stuck), left)
     module.fail_json(msg=msg, changed=False, **result)
 
 
-def _describe(gpu):
-    holders = ", ".join("PID %s %s (state %s)" % (h["pid"], h["comm"], h["state"]) for h in gpu["holders"]) or "no holder"
-    return "GPU %s: %s MiB used, %s MiB unexplained, held by %s; next: %s" % (
-        "all" if gpu["index"] is None else gpu["index"], gpu["memory_used_mib"], gpu["unexplained_mib"], holders, gpu["next_step"])
+def describe(gpu):
+    """One GPU that is not released, in words (never None or empty lists)."""
+    parts = []
+    if gpu["memory_used_mib"] is not None:
+        parts.append("%s MiB used" % gpu["memory_used_mib"])
+        if gpu["left_alone_mib"]:
+            parts.append("%s MiB of it by holders left alone" % gpu["left_alone_mib"])
+        if gpu["unexplained_mib"]:
+            parts.append("%s MiB that no listed process explains" % gpu["unexplained_mib"])
+    elif gpu.get("error"):
+        parts.append("error %s" % gpu["error"])
+    else:
+        parts.append("memory unknown")
+    if gpu["holders"]:
+        parts.append("held by %s" % ", ".join("PID %s %s (state %s)" % (h["pid"], h["comm"], h["state"]) for h in gpu["holders"]))
+    else:
+        parts.append("no selected holder")
+    return "%s: %s; next: %s" % ("GPUs" if gpu["index"] is None else "GPU %s" % gpu["index"], ", ".join(parts), gpu["next_step"])
 
 
 if __name__ == "__main__":

@@ -109,10 +109,11 @@ def test_check_mode_kill_signals_nothing_and_second_kill_is_unchanged(simnode, t
     ({"gpus": [9]}, "unknown GPU 9"),
     ({"gpus": ["GPU-00000000-0000-0000-0000-000000000000"]}, "unknown GPU"),
     ({"match": "VLLM::(("}, "invalid regex"),
-    ({"grace_period": -1}, "must not be negative: grace_period=-1"),
+    ({"grace_period": -1}, "grace_period=-1.0 (must not be negative)"),
     ({"signal": "SIGBOGUS"}, "unknown signal"),
 ])
 def test_bad_input_fails_clearly_and_kills_nothing(simnode, tmp_path, args, message):
+    """(See also test_every_bad_value_is_refused_before_any_signal for the values of issue 11.)"""
     node = simnode(gpus=2)
     holder = start_holder(node, [0, 1], mib=512)
     status, result = only(module(inventory_file(tmp_path, node), "gpuops.nvidia.gpu_kill", args))
@@ -192,7 +193,13 @@ def test_hung_driver_does_not_hang_the_modules(simnode, tmp_path):
     status, result = only(module(inventory, "gpuops.nvidia.gpu_facts", {"driver_timeout": 1}))
     assert status == "SUCCESS" and result["ansible_facts"]["nvidia"]["driver"]["timed_out"] is True
     status, result = only(module(inventory, "gpuops.nvidia.gpu_wait", {"timeout": 2, "driver_timeout": 1}))
-    assert status == "FAILED!" and "stopped answering" in result["msg"]
+    # The cause and the next step are named; a hung driver is never called "no NVML", nor is widening advised.
+    assert status == "FAILED!" and "NVML did not answer within driver_timeout" in result["msg"], result["msg"]
+    assert "no NVML" not in result["msg"] and "omit gpus" not in result["msg"]
+    # gpu_kill goes on from /proc (GPU 0 is mapped through /proc/driver/nvidia) and says why.
+    status, result = only(module(inventory, "gpuops.nvidia.gpu_kill", {"gpus": [0], "driver_timeout": 1}))
+    assert status == "SUCCESS" and "NVML did not answer within driver_timeout" in result["msg"], result
+    assert "omit gpus" not in str(result) and "no NVML" not in str(result)
     assert time.monotonic() - started < 20
 
 
@@ -203,10 +210,12 @@ def test_host_without_driver_library(simnode, tmp_path):
     status, result = only(module(inventory, "gpuops.nvidia.gpu_facts"))
     facts = result["ansible_facts"]["nvidia"]
     assert status == "SUCCESS" and facts["driver"]["available"] is False
-    assert "LibraryNotFound" in facts["driver"]["error"] and facts["gpus"] == []
-    assert [h["pid"] for h in facts["holders"]] == [holder] and facts["holders"][0]["minors"] == [0]
-    status, result = only(module(inventory, "gpuops.nvidia.gpu_kill", {"gpus": [0]}))
-    assert status == "FAILED!" and "no NVML" in result["msg"] and alive(node, holder)
+    assert "LibraryNotFound" in facts["driver"]["error"]
+    # The kernel module's /proc/driver/nvidia still maps indices to minors; memory is unknown.
+    assert facts["index_source"] == "proc_driver" and [g["memory_used_mib"] for g in facts["gpus"]] == [None, None]
+    assert [h["pid"] for h in facts["holders"]] == [holder] and facts["holders"][0]["gpus"] == [0]
+    status, result = only(module(inventory, "gpuops.nvidia.gpu_kill", {"gpus": [1]}, check=True))
+    assert status == "SUCCESS" and result["would_signal"] == [] and alive(node, holder)
     rc, out, recap = playbook(inventory, PLAYBOOK)
     assert rc == 0 and recap[node.name]["changed"] == 1, out
     assert "driver library not usable" in out and not alive(node, holder)
@@ -285,4 +294,39 @@ def test_negative_time_fails_before_anything_is_signalled(simnode, tmp_path):
 def test_lost_gpu_is_never_reported_free(simnode, tmp_path):
     node = simnode(gpus=2, lost=[1])
     rc, out, recap = playbook(inventory_file(tmp_path, node), REPO / "playbooks" / "check_gpus.yml")
-    assert rc != 0 and "NVML answers this GPU with an error" in out and "GPUs free" not in out, out
+    assert rc != 0 and "NVML answers GPU 1 with an error" in out and "GPUs free" not in out, out
+    assert "Xid" in out and "nvidia-smi --gpu-reset -i 1" in out, out
+
+
+# Issue 11: values that used to spin forever, widen the selection to everything, or be read as another GPU.
+BAD_VALUES = [
+    ("gpuops.nvidia.gpu_kill", {"grace_period": "nan"}, "grace_period=nan (must be a finite number)"),
+    ("gpuops.nvidia.gpu_kill", {"kill_wait": "inf"}, "kill_wait=inf (must be a finite number)"),
+    ("gpuops.nvidia.gpu_kill", {"driver_timeout": "nan"}, "driver_timeout=nan"),
+    ("gpuops.nvidia.gpu_kill", {"driver_timeout": 0}, "driver_timeout=0.0 (must be greater than 0)"),
+    ("gpuops.nvidia.gpu_kill", {"gpus": []}, "gpus is empty"),
+    ("gpuops.nvidia.gpu_kill", {"pids": []}, "pids is empty"),
+    ("gpuops.nvidia.gpu_kill", {"users": []}, "users is empty"),
+    ("gpuops.nvidia.gpu_kill", {"match": ""}, "match is empty"),
+    ("gpuops.nvidia.gpu_kill", {"users": ["no-such-user-x"]}, "no such user on this host: no-such-user-x"),
+    ("gpuops.nvidia.gpu_kill", {"pids": [0]}, "pids must be positive"),
+    ("gpuops.nvidia.gpu_kill", {"pids": [-4]}, "pids must be positive"),
+    ("gpuops.nvidia.gpu_kill", {"gpus": ["\u0661"]}, "unknown GPU"),
+    ("gpuops.nvidia.gpu_wait", {"timeout": "inf"}, "timeout=inf (must be a finite number)"),
+    ("gpuops.nvidia.gpu_wait", {"poll_interval": "nan"}, "poll_interval=nan"),
+    ("gpuops.nvidia.gpu_wait", {"gpus": []}, "gpus is empty"),
+    ("gpuops.nvidia.gpu_facts", {"driver_timeout": "inf"}, "driver_timeout=inf"),
+]
+
+
+def test_every_bad_value_is_refused_before_any_signal(simnode, tmp_path):
+    node = simnode(gpus=2)
+    holders = [start_holder(node, [0], mib=512), start_holder(node, [1], mib=512)]
+    inventory = inventory_file(tmp_path, node)
+    for name, args, message in BAD_VALUES:
+        started = time.monotonic()
+        status, result = only(module(inventory, name, args, timeout=60))
+        assert status == "FAILED!" and message in result["msg"], (name, args, result)
+        assert "Traceback" not in str(result) and time.monotonic() - started < 30, (name, args)
+        assert all(alive(node, pid) for pid in holders), (name, args)
+    assert gpu_memory(node) == [(512, [holders[0]]), (512, [holders[1]])]

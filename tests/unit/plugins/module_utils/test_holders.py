@@ -2,7 +2,8 @@
 # Copyright (c) 2026, gpuops.nvidia contributors
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""_holders.merge with synthetic NVML readings and scans; holder PIDs are real `sleep` children of this test."""
+"""_holders.merge (pure) with synthetic NVML readings, scans and process details; and the snapshot's /proc helpers
+(minor_map, process_details) with real `sleep` children of this test."""
 from __future__ import annotations
 
 import os
@@ -11,7 +12,7 @@ import subprocess
 import psutil
 import pytest
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _holders, _procscan
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _gpus, _holders, _procscan
 
 # A PID no process can have (above the kernel's maximum pid_max, 2**22).
 NO_SUCH_PID = 5000001
@@ -33,21 +34,30 @@ def children():
         child.wait()
 
 
-def handles(pid, minors=(), control=False, seen_in=("fd",), thread_only=False):
+def handles(pid, minors=(), ctl=True, uvm=True, mapped=(), seen_in=("fd",), thread_only=False):
+    """A scan entry. Default: a CUDA process (nvidiactl + nvidia-uvm + the device files)."""
     result = _procscan.DeviceHandles(pid)
-    result.minors = set(minors)
-    result.control = control
-    result.seen_in = set(seen_in)
+    result.minors = set(minors) | set(mapped)
+    result.mapped = set(mapped)
+    result.ctl, result.uvm = ctl, uvm
+    result.control = ctl or uvm
+    result.seen_in = set(seen_in) | ({"mapping"} if mapped else set())
     result.thread_only = thread_only
     return result
+
+
+def nvml_client(pid, minors):
+    """What NVML leaves open while initialized: /dev/nvidiactl and every /dev/nvidiaN, no UVM, no mapping."""
+    return handles(pid, minors=minors, uvm=False)
 
 
 def gpu_reading(index, minor, used_mib, processes=(), error=None):
     return {"index": index, "minor": minor, "uuid": "GPU-%d" % index, "name": "NVIDIA H100 80GB HBM3",
             "pci_bus_id": "00000000:%02X:00.0" % (0x18 + index), "error": error,
-            "memory": {"total_mib": 81559, "used_mib": used_mib, "free_mib": 81559 - used_mib - 529, "reserved_mib": 529,
-                       "source": "nvmlDeviceGetMemoryInfo_v2"},
-            "processes": [{"pid": pid, "used_mib": used, "type": "compute"} for pid, used in processes]}
+            "memory": None if used_mib is None else {
+                "total_mib": 81559, "used_mib": used_mib, "free_mib": 81559 - used_mib - 529, "reserved_mib": 529,
+                "source": "nvmlDeviceGetMemoryInfo_v2"},
+            "processes": [{"pid": p[0], "used_mib": p[1], "type": p[2] if len(p) > 2 else "compute"} for p in processes]}
 
 
 def driver(*gpus):
@@ -55,87 +65,189 @@ def driver(*gpus):
             "cuda_driver_version": None, "gpus": list(gpus)}
 
 
-def by_pid(view):
-    return {h["pid"]: h for h in view["holders"]}
+def table(reading):
+    return _gpus.minor_map(reading)[0]
 
 
-def test_merge_maps_minors_to_indices_and_attributes_memory(children):
-    engine, inherited, control, unmapped = children(4)
-    reading = driver(gpu_reading(0, 5, 4000, processes=[(engine, 3000), (NO_SUCH_PID, 500)]),
-                     gpu_reading(1, 0, 3))
-    scan = {engine: handles(engine, minors=[5], control=True),       # minor 5 is NVML index 0
-            inherited: handles(inherited, minors=[5]),                # forked child: fd only, not in NVML's list
-            control: handles(control, control=True),                  # only /dev/nvidiactl, /dev/nvidia-uvm
-            unmapped: handles(unmapped, minors=[7], seen_in=["mapping"])}
-    view = _holders.merge(reading, scan, psutil)
-    holders = by_pid(view)
-    assert view["index_source"] == "nvml"
-    assert sorted(holders) == sorted([engine, inherited, control, unmapped])
+def details(*pids, comm="python3"):
+    return {pid: {"pid": pid, "ppid": 1, "pgid": pid, "sid": pid, "comm": comm, "state": "S", "start_ticks": 100 + pid,
+                  "kernel_thread": False, "user": "root", "uid": 0, "cmdline": comm, "start_time": None} for pid in pids}
 
-    assert holders[engine]["gpus"] == [0] and holders[engine]["minors"] == [5]
-    assert holders[engine]["seen_in"] == ["driver", "fd"]
-    assert holders[engine]["memory_mib"] == {"0": 3000}
-    assert holders[engine]["control_only"] is False
 
-    assert holders[inherited]["gpus"] == [0] and holders[inherited]["seen_in"] == ["fd"]
-    assert holders[inherited]["memory_mib"] == {"0": None}
+def merge(reading, scan, processes=None, **kwargs):
+    if processes is None:
+        processes = details(*scan)
+    return _holders.merge(reading, table(reading) if reading else [], scan, processes, **kwargs)
 
-    assert holders[control]["control_only"] is True and holders[control]["gpus"] == []
-    assert holders[unmapped]["gpus"] == [] and holders[unmapped]["control_only"] is False
-    assert view["unmapped_minors"] == [7]
 
+def by_pid(items):
+    return {h["pid"]: h for h in items}
+
+
+def test_listed_and_confirmed_pid_holds_its_gpu_with_the_listed_memory():
+    reading = driver(gpu_reading(0, 5, 3000, processes=[(10, 3000)]), gpu_reading(1, 0, 3))
+    view = merge(reading, {10: handles(10, minors=[5])})   # minor 5 is NVML index 0
+    (holder,) = view["holders"]
+    assert (holder["pid"], holder["gpus"], holder["minors"], holder["memory_mib"]) == (10, [0], [5], {"0": 3000})
+    assert holder["attribution"] == {"0": "driver"} and holder["seen_in"] == ["driver", "fd"]
+    assert holder["kind"] == "cuda" and holder["control_only"] is False
     gpu0, gpu1 = view["gpus"]
     assert (gpu0["index"], gpu0["minor"], gpu1["index"], gpu1["minor"]) == (0, 5, 1, 0)
-    assert gpu0["holder_pids"] == sorted([engine, inherited]) and gpu1["holder_pids"] == []
-    assert gpu0["driver_processes"] == [{"pid": engine, "used_mib": 3000, "type": "compute", "verified": True},
-                                        {"pid": NO_SUCH_PID, "used_mib": 500, "type": "compute", "verified": False}]
-    assert gpu0["explained_mib"] == 3500 and gpu0["unexplained_mib"] == 500
-    assert gpu0["memory_used_mib"] == 4000 and gpu0["memory_reserved_mib"] == 529
-    assert gpu1["explained_mib"] == 0 and gpu1["unexplained_mib"] == 3
+    assert gpu0["holder_pids"] == [10] and gpu1["holder_pids"] == []
+    assert gpu0["driver_processes"] == [{"pid": 10, "used_mib": 3000, "type": "compute", "verified": True}]
+    assert (gpu0["explained_mib"], gpu0["unexplained_mib"], gpu0["memory_unexplained"]) == (3000, 0, False)
+    assert (gpu1["explained_mib"], gpu1["unexplained_mib"], gpu1["memory_unexplained"]) == (0, 3, False)
+
+
+def test_nccl_worker_holds_only_the_gpu_the_driver_lists_it_on():
+    """NCCL keeps NVML initialized: each TP worker has every /dev/nvidiaN open, the driver lists it on one GPU."""
+    reading = driver(gpu_reading(0, 0, 70000, processes=[(10, 70000)]), gpu_reading(1, 1, 70000, processes=[(11, 70000)]),
+                     gpu_reading(2, 2, 70000, processes=[(12, 70000)]), gpu_reading(3, 3, 0))
+    scan = {pid: handles(pid, minors=[0, 1, 2, 3]) for pid in (10, 11, 12)}
+    view = merge(reading, scan)
+    holders = by_pid(view["holders"])
+    assert {pid: h["gpus"] for pid, h in holders.items()} == {10: [0], 11: [1], 12: [2]}
+    assert holders[10]["device_gpus"] == [0, 1, 2, 3]
+    assert [g["holder_pids"] for g in view["gpus"]] == [[10], [11], [12], []]
+    assert view["gpus"][3]["device_user_pids"] == [] and view["device_users"] == []
+
+
+def test_nvml_client_is_a_device_user_never_a_holder():
+    reading = driver(gpu_reading(0, 0, 40000, processes=[(10, 40000)]), gpu_reading(1, 1, 2))
+    view = merge(reading, {10: handles(10, minors=[0]), 20: nvml_client(20, [0, 1])})
+    assert [h["pid"] for h in view["holders"]] == [10]
+    (user,) = view["device_users"]
+    assert (user["pid"], user["kind"], user["device_gpus"]) == (20, "nvml", [0, 1])
+    assert [g["device_user_pids"] for g in view["gpus"]] == [[20], [20]]
+    assert [g["holder_pids"] for g in view["gpus"]] == [[10], []]
+
+
+def test_unlisted_cuda_user_holds_a_gpu_only_where_memory_is_unexplained():
+    """An inherited handle (the creator is gone, the driver lists nobody) keeps 3000 MiB: the child holds GPU 0.
+    On GPU 1 the lists explain everything: the same kind of process there is a device user."""
+    reading = driver(gpu_reading(0, 0, 3000), gpu_reading(1, 1, 5000, processes=[(30, 5000)]))
+    scan = {20: handles(20, minors=[0]), 21: handles(21, minors=[1]), 30: handles(30, minors=[1])}
+    view = merge(reading, scan)
+    holders = by_pid(view["holders"])
+    assert sorted(holders) == [20, 30]
+    assert holders[20]["gpus"] == [0] and holders[20]["memory_mib"] == {"0": None}
+    assert holders[20]["attribution"] == {"0": "device_file"} and holders[20]["seen_in"] == ["fd"]
+    assert [u["pid"] for u in view["device_users"]] == [21]
+    assert view["gpus"][0]["memory_unexplained"] is True and view["gpus"][0]["unexplained_mib"] == 3000
+
+
+def test_unexplained_memory_within_the_tolerance_makes_no_holder():
+    reading = driver(gpu_reading(0, 0, 256))
+    view = merge(reading, {20: handles(20, minors=[0])})
+    assert view["holders"] == [] and view["gpus"][0]["memory_unexplained"] is False
+    view = merge(reading, {20: handles(20, minors=[0])}, tolerance_mib=255)
+    assert [h["pid"] for h in view["holders"]] == [20]
+    assert view["gpus"][0]["tolerance_mib"] == 255
+
+
+def test_cuda_users_come_before_nvml_clients_which_are_only_suspects():
+    reading = driver(gpu_reading(0, 0, 3000), gpu_reading(1, 1, 3000))
+    scan = {20: handles(20, minors=[0]), 21: nvml_client(21, [0, 1]), 22: handles(22, minors=[], uvm=False, mapped=[1])}
+    view = merge(reading, scan)
+    holders = by_pid(view["holders"])
+    assert sorted(holders) == [20, 22]          # 22 maps GPU 1's device: a CUDA user
+    assert view["gpus"][0]["suspects"] == [] and view["gpus"][1]["suspects"] == []
+    view = merge(driver(gpu_reading(0, 0, 3000)), {21: nvml_client(21, [0])})
+    assert view["holders"] == [] and view["gpus"][0]["suspects"] == [21]
+    assert [u["pid"] for u in view["device_users"]] == [21]
+
+
+def test_listed_process_is_no_candidate_for_other_gpus_unexplained_memory():
+    reading = driver(gpu_reading(0, 0, 5000, processes=[(10, 5000)]), gpu_reading(1, 1, 3000))
+    view = merge(reading, {10: handles(10, minors=[0, 1]), 20: handles(20, minors=[1])})
+    holders = by_pid(view["holders"])
+    assert holders[10]["gpus"] == [0] and holders[20]["gpus"] == [1]
+
+
+def test_absent_listed_pid_is_foreign_and_its_memory_is_explained():
+    reading = driver(gpu_reading(0, 0, 6000, processes=[(NO_SUCH_PID, 6000)]))
+    view = merge(reading, {20: handles(20, minors=[0])})
+    gpu = view["gpus"][0]
+    assert view["holders"] == [] and gpu["holder_pids"] == []
+    assert gpu["foreign"] == [{"pid": NO_SUCH_PID, "used_mib": 6000, "type": "compute", "reason": "absent", "comm": None}]
+    assert gpu["driver_processes"][0]["verified"] is False
+    assert (gpu["unexplained_mib"], gpu["memory_unexplained"]) == (0, False)
+
+
+def test_listed_pid_present_here_but_holding_another_gpu_is_foreign():
+    """Inside a container the driver's host PID 7 on GPU 0 may be the container's own PID 7, which computes on GPU 1."""
+    reading = driver(gpu_reading(0, 0, 4000, processes=[(7, 4000)]), gpu_reading(1, 1, 2000, processes=[(900007, 2000)]))
+    view = merge(reading, {7: handles(7, minors=[1])})
+    assert view["holders"] == []
+    assert view["gpus"][0]["foreign"] == [{"pid": 7, "used_mib": 4000, "type": "compute", "reason": "not_holding",
+                                           "comm": "python3"}]
+    assert view["gpus"][1]["foreign"][0]["reason"] == "absent"
+    assert [u["pid"] for u in view["device_users"]] == [7]
+
+
+def test_mps_client_is_confirmed_by_nvidiactl_alone():
+    reading = driver(gpu_reading(0, 0, 9000, processes=[(40, 9000), (41, 3000, "mps"), (42, 1000, "mps")]))
+    scan = {40: handles(40, minors=[0]), 41: handles(41)}   # 42 holds nothing here
+    view = merge(reading, scan, details(40, 41, 42))
+    holders = by_pid(view["holders"])
+    assert sorted(holders) == [40, 41]
+    assert holders[41]["control_only"] is True and holders[41]["memory_mib"] == {"0": 3000}
+    assert view["gpus"][0]["foreign"][0]["pid"] == 42 and view["gpus"][0]["foreign"][0]["reason"] == "not_holding"
+
+
+def test_list_entry_without_a_figure_explains_the_gpu():
+    reading = driver(gpu_reading(0, 0, 9000, processes=[(10, None)]))
+    view = merge(reading, {10: handles(10, minors=[0]), 20: handles(20, minors=[0])})
+    assert [h["pid"] for h in view["holders"]] == [10] and view["holders"][0]["memory_mib"] == {"0": None}
+    assert (view["gpus"][0]["unexplained_mib"], view["gpus"][0]["memory_unexplained"]) == (None, False)
+
+
+def test_unknown_memory_makes_cuda_users_of_the_device_file_holders():
+    """A lost GPU (or no driver with a /proc/driver map): memory unknown, so CUDA users of its file hold it."""
+    reading = driver(gpu_reading(0, 0, None, error="GPU is lost"))
+    view = merge(reading, {20: handles(20, minors=[0]), 21: nvml_client(21, [0])})
+    assert [h["pid"] for h in view["holders"]] == [20]
+    assert view["gpus"][0]["memory_unexplained"] is True and view["gpus"][0]["unexplained_mib"] is None
+
+
+def test_holder_listed_twice_on_one_gpu_sums_its_memory():
+    reading = driver(gpu_reading(0, 0, 3000, processes=[(10, 1000), (10, 2000)]))
+    view = merge(reading, {10: handles(10, minors=[0])})
+    assert view["holders"][0]["memory_mib"] == {"0": 3000}
+
+
+def test_excluded_pids_are_never_holders_nor_users():
+    reading = driver(gpu_reading(0, 0, 2000, processes=[(10, 1000), (11, 1000)]))
+    view = merge(reading, {10: handles(10, minors=[0]), 11: handles(11, minors=[0])}, exclude_pids=[10])
+    assert [h["pid"] for h in view["holders"]] == [11] and view["device_users"] == []
+    assert {p["pid"]: p["verified"] for p in view["gpus"][0]["driver_processes"]} == {10: False, 11: True}
+    assert view["gpus"][0]["foreign"] == []     # our own NVML worker is not foreign either
+
+
+def test_vanished_process_is_dropped():
+    reading = driver(gpu_reading(0, 0, 3000))
+    view = merge(reading, {NO_SUCH_PID: handles(NO_SUCH_PID, minors=[0])}, processes={})
+    assert view["holders"] == [] and view["device_users"] == []
+
+
+def test_unmapped_minors_and_no_map_at_all():
+    reading = driver(gpu_reading(0, 0, 10))
+    view = merge(reading, {20: handles(20, minors=[7])})
+    assert view["unmapped_minors"] == [7] and view["holders"] == []
+    view = _holders.merge(None, [], {20: handles(20, minors=[0]), 21: nvml_client(21, [0])}, details(20, 21))
+    assert view["gpus"] == [] and [h["pid"] for h in view["holders"]] == [20]
+    assert view["holders"][0]["gpus"] == [] and [u["pid"] for u in view["device_users"]] == [21]
 
 
 def test_holder_details_describe_the_real_process(children):
     (pid,) = children(1)
-    view = _holders.merge(driver(gpu_reading(0, 0, 10)), {pid: handles(pid, minors=[0])}, psutil)
-    (holder,) = view["holders"]
+    holder = _gpus.process_details(psutil, pid)
     assert holder["ppid"] == os.getpid()
     assert holder["comm"] == "sleep" and holder["cmdline"] == "sleep 60"
     assert holder["uid"] == os.getuid() and holder["state"] in ("S", "R")
     assert holder["start_ticks"] == _procscan.read_start_ticks(pid)
     assert holder["pgid"] == os.getpgid(pid) and holder["sid"] == os.getsid(pid)
-
-
-def test_excluded_pids_are_never_holders(children):
-    own, other = children(2)
-    reading = driver(gpu_reading(0, 0, 2000, processes=[(own, 1000), (other, 1000)]))
-    scan = {own: handles(own, minors=[0], control=True), other: handles(other, minors=[0])}
-    view = _holders.merge(reading, scan, psutil, exclude_pids=[own])
-    assert [h["pid"] for h in view["holders"]] == [other]
-    assert view["gpus"][0]["holder_pids"] == [other]
-    verified = {p["pid"]: p["verified"] for p in view["gpus"][0]["driver_processes"]}
-    assert verified == {own: False, other: True}
-
-
-def test_driver_listed_pid_that_the_scan_does_not_confirm_is_not_a_holder():
-    reading = driver(gpu_reading(0, 0, 900, processes=[(NO_SUCH_PID, 900)]))
-    view = _holders.merge(reading, {}, psutil)
-    assert view["holders"] == []
-    assert view["gpus"][0]["driver_processes"][0]["verified"] is False
-    assert view["gpus"][0]["holder_pids"] == []
-    assert view["gpus"][0]["unexplained_mib"] == 0  # NVML attributes it, even if we cannot see the process
-
-
-def test_holder_listed_twice_on_one_gpu_sums_its_memory(children):
-    (pid,) = children(1)
-    reading = driver(gpu_reading(0, 0, 3000, processes=[(pid, 1000), (pid, 2000)]))
-    view = _holders.merge(reading, {pid: handles(pid, minors=[0])}, psutil)
-    assert view["holders"][0]["memory_mib"] == {"0": 3000}
-
-
-def test_vanished_holder_is_dropped():
-    reading = driver(gpu_reading(0, 0, 10))
-    view = _holders.merge(reading, {NO_SUCH_PID: handles(NO_SUCH_PID, minors=[0])}, psutil)
-    assert view["holders"] == [] and view["gpus"][0]["holder_pids"] == []
+    assert _gpus.process_details(psutil, NO_SUCH_PID) is None
 
 
 def test_without_nvml_the_map_comes_from_proc_driver(tmp_path):
@@ -143,22 +255,15 @@ def test_without_nvml_the_map_comes_from_proc_driver(tmp_path):
         (tmp_path / "driver" / "nvidia" / "gpus" / bus).mkdir(parents=True)
         (tmp_path / "driver" / "nvidia" / "gpus" / bus / "information").write_text(
             "Model: \t\t NVIDIA H100 80GB HBM3\nGPU UUID: \t GPU-%s\nDevice Minor: \t %d\n" % (bus, minor))
-    table, source = _holders.minor_map({"available": False, "gpus": []}, str(tmp_path))
+    gpus, source = _gpus.minor_map({"available": False, "gpus": []}, str(tmp_path))
     assert source == "proc_driver"
-    assert [(gpu["index"], gpu["minor"], gpu["pci_bus_id"]) for gpu in table] == [(0, 3, "00000000:18:00.0"),
-                                                                                  (1, 0, "00000000:2a:00.0")]
-    view = _holders.merge(None, {}, psutil, proc=str(tmp_path))
-    assert view["index_source"] == "proc_driver"
+    assert [(gpu["index"], gpu["minor"], gpu["pci_bus_id"]) for gpu in gpus] == [(0, 3, "00000000:18:00.0"),
+                                                                                 (1, 0, "00000000:2a:00.0")]
+    view = _holders.merge(None, gpus, {20: handles(20, minors=[0])}, details(20))
     assert [(gpu["index"], gpu["memory_used_mib"], gpu["unexplained_mib"]) for gpu in view["gpus"]] == [
         (0, None, None), (1, None, None)]
+    assert view["holders"][0]["gpus"] == [1]   # minor 0 is index 1 in PCI order; memory unknown
 
 
-def test_without_nvml_and_kernel_module_there_is_no_map(tmp_path, children, monkeypatch):
-    assert _holders.minor_map(None, str(tmp_path)) == ([], None)
-    monkeypatch.setattr(_procscan, "proc_driver_minors", lambda proc: [])  # holders' details still come from /proc
-    (pid,) = children(1)
-    view = _holders.merge(None, {pid: handles(pid, minors=[0])}, psutil)
-    assert view["index_source"] is None and view["gpus"] == []
-    assert view["unmapped_minors"] == [0]
-    (holder,) = view["holders"]
-    assert (holder["pid"], holder["gpus"], holder["minors"], holder["control_only"]) == (pid, [], [0], False)
+def test_without_nvml_and_kernel_module_there_is_no_map(tmp_path):
+    assert _gpus.minor_map(None, str(tmp_path)) == ([], None)

@@ -68,8 +68,20 @@ def test_fd_and_mapping_give_minors_control_and_seen_in(proc):
     make_process(proc, 100, fds={0: "/dev/null", 1: "socket:[4711]", 3: "/dev/nvidia3", 4: "/dev/nvidiactl",
                                  5: "anon_inode:[eventfd]"}, maps=maps)
     handles = _procscan.scan_process(100, str(proc))
-    assert handles.as_dict() == {"pid": 100, "minors": [2, 3], "control": True, "seen_in": ["fd", "mapping"],
-                                 "thread_only": False}
+    assert handles.as_dict() == {"pid": 100, "minors": [2, 3], "mapped": [2], "ctl": True, "uvm": False, "control": True,
+                                 "seen_in": ["fd", "mapping"], "thread_only": False}
+    assert handles.cuda is True  # a device mapping is CUDA's, NVML never maps a device
+
+
+def test_nvml_client_and_cuda_process_are_told_apart(proc):
+    """NVML opens /dev/nvidiactl and every /dev/nvidiaN; the CUDA runtime also opens /dev/nvidia-uvm."""
+    make_process(proc, 100, fds={3: "/dev/nvidiactl", 4: "/dev/nvidia0", 5: "/dev/nvidia1"})
+    make_process(proc, 101, fds={3: "/dev/nvidiactl", 4: "/dev/nvidia-uvm", 5: "/dev/nvidia0", 6: "/dev/nvidia-uvm-tools"})
+    nvml, cuda = _procscan.scan_process(100, str(proc)), _procscan.scan_process(101, str(proc))
+    assert (nvml.ctl, nvml.uvm, nvml.cuda, sorted(nvml.minors)) == (True, False, False, [0, 1])
+    assert (cuda.ctl, cuda.uvm, cuda.cuda, sorted(cuda.minors)) == (True, True, True, [0])
+    assert _procscan.DeviceHandles.from_dict(cuda.as_dict()).as_dict() == cuda.as_dict()
+    assert sorted(_procscan.scan_pids([100, 101, 999], str(proc))) == [100, 101]
 
 
 def test_control_devices_alone_set_control_without_minors(proc):

@@ -1,0 +1,286 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) 2026, gpuops.nvidia contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""What is selected, ended and waited for: one place for gpu_kill, gpu_wait, check_gpus and vllm_server.
+
+A `Selection` is built once per module run from the selection options (`gpus`, `pids`, `match`,
+`users`, `exclude`, `include_protected`) and a snapshot (for the GPU indices and UUIDs). Among the
+holders of the selected GPUs (docs/attribution.md: holding a GPU means holding its memory), each
+is a target (gpu_kill ends it, gpu_wait waits for it) or left alone with a reason; device users
+(NVML clients, NCCL workers' extra device files) are never holders and never selected.
+A GPU is released when no target holds it and its used memory, minus what the left-alone holders
+hold there, is at or below max_used_mib.
+"""
+from __future__ import annotations
+
+import os
+import pwd
+import re
+
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _procscan
+from ansible_collections.gpuops.nvidia.plugins.module_utils._options import OptionError
+
+# Daemons that hold GPUs legitimately; never signalled unless the operator says so explicitly.
+# Matched against the process name (comm) and the basename of argv[0].
+PROTECTED_NAMES = (
+    "nvidia-persistenced", "nv-hostengine", "dcgm-exporter", "nv-fabricmanager", "nvidia-fabricmanager",
+    "nvidia-cuda-mps-control", "nvidia-cuda-mps-server", "Xorg", "Xwayland", "X",
+    "nvidia-device-plugin", "gpu-feature-discovery", "nvidia-mig-manager", "nvidia-smi",
+)
+
+# Options shared by every module that selects holders (gpu_kill, gpu_wait), beside `gpus`.
+HOLDER_ARGS = dict(
+    pids=dict(type="list", elements="int"),
+    match=dict(type="str"),
+    users=dict(type="list", elements="str"),
+    exclude=dict(type="list", elements="str", default=[]),
+    include_protected=dict(type="bool", default=False),
+)
+
+_ASCII_INDEX = re.compile(r"[0-9]+")
+
+
+class SelectionError(OptionError):
+    """Bad selection input: an unknown GPU or user, an empty list, an invalid regex. Nothing was signalled."""
+
+
+def check_not_empty(**values):
+    """Refuse an option given as an empty list or string: a templated list that came out empty must not
+    widen to "everything". Omitting the option (None) means "any"."""
+    empty = sorted(name for name, value in values.items() if value is not None and len(value) == 0)
+    if empty:
+        raise SelectionError(
+            "%s %s empty: an empty selection selects nothing and is refused (omit the option to select any)"
+            % (", ".join(empty), "is" if len(empty) == 1 else "are"))
+
+
+def select_gpus(requested, view):
+    """NVML indices selected by the `gpus` option (ASCII indices or UUIDs; None = all).
+
+    Returns a sorted list of indices, or None for "all GPUs" (which also works when no
+    index <-> minor map is known). Raises SelectionError for an empty list, an unknown index or UUID,
+    or when specific GPUs are asked for but neither NVML nor /proc/driver/nvidia can map them.
+    """
+    if requested is None:
+        return None
+    check_not_empty(gpus=requested)
+    if not view["gpus"]:
+        driver = view.get("driver") or {}
+        if driver.get("timed_out"):
+            raise SelectionError("cannot select GPUs %s: NVML did not answer (%s), so GPU indices cannot be mapped to "
+                                 "device files; the driver may be hung: look for Xid errors in the kernel log "
+                                 "(dmesg), then reset the GPUs or reboot the host" % (list(requested), driver.get("error")))
+        raise SelectionError("cannot select GPUs %s: the NVIDIA driver library is not usable (%s) and there is no "
+                             "/proc/driver/nvidia to map GPU indices to device files; install or load the NVIDIA driver"
+                             % (list(requested), driver.get("error")))
+    by_uuid = {gpu["uuid"]: gpu["index"] for gpu in view["gpus"] if gpu.get("uuid")}
+    indices = {gpu["index"] for gpu in view["gpus"]}
+    selected = set()
+    for item in requested:
+        text = str(item).strip()
+        if isinstance(item, bool):
+            text = None
+        if text is not None and _ASCII_INDEX.fullmatch(text) and int(text) in indices:
+            selected.add(int(text))
+        elif text in by_uuid:
+            selected.add(by_uuid[text])
+        else:
+            raise SelectionError("unknown GPU %r: GPUs are given as ASCII indices (this host has %s) or UUIDs (%s)"
+                                 % (item, sorted(indices), ", ".join(sorted(by_uuid)) or "none known"))
+    return sorted(selected)
+
+
+def compile_match(pattern):
+    """Compile the `match` regex (None = any), or raise SelectionError."""
+    if pattern is None:
+        return None
+    check_not_empty(match=pattern)
+    try:
+        return re.compile(pattern)
+    except re.error as exc:
+        raise SelectionError("invalid regex in match %r: %s" % (pattern, exc))
+
+
+def check_users(users):
+    """Refuse user names that do not exist on this host (UIDs, all ASCII digits, are taken as they are)."""
+    if users is None:
+        return None
+    check_not_empty(users=users)
+    unknown = []
+    for name in users:
+        if _ASCII_INDEX.fullmatch(name):
+            continue
+        try:
+            pwd.getpwnam(name)
+        except KeyError:
+            unknown.append(name)
+    if unknown:
+        raise SelectionError("no such user on this host: %s (give user names that exist here, or UIDs)" % ", ".join(unknown))
+    return set(users)
+
+
+def check_pids(pids):
+    if pids is None:
+        return None
+    check_not_empty(pids=pids)
+    bad = sorted(pid for pid in pids if pid <= 0)
+    if bad:
+        raise SelectionError("pids must be positive process IDs, got %s" % ", ".join(str(p) for p in bad))
+    return set(pids)
+
+
+def check_options(params):
+    """The checks of the selection options that need no look at the GPUs: run them before the first look, so bad
+    input is refused even when the driver hangs."""
+    check_not_empty(gpus=params.get("gpus"))
+    check_pids(params.get("pids"))
+    compile_match(params.get("match"))
+    check_users(params.get("users"))
+
+
+def ancestors(pid=None, proc="/proc"):
+    """PIDs of `pid` (default: this process) and all its ancestors up to PID 1."""
+    chain = set()
+    current = os.getpid() if pid is None else pid
+    while current and current not in chain:
+        chain.add(current)
+        stat = _procscan.read_stat(current, proc)
+        current = stat["ppid"] if stat else 0
+    return chain
+
+
+def protection(holder, own_chain, exclude=(), include_protected=False):
+    """Why `holder` must not be signalled, or None.
+
+    Never: PID 1, kernel threads, this process and its ancestors (the Ansible process chain
+    and the SSH session). By default also the daemons of PROTECTED_NAMES and the names in
+    `exclude`; `include_protected=True` lifts PROTECTED_NAMES (never `exclude`).
+    """
+    pid = holder["pid"]
+    if pid == 1:
+        return "PID 1 (init)"
+    if pid in own_chain:
+        return "this module or one of its ancestors (Ansible, the SSH session)"
+    if holder.get("kernel_thread"):
+        return "kernel thread"
+    excluded = _matching_names(holder, exclude)
+    if excluded:
+        return "excluded by the exclude option (%s)" % ", ".join(excluded)
+    daemons = [] if include_protected else _matching_names(holder, PROTECTED_NAMES)
+    if daemons:
+        return "protected GPU daemon (%s)" % ", ".join(daemons)
+    return None
+
+
+def _matching_names(holder, names):
+    """The names in `names` that are this process's name: its comm (which the kernel cuts to
+    15 bytes) or the basename of its argv[0]."""
+    comm = holder.get("comm") or ""
+    cmdline = holder.get("cmdline") or ""
+    argv0 = os.path.basename(cmdline.split(" ", 1)[0]) if cmdline else ""
+    return sorted({name for name in names if name and (comm == name[:15] or argv0 == name)})
+
+
+class Selection:
+    """The selection options of one module run, checked; decides targets and what is left alone.
+
+    Selection(indices, pids=None, regex=None, users=None, exclude=(), include_protected=False, own_chain=None)
+    with indices from select_gpus (None = all GPUs), pids/users as sets or None (any), regex compiled or None.
+    """
+
+    def __init__(self, indices, pids=None, regex=None, users=None, exclude=(), include_protected=False, own_chain=None):
+        self.indices = indices
+        self.pids = pids
+        self.regex = regex
+        self.users = users
+        self.exclude = tuple(exclude or ())
+        self.include_protected = include_protected
+        self.own_chain = ancestors() if own_chain is None else own_chain
+
+    @classmethod
+    def from_params(cls, params, view):
+        """Check the selection options of a module (`gpus` and HOLDER_ARGS; missing keys mean "any") against a
+        snapshot; raises SelectionError before anything is signalled."""
+        check_options(params)
+        return cls(select_gpus(params.get("gpus"), view), pids=check_pids(params.get("pids")),
+                   regex=compile_match(params.get("match")), users=check_users(params.get("users")),
+                   exclude=params.get("exclude") or (), include_protected=params.get("include_protected", False))
+
+    @property
+    def narrowed(self):
+        """True when pids, match or users narrow the selection beyond GPUs."""
+        return self.pids is not None or self.regex is not None or self.users is not None
+
+    def covers(self, holder):
+        """True when `holder` holds one of the selected GPUs."""
+        return self.indices is None or bool(set(self.indices) & set(holder["gpus"]))
+
+    def leave_reason(self, holder):
+        """Why the selection leaves this holder of a selected GPU alone, or None for a target."""
+        if self.pids is not None and holder["pid"] not in self.pids:
+            return "not in pids"
+        if self.regex is not None and not self.regex.search(holder.get("cmdline") or ""):
+            return "command line does not match %r" % self.regex.pattern
+        if self.users is not None and holder.get("user") not in self.users and str(holder.get("uid")) not in self.users:
+            return "user %s not in users" % holder.get("user")
+        return protection(holder, self.own_chain, self.exclude, self.include_protected)
+
+    def split(self, view):
+        """{"targets": [holder], "left_alone": [holder + reason], "not_holding": [PIDs from `pids` that hold none of
+        the selected GPUs]} for the holders of the selected GPUs in `view`."""
+        targets, left = [], []
+        covered = [h for h in view["holders"] if self.covers(h)]
+        for holder in covered:
+            reason = self.leave_reason(holder)
+            if reason is None:
+                targets.append(holder)
+            else:
+                left.append(dict(holder, reason=reason))
+        not_holding = sorted((self.pids or set()) - {h["pid"] for h in covered})
+        return {"targets": targets, "left_alone": left, "not_holding": not_holding}
+
+    def gpu_status(self, view, max_used_mib):
+        """Per selected GPU: is it released? [{"index", "uuid", "memory_used_mib", "memory_reserved_mib",
+        "unexplained_mib", "memory_unexplained", "holders" (targets still holding it, brief), "left_alone" (brief +
+        reason), "left_alone_mib", "foreign", "suspects", "memory_checked", "error", "released"}].
+
+        Without any index map (no NVML, no /proc/driver/nvidia) there is one entry with index None for all GPUs.
+        """
+        split = self.split(view)
+        if not view["gpus"]:
+            return [{"index": None, "uuid": None, "memory_used_mib": None, "memory_reserved_mib": None,
+                     "unexplained_mib": None, "memory_unexplained": None, "holders": [brief(h, None) for h in split["targets"]],
+                     "left_alone": [dict(brief(h, None), reason=h["reason"]) for h in split["left_alone"]],
+                     "left_alone_mib": 0, "foreign": [], "suspects": [], "memory_checked": False, "error": None,
+                     "released": not split["targets"]}]
+        status = []
+        for gpu in view["gpus"]:
+            index = gpu["index"]
+            if self.indices is not None and index not in self.indices:
+                continue
+            holders = [brief(h, index) for h in split["targets"] if index in h["gpus"]]
+            left = [dict(brief(h, index), reason=h["reason"]) for h in split["left_alone"] if index in h["gpus"]]
+            left_mib = sum(h["memory_mib"] or 0 for h in left)
+            if gpu["unexplained_mib"] and any(h["attribution"] == "device_file" for h in left):
+                left_mib += gpu["unexplained_mib"]
+            used = gpu["memory_used_mib"]
+            checked = used is not None
+            status.append({
+                "index": index, "uuid": gpu.get("uuid"), "memory_used_mib": used,
+                "memory_reserved_mib": gpu["memory_reserved_mib"], "unexplained_mib": gpu["unexplained_mib"],
+                "memory_unexplained": gpu["memory_unexplained"], "holders": holders, "left_alone": left,
+                "left_alone_mib": left_mib, "foreign": gpu["foreign"], "suspects": gpu["suspects"],
+                "memory_checked": checked, "error": gpu.get("error"),
+                # A GPU the driver answers with an error (lost, fallen off the bus) is never "released".
+                "released": not holders and not gpu.get("error") and (not checked or used - left_mib <= max_used_mib),
+            })
+        return status
+
+
+def brief(holder, index):
+    """The fields of a holder that a wait report needs, with its memory on GPU `index` and its parent."""
+    key = None if index is None else str(index)
+    return {"pid": holder["pid"], "comm": holder["comm"], "state": holder["state"], "cmdline": holder["cmdline"],
+            "user": holder["user"], "memory_mib": holder["memory_mib"].get(key) if key else None,
+            "attribution": holder.get("attribution", {}).get(key) if key else None, "parent": holder.get("parent")}
