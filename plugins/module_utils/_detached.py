@@ -32,7 +32,7 @@ class DetachedError(Exception):
 
 
 def read_pidfile(path):
-    """(pid, start_ticks) from a pidfile, or None when the file does not exist.
+    """The _procscan.ProcessId (pid, start_ticks) of a pidfile, or None when the file does not exist.
 
     Raises DetachedError for a file that exists but does not hold "PID START_TICKS".
     """
@@ -46,7 +46,7 @@ def read_pidfile(path):
     fields = text.split()
     if len(fields) != 2 or not all(field.isdigit() for field in fields):
         raise DetachedError("pidfile %s does not hold 'PID START_TICKS': %r" % (path, text[:80]))
-    return int(fields[0]), int(fields[1])
+    return _procscan.ProcessId(int(fields[0]), int(fields[1]))
 
 
 def write_pidfile(path, pid, start_ticks):
@@ -71,13 +71,6 @@ def read_cmdline(pid, proc="/proc"):
             return cmdline.read().rstrip(b"\0").replace(b"\0", b" ").decode("utf-8", "replace")
     except OSError:
         return ""
-
-
-def leader_running(record, proc="/proc"):
-    """True when the process of `record` (pid, start_ticks) is alive: same start time, not a zombie."""
-    pid, start_ticks = record
-    stat = _procscan.read_stat(pid, proc)
-    return stat is not None and stat["start_ticks"] == start_ticks and stat["state"] not in ("Z", "X")
 
 
 def session_members(record, proc="/proc"):

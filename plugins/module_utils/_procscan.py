@@ -14,6 +14,7 @@ listing), and large scans are shared by forked worker processes.
 """
 from __future__ import annotations
 
+import collections
 import errno
 import json
 import os
@@ -459,6 +460,36 @@ def read_stat(pid, proc="/proc"):
     return {"comm": data[data.index(b"(") + 1:close].decode("utf-8", "replace"), "state": fields[0].decode(),
             "ppid": int(fields[1]), "pgid": int(fields[2]), "sid": int(fields[3]), "start_ticks": int(fields[19]),
             "kernel_thread": bool(int(fields[6]) & _PF_KTHREAD)}
+
+
+class ProcessId(collections.namedtuple("ProcessId", ("pid", "start_ticks"))):
+    """A process's identity: its PID plus its start time in clock ticks (field 22 of /proc/PID/stat).
+
+    A PID can be reused once its process has been reaped; the start time tells the new process from the old one
+    (nvitop identifies processes the same way). A plain tuple (pid, start_ticks), as written in pidfiles.
+    """
+
+    __slots__ = ()
+
+    @classmethod
+    def of(cls, pid, proc="/proc"):
+        """The identity of the process that has `pid` now, or None when there is none."""
+        ticks = read_start_ticks(pid, proc)
+        return None if ticks is None else cls(pid, ticks)
+
+    @classmethod
+    def from_process(cls, process):
+        """The identity of a process dict (holder, session member) with "pid" and "start_ticks"."""
+        return cls(process["pid"], process["start_ticks"])
+
+    def same(self, proc="/proc"):
+        """True while `pid` still names this process (zombies included)."""
+        return read_start_ticks(self.pid, proc) == self.start_ticks
+
+    def alive(self, proc="/proc"):
+        """True while this process runs: same start time, and not a zombie."""
+        stat = read_stat(self.pid, proc)
+        return stat is not None and stat["start_ticks"] == self.start_ticks and stat["state"] not in ("Z", "X")
 
 
 def read_start_ticks(pid, proc="/proc"):

@@ -48,8 +48,8 @@ class Target:
 
     def __init__(self, holder, proc="/proc"):
         self.holder = holder
-        self.pid = holder["pid"]
-        self.start_ticks = holder["start_ticks"]
+        self.id = _procscan.ProcessId.from_process(holder)
+        self.pid = self.id.pid
         self.proc = proc
         self.pidfd = None
         self.signals = []
@@ -57,7 +57,7 @@ class Target:
         self.gone_before_signal = None
 
     def same_process(self):
-        return _procscan.read_start_ticks(self.pid, self.proc) == self.start_ticks
+        return self.id.same(self.proc)
 
     def pin(self):
         """Open a pidfd and check identity. False (with gone_before_signal set) if the process is not ours anymore."""
@@ -201,11 +201,11 @@ def end_until_gone(choose, first, sig=signal.SIGTERM, grace_period=10.0, kill_wa
     targets = first
     for number in range(rounds):
         if number:
-            targets = [t for t in choose(False) if (t["pid"], t["start_ticks"]) not in seen]
+            targets = [t for t in choose(False) if _procscan.ProcessId.from_process(t) not in seen]
             result["respawned"].extend(_respawns(targets, result["signalled"]))
         if not targets:
             break
-        seen.update((t["pid"], t["start_ticks"]) for t in targets)
+        seen.update(_procscan.ProcessId.from_process(t) for t in targets)
         outcome = end_processes(targets, sig, grace_period, kill_wait, proc)
         for key in ("signalled", "exited", "survived", "not_signalled"):
             result[key].extend(outcome[key])

@@ -17,7 +17,7 @@ description:
     pidfile is still running nothing is done.
   - O(state=stopped) sends SIGTERM to every process of that session (the leader and all its descendants, also
     those that outlived it, such as vLLM's C(VLLM::EngineCore) and C(VLLM::Worker_TP*) after the API server was
-    SIGKILLed), waits up to O(stop_timeout) seconds, sends SIGKILL to those left and waits up to O(kill_wait)
+    SIGKILLed), waits up to O(grace_period) seconds, sends SIGKILL to those left and waits up to O(kill_wait)
     seconds. Each process is pinned by a pidfd before it is signalled, as in M(gpuops.nvidia.gpu_kill). The
     pidfile is removed once nothing survived.
   - Processes that left the session (started their own with C(setsid)) are not found; on GPU hosts follow with
@@ -72,8 +72,11 @@ options:
     description: Working directory of the process.
     type: path
     default: /
-  stop_timeout:
-    description: Seconds between SIGTERM and SIGKILL with O(state=stopped).
+  grace_period:
+    description:
+      - Seconds between SIGTERM and SIGKILL with O(state=stopped), as O(gpuops.nvidia.gpu_kill#module:grace_period).
+      - A finite number, 0 or more.
+    aliases: [stop_timeout]
     type: float
     default: 30.0
   kill_wait:
@@ -104,7 +107,7 @@ EXAMPLES = r"""
   gpuops.nvidia.detached_process:
     state: stopped
     pidfile: /var/lib/vllm/qwen.pid
-    stop_timeout: 60
+    grace_period: 60
 """
 
 RETURN = r"""
@@ -152,13 +155,13 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _detached
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _detached, _options
 
 
 def ensure_started(module):
     params = module.params
     record = _detached.read_pidfile(params["pidfile"])
-    if record is not None and _detached.leader_running(record):
+    if record is not None and record.alive():
         return dict(changed=False, pid=record[0], start_ticks=record[1], running_cmdline=_detached.read_cmdline(record[0]),
                     msg="already running as PID %d" % record[0])
     if module.check_mode:
@@ -171,7 +174,7 @@ def ensure_started(module):
 
 def ensure_stopped(module):
     params = module.params
-    result = _detached.stop(params["pidfile"], params["stop_timeout"], params["kill_wait"], module.check_mode)
+    result = _detached.stop(params["pidfile"], params["grace_period"], params["kill_wait"], module.check_mode)
     if result["survived"]:
         module.fail_json(msg="%d process(es) of the session survived SIGKILL: %s" % (
             len(result["survived"]), "; ".join("PID %s (%s): %s" % (s["pid"], s["comm"], s["reason"]) for s in result["survived"])),
@@ -196,7 +199,7 @@ def main():
             environment_files=dict(type="list", elements="path", default=[]),
             inherit_environment=dict(type="bool", default=True),
             cwd=dict(type="path", default="/"),
-            stop_timeout=dict(type="float", default=30.0),
+            grace_period=dict(type="float", default=30.0, aliases=["stop_timeout"]),
             kill_wait=dict(type="float", default=10.0),
         ),
         required_if=[("state", "started", ("argv", "log_file"))],
@@ -204,6 +207,10 @@ def main():
     )
     if module.params["state"] == "started" and not module.params["argv"]:
         module.fail_json(msg="argv must not be empty")
+    try:
+        _options.check_numbers(grace_period=module.params["grace_period"], kill_wait=module.params["kill_wait"])
+    except _options.OptionError as exc:
+        module.fail_json(msg="nothing was signalled: %s" % exc)
     started = time.monotonic()
     try:
         if module.params["state"] == "started":

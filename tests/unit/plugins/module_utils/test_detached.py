@@ -109,7 +109,7 @@ def test_start_detaches_into_a_new_session_with_log_and_environment(tmp_path, st
     assert stat["sid"] == pid and stat["pgid"] == pid and stat["start_ticks"] == start_ticks
     assert os.readlink("/proc/%d/fd/0" % pid) == "/dev/null"
     assert os.readlink("/proc/%d/fd/1" % pid) == str(log) == os.readlink("/proc/%d/fd/2" % pid)
-    assert _detached.leader_running((pid, start_ticks)) and not _detached.leader_running((pid, start_ticks + 1))
+    assert _procscan.ProcessId(pid, start_ticks).alive() and not _procscan.ProcessId(pid, start_ticks + 1).alive()
 
 
 def test_start_of_a_missing_executable_fails_clearly(tmp_path):
@@ -125,7 +125,7 @@ def test_stop_ends_the_whole_session_and_removes_the_pidfile(tmp_path, started):
 
     planned = _detached.stop(pidfile, check_mode=True)
     assert planned["changed"] and [m["pid"] for m in planned["would_signal"]] == sorted([pid] + children)
-    assert planned["signalled"] == [] and _detached.leader_running((pid, start_ticks)) and os.path.exists(pidfile)
+    assert planned["signalled"] == [] and _procscan.ProcessId(pid, start_ticks).alive() and os.path.exists(pidfile)
 
     result = _detached.stop(pidfile, grace_period=10, kill_wait=5)
     assert result["changed"] and result["pid"] == pid and result["survived"] == []
@@ -157,7 +157,7 @@ def test_stale_pidfile_of_a_reused_pid_signals_nothing(tmp_path):
 ORPHAN_SCENARIO = r"""
 import ctypes, json, os, signal, sys, time
 ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _detached
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _detached, _procscan
 directory = sys.argv[1]
 pidfile, log = os.path.join(directory, "orphan.pid"), os.path.join(directory, "orphan.log")
 leader = ("import subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
@@ -176,7 +176,7 @@ while True:
             break
     except ChildProcessError:
         break
-print(json.dumps({"child": child, "running": _detached.leader_running((pid, ticks)), "exited": [e["pid"] for e in result["exited"]],
+print(json.dumps({"child": child, "running": _procscan.ProcessId(pid, ticks).alive(), "exited": [e["pid"] for e in result["exited"]],
                   "pidfile": os.path.exists(pidfile)}))
 """
 

@@ -13,8 +13,9 @@ import time
 import pytest
 from ansible.module_utils.testing import patch_module_args
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _detached
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _detached, _procscan
 from ansible_collections.gpuops.nvidia.plugins.modules import detached_process
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _procscan
 
 
 def run_module(capsys, args):
@@ -39,14 +40,14 @@ def test_start_is_idempotent_and_stop_ends_it(capsys, tmp_path):
         assert code == 0 and again["changed"] is False and again["pid"] == pid and "time.sleep(60)" in again["running_cmdline"]
         code, planned = run_module(capsys, {"state": "stopped", "pidfile": args["pidfile"], "_ansible_check_mode": True})
         assert code == 0 and planned["changed"] and [p["pid"] for p in planned["would_signal"]] == [pid]
-        assert _detached.leader_running((pid, started["start_ticks"]))
+        assert _procscan.ProcessId(pid, started["start_ticks"]).alive()
         code, stopped = run_module(capsys, {"state": "stopped", "pidfile": args["pidfile"]})
         assert code == 0 and stopped["changed"] and [p["pid"] for p in stopped["exited"]] == [pid]
         assert stopped["msg"] == "signalled 1 process(es), 1 exited" and not os.path.exists(args["pidfile"])
         code, result = run_module(capsys, {"state": "stopped", "pidfile": args["pidfile"]})
         assert code == 0 and result["changed"] is False and result["msg"] == "no pidfile: nothing to stop"
     finally:
-        if _detached.leader_running((pid, started["start_ticks"])):
+        if _procscan.ProcessId(pid, started["start_ticks"]).alive():
             os.kill(pid, 9)
         os.waitpid(pid, 0)
 
