@@ -16,7 +16,7 @@ import os
 import pwd
 import traceback
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _holders, _nvml, _procscan
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _holders, _nvml, _owners, _procscan
 
 try:
     import psutil
@@ -142,13 +142,15 @@ class Inspector:
             return {"available": False, "error": str(exc), "timed_out": True, "gpus": [],
                     "driver_version": None, "nvml_version": None, "cuda_driver_version": None}
 
-    def snapshot(self, timeout=None, scope="full", indices=None, tolerance_mib=DEFAULT_TOLERANCE_MIB):
+    def snapshot(self, timeout=None, scope="full", indices=None, tolerance_mib=DEFAULT_TOLERANCE_MIB, owners=None):
         """Ask NVML, scan /proc, merge (see _holders.merge), with "driver", "index_source" and "scan" added.
 
         scope "full" scans every process (facts: device users are reported too). scope "listed" scans only the
         PIDs the driver lists when their memory explains every GPU of `indices` (None = all): ending and waiting
         then need no full /proc scan; any GPU with unexplained or unknown memory makes it a full scan.
         "scan" says which was done ("full" or "listed").
+        `owners` (default: with a full scan) adds each holder's and device user's `owner` block (_owners.owner_of:
+        systemd unit and its Restart=, container, pod, Slurm job, respawning agent); the waits' repeated looks skip it.
         """
         driver = self.read_driver(timeout)
         table, index_source = minor_map(driver, self.proc)
@@ -165,6 +167,10 @@ class Inspector:
             if details is not None:
                 processes[pid] = details
         view = _holders.merge(driver, table, scan, processes, tolerance_mib, exclude_pids=own)
+        if owners or (owners is None and listed is None):
+            cache = {}
+            for process in view["holders"] + view["device_users"]:
+                process["owner"] = _owners.owner_of(process["pid"], self.proc, cache=cache)
         for holder in view["holders"]:
             if holder["ppid"] > 1:
                 parent = _procscan.read_stat(holder["ppid"], self.proc)

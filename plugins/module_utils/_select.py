@@ -18,7 +18,7 @@ import os
 import pwd
 import re
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _procscan
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _owners, _procscan
 from ansible_collections.gpuops.nvidia.plugins.module_utils._options import OptionError
 
 # Daemons that hold GPUs legitimately; never signalled unless the operator says so explicitly.
@@ -36,7 +36,13 @@ HOLDER_ARGS = dict(
     users=dict(type="list", elements="str"),
     exclude=dict(type="list", elements="str", default=[]),
     include_protected=dict(type="bool", default=False),
+    units=dict(type="list", elements="str"),
+    containers=dict(type="list", elements="str"),
+    pods=dict(type="list", elements="str"),
+    slurm_jobs=dict(type="list", elements="str"),
 )
+# The owner filters among HOLDER_ARGS (docs/owners.md): each selects holders whose owner block matches.
+OWNER_FILTERS = ("units", "containers", "pods", "slurm_jobs")
 
 _ASCII_INDEX = re.compile(r"[0-9]+")
 
@@ -55,12 +61,22 @@ def check_not_empty(**values):
             % (", ".join(empty), "is" if len(empty) == 1 else "are"))
 
 
-def select_gpus(requested, view):
-    """NVML indices selected by the `gpus` option (ASCII indices or UUIDs; None = all).
+class GpuIndices(list):
+    """The sorted NVML indices select_gpus selected (a list), with `instances`: {index: frozenset of MIG UUIDs} for
+    the MIG-enabled GPUs of which only some MIG instances were selected (an index not in it: the whole GPU)."""
 
-    Returns a sorted list of indices, or None for "all GPUs" (which also works when no
-    index <-> minor map is known). Raises SelectionError for an empty list, an unknown index or UUID,
-    or when specific GPUs are asked for but neither NVML nor /proc/driver/nvidia can map them.
+    def __init__(self, indices=(), instances=None):
+        super(GpuIndices, self).__init__(indices)
+        self.instances = dict(instances or {})
+
+
+def select_gpus(requested, view):
+    """NVML indices selected by the `gpus` option (ASCII indices, GPU UUIDs or MIG UUIDs; None = all).
+
+    Returns a GpuIndices (a sorted list of indices; a MIG UUID selects its parent's index and, in `instances`, that
+    instance only, while the parent's index or GPU UUID selects every instance on it), or None for "all GPUs"
+    (which also works when no index <-> minor map is known). Raises SelectionError for an empty list, an unknown
+    index or UUID, or when specific GPUs are asked for but neither NVML nor /proc/driver/nvidia can map them.
     """
     if requested is None:
         return None
@@ -75,8 +91,9 @@ def select_gpus(requested, view):
                              "/proc/driver/nvidia to map GPU indices to device files; install or load the NVIDIA driver"
                              % (list(requested), driver.get("error")))
     by_uuid = {gpu["uuid"]: gpu["index"] for gpu in view["gpus"] if gpu.get("uuid")}
+    by_mig_uuid = {device["uuid"]: gpu["index"] for gpu in view["gpus"] for device in gpu.get("mig_devices") or ()}
     indices = {gpu["index"] for gpu in view["gpus"]}
-    selected = set()
+    selected, instances = set(), {}
     for item in requested:
         text = str(item).strip()
         if isinstance(item, bool):
@@ -85,10 +102,15 @@ def select_gpus(requested, view):
             selected.add(int(text))
         elif text in by_uuid:
             selected.add(by_uuid[text])
+        elif text in by_mig_uuid:
+            instances.setdefault(by_mig_uuid[text], set()).add(text)
         else:
-            raise SelectionError("unknown GPU %r: GPUs are given as ASCII indices (this host has %s) or UUIDs (%s)"
-                                 % (item, sorted(indices), ", ".join(sorted(by_uuid)) or "none known"))
-    return sorted(selected)
+            raise SelectionError("unknown GPU %r: GPUs are given as ASCII indices (this host has %s), GPU UUIDs (%s) "
+                                 "or MIG UUIDs (%s)" % (item, sorted(indices), ", ".join(sorted(by_uuid)) or "none known",
+                                                        ", ".join(sorted(by_mig_uuid)) or "none known"))
+    # A whole GPU selected as well as some of its instances: the whole GPU.
+    instances = {index: frozenset(uuids) for index, uuids in instances.items() if index not in selected}
+    return GpuIndices(sorted(selected | set(instances)), instances)
 
 
 def compile_match(pattern):
@@ -124,7 +146,8 @@ def check_pids(pids):
     if pids is None:
         return None
     check_not_empty(pids=pids)
-    bad = sorted(pid for pid in pids if pid <= 0)
+    # A YAML `true` passes Ansible's int check as 1: PIDs are never booleans.
+    bad = [pid for pid in pids if isinstance(pid, bool) or pid <= 0]
     if bad:
         raise SelectionError("pids must be positive process IDs, got %s" % ", ".join(str(p) for p in bad))
     return set(pids)
@@ -133,10 +156,13 @@ def check_pids(pids):
 def check_options(params):
     """The checks of the selection options that need no look at the GPUs: run them before the first look, so bad
     input is refused even when the driver hangs."""
-    check_not_empty(gpus=params.get("gpus"))
+    check_not_empty(gpus=params.get("gpus"), **{name: params.get(name) for name in OWNER_FILTERS})
     check_pids(params.get("pids"))
     compile_match(params.get("match"))
     check_users(params.get("users"))
+    errors = _owners.container_ref_errors(params.get("containers") or ())
+    if errors:
+        raise SelectionError("; ".join(errors))
 
 
 def ancestors(pid=None, proc="/proc"):
@@ -189,8 +215,12 @@ class Selection:
     with indices from select_gpus (None = all GPUs), pids/users as sets or None (any), regex compiled or None.
     """
 
-    def __init__(self, indices, pids=None, regex=None, users=None, exclude=(), include_protected=False, own_chain=None):
+    def __init__(self, indices, pids=None, regex=None, users=None, exclude=(), include_protected=False, own_chain=None,
+                 owners=None):
         self.indices = indices
+        # {index: MIG UUIDs} where only some MIG instances of a GPU are selected (select_gpus).
+        self.instances = getattr(indices, "instances", None) or {}
+        self.owners = {name: value for name, value in (owners or {}).items() if value is not None}
         self.pids = pids
         self.regex = regex
         self.users = users
@@ -203,18 +233,32 @@ class Selection:
         """Check the selection options of a module (`gpus` and HOLDER_ARGS; missing keys mean "any") against a
         snapshot; raises SelectionError before anything is signalled."""
         check_options(params)
+        owners = {name: params.get(name) for name in OWNER_FILTERS}
+        if owners["containers"]:
+            known = {p["owner"]["container_id"] for p in view.get("holders", []) + view.get("device_users", [])
+                     if (p.get("owner") or {}).get("container_id")}
+            errors = _owners.container_ref_errors(owners["containers"], known)
+            if errors:
+                raise SelectionError("; ".join(errors))
         return cls(select_gpus(params.get("gpus"), view), pids=check_pids(params.get("pids")),
                    regex=compile_match(params.get("match")), users=check_users(params.get("users")),
-                   exclude=params.get("exclude") or (), include_protected=params.get("include_protected", False))
+                   exclude=params.get("exclude") or (), include_protected=params.get("include_protected", False),
+                   owners=owners)
 
     @property
     def narrowed(self):
-        """True when pids, match or users narrow the selection beyond GPUs."""
-        return self.pids is not None or self.regex is not None or self.users is not None
+        """True when pids, match, users or an owner filter narrow the selection beyond GPUs."""
+        return self.pids is not None or self.regex is not None or self.users is not None or bool(self.owners)
 
     def covers(self, holder):
-        """True when `holder` holds one of the selected GPUs."""
-        return self.indices is None or bool(set(self.indices) & set(holder["gpus"]))
+        """True when `holder` holds one of the selected GPUs (where MIG instances are selected: one of them)."""
+        if self.indices is None:
+            return True
+        for index in set(self.indices) & set(holder["gpus"]):
+            wanted = self.instances.get(index)
+            if wanted is None or wanted & set((holder.get("mig") or {}).get(str(index), ())):
+                return True
+        return False
 
     def leave_reason(self, holder):
         """Why the selection leaves this holder of a selected GPU alone, or None for a target."""
@@ -224,6 +268,10 @@ class Selection:
             return "command line does not match %r" % self.regex.pattern
         if self.users is not None and holder.get("user") not in self.users and str(holder.get("uid")) not in self.users:
             return "user %s not in users" % holder.get("user")
+        if self.owners:
+            reason = _owners.mismatch(holder.get("owner"), **self.owners)
+            if reason:
+                return reason
         return protection(holder, self.own_chain, self.exclude, self.include_protected)
 
     def split(self, view):
@@ -255,6 +303,8 @@ class Selection:
                      "left_alone_mib": 0, "foreign": [], "suspects": [], "memory_checked": False, "error": None,
                      "released": not split["targets"]}]
         status = []
+        # A hung driver leaves memory unknown: no GPU is released then, whatever /proc shows.
+        timed_out = bool((view.get("driver") or {}).get("timed_out"))
         for gpu in view["gpus"]:
             index = gpu["index"]
             if self.indices is not None and index not in self.indices:
@@ -273,7 +323,8 @@ class Selection:
                 "left_alone_mib": left_mib, "foreign": gpu["foreign"], "suspects": gpu["suspects"],
                 "memory_checked": checked, "error": gpu.get("error"),
                 # A GPU the driver answers with an error (lost, fallen off the bus) is never "released".
-                "released": not holders and not gpu.get("error") and (not checked or used - left_mib <= max_used_mib),
+                "released": (not holders and not gpu.get("error") and not timed_out
+                             and (not checked or used - left_mib <= max_used_mib)),
             })
         return status
 

@@ -202,7 +202,7 @@ def end_until_gone(choose, first, sig=signal.SIGTERM, grace_period=10.0, kill_wa
     for number in range(rounds):
         if number:
             targets = [t for t in choose(False) if _procscan.ProcessId.from_process(t) not in seen]
-            result["respawned"].extend(_respawns(targets, result["signalled"]))
+            result["respawned"].extend(_respawns(targets, result["signalled"], proc))
         if not targets:
             break
         seen.update(_procscan.ProcessId.from_process(t) for t in targets)
@@ -214,7 +214,7 @@ def end_until_gone(choose, first, sig=signal.SIGTERM, grace_period=10.0, kill_wa
     return result
 
 
-def _respawns(targets, ended):
+def _respawns(targets, ended, proc="/proc"):
     found = []
     for target in targets:
         for old in ended:
@@ -223,8 +223,8 @@ def _respawns(targets, ended):
             if same_parent or same_command:
                 parent = target.get("parent")
                 if parent is None and target.get("ppid", 0) > 1:
-                    stat = _procscan.read_stat(target["ppid"])
+                    stat = _procscan.read_stat(target["ppid"], proc)
                     parent = {"pid": target["ppid"], "comm": stat["comm"] if stat else None}
-                found.append(dict(target, replaces=old["pid"], parent=parent))
+                found.append(dict(target, replaces=old["pid"], replaces_comm=old.get("comm"), parent=parent))
                 break
     return found

@@ -84,7 +84,7 @@ def wait_released(inspector, selection, timeout, max_used_mib=DEFAULT_MAX_USED_M
         polls += 1
         # A hung driver may delay the last look by at most NVML_SLACK_S beyond `timeout`.
         view = inspector.snapshot(timeout=max(0.0, deadline - clock()) + NVML_SLACK_S, scope="listed",
-                                  indices=selection.indices, tolerance_mib=max_used_mib)
+                                  indices=selection.indices, tolerance_mib=max_used_mib, owners=bool(selection.owners))
         status = selection.gpu_status(view, max_used_mib)
         done = all(gpu["released"] for gpu in status)
         now = clock()

@@ -98,6 +98,36 @@ options:
     description: Seconds to wait for NVML to answer (greater than 0) before going on from the C(/proc) scan alone.
     type: float
     default: 10.0
+  units:
+    description:
+      - Only holders in these systemd units (the unit whose cgroup holds the process; V(vllm@a) means V(vllm@a.service)).
+        Omitted, any; an empty list is refused. See docs/owners.md for how owners are read.
+    type: list
+    elements: str
+  containers:
+    description:
+      - Only holders in these containers, by full 64-hex id or a unique prefix of 12 or more hex characters.
+        Omitted, any; an empty list is refused.
+    type: list
+    elements: str
+  pods:
+    description: Only holders in these Kubernetes pods, by pod UID or V(NAMESPACE/NAME). Omitted, any; an empty list is refused.
+    type: list
+    elements: str
+  slurm_jobs:
+    description: Only holders in these Slurm jobs (job ids). Omitted, any; an empty list is refused.
+    type: list
+    elements: str
+  stop_owners:
+    description:
+      - When a selected holder belongs to a systemd unit with a C(Restart=) policy, run C(systemctl stop UNIT) before
+        its PIDs are ended, so the unit does not start it again (RV(stopped_units)).
+      - For holders in a container or a pod the runtime is never called; the command that stops the owner is reported
+        in RV(owner_commands) and a warning, and the PIDs are ended.
+      - When false (the default), the PIDs are ended and a warning names each owner that will restart them.
+      - In check mode, RV(would_signal) entries carry C(owner) and C(owner_note) (why ending the PID alone will not last).
+    type: bool
+    default: false
 notes:
   - The module fails when a selected process survives SIGKILL, with the survivors and the reason in RV(survived).
 seealso:
@@ -170,6 +200,16 @@ foreign:
   returned: always
   type: list
   elements: dict
+stopped_units:
+  description: Systemd units stopped with O(stop_owners=true) before their holders were ended.
+  returned: always
+  type: list
+  elements: str
+owner_commands:
+  description: With O(stop_owners=true), the commands that stop the containers and pods of the selected holders (not run).
+  returned: always
+  type: list
+  elements: str
 respawned:
   description:
     - Selected holders that appeared after others were ended, with the parent or command line of one of them, with
@@ -218,7 +258,7 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _gpus, _options, _select, _terminate
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _gpus, _options, _owners, _select, _terminate
 
 
 def main():
@@ -227,6 +267,7 @@ def main():
             signal=dict(type="str", default="SIGTERM"),
             grace_period=dict(type="float", default=10.0),
             kill_wait=dict(type="float", default=5.0),
+            stop_owners=dict(type="bool", default=False),
             **dict(_select.HOLDER_ARGS, **_gpus.SELECTION_ARGS)
         ),
         supports_check_mode=True,
@@ -243,7 +284,8 @@ def main():
         module.fail_json(msg="nothing was signalled: %s" % exc)
     inspector = _gpus.Inspector(driver_timeout=params["driver_timeout"])
     try:
-        view = inspector.snapshot()
+        # The listed PIDs' fds where the driver's lists explain every GPU's memory, a full /proc scan elsewhere.
+        view = inspector.snapshot(scope="listed", owners=True)
         try:
             selection = _select.Selection.from_params(params, view)
         except _select.SelectionError as exc:
@@ -271,18 +313,41 @@ def run(module, inspector, selection, view, sig):
                   survived=[], not_signalled=[], respawned=[], left_alone=split["left_alone"],
                   protected=[h for h in split["left_alone"] if not _NARROWING.match(h["reason"])],
                   not_holding=split["not_holding"], foreign=_foreign(view, selection.indices), before=view)
+    result.update(stopped_units=[], owner_commands=[])
+    for target in split["targets"]:
+        target["owner_note"] = _owners.restart_note(target.get("owner"))
     if module.check_mode:
         result["would_signal"] = split["targets"]
         result["changed"] = bool(split["targets"])
         return result
+    if params["stop_owners"]:
+        stop_units(module, split["targets"], result)
 
     def choose(_first):
-        return selection.split(inspector.snapshot(scope="listed", indices=selection.indices))["targets"]
+        return selection.split(inspector.snapshot(scope="listed", indices=selection.indices, owners=True))["targets"]
 
     outcome = _terminate.end_until_gone(choose, split["targets"], sig, params["grace_period"], params["kill_wait"])
     result.update(outcome)
-    result["changed"] = bool(outcome["signalled"])
+    result["changed"] = result["changed"] or bool(outcome["signalled"])
     return result
+
+
+def stop_units(module, targets, result):
+    """stop_owners: `systemctl stop` each unit with a Restart= policy that owns a target, before the PIDs are ended;
+    for containers and pods, the command to run is reported (the runtime is never called)."""
+    units = sorted({t["owner"]["systemd_unit"] for t in targets if (t.get("owner") or {}).get("unit_restart") not in (None, "no")
+                    and not t["owner"].get("container_id") and not t["owner"].get("pod_uid")})
+    if units:
+        systemctl = module.get_bin_path("systemctl", required=True)
+    for unit in units:
+        rc, _out, err = module.run_command([systemctl, "stop", unit])
+        if rc != 0:
+            module.fail_json(msg="systemctl stop %s failed (rc %s): %s; nothing was signalled" % (unit, rc, err.strip()),
+                             **result)
+        result["stopped_units"].append(unit)
+    result["changed"] = bool(units)
+    result["owner_commands"] = sorted({_owners.stop_command(t["owner"]) for t in targets
+                                       if (t.get("owner") or {}).get("container_id") or (t.get("owner") or {}).get("pod_uid")})
 
 
 # left_alone reasons that come from pids/match/users (the others are protections and `exclude`).
@@ -316,11 +381,20 @@ def finish(module, result):
     for item in result["foreign"]:
         msg += "; the driver lists PID %s (%s) on GPU %s, which no process here holds (a container?): not signalled" % (
             item["pid"], "memory not reported" if item["used_mib"] is None else "%s MiB" % item["used_mib"], item["gpu"])
+    if result["stopped_units"]:
+        msg += "; stopped systemd unit(s) %s first" % ", ".join(result["stopped_units"])
+    stopped = {"systemctl stop %s" % unit for unit in result["stopped_units"]}
+    for process in result["would_signal"] if module.check_mode else result["signalled"]:
+        command = _owners.stop_command(process.get("owner"))
+        if process.get("owner_note") and command not in stopped:
+            module.warn("PID %s (%s): %s; ending the PID alone will not last%s" % (
+                process["pid"], process["comm"], process["owner_note"],
+                ": stop the owner (%s), or run with stop_owners=true" % command if command else ""))
     for item in result["respawned"]:
         parent = item.get("parent")
         module.warn("PID %s (%s) came back as PID %s%s: stop that parent first (for example a torchrun or Ray agent, or "
                     "a systemd unit), or the GPU will be held again" % (
-                        item["replaces"], item["comm"], item["pid"],
+                        item["replaces"], item["replaces_comm"], item["pid"],
                         ", started by PID %s (%s)" % (parent["pid"], parent["comm"]) if parent else ""))
     result["msg"] = msg
     module.exit_json(**result)

@@ -82,6 +82,22 @@ options:
     description: Count the protected GPU daemons as holders too (as when M(gpuops.nvidia.gpu_kill) ends them).
     type: bool
     default: false
+  units:
+    description: Only holders in these systemd units count (as in M(gpuops.nvidia.gpu_kill)). Omitted, any; an empty list is refused.
+    type: list
+    elements: str
+  containers:
+    description: Only holders in these containers (full id or a unique prefix of 12 or more hex characters) count. Omitted, any.
+    type: list
+    elements: str
+  pods:
+    description: Only holders in these Kubernetes pods (UID or V(NAMESPACE/NAME)) count. Omitted, any.
+    type: list
+    elements: str
+  slurm_jobs:
+    description: Only holders in these Slurm jobs count. Omitted, any.
+    type: list
+    elements: str
   driver_timeout:
     description:
       - Longest wait in seconds for one NVML query (greater than 0); after the first, also bounded by the time left

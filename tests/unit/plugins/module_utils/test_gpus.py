@@ -2,129 +2,28 @@
 # Copyright (c) 2026, gpuops.nvidia contributors
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""_gpus: GPU selection, option checks, protection rules, the process chain, Inspector's driver handling."""
+"""_gpus: libraries, the index/minor map, process details, Inspector's driver handling and its scan scopes.
+
+Selection and protection are tested in test_select.py. Snapshots here run against child processes started by
+the tests (never signalled by this file), with NVML and the /proc scan replaced where a GPU is needed.
+"""
 from __future__ import annotations
 
+import contextlib
+import datetime
 import os
+import subprocess
 import sys
 import time
 import types
 
+import psutil
 import pynvml
 import pytest
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _gpus
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _gpus, _procscan
 
-VIEW = {"gpus": [{"index": 0, "uuid": "GPU-aaaa"}, {"index": 1, "uuid": "GPU-bbbb"}, {"index": 2, "uuid": "GPU-cccc"}]}
-OWN_CHAIN = {1, 700, 701}
-
-
-def holder(pid=5000001, ppid=4000, comm="python3", cmdline="python3 -m vllm.entrypoints.openai.api_server",
-           kernel_thread=False):
-    return {"pid": pid, "ppid": ppid, "comm": comm, "cmdline": cmdline, "kernel_thread": kernel_thread}
-
-
-@pytest.mark.parametrize("requested, expected", [
-    ([0, 2], [0, 2]),
-    (["2", " 1 "], [1, 2]),
-    (["GPU-cccc", 0], [0, 2]),
-    ([1, "1", "GPU-bbbb"], [1]),
-    (None, None),
-    ([], None),
-])
-def test_select_gpus(requested, expected):
-    assert _gpus.select_gpus(requested, VIEW) == expected
-
-
-@pytest.mark.parametrize("requested", [[3], ["GPU-dddd"], [0, -1], ["0x1"], [True]])
-def test_select_gpus_unknown_lists_the_known_ones(requested):
-    with pytest.raises(_gpus.SelectionError) as info:
-        _gpus.select_gpus(requested, VIEW)
-    message = str(info.value)
-    assert "unknown GPU" in message
-    assert "[0, 1, 2]" in message and "GPU-aaaa" in message and "GPU-cccc" in message
-
-
-def test_select_gpus_without_map():
-    assert _gpus.select_gpus(None, {"gpus": []}) is None
-    with pytest.raises(_gpus.SelectionError, match="no NVML and no /proc/driver/nvidia"):
-        _gpus.select_gpus([0], {"gpus": []})
-
-
-def test_compile_match():
-    assert _gpus.compile_match(None) is None
-    assert _gpus.compile_match("VLLM::|vllm serve").search("VLLM::Worker_TP0")
-    with pytest.raises(_gpus.SelectionError, match=r"invalid regex in match 'VLLM::\(': missing \)"):
-        _gpus.compile_match("VLLM::(")
-
-
-def test_check_nonnegative():
-    _gpus.check_nonnegative(grace_period=0, kill_wait=5.0, driver_timeout=None)
-    with pytest.raises(_gpus.SelectionError) as info:
-        _gpus.check_nonnegative(timeout=-1.0, grace_period=2, kill_wait=-0.5)
-    assert str(info.value) == "must not be negative: kill_wait=-0.5, timeout=-1.0"
-
-
-def test_protection_never_pid_1_own_chain_or_kernel_threads():
-    assert _gpus.protection(holder(pid=1, ppid=0), OWN_CHAIN, include_protected=True) == "PID 1 (init)"
-    assert "ancestors" in _gpus.protection(holder(pid=701), OWN_CHAIN, include_protected=True)
-    assert _gpus.protection(holder(pid=300, ppid=2, comm="kworker/0:1", cmdline="", kernel_thread=True), OWN_CHAIN,
-                            include_protected=True) == "kernel thread"
-    # Inside a node's PID namespace PID 2 is an ordinary process: its children are not kernel threads.
-    assert _gpus.protection(holder(pid=300, ppid=2), OWN_CHAIN) is None
-    assert _gpus.protection(holder(), OWN_CHAIN) is None
-
-
-@pytest.mark.parametrize("name", _gpus.PROTECTED_NAMES)
-def test_protection_of_each_gpu_daemon_by_comm_and_by_argv0(name):
-    by_comm = holder(comm=name[:15], cmdline="")  # the kernel cuts comm to 15 bytes
-    by_argv0 = holder(comm="daemon", cmdline="/usr/bin/%s --verbose" % name)
-    for entry in (by_comm, by_argv0):
-        reason = _gpus.protection(entry, OWN_CHAIN)
-        assert reason.startswith("protected GPU daemon (") and name in reason
-        assert _gpus.protection(entry, OWN_CHAIN, include_protected=True) is None
-
-
-def test_protected_name_only_in_arguments_is_not_protected():
-    assert _gpus.protection(holder(cmdline="python3 watch.py nvidia-persistenced"), OWN_CHAIN) is None
-
-
-def test_exclude_holds_even_with_include_protected():
-    entry = holder(comm="VLLM::EngineCor", cmdline="VLLM::EngineCore")
-    assert _gpus.protection(entry, OWN_CHAIN, exclude=["VLLM::EngineCor"]).startswith("excluded by the exclude option")
-    assert _gpus.protection(entry, OWN_CHAIN, exclude=["VLLM::EngineCore"], include_protected=True).startswith(
-        "excluded by the exclude option")
-    assert _gpus.protection(entry, OWN_CHAIN, exclude=["VLLM::Worker"]) is None
-
-
-def test_include_protected_never_lifts_pid_1_or_own_chain():
-    assert _gpus.protection(holder(pid=1, comm="nvidia-persistenced"), OWN_CHAIN, include_protected=True) == "PID 1 (init)"
-    assert _gpus.protection(holder(pid=700, comm="nvidia-persistenced"), OWN_CHAIN, include_protected=True).startswith(
-        "this module")
-
-
-def test_ancestors_of_this_process():
-    chain = _gpus.ancestors()
-    assert os.getpid() in chain and os.getppid() in chain
-    assert 1 in chain
-
-
-def test_ancestors_in_a_fake_proc_with_a_tricky_comm(tmp_path):
-    for pid, ppid, comm in ((1, 0, "init"), (40, 1, "sshd: root (priv)"), (41, 40, "a) b"), (42, 41, "python3")):
-        (tmp_path / str(pid)).mkdir()
-        (tmp_path / str(pid) / "stat").write_text("%d (%s) S %d %d %d 0 -1 4194560 %s\n" % (
-            pid, comm, ppid, pid, pid, " ".join(str(n) for n in range(100, 130))))
-    assert _gpus.ancestors(42, str(tmp_path)) == {42, 41, 40, 1}
-    assert _gpus.ancestors(99, str(tmp_path)) == {99}  # gone: only itself
-
-
-def test_holders_of():
-    view = {"holders": [{"pid": 10, "gpus": [0], "control_only": False},
-                        {"pid": 11, "gpus": [0, 1], "control_only": False},
-                        {"pid": 12, "gpus": [], "control_only": True}]}
-    assert [h["pid"] for h in _gpus.holders_of(view, None)] == [10, 11, 12]
-    assert [h["pid"] for h in _gpus.holders_of(view, [1])] == [11]
-    assert _gpus.holders_of(view, [2]) == []
+NO_SUCH_PID = 5000001  # above the largest pid_max (2^22): never a process
 
 
 def test_check_libraries_names_the_package_host_and_interpreter(monkeypatch):
@@ -136,6 +35,175 @@ def test_check_libraries_names_the_package_host_and_interpreter(monkeypatch):
     assert "(psutil)" in failure["msg"] and sys.executable in failure["msg"]
     assert failure["exception"] == "Traceback: No module named 'psutil'"
 
+
+def test_missing_libraries(monkeypatch):
+    assert _gpus.missing_libraries() == []  # both are installed in the test environment
+    monkeypatch.setattr(_gpus, "PYNVML_IMPORT_ERROR", "no pynvml")
+    monkeypatch.setattr(_gpus, "PSUTIL_IMPORT_ERROR", "no psutil")
+    assert _gpus.missing_libraries() == [("nvidia-ml-py", "no pynvml"), ("psutil", "no psutil")]
+
+
+def test_selection_args_and_default_tolerance():
+    assert _gpus.SELECTION_ARGS == {"gpus": {"type": "list", "elements": "raw"},
+                                    "driver_timeout": {"type": "float", "default": 10.0}}
+    assert _gpus.DEFAULT_TOLERANCE_MIB == 256
+
+
+# --- minor_map ---------------------------------------------------------------------------------------------------
+
+def nvml_gpu(index, used_mib=3, processes=(), minor=None, error=None):
+    """One GPU as _nvml.read_gpu returns it; processes: [(pid, MiB, type)]."""
+    return {"index": index, "minor": index if minor is None else minor, "uuid": "GPU-%d" % index,
+            "name": "NVIDIA H100 80GB HBM3", "pci_bus_id": "00000000:%02X:00.0" % (0x18 + index),
+            "memory": None if used_mib is None else {"total_mib": 81559, "used_mib": used_mib,
+                                                     "free_mib": 81559 - 529 - used_mib, "reserved_mib": 529,
+                                                     "source": "v2"},
+            "processes": [{"pid": pid, "used_mib": mib, "type": kind} for pid, mib, kind in processes], "error": error}
+
+
+def driver(*gpus):
+    return {"available": True, "error": None, "driver_version": "580.95.05", "nvml_version": "13.580.95.05",
+            "cuda_driver_version": 13000, "gpus": list(gpus)}
+
+
+NO_DRIVER = {"available": False, "error": "NVMLError_LibraryNotFound: NVML Shared Library Not Found", "gpus": [],
+             "driver_version": None, "nvml_version": None, "cuda_driver_version": None}
+
+
+def test_minor_map_from_nvml():
+    table, source = _gpus.minor_map(driver(nvml_gpu(0, minor=3), nvml_gpu(1, minor=0)), "/nonexistent")
+    assert source == "nvml"
+    assert table == [{"index": 0, "minor": 3, "uuid": "GPU-0", "name": "NVIDIA H100 80GB HBM3", "pci_bus_id": "00000000:18:00.0"},
+                     {"index": 1, "minor": 0, "uuid": "GPU-1", "name": "NVIDIA H100 80GB HBM3", "pci_bus_id": "00000000:19:00.0"}]
+
+
+def test_minor_map_from_proc_driver_in_bus_order(tmp_path):
+    for bus, minor in (("0000:2a:00.0", 0), ("0000:18:00.0", 2)):
+        (tmp_path / "driver" / "nvidia" / "gpus" / bus).mkdir(parents=True)
+        (tmp_path / "driver" / "nvidia" / "gpus" / bus / "information").write_text(
+            "Model: \t\t NVIDIA H100 80GB HBM3\nDevice Minor: \t %d\nGPU UUID: \t GPU-%s\n" % (minor, bus))
+    table, source = _gpus.minor_map(NO_DRIVER, str(tmp_path))
+    assert source == "proc_driver"
+    assert [(g["index"], g["minor"], g["uuid"]) for g in table] == [(0, 2, "GPU-0000:18:00.0"), (1, 0, "GPU-0000:2a:00.0")]
+    assert _gpus.minor_map(None, str(tmp_path))[1] == "proc_driver"  # NVML not asked at all
+
+
+def test_minor_map_without_nvml_or_kernel_module(tmp_path):
+    assert _gpus.minor_map(NO_DRIVER, str(tmp_path)) == ([], None)
+
+
+# --- process_details ---------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def spawn():
+    """spawn(argv, wait=True) -> Popen, once it runs argv[0] (wait); every child still running at teardown is killed
+    and reaped."""
+    started = []
+
+    def start(argv, wait=True):
+        child = subprocess.Popen(argv)
+        started.append(child)
+        if wait:
+            wait_exec(child.pid, argv[0])
+        return child
+
+    yield start
+    for child in started:
+        if child.poll() is None:
+            child.kill()
+        child.wait()
+
+
+def test_process_details_of_a_child(spawn):
+    child = spawn(["sleep", "60", "1"])  # sleep sums its arguments
+    details = _gpus.process_details(psutil, child.pid)
+    stat = _procscan.read_stat(child.pid)
+    assert details["pid"] == child.pid and details["ppid"] == os.getpid() and details["comm"] == "sleep"
+    assert details["start_ticks"] == stat["start_ticks"] and details["state"] in ("R", "S")
+    assert details["uid"] == os.getuid() and details["cmdline"] == "sleep 60 1"
+    assert details["start_time"].endswith("+00:00")
+    assert abs(psutil.Process(child.pid).create_time() - _iso_seconds(details["start_time"])) < 1e-3
+
+
+def wait_exec(pid, argv0, timeout=5.0):
+    """Until execve() has set up the new argv: right after the fork, and within exec, /proc/PID/cmdline is empty."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with open("/proc/%d/cmdline" % pid, "rb") as cmdline:
+            if cmdline.read().startswith(argv0.encode() + b"\0"):
+                return
+        assert time.monotonic() < deadline, "PID %d never ran %s" % (pid, argv0)
+        time.sleep(0.005)
+
+
+def _iso_seconds(text):
+    return datetime.datetime.fromisoformat(text).timestamp()
+
+
+def test_process_details_of_a_zombie_and_of_a_gone_process(spawn):
+    child = spawn(["sleep", "0"], wait=False)
+    deadline = time.monotonic() + 5
+    while (_procscan.read_stat(child.pid) or {}).get("state") != "Z":
+        assert time.monotonic() < deadline, "the child never became a zombie"
+        time.sleep(0.005)
+    details = _gpus.process_details(psutil, child.pid)
+    assert details["state"] == "Z" and details["cmdline"] == ""
+    child.wait()
+    assert _gpus.process_details(psutil, child.pid) is None
+    assert _gpus.process_details(psutil, NO_SUCH_PID) is None
+
+
+class FakePsutil:
+    """psutil with a scripted Process: cmdline() returns `argv` or raises `cmdline_error`; `error` raised at once."""
+
+    NoSuchProcess = psutil.NoSuchProcess
+    AccessDenied = psutil.AccessDenied
+    ZombieProcess = psutil.ZombieProcess
+
+    def __init__(self, argv=(), error=None):
+        self.argv, self.error = list(argv), error
+
+    def Process(self, pid):  # pylint: disable=invalid-name
+        if self.error:
+            raise self.error
+        return types.SimpleNamespace(oneshot=contextlib.nullcontext, uids=lambda: types.SimpleNamespace(real=0),
+                                     create_time=lambda: 0.0, cmdline=lambda: list(self.argv))
+
+
+def test_process_details_strips_setproctitle_padding_and_survives_access_denied():
+    details = _gpus.process_details(FakePsutil(["VLLM::Worker_TP0", "", "   "]), os.getpid())
+    assert details["cmdline"] == "VLLM::Worker_TP0" and details["user"] == "root" and details["uid"] == 0
+    assert details["start_time"] == "1970-01-01T00:00:00+00:00"
+    denied = _gpus.process_details(FakePsutil(error=psutil.AccessDenied(os.getpid())), os.getpid())
+    assert denied["comm"] == _procscan.read_stat(os.getpid())["comm"]
+    assert (denied["user"], denied["uid"], denied["cmdline"], denied["start_time"]) == (None, None, None, None)
+    assert _gpus.process_details(FakePsutil(error=psutil.NoSuchProcess(os.getpid())), os.getpid()) is None
+
+
+# --- _listed_pids: when the driver's lists suffice -----------------------------------------------------------------
+
+def test_listed_pids_when_the_lists_explain_every_selected_gpu():
+    reading = driver(nvml_gpu(0, 70003, [(11, 70000, "compute")]), nvml_gpu(1, 300, [(12, 100, "compute"), (13, 0, "mps")]))
+    assert _gpus._listed_pids(reading, None, 256) == {11, 12, 13}
+    assert _gpus._listed_pids(reading, None, 199) is None  # GPU 1: 200 MiB unexplained > 199
+    assert _gpus._listed_pids(reading, None, 200) == {11, 12, 13}  # at the tolerance: explained
+
+
+def test_listed_pids_ignores_unselected_gpus_but_lists_their_pids():
+    reading = driver(nvml_gpu(0, 70003, [(11, 70000, "compute")]), nvml_gpu(1, 30000, [(12, 100, "compute")]),
+                     nvml_gpu(2, None, error="Unknown Error"))
+    assert _gpus._listed_pids(reading, None, 256) is None
+    assert _gpus._listed_pids(reading, [0], 256) == {11, 12}
+    assert _gpus._listed_pids(reading, [0, 2], 256) is None  # a lost GPU: full scan
+
+
+@pytest.mark.parametrize("reading", [NO_DRIVER, driver(), driver(nvml_gpu(0, None)),
+                                     driver(nvml_gpu(0, 500, [(11, None, "compute")]))])
+def test_listed_pids_needs_a_full_scan(reading):
+    assert _gpus._listed_pids(reading, None, 256) is None
+
+
+# --- Inspector ---------------------------------------------------------------------------------------------------
 
 def test_inspector_hung_driver_gives_timed_out_view_bounded_by_the_snapshot_timeout(monkeypatch):
     def hang():
@@ -155,3 +223,122 @@ def test_inspector_hung_driver_gives_timed_out_view_bounded_by_the_snapshot_time
     assert view["driver"]["timed_out"] is True and view["driver"]["available"] is False
     assert "within 0.3 s" in view["driver"]["error"]
     assert os.getpid() not in {h["pid"] for h in view["holders"]}
+    assert view["scan"] == "full"
+
+
+def test_read_driver_bounds_each_query_by_driver_timeout():
+    inspector = _gpus.Inspector(driver_timeout=4.0)
+    asked = []
+    inspector._query = types.SimpleNamespace(read=lambda timeout: asked.append(timeout) or driver(), pid=None,
+                                             close=lambda: None)
+    inspector.read_driver()
+    inspector.read_driver(1.5)
+    inspector.read_driver(60)
+    assert asked == [4.0, 1.5, 4.0]
+
+
+def handles(pid, minors=(), uvm=True, ctl=True):
+    """What _procscan finds for a process: a CUDA user (uvm) maps its device; an NVML client only opens it."""
+    found = _procscan.DeviceHandles(pid)
+    if ctl:
+        found.add("/dev/nvidiactl", "fd")
+    if uvm:
+        found.add("/dev/nvidia-uvm", "fd")
+    for minor in minors:
+        found.add("/dev/nvidia%d" % minor, "fd")
+        if uvm:
+            found.add("/dev/nvidia%d" % minor, "mapping")
+    return found
+
+
+@pytest.fixture
+def inspector_on(monkeypatch):
+    """inspector_on(reading, found) -> (Inspector whose NVML answers `reading` and whose /proc scans find `found`
+    ({pid: DeviceHandles}), calls): calls records ("full", skip_pids) and ("listed", pids) scans."""
+    calls = []
+    made = []
+
+    def install(reading, found):
+        def scan_holders(proc="/proc", skip_pids=()):
+            calls.append(("full", set(skip_pids)))
+            return {pid: h for pid, h in found.items() if pid not in set(skip_pids)}
+
+        def scan_pids(pids, proc="/proc"):
+            calls.append(("listed", list(pids)))
+            return {pid: found[pid] for pid in pids if pid in found}
+
+        monkeypatch.setattr(_procscan, "scan_holders", scan_holders)
+        monkeypatch.setattr(_procscan, "scan_pids", scan_pids)
+        inspector = _gpus.Inspector()
+        inspector.read_driver = lambda timeout=None: reading
+        made.append(inspector)
+        return inspector, calls
+
+    yield install
+    for inspector in made:
+        inspector.close()
+
+
+def test_listed_scope_scans_only_the_listed_pids_when_their_memory_explains_the_gpus(spawn, inspector_on):
+    engine, exporter = spawn(["sleep", "60"]), spawn(["sleep", "61"])
+    reading = driver(nvml_gpu(0, 70003, [(engine.pid, 70000, "compute")]), nvml_gpu(1, 503, [(NO_SUCH_PID, 500, "compute")]))
+    inspector, calls = inspector_on(reading, {engine.pid: handles(engine.pid, [0]),
+                                              exporter.pid: handles(exporter.pid, [0, 1], uvm=False)})
+    view = inspector.snapshot(scope="listed")
+    assert calls == [("listed", sorted([engine.pid, NO_SUCH_PID]))] and view["scan"] == "listed"
+    (holder,) = view["holders"]
+    assert holder["pid"] == engine.pid and holder["gpus"] == [0] and holder["memory_mib"] == {"0": 70000}
+    assert holder["attribution"] == {"0": "driver"} and holder["cmdline"] == "sleep 60"
+    assert holder["parent"] == {"pid": os.getpid(), "comm": _procscan.read_stat(os.getpid())["comm"]}
+    assert view["device_users"] == []  # NVML clients are not even looked at
+    assert "owner" not in holder  # the waits' repeated looks skip the owners unless asked
+    assert "owner" in inspector.snapshot(scope="listed", owners=True)["holders"][0]
+    foreign = view["gpus"][1]["foreign"]
+    assert foreign == [{"pid": NO_SUCH_PID, "used_mib": 500, "type": "compute", "reason": "absent", "comm": None}]
+    assert view["index_source"] == "nvml"
+    assert view["driver"] == {"available": True, "error": None, "driver_version": "580.95.05",
+                              "nvml_version": "13.580.95.05", "cuda_driver_version": 13000, "timed_out": False}
+
+
+def test_full_scope_reports_device_users_and_never_makes_them_holders(spawn, inspector_on):
+    engine, exporter = spawn(["sleep", "60"]), spawn(["sleep", "61"])
+    reading = driver(nvml_gpu(0, 70003, [(engine.pid, 70000, "compute")]), nvml_gpu(1, 3))
+    inspector, calls = inspector_on(reading, {engine.pid: handles(engine.pid, [0, 1]),
+                                              exporter.pid: handles(exporter.pid, [0, 1], uvm=False)})
+    view = inspector.snapshot()
+    assert calls == [("full", {os.getpid()})] and view["scan"] == "full"
+    assert [(h["pid"], h["gpus"]) for h in view["holders"]] == [(engine.pid, [0])]  # GPU 1's file only: not held
+    assert [(u["pid"], u["device_gpus"], u["kind"]) for u in view["device_users"]] == [(exporter.pid, [0, 1], "nvml")]
+    assert all("owner" in p for p in view["holders"] + view["device_users"])  # a full scan reads the owners
+
+
+def test_listed_scope_falls_back_to_a_full_scan_for_unexplained_memory(spawn, inspector_on):
+    engine, orphan = spawn(["sleep", "60"]), spawn(["sleep", "62"])
+    reading = driver(nvml_gpu(0, 70003, [(engine.pid, 70000, "compute")]), nvml_gpu(1, 30003))
+    found = {engine.pid: handles(engine.pid, [0]), orphan.pid: handles(orphan.pid, [1])}
+    inspector, calls = inspector_on(reading, found)
+    view = inspector.snapshot(scope="listed", tolerance_mib=256)
+    assert calls == [("full", {os.getpid()})] and view["scan"] == "full"
+    by_pid = {h["pid"]: h for h in view["holders"]}
+    assert by_pid[orphan.pid]["attribution"] == {"1": "device_file"} and by_pid[orphan.pid]["memory_mib"] == {"1": None}
+    # Only GPU 0 asked for: its memory is explained, so the listed PIDs suffice.
+    del calls[:]
+    view = inspector.snapshot(scope="listed", indices=[0])
+    assert calls == [("listed", [engine.pid])] and view["scan"] == "listed"
+    # A tolerance above the unexplained memory: GPU 1 counts as explained, and the orphan holds nothing.
+    del calls[:]
+    view = inspector.snapshot(scope="listed", tolerance_mib=30003)
+    assert calls == [("listed", [engine.pid])] and [h["pid"] for h in view["holders"]] == [engine.pid]
+    assert view["gpus"][1]["tolerance_mib"] == 30003 and view["gpus"][1]["memory_unexplained"] is False
+
+
+def test_without_nvml_the_proc_driver_map_and_a_full_scan_are_used(spawn, inspector_on, monkeypatch):
+    worker = spawn(["sleep", "60"])
+    monkeypatch.setattr(_procscan, "proc_driver_minors", lambda proc="/proc": [
+        {"pci_bus_id": "00000000:18:00.0", "minor": 0, "uuid": "GPU-0", "name": "NVIDIA H100 80GB HBM3"}])
+    inspector, calls = inspector_on(NO_DRIVER, {worker.pid: handles(worker.pid, [0])})
+    view = inspector.snapshot(scope="listed")
+    assert calls == [("full", {os.getpid()})] and view["index_source"] == "proc_driver"
+    assert view["driver"]["available"] is False and view["driver"]["timed_out"] is False
+    # Memory unknown: the CUDA user of the device file holds the GPU.
+    assert [(h["pid"], h["attribution"]) for h in view["holders"]] == [(worker.pid, {"0": "device_file"})]

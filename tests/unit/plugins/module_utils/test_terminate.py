@@ -171,3 +171,129 @@ def test_first_signal_sigkill_is_not_sent_twice(monkeypatch):
     _terminate.end_processes([{"pid": NO_SUCH_PID, "start_ticks": 1}], sig=signal.SIGKILL, grace_period=0.05,
                              kill_wait=0.05)
     assert sent == [signal.SIGKILL]
+
+
+# --- end_until_gone: rounds, respawns ---------------------------------------------------------------------------------
+
+def process(pid, start_ticks=None, ppid=4000, cmdline="VLLM::Worker_TP0", comm="VLLM::Worker_TP", parent=None):
+    return {"pid": pid, "start_ticks": start_ticks or pid * 10, "ppid": ppid, "comm": comm, "cmdline": cmdline,
+            "parent": parent}
+
+
+class Rounds:
+    """choose() from a script of rounds (the last repeats), and an end_processes that records and signals nothing."""
+
+    def __init__(self, *later, survive=()):
+        self.later = list(later)
+        self.asked = []
+        self.ended = []
+        self.survive = set(survive)
+
+    def choose(self, first_round):
+        self.asked.append(first_round)
+        return list(self.later.pop(0) if len(self.later) > 1 else self.later[0])
+
+    def end_processes(self, targets, sig, grace_period, kill_wait, proc):  # pylint: disable=unused-argument
+        self.ended.append([t["pid"] for t in targets])
+        entries = [dict(t, signals=[sig.name]) for t in targets]
+        return {"signalled": entries, "exited": [e for e in entries if e["pid"] not in self.survive],
+                "survived": [dict(e, state="D") for e in entries if e["pid"] in self.survive], "not_signalled": []}
+
+
+@pytest.fixture
+def rounds(monkeypatch):
+    def install(*later, survive=()):
+        script = Rounds(*later, survive=survive)
+        monkeypatch.setattr(_terminate, "end_processes", script.end_processes)
+        return script
+    return install
+
+
+def test_end_until_gone_ends_what_appears_until_nothing_is_left(rounds):
+    engine, peer, newcomer = process(11, ppid=1, cmdline="a"), process(12, ppid=1, cmdline="b"), process(13, ppid=1, cmdline="c")
+    script = rounds([engine, newcomer], [])  # the engine is still listed (same start): not again
+    result = _terminate.end_until_gone(script.choose, [engine, peer], grace_period=1.0, kill_wait=1.0)
+    assert script.ended == [[11, 12], [13]] and script.asked == [False, False]
+    assert [e["pid"] for e in result["signalled"]] == [11, 12, 13] == [e["pid"] for e in result["exited"]]
+    assert result["survived"] == [] and result["not_signalled"] == [] and result["respawned"] == []
+
+
+def test_end_until_gone_with_nothing_chosen_signals_nothing(rounds):
+    script = rounds([process(11)])
+    result = _terminate.end_until_gone(script.choose, [])
+    assert script.ended == [] and script.asked == [] and result["signalled"] == [] and result["respawned"] == []
+
+
+def test_end_until_gone_ends_a_reused_pid_again_but_never_the_same_process_twice(rounds):
+    script = rounds([process(11), process(11, start_ticks=999)], [process(11, start_ticks=999)], [])
+    result = _terminate.end_until_gone(script.choose, [process(11)], rounds=5)
+    assert script.ended == [[11], [11]] and len(script.asked) == 2
+    assert [(e["pid"], e["start_ticks"]) for e in result["signalled"]] == [(11, 110), (11, 999)]
+
+
+def test_end_until_gone_stops_after_rounds(rounds):
+    script = rounds(*[[process(20 + n, ppid=1, cmdline="job %d" % n)] for n in range(5)])
+    result = _terminate.end_until_gone(script.choose, [process(19, ppid=1, cmdline="job")], rounds=3)
+    assert script.ended == [[19], [20], [21]] and len(script.asked) == 2
+    assert len(result["signalled"]) == 3 and result["respawned"] == []
+    assert _terminate.ROUNDS == 3
+
+
+def test_end_until_gone_stops_at_the_first_survivor(rounds):
+    script = rounds([process(13, ppid=1)], survive=[12])
+    result = _terminate.end_until_gone(script.choose, [process(11, ppid=1, cmdline="x"), process(12, ppid=1, cmdline="y")])
+    assert script.ended == [[11, 12]] and script.asked == []
+    assert [e["pid"] for e in result["survived"]] == [12] and [e["pid"] for e in result["exited"]] == [11]
+
+
+def test_respawns_by_parent_or_by_command_line():
+    ended = [process(11, ppid=4000, cmdline="VLLM::EngineCore", parent={"pid": 4000, "comm": "torchrun"}),
+             process(12, ppid=1, cmdline="python3 train.py")]
+    sibling = process(21, ppid=4000, cmdline="VLLM::Worker_TP3", parent={"pid": 4000, "comm": "torchrun"})
+    same_command = process(22, ppid=1, cmdline="python3 train.py")
+    orphan = process(23, ppid=1, cmdline="python3 other.py")  # re-parented to init: PID 1 says nothing
+    blank = process(24, ppid=1, cmdline="")
+    ended.append(process(14, ppid=1, cmdline=""))  # an empty command line (a zombie) says nothing either
+    found = _terminate._respawns([sibling, same_command, orphan, blank], ended)
+    assert [(f["pid"], f["replaces"], f["parent"]) for f in found] == [
+        (21, 11, {"pid": 4000, "comm": "torchrun"}), (22, 12, None)]
+    assert found[0]["cmdline"] == "VLLM::Worker_TP3"  # the new process itself, with what it replaced
+
+
+def test_respawn_parent_is_read_from_proc_when_not_known():
+    me = _procscan.read_stat(os.getpid())
+    ended = [process(11, ppid=os.getpid(), cmdline="a")]
+    (found,) = _terminate._respawns([process(21, ppid=os.getpid(), cmdline="b")], ended)
+    assert found["parent"] == {"pid": os.getpid(), "comm": me["comm"]}
+
+
+def test_end_until_gone_ends_a_respawned_child(spawn):
+    # Real children of this test: the first is ended, then a second with the same command line "comes back".
+    first = spawn(["sleep", "61"])
+    later = []
+
+    def look(child):
+        wait_exec(child.pid)
+        return dict(holder_of(child), ppid=os.getpid(), cmdline="sleep 61")
+
+    def choose(first_round):
+        assert first_round is False
+        if later:
+            return []
+        later.append(spawn(["sleep", "61"]))
+        return [look(later[0])]
+
+    result = _terminate.end_until_gone(choose, [look(first)], grace_period=5.0, kill_wait=2.0)
+    assert [e["pid"] for e in result["exited"]] == [first.pid, later[0].pid]
+    (respawn,) = result["respawned"]
+    assert respawn["pid"] == later[0].pid and respawn["replaces"] == first.pid
+    assert respawn["parent"] == {"pid": os.getpid(), "comm": _procscan.read_stat(os.getpid())["comm"]}
+    assert first.wait(timeout=5) == -signal.SIGTERM and later[0].wait(timeout=5) == -signal.SIGTERM
+
+
+def wait_exec(pid, timeout=5.0):
+    """Until the child runs sleep (not the forked Python interpreter any more)."""
+    deadline = time.monotonic() + timeout
+    while (_procscan.read_stat(pid) or {}).get("comm") != "sleep":
+        assert time.monotonic() < deadline, "PID %d never ran sleep" % pid
+        time.sleep(0.005)

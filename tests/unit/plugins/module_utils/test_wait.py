@@ -2,39 +2,62 @@
 # Copyright (c) 2026, gpuops.nvidia contributors
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""_wait.wait_released with a scripted inspector and a fake clock: no real sleeping."""
+"""_wait.wait_released with a scripted inspector and a fake clock (no real sleeping), and next_step's advice.
+
+Views are synthetic dicts shaped like _holders.merge's output (see its docstring).
+"""
 from __future__ import annotations
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _wait
+import pytest
+
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _select, _wait
 
 DRIVER_OK = {"available": True, "error": None, "timed_out": False}
 DRIVER_HUNG = {"available": False, "error": "an NVML call did not return within 1.0 s (driver hung?)", "timed_out": True}
+NO_DRIVER = {"available": False, "error": "NVMLError_LibraryNotFound: NVML Shared Library Not Found", "timed_out": False}
+OWN_CHAIN = {1, 700}
 
 
-def holder(pid, gpus, comm="VLLM::Worker_TP", cmdline="VLLM::Worker_TP0", state="S", control_only=False, memory=None):
-    return {"pid": pid, "ppid": 4000, "comm": comm, "cmdline": cmdline, "state": state, "user": "svc-llm",
-            "gpus": list(gpus), "control_only": control_only,
-            "memory_mib": {str(i): (memory or {}).get(i) for i in gpus}}
+def holder(pid, memory, comm="VLLM::Worker_TP", cmdline="VLLM::Worker_TP0", state="S", control_only=False,
+           attribution=None, ppid=4000, parent_comm="python3"):
+    """A holder as merge reports it; `memory` maps each GPU index it holds to MiB (None: not reported)."""
+    gpus = sorted(memory)
+    return {"pid": pid, "ppid": ppid, "comm": comm, "cmdline": cmdline, "state": state, "user": "svc-llm", "uid": 1001,
+            "kernel_thread": False, "start_ticks": pid * 10, "gpus": gpus, "control_only": control_only,
+            "memory_mib": {str(i): memory[i] for i in gpus},
+            "attribution": {str(i): (attribution or {}).get(i, "driver") for i in gpus},
+            "parent": {"pid": ppid, "comm": parent_comm} if ppid > 1 else None}
 
 
-def gpu(index, used_mib, unexplained_mib=0, reserved_mib=529):
+def device_user(pid, device_gpus, kind="nvml", comm="nvtop"):
+    return {"pid": pid, "ppid": 1, "comm": comm, "cmdline": comm, "state": "S", "user": "root", "uid": 0,
+            "device_gpus": list(device_gpus), "kind": kind}
+
+
+def gpu(index, used_mib, unexplained_mib=0, reserved_mib=529, foreign=(), suspects=(), error=None):
     return {"index": index, "uuid": "GPU-%d" % index, "memory_used_mib": used_mib, "memory_reserved_mib": reserved_mib,
-            "unexplained_mib": unexplained_mib}
+            "unexplained_mib": unexplained_mib, "memory_unexplained": unexplained_mib is None or unexplained_mib > 256,
+            "foreign": list(foreign), "suspects": list(suspects), "error": error}
 
 
-def view(gpus, holders=(), driver=None):
-    return {"gpus": list(gpus), "holders": list(holders), "driver": dict(driver or DRIVER_OK)}
+def view(gpus, holders=(), driver=None, device_users=()):
+    return {"gpus": list(gpus), "holders": list(holders), "device_users": list(device_users),
+            "driver": dict(driver or DRIVER_OK)}
 
 
 class Scripted:
-    """An inspector whose snapshots follow a script; the last one repeats. Records the timeouts it was given."""
+    """An inspector whose snapshots follow a script; the last one repeats. Records the arguments it was given."""
 
     def __init__(self, *views):
         self.views = list(views)
-        self.timeouts = []
+        self.calls = []
 
-    def snapshot(self, timeout=None):
-        self.timeouts.append(timeout)
+    @property
+    def timeouts(self):
+        return [call["timeout"] for call in self.calls]
+
+    def snapshot(self, timeout=None, scope="full", indices=None, tolerance_mib=256, **kwargs):  # pylint: disable=unused-argument
+        self.calls.append({"timeout": timeout, "scope": scope, "indices": indices, "tolerance_mib": tolerance_mib})
         return self.views.pop(0) if len(self.views) > 1 else self.views[0]
 
 
@@ -51,15 +74,17 @@ class Clock:
         self.now += seconds
 
 
-def wait(inspector, indices=None, timeout=10.0, **kwargs):
+def wait(inspector, indices=None, timeout=10.0, max_used_mib=_wait.DEFAULT_MAX_USED_MIB, **selection):
     clock = Clock()
-    result = _wait.wait_released(inspector, indices, timeout, poll_interval=0.5, clock=clock, sleep=clock.sleep, **kwargs)
+    chosen = _select.Selection(indices, own_chain=OWN_CHAIN, **selection)
+    result = _wait.wait_released(inspector, chosen, timeout, max_used_mib, poll_interval=0.5, clock=clock,
+                                 sleep=clock.sleep)
     return result, clock
 
 
 def test_released_once_holders_are_gone_and_memory_is_back():
-    engine = holder(5000001, [0], memory={0: 70000})
-    inspector = Scripted(view([gpu(0, 71000), gpu(1, 3)], [engine]),
+    engine = holder(5000001, {0: 70000})
+    inspector = Scripted(view([gpu(0, 71000, unexplained_mib=1000), gpu(1, 3)], [engine]),
                          view([gpu(0, 70500, unexplained_mib=70500), gpu(1, 3)]),  # holder gone, memory not yet freed
                          view([gpu(0, 200), gpu(1, 3)]))
     result, clock = wait(inspector)
@@ -68,6 +93,14 @@ def test_released_once_holders_are_gone_and_memory_is_back():
     assert [(g["index"], g["released"], g["memory_used_mib"]) for g in result["gpus"]] == [(0, True, 200), (1, True, 3)]
     # NVML is bounded by the time left (plus the fixed allowance for one last look).
     assert inspector.timeouts[:2] == [10.0 + _wait.NVML_SLACK_S, 9.5 + _wait.NVML_SLACK_S]
+    assert result["view"] is inspector.views[0] and result["driver"] == DRIVER_OK
+
+
+def test_each_look_scans_the_listed_pids_of_the_selected_gpus_with_the_threshold_as_tolerance():
+    inspector = Scripted(view([gpu(0, 3), gpu(1, 3)]))
+    wait(inspector, indices=[1], max_used_mib=64)
+    assert inspector.calls == [{"timeout": 10.0 + _wait.NVML_SLACK_S, "scope": "listed", "indices": [1],
+                                "tolerance_mib": 64}]
 
 
 def test_threshold_is_inclusive_and_configurable():
@@ -78,38 +111,66 @@ def test_threshold_is_inclusive_and_configurable():
 
 
 def test_only_the_selected_gpus_are_waited_for():
-    busy = holder(5000001, [1], memory={1: 9000})
-    result, _clock = wait(Scripted(view([gpu(0, 3), gpu(1, 9000)], [busy])), indices=[0])
+    busy = holder(5000001, {1: 9000})
+    result, _clock = wait(Scripted(view([gpu(0, 3), gpu(1, 9003)], [busy])), indices=[0])
     assert result["released"] is True and [g["index"] for g in result["gpus"]] == [0]
 
 
-def test_protected_daemons_and_control_only_holders_do_not_count():
-    daemons = [holder(5000002, [0, 1], comm="nvidia-persiste", cmdline="/usr/bin/nvidia-persistenced --verbose"),
-               holder(5000003, [0], comm="nv-hostengine", cmdline="nv-hostengine -n"),
-               holder(5000004, [], comm="python3", cmdline="python3 probe.py", control_only=True)]
-    result, _clock = wait(Scripted(view([gpu(0, 3), gpu(1, 3)], daemons)))
+def test_protected_daemons_and_device_users_do_not_count_but_mps_clients_listed_by_the_driver_do():
+    daemons = [holder(5000002, {0: 0, 1: 0}, comm="nvidia-persiste", cmdline="/usr/bin/nvidia-persistenced --verbose"),
+               holder(5000003, {0: 0}, comm="nv-hostengine", cmdline="nv-hostengine -n")]
+    users = [device_user(5000004, [0, 1]), device_user(5000006, [0, 1], kind="cuda", comm="VLLM::Worker_TP")]
+    result, _clock = wait(Scripted(view([gpu(0, 3), gpu(1, 3)], daemons, device_users=users)))
     assert result["released"] is True
     assert all(g["holders"] == [] for g in result["gpus"])
+    assert sorted((g["index"], h["pid"]) for g in result["gpus"] for h in g["left_alone"]) == [
+        (0, 5000002), (0, 5000003), (1, 5000002)]
+    mps = holder(5000005, {1: 1200}, comm="python3", cmdline="python3 mps_job.py", control_only=True)
+    result, _clock = wait(Scripted(view([gpu(0, 3), gpu(1, 1203)], daemons + [mps], device_users=users)), timeout=1.0)
+    assert result["released"] is False
+    assert [(g["index"], [h["pid"] for h in g["holders"]]) for g in result["gpus"]] == [(0, []), (1, [5000005])]
 
 
 def test_excluded_and_included_protected_holders():
-    daemon = holder(5000002, [0], comm="nvidia-persiste", cmdline="/usr/bin/nvidia-persistenced")
+    daemon = holder(5000002, {0: 0}, comm="nvidia-persiste", cmdline="/usr/bin/nvidia-persistenced")
     result, _clock = wait(Scripted(view([gpu(0, 3)], [daemon])), timeout=1.0, include_protected=True)
     assert result["released"] is False and [h["pid"] for h in result["gpus"][0]["holders"]] == [5000002]
-    mine = holder(5000005, [0], comm="my-exporter", cmdline="my-exporter")
+    mine = holder(5000005, {0: 0}, comm="my-exporter", cmdline="my-exporter")
     result, _clock = wait(Scripted(view([gpu(0, 3)], [mine])), exclude=["my-exporter"])
     assert result["released"] is True
+    assert result["gpus"][0]["left_alone"][0]["reason"].startswith("excluded by the exclude option")
+
+
+def test_left_alone_holders_memory_does_not_fail_the_wait():
+    engine = holder(5000001, {0: 70000}, comm="VLLM::EngineCor", cmdline="VLLM::EngineCore")
+    worker = holder(5000002, {1: 60000})
+    inspector = Scripted(view([gpu(0, 70003), gpu(1, 60003)], [engine, worker]),
+                         view([gpu(0, 70003), gpu(1, 3)], [engine]))
+    result, _clock = wait(inspector, pids={5000002})
+    assert result["released"] is True and result["polls"] == 2
+    by_index = {g["index"]: g for g in result["gpus"]}
+    assert by_index[0]["left_alone_mib"] == 70000 and by_index[0]["left_alone"][0]["reason"] == "not in pids"
+
+
+def test_foreign_memory_is_used_memory_and_is_reported():
+    listed_elsewhere = {"pid": 812345, "used_mib": 40000, "type": "compute", "reason": "absent", "comm": None}
+    result, _clock = wait(Scripted(view([gpu(0, 40003, unexplained_mib=3, foreign=[listed_elsewhere])])), timeout=1.0)
+    assert result["released"] is False and result["polls"] == 3
+    (entry,) = result["gpus"]
+    assert entry["holders"] == [] and entry["foreign"] == [listed_elsewhere]
 
 
 def test_timeout_reports_the_holders_per_gpu():
-    engine = holder(5000001, [0, 1], comm="VLLM::EngineCor", cmdline="VLLM::EngineCore", memory={0: 500})
-    inspector = Scripted(view([gpu(0, 70000), gpu(1, 60000), gpu(2, 3)], [engine]))
+    engine = holder(5000001, {0: 500, 1: None}, comm="VLLM::EngineCor", cmdline="VLLM::EngineCore")
+    inspector = Scripted(view([gpu(0, 70000, unexplained_mib=69500), gpu(1, 60000, unexplained_mib=None), gpu(2, 3)],
+                              [engine]))
     result, clock = wait(inspector, timeout=2.0)
     assert result["released"] is False
     assert result["elapsed_s"] == 2.0 and result["polls"] == 5 and sum(clock.sleeps) == 2.0
     by_index = {g["index"]: g for g in result["gpus"]}
     assert by_index[0]["holders"] == [{"pid": 5000001, "comm": "VLLM::EngineCor", "state": "S",
-                                       "cmdline": "VLLM::EngineCore", "user": "svc-llm", "memory_mib": 500}]
+                                       "cmdline": "VLLM::EngineCore", "user": "svc-llm", "memory_mib": 500,
+                                       "attribution": "driver", "parent": {"pid": 4000, "comm": "python3"}}]
     assert by_index[1]["holders"][0]["memory_mib"] is None
     assert (by_index[0]["released"], by_index[1]["released"], by_index[2]["released"]) == (False, False, True)
 
@@ -121,20 +182,39 @@ def test_driver_timeout_ends_the_wait_at_once():
     assert result["driver"]["timed_out"] is True
 
 
+def test_driver_timeout_is_never_released_even_without_holders():
+    # The GPUs mapped through /proc/driver/nvidia, memory unknown, no holder: still not released.
+    inspector = Scripted(view([gpu(0, None, unexplained_mib=None, reserved_mib=None)], driver=DRIVER_HUNG))
+    result, clock = wait(inspector, timeout=30.0)
+    assert result["released"] is False and result["polls"] == 1 and clock.sleeps == []
+    assert result["gpus"][0]["memory_checked"] is False and result["driver"]["timed_out"] is True
+
+
+def test_a_selected_gpu_with_an_error_ends_the_wait_at_the_first_poll():
+    lost = gpu(1, None, unexplained_mib=None, reserved_mib=None, error="GPU is lost")
+    inspector = Scripted(view([gpu(0, 3), lost]), view([gpu(0, 3), gpu(1, 3)]))
+    result, clock = wait(inspector, timeout=30.0)
+    assert result["released"] is False and result["polls"] == 1 and clock.sleeps == []
+    assert [(g["index"], g["released"], g["error"]) for g in result["gpus"]] == [(0, True, None), (1, False, "GPU is lost")]
+    # A lost GPU that is not selected does not stop the wait for the others.
+    result, _clock = wait(Scripted(view([gpu(0, 3), lost])), indices=[0])
+    assert result["released"] is True
+
+
 def test_without_any_map_there_is_one_entry_for_all_gpus():
-    no_driver = {"available": False, "error": "NVMLError_LibraryNotFound: NVML Shared Library Not Found", "timed_out": False}
-    stray = holder(5000001, [], comm="python3", cmdline="python3 train.py")
-    inspector = Scripted(view([], [stray], driver=no_driver), view([], [], driver=no_driver))
+    stray = holder(5000001, {}, comm="python3", cmdline="python3 train.py")
+    inspector = Scripted(view([], [stray], driver=NO_DRIVER), view([], [], driver=NO_DRIVER))
     result, _clock = wait(inspector)
     assert result["released"] is True and result["polls"] == 2
-    assert result["gpus"] == [{"index": None, "memory_used_mib": None, "memory_reserved_mib": None,
-                               "unexplained_mib": None, "holders": [], "memory_checked": False, "released": True}]
+    assert result["gpus"] == [{"index": None, "uuid": None, "memory_used_mib": None, "memory_reserved_mib": None,
+                               "unexplained_mib": None, "memory_unexplained": None, "holders": [], "left_alone": [],
+                               "left_alone_mib": 0, "foreign": [], "suspects": [], "memory_checked": False,
+                               "error": None, "released": True}]
 
 
-def test_without_any_map_control_only_holders_do_not_count():
-    no_driver = {"available": False, "error": "NVMLError_LibraryNotFound: NVML Shared Library Not Found", "timed_out": False}
-    probe = holder(5000004, [], comm="python3", cmdline="python3 probe.py", control_only=True)
-    result, _clock = wait(Scripted(view([], [probe], driver=no_driver)))
+def test_without_any_map_device_users_do_not_count():
+    probe = device_user(5000004, [], comm="python3")
+    result, _clock = wait(Scripted(view([], [], driver=NO_DRIVER, device_users=[probe])))
     assert result["released"] is True and result["polls"] == 1 and result["gpus"][0]["holders"] == []
 
 
@@ -143,15 +223,66 @@ def test_unchecked_memory_releases_on_holders_alone():
     assert result["released"] is True and result["gpus"][0]["memory_checked"] is False
 
 
-def status_of(holders, used_mib=70000, unexplained_mib=0, checked=True):
-    return {"index": 3, "holders": holders, "memory_checked": checked, "memory_used_mib": used_mib,
-            "unexplained_mib": unexplained_mib}
+# --- next_step -----------------------------------------------------------------------------------------------------
+
+def status_of(holders=(), used_mib=70000, unexplained_mib=0, checked=True, index=3, error=None, foreign=(), suspects=()):
+    return {"index": index, "holders": list(holders), "memory_checked": checked, "memory_used_mib": used_mib,
+            "unexplained_mib": unexplained_mib, "error": error, "foreign": list(foreign), "suspects": list(suspects)}
+
+
+def brief(pid=5000001, state="S", comm="VLLM::Worker_TP", parent=None):
+    return {"pid": pid, "state": state, "comm": comm, "parent": parent}
 
 
 def test_next_step_texts():
-    d_state = status_of([{"state": "D"}, {"state": "S"}])
-    assert "uninterruptible sleep (D)" in _wait.next_step(d_state) and "nvidia-smi --gpu-reset -i 3" in _wait.next_step(d_state)
-    assert "gpuops.nvidia.gpu_kill" in _wait.next_step(status_of([{"state": "S"}]))
+    d_state = _wait.next_step(status_of([brief(state="D"), brief(state="S")]))
+    assert "uninterruptible sleep (D)" in d_state and "nvidia-smi --gpu-reset -i 3" in d_state
+    assert "gpuops.nvidia.gpu_kill" in _wait.next_step(status_of([brief()]))
     leaked = _wait.next_step(status_of([], unexplained_mib=70000))
-    assert "no process here holds the GPU" in leaked and "nvidia-smi --gpu-reset -i 3" in leaked
+    assert "no process explains" in leaked and "nvidia-smi --gpu-reset -i 3" in leaked
     assert "did not report memory" in _wait.next_step(status_of([], used_mib=None, checked=False))
+
+
+def test_next_step_lost_gpu_mentions_xid_and_the_reset_of_that_gpu():
+    text = _wait.next_step(status_of(error="GPU is lost", used_mib=None, checked=False, index=5))
+    assert "GPU is lost" in text and "Xid" in text and "nvidia-smi --gpu-reset -i 5" in text
+    # The error comes first, even with holders stuck on it.
+    assert "Xid" in _wait.next_step(status_of([brief(state="D")], error="GPU is lost", index=5))
+
+
+def test_next_step_d_state_names_the_gpu_or_says_reboot():
+    text = _wait.next_step(status_of([brief(pid=42, state="D", comm="VLLM::EngineCor")], index=2))
+    assert "PID 42 (VLLM::EngineCor)" in text and "nvidia-smi --gpu-reset -i 2" in text
+    text = _wait.next_step(status_of([brief(state="D")], index=None, used_mib=None, checked=False))
+    assert "reboot the host" in text and "--gpu-reset" not in text
+
+
+def test_next_step_holders_with_a_parent_name_the_parent():
+    torchrun = {"pid": 4000, "comm": "torchrun"}
+    text = _wait.next_step(status_of([brief(5000001, parent=torchrun), brief(5000002, parent=torchrun), brief(5000003)],
+                                     index=None))
+    assert "processes still hold the GPUs" in text and "stop their parent (PID 4000 (torchrun)" in text
+    assert text.count("PID 4000") == 1
+    assert "parent" not in _wait.next_step(status_of([brief()]))
+
+
+@pytest.mark.parametrize("used_mib, mib", [(812, "812 MiB"), (None, "memory not reported")])
+def test_next_step_foreign_entries_never_advise_a_gpu_reset(used_mib, mib):
+    absent = {"pid": 812345, "used_mib": used_mib, "type": "compute", "reason": "absent", "comm": None}
+    text = _wait.next_step(status_of(foreign=[absent], index=1, unexplained_mib=0))
+    assert text.startswith("the driver lists PID 812345 (%s) on GPU 1; no such process holds it in this PID namespace "
+                           "(a container?)" % mib)
+    assert "on the host" in text and "reset" not in text
+    other = {"pid": 77, "used_mib": 100, "type": "compute", "reason": "not_holding", "comm": "bash"}
+    text = _wait.next_step(status_of(foreign=[absent, other], index=1))
+    assert "PID 77 here (bash) does not hold that GPU" in text and "812345" in text and "reset" not in text
+
+
+def test_describe_foreign():
+    assert _wait.describe_foreign({"pid": 9, "used_mib": 5, "reason": "absent"}, 0) == (
+        "the driver lists PID 9 (5 MiB) on GPU 0; no such process holds it in this PID namespace (a container?)")
+
+
+def test_next_step_unexplained_memory_names_the_nvml_only_suspects():
+    text = _wait.next_step(status_of(unexplained_mib=30000, suspects=[11, 12]))
+    assert "only NVML clients hold its device file (PIDs 11, 12)" in text and "--gpu-reset -i 3" in text

@@ -2,114 +2,157 @@
 # Copyright (c) 2026, gpuops.nvidia contributors
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""gpu_kill: select_targets, and main() with snapshots and end_processes replaced (nothing is ever signalled)."""
+"""gpu_kill: the selection it ends, and main() with snapshots and end_processes replaced (nothing is ever signalled).
+
+Views are synthetic dicts shaped like _holders.merge's output (see its docstring).
+"""
 from __future__ import annotations
 
+import copy
 import json
 import re
 
 import pytest
+from ansible.module_utils.common import warnings as ansible_warnings
 from ansible.module_utils.testing import patch_module_args
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _gpus, _terminate
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _gpus, _select, _terminate
 from ansible_collections.gpuops.nvidia.plugins.modules import gpu_kill
 
 OWN_CHAIN = {1, 700}
 DRIVER_OK = {"available": True, "error": None, "timed_out": False, "driver_version": "580.95.05",
              "nvml_version": None, "cuda_driver_version": None}
-PARAMS = {"pids": None, "users": None, "exclude": [], "include_protected": False}
+NO_DRIVER = dict(DRIVER_OK, available=False, error="NVMLError_LibraryNotFound: NVML Shared Library Not Found",
+                 driver_version=None)
 
 
-def holder(pid, gpus, cmdline, comm=None, user="svc-llm", uid=1001, control_only=False, start_ticks=None):
-    return {"pid": pid, "ppid": 4000, "comm": comm or cmdline.split(" ")[0][:15], "cmdline": cmdline, "user": user,
-            "uid": uid, "state": "S", "gpus": list(gpus), "control_only": control_only,
-            "start_ticks": start_ticks or pid * 10}
+def holder(pid, memory, cmdline, comm=None, user="svc-llm", uid=1001, control_only=False, start_ticks=None, ppid=4000):
+    """A holder as merge reports it; `memory` maps each GPU index it holds to MiB."""
+    gpus = sorted(memory)
+    return {"pid": pid, "ppid": ppid, "comm": comm or cmdline.split(" ")[0][:15], "cmdline": cmdline, "user": user,
+            "uid": uid, "state": "S", "kernel_thread": False, "gpus": gpus, "control_only": control_only,
+            "memory_mib": {str(i): memory[i] for i in gpus}, "attribution": {str(i): "driver" for i in gpus},
+            "start_ticks": start_ticks or pid * 10, "parent": {"pid": ppid, "comm": "python3"} if ppid > 1 else None}
 
 
-ENGINE = holder(5000001, [0, 1], "VLLM::EngineCore")
-WORKER = holder(5000002, [1], "VLLM::Worker_TP1", user="root", uid=0)
-PERSISTENCED = holder(5000003, [0, 1], "/usr/bin/nvidia-persistenced --verbose", comm="nvidia-persiste", user="root", uid=0)
-PROBE = holder(5000004, [], "python3 probe.py", control_only=True)
-VIEW = {"gpus": [{"index": 0, "uuid": "GPU-aaaa"}, {"index": 1, "uuid": "GPU-bbbb"}],
-        "holders": [ENGINE, WORKER, PERSISTENCED, PROBE], "driver": DRIVER_OK}
+def device_user(pid, device_gpus, kind="nvml", comm="dcgm-exporter"):
+    return {"pid": pid, "ppid": 1, "comm": comm, "cmdline": comm, "user": "root", "uid": 0, "state": "S",
+            "start_ticks": pid * 10, "device_gpus": list(device_gpus), "kind": kind}
+
+
+def gpu(index, foreign=()):
+    return {"index": index, "uuid": "GPU-%s" % ("aaaa", "bbbb")[index], "memory_used_mib": 3, "error": None,
+            "foreign": [{"pid": pid, "used_mib": mib, "type": "compute", "reason": "absent", "comm": None}
+                        for pid, mib in foreign], "suspects": []}
+
+
+def make_view(holders, device_users=(), gpus=None, driver=DRIVER_OK):
+    return {"gpus": gpus if gpus is not None else [gpu(0), gpu(1)], "holders": list(holders),
+            "device_users": list(device_users), "driver": dict(driver), "index_source": "nvml", "scan": "full"}
+
+
+ENGINE = holder(5000001, {0: 70000, 1: 500}, "VLLM::EngineCore")
+WORKER = holder(5000002, {1: 60000}, "VLLM::Worker_TP1", user="root", uid=0)
+PERSISTENCED = holder(5000003, {0: 0, 1: 0}, "/usr/bin/nvidia-persistenced --verbose", comm="nvidia-persiste", user="root",
+                      uid=0)
+MPS_CLIENT = holder(5000004, {0: 1200}, "python3 mps_job.py", control_only=True)
+EXPORTER = device_user(5000005, [0, 1])
+NCCL_PEER = device_user(5000006, [0, 1], kind="cuda", comm="VLLM::Worker_TP")
+VIEW = make_view([ENGINE, WORKER, PERSISTENCED, MPS_CLIENT], [EXPORTER, NCCL_PEER])
 
 
 def pids(entries):
     return [e["pid"] for e in entries]
 
 
-def select(indices=None, regex=None, **params):
-    return gpu_kill.select_targets(VIEW, dict(PARAMS, **params), indices, regex, OWN_CHAIN)
+def select(indices=None, regex=None, pids=None, users=None, exclude=(), include_protected=False, view=VIEW):
+    """(targets, left alone, not holding) as gpu_kill.run splits them."""
+    chosen = _select.Selection(indices, pids=pids, regex=regex, users=users, exclude=exclude,
+                               include_protected=include_protected, own_chain=OWN_CHAIN)
+    split = chosen.split(view)
+    return split["targets"], split["left_alone"], split["not_holding"]
 
 
-def test_all_gpus_select_every_unprotected_holder_including_control_only():
-    targets, protected, not_holding = select()
+def test_all_gpus_select_every_unprotected_holder_and_mps_clients_never_device_users():
+    targets, left, not_holding = select()
     assert pids(targets) == [5000001, 5000002, 5000004]
-    assert pids(protected) == [5000003] and protected[0]["reason"].startswith("protected GPU daemon")
+    assert pids(left) == [5000003] and left[0]["reason"].startswith("protected GPU daemon")
     assert not_holding == []
 
 
-def test_specific_gpus_exclude_control_only_holders():
-    targets, protected, _not_holding = select(indices=[0])
-    assert pids(targets) == [5000001] and pids(protected) == [5000003]
+def test_specific_gpus_select_their_holders_only():
+    targets, left, _not_holding = select(indices=[0])
+    assert pids(targets) == [5000001, 5000004] and pids(left) == [5000003]
+    targets, _left, _not_holding = select(indices=[1])
+    assert pids(targets) == [5000001, 5000002]  # the MPS client is listed on GPU 0 only
 
 
 def test_pids_filter_and_not_holding():
-    targets, _protected, not_holding = select(indices=[0], pids=[5000002, 5000001, 4242])
+    targets, _left, not_holding = select(indices=[0], pids={5000002, 5000001, 4242, 5000005})
     assert pids(targets) == [5000001]
-    assert not_holding == [4242, 5000002]  # 5000002 holds GPU 1 only
+    assert not_holding == [4242, 5000002, 5000005]  # 5000002 holds GPU 1 only; 5000005 is a device user
 
 
 def test_match_filters_on_the_full_command_line():
-    targets, _protected, _not_holding = select(regex=re.compile(r"VLLM::Worker_TP\d"))
+    targets, _left, _not_holding = select(regex=re.compile(r"VLLM::Worker_TP\d"))
     assert pids(targets) == [5000002]
 
 
 def test_users_by_name_or_uid():
-    assert pids(select(users=["root"])[0]) == [5000002]
-    assert pids(select(users=["1001"])[0]) == [5000001, 5000004]
+    assert pids(select(users={"root"})[0]) == [5000002]
+    assert pids(select(users={"1001"})[0]) == [5000001, 5000004]
 
 
 def test_exclude_and_include_protected():
-    targets, protected, _not_holding = select(exclude=["VLLM::EngineCore"], include_protected=True)
+    targets, left, _not_holding = select(exclude=["VLLM::EngineCore"], include_protected=True)
     assert pids(targets) == [5000002, 5000003, 5000004]
-    assert pids(protected) == [5000001] and protected[0]["reason"].startswith("excluded")
+    assert pids(left) == [5000001] and left[0]["reason"].startswith("excluded")
 
 
 def test_own_chain_is_protected_even_when_selected_by_pid():
-    mine = holder(700, [0], "ansible-playbook site.yml")
-    view = dict(VIEW, holders=[mine])
-    targets, protected, _not_holding = gpu_kill.select_targets(view, dict(PARAMS, pids=[700], include_protected=True),
-                                                               None, None, OWN_CHAIN)
-    assert targets == [] and pids(protected) == [700]
+    mine = holder(700, {0: 300}, "ansible-playbook site.yml")
+    targets, left, _not_holding = select(pids={700}, include_protected=True, view=make_view([mine]))
+    assert targets == [] and pids(left) == [700]
 
 
 class Recorder:
     """Stands in for Inspector.snapshot (scripted views) and _terminate.end_processes (records, signals nothing)."""
 
-    def __init__(self, *views):
-        self.views = list(views)
-        self.snapshots = 0
+    def __init__(self, *views, survive=()):
+        self.views = copy.deepcopy(list(views))  # the module adds fields to the holders it reads
+        self.snapshots = []
         self.ended = []
+        self.survive = set(survive)
 
-    def snapshot(self, inspector, timeout=None):  # pylint: disable=unused-argument
-        self.snapshots += 1
+    def snapshot(self, inspector, timeout=None, scope="full", indices=None, tolerance_mib=256, **kwargs):  # pylint: disable=unused-argument
+        self.snapshots.append((scope, indices))
         return self.views.pop(0) if len(self.views) > 1 else self.views[0]
 
-    def end_processes(self, holders, sig, grace_period, kill_wait):
+    def end_processes(self, holders, sig, grace_period, kill_wait, proc="/proc"):  # pylint: disable=unused-argument
         self.ended.append(([h["pid"] for h in holders], sig, grace_period, kill_wait))
-        entries = [dict(h, signals=[sig.name], exited_after_s=0.1) for h in holders]
-        return {"signalled": entries, "exited": entries, "survived": [], "not_signalled": []}
+        entries = [dict(h, signals=[sig.name]) for h in holders]
+        exited = [dict(e, exited_after_s=0.1) for e in entries if e["pid"] not in self.survive]
+        survived = [dict(e, signals=[sig.name, "SIGKILL"], state="D", reason="unkillable: in uninterruptible sleep (D)")
+                    for e in entries if e["pid"] in self.survive]
+        return {"signalled": entries, "exited": exited, "survived": survived, "not_signalled": []}
 
 
 @pytest.fixture
 def recorder(monkeypatch):
-    def install(*views):
-        rec = Recorder(*views)
-        monkeypatch.setattr(_gpus.Inspector, "snapshot", lambda self, timeout=None: rec.snapshot(self, timeout))
+    def install(*views, survive=()):
+        rec = Recorder(*views, survive=survive)
+        monkeypatch.setattr(_gpus.Inspector, "snapshot", lambda self, *args, **kwargs: rec.snapshot(self, *args, **kwargs))
         monkeypatch.setattr(_terminate, "end_processes", rec.end_processes)
         return rec
     return install
+
+
+@pytest.fixture(autouse=True)
+def own_warnings(monkeypatch):
+    """AnsibleModule.warn collects into process-wide dicts that exit_json does not empty: give each test its own,
+    so that this file's warnings neither leak into other modules' tests nor come from them."""
+    monkeypatch.setattr(ansible_warnings, "_global_warnings", {})
+    monkeypatch.setattr(ansible_warnings, "_global_deprecations", {})
 
 
 def run_module(capsys, args):
@@ -119,27 +162,44 @@ def run_module(capsys, args):
     return exited.value.code, json.loads(capsys.readouterr().out)
 
 
+def warnings(result):
+    """The warning texts of a module result (ansible-core >= 2.19 returns them as structured events)."""
+    return [w["event"]["msg"] if isinstance(w, dict) else w for w in result.get("warnings", [])]
+
+
 @pytest.mark.parametrize("args, message, snapshots", [
-    ({"grace_period": -1}, "must not be negative: grace_period=-1.0", 0),
-    ({"kill_wait": -0.5, "driver_timeout": -2}, "must not be negative: driver_timeout=-2.0, kill_wait=-0.5", 0),
+    ({"grace_period": -1}, "invalid option value: grace_period=-1.0 (must not be negative)", 0),
+    ({"kill_wait": -0.5, "driver_timeout": -2},
+     "driver_timeout=-2.0 (must be greater than 0); kill_wait=-0.5 (must not be negative)", 0),
+    ({"driver_timeout": 0}, "driver_timeout=0.0 (must be greater than 0)", 0),
+    ({"grace_period": "nan"}, "grace_period=nan (must be a finite number)", 0),
+    ({"kill_wait": "inf"}, "kill_wait=inf (must be a finite number)", 0),
     ({"match": "VLLM::("}, "invalid regex in match 'VLLM::('", 0),
+    ({"match": ""}, "match is empty", 0),
+    ({"gpus": []}, "gpus is empty", 0),
+    ({"pids": []}, "pids is empty", 0),
+    ({"pids": [0, 5000001]}, "pids must be positive process IDs, got 0", 0),
+    ({"users": []}, "users is empty", 0),
+    ({"users": ["no-such-user-gpuops"]}, "no such user on this host: no-such-user-gpuops", 0),
     ({"signal": "FOO"}, "unknown signal 'FOO'", 0),
-    ({"gpus": [7]}, "unknown GPU 7: this host has indices [0, 1]", 1),
+    ({"gpus": [7]}, "unknown GPU 7: GPUs are given as ASCII indices (this host has [0, 1])", 1),
     ({"gpus": ["GPU-zzzz"]}, "unknown GPU 'GPU-zzzz'", 1),
+    ({"gpus": ["١"]}, "unknown GPU '١'", 1),
+    ({"gpus": [True]}, "unknown GPU True", 1),
 ])
 def test_bad_input_fails_before_anything_is_signalled(capsys, recorder, args, message, snapshots):
     rec = recorder(VIEW)
     code, result = run_module(capsys, args)
     assert code == 1 and result["failed"] is True
     assert result["msg"].startswith("nothing was signalled: ") and message in result["msg"]
-    assert rec.ended == [] and rec.snapshots == snapshots
+    assert rec.ended == [] and len(rec.snapshots) == snapshots
 
 
 def test_bad_option_type_is_rejected_by_the_argument_spec(capsys, recorder):
     rec = recorder(VIEW)
     code, result = run_module(capsys, {"pids": ["not-a-pid"]})
     assert code == 1 and "pids" in result["msg"]
-    assert rec.ended == [] and rec.snapshots == 0
+    assert rec.ended == [] and rec.snapshots == []
 
 
 def test_check_mode_reports_and_signals_nothing(capsys, recorder):
@@ -147,26 +207,127 @@ def test_check_mode_reports_and_signals_nothing(capsys, recorder):
     code, result = run_module(capsys, {"gpus": [1], "_ansible_check_mode": True})
     assert code == 0 and result["changed"] is True
     assert pids(result["would_signal"]) == [5000001, 5000002]
-    assert pids(result["protected"]) == [5000003]
-    assert result["signalled"] == [] and rec.ended == []
-    assert result["msg"].startswith("would signal 2 process(es)")
+    assert pids(result["protected"]) == [5000003] and pids(result["left_alone"]) == [5000003]
+    assert result["signalled"] == [] and rec.ended == [] and rec.snapshots == [("listed", None)]
+    assert result["msg"].startswith("would signal 2 process(es): 5000001 (VLLM::EngineCor), 5000002 (VLLM::Worker_TP)")
+    assert pids(result["before"]["holders"]) == pids(VIEW["holders"]) and result["gpus"] == [1]
 
 
-def test_new_holders_found_after_a_round_are_ended_too(capsys, recorder):
-    child = holder(5000009, [0], "VLLM::Worker_TP0")
-    rec = recorder(dict(VIEW, holders=[ENGINE, PERSISTENCED]),
-                   dict(VIEW, holders=[ENGINE, child, PERSISTENCED]),  # ENGINE still listed (same start): not again
-                   dict(VIEW, holders=[PERSISTENCED]))
+def test_new_holders_found_after_a_round_are_ended_too_and_respawns_are_named(capsys, recorder):
+    child = holder(5000009, {0: 70000}, "VLLM::Worker_TP0")  # same parent (4000) as the engine: a respawn
+    rec = recorder(make_view([ENGINE, PERSISTENCED]),
+                   make_view([ENGINE, child, PERSISTENCED]),  # ENGINE still listed (same start): not again
+                   make_view([PERSISTENCED]))
     code, result = run_module(capsys, {"gpus": ["GPU-aaaa"], "signal": "INT", "grace_period": 1, "kill_wait": 2})
     assert code == 0 and result["changed"] is True
     assert [call[0] for call in rec.ended] == [[5000001], [5000009]]
     assert rec.ended[0][1:] == (_terminate.parse_signal("SIGINT"), 1.0, 2.0)
+    assert rec.snapshots == [("listed", None), ("listed", [0]), ("listed", [0])]
     assert pids(result["signalled"]) == [5000001, 5000009] and result["gpus"] == [0]
-    assert result["msg"] == "signalled 2 process(es), 2 exited"
+    assert result["msg"] == "signalled 2 process(es), 2 exited; left alone: PID 5000003 (nvidia-persiste): " \
+                            "protected GPU daemon (nvidia-persistenced)"
+    (respawn,) = result["respawned"]
+    assert respawn["pid"] == 5000009 and respawn["replaces"] == 5000001 and respawn["parent"] == {"pid": 4000, "comm": "python3"}
+    (warning,) = warnings(result)
+    assert warning.startswith("PID 5000001 (") and "came back as PID 5000009, started by PID 4000 (python3)" in warning
+    assert "stop that parent first" in warning
+
+
+def test_a_reused_pid_with_a_new_start_time_is_ended_again(capsys, recorder):
+    again = dict(ENGINE, start_ticks=ENGINE["start_ticks"] + 1)
+    rec = recorder(make_view([ENGINE]), make_view([again]), make_view([]))
+    code, result = run_module(capsys, {})
+    assert code == 0 and [call[0] for call in rec.ended] == [[5000001], [5000001]]
+    assert pids(result["respawned"]) == [5000001]
+
+
+def test_at_most_three_rounds(capsys, recorder):
+    views = [make_view([holder(5000010 + n, {0: 1000}, "python3 train.py", ppid=1)]) for n in range(5)]
+    rec = recorder(*views)
+    code, result = run_module(capsys, {})
+    assert code == 0 and [call[0] for call in rec.ended] == [[5000010], [5000011], [5000012]]
+    assert len(rec.snapshots) == 3 and pids(result["signalled"]) == [5000010, 5000011, 5000012]
+    # Same command line, parent PID 1: respawns by command line (orphans re-parented to init share no parent).
+    assert [(r["pid"], r["replaces"], r["parent"]) for r in result["respawned"]] == [
+        (5000011, 5000010, None), (5000012, 5000010, None)]
+
+
+def test_a_survivor_fails_the_module_and_ends_the_rounds(capsys, recorder):
+    rec = recorder(make_view([ENGINE, WORKER]), make_view([ENGINE, WORKER, holder(5000009, {1: 1}, "python3 x.py")]),
+                   survive=[5000002])
+    code, result = run_module(capsys, {"gpus": [1]})
+    assert code == 1 and result["failed"] is True and result["changed"] is True
+    assert [call[0] for call in rec.ended] == [[5000001, 5000002]] and len(rec.snapshots) == 1
+    assert result["msg"].startswith("1 selected process(es) survived SIGKILL: PID 5000002 (VLLM::Worker_TP): unkillable")
+    assert pids(result["survived"]) == [5000002] and pids(result["exited"]) == [5000001]
+
+
+def test_device_users_are_never_signalled(capsys, recorder):
+    rec = recorder(make_view([], [EXPORTER, NCCL_PEER]))
+    code, result = run_module(capsys, {"pids": [5000005, 5000006]})
+    assert code == 0 and result["changed"] is False and rec.ended == []
+    assert result["not_holding"] == [5000005, 5000006] and result["left_alone"] == []
+    assert result["msg"] == "signalled 0 process(es), 0 exited"
+
+
+def test_mps_clients_listed_by_the_driver_are_ended(capsys, recorder):
+    rec = recorder(make_view([MPS_CLIENT]), make_view([]))
+    code, result = run_module(capsys, {"gpus": [0]})
+    assert code == 0 and result["changed"] is True and [call[0] for call in rec.ended] == [[5000004]]
+
+
+def test_left_alone_holders_are_named_and_narrowing_is_not_protection(capsys, recorder):
+    rec = recorder(VIEW, make_view([ENGINE, PERSISTENCED, MPS_CLIENT]))
+    code, result = run_module(capsys, {"pids": [5000002], "gpus": [1]})
+    assert code == 0 and [call[0] for call in rec.ended] == [[5000002]]
+    assert [(h["pid"], h["reason"]) for h in result["left_alone"]] == [
+        (5000001, "not in pids"), (5000003, "not in pids")]
+    assert result["protected"] == []
+    assert "; left alone: PID 5000001 (VLLM::EngineCor): not in pids; PID 5000003 (nvidia-persiste): not in pids" in result["msg"]
+    code, result = run_module(capsys, {"users": ["root"], "_ansible_check_mode": True})
+    reasons = {h["pid"]: h["reason"] for h in result["left_alone"]}
+    assert reasons == {5000001: "user svc-llm not in users", 5000003: "protected GPU daemon (nvidia-persistenced)",
+                       5000004: "user svc-llm not in users"}
+    assert pids(result["protected"]) == [5000003]
+
+
+def test_foreign_entries_are_reported_and_never_signalled(capsys, recorder):
+    view = make_view([], gpus=[gpu(0, foreign=[(812345, 40000)]), gpu(1, foreign=[(812346, None)])])
+    rec = recorder(view)
+    code, result = run_module(capsys, {})
+    assert code == 0 and result["changed"] is False and rec.ended == []
+    assert [(f["pid"], f["gpu"], f["reason"]) for f in result["foreign"]] == [(812345, 0, "absent"), (812346, 1, "absent")]
+    assert ("the driver lists PID 812345 (40000 MiB) on GPU 0, which no process here holds (a container?): not signalled"
+            in result["msg"])
+    assert "PID 812346 (memory not reported) on GPU 1" in result["msg"]
+    code, result = run_module(capsys, {"gpus": [1]})
+    assert pids(result["foreign"]) == [812346]
+
+
+def test_without_the_driver_library_it_warns_and_works_from_the_scan(capsys, recorder):
+    stray = holder(5000001, {}, "python3 train.py")
+    rec = recorder(make_view([stray], gpus=[], driver=NO_DRIVER), make_view([], gpus=[], driver=NO_DRIVER))
+    code, result = run_module(capsys, {})
+    assert code == 0 and [call[0] for call in rec.ended] == [[5000001]] and result["gpus"] is None
+    assert any("NVIDIA driver library not usable" in w and "NVML Shared Library Not Found" in w for w in warnings(result))
+    code, result = run_module(capsys, {"gpus": [0]})
+    assert code == 1 and result["msg"].startswith("nothing was signalled: cannot select GPUs [0]")
+    assert result["driver"]["available"] is False
+
+
+def test_a_hung_driver_is_named_and_holders_come_from_the_scan(capsys, recorder):
+    hung = dict(NO_DRIVER, error="an NVML call did not return within 10.0 s", timed_out=True)
+    stray = holder(5000001, {}, "python3 train.py")
+    rec = recorder(make_view([stray], gpus=[], driver=hung), make_view([], gpus=[], driver=hung))
+    code, result = run_module(capsys, {})
+    assert code == 0 and [call[0] for call in rec.ended] == [[5000001]]
+    assert "NVML did not answer within driver_timeout (the driver may be hung)" in result["msg"]
+    assert any("Xid" in w for w in warnings(result))
 
 
 def test_nothing_to_do_is_not_a_change(capsys, recorder):
-    rec = recorder(dict(VIEW, holders=[PERSISTENCED]))
+    rec = recorder(make_view([PERSISTENCED]))
     code, result = run_module(capsys, {})
     assert code == 0 and result["changed"] is False and rec.ended == []
     assert pids(result["protected"]) == [5000003]
+    assert result["signalled"] == [] and result["respawned"] == [] and pids(result["before"]["holders"]) == [5000003]

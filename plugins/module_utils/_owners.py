@@ -1,0 +1,446 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) 2026, gpuops.nvidia contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Who owns a process: systemd unit, container, Kubernetes pod, Slurm job, respawning agent.
+
+Read from the host alone, with no runtime client: /proc/PID/cgroup (the path forms each manager
+writes, below), the kubelet's pod log directories, `systemctl show` and the process tree. Every
+piece that is not there is None, never guessed. The path forms and their sources are in
+docs/owners.md; in short (`<id>` is a 64-hex container id):
+
+- systemd unit: the innermost path component ending in .service/.scope/.socket/.mount/.swap
+  (`/system.slice/vllm.service`, `/system.slice/system-vllm.slice/vllm@a.service`).
+- docker: `docker-<id>.scope` (systemd driver; moby cmd/dockerd/daemon_systemd_unix.go gives
+  runc the parent `system.slice:docker:<id>`, runc's systemd driver names it PREFIX-NAME.scope),
+  `/docker/<id>` (cgroupfs driver).
+- containerd: `cri-containerd-<id>.scope` (CRI plugin, systemd driver), `nerdctl-<id>.scope`;
+  with the cgroupfs driver the container is a bare `<id>` and the runtime is not in the path.
+- CRI-O: `crio-<id>.scope` (systemd), `crio-<id>` (cgroupfs); `crio-conmon-<id>` is its
+  monitor, not a container.
+- podman: `libpod-<id>.scope` (crun may put the payload in a `container` child);
+  `libpod-conmon-<id>.scope` is the monitor.
+- Kubernetes pod (kubelet pkg/kubelet/cm/cgroup_manager_linux.go): systemd driver
+  `kubepods.slice/kubepods-<qos>.slice/kubepods-<qos>-pod<UID, - written _>.slice` (Guaranteed:
+  `kubepods-pod<UID_>.slice`), cgroupfs driver `/kubepods/<qos>/pod<UID>` (`/kubepods/pod<UID>`).
+- Slurm: cgroup/v1 `/slurm/uid_<uid>/job_<job>/step_<step>/task_<n>` (controller hierarchies),
+  cgroup/v2 `/system.slice/slurmstepd.scope/job_<job>/step_<step>/user/task_<n>`
+  (`<node>_slurmstepd.scope` with several slurmd per host).
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+
+OWNER_KEYS = ("systemd_unit", "unit_restart", "container_id", "runtime", "pod_uid", "pod_namespace",
+              "pod_name", "slurm_job", "agent")
+CGROUP_KEYS = ("systemd_unit", "container_id", "runtime", "pod_uid", "slurm_job")
+SYSTEMCTL_TIMEOUT_S = 5
+CONTAINER_PREFIX_MIN = 12
+_MAX_ANCESTORS = 256
+
+# Unit types whose cgroup holds processes (systemd.unit(5)); slices only group other units.
+_UNIT_RE = re.compile(r"^[^/\s]+\.(?:service|scope|socket|mount|swap)$")
+# One path component naming a container, innermost first. Monitors (conmon) are not containers.
+_CONTAINER_RES = (
+    (re.compile(r"^(?:crio-conmon|libpod-conmon)-[0-9a-f]{64}(?:\.scope)?$"), None),
+    (re.compile(r"^docker-([0-9a-f]{64})\.scope$"), "docker"),
+    (re.compile(r"^cri-containerd-([0-9a-f]{64})\.scope$"), "containerd"),
+    (re.compile(r"^nerdctl-([0-9a-f]{64})\.scope$"), "containerd"),
+    (re.compile(r"^crio-([0-9a-f]{64})(?:\.scope)?$"), "cri-o"),
+    (re.compile(r"^libpod-([0-9a-f]{64})\.scope$"), "podman"),
+    (re.compile(r"^([0-9a-f]{64})$"), ""),  # cgroupfs: bare id; the runtime is its parent's name, if any
+)
+# Pod UIDs: RFC 4122 UUIDs (36 chars); static pods use a 32-hex config hash.
+_POD_SYSTEMD_RE = re.compile(r"^kubepods(?:-(?:burstable|besteffort))?-pod([0-9a-f][0-9a-f_]{31,35})\.slice$")
+_POD_CGROUPFS_RE = re.compile(r"^pod([0-9a-f][0-9a-f-]{31,35})$")
+_QOS_CGROUPFS = ("kubepods", "burstable", "besteffort")
+_SLURM_JOB_RE = re.compile(r"^job_([0-9]+)$")
+_SLURM_V1_PARENT_RE = re.compile(r"^uid_[0-9]+$")
+_SLURM_V2_PARENT_RE = re.compile(r"^(?:.+_)?slurmstepd(?:_home)?\.scope$")
+# Unit type suffixes systemctl knows; a name without one means NAME.service (systemctl's name mangling).
+_UNIT_SUFFIX_RE = re.compile(r"\.(?:service|socket|target|device|mount|automount|swap|timer|path|slice|scope)$")
+_HEX_RE = re.compile(r"^[0-9a-f]+$")
+
+
+def _empty_cgroup():
+    return dict.fromkeys(CGROUP_KEYS)
+
+
+def empty_owner():
+    """The owner block with every piece unknown (None)."""
+    return dict.fromkeys(OWNER_KEYS)
+
+
+def _cgroup_lines(text):
+    """[(hierarchy id, controllers, path)] of a /proc/PID/cgroup text, v2 `0::` line first, then
+    the `name=systemd` line, then the others in file order."""
+    lines = []
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3 or not parts[2].startswith("/"):
+            continue
+        lines.append((parts[0], parts[1], parts[2]))
+
+    def rank(entry):
+        if entry[0] == "0" and entry[1] == "":
+            return 0
+        if "name=systemd" in entry[1].split(","):
+            return 1
+        return 2
+    return sorted(lines, key=rank)
+
+
+def _unit_of(components):
+    for component in reversed(components):
+        if _UNIT_RE.match(component):
+            return component
+    return None
+
+
+def _container_of(components):
+    for position in range(len(components) - 1, -1, -1):
+        component = components[position]
+        for pattern, runtime in _CONTAINER_RES:
+            found = pattern.match(component)
+            if not found:
+                continue
+            if runtime is None:  # a runtime's monitor: it is not the container
+                return None, None
+            if runtime == "":
+                parent = components[position - 1] if position else ""
+                runtime = "docker" if parent == "docker" else None
+            return found.group(1), runtime
+    return None, None
+
+
+def _pod_of(components):
+    for position in range(len(components) - 1, -1, -1):
+        component = components[position]
+        found = _POD_SYSTEMD_RE.match(component)
+        if found:
+            return found.group(1).replace("_", "-")
+        found = _POD_CGROUPFS_RE.match(component)
+        if found and position and components[position - 1] in _QOS_CGROUPFS:
+            return found.group(1)
+    return None
+
+
+def _slurm_job_of(components):
+    for position in range(len(components) - 1, 0, -1):
+        found = _SLURM_JOB_RE.match(components[position])
+        parent = components[position - 1]
+        if found and (_SLURM_V1_PARENT_RE.match(parent) or _SLURM_V2_PARENT_RE.match(parent)):
+            return found.group(1)
+    return None
+
+
+def parse_cgroup(text):
+    """Owners named by the text of /proc/PID/cgroup (cgroup v2, v1 or hybrid).
+
+    Lines are `ID:CONTROLLERS:PATH`: v2 has the single line `0::PATH`, v1 one line per
+    hierarchy (`1:name=systemd:PATH`, `4:memory:PATH`...). Each key is taken from the first line
+    that names it, in the order: the `0::` line, the `name=systemd` line, the others (Slurm's v1
+    plugin writes its job only in the controller hierarchies). Within a path the innermost match
+    wins, so a prefix (a nested cgroup namespace, systemd inside a container) does not matter.
+
+    Returns {"systemd_unit", "container_id" (64 hex), "runtime" ("docker" | "containerd" |
+    "cri-o" | "podman" | None), "pod_uid" (with dashes), "slurm_job" (str)}; None where no line
+    says.
+    """
+    result = _empty_cgroup()
+    for _hierarchy, _controllers, path in _cgroup_lines(text or ""):
+        components = [part for part in path.split("/") if part and part not in (".", "..")]
+        if result["systemd_unit"] is None:
+            result["systemd_unit"] = _unit_of(components)
+        if result["container_id"] is None:
+            container_id, runtime = _container_of(components)
+            if container_id is not None:
+                result["container_id"], result["runtime"] = container_id, runtime
+        if result["pod_uid"] is None:
+            result["pod_uid"] = _pod_of(components)
+        if result["slurm_job"] is None:
+            result["slurm_job"] = _slurm_job_of(components)
+    return result
+
+
+def read_cgroup(pid, proc="/proc"):
+    """Text of PROC/PID/cgroup, or None when the process is gone or unreadable."""
+    try:
+        with open("%s/%d/cgroup" % (proc, pid), "r") as handle:
+            return handle.read()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def read_cmdline(pid, proc="/proc"):
+    """Arguments of PROC/PID/cmdline as a list of str ([] for a kernel thread or zombie), or None
+    when the process is gone or unreadable."""
+    try:
+        with open("%s/%d/cmdline" % (proc, pid), "rb") as handle:
+            data = handle.read()
+    except OSError:
+        return None
+    return [arg.decode("utf-8", "replace") for arg in data.split(b"\0")[:-1]] if data else []
+
+
+def read_stat(pid, proc="/proc"):
+    """{"comm", "state", "ppid"} from PROC/PID/stat, or None when the process is gone."""
+    try:
+        with open("%s/%d/stat" % (proc, pid), "rb") as handle:
+            data = handle.read()
+    except OSError:
+        return None
+    close = data.rfind(b")")
+    fields = data[close + 2:].split()
+    if close < 0 or len(fields) < 2:
+        return None
+    return {"comm": data[data.find(b"(") + 1:close].decode("utf-8", "replace"), "state": fields[0].decode(),
+            "ppid": int(fields[1])}
+
+
+def pod_names(pod_uid, pods_log_dir="/var/log/pods"):
+    """(namespace, name) of the pod with UID `pod_uid`, from the kubelet's log directory.
+
+    The kubelet writes one directory per pod, `<pods_log_dir>/<namespace>_<name>_<uid>`
+    (pkg/kubelet/kuberuntime BuildPodLogsDirectory, delimiter `_`, which neither names nor
+    namespaces may contain). Returns (None, None) when no such directory is there (no kubelet on
+    this host, another log directory, the old `/var/log/pods/<uid>` layout).
+    """
+    if not pod_uid:
+        return None, None
+    suffix = "_" + pod_uid
+    try:
+        entries = os.listdir(pods_log_dir)
+    except OSError:
+        return None, None
+    for entry in sorted(entries):
+        if entry.endswith(suffix):
+            parts = entry[:-len(suffix)].split("_")
+            if len(parts) == 2 and all(parts):
+                return parts[0], parts[1]
+    return None, None
+
+
+def _run_systemctl(argv):
+    """(rc, stdout) of argv, or None when it cannot run or takes longer than SYSTEMCTL_TIMEOUT_S."""
+    try:
+        result = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                timeout=SYSTEMCTL_TIMEOUT_S, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return result.returncode, result.stdout.decode("utf-8", "replace")
+
+
+def unit_restart(unit, systemctl="systemctl", run=None):
+    """The unit's Restart= setting (`no`, `always`, `on-failure`, ...) or None.
+
+    Runs `systemctl show -p Restart --value -- UNIT` (`run(argv)` -> (rc, stdout) or None replaces
+    the subprocess, e.g. with AnsibleModule.run_command). None when systemctl is absent, fails
+    (no systemd running), takes longer than SYSTEMCTL_TIMEOUT_S or prints nothing (units other than
+    services have no Restart=). systemctl prints `no` for a service it does not know.
+    """
+    if not unit or not _UNIT_RE.match(unit):
+        return None
+    result = (run or _run_systemctl)([systemctl, "show", "-p", "Restart", "--value", "--", unit])
+    if result is None or result[0] != 0:
+        return None
+    value = result[1].strip()
+    return value if value and "\n" not in value else None
+
+
+def agent_kind(comm, cmdline):
+    """Kind of respawning supervisor a process is, from its comm and cmdline, or None.
+
+    torchrun (torch.distributed.elastic: `torchrun`, `python -m torch.distributed.run|launch`),
+    ray (`raylet`, processes titled `ray::...`), mpi (`mpirun`, `mpiexec`, `orted`, `prted`,
+    `prterun`, `hydra_pmi_proxy`), supervisord, vllm (a `vllm serve` API server: its EngineCore
+    and workers end with it).
+    """
+    args = list(cmdline or ())
+    names = [os.path.basename(arg) for arg in args[:3]]
+    comm = comm or ""
+    if "torchrun" in names or comm == "torchrun":
+        return "torchrun"
+    for position, arg in enumerate(args[:-1]):
+        if arg == "-m" and args[position + 1] in ("torch.distributed.run", "torch.distributed.launch"):
+            return "torchrun"
+    if comm == "raylet" or "raylet" in names[:1] or (args and args[0].startswith("ray::")):
+        return "ray"
+    if comm in ("mpirun", "mpiexec", "orted", "prted", "prterun", "hydra_pmi_proxy") or \
+            (names and names[0] in ("mpirun", "mpiexec", "orted", "prted", "prterun", "hydra_pmi_proxy")):
+        return "mpi"
+    if comm == "supervisord" or "supervisord" in names[:2]:
+        return "supervisord"
+    for position, name in enumerate(names):
+        if name == "vllm" and position + 1 < len(args) and args[position + 1] == "serve":
+            return "vllm"
+    return None
+
+
+def find_agent(pid, read_stat=read_stat, read_cmdline=read_cmdline):
+    """The nearest live ancestor of `pid` that is a known respawning supervisor (agent_kind).
+
+    Walks the parent chain from PID's parent up (PID 1 included: supervisord is often a
+    container's init); zombies are skipped, they restart nothing. Returns {"pid", "comm",
+    "cmdline" (space-joined), "kind"} or None. `read_stat(pid)` -> {"comm", "state", "ppid"} or
+    None, `read_cmdline(pid)` -> [str] or None.
+    """
+    stat = read_stat(pid)
+    seen = {pid}
+    while stat is not None and len(seen) < _MAX_ANCESTORS:
+        parent = stat["ppid"]
+        if parent <= 0 or parent in seen:
+            return None
+        seen.add(parent)
+        stat = read_stat(parent)
+        if stat is None:
+            return None
+        if stat["state"] in ("Z", "X"):
+            continue
+        cmdline = read_cmdline(parent)
+        kind = agent_kind(stat["comm"], cmdline)
+        if kind is not None:
+            return {"pid": parent, "comm": stat["comm"], "cmdline": " ".join(cmdline or ()), "kind": kind}
+    return None
+
+
+def owner_of(pid, proc="/proc", systemctl="systemctl", pods_log_dir="/var/log/pods", run=None, cache=None):
+    """The `owner` block of process `pid` (docs/owners.md).
+
+    {"systemd_unit", "unit_restart", "container_id", "runtime", "pod_uid", "pod_namespace",
+    "pod_name", "slurm_job", "agent"}; every piece the host does not show is None. unit_restart is
+    asked of systemctl for .service units only. `cache` (a dict shared across calls) keeps
+    systemctl and pod-directory answers for one scan.
+    """
+    owner = empty_owner()
+    owner.update(parse_cgroup(read_cgroup(pid, proc) or ""))
+    cache = {} if cache is None else cache
+    unit = owner["systemd_unit"]
+    if unit and unit.endswith(".service"):
+        key = ("restart", unit)
+        if key not in cache:
+            cache[key] = unit_restart(unit, systemctl, run)
+        owner["unit_restart"] = cache[key]
+    if owner["pod_uid"]:
+        key = ("pod", owner["pod_uid"])
+        if key not in cache:
+            cache[key] = pod_names(owner["pod_uid"], pods_log_dir)
+        owner["pod_namespace"], owner["pod_name"] = cache[key]
+    owner["agent"] = find_agent(pid, lambda p: read_stat(p, proc), lambda p: read_cmdline(p, proc))
+    return owner
+
+
+def owner_label(owner):
+    """One bounded-cardinality label value naming the owner, for Prometheus: `pod:<uid>`,
+    `container:<first 12 hex>`, `slurm_job:<id>`, `unit:<name>` (first that is known), else ""."""
+    owner = owner or {}
+    if owner.get("pod_uid"):
+        return "pod:%s" % owner["pod_uid"]
+    if owner.get("container_id"):
+        return "container:%s" % owner["container_id"][:CONTAINER_PREFIX_MIN]
+    if owner.get("slurm_job"):
+        return "slurm_job:%s" % owner["slurm_job"]
+    if owner.get("systemd_unit"):
+        return "unit:%s" % owner["systemd_unit"]
+    return ""
+
+
+def normalize_unit(name):
+    """A unit as systemctl takes it: a name without a type suffix means NAME.service."""
+    name = str(name).strip()
+    return name if _UNIT_SUFFIX_RE.search(name) else name + ".service"
+
+
+def container_ref_errors(refs, known_ids=()):
+    """Problems with container references: each must be hex, >= 12 chars (CONTAINER_PREFIX_MIN) and
+    at most 64, and a prefix shorter than 64 must not match two of `known_ids`. Returns [str]."""
+    errors = []
+    known = [cid.lower() for cid in known_ids if cid]
+    for ref in refs:
+        text = str(ref).strip().lower()
+        if not _HEX_RE.match(text) or not CONTAINER_PREFIX_MIN <= len(text) <= 64:
+            errors.append("container %r: give the full 64-hex id or a prefix of %d or more hex characters"
+                          % (ref, CONTAINER_PREFIX_MIN))
+            continue
+        matching = sorted(set(cid for cid in known if cid.startswith(text)))
+        if len(matching) > 1:
+            errors.append("container %r is ambiguous: it is a prefix of %s" % (ref, ", ".join(matching)))
+    return errors
+
+
+def pod_ref_matches(ref, owner):
+    """True when `ref` (a pod UID, with dashes or the systemd driver's `_`, or NAMESPACE/NAME) names
+    the owner's pod."""
+    text = str(ref).strip()
+    if "/" in text:
+        namespace, _slash, name = text.partition("/")
+        return bool(owner.get("pod_name")) and (namespace, name) == (owner.get("pod_namespace"), owner.get("pod_name"))
+    return bool(owner.get("pod_uid")) and text.replace("_", "-").lower() == owner["pod_uid"]
+
+
+def mismatch(owner, units=None, containers=None, pods=None, slurm_jobs=None):
+    """Why `owner` is not selected by these owner filters, or None when it is.
+
+    Each filter left None means "any"; a given list selects owners matching one of its items, and
+    every given filter must match. units: unit names (`vllm@a` means `vllm@a.service`); containers:
+    full ids or prefixes (check them first with container_ref_errors); pods: UIDs or
+    NAMESPACE/NAME; slurm_jobs: job ids. Reasons: "unit not in units", "container not in
+    containers", "pod not in pods", "Slurm job not in slurm_jobs".
+    """
+    owner = owner or {}
+    if units is not None:
+        wanted = set(normalize_unit(unit) for unit in units)
+        if owner.get("systemd_unit") not in wanted:
+            return "unit not in units"
+    if containers is not None:
+        cid = owner.get("container_id") or ""
+        if not cid or not any(cid.startswith(str(ref).strip().lower()) for ref in containers if str(ref).strip()):
+            return "container not in containers"
+    if pods is not None:
+        if not any(pod_ref_matches(ref, owner) for ref in pods):
+            return "pod not in pods"
+    if slurm_jobs is not None:
+        if owner.get("slurm_job") is None or owner["slurm_job"] not in set(str(job).strip() for job in slurm_jobs):
+            return "Slurm job not in slurm_jobs"
+    return None
+
+
+def matches(owner, units=None, containers=None, pods=None, slurm_jobs=None):
+    """True when every given owner filter selects `owner` (see mismatch)."""
+    return mismatch(owner, units=units, containers=containers, pods=pods, slurm_jobs=slurm_jobs) is None
+
+
+def restart_note(owner):
+    """Why ending a process with this owner will not last, in words, or None: a unit that restarts it, a container
+    or pod (whose runtime restarts it), or a live respawning agent."""
+    owner = owner or {}
+    notes = []
+    if owner.get("pod_uid"):
+        name = "%s/%s" % (owner["pod_namespace"], owner["pod_name"]) if owner.get("pod_name") else owner["pod_uid"]
+        notes.append("it belongs to Kubernetes pod %s, whose kubelet restarts its containers" % name)
+    elif owner.get("container_id"):
+        notes.append("it belongs to %s container %s, whose runtime may restart it"
+                     % (owner.get("runtime") or "a", owner["container_id"][:12]))
+    if owner.get("systemd_unit") and owner.get("unit_restart") not in (None, "no"):
+        notes.append("systemd unit %s restarts it (Restart=%s)" % (owner["systemd_unit"], owner["unit_restart"]))
+    agent = owner.get("agent")
+    if agent:
+        notes.append("its parent agent PID %s (%s, %s) may start it again" % (agent["pid"], agent["comm"], agent["kind"]))
+    return "; ".join(notes) or None
+
+
+def stop_command(owner):
+    """The command that stops this owner for good, as an operator would type it, or None."""
+    owner = owner or {}
+    if owner.get("pod_uid"):
+        if owner.get("pod_name"):
+            return "kubectl delete pod -n %s %s" % (owner["pod_namespace"], owner["pod_name"])
+        return "kubectl delete pod (the pod with UID %s)" % owner["pod_uid"]
+    if owner.get("container_id"):
+        tool = {"docker": "docker", "podman": "podman", "containerd": "nerdctl", "cri-o": "crictl"}.get(owner.get("runtime"))
+        return "%s stop %s" % (tool or "docker", owner["container_id"][:12])
+    if owner.get("systemd_unit") and owner.get("unit_restart") not in (None, "no"):
+        return "systemctl stop %s" % owner["systemd_unit"]
+    return None
