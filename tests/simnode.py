@@ -89,14 +89,15 @@ class Node:
         return f"Node({self.name!r}, init_pid={self.info['init_pid']})"
 
     def exec(self, *command, input: str | None = None, timeout: float = 60,
-             check: bool = True) -> subprocess.CompletedProcess:
-        """Run `command` inside the node (text mode, output captured).
+             check: bool = True, cgroup: str | None = None) -> subprocess.CompletedProcess:
+        """Run `command` inside the node (text mode, output captured); with `cgroup` (a path as the
+        node shows it, e.g. "/system.slice/vllm@a.service"), in that cgroup of the node.
 
         Raises NodeCommandError when `check` and the exit status is not 0, gpunode.GpunodeError
         when the node is not running, subprocess.TimeoutExpired after `timeout` s (the command
         then gets SIGTERM through its parent-death signal).
         """
-        argv, environment = gpunode.enter_command(self.info, [str(part) for part in command])
+        argv, environment = gpunode.enter_command(self.info, [str(part) for part in command], cgroup)
         result = subprocess.run(argv, input=input, capture_output=True, text=True,
                                 timeout=timeout, env=environment, check=False,
                                 stdin=None if input is not None else subprocess.DEVNULL)
@@ -104,20 +105,36 @@ class Node:
             raise NodeCommandError(result.returncode, argv, result.stdout, result.stderr)
         return result
 
-    def py(self, code: str, *args: str, timeout: float = 60) -> str:
-        """Run the venv Python with `-c code args...` inside the node; return its stdout.
+    def py(self, code: str, *args: str, timeout: float = 60, cgroup: str | None = None) -> str:
+        """Run the venv Python with `-c code args...` inside the node (in `cgroup`, see exec);
+        return its stdout.
 
         Raises NodeCommandError (with stderr) if it exits non-zero.
         """
-        return self.exec(str(VENV_PYTHON), "-c", code, *args, timeout=timeout).stdout
+        return self.exec(str(VENV_PYTHON), "-c", code, *args, timeout=timeout, cgroup=cgroup).stdout
 
-    def spawn(self, code: str) -> int:
-        """Start Python `code` detached inside the node (own session, stdio on /dev/null).
+    def spawn(self, code: str, cgroup: str | None = None) -> int:
+        """Start Python `code` detached inside the node (own session, stdio on /dev/null), in the
+        node's cgroup `cgroup` when given (a path as /proc/PID/cgroup shows it inside the node:
+        "/system.slice/vllm@a.service", "/kubepods.slice/.../cri-containerd-<id>.scope"...).
 
         Returns its PID in the node's PID namespace. Its parent exits at once, so it is an
         orphan of the node's init; it ends at the latest with `down`.
         """
-        return int(self.py(_SPAWN_LAUNCHER, code))
+        return int(self.py(_SPAWN_LAUNCHER, code, cgroup=cgroup))
+
+    @property
+    def cgroup_root(self) -> Path | None:
+        """The node's own cgroup on the host (name=systemd hierarchy), None without owner cgroups."""
+        return Path(self.info["cgroup"]["root"]) if self.info.get("cgroup") else None
+
+    def set_units(self, units: dict) -> None:
+        """Write the node's unit table for the simulated systemctl, replacing it:
+        {"vllm@a.service": {"Restart": "always", "TimeoutStopSec": 5, "MainPID": 12}, ...}."""
+        path = self.run_dir / "units.json"
+        temporary = path.with_name(f".units.json.{os.getpid()}.tmp")
+        temporary.write_text(json.dumps(units, indent=2) + "\n")
+        os.replace(temporary, path)
 
     def set(self, **knobs) -> None:
         """Edit node.conf live: set(release_latency=2, lost=[1], stray_mib={0: 1024}, hang=None)."""

@@ -12,6 +12,7 @@ kills it when the deadline passes. The worker keeps NVML initialized between que
 """
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import select
@@ -19,9 +20,42 @@ import signal
 import time
 
 MIB = 1 << 20
+# nvml.h return codes used here.
+_NVML_SUCCESS = 0
+_NVML_ERROR_NO_PERMISSION = 4
 # NVML_ERROR_INSUFFICIENT_SIZE: the process list grew between pynvml's count probe and its read.
 _NVML_ERROR_INSUFFICIENT_SIZE = 7
+_NVML_ERROR_FUNCTION_NOT_FOUND = 13
 _LIST_RETRIES = 5
+# nvmlProcessInfo_v2_t.gpuInstanceId / computeInstanceId when the GPU is not in MIG mode.
+_NO_INSTANCE_ID = 0xFFFFFFFF
+_NVML_DEVICE_MIG_ENABLE = 1
+# The aggregate memory and process lists of a MIG-enabled GPU need privileges (nvml.h).
+_NO_PERMISSION_TEXT = ("NVML answered Insufficient Permissions for the aggregate process lists of this MIG-enabled GPU "
+                       "(they need root or the mig/monitor capability); the per-MIG-device lists were used instead")
+
+# The process lists, newest first: (version, compute/graphics/MPS symbols). The _v3 ones are reached through
+# pynvml's public functions (which pin _v3 since nvidia-ml-py 12.535.108); the older ones pynvml does not
+# wrap (12.535.108 has no _v2 wrappers, no release has a v1 one with the 16-byte v1 struct), so _raw_list
+# calls them by name through pynvml's own symbol lookup, with the struct nvml.h gives each.
+_LIST_KINDS = ("compute", "graphics", "mps")
+_OLDER_LISTS = (
+    ("v2", ("nvmlDeviceGetComputeRunningProcesses_v2", "nvmlDeviceGetGraphicsRunningProcesses_v2",
+            "nvmlDeviceGetMPSComputeRunningProcesses_v2")),
+    ("v1", ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses",
+            "nvmlDeviceGetMPSComputeRunningProcesses")),
+)
+
+
+class _ProcessInfoV1(ctypes.Structure):  # pylint: disable=too-few-public-methods
+    """nvmlProcessInfo_v1_t (nvml.h): the entries of the unversioned process-list symbols, 16 bytes."""
+    _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong)]
+
+
+class _ProcessInfoV2(ctypes.Structure):  # pylint: disable=too-few-public-methods
+    """nvmlProcessInfo_v2_t (nvml.h): the entries of the _v2 and _v3 symbols, 24 bytes (with padding)."""
+    _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong),
+                ("gpuInstanceId", ctypes.c_uint), ("computeInstanceId", ctypes.c_uint)]
 
 
 class NvmlTimeout(Exception):
@@ -43,19 +77,134 @@ def _process_list(pynvml, function, handle):
     return []
 
 
+def _raw_list(pynvml, symbol, entry_type):
+    """A process-list function pynvml does not wrap, called with pynvml's count-probe protocol
+    (count 0 and no buffer first, then count*2+5 entries) and the `entry_type` struct."""
+    function = pynvml._nvmlGetFunctionPointer(symbol)  # pylint: disable=protected-access
+
+    def call(handle):
+        count = ctypes.c_uint(0)
+        ret = function(handle, ctypes.byref(count), None)
+        if ret == _NVML_SUCCESS:
+            return []
+        if ret != _NVML_ERROR_INSUFFICIENT_SIZE:
+            raise pynvml.NVMLError(ret)
+        count.value = count.value * 2 + 5
+        entries = (entry_type * count.value)()
+        ret = function(handle, ctypes.byref(count), entries)
+        if ret != _NVML_SUCCESS:
+            raise pynvml.NVMLError(ret)
+        return list(entries[:count.value])
+    return call
+
+
+def _missing_symbol(pynvml, exc):
+    """Whether `exc` says the driver library lacks the function: pynvml 13.x raises NVMLLibraryMismatchError
+    for a missing _v3 process-list symbol, 12.x NVMLError_FunctionNotFound."""
+    mismatch = getattr(pynvml, "NVMLLibraryMismatchError", None)
+    if isinstance(mismatch, type) and isinstance(exc, mismatch):
+        return True
+    return isinstance(exc, pynvml.NVMLError) and getattr(exc, "value", None) == _NVML_ERROR_FUNCTION_NOT_FOUND
+
+
+def _instance_id(value):
+    return None if value is None or value == _NO_INSTANCE_ID else int(value)
+
+
+def _entry(proc, kind):
+    used = getattr(proc, "usedGpuMemory", None)
+    if used is not None and used >= (1 << 64) - 1:  # NVML_VALUE_NOT_AVAILABLE (pynvml maps it to None itself)
+        used = None
+    return {"pid": int(proc.pid), "used_mib": None if used is None else used // MIB, "type": kind,
+            "gpu_instance_id": _instance_id(getattr(proc, "gpuInstanceId", None)),
+            "compute_instance_id": _instance_id(getattr(proc, "computeInstanceId", None))}
+
+
+def _process_lists(pynvml, handle, versions):
+    """Compute, graphics and MPS lists of `handle` (a GPU or MIG device handle) as entries; the list
+    version that answered ("v3", "v2" or "v1"). `versions` is the list of versions still worth trying
+    (the first missing symbol removes its version for the rest of the reading)."""
+    while True:
+        version = versions[0]
+        try:
+            if version == "v3":
+                functions = (pynvml.nvmlDeviceGetComputeRunningProcesses, pynvml.nvmlDeviceGetGraphicsRunningProcesses,
+                             pynvml.nvmlDeviceGetMPSComputeRunningProcesses)
+            else:
+                entry_type = _ProcessInfoV2 if version == "v2" else _ProcessInfoV1
+                functions = tuple(_raw_list(pynvml, symbol, entry_type) for symbol in dict(_OLDER_LISTS)[version])
+            entries = []
+            for kind, function in zip(_LIST_KINDS, functions):
+                try:
+                    processes = _process_list(pynvml, function, handle)
+                except pynvml.NVMLError_NotSupported:
+                    continue
+                entries.extend(_entry(proc, kind) for proc in processes)
+            return entries, version
+        except Exception as exc:  # pylint: disable=broad-except
+            if not _missing_symbol(pynvml, exc) or len(versions) == 1:
+                raise
+            versions.pop(0)
+
+
 def _memory(pynvml, handle):
-    """Memory of one GPU in MiB: NVML memory info v2 (reserved separate), v1 where v2 is missing."""
+    """Memory of one GPU (or MIG device) in MiB: NVML memory info v2 (reserved separate), v1 where v2 is missing.
+
+    `used_excluding_reserved_mib` is the figure to hold against a tolerance such as max_used_mib: v2 `used`
+    (nvml.h: v2 accounts reserved memory separately), None with v1, whose `used` includes the reserved memory
+    on current drivers (`used_includes_reserved`) and cannot be split."""
     try:
         info = pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2)
         return {"total_mib": info.total // MIB, "used_mib": info.used // MIB, "free_mib": info.free // MIB,
-                "reserved_mib": info.reserved // MIB, "source": "nvmlDeviceGetMemoryInfo_v2"}
+                "reserved_mib": info.reserved // MIB, "source": "nvmlDeviceGetMemoryInfo_v2",
+                "used_includes_reserved": False, "used_excluding_reserved_mib": info.used // MIB}
     # A driver without nvmlDeviceGetMemoryInfo_v2 (FunctionNotFound), or one that does not know the v2 struct
     # version (ArgumentVersionMismatch).
     except (pynvml.NVMLError_FunctionNotFound, pynvml.NVMLError_NotSupported, pynvml.NVMLError_ArgumentVersionMismatch):
         info = pynvml.nvmlDeviceGetMemoryInfo(handle)
         # v1 `used` includes reserved memory; v1 cannot tell them apart.
         return {"total_mib": info.total // MIB, "used_mib": info.used // MIB, "free_mib": info.free // MIB,
-                "reserved_mib": None, "source": "nvmlDeviceGetMemoryInfo"}
+                "reserved_mib": None, "source": "nvmlDeviceGetMemoryInfo",
+                "used_includes_reserved": True, "used_excluding_reserved_mib": None}
+
+
+def _mig_name_profile(name):
+    """"NVIDIA H100 80GB HBM3 MIG 1g.10gb" -> "1g.10gb" (the MIG device name ends with its profile)."""
+    head, sep, profile = name.rpartition(" MIG ")
+    return profile if sep and head else None
+
+
+def _mig_devices(pynvml, handle):
+    """The MIG devices of a MIG-enabled GPU: [(mig handle, description)]."""
+    devices = []
+    for position in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
+        try:
+            mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, position)
+        except pynvml.NVMLError_NotFound:
+            continue
+        name = _text(pynvml.nvmlDeviceGetName(mig))
+        memory = _memory(pynvml, mig)
+        devices.append((mig, {
+            "index": position, "uuid": _text(pynvml.nvmlDeviceGetUUID(mig)),
+            "gpu_instance_id": pynvml.nvmlDeviceGetGpuInstanceId(mig),
+            "compute_instance_id": pynvml.nvmlDeviceGetComputeInstanceId(mig),
+            "name": name, "profile": _mig_name_profile(name),
+            "memory_total_mib": memory["total_mib"], "memory_used_mib": memory["used_mib"],
+            "memory_free_mib": memory["free_mib"], "memory_source": memory["source"]}))
+    return devices
+
+
+def _mig_mode(pynvml, handle):
+    """{"current": bool, "pending": bool}, or None where the GPU or the driver has no MIG."""
+    try:
+        current, pending = pynvml.nvmlDeviceGetMigMode(handle)
+    except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_FunctionNotFound):
+        return None
+    return {"current": current == _NVML_DEVICE_MIG_ENABLE, "pending": pending == _NVML_DEVICE_MIG_ENABLE}
+
+
+def _no_permission(pynvml, exc):
+    return isinstance(exc, pynvml.NVMLError) and getattr(exc, "value", None) == _NVML_ERROR_NO_PERMISSION
 
 
 def _optional(call, *args):
@@ -65,32 +214,57 @@ def _optional(call, *args):
         return None
 
 
-def read_gpu(pynvml, index):
+def read_gpu(pynvml, index, list_versions=None):
     """Everything NVML says about GPU `index`, as plain data.
 
-    Returns {"index", "minor", "uuid", "name", "pci_bus_id", "memory": {total_mib, used_mib, free_mib,
-    reserved_mib, source}, "processes": [{"pid", "used_mib" (None when NVML reports it as not available),
-    "type" (compute, graphics or mps)}], "error" (None, or the NVML error text, e.g. a lost GPU)}.
+    Returns {"index", "minor", "uuid", "name", "pci_bus_id",
+    "memory": {total_mib, used_mib, free_mib, reserved_mib (None with v1), source (the NVML call, or
+    "mig_devices" when the aggregate was refused: the sum of the MIG devices), used_includes_reserved,
+    used_excluding_reserved_mib (None with v1)},
+    "processes": [{"pid", "used_mib" (None when NVML reports it as not available), "type" (compute, graphics
+    or mps), "gpu_instance_id", "compute_instance_id" (None when not MIG)}],
+    "process_list_version" ("v3", "v2", "v1"; None when no list was read),
+    "processes_error" (None, or why the lists are partial: the aggregate lists of a MIG-enabled GPU need
+    privileges; not a GPU error),
+    "mig_mode" ({"current": bool, "pending": bool}; None when the GPU or driver has no MIG),
+    "mig_devices" ([{"index", "uuid", "gpu_instance_id", "compute_instance_id", "name", "profile",
+    "memory_total_mib", "memory_used_mib", "memory_free_mib", "memory_source"}] when MIG is enabled),
+    "error" (None, or the NVML error text, e.g. a lost GPU)}.
+    `list_versions` (shared by the GPUs of one reading) is the process-list versions still worth trying.
     """
+    versions = list_versions if list_versions is not None else ["v3", "v2", "v1"]
     gpu = {"index": index, "minor": None, "uuid": None, "name": None, "pci_bus_id": None,
-           "memory": None, "processes": [], "error": None}
+           "memory": None, "processes": [], "process_list_version": None, "processes_error": None,
+           "mig_mode": None, "mig_devices": [], "error": None}
     try:
         handle = pynvml.nvmlDeviceGetHandleByIndex(index)
         gpu["minor"] = pynvml.nvmlDeviceGetMinorNumber(handle)
         gpu["uuid"] = _text(pynvml.nvmlDeviceGetUUID(handle))
         gpu["name"] = _text(pynvml.nvmlDeviceGetName(handle))
         gpu["pci_bus_id"] = _optional(lambda h: pynvml.nvmlDeviceGetPciInfo(h).busId, handle)
-        gpu["memory"] = _memory(pynvml, handle)
-        for kind, function in (("compute", pynvml.nvmlDeviceGetComputeRunningProcesses),
-                               ("graphics", pynvml.nvmlDeviceGetGraphicsRunningProcesses),
-                               ("mps", pynvml.nvmlDeviceGetMPSComputeRunningProcesses)):
-            try:
-                processes = _process_list(pynvml, function, handle)
-            except pynvml.NVMLError_NotSupported:
-                continue
-            for proc in processes:
-                used = proc.usedGpuMemory
-                gpu["processes"].append({"pid": proc.pid, "used_mib": None if used is None else used // MIB, "type": kind})
+        gpu["mig_mode"] = _mig_mode(pynvml, handle)
+        migs = _mig_devices(pynvml, handle) if gpu["mig_mode"] and gpu["mig_mode"]["current"] else []
+        gpu["mig_devices"] = [description for _mig, description in migs]
+        try:
+            gpu["memory"] = _memory(pynvml, handle)
+        except pynvml.NVMLError as exc:
+            if not (migs and _no_permission(pynvml, exc)):
+                raise
+            # nvml.h: on a MIG-enabled GPU the aggregate needs privileges; per-instance figures do not.
+            gpu["memory"] = {"total_mib": sum(m["memory_total_mib"] for m in gpu["mig_devices"]),
+                             "used_mib": sum(m["memory_used_mib"] for m in gpu["mig_devices"]),
+                             "free_mib": sum(m["memory_free_mib"] for m in gpu["mig_devices"]),
+                             "reserved_mib": None, "source": "mig_devices", "used_includes_reserved": False,
+                             "used_excluding_reserved_mib": sum(m["memory_used_mib"] for m in gpu["mig_devices"])}
+        try:
+            gpu["processes"], gpu["process_list_version"] = _process_lists(pynvml, handle, versions)
+        except pynvml.NVMLError as exc:
+            if not (migs and _no_permission(pynvml, exc)):
+                raise
+            gpu["processes_error"] = _NO_PERMISSION_TEXT
+            for mig, _description in migs:
+                entries, gpu["process_list_version"] = _process_lists(pynvml, mig, versions)
+                gpu["processes"].extend(entries)
     except _errors(pynvml) as exc:
         gpu["error"] = str(exc)
     return gpu
@@ -123,7 +297,8 @@ def read_driver(pynvml, initialized=False):
         reading["error"] = "%s: %s" % (type(exc).__name__, exc)
         return reading
     reading["available"] = True
-    reading["gpus"] = [read_gpu(pynvml, index) for index in range(count)]
+    list_versions = ["v3", "v2", "v1"]
+    reading["gpus"] = [read_gpu(pynvml, index, list_versions) for index in range(count)]
     return reading
 
 

@@ -21,7 +21,7 @@ import os
 import re
 
 # /dev/nvidia<minor> (195:<minor>), the control and UVM devices, and MIG capabilities.
-_DEVICE_RE = re.compile(r"^/dev/nvidia(?:(?P<minor>\d+)|ctl|-uvm|-uvm-tools|-modeset|-caps/.*)$")
+_DEVICE_RE = re.compile(r"^/dev/nvidia(?:(?P<minor>\d+)|ctl|-uvm|-uvm-tools|-modeset|-caps/(?:nvidia-cap(?P<cap>\d+))?.*)$")
 _DEVICE_PREFIX = "/dev/nvidia"
 _MAPS_MARK = b"/dev/nvidia"
 _PF_KTHREAD = 0x00200000  # include/linux/sched.h: "I am a kernel thread"
@@ -52,9 +52,11 @@ class DeviceHandles:
             (a line of /proc/PID/maps).
         thread_only: True when only a thread other than the main one holds a handle
             (fuser and lsof miss such a process).
+        caps: set of int, the N of each /dev/nvidia-caps/nvidia-capN held: a CUDA process on a MIG
+            instance has the capability files of its GPU instance and compute instance open (see cap_map).
     """
 
-    __slots__ = ("pid", "minors", "mapped", "ctl", "uvm", "control", "seen_in", "thread_only")
+    __slots__ = ("pid", "minors", "mapped", "ctl", "uvm", "control", "seen_in", "thread_only", "caps")
 
     def __init__(self, pid):
         self.pid = pid
@@ -65,6 +67,7 @@ class DeviceHandles:
         self.control = False
         self.seen_in = set()
         self.thread_only = False
+        self.caps = set()
 
     def add(self, path, where):
         """Record one matching path (a readlink result or a maps pathname)."""
@@ -78,6 +81,8 @@ class DeviceHandles:
                 self.ctl = True
             elif path.startswith("/dev/nvidia-uvm"):
                 self.uvm = True
+            elif match.group("cap") is not None:
+                self.caps.add(int(match.group("cap")))
         else:
             self.minors.add(int(minor))
             if where == "mapping":
@@ -92,7 +97,7 @@ class DeviceHandles:
 
     def as_dict(self):
         """Plain-data view: {"pid", "minors", "mapped" (sorted lists), "ctl", "uvm", "control", "seen_in" (sorted),
-        "thread_only"}."""
+        "thread_only", "caps" (sorted)}."""
         return {
             "pid": self.pid,
             "minors": sorted(self.minors),
@@ -102,6 +107,7 @@ class DeviceHandles:
             "control": self.control,
             "seen_in": sorted(self.seen_in),
             "thread_only": self.thread_only,
+            "caps": sorted(self.caps),
         }
 
     @classmethod
@@ -115,6 +121,7 @@ class DeviceHandles:
         handles.control = data["control"]
         handles.seen_in = set(data["seen_in"])
         handles.thread_only = data["thread_only"]
+        handles.caps = set(data.get("caps", ()))
         return handles
 
 
@@ -522,8 +529,8 @@ def proc_driver_minors(proc="/proc"):
     base = os.path.join(proc, "driver", "nvidia", "gpus")
     gpus = []
     for bus in sorted(_listdir(base) or ()):
-        # The directory is named 0000:18:00.0; NVML writes the domain with 8 digits.
-        info = {"pci_bus_id": bus.rjust(16, "0"), "minor": None, "uuid": None, "name": None}
+        # The directory is named 0000:2a:00.0 (nv-procfs.c, lower-case hex); NVML writes 00000000:2A:00.0.
+        info = {"pci_bus_id": bus.rjust(16, "0").upper(), "minor": None, "uuid": None, "name": None}
         try:
             with open(os.path.join(base, bus, "information")) as handle:
                 for line in handle:
@@ -545,3 +552,45 @@ def proc_driver_minors(proc="/proc"):
 def scan_pids(pids, proc="/proc"):
     """scan_holders' result for these PIDs only (those that hold no NVIDIA device file, or are gone, are left out)."""
     return _scan_pids(pids, proc)
+
+
+# /proc/driver/nvidia-caps/mig-minors numbers the MIG capability device files the same way on every host (MIG user
+# guide, "Device Nodes and Capabilities"): config 1, monitor 2, then per GPU minor m, 15 GPU instances G of one
+# access file and 8 compute instances C each: gpu<m>/gi<G>/access = 3 + 135m + 9G, gpu<m>/gi<G>/ci<C>/access
+# = that + 1 + C (the guide's table ends with gpu31/gi14/ci7/access 4322).
+_CAP_FIRST = 3
+_CAPS_PER_GPU = 135
+_CAPS_PER_GI = 9
+_MIG_MINOR_RE = re.compile(r"^gpu(?P<gpu>\d+)/gi(?P<gi>\d+)/(?:ci(?P<ci>\d+)/)?access$")
+
+
+def mig_cap(cap_minor):
+    """(GPU minor, GPU instance id, compute instance id or None for the GPU instance's own file) that
+    /dev/nvidia-caps/nvidia-cap<cap_minor> grants, by the driver's fixed numbering; None for config, monitor
+    or a number outside it."""
+    if cap_minor < _CAP_FIRST:
+        return None
+    gpu_minor, rest = divmod(cap_minor - _CAP_FIRST, _CAPS_PER_GPU)
+    gi, slot = divmod(rest, _CAPS_PER_GI)
+    return (gpu_minor, gi, None if slot == 0 else slot - 1)
+
+
+def cap_map(proc="/proc"):
+    """{cap minor: (GPU minor, GPU instance id, compute instance id or None)} from
+    PROC/driver/nvidia-caps/mig-minors (lines "gpu0/gi7/access 66", "gpu0/gi7/ci0/access 67", "config 1");
+    None when the file is absent (no MIG-capable driver loaded): use mig_cap then."""
+    try:
+        with open(os.path.join(proc, "driver", "nvidia-caps", "mig-minors")) as handle:
+            lines = handle.read().splitlines()
+    except OSError:
+        return None
+    caps = {}
+    for line in lines:
+        fields = line.split()
+        if len(fields) != 2 or not fields[1].isdigit():
+            continue
+        match = _MIG_MINOR_RE.match(fields[0])
+        if match:
+            ci = match.group("ci")
+            caps[int(fields[1])] = (int(match.group("gpu")), int(match.group("gi")), None if ci is None else int(ci))
+    return caps

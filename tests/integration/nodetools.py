@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 
 # Prints {"pid": [ppid, state, comm, cmdline]} for every process of the node (read from its /proc).
@@ -34,34 +35,327 @@ for i in range(n.nvmlDeviceGetCount()):
 print(json.dumps(out))
 """
 
-# A process creating a context of MIB MiB on each GPU index given (contract: tests/sim/README.md),
-# then optionally forking a child that only inherits the handles (the parent then exits).
-HOLDER = r"""
-import os, sys, time
-gpus = [int(x) for x in sys.argv[1].split(",")]
-mib = int(sys.argv[2])
-mode = sys.argv[3] if len(sys.argv) > 3 else "hold"
+# A simulated CUDA process (contract: tests/sim/README.md, "Creating a CUDA context"; what real
+# processes open: "Device files per process kind" there). argv[1] is JSON:
+#   gpus     indices where it computes (a context of `mib` MiB on each; none: no context);
+#   visible  indices of CUDA_VISIBLE_DEVICES (null: every GPU of the node): CUDA opens the device
+#            file of each at position 0, the context's file is seeked to the token;
+#   mps      an MPS client: only /dev/nvidiactl (seeked to the token) and /dev/nvidia-uvm, context
+#            lines of type mps;
+#   nvml     also initialize NVML through the driver library and never shut it down (NCCL);
+#   mode     hold | inherit (a forked child keeps the handles, the parent exits) | ignore-term;
+#   ready    file to write "<node PID> <PID here>" into once everything is open.
+# Standard library only (it may run under /usr/bin/python3 as another user); setproctitle is
+# imported only for a title.
+CUDA_PROCESS = r"""
+import ctypes, json, os, signal, sys, time
+spec = json.loads(sys.argv[1])
+if spec.get("title"):
+    import setproctitle
+    setproctitle.setproctitle(spec["title"])
 conf = dict(line.strip().split("=", 1) for line in open("/run/gpusim/node.conf") if "=" in line)
-minors = [int(x) for x in conf["minors"].split(",")]
-pid = os.getpid()
-fds = []
-for index in gpus:
-    fd = os.open("/dev/nvidia%d" % minors[index], os.O_RDWR)
-    os.lseek(fd, pid, os.SEEK_SET)
-    fds.append(fd)
-tmp = "/run/gpusim/contexts/.%d" % pid
-with open(tmp, "w") as f:
-    f.write("".join("%d %d\n" % (index, mib) for index in gpus))
-os.rename(tmp, "/run/gpusim/contexts/%d" % pid)
-if mode == "inherit":
+count = int(conf.get("gpus", 8))
+minors = [int(x) for x in conf["minors"].split(",")] if conf.get("minors") else list(range(count))
+
+def node_pid():
+    try:
+        for line in open("/run/gpusim/proc/self/status"):
+            if line.startswith("NSpid:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return os.getpid()
+
+token = node_pid()
+gpus = spec["gpus"]
+fds = [os.open("/dev/nvidiactl", os.O_RDWR), os.open("/dev/nvidia-uvm", os.O_RDWR)]
+if spec.get("mps"):
+    os.lseek(fds[0], token, os.SEEK_SET)
+else:
+    visible = spec["visible"] if spec.get("visible") is not None else list(range(count))
+    for index in sorted(set(visible) | set(gpus)):
+        fd = os.open("/dev/nvidia%d" % minors[index], os.O_RDWR)
+        if index in gpus:
+            os.lseek(fd, token, os.SEEK_SET)
+        fds.append(fd)
+if spec.get("nvml"):
+    nvml = ctypes.CDLL("libnvidia-ml.so.1")
+    assert nvml.nvmlInit_v2() == 0, "nvmlInit_v2 failed"
+if gpus and spec["mib"] > 0:
+    kind = " mps" if spec.get("mps") else ""
+    tmp = "/run/gpusim/contexts/.%d.tmp" % token
+    with open(tmp, "w") as f:
+        f.write("".join("%d %d%s\n" % (index, spec["mib"], kind) for index in gpus))
+    os.rename(tmp, "/run/gpusim/contexts/%d" % token)
+
+def ready(pid):
+    tmp = spec["ready"] + ".tmp"
+    with open(tmp, "w") as f:
+        f.write("%d %d\n" % (pid, os.getpid()))
+    os.rename(tmp, spec["ready"])
+
+if spec["mode"] == "inherit":
+    parent = os.getpid()
     if os.fork() == 0:
+        while os.getppid() == parent:
+            time.sleep(0.01)
+        ready(node_pid())
         time.sleep(3600)
         os._exit(0)
     os._exit(0)
-if mode == "ignore-term":
-    import signal
+if spec["mode"] == "ignore-term":
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+ready(token)
 time.sleep(3600)
+"""
+
+# HOLDER is kept for tests that read it; start_holder now runs CUDA_PROCESS.
+HOLDER = CUDA_PROCESS
+
+# An NVML-only client (exporter, nvtop...): pynvml.nvmlInit() through the node's driver library,
+# one query, then it stays initialized: /dev/nvidiactl and every /dev/nvidiaN open, no context, no
+# /dev/nvidia-uvm. argv[1]: title, argv[2]: ready file.
+NVML_MONITOR = r"""
+import os, sys, time
+import setproctitle
+setproctitle.setproctitle(sys.argv[1])
+import pynvml
+pynvml.nvmlInit()
+for i in range(pynvml.nvmlDeviceGetCount()):
+    pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i))
+with open(sys.argv[2] + ".tmp", "w") as f:
+    f.write("%d %d\n" % (os.getpid(), os.getpid()))
+os.rename(sys.argv[2] + ".tmp", sys.argv[2])
+time.sleep(3600)
+"""
+
+# The MPS control daemon: titled nvidia-cuda-mps-control, no device files; it starts the MPS
+# server (argv[1]: the server's CUDA_PROCESS spec) as its child, as the real daemon does, then waits.
+MPS_CONTROL = r"""
+import json, os, subprocess, sys, time
+import setproctitle
+setproctitle.setproctitle("nvidia-cuda-mps-control")
+server = subprocess.Popen([sys.executable, "-c", sys.argv[2], sys.argv[1]], stdin=subprocess.DEVNULL,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+with open(sys.argv[3] + ".tmp", "w") as f:
+    f.write("%d %d\n" % (os.getpid(), os.getpid()))
+os.rename(sys.argv[3] + ".tmp", sys.argv[3])
+server.wait()
+time.sleep(3600)
+"""
+
+# PID 1 of a nested PID namespace (a container): reaps its orphans; writes its node PID to argv[1].
+CONTAINER_INIT = r"""
+import os, sys, time
+for line in open("/run/gpusim/proc/self/status"):
+    if line.startswith("NSpid:"):
+        node_pid = int(line.split()[1])
+with open(sys.argv[1] + ".tmp", "w") as f:
+    f.write("%d %d\n" % (node_pid, os.getpid()))
+os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+while True:
+    try:
+        os.waitpid(-1, 0)
+    except ChildProcessError:
+        time.sleep(0.1)
+"""
+
+# Run inside a container: make the next PID of this namespace argv[1] (ns_last_pid), then start
+# argv[2:] detached (own session, stdio on /dev/null); print the child's PID here.
+_LAUNCH_AT_PID = r"""
+import subprocess, sys
+want = int(sys.argv[1])
+if want > 0:
+    with open("/proc/sys/kernel/ns_last_pid", "w") as f:
+        f.write(str(want - 1))
+child = subprocess.Popen(sys.argv[2:], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL, start_new_session=True)
+print(child.pid)
+"""
+
+_ready_numbers = iter(range(1, 1 << 30))
+
+
+def _ready_file(node, what):
+    """A fresh ready-file path: (path inside the node, path here)."""
+    directory = node.run_dir / "nodetools"
+    if not directory.exists():
+        directory.mkdir(exist_ok=True)
+        directory.chmod(0o1777)
+    name = "%s-%d-%d" % (what, os.getpid(), next(_ready_numbers))
+    return "/run/gpusim/nodetools/" + name, directory / name
+
+
+def _await_ready(path, what, timeout=20):
+    """(node PID, PID in its own namespace) that the process wrote into `path`."""
+    def read():
+        try:
+            return tuple(int(x) for x in path.read_text().split())
+        except (OSError, ValueError):
+            return None
+    return wait_for(read, timeout, 0.05, what)
+
+
+def _launch(node, argv, user=None, prefix=()):
+    """Start argv detached inside the node (setsid, stdio on /dev/null), as `user` if given."""
+    as_user = []
+    if user is not None:
+        import pwd
+        entry = pwd.getpwuid(user) if isinstance(user, int) else pwd.getpwnam(user)
+        as_user = ["setpriv", "--reuid=%d" % entry.pw_uid, "--regid=%d" % entry.pw_gid, "--clear-groups"]
+    node.exec("sh", "-c", 'exec "$@" </dev/null >/dev/null 2>&1', "sh", *prefix, "setsid", "-f", *as_user, *argv)
+
+
+def cuda_spec(gpus, mib=1024, visible=None, mode="hold", title=None, nvml=False, mps=False):
+    """The CUDA_PROCESS spec (see there) of a process with a context of `mib` MiB on each of `gpus`."""
+    return {"gpus": list(gpus), "mib": mib, "visible": None if visible is None else list(visible),
+            "mode": mode, "title": title, "nvml": nvml, "mps": mps}
+
+
+def start_cuda_process(node, gpus, mib=1024, visible=None, mode="hold", title=None, nvml=False,
+                       mps=False, user=None, container=None, pid=0):
+    """Start a simulated CUDA process in `node`; return its PID in the node (for mode inherit: the
+    forked child's; with `container`: its PID in the container's namespace).
+
+    It has a context of `mib` MiB on each GPU index in `gpus` and was started with
+    CUDA_VISIBLE_DEVICES = `visible` (indices; None: unset, every GPU visible): it holds
+    /dev/nvidiactl, /dev/nvidia-uvm and the device file of every visible GPU, the context only where
+    it computes. `nvml`: it also keeps NVML initialized, as NCCL does (every /dev/nvidiaN of the
+    node). `mps`: an MPS client instead (tests/sim/README.md, "MPS"). `mode`: hold, inherit (a
+    forked child keeps the handles, the parent exits), ignore-term (ignores SIGTERM). `user`: run
+    as that user (uid or name; /usr/bin/python3, so no `title`). `container`: a Container to start
+    it in; `pid`: the PID it should get there, or in the node without `container` (0: any; not
+    with `user`).
+    """
+    path, host_path = _ready_file(node, "cuda")
+    spec = dict(cuda_spec(gpus, mib, visible, mode, title, nvml, mps), ready=path)
+    python = "/usr/bin/python3" if user is not None else node_python()
+    if user is not None and title:
+        raise ValueError("a title needs setproctitle, which only the venv's Python has")
+    environment = ["env", "CUDA_VISIBLE_DEVICES=" + ",".join(str(i) for i in visible)] if visible is not None else []
+    argv = environment + [python, "-c", CUDA_PROCESS, json.dumps(spec)]
+    if container is not None:
+        container.launch(argv, pid=pid)
+        return _await_ready(host_path, "CUDA process %s in a container" % (spec,))[1]
+    if pid:
+        node.exec(node_python(), "-c", _LAUNCH_AT_PID, str(pid), *argv)
+        return _await_ready(host_path, "CUDA process %s" % (spec,))[0]
+    _launch(node, argv, user=user)
+    return _await_ready(host_path, "CUDA process %s" % (spec,))[0]
+
+
+def start_nvml_monitor(node, title="nvidia_gpu_exporter"):
+    """Start an NVML-only client (an exporter, nvtop...) titled `title`; return its PID. It called
+    pynvml.nvmlInit() through the node's driver library and stays initialized: it holds
+    /dev/nvidiactl and every /dev/nvidiaN, has no context and no /dev/nvidia-uvm."""
+    path, host_path = _ready_file(node, "nvml")
+    _launch(node, [node_python(), "-c", NVML_MONITOR, title, path])
+    return _await_ready(host_path, "NVML monitor %s" % title)[0]
+
+
+def start_mps(node, gpus, server_mib=32):
+    """Start an MPS control daemon (nvidia-cuda-mps-control, no device files) and its MPS server
+    (nvidia-cuda-mps-server, its child: a CUDA process with a context of `server_mib` MiB on each
+    of `gpus`, listed as a compute process). Return (control PID, server PID)."""
+    server_path, server_host_path = _ready_file(node, "mps-server")
+    control_path, control_host_path = _ready_file(node, "mps-control")
+    spec = dict(cuda_spec(gpus, server_mib, visible=gpus, title="nvidia-cuda-mps-server"), ready=server_path)
+    _launch(node, [node_python(), "-c", MPS_CONTROL, json.dumps(spec), CUDA_PROCESS, control_path])
+    control = _await_ready(control_host_path, "MPS control daemon")[0]
+    return control, _await_ready(server_host_path, "MPS server")[0]
+
+
+def start_mps_client(node, gpus, mib=1024, title=None):
+    """Start an MPS client with `mib` MiB on each of `gpus` (listed by the driver in the MPS compute
+    list while it holds only /dev/nvidiactl and /dev/nvidia-uvm); return its PID."""
+    return start_cuda_process(node, gpus, mib, mps=True, title=title)
+
+
+class Container:
+    """A nested PID namespace inside a node (`unshare --pid --fork --mount-proc`), as a container
+    without the host PID namespace: its processes have their own PIDs, the driver lists node PIDs.
+
+    `init`: its PID 1's PID in the node. `python`: an interpreter wrapper (ansible_python_interpreter)
+    that runs the venv's Python inside the container; `inventory(tmp_path)` writes an inventory of it.
+    """
+
+    def __init__(self, node, tmp_path):
+        self.node = node
+        path, host_path = _ready_file(node, "container")
+        user = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
+        _launch(node, ["unshare", *user, "--pid", "--fork", "--mount-proc", "--kill-child",
+                       node_python(), "-c", CONTAINER_INIT, path])
+        self.init = _await_ready(host_path, "container init")[0]
+        import shlex
+        from simnode import gpunode
+        enter_node = gpunode.nsenter_argv(node.info, ".")
+        enter_node = ['--wd="$PWD"' if arg.startswith("--wd=") else shlex.quote(arg) for arg in enter_node]
+        self.python = tmp_path / ("container-%d-python" % self.init)
+        self.python.write_text("#!/bin/sh\nexec %s %s \"$@\"\n" % (
+            " ".join(enter_node), " ".join(shlex.quote(arg) for arg in self.enter_argv() + [node_python()])))
+        self.python.chmod(0o755)
+
+    def enter_argv(self):
+        """Command prefix (run inside the node) that runs the rest inside the container."""
+        return ["nsenter", "--target", str(self.init), "--pid", "--mount", "--wd=/", "--"]
+
+    def launch(self, argv, pid=0):
+        """Start argv detached in the container, with container PID `pid` if > 0; return its PID there."""
+        out = self.node.exec(*self.enter_argv(), node_python(), "-c", _LAUNCH_AT_PID, str(pid), *argv).stdout
+        return int(out.split()[-1])
+
+    def processes(self):
+        """{pid: (ppid, state, comm, cmdline)} as seen inside the container."""
+        out = self.node.exec(*self.enter_argv(), node_python(), "-c", _PS).stdout
+        return {int(p): tuple(v) for p, v in json.loads(out).items()}
+
+    def inventory(self, tmp_path, name="container"):
+        path = tmp_path / ("%s.ini" % name)
+        path.write_text("[gpunodes]\n%s ansible_connection=local ansible_python_interpreter=%s\n" % (name, self.python))
+        return path
+
+
+# Prints [[path, file position], ...] of the /dev/nvidia* fds of process argv[1] (all threads).
+_DEVICE_FDS = r"""
+import json, os, sys
+pid = sys.argv[1]
+out = set()
+for tid in os.listdir("/proc/%s/task" % pid):
+    base = "/proc/%s/task/%s" % (pid, tid)
+    for fd in os.listdir(base + "/fd"):
+        try:
+            target = os.readlink("%s/fd/%s" % (base, fd))
+            pos = int(open("%s/fdinfo/%s" % (base, fd)).readline().split()[1])
+        except OSError:
+            continue
+        if target.startswith("/dev/nvidia"):
+            out.add((fd, target, pos))
+print(json.dumps(sorted([t, p] for _fd, t, p in out)))
+"""
+
+
+def device_fds(node, pid):
+    """Sorted [(device path, file position)] of the NVIDIA device fds process `pid` holds (one entry
+    per open fd; threads sharing a table counted once)."""
+    return [tuple(x) for x in json.loads(node.py(_DEVICE_FDS, str(pid)))]
+
+
+def driver_lists(node):
+    """Per GPU index: {"used": MiB, "compute": {pid: MiB}, "mps": {pid: MiB}} from the node's driver."""
+    return [{"used": used, "compute": {int(k): v for k, v in compute.items()}, "mps": {int(k): v for k, v in mps.items()}}
+            for used, compute, mps in json.loads(node.py(_LISTS))]
+
+
+_LISTS = r"""
+import json, pynvml as n
+n.nvmlInit()
+out = []
+for i in range(n.nvmlDeviceGetCount()):
+    h = n.nvmlDeviceGetHandleByIndex(i)
+    out.append([n.nvmlDeviceGetMemoryInfo(h, version=n.nvmlMemory_v2).used >> 20,
+                {p.pid: p.usedGpuMemory >> 20 for p in n.nvmlDeviceGetComputeRunningProcesses(h)},
+                {p.pid: p.usedGpuMemory >> 20 for p in n.nvmlDeviceGetMPSComputeRunningProcesses(h)}])
+print(json.dumps(out))
 """
 
 
@@ -94,24 +388,10 @@ def wait_for(predicate, timeout=30.0, interval=0.1, what="condition"):
 
 
 def start_holder(node, gpus, mib=1024, mode="hold", title=None):
-    """Start a holder process in the node (see HOLDER); return its PID (for mode inherit: the child's)."""
-    code = HOLDER
-    if title:
-        code = "import setproctitle; setproctitle.setproctitle(%r)\n" % title + code
-    argv = ",".join(str(g) for g in gpus), str(mib), mode
-    node.exec("sh", "-c", "setsid -f \"$0\" -c \"$1\" \"$2\" \"$3\" \"$4\" >/dev/null 2>&1",
-              node_python(), code, *argv)
-    marker = ",".join(str(g) for g in gpus)
-
-    def find():
-        for pid, (ppid, state, comm, cmd) in processes(node).items():
-            if state == "Z":
-                continue
-            if cmd == title if title else cmd.endswith(" %s %d %s" % (marker, mib, mode)):
-                if mode != "inherit" or (ppid == 1 and str(pid) not in _context_files(node)):
-                    return pid
-        return None
-    return wait_for(find, 15, what="holder %s" % (argv,))
+    """Start a CUDA process with a context of `mib` MiB on each of `gpus`, started with
+    CUDA_VISIBLE_DEVICES = those GPUs (see start_cuda_process); return its PID (for mode inherit:
+    the forked child's, which holds the handles after its parent's exit)."""
+    return start_cuda_process(node, gpus, mib, visible=gpus, mode=mode, title=title)
 
 
 def _context_files(node):
@@ -124,21 +404,46 @@ def node_python():
 
 
 def start_vllm(node, *args, env=None):
-    """Start `vllm serve ...` detached in the node; return its API server PID once every rank holds its GPU."""
+    """Start `vllm serve ...` detached in the node; return its API server PID once every rank of this
+    instance holds its GPU (other instances on the node are left out of the count)."""
+    before = set(processes(node))
     prefix = " ".join("%s=%s" % kv for kv in (env or {}).items())
     node.exec("sh", "-c", "%s setsid -f vllm serve %s >/dev/null 2>&1" % (prefix, " ".join(args)))
-    tp = 1
-    for flag in ("--tensor-parallel-size", "-tp"):
-        if flag in args:
-            tp = int(args[args.index(flag) + 1])
+    world = 1
+    for flags in (("--tensor-parallel-size", "-tp"), ("--pipeline-parallel-size", "-pp")):
+        for flag in flags:
+            if flag in args:
+                world *= int(args[args.index(flag) + 1])
 
     def ready():
         procs = processes(node)
-        api = [pid for pid, v in procs.items() if "bin/vllm serve" in v[3] and v[1] != "Z"]
-        ranks = [pid for pid, v in procs.items() if v[3].startswith("VLLM::Worker_TP" if tp > 1 else "VLLM::EngineCore")]
-        holding = sum(len(p) for _used, p in gpu_memory(node))
-        return api[0] if api and len(ranks) == tp and holding >= tp else None
+        api = [pid for pid, v in procs.items() if "bin/vllm serve" in v[3] and v[1] != "Z" and pid not in before]
+        if not api:
+            return None
+        tree, grown = {api[0]}, True
+        while grown:
+            children = {pid for pid, v in procs.items() if v[0] in tree} - tree
+            tree |= children
+            grown = bool(children)
+        title = "VLLM::Worker" if world > 1 else "VLLM::EngineCore"
+        ranks = {pid for pid in tree if procs[pid][3].startswith(title) and procs[pid][1] != "Z"}
+        listed = {pid for _used, pids in gpu_memory(node) for pid in pids}
+        return api[0] if len(ranks) == world and ranks <= listed else None
     return wait_for(ready, 60, 0.2, "vllm serve to hold its GPUs")
+
+
+def vllm_instance(node, api_server):
+    """(EngineCore PIDs, GPU rank PIDs) of the vLLM instance whose API server is `api_server`
+    (also after the API server is gone: EngineCore and workers keep their titles)."""
+    procs = processes(node)
+    tree, grown = {api_server}, True
+    while grown:
+        children = {pid for pid, v in procs.items() if v[0] in tree} - tree
+        tree |= children
+        grown = bool(children)
+    engines = sorted(p for p in tree if procs.get(p, ("", "Z"))[1] != "Z" and procs[p][3].startswith("VLLM::EngineCore"))
+    workers = sorted(p for p in tree if procs.get(p, ("", "Z"))[1] != "Z" and procs[p][3].startswith("VLLM::Worker"))
+    return engines, workers
 
 
 def vllm_tree(node):

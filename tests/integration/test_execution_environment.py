@@ -79,7 +79,7 @@ def test_context_installs_the_collection_and_yields_its_requirements(ee, tmp_pat
     python_packages = (out / "requirements.txt").read_text().splitlines()
     system_packages = (out / "bindep.txt").read_text().splitlines()
     # Found in the installed collection itself, as for any EE that lists gpuops.nvidia.
-    for line in ("nvidia-ml-py>=12.535  # from collection gpuops.nvidia", "psutil>=5.9  # from collection gpuops.nvidia"):
+    for line in ("nvidia-ml-py>=12.535.108  # from collection gpuops.nvidia", "psutil>=5.9  # from collection gpuops.nvidia"):
         assert line in python_packages, python_packages
     assert "openssh-clients [platform:rpm]  # from collection gpuops.nvidia" in system_packages, system_packages
 

@@ -33,6 +33,8 @@ INIT_BINARY = BUILD_DIR / "gpusim-init"
 FAKENVML_DIR = SIM_DIR / "fakenvml"
 FAKENVML_BUILD_SCRIPT = FAKENVML_DIR / "build.sh"
 DRIVER_LIBRARY = BUILD_DIR / "libnvidia-ml.so.1"
+# The variant without the _v3 process-list symbols (up --no-v3; built by fakenvml/build.sh).
+DRIVER_LIBRARY_NO_V3 = BUILD_DIR / "no-v3" / "libnvidia-ml.so.1"
 VENV_PYTHON = REPO / ".venv" / "bin" / "python"
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_.-]+")
@@ -59,9 +61,30 @@ CONF_DEFAULTS = {
     "persistence_mode": "1",
     "uuids": "",
     "pci_bus_ids": "",
+    "mig": "",
+    "mig_pending": "",
+    "mig_privileged": "",
+    "memory_info_v2": "",
+    "driver_variant": "",
 }
-# The device files under /dev are made at `up`: these keys cannot change on a running node.
-FIXED_AT_UP = ("gpus", "minors")
+# The device files under /dev (and /dev/nvidia-caps) and the driver library are made at `up`: these keys
+# cannot change on a running node.
+FIXED_AT_UP = ("gpus", "minors", "mig", "driver_variant")
+
+# MIG (tests/sim/README.md "MIG"): the H100 80GB GPU instance profiles as nvidia-smi mig -lgip/-lgipp shows
+# them: name -> (memory slices, allowed start slices, memory MiB). Mirrors MIG_PROFILES in fakenvml.c.
+MIG_PROFILES = {
+    "1g.10gb": (1, (0, 1, 2, 3, 4, 5, 6), 9984),
+    "1g.10gb+me": (1, (0, 1, 2, 3, 4, 5, 6), 9984),
+    "1g.20gb": (2, (0, 2, 4, 6), 20096),
+    "2g.20gb": (2, (0, 2, 4), 20096),
+    "3g.40gb": (4, (0, 4), 40448),
+    "4g.40gb": (4, (0,), 40448),
+    "7g.80gb": (8, (0,), 81152),
+}
+MIG_DEFAULT_LAYOUT = ("1g.10gb", "2g.20gb", "3g.40gb")
+MIG_SLICES = 8
+MIG_MAX_DEVICES = 7
 # PCI buses of the eight GPUs of an HGX H100 board; GPU i >= 8 uses PCI domain i // 8.
 HGX_PCI_BUSES = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)
 MAX_GPUS = 64
@@ -75,6 +98,14 @@ SSH_MAX_NODES = 254 * 254
 SSH_READY_TIMEOUT_S = 10.0
 # Files sshd writes for pty sessions: per-node copies are bound over them inside the node.
 SSH_LOGIN_RECORDS = ("/var/log/wtmp", "/var/log/btmp", "/var/log/lastlog")
+
+# Owner cgroups (tests/sim/README.md "Owner cgroups"): each node gets a cgroup namespace rooted at its
+# own cgroup CGROUP_HIERARCHY/CGROUP_PARENT/<name>.<hash> in the cgroup v1 name=systemd hierarchy (no
+# controllers: moving processes there changes no limit). Never the memory/cpu/unified hierarchies.
+CGROUP_HIERARCHY = Path("/sys/fs/cgroup/systemd")
+CGROUP_PARENT = "gpuops-sim"
+CGROUP_PATH_PATTERN = re.compile(r"(?:/[A-Za-z0-9_@:.\\-]+)+")
+CGROUP_RMDIR_TIMEOUT_S = 5.0
 
 
 class GpunodeError(Exception):
@@ -129,6 +160,57 @@ def _per_gpu_list(key: str, text: str, gpus: int, pattern: str) -> str:
     return ",".join(items)
 
 
+def mig_layout(text: str, gpus: int) -> dict[int, list[dict]]:
+    """Parse `mig` ("INDEX[:PROFILE,...];..."; "INDEX" alone: the default layout, "INDEX:" none) into
+    {index: [{"profile", "start", "gi", "ci"}]} ordered by GPU instance id, as the fake driver places
+    them: first fit in the order given; GPU instance id from the placement (0; 1-2; 3-6; 7-14)."""
+    layout = {}
+    for spec in (part.strip() for part in text.split(";") if part.strip()):
+        index_text, sep, profiles_text = spec.partition(":")
+        index = int(_gpu_index_list("mig", index_text, gpus))
+        if index in layout:
+            raise GpunodeError(f"mig: GPU {index} given twice")
+        profiles = _list_items(profiles_text) if sep else list(MIG_DEFAULT_LAYOUT)
+        used, instances = 0, []
+        for profile in profiles:
+            if profile not in MIG_PROFILES:
+                raise GpunodeError(f"mig: unknown profile {profile!r} (known: {', '.join(MIG_PROFILES)})")
+            slices, starts, _mib = MIG_PROFILES[profile]
+            for start in starts:
+                mask = ((1 << slices) - 1) << start
+                if not used & mask and len(instances) < MIG_MAX_DEVICES:
+                    used |= mask
+                    gi = {8: 0, 4: 1 + start // 4, 2: 3 + start // 2}.get(slices, 7 + start)
+                    instances.append({"profile": profile, "start": start, "gi": gi, "ci": 0})
+                    break
+            else:
+                raise GpunodeError(f"mig: GPU {index}: no free placement for {profile} after {', '.join(profiles[:profiles.index(profile)]) or 'nothing'}")
+        layout[index] = sorted(instances, key=lambda instance: (instance["gi"], instance["ci"]))
+    return layout
+
+
+def _mig(text: str, gpus: int) -> str:
+    mig_layout(text, gpus)
+    return ";".join(part.strip() for part in text.split(";") if part.strip())
+
+
+def _mig_pending(text: str, gpus: int) -> str:
+    entries = []
+    for item in _list_items(text):
+        index, sep, mode = item.partition(":")
+        if not sep or mode not in ("0", "1"):
+            raise GpunodeError(f"mig_pending: {item!r} is not INDEX:0 or INDEX:1")
+        entries.append(f"{_gpu_index_list('mig_pending', index, gpus)}:{mode}")
+    return ",".join(entries)
+
+
+def mig_cap_minor(gpu_minor: int, gi: int, ci: int | None = None) -> int:
+    """Minor of /dev/nvidia-caps/nvidia-cap<N> for gpu<minor>/gi<G>[/ci<C>]/access, as the driver numbers them
+    in /proc/driver/nvidia-caps/mig-minors (config 1, monitor 2, then per GPU 15 GPU instances x (1 + 8))."""
+    base = 3 + gpu_minor * 15 * 9 + gi * 9
+    return base if ci is None else base + 1 + ci
+
+
 def default_uuid(node_name: str, index: int) -> str:
     """GPU UUID of GPU `index` of node `node_name`: GPU-<8-4-4-4-12 hex>, stable across runs."""
     digest = hashlib.sha256(f"{node_name}/{index}".encode()).hexdigest()
@@ -171,6 +253,11 @@ def validate_conf(conf: dict[str, str]) -> dict[str, str]:
             "uuids", text, gpus, r"GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"),
         "pci_bus_ids": lambda text: _per_gpu_list(
             "pci_bus_ids", text, gpus, r"[0-9A-F]{8}:[0-9A-F]{2}:[0-9A-F]{2}\.[0-7]"),
+        "mig": lambda text: _mig(text, gpus),
+        "mig_pending": lambda text: _mig_pending(text, gpus),
+        "mig_privileged": lambda text: _matching("mig_privileged", text, r"auto|0|1"),
+        "memory_info_v2": lambda text: _matching("memory_info_v2", text, r"0|1"),
+        "driver_variant": lambda text: _matching("driver_variant", text, r"no-v3"),
     }
     normalised = {}
     for key in CONF_DEFAULTS:
@@ -256,8 +343,11 @@ def build_driver(force: bool = False) -> Path:
         sources = [path for path in FAKENVML_DIR.iterdir() if path.is_file()]
         if force or _stale(DRIVER_LIBRARY, sources):
             _run_build(["bash", str(FAKENVML_BUILD_SCRIPT)], "fake driver")
-        if not DRIVER_LIBRARY.exists():
-            raise GpunodeError(f"fake driver not built: {FAKENVML_BUILD_SCRIPT} made no {DRIVER_LIBRARY}")
+        if force or _stale(DRIVER_LIBRARY_NO_V3, sources):
+            _run_build(["bash", str(FAKENVML_BUILD_SCRIPT)], "fake driver")
+        for library in (DRIVER_LIBRARY, DRIVER_LIBRARY_NO_V3):
+            if not library.exists():
+                raise GpunodeError(f"fake driver not built: {FAKENVML_BUILD_SCRIPT} made no {library}")
     return DRIVER_LIBRARY
 
 
@@ -316,31 +406,62 @@ def node_path(info: dict, path: str) -> str:
     return path if path == bin_dir or path.startswith(bin_dir + ":") else f"{bin_dir}:{path}"
 
 
-def nsenter_argv(info: dict, working_dir: str) -> list[str]:
+def nsenter_argv(info: dict, working_dir: str, cgroup: str | None = None) -> list[str]:
     """Command prefix that runs the rest of a command line inside the node.
 
     nsenter joins the node's PID and mount namespaces (and its user namespace when the node was
     made unprivileged) keeping `working_dir`; setpriv gives the command SIGTERM when nsenter dies,
-    as nsenter does not forward signals.
+    as nsenter does not forward signals. A node with owner cgroups is entered in its cgroup
+    namespace too, and the command is moved into the node's root cgroup or `cgroup` (see
+    cgroup_mover).
     """
     user = ["--user", "--preserve-credentials"] if info["userns"] else []
-    return ["nsenter", "--target", str(info["init_pid"]), *user, "--pid", "--mount",
-            f"--wd={working_dir}", "--", "setpriv", "--pdeathsig", "TERM", "--"]
+    cgroup_ns = ["--cgroup"] if info.get("cgroup") else []
+    return (["nsenter", "--target", str(info["init_pid"]), *user, "--pid", "--mount", *cgroup_ns,
+             f"--wd={working_dir}", "--", "setpriv", "--pdeathsig", "TERM", "--"]
+            + cgroup_mover(info, cgroup))
 
 
-def enter_command(info: dict, command: list[str]) -> tuple[list[str], dict[str, str]]:
+def cgroup_mover(info: dict, cgroup: str | None = None) -> list[str]:
+    """Command prefix that moves itself (a process of the node) into the node's cgroup `cgroup`
+    (a path as the node shows it, e.g. /system.slice/vllm@a.service; default: the node's root
+    cgroup), creating it, then execs the rest. [] for a node without owner cgroups."""
+    if not info.get("cgroup"):
+        if cgroup not in (None, "/"):
+            raise GpunodeError(f"node {info['name']} has no owner cgroups: {info.get('cgroup_unsupported')}")
+        return []
+    root = info["cgroup"]["root"]
+    if cgroup in (None, "/"):
+        script = 'echo $$ > "$0/cgroup.procs" && exec "$@"'
+        return ["/bin/sh", "-c", script, root]
+    check_cgroup_path(cgroup)
+    script = '(cd "$0" && mkdir -p ".$1") && echo $$ > "$0$1/cgroup.procs" && shift && exec "$@"'
+    return ["/bin/sh", "-c", script, root, cgroup]
+
+
+def check_cgroup_path(path: str) -> str:
+    """`path` if it is an absolute cgroup path of plain names (no `.`/`..`, no control files)."""
+    if not CGROUP_PATH_PATTERN.fullmatch(path) or any(
+            part in (".", "..") or part.startswith("cgroup.") or part in ("tasks", "notify_on_release", "release_agent")
+            for part in path.split("/")[1:]):
+        raise GpunodeError(f"invalid cgroup path {path!r} (absolute, names of [A-Za-z0-9_@:.\\-])")
+    return path
+
+
+def enter_command(info: dict, command: list[str], cgroup: str | None = None) -> tuple[list[str], dict[str, str]]:
     """(argv, environment) that run `command` inside the node with the node's PATH.
 
+    With `cgroup` (a path as the node shows it), the command runs in that cgroup of the node.
     Raises GpunodeError when the node is not running. A caller already inside the node runs the
-    command directly.
+    command directly (moved into `cgroup` when one is given).
     """
     environment = dict(os.environ)
     environment["PATH"] = node_path(info, environment.get("PATH", os.defpath))
     if inside_node(info):
-        return list(command), environment
+        return (cgroup_mover(info, cgroup) if cgroup else []) + list(command), environment
     if not init_running(info):
         raise GpunodeError(f"node {info['name']} is not running")
-    return nsenter_argv(info, os.getcwd()) + list(command), environment
+    return nsenter_argv(info, os.getcwd(), cgroup) + list(command), environment
 
 
 # ---------------------------------------------------------------------------------------------
@@ -425,6 +546,15 @@ def _vllm_script(python: str) -> str:
             "sys.exit(main())\n")
 
 
+def _systemctl_script(python: str, state: Path) -> str:
+    """bin/systemctl: the simulated systemctl (tests/sim/simsystemctl.py) for this node."""
+    return (f"#!{python}\n"
+            "import sys\n"
+            f"sys.path.insert(0, {str(SIM_DIR)!r})\n"
+            "from simsystemctl import main\n"
+            f"sys.exit(main(sys.argv[1:], {str(state)!r}))\n")
+
+
 def _python_wrapper(info: dict, python: str) -> str:
     """The node's interpreter wrapper: /bin/sh doing what `gpunode exec NAME -- PYTHON` does."""
     bin_dir = shlex.quote(str(Path(info["state_dir"]) / "bin"))
@@ -446,6 +576,40 @@ exit 1
 """
 
 
+def proc_driver_information(conf: dict[str, str], index: int) -> str:
+    """/proc/driver/nvidia/gpus/<bus>/information of GPU `index`, in the format of the kernel module
+    (open-gpu-kernel-modules kernel-open/nvidia/nv-procfs.c, nv_procfs_read_gpu_info; release build)."""
+    domain, bus, device_function = conf["pci_bus_ids"].split(",")[index].split(":")
+    device, function = device_function.split(".")
+    return ("Model: \t\t %s\n" % conf["name"]
+            + "IRQ:   \t\t %d\n" % (128 + index)
+            + "GPU UUID: \t %s\n" % conf["uuids"].split(",")[index]
+            + "Video BIOS: \t 96.00.99.00.01\n"
+            + "Bus Type: \t PCIe\n"
+            + "DMA Size: \t 52 bits\n"
+            + "DMA Mask: \t 0xfffffffffffff\n"
+            + "Bus Location: \t %04x:%02x:%02x.%x\n" % (int(domain, 16), int(bus, 16), int(device, 16), int(function, 16))
+            + "Device Minor: \t %s\n" % conf["minors"].split(",")[index]
+            + "GPU Firmware: \t %s\n" % conf["driver_version"]
+            + "GPU Excluded:\t No\n")
+
+
+def write_proc_driver(directory: Path, conf: dict[str, str]) -> None:
+    """Write the node's /proc/driver (bound there by gpusim-init): nvidia/version and, per GPU,
+    nvidia/gpus/<domain:bus:device.function>/information, the directory named as the kernel module
+    names it (%04x:%02x:%02x.%1x, lower case; NVML writes the same bus id upper case, 8-digit domain)."""
+    gpus_dir = directory / "nvidia" / "gpus"
+    gpus_dir.mkdir(parents=True)
+    (directory / "nvidia" / "version").write_text(
+        "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  %s  Release Build  (gpusim)\n"
+        "GCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n" % conf["driver_version"])
+    for index in range(int(conf["gpus"])):
+        text = proc_driver_information(conf, index)
+        location = re.search(r"^Bus Location: \t (\S+)$", text, re.M).group(1)
+        (gpus_dir / location).mkdir()
+        (gpus_dir / location / "information").write_text(text)
+
+
 def _read_ready_line(ready_fd: int, deadline: float) -> str:
     data = b""
     while b"\n" not in data:
@@ -459,10 +623,63 @@ def _read_ready_line(ready_fd: int, deadline: float) -> str:
     return data.decode(errors="replace").strip()
 
 
-def _start_init(state: Path, minors: list[str], reap: bool) -> tuple[subprocess.Popen, int]:
-    """Start the node's namespaces and init; return (unshare process, init's PID on the host)."""
+def cgroup_refusal() -> str | None:
+    """Why this process cannot give nodes owner cgroups, or None if it can: it needs root and a
+    cgroup v1 hierarchy named systemd mounted at CGROUP_HIERARCHY."""
+    if os.geteuid() != 0:
+        return "owner cgroups need root"
+    try:
+        mounts = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError as error:
+        return f"cannot read /proc/self/mountinfo: {error}"
+    for line in mounts:
+        fields, _sep, tail = line.partition(" - ")
+        fields, tail = fields.split(), tail.split()
+        if (len(fields) > 4 and fields[4] == str(CGROUP_HIERARCHY) and len(tail) > 2 and tail[0] == "cgroup"
+                and "name=systemd" in tail[2].split(",")):
+            return None
+    return f"no cgroup v1 name=systemd hierarchy at {CGROUP_HIERARCHY}"
+
+
+def node_cgroup_root(state: Path) -> Path:
+    """The node's own cgroup: CGROUP_HIERARCHY/CGROUP_PARENT/<name>.<hash of its state dir>."""
+    digest = hashlib.sha256(str(state.resolve()).encode()).hexdigest()[:8]
+    return CGROUP_HIERARCHY / CGROUP_PARENT / f"{state.name}.{digest}"
+
+
+def remove_node_cgroups(root: Path, timeout: float = CGROUP_RMDIR_TIMEOUT_S) -> None:
+    """Remove the node's cgroup `root` and every cgroup under it (bottom-up rmdir), retrying while
+    exiting processes leave them; GpunodeError naming what is left after `timeout` s."""
+    if root.parent != CGROUP_HIERARCHY / CGROUP_PARENT:
+        raise GpunodeError(f"refusing to remove {root}: not a node cgroup")
+    deadline = time.monotonic() + timeout
+    while root.exists():
+        for directory, _subdirectories, _files in os.walk(root, topdown=False):
+            try:
+                os.rmdir(directory)
+            except FileNotFoundError:
+                pass
+            except OSError:
+                break  # busy: a process (or a child cgroup) is still there
+        if root.exists() and time.monotonic() > deadline:
+            left = sorted({line for directory, _sub, _files in os.walk(root)
+                           for line in Path(directory, "cgroup.procs").read_text().split()})
+            raise GpunodeError(f"cgroup {root} still holds processes {', '.join(left) or '(none listed)'}")
+        if root.exists():
+            time.sleep(POLL_INTERVAL_S)
+
+
+def _start_init(state: Path, minors: list[str], reap: bool,
+                cgroup_root: Path | None = None) -> tuple[subprocess.Popen, int]:
+    """Start the node's namespaces and init; return (unshare process, init's PID on the host).
+
+    With `cgroup_root`, unshare first moves itself into that cgroup and makes a cgroup namespace
+    there: the node's processes see paths relative to it in /proc/PID/cgroup.
+    """
     ready_read, ready_write = os.pipe()
-    command = ["unshare", *_user_namespace_args(), "--pid", "--mount", "--fork", "--kill-child", "--",
+    mover = ["/bin/sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(cgroup_root)] if cgroup_root else []
+    command = [*mover, "unshare", *_user_namespace_args(), "--pid", "--mount", *(["--cgroup"] if cgroup_root else []),
+               "--fork", "--kill-child", "--",
                str(INIT_BINARY), "--state-dir", str(state), "--ready-fd", str(ready_write),
                "--minors", ",".join(minors)]
     if not reap:
@@ -514,6 +731,8 @@ def create_node(name: str, conf: dict[str, str], driver: bool, reap: bool, ssh: 
         info = _populate_and_start(name, state, conf, driver, reap)
     except BaseException:
         shutil.rmtree(state, ignore_errors=True)
+        if cgroup_refusal() is None:
+            remove_node_cgroups(node_cgroup_root(state))
         raise
     if ssh:
         try:
@@ -534,13 +753,22 @@ def _populate_and_start(name: str, state: Path, conf: dict[str, str], driver: bo
         shared.chmod(0o1777)
     write_conf(run_dir / "node.conf", conf)
     if driver:
-        shutil.copy2(DRIVER_LIBRARY, lib_dir / DRIVER_LIBRARY.name)
+        library = DRIVER_LIBRARY_NO_V3 if conf.get("driver_variant") == "no-v3" else DRIVER_LIBRARY
+        shutil.copy2(library, lib_dir / DRIVER_LIBRARY.name)
     _write_ld_cache(lib_dir, driver)
     python = node_python()
     _write_executable(bin_dir / "vllm", _vllm_script(python))
+    _write_executable(bin_dir / "systemctl", _systemctl_script(python, state))
+    refusal = cgroup_refusal()
+    cgroup_root = None
+    if refusal is None:
+        cgroup_root = node_cgroup_root(state)
+        cgroup_root.mkdir(parents=True, exist_ok=True)
 
     minors = conf["minors"].split(",")
-    unshare, init_pid = _start_init(state, minors, reap)
+    write_proc_driver(state / "proc-driver", conf)
+    write_proc_driver_mig(state / "proc-driver", conf)
+    unshare, init_pid = _start_init(state, minors, reap, cgroup_root)
     info = {
         "name": name,
         "init_pid": init_pid,
@@ -558,14 +786,70 @@ def _populate_and_start(name: str, state: Path, conf: dict[str, str], driver: bo
         "release_latency": float(conf["release_latency"]),
         "reap": reap,
         "userns": bool(_user_namespace_args()),
+        "cgroup": {"hierarchy": str(CGROUP_HIERARCHY), "root": str(cgroup_root)} if cgroup_root else None,
+        "cgroup_unsupported": refusal,
         "init_start_time": (_state_and_start_time(init_pid) or ("", ""))[1],
         "unshare_pid": unshare.pid,
         "unshare_start_time": (_state_and_start_time(unshare.pid) or ("", ""))[1],
         "log": str(state / "node.log"),
     }
+    layout = mig_layout(conf.get("mig", ""), int(conf["gpus"]))
+    if layout:
+        info["mig"] = {str(index): [dict(instance, caps=[mig_cap_minor(int(minors[index]), instance["gi"]),
+                                                         mig_cap_minor(int(minors[index]), instance["gi"], instance["ci"])])
+                                    for instance in instances] for index, instances in layout.items()}
+    info["driver_variant"] = conf.get("driver_variant") or "default"
     _write_executable(state / "python", _python_wrapper(info, python))
     _write_node_json(info)
+    if layout:
+        _make_mig_caps(info)
     return info
+
+
+def write_proc_driver_mig(directory: Path, conf: dict[str, str]) -> None:
+    """The MIG part of the node's /proc/driver (MIG user guide, "Device Nodes and Capabilities"):
+    nvidia-caps/mig-minors ("config 1", "monitor 2", "gpu<minor>/gi<G>[/ci<C>]/access <N>" for every
+    possible instance of the node's GPUs) and, for the instances that exist, nvidia/capabilities/
+    gpu<minor>/mig/gi<G>/access and .../ci<C>/access ("DeviceFileMinor: N" ...: the minor of
+    /dev/nvidia-caps/nvidia-cap<N>; format of open-gpu-kernel-modules kernel-open/nvidia/nv-caps.c)."""
+    layout = mig_layout(conf.get("mig", ""), int(conf["gpus"]))
+    if not layout:
+        return
+    minors = [int(minor) for minor in conf["minors"].split(",")]
+    lines = ["config 1", "monitor 2"]
+    for minor in sorted(minors):
+        for gi in range(15):
+            lines.append(f"gpu{minor}/gi{gi}/access {mig_cap_minor(minor, gi)}")
+            lines.extend(f"gpu{minor}/gi{gi}/ci{ci}/access {mig_cap_minor(minor, gi, ci)}" for ci in range(8))
+    (directory / "nvidia-caps").mkdir(parents=True, exist_ok=True)
+    (directory / "nvidia-caps" / "mig-minors").write_text("\n".join(lines) + "\n")
+
+    def access(path: Path, cap_minor: int) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"DeviceFileMinor: {cap_minor}\nDeviceFileMode: 292\nDeviceFileModify: 1\n")
+
+    capabilities = directory / "nvidia" / "capabilities"
+    access(capabilities / "mig" / "config", 1)
+    access(capabilities / "mig" / "monitor", 2)
+    for index, instances in layout.items():
+        gpu_dir = capabilities / f"gpu{minors[index]}" / "mig"
+        for instance in instances:
+            gi_dir = gpu_dir / f"gi{instance['gi']}"
+            access(gi_dir / "access", mig_cap_minor(minors[index], instance["gi"]))
+            access(gi_dir / f"ci{instance['ci']}" / "access", mig_cap_minor(minors[index], instance["gi"], instance["ci"]))
+
+
+def _make_mig_caps(info: dict) -> None:
+    """/dev/nvidia-caps/nvidia-cap<N> in the node's private /dev (empty regular files, mode 0444 as the
+    driver's DeviceFileMode 292): config, monitor, and the GPU and compute instance of every MIG device."""
+    names = ["nvidia-cap1", "nvidia-cap2"] + [f"nvidia-cap{minor}" for instances in info["mig"].values()
+                                              for instance in instances for minor in instance["caps"]]
+    script = "mkdir -p -m 0755 /dev/nvidia-caps && cd /dev/nvidia-caps && for f in \"$@\"; do : > \"$f\" && chmod 0444 \"$f\"; done"
+    argv, environment = enter_command(info, ["sh", "-c", script, "sh", *names])
+    result = subprocess.run(argv, env=environment, stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        destroy_node(info["name"])
+        raise GpunodeError(f"could not make /dev/nvidia-caps in node {info['name']}: {result.stderr.strip()}")
 
 
 def _write_node_json(info: dict) -> None:
@@ -767,6 +1051,9 @@ def destroy_node(name: str) -> bool:
             _kill(info["unshare_pid"])
             if not _wait_gone(*unshare, STOP_TIMEOUT_S):
                 raise GpunodeError(f"node {name}: unshare {unshare[0]} did not exit after SIGKILL")
+    cgroup_root = Path(info["cgroup"]["root"]) if info and info.get("cgroup") else node_cgroup_root(state)
+    if cgroup_root.exists():
+        remove_node_cgroups(cgroup_root)
     shutil.rmtree(state)
     return True
 
@@ -831,6 +1118,8 @@ def _up(args: argparse.Namespace) -> int:
         "lost": args.lost,
         "uuids": ",".join(default_uuid(args.name, index) for index in range(gpus)),
         "pci_bus_ids": ",".join(default_pci_bus_id(index) for index in range(gpus)),
+        "mig": ";".join(args.mig or []),
+        "driver_variant": "no-v3" if args.no_v3 else "",
     })
     info = create_node(args.name, conf, driver=not args.no_driver, reap=not args.no_reap, ssh=args.ssh)
     print(json.dumps(info, indent=2))
@@ -838,10 +1127,16 @@ def _up(args: argparse.Namespace) -> int:
 
 
 def _exec(args: argparse.Namespace) -> int:
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    command, cgroup = list(args.command), args.cgroup
+    # `exec NAME --cgroup PATH -- CMD`: argparse leaves options after NAME in the remainder
+    if command[:1] == ["--cgroup"] and len(command) > 1:
+        cgroup, command = command[1], command[2:]
+    elif command[:1] and command[0].startswith("--cgroup="):
+        cgroup, command = command[0].split("=", 1)[1], command[1:]
+    command = command[1:] if command[:1] == ["--"] else command
     if not command:
         raise GpunodeError("exec: no command given")
-    argv, environment = enter_command(load_node(args.name), command)
+    argv, environment = enter_command(load_node(args.name), command, cgroup)
     try:
         os.execvpe(argv[0], argv, environment)
     except OSError as error:
@@ -911,10 +1206,14 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--lost", default="", help="GPU indices that answer NVML_ERROR_GPU_IS_LOST")
     up.add_argument("--no-reap", action="store_true", help="init never reaps: zombies stay")
     up.add_argument("--ssh", action="store_true", help="run an sshd in the node on its own loopback address (root)")
+    up.add_argument("--mig", action="append", metavar="INDEX[:PROFILE,...]",
+                    help="MIG on GPU INDEX with these instances (INDEX alone: 1g.10gb,2g.20gb,3g.40gb); repeatable")
+    up.add_argument("--no-v3", action="store_true", help="driver library without the _v3 process-list functions")
     up.set_defaults(handler=_up)
 
     exec_ = commands.add_parser("exec", help="run a command inside a node")
     exec_.add_argument("name")
+    exec_.add_argument("--cgroup", help="run CMD in this cgroup of the node (a path as the node shows it)")
     exec_.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD...")
     exec_.set_defaults(handler=_exec)
 

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds the fake NVIDIA driver library tests/sim/build/libnvidia-ml.so.1 from fakenvml.c.
+# Builds the fake NVIDIA driver library tests/sim/build/libnvidia-ml.so.1 from fakenvml.c, and its
+# variant without the _v3 process-list symbols, tests/sim/build/no-v3/libnvidia-ml.so.1.
 # Usage: build.sh [--force]
 # Idempotent: rebuilds only when fakenvml.c or this script is newer than the library (or with
 # --force). The library is replaced by rename, so processes that have it loaded keep their copy.
@@ -16,13 +17,24 @@ if [[ -n $force && $force != --force ]]; then
     exit 2
 fi
 
-if [[ -n $force || ! -e $library || $source -nt $library || ${BASH_SOURCE[0]} -nt $library ]]; then
-    mkdir -p "$build_dir"
-    tmp=$(mktemp "$build_dir/.libnvidia-ml.so.1.XXXXXX")
-    trap 'rm -f "$tmp"' EXIT
-    "${CC:-gcc}" -O2 -Wall -Wextra -fvisibility=hidden -shared -fPIC -pthread \
-        -Wl,-soname,libnvidia-ml.so.1 -o "$tmp" "$source"
+# The variant without the _v3 process-list symbols (gpunode up --no-v3): build/no-v3/.
+library_no_v3=$build_dir/no-v3/libnvidia-ml.so.1
+
+build() {  # build OUTPUT [CFLAGS...]
+    local output=$1 tmp
+    shift
+    mkdir -p "$(dirname "$output")"
+    tmp=$(mktemp "$(dirname "$output")/.libnvidia-ml.so.1.XXXXXX")
+    "${CC:-gcc}" -O2 -Wall -Wextra -fvisibility=hidden -shared -fPIC -pthread "$@" \
+        -Wl,-soname,libnvidia-ml.so.1 -o "$tmp" "$source" || { rm -f "$tmp"; return 1; }
     chmod 0755 "$tmp"
-    mv -f "$tmp" "$library"
+    mv -f "$tmp" "$output"
+}
+
+if [[ -n $force || ! -e $library || $source -nt $library || ${BASH_SOURCE[0]} -nt $library ]]; then
+    build "$library"
+fi
+if [[ -n $force || ! -e $library_no_v3 || $source -nt $library_no_v3 || ${BASH_SOURCE[0]} -nt $library_no_v3 ]]; then
+    build "$library_no_v3" -DFAKENVML_NO_V3
 fi
 echo "$library"

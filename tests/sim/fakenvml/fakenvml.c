@@ -16,6 +16,9 @@
  *   written by process T (T = its PID in the namespace of proc_dir). A handle with token T on
  *   GPU i is an fd of any thread (<proc>/PID/task/TID/fd) linking to <dev_dir>/nvidia<minor i>
  *   whose file position is T, or a mapping of that file at offset T*4096 (<proc>/PID/maps).
+ *   For an "mps" line (an MPS client: it opens no /dev/nvidiaN) the handle is an fd (or
+ *   mapping) of <dev_dir>/nvidiactl at position T instead; the line is listed by
+ *   nvmlDeviceGetMPSComputeRunningProcesses_v3.
  *   Each (context, GPU) line is in one of these states:
  *     held       some process holds a handle with token T: memory counted; the line is listed
  *                (pid T) when process T itself holds one;
@@ -40,6 +43,22 @@
  * - lost: handle-by-index/UUID of those GPUs and calls on their handles answer
  *   NVML_ERROR_GPU_IS_LOST. hang=<symbol>: that call never returns (sleeps forever);
  *   hang=all: every call after a successful init never returns (nvmlErrorString excepted).
+ *
+ * - MIG (tests/sim/README.md, "MIG"): mig=<index>[:<profile>,...];... enables MIG on those GPUs
+ *   with instances of the H100 80GB profiles (1g.10gb, 1g.10gb+me, 1g.20gb, 2g.20gb, 3g.40gb,
+ *   4g.40gb, 7g.80gb), placed first-fit on the 8 memory slices in the order given; "<index>"
+ *   alone is the default layout 1g.10gb,2g.20gb,3g.40gb; "<index>:" is MIG on, no instance.
+ *   Each GPU instance has one compute instance (id 0). GPU instance ids follow the placement
+ *   (7g: 0, 4g/3g at slice s: 1 + s/4, 2g/1g.20gb: 3 + s/2, 1g: 7 + s), as nvidia-smi shows.
+ *   mig_pending=<index>:<0|1>,... sets a pending mode that differs from the current one.
+ *   A context line "... gi=<G> ci=<C>" runs on that instance: listed on the parent (with its
+ *   instance ids) and on the MIG device handle, its memory counted on both. On a MIG-enabled
+ *   parent the aggregate memory and process lists need privilege (nvml.h): root, or
+ *   mig_privileged=1; mig_privileged=0 makes every caller unprivileged (NVML_ERROR_NO_PERMISSION).
+ *
+ * - Process lists: _v3 and _v2 (nvmlProcessInfo_v2_t, 24 bytes) and the unversioned v1 symbols
+ *   (nvmlProcessInfo_v1_t, 16 bytes). Built with -DFAKENVML_NO_V3 (build.sh: build/no-v3/) the
+ *   library has no _v3 process-list symbols at all, like drivers older than the _v3 API.
  *
  * Calls are serialized by one mutex. Struct layouts are those of nvml.h (LP64, with padding).
  */
@@ -87,8 +106,10 @@ typedef enum {
 
 typedef enum { NVML_FEATURE_DISABLED = 0, NVML_FEATURE_ENABLED = 1 } nvmlEnableState_t;
 
+/* A GPU's handle has mig == 0; the handle of MIG device k of GPU index has mig == k + 1. */
 typedef struct nvmlDevice_st {
     unsigned int index;
+    unsigned int mig;
 } *nvmlDevice_t;
 
 typedef struct {
@@ -112,7 +133,12 @@ typedef struct {
     unsigned long long usedGpuMemory;
     unsigned int gpuInstanceId;
     unsigned int computeInstanceId;
-} nvmlProcessInfo_t;
+} nvmlProcessInfo_t; /* = nvmlProcessInfo_v2_t, used by the _v2 and _v3 calls */
+
+typedef struct {
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+} nvmlProcessInfo_v1_t; /* the unversioned (legacy) process-list calls */
 
 typedef struct {
     char busIdLegacy[16];
@@ -129,6 +155,7 @@ _Static_assert(sizeof(nvmlMemory_v2_t) == 40, "nvmlMemory_v2_t layout");
 _Static_assert(NVML_MEMORY_V2_VERSION == 0x02000028, "nvmlMemory_v2 version");
 _Static_assert(sizeof(nvmlProcessInfo_t) == 24, "nvmlProcessInfo_t layout");
 _Static_assert(offsetof(nvmlProcessInfo_t, usedGpuMemory) == 8, "nvmlProcessInfo_t padding");
+_Static_assert(sizeof(nvmlProcessInfo_v1_t) == 16, "nvmlProcessInfo_v1_t layout");
 _Static_assert(sizeof(nvmlPciInfo_t) == 68, "nvmlPciInfo_t layout");
 
 #define NO_INSTANCE_ID 0xFFFFFFFFu
@@ -137,11 +164,43 @@ _Static_assert(sizeof(nvmlPciInfo_t) == 68, "nvmlPciInfo_t layout");
 #define PCI_DEVICE_ID_H100_SXM 0x233010DEu
 #define PCI_SUBSYSTEM_ID_H100_SXM 0x16C110DEu
 #define SCAN_REUSE_SECONDS 0.020
+/* /dev/nvidiactl is char 195:255 on real hosts: an MPS client's handle is its nvidiactl fd. */
+#define CTL_MINOR 255u
 
 /* ---- node configuration (node.conf) ------------------------------------------------------ */
 
 #define MAX_GPUS 64
 #define TEXT_LEN 96
+#define MAX_MIG 7        /* nvmlDeviceGetMaxMigDeviceCount of an H100: at most 7 MIG devices */
+#define MIG_SLICES 8     /* memory slices of an H100 (placements Start:Size in nvidia-smi mig -lgipp) */
+#define NVML_DEVICE_MIG_DISABLE 0u
+#define NVML_DEVICE_MIG_ENABLE 1u
+
+/* GPU instance profiles of an H100 80GB (nvidia-smi mig -lgip / -lgipp on driver 535+): name, profile
+ * id, memory slices, allowed start slices (bit s), memory in MiB (the GiB column x 1024). */
+struct mig_profile {
+    const char *name;
+    unsigned int id, slices, starts;
+    unsigned long long mib;
+};
+
+static const struct mig_profile MIG_PROFILES[] = {
+    {"1g.10gb", 19, 1, 0x7f, 9984},
+    {"1g.10gb+me", 20, 1, 0x7f, 9984},
+    {"1g.20gb", 15, 2, 0x55, 20096},
+    {"2g.20gb", 14, 2, 0x15, 20096},
+    {"3g.40gb", 9, 4, 0x11, 40448},
+    {"4g.40gb", 5, 4, 0x01, 40448},
+    {"7g.80gb", 0, 8, 0x01, 81152},
+};
+#define MIG_PROFILE_COUNT (sizeof MIG_PROFILES / sizeof MIG_PROFILES[0])
+static const char *const MIG_DEFAULT_LAYOUT[] = {"1g.10gb", "2g.20gb", "3g.40gb"};
+
+struct mig_instance {
+    const struct mig_profile *profile;
+    unsigned int start, gi, ci;
+    char uuid[TEXT_LEN];
+};
 
 enum context_type { CONTEXT_COMPUTE, CONTEXT_GRAPHICS, CONTEXT_MPS };
 
@@ -151,6 +210,9 @@ struct gpu_config {
     unsigned int pci_domain, pci_bus, pci_device;
     unsigned long long stray_mib;
     int lost;
+    unsigned int mig_current, mig_pending;
+    unsigned int mig_count;                /* MIG devices, ordered by GPU instance id */
+    struct mig_instance mig[MAX_MIG];
 };
 
 struct node_config {
@@ -168,6 +230,8 @@ struct node_config {
     char nvml_version[80];
     int cuda_driver_version;
     int persistence_mode;
+    int mig_privileged; /* -1: privileged when euid is 0 */
+    int memory_info_v2; /* 0: nvmlDeviceGetMemoryInfo_v2 answers FUNCTION_NOT_FOUND (only v1 memory info) */
     struct gpu_config gpu[MAX_GPUS];
 };
 
@@ -178,6 +242,7 @@ static unsigned int g_init_count;
 static int g_held_fds[MAX_GPUS + 1];
 static unsigned int g_held_count;
 static struct nvmlDevice_st g_devices[MAX_GPUS]; /* index set when the handle is handed out */
+static struct nvmlDevice_st g_mig_devices[MAX_GPUS][MAX_MIG];
 
 /* A child forked while another thread is inside a call must not inherit a locked mutex. */
 static void lock_before_fork(void)
@@ -302,6 +367,8 @@ static void apply_defaults(struct node_config *cfg)
     copy_text(cfg->nvml_version, sizeof cfg->nvml_version, "13.580.95.05");
     cfg->cuda_driver_version = 13000;
     cfg->persistence_mode = 1;
+    cfg->mig_privileged = -1;
+    cfg->memory_info_v2 = 1;
     copy_text(cfg->dev_dir, sizeof cfg->dev_dir, "/dev");
     cfg->proc_dir[0] = '\0';
     memset(cfg->gpu, 0, sizeof cfg->gpu);
@@ -309,7 +376,7 @@ static void apply_defaults(struct node_config *cfg)
 
 /* Per-GPU lists are kept as raw strings until the GPU count is known. */
 struct raw_lists {
-    char minors[4096], uuids[8192], pci_bus_ids[4096], stray[4096], lost[4096];
+    char minors[4096], uuids[8192], pci_bus_ids[4096], stray[4096], lost[4096], mig[4096], mig_pending[4096];
 };
 
 /* Applies one node.conf line; an empty value leaves the default ("KEY=" means none). */
@@ -354,6 +421,103 @@ static void set_key(struct node_config *cfg, struct raw_lists *raw, const char *
         copy_text(raw->stray, sizeof raw->stray, value);
     } else if (!strcmp(key, "lost")) {
         copy_text(raw->lost, sizeof raw->lost, value);
+    } else if (!strcmp(key, "mig")) {
+        copy_text(raw->mig, sizeof raw->mig, value);
+    } else if (!strcmp(key, "mig_pending")) {
+        copy_text(raw->mig_pending, sizeof raw->mig_pending, value);
+    } else if (!strcmp(key, "mig_privileged")) {
+        cfg->mig_privileged = !strcmp(value, "auto") ? -1 : strtol(value, NULL, 10) != 0;
+    } else if (!strcmp(key, "memory_info_v2")) {
+        cfg->memory_info_v2 = strtol(value, NULL, 10) != 0;
+    }
+}
+
+static const struct mig_profile *mig_profile_named(const char *name)
+{
+    for (size_t k = 0; k < MIG_PROFILE_COUNT; k++)
+        if (!strcmp(MIG_PROFILES[k].name, name))
+            return &MIG_PROFILES[k];
+    return NULL;
+}
+
+/* GPU instance id of a placement: the node of a binary tree over the 8 slices (whole GPU 0,
+ * halves 1-2, quarters 3-6, slices 7-14), the ids nvidia-smi mig -lgi shows on H100/A100. */
+static unsigned int mig_gi_id(unsigned int start, unsigned int slices)
+{
+    switch (slices) {
+    case 8: return 0;
+    case 4: return 1 + start / 4;
+    case 2: return 3 + start / 2;
+    default: return 7 + start;
+    }
+}
+
+/* Places one instance of profile p first-fit; returns 0 when no placement is free. */
+static int mig_place(struct gpu_config *g, const struct mig_profile *p, unsigned int *used_slices)
+{
+    if (g->mig_count >= MAX_MIG)
+        return 0;
+    for (unsigned int start = 0; start < MIG_SLICES; start++) {
+        unsigned int mask = ((1u << p->slices) - 1) << start;
+        if (!(p->starts & (1u << start)) || (*used_slices & mask))
+            continue;
+        *used_slices |= mask;
+        g->mig[g->mig_count++] = (struct mig_instance){.profile = p, .start = start,
+                                                       .gi = mig_gi_id(start, p->slices), .ci = 0};
+        return 1;
+    }
+    return 0;
+}
+
+static int mig_by_gi(const void *a, const void *b)
+{
+    const struct mig_instance *x = a, *y = b;
+    return x->gi != y->gi ? (x->gi < y->gi ? -1 : 1) : (x->ci < y->ci ? -1 : x->ci > y->ci);
+}
+
+/* mig = "<index>[:<profile>,...];..." and mig_pending = "<index>:<0|1>,..." (after the UUIDs). */
+static void fill_mig(struct node_config *cfg, struct raw_lists *raw)
+{
+    char *save = NULL, *items[MAX_MIG + 1];
+    for (char *spec = strtok_r(raw->mig, ";", &save); spec; spec = strtok_r(NULL, ";", &save)) {
+        char *colon = strchr(spec, ':');
+        if (colon)
+            *colon = '\0';
+        unsigned long index = strtoul(trim(spec), NULL, 10);
+        if (index >= MAX_GPUS)
+            continue;
+        struct gpu_config *g = &cfg->gpu[index];
+        unsigned int used_slices = 0, n;
+        g->mig_current = NVML_DEVICE_MIG_ENABLE;
+        g->mig_count = 0;
+        if (!colon) {
+            for (n = 0; n < sizeof MIG_DEFAULT_LAYOUT / sizeof MIG_DEFAULT_LAYOUT[0]; n++)
+                mig_place(g, mig_profile_named(MIG_DEFAULT_LAYOUT[n]), &used_slices);
+        } else {
+            n = split_list(colon + 1, items, MAX_MIG + 1);
+            for (unsigned int k = 0; k < n; k++) {
+                const struct mig_profile *p = mig_profile_named(items[k]);
+                if (p)
+                    mig_place(g, p, &used_slices);
+            }
+        }
+        qsort(g->mig, g->mig_count, sizeof g->mig[0], mig_by_gi);
+        for (unsigned int k = 0; k < g->mig_count; k++) {
+            char seed[TEXT_LEN + 32];
+            snprintf(seed, sizeof seed, "%s/gi%u/ci%u", g->uuid, g->mig[k].gi, g->mig[k].ci);
+            unsigned long long a = hash_text(seed, 0), b = hash_text(seed, 0x9e3779b97f4a7c15ULL);
+            snprintf(g->mig[k].uuid, TEXT_LEN, "MIG-%08llx-%04llx-%04llx-%04llx-%012llx", a >> 32,
+                     (a >> 16) & 0xffff, a & 0xffff, b >> 48, b & 0xffffffffffffULL);
+        }
+    }
+    for (unsigned int i = 0; i < MAX_GPUS; i++)
+        cfg->gpu[i].mig_pending = cfg->gpu[i].mig_current;
+    char *pending[MAX_GPUS];
+    unsigned int n_pending = split_list(raw->mig_pending, pending, MAX_GPUS);
+    for (unsigned int k = 0; k < n_pending; k++) {
+        unsigned int index, mode;
+        if (sscanf(pending[k], "%u:%u", &index, &mode) == 2 && index < MAX_GPUS)
+            cfg->gpu[index].mig_pending = mode ? NVML_DEVICE_MIG_ENABLE : NVML_DEVICE_MIG_DISABLE;
     }
 }
 
@@ -408,6 +572,7 @@ static void fill_gpu_lists(struct node_config *cfg, struct raw_lists *raw)
         if (index < MAX_GPUS)
             cfg->gpu[index].lost = 1;
     }
+    fill_mig(cfg, raw);
 }
 
 /* Reloads g_cfg from <run>/node.conf (defaults where a key or the file is missing). */
@@ -480,26 +645,70 @@ static nvmlReturn_t leave(nvmlReturn_t rc)
     return rc;
 }
 
-/* Resolves a handle to its GPU index, checking validity and the lost knob. */
-static nvmlReturn_t device_index(nvmlDevice_t device, unsigned int *index)
+/* Resolves a GPU or MIG device handle: *index is the GPU, *mig -1 for the GPU itself or the
+ * MIG device's position in gpu[*index].mig. Checks validity and the lost knob. */
+static nvmlReturn_t device_ref(nvmlDevice_t device, unsigned int *index, int *mig)
 {
-    uintptr_t p = (uintptr_t)device, base = (uintptr_t)g_devices;
-    if (p < base || p >= base + sizeof g_devices || (p - base) % sizeof g_devices[0])
+    uintptr_t p = (uintptr_t)device, base = (uintptr_t)g_devices, mig_base = (uintptr_t)g_mig_devices;
+    unsigned int i;
+    if (p >= base && p < base + sizeof g_devices && (p - base) % sizeof g_devices[0] == 0) {
+        i = (unsigned int)((p - base) / sizeof g_devices[0]);
+        if (i >= g_cfg.gpus || g_devices[i].index != i || g_devices[i].mig != 0) /* never handed out */
+            return NVML_ERROR_INVALID_ARGUMENT;
+        *mig = -1;
+    } else if (p >= mig_base && p < mig_base + sizeof g_mig_devices &&
+               (p - mig_base) % sizeof g_mig_devices[0][0] == 0) {
+        size_t slot = (p - mig_base) / sizeof g_mig_devices[0][0];
+        i = (unsigned int)(slot / MAX_MIG);
+        unsigned int k = (unsigned int)(slot % MAX_MIG);
+        /* A MIG handle is invalid once its instance is gone (nvml.h: request it again). */
+        if (i >= g_cfg.gpus || g_mig_devices[i][k].mig != k + 1 ||
+            g_cfg.gpu[i].mig_current != NVML_DEVICE_MIG_ENABLE || k >= g_cfg.gpu[i].mig_count)
+            return NVML_ERROR_INVALID_ARGUMENT;
+        *mig = (int)k;
+    } else {
         return NVML_ERROR_INVALID_ARGUMENT;
-    unsigned int i = (unsigned int)((p - base) / sizeof g_devices[0]);
-    if (i >= g_cfg.gpus || g_devices[i].index != i) /* never handed out */
-        return NVML_ERROR_INVALID_ARGUMENT;
+    }
     if (g_cfg.gpu[i].lost)
         return NVML_ERROR_GPU_IS_LOST;
     *index = i;
     return NVML_SUCCESS;
 }
 
-/* enter() for calls on a device handle. */
+/* Resolves a GPU handle; a MIG device handle answers NVML_ERROR_NOT_SUPPORTED. */
+static nvmlReturn_t device_index(nvmlDevice_t device, unsigned int *index)
+{
+    int mig;
+    nvmlReturn_t rc = device_ref(device, index, &mig);
+    return rc == NVML_SUCCESS && mig >= 0 ? NVML_ERROR_NOT_SUPPORTED : rc;
+}
+
+/* enter() for calls on a GPU handle. */
 static nvmlReturn_t enter_device(const char *symbol, nvmlDevice_t device, unsigned int *index)
 {
     nvmlReturn_t rc = enter(symbol, NEEDS_INIT);
     return rc != NVML_SUCCESS ? rc : device_index(device, index);
+}
+
+/* enter() for calls that take a GPU or a MIG device handle. */
+static nvmlReturn_t enter_any_device(const char *symbol, nvmlDevice_t device, unsigned int *index, int *mig)
+{
+    nvmlReturn_t rc = enter(symbol, NEEDS_INIT);
+    return rc != NVML_SUCCESS ? rc : device_ref(device, index, mig);
+}
+
+/* Whether this caller may read a MIG-enabled GPU's aggregate memory and process lists (nvml.h:
+ * "only if the caller has appropriate privileges"): root, unless mig_privileged says otherwise. */
+static int mig_privileged(void)
+{
+    return g_cfg.mig_privileged >= 0 ? g_cfg.mig_privileged : geteuid() == 0;
+}
+
+/* NVML_ERROR_NO_PERMISSION for an unprivileged aggregate query on a MIG-enabled GPU's handle. */
+static nvmlReturn_t aggregate_allowed(unsigned int index, int mig)
+{
+    return mig < 0 && g_cfg.gpu[index].mig_current == NVML_DEVICE_MIG_ENABLE && !mig_privileged()
+               ? NVML_ERROR_NO_PERMISSION : NVML_SUCCESS;
 }
 
 static nvmlReturn_t copy_out(char *buf, unsigned int length, const char *text)
@@ -564,12 +773,17 @@ static void make_device_prefix(struct device_prefix *prefix, const char *dev_dir
     prefix->len = strlen(prefix->text);
 }
 
-/* Parses "<prefix><digits>" (the whole of [path, end)) into a minor number. */
+/* Parses "<prefix><digits>" (the whole of [path, end)) into a minor number; "<prefix>ctl"
+ * (/dev/nvidiactl, the handle of an MPS client's context) gives CTL_MINOR. */
 static int parse_device_path(const struct device_prefix *prefix, const char *path, const char *end,
                              unsigned int *minor)
 {
     if ((size_t)(end - path) <= prefix->len || memcmp(path, prefix->text, prefix->len))
         return 0;
+    if ((size_t)(end - path) == prefix->len + 3 && !memcmp(path + prefix->len, "ctl", 3)) {
+        *minor = CTL_MINOR;
+        return 1;
+    }
     unsigned int value = 0;
     for (const char *c = path + prefix->len; c < end; c++) {
         if (!isdigit((unsigned char)*c) || value > 1000000)
@@ -749,6 +963,7 @@ struct context_line {
     unsigned int gpu;
     unsigned long long mib;
     enum context_type type;
+    unsigned int gi, ci; /* MIG instance ("gi=G ci=C"); NO_INSTANCE_ID when not given */
     int counted; /* memory still allocated (held or releasing) */
     int listed;  /* shown in the process list: process T holds it itself */
 };
@@ -760,6 +975,13 @@ struct context {
     struct context_line lines[MAX_GPUS];
 };
 
+/* The device file whose handle keeps a line: the GPU's /dev/nvidia<minor>; for an MPS client's
+ * line, /dev/nvidiactl (MPS clients open no /dev/nvidiaN; the MPS server allocates for them). */
+static unsigned int handle_minor(const struct context_line *line)
+{
+    return line->type == CONTEXT_MPS ? CTL_MINOR : g_cfg.gpu[line->gpu].minor;
+}
+
 static int parse_context(const char *text, struct context *ctx)
 {
     char copy[8192], *save = NULL;
@@ -767,12 +989,31 @@ static int parse_context(const char *text, struct context *ctx)
     ctx->count = 0;
     for (char *line = strtok_r(copy, "\n", &save); line && ctx->count < MAX_GPUS;
          line = strtok_r(NULL, "\n", &save)) {
-        unsigned int gpu;
+        unsigned int gpu, gi = NO_INSTANCE_ID, ci = NO_INSTANCE_ID;
         unsigned long long mib;
-        char type[16] = "compute";
-        if (sscanf(line, "%u %llu %15s", &gpu, &mib, type) < 2 || gpu >= g_cfg.gpus)
+        char type[16] = "compute", *word_save = NULL;
+        int words = 0, bad = 0;
+        /* "<index> <MiB> [type] [gi=<G> ci=<C>]": the type and the instance ids in any order */
+        for (char *word = strtok_r(line, " \t", &word_save); word; word = strtok_r(NULL, " \t", &word_save)) {
+            words++;
+            if (words == 1)
+                bad |= sscanf(word, "%u", &gpu) != 1;
+            else if (words == 2)
+                bad |= sscanf(word, "%llu", &mib) != 1;
+            else if (!strncmp(word, "gi=", 3))
+                gi = (unsigned int)strtoul(word + 3, NULL, 10);
+            else if (!strncmp(word, "ci=", 3))
+                ci = (unsigned int)strtoul(word + 3, NULL, 10);
+            else
+                copy_text(type, sizeof type, word);
+        }
+        if (bad || words < 2 || gpu >= g_cfg.gpus)
             continue;
+        if (gi != NO_INSTANCE_ID && ci == NO_INSTANCE_ID)
+            ci = 0; /* one compute instance per GPU instance: its id is 0 */
         struct context_line *l = &ctx->lines[ctx->count];
+        l->gi = gi;
+        l->ci = ci;
         if (!strcmp(type, "compute"))
             l->type = CONTEXT_COMPUTE;
         else if (!strcmp(type, "graphics"))
@@ -845,10 +1086,11 @@ static double release_start(const struct context *ctx, unsigned int gpu, double 
 
 /* Whether some process holds a handle with ctx's token on GPU gpu: the last holder seen
  * first, then a scan of every process (which records the holder it finds). */
-static int held_by_another(const struct context *ctx, unsigned int gpu, const struct device_prefix *prefix)
+static int held_by_another(const struct context *ctx, const struct context_line *line,
+                           const struct device_prefix *prefix)
 {
     char path[PATH_MAX + 64], value[32];
-    unsigned int minor = g_cfg.gpu[gpu].minor;
+    unsigned int gpu = line->gpu, minor = handle_minor(line);
     double pid;
     state_path(path, sizeof path, ctx, gpu, ".holder");
     if (read_state(path, ctx, &pid)) {
@@ -882,8 +1124,8 @@ static void evaluate_context(struct context *ctx, const char *ctx_path, const st
         if (read_state(path, ctx, &start)) {
             l->counted = now < start + g_cfg.release_latency;
         } else {
-            l->listed = handle_set_find(&own, g_cfg.gpu[l->gpu].minor, ctx->token) != NULL;
-            l->counted = l->listed || held_by_another(ctx, l->gpu, prefix) ||
+            l->listed = handle_set_find(&own, handle_minor(l), ctx->token) != NULL;
+            l->counted = l->listed || held_by_another(ctx, l, prefix) ||
                          now < release_start(ctx, l->gpu, now) + g_cfg.release_latency;
         }
         any_counted |= l->counted;
@@ -938,15 +1180,27 @@ static void for_each_context_line(unsigned int gpu, void (*visit)(const struct c
     closedir(dir);
 }
 
-static void add_counted_mib(const struct context *ctx, const struct context_line *line, void *arg)
+/* Whether a line runs on MIG device mig of its GPU (mig < 0: the whole GPU, every line). A line's
+ * instance ids count only while its GPU is in MIG mode and has that instance. */
+static const struct mig_instance *line_instance(const struct context_line *line)
 {
-    (void)ctx;
-    if (line->counted)
-        *(unsigned long long *)arg += line->mib;
+    const struct gpu_config *g = &g_cfg.gpu[line->gpu];
+    if (g->mig_current != NVML_DEVICE_MIG_ENABLE || line->gi == NO_INSTANCE_ID)
+        return NULL;
+    for (unsigned int k = 0; k < g->mig_count; k++)
+        if (g->mig[k].gi == line->gi && g->mig[k].ci == line->ci)
+            return &g->mig[k];
+    return NULL;
+}
+
+static int line_on(const struct context_line *line, int mig)
+{
+    return mig < 0 || line_instance(line) == &g_cfg.gpu[line->gpu].mig[mig];
 }
 
 struct process_list {
     enum context_type type;
+    int mig; /* -1: the GPU's aggregate list; else the MIG device's */
     unsigned int count;
     nvmlProcessInfo_t items[1024];
 };
@@ -954,27 +1208,49 @@ struct process_list {
 static void add_listed_process(const struct context *ctx, const struct context_line *line, void *arg)
 {
     struct process_list *list = arg;
-    if (!line->listed || line->type != list->type || list->count >= 1024)
+    if (!line->listed || line->type != list->type || list->count >= 1024 || !line_on(line, list->mig))
         return;
+    const struct mig_instance *instance = line_instance(line);
     list->items[list->count++] = (nvmlProcessInfo_t){
         .pid = (unsigned int)ctx->token,
         .usedGpuMemory = line->mib * MIB,
-        .gpuInstanceId = NO_INSTANCE_ID,
-        .computeInstanceId = NO_INSTANCE_ID,
+        .gpuInstanceId = instance ? instance->gi : NO_INSTANCE_ID,
+        .computeInstanceId = instance ? instance->ci : NO_INSTANCE_ID,
     };
+}
+
+struct counted_on {
+    int mig;
+    unsigned long long mib;
+};
+
+static void add_counted_mib_on(const struct context *ctx, const struct context_line *line, void *arg)
+{
+    struct counted_on *sum = arg;
+    (void)ctx;
+    if (line->counted && line_on(line, sum->mig))
+        sum->mib += line->mib;
 }
 
 struct memory_state {
     unsigned long long total, reserved, used, free;
 };
 
-static void gpu_memory(unsigned int gpu, struct memory_state *m)
+/* Memory of GPU gpu (mig < 0) or of its MIG device mig: the instance's profile memory, nothing
+ * reserved, used = its contexts. */
+static void gpu_memory(unsigned int gpu, int mig, struct memory_state *m)
 {
-    unsigned long long context_mib = 0;
-    for_each_context_line(gpu, add_counted_mib, &context_mib);
-    m->total = g_cfg.memory_total_mib * MIB;
-    m->reserved = g_cfg.reserved_mib * MIB;
-    m->used = (g_cfg.idle_used_mib + g_cfg.gpu[gpu].stray_mib + context_mib) * MIB;
+    struct counted_on sum = {mig, 0};
+    for_each_context_line(gpu, add_counted_mib_on, &sum);
+    if (mig >= 0) {
+        m->total = g_cfg.gpu[gpu].mig[mig].profile->mib * MIB;
+        m->reserved = 0;
+        m->used = sum.mib * MIB;
+    } else {
+        m->total = g_cfg.memory_total_mib * MIB;
+        m->reserved = g_cfg.reserved_mib * MIB;
+        m->used = (g_cfg.idle_used_mib + g_cfg.gpu[gpu].stray_mib + sum.mib) * MIB;
+    }
     m->free = m->total > m->reserved + m->used ? m->total - m->reserved - m->used : 0;
 }
 
@@ -1124,7 +1400,16 @@ static nvmlReturn_t handle_for(unsigned int index, nvmlDevice_t *device)
     if (g_cfg.gpu[index].lost)
         return NVML_ERROR_GPU_IS_LOST;
     g_devices[index].index = index;
+    g_devices[index].mig = 0;
     *device = &g_devices[index];
+    return NVML_SUCCESS;
+}
+
+/* Fills *device with MIG device k of GPU index (g_lock held). */
+static nvmlReturn_t mig_handle_for(unsigned int index, unsigned int k, nvmlDevice_t *device)
+{
+    g_mig_devices[index][k] = (struct nvmlDevice_st){index, k + 1};
+    *device = &g_mig_devices[index][k];
     return NVML_SUCCESS;
 }
 
@@ -1151,35 +1436,53 @@ EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *de
         return leave(rc);
     if (!uuid || !device)
         return leave(NVML_ERROR_INVALID_ARGUMENT);
-    for (unsigned int i = 0; i < g_cfg.gpus; i++)
+    /* nvml.h: "The UUID of the target GPU or MIG instance" */
+    for (unsigned int i = 0; i < g_cfg.gpus; i++) {
         if (!strcmp(g_cfg.gpu[i].uuid, uuid))
             return leave(handle_for(i, device));
+        if (g_cfg.gpu[i].mig_current != NVML_DEVICE_MIG_ENABLE)
+            continue;
+        for (unsigned int k = 0; k < g_cfg.gpu[i].mig_count; k++)
+            if (!strcmp(g_cfg.gpu[i].mig[k].uuid, uuid))
+                return leave(g_cfg.gpu[i].lost ? NVML_ERROR_GPU_IS_LOST : mig_handle_for(i, k, device));
+    }
     return leave(NVML_ERROR_NOT_FOUND);
 }
 
+/* A MIG device handle gives its MIG device index (nvml.h). */
 EXPORT nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index)
 {
     unsigned int i;
-    nvmlReturn_t rc = enter_device(__func__, device, &i);
+    int mig;
+    nvmlReturn_t rc = enter_any_device(__func__, device, &i, &mig);
     if (rc == NVML_SUCCESS && !index)
         rc = NVML_ERROR_INVALID_ARGUMENT;
     if (rc == NVML_SUCCESS)
-        *index = i;
+        *index = mig >= 0 ? (unsigned int)mig : i;
     return leave(rc);
 }
 
+/* A MIG device's name is the GPU's followed by "MIG <profile>" ("NVIDIA H100 80GB HBM3 MIG 1g.10gb"). */
 EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length)
 {
     unsigned int i;
-    nvmlReturn_t rc = enter_device(__func__, device, &i);
-    return leave(rc != NVML_SUCCESS ? rc : copy_out(name, length, g_cfg.name));
+    int mig;
+    char text[2 * TEXT_LEN];
+    nvmlReturn_t rc = enter_any_device(__func__, device, &i, &mig);
+    if (rc != NVML_SUCCESS)
+        return leave(rc);
+    if (mig < 0)
+        return leave(copy_out(name, length, g_cfg.name));
+    snprintf(text, sizeof text, "%s MIG %s", g_cfg.name, g_cfg.gpu[i].mig[mig].profile->name);
+    return leave(copy_out(name, length, text));
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length)
 {
     unsigned int i;
-    nvmlReturn_t rc = enter_device(__func__, device, &i);
-    return leave(rc != NVML_SUCCESS ? rc : copy_out(uuid, length, g_cfg.gpu[i].uuid));
+    int mig;
+    nvmlReturn_t rc = enter_any_device(__func__, device, &i, &mig);
+    return leave(rc != NVML_SUCCESS ? rc : copy_out(uuid, length, mig < 0 ? g_cfg.gpu[i].uuid : g_cfg.gpu[i].mig[mig].uuid));
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsigned int *minorNumber)
@@ -1234,13 +1537,16 @@ EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
 {
     unsigned int i;
-    nvmlReturn_t rc = enter_device(__func__, device, &i);
+    int mig;
+    nvmlReturn_t rc = enter_any_device(__func__, device, &i, &mig);
     if (rc == NVML_SUCCESS && !memory)
         rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (rc == NVML_SUCCESS)
+        rc = aggregate_allowed(i, mig);
     if (rc != NVML_SUCCESS)
         return leave(rc);
     struct memory_state m;
-    gpu_memory(i, &m);
+    gpu_memory(i, mig, &m);
     memory->total = m.total;
     memory->free = m.free;
     memory->used = m.total - m.free;
@@ -1250,15 +1556,23 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *m
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory)
 {
     unsigned int i;
-    nvmlReturn_t rc = enter_device(__func__, device, &i);
+    int mig;
+    nvmlReturn_t rc = enter_any_device(__func__, device, &i, &mig);
+    /* memory_info_v2=0: a driver without a working v2 memory call. Driver 510.39.01 answered it with
+     * NVML_ERROR_FUNCTION_NOT_FOUND (NVIDIA/nvidia-settings#78); older drivers lack the symbol, for which
+     * pynvml raises the same NVMLError_FunctionNotFound. */
+    if (rc == NVML_SUCCESS && !g_cfg.memory_info_v2)
+        rc = NVML_ERROR_FUNCTION_NOT_FOUND;
     if (rc == NVML_SUCCESS && !memory)
         rc = NVML_ERROR_INVALID_ARGUMENT;
     if (rc == NVML_SUCCESS && memory->version != NVML_MEMORY_V2_VERSION)
         rc = NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    if (rc == NVML_SUCCESS)
+        rc = aggregate_allowed(i, mig);
     if (rc != NVML_SUCCESS)
         return leave(rc);
     struct memory_state m;
-    gpu_memory(i, &m);
+    gpu_memory(i, mig, &m);
     memory->total = m.total;
     memory->reserved = m.reserved;
     memory->free = m.free;
@@ -1266,18 +1580,23 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v
     return leave(NVML_SUCCESS);
 }
 
-/* The count-probe protocol of the *RunningProcesses calls. */
+/* The count-probe protocol of the *RunningProcesses calls; entry_size is that of the caller's
+ * struct (nvmlProcessInfo_v1_t for the unversioned calls, nvmlProcessInfo_t for _v2/_v3). */
 static nvmlReturn_t running_processes(const char *symbol, enum context_type type, nvmlDevice_t device,
-                                      unsigned int *count, nvmlProcessInfo_t *infos)
+                                      unsigned int *count, void *infos, size_t entry_size)
 {
     static struct process_list list;
     unsigned int i;
-    nvmlReturn_t rc = enter_device(symbol, device, &i);
+    int mig;
+    nvmlReturn_t rc = enter_any_device(symbol, device, &i, &mig);
     if (rc == NVML_SUCCESS && !count)
         rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (rc == NVML_SUCCESS)
+        rc = aggregate_allowed(i, mig);
     if (rc != NVML_SUCCESS)
         return leave(rc);
     list.type = type;
+    list.mig = mig;
     list.count = 0;
     for_each_context_line(i, add_listed_process, &list);
     if (*count < list.count) {
@@ -1286,26 +1605,123 @@ static nvmlReturn_t running_processes(const char *symbol, enum context_type type
     }
     if (list.count > 0 && !infos)
         return leave(NVML_ERROR_INVALID_ARGUMENT);
-    if (list.count > 0)
-        memcpy(infos, list.items, list.count * sizeof *infos);
+    for (unsigned int k = 0; k < list.count; k++) {
+        if (entry_size == sizeof(nvmlProcessInfo_v1_t)) {
+            nvmlProcessInfo_v1_t *entry = (nvmlProcessInfo_v1_t *)infos + k;
+            *entry = (nvmlProcessInfo_v1_t){list.items[k].pid, list.items[k].usedGpuMemory};
+        } else {
+            ((nvmlProcessInfo_t *)infos)[k] = list.items[k];
+        }
+    }
     *count = list.count;
     return leave(NVML_SUCCESS);
 }
 
-EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount,
-                                                            nvmlProcessInfo_t *infos)
+#define PROCESS_LIST_CALL(name, type, struct_type)                                                    \
+    EXPORT nvmlReturn_t name(nvmlDevice_t device, unsigned int *infoCount, struct_type *infos)        \
+    {                                                                                                 \
+        return running_processes(#name, type, device, infoCount, infos, sizeof(struct_type));         \
+    }
+
+#ifndef FAKENVML_NO_V3
+PROCESS_LIST_CALL(nvmlDeviceGetComputeRunningProcesses_v3, CONTEXT_COMPUTE, nvmlProcessInfo_t)
+PROCESS_LIST_CALL(nvmlDeviceGetGraphicsRunningProcesses_v3, CONTEXT_GRAPHICS, nvmlProcessInfo_t)
+PROCESS_LIST_CALL(nvmlDeviceGetMPSComputeRunningProcesses_v3, CONTEXT_MPS, nvmlProcessInfo_t)
+#endif
+PROCESS_LIST_CALL(nvmlDeviceGetComputeRunningProcesses_v2, CONTEXT_COMPUTE, nvmlProcessInfo_t)
+PROCESS_LIST_CALL(nvmlDeviceGetGraphicsRunningProcesses_v2, CONTEXT_GRAPHICS, nvmlProcessInfo_t)
+PROCESS_LIST_CALL(nvmlDeviceGetMPSComputeRunningProcesses_v2, CONTEXT_MPS, nvmlProcessInfo_t)
+PROCESS_LIST_CALL(nvmlDeviceGetComputeRunningProcesses, CONTEXT_COMPUTE, nvmlProcessInfo_v1_t)
+PROCESS_LIST_CALL(nvmlDeviceGetGraphicsRunningProcesses, CONTEXT_GRAPHICS, nvmlProcessInfo_v1_t)
+PROCESS_LIST_CALL(nvmlDeviceGetMPSComputeRunningProcesses, CONTEXT_MPS, nvmlProcessInfo_v1_t)
+
+/* ---- MIG (nvml.h, "Multi Instance GPU Management") ---------------------------------------- */
+
+EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *currentMode, unsigned int *pendingMode)
 {
-    return running_processes(__func__, CONTEXT_COMPUTE, device, infoCount, infos);
+    unsigned int i;
+    nvmlReturn_t rc = enter_device(__func__, device, &i);
+    if (rc == NVML_SUCCESS && (!currentMode || !pendingMode))
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (rc == NVML_SUCCESS) {
+        *currentMode = g_cfg.gpu[i].mig_current;
+        *pendingMode = g_cfg.gpu[i].mig_pending;
+    }
+    return leave(rc);
 }
 
-EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount,
-                                                             nvmlProcessInfo_t *infos)
+/* "Returns zero if MIG is not supported or enabled." */
+EXPORT nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t device, unsigned int *count)
 {
-    return running_processes(__func__, CONTEXT_GRAPHICS, device, infoCount, infos);
+    unsigned int i;
+    nvmlReturn_t rc = enter_device(__func__, device, &i);
+    if (rc == NVML_SUCCESS && !count)
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (rc == NVML_SUCCESS)
+        *count = g_cfg.gpu[i].mig_current == NVML_DEVICE_MIG_ENABLE ? MAX_MIG : 0;
+    return leave(rc);
 }
 
-EXPORT nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount,
-                                                               nvmlProcessInfo_t *infos)
+EXPORT nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, unsigned int index, nvmlDevice_t *migDevice)
 {
-    return running_processes(__func__, CONTEXT_MPS, device, infoCount, infos);
+    unsigned int i;
+    nvmlReturn_t rc = enter_device(__func__, device, &i);
+    if (rc == NVML_SUCCESS && !migDevice)
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (rc == NVML_SUCCESS && g_cfg.gpu[i].mig_current != NVML_DEVICE_MIG_ENABLE)
+        rc = NVML_ERROR_NOT_SUPPORTED;
+    if (rc == NVML_SUCCESS && index >= MAX_MIG)
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (rc == NVML_SUCCESS && index >= g_cfg.gpu[i].mig_count)
+        rc = NVML_ERROR_NOT_FOUND;
+    return leave(rc != NVML_SUCCESS ? rc : mig_handle_for(i, index, migDevice));
+}
+
+EXPORT nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t device, unsigned int *isMigDevice)
+{
+    unsigned int i;
+    int mig;
+    nvmlReturn_t rc = enter_any_device(__func__, device, &i, &mig);
+    if (rc == NVML_SUCCESS && !isMigDevice)
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (rc == NVML_SUCCESS)
+        *isMigDevice = mig >= 0;
+    return leave(rc);
+}
+
+/* GPU or compute instance id of a MIG device handle; a GPU handle: NVML_ERROR_NOT_SUPPORTED. */
+static nvmlReturn_t instance_id(const char *symbol, nvmlDevice_t device, unsigned int *id, int compute)
+{
+    unsigned int i;
+    int mig;
+    nvmlReturn_t rc = enter_any_device(symbol, device, &i, &mig);
+    if (rc == NVML_SUCCESS && !id)
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (rc == NVML_SUCCESS && mig < 0)
+        rc = NVML_ERROR_NOT_SUPPORTED;
+    if (rc == NVML_SUCCESS)
+        *id = compute ? g_cfg.gpu[i].mig[mig].ci : g_cfg.gpu[i].mig[mig].gi;
+    return leave(rc);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t device, unsigned int *id)
+{
+    return instance_id(__func__, device, id, 0);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t device, unsigned int *id)
+{
+    return instance_id(__func__, device, id, 1);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t migDevice, nvmlDevice_t *device)
+{
+    unsigned int i;
+    int mig;
+    nvmlReturn_t rc = enter_any_device(__func__, migDevice, &i, &mig);
+    if (rc == NVML_SUCCESS && !device)
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (rc == NVML_SUCCESS && mig < 0)
+        rc = NVML_ERROR_NOT_SUPPORTED;
+    return leave(rc != NVML_SUCCESS ? rc : handle_for(i, device));
 }

@@ -10,7 +10,8 @@
  *      /proc of the node, a private /run, a private /dev (null, zero, full, random, urandom, tty
  *      bound from the host, devpts + ptmx, shm, fd links, nvidia<MINOR>, nvidiactl, nvidia-uvm,
  *      nvidia-uvm-tools as empty regular files, mode 0666), /run/gpusim (bind of STATE/run) with
- *      the node's proc on /run/gpusim/proc, and STATE/lib/ld.so.cache bound over /etc/ld.so.cache,
+ *      the node's proc on /run/gpusim/proc, STATE/lib/ld.so.cache bound over /etc/ld.so.cache
+ *      and STATE/proc-driver bound over /proc/driver (the simulated /proc/driver/nvidia),
  *   3. writes "ready <host pid>\n" to the ready pipe and closes it,
  *   4. reaps every child (orphans reparent to it), unless --no-reap; on SIGTERM it sends SIGTERM
  *      to every process of the node, waits up to 2 s for them to exit, SIGKILLs the rest and exits.
@@ -160,6 +161,23 @@ static void build_dev(const char *minors)
         die("rmdir %s", STAGING_DEV);
 }
 
+/* The kernel module's /proc/driver/nvidia (gpus/<bus>/information, version), written by gpunode
+ * into STATE/proc-driver/nvidia: STATE/proc-driver is bound over the node's /proc/driver (this mount
+ * namespace only; the host's /proc is untouched). Skipped when either directory is missing, and
+ * (with a warning in the node's log) when the kernel refuses the mount. */
+static void bind_proc_driver(const char *state_dir)
+{
+    char path[PATH_MAX];
+    struct stat st;
+
+    join(path, state_dir, "proc-driver");
+    if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode) || stat("/proc/driver", &st) != 0)
+        return;
+    if (mount(path, "/proc/driver", NULL, MS_BIND, NULL) != 0)
+        fprintf(stderr, "gpusim-init: warning: no simulated /proc/driver/nvidia: mount %s on /proc/driver: %s\n",
+                path, strerror(errno));
+}
+
 static void build_node(const char *state_dir, const char *minors)
 {
     char path[PATH_MAX];
@@ -175,6 +193,7 @@ static void build_node(const char *state_dir, const char *minors)
     do_mount("proc", "/run/gpusim/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
     join(path, state_dir, "lib/ld.so.cache");
     do_mount(path, "/etc/ld.so.cache", NULL, MS_BIND, NULL);
+    bind_proc_driver(state_dir);
 }
 
 static long long now_ns(void)

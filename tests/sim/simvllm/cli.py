@@ -7,6 +7,7 @@ same as `--flag-name`.
 
 import argparse
 import json
+import os
 import sys
 
 from simvllm import __version__
@@ -45,13 +46,17 @@ def build_parser():
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
     serve.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1)
-    serve.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    # vLLM 0.33 vllm/config/cache.py CacheConfig.gpu_memory_utilization: 0.92 (0.9 before; SIMVLLM_VERSION < 0.33)
+    serve.add_argument("--gpu-memory-utilization", type=float, default=None)
+    serve.add_argument("--max-num-batched-tokens", type=int, default=None)
     serve.add_argument("--max-model-len", type=int, default=4096)
     serve.add_argument("--served-model-name", nargs="+")
     serve.add_argument("--speculative-config", type=_json_object)
     serve.add_argument("--api-key")
     serve.add_argument("--shutdown-timeout", type=int, default=0)
     serve.add_argument("--enforce-eager", action="store_true")
+    serve.add_argument("--max-num-seqs", type=int, default=1024)
+    serve.add_argument("--disable-log-stats", action="store_true")
     return parser
 
 
@@ -62,6 +67,10 @@ def main(argv=None):
     args.model = args.model_tag or args.model
     if not args.model:
         parser.error("serve: a model is required (vllm serve MODEL)")
+    if args.gpu_memory_utilization is None:
+        from simvllm.specdecode import is_legacy
+
+        args.gpu_memory_utilization = 0.9 if is_legacy(os.environ) else 0.92
     if not 0 < args.gpu_memory_utilization <= 1:
         parser.error("--gpu-memory-utilization must be in (0, 1], got %s" % args.gpu_memory_utilization)
     if args.tensor_parallel_size < 1 or args.pipeline_parallel_size < 1:

@@ -26,7 +26,7 @@ import subprocess
 import sys
 import time
 
-from simvllm.gpu import GpuError, NodeGpus
+from simvllm.gpu import GpuError, NodeGpus, nccl_init_nvml
 from simvllm.runtime import LineChannel, SignalWaker, next_event, process_title, setup_logging, spawn_child
 
 WORKER_TERMINATE_GRACE_S = 4.0
@@ -52,11 +52,21 @@ def child_main(title, channel_fd):
 
 
 def _create_context(config):
-    """Create the CUDA context of one GPU rank; returns its fds or None after logging the error."""
+    """Create the CUDA context of one GPU rank; returns its fds or None after logging the error.
+
+    Device files: those of every GPU in CUDA_VISIBLE_DEVICES (CUDA), the context only on the
+    rank's GPU; with a world size (TP x PP) above 1 the rank also uses NCCL, which keeps NVML
+    initialized (every /dev/nvidiaN of the host open) for the life of the process.
+    """
     try:
-        return NodeGpus.load().create_context(
-            config["gpu_index"], config["local_rank"], config["gpu_memory_utilization"]
+        gpus = NodeGpus.load()
+        fds = gpus.create_context(
+            config["gpu_index"], config["local_rank"], config["gpu_memory_utilization"],
+            visible=gpus.visible_indices(os.environ.get("CUDA_VISIBLE_DEVICES")),
         )
+        if config["tensor_parallel_size"] * config["pipeline_parallel_size"] > 1:
+            config["_nvml"] = nccl_init_nvml()
+        return fds
     except GpuError as error:
         logger.error("ValueError: %s", error)
     except OSError as error:
@@ -79,6 +89,11 @@ def run_worker(config, engine, waker):
     gpu_fds = _create_context(config)
     if gpu_fds is None:
         return 1
+    # vLLM 0.33 multiproc_executor.py setup_proc_title_and_log_prefix: "Worker" until init_device has set the
+    # device and built the parallel groups, then the rank's suffixes.
+    import setproctitle
+
+    setproctitle.setproctitle(config.get("title") or process_title("Worker"))
     logger.info("Worker rank %d holds GPU %d.", config["rank"], config["gpu_index"])
     try:
         engine.send({"event": "ready"})
@@ -99,6 +114,26 @@ def run_worker(config, engine, waker):
                 os.kill(os.getpid(), signal.SIGTERM)
             else:
                 logger.warning("EngineCore is gone during warm-up; waiting in collective.")
+
+
+def worker_name(rank, tp, pp, dp_size=1, dp_rank=0, expert_parallel=False):
+    """A worker's title after its device is set (vLLM 0.33 multiproc_executor.py): Worker + _DP<r> (DP > 1),
+    _PP<r> (PP > 1), _TP<r> (TP > 1), _EP<r> (expert parallel; EP spans DP x TP), in that order."""
+    name = "Worker"
+    if dp_size > 1:
+        name += "_DP%d" % dp_rank
+    if pp > 1:
+        name += "_PP%d" % (rank // tp)
+    if tp > 1:
+        name += "_TP%d" % (rank % tp)
+    if expert_parallel:
+        name += "_EP%d" % (dp_rank * tp + rank % tp)
+    return name
+
+
+def engine_core_name(dp_size=1, dp_rank=0):
+    """EngineCore's title (vLLM 0.33 v1/engine/core.py run_engine_core): EngineCore_DP<n> under data parallelism."""
+    return "EngineCore_DP%d" % dp_rank if dp_size > 1 or dp_rank > 0 else "EngineCore"
 
 
 class EngineCore:
@@ -131,12 +166,13 @@ class EngineCore:
                 world_size, len(visible),
             )
             return 1
-        if world_size == 1:
+        if world_size == 1 and config.get("data_parallel_size", 1) == 1:
             self.gpu_fds = _create_context(dict(config, gpu_index=visible[0], local_rank=0))
             if self.gpu_fds is None:
                 return 1
         else:
-            status = self._start_workers(visible[:world_size], tp, pp)
+            first = config.get("data_parallel_rank", 0) * world_size  # each DP rank has its own slice of GPUs
+            status = self._start_workers(visible[first:first + world_size], tp, pp)
             if status is not None:
                 return status
         logger.info("Starting to load model %s...", config["model"])
@@ -166,15 +202,13 @@ class EngineCore:
     def _start_workers(self, gpu_indices, tp, pp):
         """Start one worker per rank and wait until all hold their GPU; None on success, else the exit status."""
         for rank, gpu_index in enumerate(gpu_indices):
-            name = "Worker"
-            if pp > 1:
-                name += "_PP%d" % (rank // tp)
-            if tp > 1:
-                name += "_TP%d" % (rank % tp)
-            process, channel = spawn_child(process_title(name))
+            name = worker_name(rank, tp, pp, self.config.get("data_parallel_size", 1), self.config.get("data_parallel_rank", 0),
+                               self.config.get("enable_expert_parallel", False))
+            process, channel = spawn_child(process_title("Worker"))
             self.worker_processes.append(process)
             self.worker_channels.append(channel)
-            channel.send(dict(self.config, role="worker", rank=rank, local_rank=rank, gpu_index=gpu_index))
+            channel.send(dict(self.config, role="worker", rank=rank, local_rank=rank, gpu_index=gpu_index,
+                              title=process_title(name)))
         waiting = set(self.worker_channels)
         while waiting:
             event = next_event(self.waker, self.worker_channels)

@@ -4,8 +4,9 @@ Reads `<run dir>/node.conf` (run dir: env GPUSIM_RUN, default /run/gpusim), `key
 `gpus`, `memory_total_mib`, `minors` (comma list, index order), `reserved_mib`, `idle_used_mib`,
 `stray_mib` (`index:MiB,...`) and `dev_dir` (where the nvidia device files are, default /dev).
 A context of M MiB on GPU index i (tests/sim/README.md, "Creating a CUDA context"): open
-/dev/nvidiactl, /dev/nvidia-uvm and /dev/nvidia<minor of i>, seek the latter to our PID in the
-node's root PID namespace, write `<run dir>/contexts/<PID>` = `<i> <M>` atomically.
+/dev/nvidiactl, /dev/nvidia-uvm and /dev/nvidia<minor> of every visible GPU (CUDA_VISIBLE_DEVICES),
+seek GPU i's to our PID in the node's root PID namespace, write `<run dir>/contexts/<PID>` =
+`<i> <M>` atomically. `nccl_init_nvml` initializes NVML and never shuts it down, as NCCL does.
 """
 
 import os
@@ -139,12 +140,14 @@ class NodeGpus:
             - self.context_mib(index)
         )
 
-    def create_context(self, index, local_rank, gpu_memory_utilization):
+    def create_context(self, index, local_rank, gpu_memory_utilization, visible=None):
         """Create this process's CUDA context on GPU `index`, sized like vLLM's memory pool.
 
         Size: int(gpu_memory_utilization * memory_total_mib) MiB. Raises GpuError with vLLM's
-        message when the GPU has less free memory. Returns the open fds (nvidiactl, nvidia-uvm,
-        nvidia<minor>); the context lives as long as they stay open.
+        message when the GPU has less free memory. Opens /dev/nvidiactl, /dev/nvidia-uvm and, as
+        CUDA does at cuInit, the device file of every GPU in `visible` (indices; default [index])
+        at position 0; GPU `index`'s file carries the context (seeked to the token). Returns the
+        open fds; the context lives as long as they stay open.
         """
         requested_mib = int(gpu_memory_utilization * self.memory_total_mib)
         free_mib = self.free_mib(index)
@@ -156,7 +159,9 @@ class NodeGpus:
                 % (local_rank, max(free_mib, 0) / MIB_PER_GIB, self.memory_total_mib / MIB_PER_GIB,
                    gpu_memory_utilization, requested_mib / MIB_PER_GIB)
             )
-        paths = ["nvidiactl", "nvidia-uvm", "nvidia%d" % self.minors[index]]
+        others = [i for i in (visible or [index]) if i != index]
+        paths = ["nvidiactl", "nvidia-uvm"] + ["nvidia%d" % self.minors[i] for i in others]
+        paths.append("nvidia%d" % self.minors[index])
         fds = [os.open(os.path.join(self.dev_dir, path), os.O_RDWR) for path in paths]
         token = node_pid(self.run_dir)
         os.lseek(fds[-1], token, os.SEEK_SET)
@@ -166,3 +171,26 @@ class NodeGpus:
             context_file.write("%d %d\n" % (index, requested_mib))
         os.replace(temporary, os.path.join(contexts_dir, str(token)))
         return fds
+
+
+def nccl_init_nvml():
+    """What NCCL does once per process that uses it (ncclNvmlEnsureInitialized, NCCL
+    src/misc/nvmlwrap.cc): load libnvidia-ml.so.1 and call nvmlInit_v2, never nvmlShutdown. While
+    initialized the driver library keeps /dev/nvidiactl and every /dev/nvidiaN of the host open.
+
+    Returns the library (keep it referenced), or None with the loader's or NVML's error logged
+    as NCCL's WARN line; the caller goes on, as vLLM does when NCCL's topology probing degrades.
+    """
+    import ctypes
+    import logging
+
+    try:
+        library = ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError as error:
+        logging.getLogger(__name__).warning("NCCL WARN Failed to open libnvidia-ml.so.1: %s", error)
+        return None
+    status = library.nvmlInit_v2()
+    if status != 0:
+        logging.getLogger(__name__).warning("NCCL WARN nvmlInit_v2() failed: status %d", status)
+        return None
+    return library

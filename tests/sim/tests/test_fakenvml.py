@@ -218,7 +218,9 @@ class FakeNode:
 
     def hold(self, contexts, hold="fd"):
         """Starts a holder of contexts [(index, MiB, type)]; returns the Holder once it is ready."""
-        lines = [[self.device(index), index, mib, kind] for index, mib, kind in contexts]
+        # An MPS client's handle is /dev/nvidiactl (tests/sim/README.md, "MPS clients").
+        lines = [[str(self.dev_dir / "nvidiactl") if kind == "mps" else self.device(index), index, mib, kind]
+                 for index, mib, kind in contexts]
         holder, extra = self._start_holder(
             [sys.executable, "-c", HOLDER, str(self.run_dir), hold, json.dumps(lines)])
         if hold == "fork":
@@ -642,3 +644,247 @@ def test_hang_blocks_the_call(node, hang):
         proc.kill()
         proc.wait()
     assert proc.stdout.read() == ""
+
+
+# ---- MIG (tests/sim/README.md "MIG"; nvml.h "Multi Instance GPU Management") ------------------
+
+def snippet(*parts):
+    """Joins NVML snippet parts, each dedented on its own (they are indented differently)."""
+    return "\n".join(textwrap.dedent(part) for part in parts)
+
+
+MIG_READING = """
+    N.nvmlInit()
+    def mig_reading(index):
+        gpu = N.nvmlDeviceGetHandleByIndex(index)
+        out = {"mode": N.nvmlDeviceGetMigMode(gpu), "max": N.nvmlDeviceGetMaxMigDeviceCount(gpu),
+               "is_mig": N.nvmlDeviceIsMigDeviceHandle(gpu).value, "devices": []}
+        for k in range(out["max"]):
+            try:
+                mig = N.nvmlDeviceGetMigDeviceHandleByIndex(gpu, k)
+            except N.NVMLError_NotFound:
+                continue
+            memory = N.nvmlDeviceGetMemoryInfo(mig, version=N.nvmlMemory_v2)
+            parent = N.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(mig)
+            uuid = N.nvmlDeviceGetUUID(mig)
+            out["devices"].append({
+                "k": k, "index": N.nvmlDeviceGetIndex(mig), "uuid": uuid,
+                "by_uuid": N.nvmlDeviceGetGpuInstanceId(N.nvmlDeviceGetHandleByUUID(uuid)),
+                "is_mig": N.nvmlDeviceIsMigDeviceHandle(mig).value,
+                "gi": N.nvmlDeviceGetGpuInstanceId(mig), "ci": N.nvmlDeviceGetComputeInstanceId(mig),
+                "name": N.nvmlDeviceGetName(mig), "parent": N.nvmlDeviceGetIndex(parent),
+                "memory": [memory.total // MIB, memory.used // MIB, memory.free // MIB, memory.reserved],
+                "compute": [[p.pid, p.usedGpuMemory // MIB, p.gpuInstanceId, p.computeInstanceId]
+                            for p in N.nvmlDeviceGetComputeRunningProcesses(mig)],
+            })
+        return out
+"""
+
+
+def test_mig_default_layout_and_instance_identity(node):
+    node.set(mig="0;3:7g.80gb;5:", mig_pending="5:0,1:1")
+    result = node.nvml(snippet(MIG_READING, """
+        emit({str(index): mig_reading(index) for index in (0, 1, 3, 5)})
+    """))
+    off = {"mode": [0, 1], "max": 0, "is_mig": 0, "devices": []}
+    assert result["1"] == off  # MIG off, pending on (enabled at the next reset)
+    assert result["5"] == {"mode": [1, 0], "max": 7, "is_mig": 0, "devices": []}
+    gpu0 = result["0"]
+    assert (gpu0["mode"], gpu0["max"], gpu0["is_mig"]) == ([1, 1], 7, 0)
+    # 1g.10gb at slice 0 (GI 7), 2g.20gb at 2 (GI 4), 3g.40gb at 4 (GI 2); listed by GI id
+    summary = [(d["k"], d["index"], d["gi"], d["ci"], d["name"], d["memory"], d["is_mig"], d["parent"])
+               for d in gpu0["devices"]]
+    assert summary == [
+        (0, 0, 2, 0, "NVIDIA H100 80GB HBM3 MIG 3g.40gb", [40448, 0, 40448, 0], 1, 0),
+        (1, 1, 4, 0, "NVIDIA H100 80GB HBM3 MIG 2g.20gb", [20096, 0, 20096, 0], 1, 0),
+        (2, 2, 7, 0, "NVIDIA H100 80GB HBM3 MIG 1g.10gb", [9984, 0, 9984, 0], 1, 0),
+    ]
+    for device in gpu0["devices"]:
+        assert device["uuid"].startswith("MIG-") and [len(p) for p in device["uuid"][4:].split("-")] == [8, 4, 4, 4, 12]
+        assert device["by_uuid"] == device["gi"]
+    assert len({d["uuid"] for d in gpu0["devices"]}) == 3
+    assert [(d["gi"], d["name"][-7:]) for d in result["3"]["devices"]] == [(0, "7g.80gb")]
+
+
+def test_mig_contexts_listed_per_instance_with_ids(node):
+    node.set(mig="2:1g.10gb,1g.10gb,2g.20gb")  # GIs 7 (slice 0), 8 (slice 1), 4 (slice 2)
+    first = node.hold([(2, 3000, "compute gi=7 ci=0")])
+    second = node.hold([(2, 5000, "compute gi=4")])
+    result = node.nvml(snippet(MIG_READING, """
+        gpu = N.nvmlDeviceGetHandleByIndex(2)
+        v2 = N.nvmlDeviceGetMemoryInfo(gpu, version=N.nvmlMemory_v2)
+        emit({"mig": mig_reading(2), "used": v2.used // MIB,
+              "parent": [[p.pid, p.usedGpuMemory // MIB, p.gpuInstanceId, p.computeInstanceId]
+                         for p in N.nvmlDeviceGetComputeRunningProcesses(gpu)]})
+    """))
+    by_gi = {d["gi"]: d for d in result["mig"]["devices"]}
+    assert sorted(by_gi) == [4, 7, 8]
+    assert by_gi[7]["compute"] == [[first.token, 3000, 7, 0]]
+    assert by_gi[7]["memory"][:3] == [9984, 3000, 9984 - 3000]
+    assert by_gi[4]["compute"] == [[second.token, 5000, 4, 0]]
+    assert by_gi[8]["compute"] == [] and by_gi[8]["memory"][1] == 0
+    assert result["used"] == 8000
+    assert sorted(result["parent"]) == sorted([[first.token, 3000, 7, 0], [second.token, 5000, 4, 0]])
+
+
+def test_mig_aggregate_needs_privilege(node):
+    node.set(mig="0", mig_privileged=0)
+    holder = node.hold([(0, 700, "compute gi=7 ci=0")])
+    result = node.nvml("""
+        N.nvmlInit()
+        gpu = N.nvmlDeviceGetHandleByIndex(0)
+        out = {}
+        for name, call in (("memory", lambda: N.nvmlDeviceGetMemoryInfo(gpu)),
+                           ("memory_v2", lambda: N.nvmlDeviceGetMemoryInfo(gpu, version=N.nvmlMemory_v2)),
+                           ("compute", lambda: N.nvmlDeviceGetComputeRunningProcesses(gpu)),
+                           ("compute_v2", lambda: N.nvmlDeviceGetComputeRunningProcesses_v2(gpu)),
+                           ("other_gpu", lambda: N.nvmlDeviceGetComputeRunningProcesses(N.nvmlDeviceGetHandleByIndex(1)))):
+            try:
+                value = call()
+                out[name] = "ok" if not isinstance(value, list) else len(value)
+            except N.NVMLError as error:
+                out[name] = error.value
+        mig = N.nvmlDeviceGetMigDeviceHandleByIndex(gpu, 2)  # GI 7
+        out["instance"] = [p.pid for p in N.nvmlDeviceGetComputeRunningProcesses(mig)]
+        emit(out)
+    """)
+    assert result == {"memory": 4, "memory_v2": 4, "compute": 4, "compute_v2": 4,  # NVML_ERROR_NO_PERMISSION
+                      "other_gpu": 0, "instance": [holder.token]}
+
+
+def test_mig_handle_calls_and_errors(node):
+    node.set(mig="0:3g.40gb,3g.40gb,1g.10gb")  # the third does not fit: two 3g fill all 8 slices
+    result = node.nvml("""
+        N.nvmlInit()
+        gpu = N.nvmlDeviceGetHandleByIndex(0)
+        plain = N.nvmlDeviceGetHandleByIndex(1)
+        out = {"count": [], "errors": {}}
+        def code(name, call):
+            try:
+                call()
+                out["errors"][name] = 0
+            except N.NVMLError as error:
+                out["errors"][name] = error.value
+        for k in range(7):
+            try:
+                out["count"].append(N.nvmlDeviceGetGpuInstanceId(N.nvmlDeviceGetMigDeviceHandleByIndex(gpu, k)))
+            except N.NVMLError_NotFound:
+                pass
+        mig = N.nvmlDeviceGetMigDeviceHandleByIndex(gpu, 0)
+        code("index_7", lambda: N.nvmlDeviceGetMigDeviceHandleByIndex(gpu, 7))
+        code("not_mig", lambda: N.nvmlDeviceGetMigDeviceHandleByIndex(plain, 0))
+        code("gi_of_gpu", lambda: N.nvmlDeviceGetGpuInstanceId(plain))
+        code("parent_of_gpu", lambda: N.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(plain))
+        code("minor_of_mig", lambda: N.nvmlDeviceGetMinorNumber(mig))
+        code("mig_mode_of_mig", lambda: N.nvmlDeviceGetMigMode(mig))
+        with open(os.environ["GPUSIM_RUN"] + "/node.conf", "a") as conf:
+            conf.write("mig=1:\\n")  # MIG off on GPU 0 (on GPU 1 instead): the handle is gone
+        code("stale_handle", lambda: N.nvmlDeviceGetGpuInstanceId(mig))
+        emit(out)
+    """)
+    assert result["count"] == [1, 2]
+    assert result["errors"] == {"index_7": 2, "not_mig": 3, "gi_of_gpu": 3, "parent_of_gpu": 3,
+                                "minor_of_mig": 3, "mig_mode_of_mig": 3, "stale_handle": 2}
+
+
+# ---- process-list versions: _v3, _v2 (24-byte entries), v1 (16 bytes) and the no-v3 library ----
+
+LIST_VERSIONS = """
+    from ctypes import byref, c_uint, Structure, c_ulonglong
+    class V1(Structure):
+        _fields_ = [("pid", c_uint), ("usedGpuMemory", c_ulonglong)]
+    def raw_list(symbol, entry, index):
+        fn = N._nvmlGetFunctionPointer(symbol)
+        handle = N.nvmlDeviceGetHandleByIndex(index)
+        count = c_uint(0)
+        assert fn(handle, byref(count), None) == N.NVML_ERROR_INSUFFICIENT_SIZE
+        items = (entry * count.value)()
+        assert fn(handle, byref(count), items) == 0
+        return [[item.pid, item.usedGpuMemory // MIB] for item in items[:count.value]]
+"""
+
+
+def test_process_list_versions_agree(node):
+    holders = [node.hold([(6, 100 + n, "compute")]) for n in range(3)]
+    result = node.nvml(snippet(LIST_VERSIONS, """
+        N.nvmlInit()
+        emit({"v3": sorted(raw_list("nvmlDeviceGetComputeRunningProcesses_v3", N.c_nvmlProcessInfo_v2_t, 6)),
+              "v2": sorted(raw_list("nvmlDeviceGetComputeRunningProcesses_v2", N.c_nvmlProcessInfo_v2_t, 6)),
+              "v1": sorted(raw_list("nvmlDeviceGetComputeRunningProcesses", V1, 6)),
+              "sizes": [ctypes.sizeof(N.c_nvmlProcessInfo_v2_t), ctypes.sizeof(V1)]})
+    """))
+    expected = sorted([holder.token, 100 + n] for n, holder in enumerate(holders))
+    assert result == {"v3": expected, "v2": expected, "v1": expected, "sizes": [24, 16]}
+
+
+def test_no_v3_library_lacks_only_the_v3_symbols(node, library_dir):
+    node.env["LD_LIBRARY_PATH"] = str(library_dir / "no-v3")
+    holder = node.hold([(4, 321, "compute")])
+    result = node.nvml(snippet(LIST_VERSIONS, """
+        N.nvmlInit()
+        lib = ctypes.CDLL("libnvidia-ml.so.1")
+        present = {name: hasattr(lib, name) for name in (
+            "nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetGraphicsRunningProcesses_v3",
+            "nvmlDeviceGetMPSComputeRunningProcesses_v3", "nvmlDeviceGetComputeRunningProcesses_v2",
+            "nvmlDeviceGetComputeRunningProcesses")}
+        try:
+            N.nvmlDeviceGetComputeRunningProcesses(N.nvmlDeviceGetHandleByIndex(4))
+            public = "returned"
+        except Exception as error:  # NVMLLibraryMismatchError (13.x) or NVMLError_FunctionNotFound (12.x)
+            public = type(error).__name__
+        emit({"present": present, "public": public,
+              "v2": raw_list("nvmlDeviceGetComputeRunningProcesses_v2", N.c_nvmlProcessInfo_v2_t, 4)})
+    """))
+    assert result["present"] == {"nvmlDeviceGetComputeRunningProcesses_v3": False,
+                                 "nvmlDeviceGetGraphicsRunningProcesses_v3": False,
+                                 "nvmlDeviceGetMPSComputeRunningProcesses_v3": False,
+                                 "nvmlDeviceGetComputeRunningProcesses_v2": True,
+                                 "nvmlDeviceGetComputeRunningProcesses": True}
+    assert result["public"] in ("NVMLLibraryMismatchError", "NVMLError_FunctionNotFound")
+    assert result["v2"] == [[holder.token, 321]]
+
+
+# ---- the node knobs: gpunode up --mig / --no-v3 ------------------------------------------------
+
+NODE_READING = r"""
+import ctypes, json, os
+import pynvml as N
+N.nvmlInit()
+gpu = N.nvmlDeviceGetHandleByIndex(0)
+migs = [N.nvmlDeviceGetMigDeviceHandleByIndex(gpu, k) for k in range(3)]
+caps = {}
+for line in open("/proc/driver/nvidia-caps/mig-minors"):
+    name, minor = line.split()
+    caps[name] = int(minor)
+print(json.dumps({
+    "v3": hasattr(ctypes.CDLL("libnvidia-ml.so.1"), "nvmlDeviceGetComputeRunningProcesses_v3"),
+    "gis": [N.nvmlDeviceGetGpuInstanceId(m) for m in migs],
+    "dev_caps": sorted(os.listdir("/dev/nvidia-caps")),
+    "gi7": caps["gpu0/gi7/access"], "gi7ci0": caps["gpu0/gi7/ci0/access"],
+    "access": open("/proc/driver/nvidia/capabilities/gpu0/mig/gi7/ci0/access").read().split("\n")[0],
+}))
+"""
+
+
+def test_node_with_mig_and_without_v3(simnode):
+    node = simnode(gpus=2, mig="0", no_v3=True)
+    assert node.info["driver_variant"] == "no-v3"
+    assert [(i["profile"], i["gi"], i["caps"]) for i in node.info["mig"]["0"]] == [
+        ("3g.40gb", 2, [21, 22]), ("2g.20gb", 4, [39, 40]), ("1g.10gb", 7, [66, 67])]
+    reading = json.loads(node.py(NODE_READING))
+    assert reading == {"v3": False, "gis": [2, 4, 7],
+                       "dev_caps": sorted(f"nvidia-cap{n}" for n in (1, 2, 21, 22, 39, 40, 66, 67)),
+                       "gi7": 66, "gi7ci0": 67, "access": "DeviceFileMinor: 67"}
+
+
+@pytest.mark.parametrize("mig, message", [
+    ("0:5g.50gb", "unknown profile '5g.50gb'"),
+    ("0:3g.40gb,3g.40gb,1g.10gb", "no free placement for 1g.10gb"),
+    ("9", "GPU index 9 out of range"),
+    ("0;0:7g.80gb", "GPU 0 given twice"),
+])
+def test_gpunode_refuses_a_mig_layout_that_cannot_exist(mig, message):
+    sys.path.insert(0, str(REPO / "tests" / "sim"))
+    import gpunode  # pylint: disable=import-outside-toplevel
+    with pytest.raises(gpunode.GpunodeError, match=message):
+        gpunode.mig_layout(mig, gpus=8)

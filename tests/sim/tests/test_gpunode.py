@@ -327,3 +327,123 @@ def test_no_driver_node_has_no_nvml_library(driver_built, simnode):
                   "except pynvml.NVMLError_LibraryNotFound:\n"
                   "    print('library not found')\n")
     assert out.strip() == "library not found"
+
+
+# ---------------------------------------------------------------------------------------------
+# owner cgroups (tests/sim/README.md "Owner cgroups") and the simulated systemctl
+
+OWNERS_PY = REPO / "plugins" / "module_utils" / "_owners.py"
+# Reads /proc/PID/cgroup inside the node and what the production parser makes of it.
+_READ_OWNER = (
+    "import importlib.util, json, sys\n"
+    f"spec = importlib.util.spec_from_file_location('_owners', {str(OWNERS_PY)!r})\n"
+    "owners = importlib.util.module_from_spec(spec); spec.loader.exec_module(owners)\n"
+    "text = open('/proc/%s/cgroup' % sys.argv[1]).read()\n"
+    "line = [l for l in text.splitlines() if ':name=systemd:' in l][0]\n"
+    "print(json.dumps({'path': line.split(':', 2)[2], 'owner': owners.parse_cgroup(text),\n"
+    "                  'block': owners.owner_of(int(sys.argv[1]))}))\n"
+)
+CID = "4f1c3a9e0b7d2c6e8a5f1b3d9c7e2a4b6d8f0e1c3a5b7d9f2e4c6a8b0d1f3e5a"
+POD_UID = "0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d"
+POD_ = POD_UID.replace("-", "_")
+OWNER_CASES = [
+    ("/system.slice/system-vllm.slice/vllm@a.service", {"systemd_unit": "vllm@a.service"}),
+    (f"/system.slice/docker-{CID}.scope", {"systemd_unit": f"docker-{CID}.scope", "container_id": CID,
+                                           "runtime": "docker"}),
+    (f"/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{POD_}.slice/cri-containerd-{CID}.scope",
+     {"systemd_unit": f"cri-containerd-{CID}.scope", "container_id": CID, "runtime": "containerd", "pod_uid": POD_UID}),
+    (f"/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{POD_}.slice/crio-{CID}.scope",
+     {"systemd_unit": f"crio-{CID}.scope", "container_id": CID, "runtime": "cri-o", "pod_uid": POD_UID}),
+    (f"/kubepods.slice/kubepods-pod{POD_}.slice/cri-containerd-{CID}.scope",
+     {"systemd_unit": f"cri-containerd-{CID}.scope", "container_id": CID, "runtime": "containerd", "pod_uid": POD_UID}),
+    ("/system.slice/slurmstepd.scope/job_4242/step_0/user/task_0", {"systemd_unit": "slurmstepd.scope",
+                                                                     "slurm_job": "4242"}),
+    ("/slurm/uid_0/job_77/step_batch/task_0", {"slurm_job": "77"}),
+]
+
+
+def owner_node(simnode):
+    node = simnode(gpus=1)
+    if node.cgroup_root is None:
+        pytest.skip(f"no owner cgroups here: {node.info['cgroup_unsupported']}")
+    return node
+
+
+def read_owner(node, pid: int) -> dict:
+    return json.loads(node.py(_READ_OWNER, str(pid)))
+
+
+def test_owner_cgroups_show_host_paths_inside_the_node(simnode):
+    node = owner_node(simnode)
+    pids = [node.spawn("import time; time.sleep(600)", cgroup=path) for path, _owner in OWNER_CASES]
+    for pid, (path, expected) in zip(pids, OWNER_CASES):
+        seen = read_owner(node, pid)
+        assert seen["path"] == path  # what a real host shows: the node's parent is not visible
+        assert seen["owner"] == dict(dict.fromkeys(seen["owner"]), **expected)
+        # on the host the same process sits under the node's own cgroup
+        assert len((node.cgroup_root / path.lstrip("/") / "cgroup.procs").read_text().split()) == 1
+    plain = node.spawn("import time; time.sleep(600)")
+    assert read_owner(node, plain)["path"] == "/"  # the node's root cgroup: no owner
+    assert read_owner(node, plain)["block"] == dict.fromkeys(read_owner(node, plain)["block"])
+
+
+def test_owner_cgroups_are_under_the_node_parent_only(simnode):
+    node = owner_node(simnode)
+    root = node.cgroup_root
+    assert root.parent == gpunode.CGROUP_HIERARCHY / gpunode.CGROUP_PARENT
+    node.spawn("import time; time.sleep(600)", cgroup="/system.slice/vllm.service")
+    unit = root / "system.slice" / "vllm.service"
+    assert len(unit.joinpath("cgroup.procs").read_text().split()) == 1
+    # the node's init and every process entering it are in the node's cgroup tree, nothing else is
+    host_procs = {int(pid) for pid in (root / "cgroup.procs").read_text().split()}
+    assert node.info["init_pid"] in host_procs and node.info["unshare_pid"] in host_procs
+    assert os.getpid() not in host_procs
+
+
+def test_down_removes_owner_cgroups(simnode, tmp_path):
+    node = up("t-owners-down", root=tmp_path / "nodes", gpus=1)
+    try:
+        if node.cgroup_root is None:
+            pytest.skip(f"no owner cgroups here: {node.info['cgroup_unsupported']}")
+        for path, _owner in OWNER_CASES:
+            node.spawn("import time; time.sleep(600)", cgroup=path)
+        assert (node.cgroup_root / "kubepods.slice").is_dir()
+    finally:
+        node.down()
+    assert not node.cgroup_root.exists()
+
+
+def test_exec_cgroup_option(simnode):
+    node = owner_node(simnode)
+    root = str(node.state_dir.parent)
+    result = run_gpunode("exec", node.name, "--cgroup", "/system.slice/x.service", "--",
+                         "grep", "name=systemd", "/proc/self/cgroup", root=root)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().endswith(":name=systemd:/system.slice/x.service")
+    refused = run_gpunode("exec", node.name, "--cgroup", "/../escape", "--", "true", root=root)
+    assert refused.returncode == 1 and "invalid cgroup path" in refused.stderr
+    assert not (node.cgroup_root.parent / "escape").exists()
+
+
+def test_simulated_systemctl_show_and_stop(simnode):
+    node = owner_node(simnode)
+    node.set_units({"vllm@a.service": {"Restart": "always", "TimeoutStopSec": 2}})
+    unit = "/system.slice/system-vllm.slice/vllm@a.service"
+    stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
+    in_unit = [node.spawn("import time; time.sleep(600)", cgroup=unit), node.spawn(stubborn, cgroup=unit)]
+    other = node.spawn("import time; time.sleep(600)", cgroup="/system.slice/other.service")
+    assert node.exec("systemctl", "show", "-p", "Restart", "--value", "--", "vllm@a.service").stdout == "always\n"
+    assert node.exec("systemctl", "show", "-p", "Restart", "--value", "other.service").stdout == "no\n"
+    assert read_owner(node, in_unit[0])["block"]["unit_restart"] == "always"  # production code, simulated systemctl
+    shown = node.exec("systemctl", "show", "vllm@a").stdout
+    assert f"ControlGroup={unit}\n" in shown and "ActiveState=active\n" in shown
+    started = time.monotonic()
+    node.exec("systemctl", "stop", "vllm@a.service")
+    assert 1.5 < time.monotonic() - started < 10  # SIGTERM, 2 s TimeoutStopSec, SIGKILL for the stubborn one
+    for pid in in_unit:
+        assert process_state(node, pid) in (None, "Z")
+    assert process_state(node, other) not in (None, "Z")
+    assert not (node.cgroup_root / unit.lstrip("/")).exists()
+    assert node.exec("systemctl", "is-active", "vllm@a.service", check=False).returncode == 3
+    missing = node.exec("systemctl", "stop", "nothere.service", check=False)
+    assert missing.returncode == 5 and "Unit nothere.service not loaded." in missing.stderr

@@ -31,7 +31,7 @@ MEMORY_TOTAL_MIB = 81559
 RESERVED_MIB = 529
 GPUS = 8
 MINORS = [7, 6, 5, 4, 3, 2, 1, 0]
-DEFAULT_CONTEXT_MIB = int(0.9 * MEMORY_TOTAL_MIB)
+DEFAULT_CONTEXT_MIB = int(0.92 * MEMORY_TOTAL_MIB)  # vLLM 0.33 default gpu_memory_utilization
 POLL_S = 0.05
 
 DRAFTER_CONFIG = {
@@ -226,9 +226,11 @@ class Server:
         return wait_for(find, 10, "EngineCore", self.log)
 
     def workers(self, engine_core, count):
-        """{title: pid} of EngineCore's `count` workers, once each holds its context."""
+        """{title: pid} of EngineCore's `count` workers, once each holds its context and has its rank title.
+
+        (Each is titled VLLM::Worker until its device is set, as in vLLM 0.33.)"""
         def find():
-            found = {title(pid): pid for pid in children(engine_core) if title(pid).startswith("VLLM::Worker")}
+            found = {title(pid): pid for pid in children(engine_core) if title(pid).startswith("VLLM::Worker_")}
             return found if len(found) == count and all(self.node.context(pid) for pid in found.values()) else None
         return wait_for(find, 15, "%d workers holding contexts" % count, self.log)
 
@@ -257,8 +259,16 @@ class Server:
         self.process.wait()
 
 
+@pytest.fixture(scope="session")
+def fake_driver_dir():
+    """Directory of the fake libnvidia-ml.so.1 (built by tests/sim/fakenvml/build.sh)."""
+    build = Path(__file__).resolve().parents[1] / "fakenvml" / "build.sh"
+    result = subprocess.run(["bash", str(build)], check=True, capture_output=True, text=True)
+    return Path(result.stdout.strip()).parent
+
+
 @pytest.fixture
-def serve(node, tmp_path):
+def serve(node, tmp_path, fake_driver_dir):
     """Factory: serve(*args, **env) starts `vllm serve /models/m --port P *args` with knobs `env`."""
     servers = []
 
@@ -266,6 +276,8 @@ def serve(node, tmp_path):
         environment = {name: value for name, value in os.environ.items()
                        if not name.startswith(("SIMVLLM_", "VLLM_", "CUDA_VISIBLE_DEVICES"))}
         environment.update(GPUSIM_RUN=str(node.run_dir), SIMVLLM_LOAD_SECONDS="0.3")
+        # The fake driver library, for the NVML that TP workers initialize as NCCL does.
+        environment["LD_LIBRARY_PATH"] = str(fake_driver_dir)
         environment.update(env)
         server = Server(node, [str(arg) for arg in args], environment, tmp_path / ("vllm-%d.log" % len(servers)))
         servers.append(server)
@@ -301,8 +313,13 @@ def test_tp8_engine_core_and_eight_workers_each_hold_their_gpu(node, serve):
         pid = workers["VLLM::Worker_TP%d" % rank]
         assert comm(pid) == ("VLLM::Worker_TP%d" % rank)[:15]
         assert node.holds_gpu(pid, rank), node.device_handles(pid)
-        assert [name for name in node.device_handles(pid) if name.startswith("nvidia") and name[6:].isdigit()] \
-            == ["nvidia%d" % MINORS[rank]]
+        handles = node.device_handles(pid)
+        # CUDA opens every visible GPU (all 8: CUDA_VISIBLE_DEVICES unset) and NCCL's NVML opens
+        # every GPU again, all at position 0; only the rank's own GPU carries the context token.
+        assert sorted(name for name in handles if name.startswith("nvidia") and name[6:].isdigit()) \
+            == sorted("nvidia%d" % minor for minor in MINORS)
+        assert [name for name, positions in handles.items() if pid in positions] == ["nvidia%d" % MINORS[rank]]
+        assert all(handles["nvidia%d" % minor] == [0, 0] for minor in MINORS if minor != MINORS[rank])
         assert node.context(pid) == "%d %d\n" % (rank, int(0.5 * MEMORY_TOTAL_MIB))
     assert node.device_handles(engine_core) == {}
     assert node.device_handles(server.pid) == {}
@@ -530,11 +547,15 @@ def test_api_key_from_environment(serve):
 # ---------------------------------------------------------------- speculative decoding
 
 
+LEGACY = {"SIMVLLM_VERSION": "0.26"}
+
+
 @pytest.mark.parametrize("extra, env, low, high", [
+    ({}, {}, 0.6, 0.8),  # vLLM 0.33: the V2 model runner is the default
     ({}, V2_RUNNER, 0.6, 0.8),
-    (GUESSED, V2_RUNNER, 0.0, 0.05),
-    ({}, {}, 0.0, 0.05),  # mixed sliding/full layout without the V2 model runner runs as all-full
-], ids=["matching", "guessed", "matching-without-v2-runner"])
+    (GUESSED, dict(LEGACY, **V2_RUNNER), 0.0, 0.05),
+    ({}, LEGACY, 0.0, 0.05),  # before 0.33 (V1 default) a mixed sliding/full layout ran as all-full
+], ids=["matching", "matching-v2-forced", "guessed-legacy", "matching-legacy-v1"])
 def test_dflash_acceptance_metrics(serve, drafter, extra, env, low, high):
     speculative_config = dict({"method": "dflash", "model": str(drafter), "num_speculative_tokens": 15}, **extra)
     server = serve("--speculative-config", json.dumps(speculative_config), **env)
@@ -557,17 +578,85 @@ def test_dflash_acceptance_metrics(serve, drafter, extra, env, low, high):
     assert accepted + drafts >= 5 * 200  # every draft step yields its accepted tokens plus one
 
 
-def test_dflash_too_many_speculative_tokens_fails_start(serve, drafter):
-    server = serve("--speculative-config",
-                   json.dumps({"method": "dflash", "model": str(drafter), "num_speculative_tokens": 16}))
+@pytest.mark.parametrize("speculative_config, env, message", [
+    ({"num_speculative_tokens": 15, "target_layer_ids": [1, 16, 31, 46, 61]}, {},
+     "target_layer_ids\n  Extra inputs are not permitted"),
+    ({"num_speculative_tokens": 15}, {"VLLM_USE_V2_MODEL_RUNNER": "0"},
+     "Model Runner V1 does not support: mixed sliding/full dflash drafts"),
+    ({"num_speculative_tokens": 16}, LEGACY, "num_speculative_tokens (16) must be at most block_size - 1 (15)"),
+], ids=["unknown-key", "v1-forced-mixed-layout", "legacy-block-size"])
+def test_dflash_start_failures(serve, drafter, speculative_config, env, message):
+    speculative_config = dict({"method": "dflash", "model": str(drafter)}, **speculative_config)
+    server = serve("--speculative-config", json.dumps(speculative_config), **env)
     assert server.process.wait(timeout=15) == 1
-    assert "num_speculative_tokens (16) must be at most block_size - 1 (15)" in server.log()
+    assert message in server.log()
 
 
-def _agrees(drafter_dir, **speculative_keys):
-    """drafter_agrees of a DFlash config for `drafter_dir` with the V2 model runner enabled."""
+def test_dflash_past_block_size_and_budget(serve, drafter):
+    # vLLM 0.33 serves 16 tokens with block_size 16 (no check) ...
+    config = {"method": "dflash", "model": str(drafter), "num_speculative_tokens": 16}
+    assert SpeculativeDecoding.from_config(config, {}).drafter_agrees
+    # ... but refuses max_num_batched_tokens <= K + 1 (vllm/config/vllm.py _set_max_num_scheduled_tokens)
+    server = serve("--speculative-config", json.dumps(config), "--max-num-batched-tokens", "17")
+    assert server.process.wait(timeout=15) == 1
+    assert "Got max_num_batched_tokens=17 and num_lookahead_tokens=17." in server.log()
+    assert SpeculativeDecoding.from_config(config, {}, max_num_batched_tokens=18).drafter_agrees
+
+
+def _agrees(drafter_dir, environ=None, **speculative_keys):
+    """drafter_agrees of a DFlash config for `drafter_dir` (legacy keys need SIMVLLM_VERSION < 0.33)."""
     config = dict({"method": "dflash", "model": str(drafter_dir), "num_speculative_tokens": 15}, **speculative_keys)
-    return SpeculativeDecoding.from_config(config, V2_RUNNER).drafter_agrees
+    if environ is None:
+        environ = dict(LEGACY, **V2_RUNNER) if speculative_keys else {}
+    return SpeculativeDecoding.from_config(config, environ).drafter_agrees
+
+
+def _write(drafter, config=None, trained=None):
+    (drafter / "config.json").write_text(json.dumps(config or DRAFTER_CONFIG))
+    if trained is not None:
+        (drafter / "trained.json").write_text(json.dumps(trained))
+
+
+@pytest.mark.parametrize("config, agrees", [
+    (DRAFTER_CONFIG, True),
+    (dict(DRAFTER_CONFIG, dflash_config={"mask_token_id": 248064, "target_layer_ids": [1, 16, 31, 46, 61]}), False),
+    (dict(DRAFTER_CONFIG, dflash_config={"mask_token_id": 248070, "target_layer_ids": [1, 17, 33, 49, 63]}), False),
+    (dict(DRAFTER_CONFIG, layer_types=["full_attention"] * 5), False),
+    # taps from the top-level target_layer_ids when dflash_config has none (eagle3_utils.py lookup order)
+    (dict(DRAFTER_CONFIG, target_layer_ids=[1, 16, 31, 46, 61], dflash_config={"mask_token_id": 248070}), True),
+    (dict(DRAFTER_CONFIG, mask_token_id=248070, dflash_config={"target_layer_ids": [1, 16, 31, 46, 61]}), True),
+    # dflash_config.is_causal is not read by vLLM 0.33; dflash_config.causal is
+    (dict(DRAFTER_CONFIG, dflash_config=dict(DRAFTER_CONFIG["dflash_config"], is_causal=False)), True),
+    (dict(DRAFTER_CONFIG, dflash_config=dict(DRAFTER_CONFIG["dflash_config"], causal=False)), False),
+], ids=["as-trained", "mask", "layers", "layout", "top-level-ids", "top-level-mask", "is_causal-ignored", "causal"])
+def test_dflash_drafter_config_against_training(drafter, config, agrees):
+    _write(drafter, config, trained=DRAFTER_CONFIG)
+    assert _agrees(drafter) is agrees
+
+
+def test_unknown_keys_and_methods_are_refused_at_start(drafter):
+    for bad in ({"method": "dflash", "model": str(drafter), "num_speculative_tokens": 15, "use_swa": True},
+                {"method": "eagle3", "model": str(drafter), "num_speculative_tokens": 3, "speculative_token_tree": "[(0,)]"},
+                {"method": "eagle3", "model": str(drafter), "num_speculative_tokens": 3, "tensor_parallel_size": 2},
+                {"method": "medusa", "model": str(drafter), "num_speculative_tokens": 3},
+                {"method": "mlp_speculator", "model": str(drafter), "num_speculative_tokens": 3},
+                {"method": "foo_mtp", "model": str(drafter), "num_speculative_tokens": 3}):
+        with pytest.raises(SpeculativeConfigError):
+            SpeculativeDecoding.from_config(bad, {})
+    assert SpeculativeDecoding.from_config(
+        {"method": "deepseek_mtp", "model": str(drafter), "num_speculative_tokens": 1}, {}).method == "mtp"
+    assert SpeculativeDecoding.from_config(
+        {"method": "medusa", "model": str(drafter), "num_speculative_tokens": 3}, LEGACY).method == "medusa"
+
+
+def test_worker_and_engine_core_titles():
+    from simvllm.engine import engine_core_name, worker_name
+
+    assert worker_name(0, 1, 1) == "Worker"
+    assert worker_name(3, 2, 2) == "Worker_PP1_TP1"
+    assert worker_name(0, 1, 1, dp_size=2, dp_rank=1) == "Worker_DP1"  # DP > 1 at TP = 1: still a worker
+    assert worker_name(1, 2, 1, dp_size=2, dp_rank=1, expert_parallel=True) == "Worker_DP1_TP1_EP3"
+    assert engine_core_name() == "EngineCore" and engine_core_name(2, 1) == "EngineCore_DP1"
 
 
 @pytest.mark.parametrize("keys, agrees", [
@@ -591,9 +680,16 @@ def test_dflash_agreement(drafter, keys, agrees):
 ])
 def test_dflash_stale_eagle_aux_layer_ids_win(drafter, stale_layer_ids, agrees):
     config = dict(DRAFTER_CONFIG, eagle_aux_hidden_state_layer_ids=stale_layer_ids)
-    (drafter / "config.json").write_text(json.dumps(config))
+    _write(drafter, config, trained=DRAFTER_CONFIG)
     assert _agrees(drafter) is agrees
     assert _agrees(drafter, target_layer_ids=[1, 16, 31, 46, 61]) is agrees
+
+
+def test_eagle_config_aux_ids_replace_the_taps_only_on_the_v1_runner(drafter):
+    full = dict(DRAFTER_CONFIG, layer_types=["full_attention"] * 5)
+    _write(drafter, dict(full, eagle_config={"eagle_aux_hidden_state_layer_ids": [3, 20, 40]}), trained=full)
+    assert _agrees(drafter, {}) is True
+    assert _agrees(drafter, {"VLLM_USE_V2_MODEL_RUNNER": "0"}) is False
 
 
 def test_other_methods(tmp_path):
@@ -606,7 +702,8 @@ def test_other_methods(tmp_path):
     for bad in ({"method": "eagle", "model": str(tmp_path / "missing"), "num_speculative_tokens": 3},
                 {"method": "eagle", "num_speculative_tokens": 3},
                 {"method": "ngram"},
-                {"method": "medusa2", "num_speculative_tokens": 3}):
+                {"method": "medusa2", "num_speculative_tokens": 3},
+                {"method": "eagle", "model": str(eagle), "num_speculative_tokens": 3, "foo": 1}):
         with pytest.raises(SpeculativeConfigError):
             SpeculativeDecoding.from_config(bad, {})
 

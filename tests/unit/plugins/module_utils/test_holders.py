@@ -258,7 +258,7 @@ def test_without_nvml_the_map_comes_from_proc_driver(tmp_path):
     gpus, source = _gpus.minor_map({"available": False, "gpus": []}, str(tmp_path))
     assert source == "proc_driver"
     assert [(gpu["index"], gpu["minor"], gpu["pci_bus_id"]) for gpu in gpus] == [(0, 3, "00000000:18:00.0"),
-                                                                                 (1, 0, "00000000:2a:00.0")]
+                                                                                 (1, 0, "00000000:2A:00.0")]
     view = _holders.merge(None, gpus, {20: handles(20, minors=[0])}, details(20))
     assert [(gpu["index"], gpu["memory_used_mib"], gpu["unexplained_mib"]) for gpu in view["gpus"]] == [
         (0, None, None), (1, None, None)]

@@ -5,11 +5,16 @@
 """_nvml against a fake pynvml: same functions and the real pynvml exception classes, no driver behind it."""
 from __future__ import annotations
 
+import ctypes
 import errno
 import json
 import os
 import time
 import types
+
+import importlib.metadata
+import re
+from pathlib import Path
 
 import pynvml
 import pytest
@@ -24,14 +29,27 @@ def nvml_error(code):
     return pynvml.NVMLError(code)
 
 
+NO_ID = 0xFFFFFFFF
+
+
 class FakeGpu:
+    """A GPU, or (parent set) a MIG device. List entries: (pid, bytes or None[, gi, ci])."""
+
     def __init__(self, minor, uuid, name="NVIDIA H100 80GB HBM3", bus="00000000:18:00.0", total_mib=81559,
-                 used_mib=1000, reserved_mib=529, compute=(), graphics=(), mps=None, lost=False, memory_v2=True):
+                 used_mib=1000, reserved_mib=529, compute=(), graphics=(), mps=None, lost=False, memory_v2=True,
+                 mig_mode=None, migs=(), privileged=True, gi=None, ci=None):
         self.minor, self.uuid, self.name, self.bus = minor, uuid, name, bus
         self.total_mib, self.used_mib, self.reserved_mib = total_mib, used_mib, reserved_mib
         self.lists = {"compute": list(compute), "graphics": list(graphics), "mps": mps}
         self.lost, self.memory_v2 = lost, memory_v2
         self.insufficient_size = 0  # how many list calls answer NVML_ERROR_INSUFFICIENT_SIZE first
+        self.mig_mode, self.migs, self.privileged = mig_mode, list(migs), privileged  # mig_mode: None = NotSupported
+        self.gi, self.ci, self.parent = gi, ci, None
+        for mig in self.migs:
+            mig.parent = self
+
+    def aggregate_refused(self):
+        return self.mig_mode is not None and self.mig_mode[0] == 1 and not self.privileged
 
 
 class FakeNvml:
@@ -45,11 +63,16 @@ class FakeNvml:
     NVMLError_GpuIsLost = pynvml.NVMLError_GpuIsLost
     nvmlMemory_v2 = pynvml.nvmlMemory_v2
 
-    def __init__(self, gpus, init_error=None, count_delay=0.0):
+    NVMLError_NotFound = pynvml.NVMLError_NotFound
+    NVMLLibraryMismatchError = pynvml.NVMLLibraryMismatchError
+
+    def __init__(self, gpus, init_error=None, count_delay=0.0, symbols=("v3", "v2", "v1")):
         self.gpus = gpus
         self.init_error = init_error
         self.count_delay = count_delay
         self.init_calls = 0
+        self.symbols = symbols  # which process-list symbol versions the "driver library" has
+        self.raw_calls = []
 
     def nvmlInit(self):
         self.init_calls += 1
@@ -89,6 +112,8 @@ class FakeNvml:
         return types.SimpleNamespace(busId=gpu.bus.encode())
 
     def nvmlDeviceGetMemoryInfo(self, gpu, version=None):
+        if gpu.aggregate_refused():
+            raise nvml_error(pynvml.NVML_ERROR_NO_PERMISSION)
         if version is None:  # v1: used includes reserved
             return types.SimpleNamespace(total=gpu.total_mib * MIB, used=(gpu.used_mib + gpu.reserved_mib) * MIB,
                                          free=(gpu.total_mib - gpu.used_mib - gpu.reserved_mib) * MIB)
@@ -98,13 +123,21 @@ class FakeNvml:
         return types.SimpleNamespace(total=gpu.total_mib * MIB, used=gpu.used_mib * MIB, reserved=gpu.reserved_mib * MIB,
                                      free=(gpu.total_mib - gpu.used_mib - gpu.reserved_mib) * MIB)
 
-    def _list(self, kind, gpu):
+    def _entries(self, kind, gpu):
+        if gpu.aggregate_refused():
+            raise nvml_error(pynvml.NVML_ERROR_NO_PERMISSION)
         if gpu.lists[kind] is None:
             raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
         if gpu.insufficient_size:
             gpu.insufficient_size -= 1
             raise nvml_error(pynvml.NVML_ERROR_INSUFFICIENT_SIZE)
-        return [types.SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in gpu.lists[kind]]
+        return [tuple(item) + (NO_ID, NO_ID)[len(item) - 2:] for item in gpu.lists[kind]]
+
+    def _list(self, kind, gpu):
+        if "v3" not in self.symbols:  # what pynvml 13.x raises for a missing _v3 symbol
+            raise pynvml.NVMLLibraryMismatchError("Unversioned function called and the pyNVML version does not match")
+        return [types.SimpleNamespace(pid=pid, usedGpuMemory=used, gpuInstanceId=gi, computeInstanceId=ci)
+                for pid, used, gi, ci in self._entries(kind, gpu)]
 
     def nvmlDeviceGetComputeRunningProcesses(self, gpu):
         return self._list("compute", gpu)
@@ -114,6 +147,57 @@ class FakeNvml:
 
     def nvmlDeviceGetMPSComputeRunningProcesses(self, gpu):
         return self._list("mps", gpu)
+
+    def _nvmlGetFunctionPointer(self, name):
+        """The C calling convention of the older list symbols: fn(handle, byref(c_uint count), array or None)."""
+        version = "v2" if name.endswith("_v2") else "v1"
+        if version not in self.symbols or name.endswith("_v3"):
+            raise nvml_error(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        kind = "compute" if "Compute" in name and "MPS" not in name else "graphics" if "Graphics" in name else "mps"
+
+        def function(gpu, count_ref, array):
+            self.raw_calls.append(name)
+            try:
+                entries = self._entries(kind, gpu)
+            except pynvml.NVMLError as exc:
+                return exc.value
+            count = count_ref._obj  # pylint: disable=protected-access
+            if array is None or count.value < len(entries):
+                count.value = len(entries)
+                return 0 if not entries else pynvml.NVML_ERROR_INSUFFICIENT_SIZE
+            expected = 24 if version == "v2" else 16
+            assert ctypes.sizeof(array) // len(array) == expected, "wrong struct for " + name
+            for slot, (pid, used, gi, ci) in zip(array, entries):
+                slot.pid, slot.usedGpuMemory = pid, (1 << 64) - 1 if used is None else used
+                if version == "v2":
+                    slot.gpuInstanceId, slot.computeInstanceId = gi, ci
+            count.value = len(entries)
+            return 0
+        return function
+
+    # MIG (a MIG device is a FakeGpu whose parent is set)
+    def nvmlDeviceGetMigMode(self, gpu):
+        if gpu.parent is not None or gpu.mig_mode is None:
+            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return list(gpu.mig_mode)
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, gpu):
+        return 7 if gpu.mig_mode and gpu.mig_mode[0] == 1 else 0
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, gpu, index):
+        if index >= len(gpu.migs):
+            raise nvml_error(pynvml.NVML_ERROR_NOT_FOUND)
+        return gpu.migs[index]
+
+    def nvmlDeviceGetGpuInstanceId(self, mig):
+        return mig.gi
+
+    def nvmlDeviceGetComputeInstanceId(self, mig):
+        return mig.ci
+
+
+def proc(pid, used_mib, kind, gi=None, ci=None):
+    return {"pid": pid, "used_mib": used_mib, "type": kind, "gpu_instance_id": gi, "compute_instance_id": ci}
 
 
 def two_gpus():
@@ -134,11 +218,12 @@ def test_read_driver_full_reading_with_v2_memory():
     assert (first["index"], first["minor"], first["uuid"], first["name"], first["pci_bus_id"]) == (
         0, 5, "GPU-aaaa", "NVIDIA H100 80GB HBM3", "00000000:18:00.0")
     assert first["memory"] == {"total_mib": 81559, "used_mib": 71000, "free_mib": 81559 - 71000 - 529,
-                               "reserved_mib": 529, "source": "nvmlDeviceGetMemoryInfo_v2"}
+                               "reserved_mib": 529, "source": "nvmlDeviceGetMemoryInfo_v2",
+                               "used_includes_reserved": False, "used_excluding_reserved_mib": 71000}
     # usedGpuMemory None (NVML_VALUE_NOT_AVAILABLE) stays None; MPS NotSupported is skipped, not an error.
-    assert first["processes"] == [{"pid": 4242, "used_mib": 70000, "type": "compute"},
-                                  {"pid": 4243, "used_mib": None, "type": "compute"},
-                                  {"pid": 4300, "used_mib": 12, "type": "graphics"}]
+    assert first["processes"] == [proc(4242, 70000, "compute"), proc(4243, None, "compute"), proc(4300, 12, "graphics")]
+    assert (first["process_list_version"], first["processes_error"]) == ("v3", None)
+    assert (first["mig_mode"], first["mig_devices"]) == (None, [])
     assert first["error"] is None
     assert (second["index"], second["minor"], second["processes"]) == (1, 2, [])
     json.dumps(reading)  # plain data: it crosses the worker pipe as JSON
@@ -157,7 +242,8 @@ def test_memory_falls_back_to_v1_without_reserved(v2_error):
     gpu = _nvml.read_gpu(fake, 0)
     assert gpu["error"] is None
     assert gpu["memory"] == {"total_mib": 81559, "used_mib": 1000, "free_mib": 81559 - 1000, "reserved_mib": None,
-                             "source": "nvmlDeviceGetMemoryInfo"}
+                             "source": "nvmlDeviceGetMemoryInfo", "used_includes_reserved": True,
+                             "used_excluding_reserved_mib": None}
 
 
 def test_memory_error_other_than_missing_v2_is_the_gpus_error():
@@ -172,7 +258,7 @@ def test_process_list_retried_when_it_grows_mid_call():
     gpu.insufficient_size = 2
     reading = _nvml.read_gpu(FakeNvml([gpu]), 0)
     assert reading["error"] is None
-    assert reading["processes"] == [{"pid": 4242, "used_mib": 10, "type": "compute"}]
+    assert reading["processes"] == [proc(4242, 10, "compute")]
 
 
 def test_process_list_that_keeps_growing_gives_up_with_the_error():
@@ -257,3 +343,96 @@ def test_driver_query_worker_that_dies_is_reported():
     with pytest.raises(_nvml.NvmlTimeout, match="exited unexpectedly"):
         query.read(timeout=5)
     assert gone(pid)
+
+
+# ---- process-list versions: _v3 -> _v2 -> v1 ------------------------------------------------------
+
+
+@pytest.mark.parametrize("symbols, version", [(("v2", "v1"), "v2"), (("v1",), "v1")])
+def test_process_lists_fall_back_when_v3_symbols_are_missing(symbols, version):
+    fake = FakeNvml(two_gpus(), symbols=symbols)
+    reading = _nvml.read_driver(fake)
+    first, second = reading["gpus"]
+    assert first["error"] is None and second["error"] is None
+    assert first["processes"] == [proc(4242, 70000, "compute"), proc(4243, None, "compute"), proc(4300, 12, "graphics")]
+    assert (first["process_list_version"], second["process_list_version"]) == (version, version)
+    called = {name.rsplit("_v", 1)[0] if name.endswith("_v2") else name for name in fake.raw_calls}
+    assert called == {"nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses",
+                      "nvmlDeviceGetMPSComputeRunningProcesses"}
+    assert all(name.endswith("_v2") == (version == "v2") for name in fake.raw_calls)
+
+
+def test_v2_entries_keep_instance_ids_and_not_available_memory():
+    gpu = FakeGpu(0, "GPU-aaaa", compute=[(7, 100 * MIB, 3, 0), (8, None)])
+    reading = _nvml.read_gpu(FakeNvml([gpu], symbols=("v2", "v1")), 0)
+    assert reading["processes"] == [proc(7, 100, "compute", 3, 0), proc(8, None, "compute")]
+
+
+def test_no_process_list_symbol_at_all_is_the_gpus_error():
+    reading = _nvml.read_gpu(FakeNvml(two_gpus(), symbols=()), 0)
+    assert reading["error"] == "Function Not Found"
+
+
+def test_process_struct_of_pinned_pynvml_is_24_bytes():
+    """nvidia-ml-py 12.535.77 declared 32 bytes (usedGpuCcProtectedMemory) for the 24-byte _v3 entries."""
+    assert ctypes.sizeof(pynvml.c_nvmlProcessInfo_t) == 24
+    assert ctypes.sizeof(_nvml._ProcessInfoV2) == 24 and ctypes.sizeof(_nvml._ProcessInfoV1) == 16  # pylint: disable=protected-access
+
+
+def _version(text):
+    return tuple(int(part) for part in text.split("."))
+
+
+def test_nvidia_ml_py_floor_is_declared_everywhere_and_installed():
+    root = Path(__file__).resolve().parents[4]
+    floors = set()
+    for path in ("requirements.txt", "execution-environment.yml", "meta/execution-environment.yml"):
+        if (root / path).exists():
+            floors.update(re.findall(r"nvidia-ml-py\s*>=\s*([0-9.]+)", (root / path).read_text()))
+    assert floors == {"12.535.108"}
+    installed = importlib.metadata.version("nvidia-ml-py")
+    assert _version(installed) >= _version("12.535.108")
+
+
+# ---- MIG ---------------------------------------------------------------------------------------
+
+
+def mig_gpu(privileged=True):
+    migs = [FakeGpu(None, "MIG-1111", name="NVIDIA H100 80GB HBM3 MIG 3g.40gb", total_mib=40448, used_mib=5000,
+                    reserved_mib=0, compute=[(501, 5000 * MIB, 2, 0)], gi=2, ci=0),
+            FakeGpu(None, "MIG-2222", name="NVIDIA H100 80GB HBM3 MIG 1g.10gb", total_mib=9984, used_mib=0,
+                    reserved_mib=0, compute=[], gi=7, ci=0)]
+    return FakeGpu(0, "GPU-aaaa", used_mib=5000, compute=[(501, 5000 * MIB, 2, 0)], mig_mode=(1, 1), migs=migs,
+                   privileged=privileged)
+
+
+def test_mig_facts_and_instance_ids_privileged():
+    gpu = _nvml.read_gpu(FakeNvml([mig_gpu()]), 0)
+    assert gpu["error"] is None and gpu["processes_error"] is None
+    assert gpu["mig_mode"] == {"current": True, "pending": True}
+    assert gpu["memory"]["source"] == "nvmlDeviceGetMemoryInfo_v2"
+    assert gpu["processes"] == [proc(501, 5000, "compute", 2, 0)]
+    assert gpu["mig_devices"] == [
+        {"index": 0, "uuid": "MIG-1111", "gpu_instance_id": 2, "compute_instance_id": 0,
+         "name": "NVIDIA H100 80GB HBM3 MIG 3g.40gb", "profile": "3g.40gb", "memory_total_mib": 40448,
+         "memory_used_mib": 5000, "memory_free_mib": 40448 - 5000, "memory_source": "nvmlDeviceGetMemoryInfo_v2"},
+        {"index": 1, "uuid": "MIG-2222", "gpu_instance_id": 7, "compute_instance_id": 0,
+         "name": "NVIDIA H100 80GB HBM3 MIG 1g.10gb", "profile": "1g.10gb", "memory_total_mib": 9984,
+         "memory_used_mib": 0, "memory_free_mib": 9984, "memory_source": "nvmlDeviceGetMemoryInfo_v2"}]
+    json.dumps(gpu)
+
+
+def test_mig_without_privilege_is_said_per_gpu_not_a_gpu_error():
+    gpu = _nvml.read_gpu(FakeNvml([mig_gpu(privileged=False)]), 0)
+    assert gpu["error"] is None
+    assert "Insufficient Permissions" in gpu["processes_error"] and "per-MIG-device" in gpu["processes_error"]
+    assert gpu["processes"] == [proc(501, 5000, "compute", 2, 0)]  # from the MIG device handles
+    assert gpu["memory"] == {"total_mib": 40448 + 9984, "used_mib": 5000, "free_mib": 40448 + 9984 - 5000,
+                             "reserved_mib": None, "source": "mig_devices", "used_includes_reserved": False,
+                             "used_excluding_reserved_mib": 5000}
+
+
+def test_mig_pending_only_lists_no_devices():
+    gpu = FakeGpu(0, "GPU-aaaa", mig_mode=(0, 1))
+    reading = _nvml.read_gpu(FakeNvml([gpu]), 0)
+    assert reading["mig_mode"] == {"current": False, "pending": True} and reading["mig_devices"] == []

@@ -69,7 +69,7 @@ def test_fd_and_mapping_give_minors_control_and_seen_in(proc):
                                  5: "anon_inode:[eventfd]"}, maps=maps)
     handles = _procscan.scan_process(100, str(proc))
     assert handles.as_dict() == {"pid": 100, "minors": [2, 3], "mapped": [2], "ctl": True, "uvm": False, "control": True,
-                                 "seen_in": ["fd", "mapping"], "thread_only": False}
+                                 "seen_in": ["fd", "mapping"], "thread_only": False, "caps": []}
     assert handles.cuda is True  # a device mapping is CUDA's, NVML never maps a device
 
 
@@ -178,7 +178,7 @@ def test_proc_driver_minors_reads_information_files_in_bus_order(proc):
     assert _procscan.proc_driver_minors(str(proc)) == [
         {"pci_bus_id": "00000000:18:00.0", "minor": 2, "uuid": "GPU-5a3e1c2b-1111-4000-8000-000000000000",
          "name": "NVIDIA H100 80GB HBM3"},
-        {"pci_bus_id": "00000000:2a:00.0", "minor": 0, "uuid": "GPU-5a3e1c2b-2222-4000-8000-000000000000",
+        {"pci_bus_id": "00000000:2A:00.0", "minor": 0, "uuid": "GPU-5a3e1c2b-2222-4000-8000-000000000000",
          "name": "NVIDIA H100 80GB HBM3"},
     ]
 

@@ -1,0 +1,124 @@
+"""Owners of holders (issue 14) on a simulated node with real cgroups: each owner kind is reported, each owner
+filter ends exactly its holders, a unit with Restart=always is named in check mode and stopped with stop_owners,
+and a respawning agent is named."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ansible_run import module, only
+from nodetools import CUDA_PROCESS, _await_ready, _ready_file, alive, cuda_spec, node_python, wait_for
+from simnode import inventory_file
+
+CONTAINER = "4f" * 32
+POD_UID = "6b1f3c2e-8a4d-4c1e-9f2a-0d3b5e7a9c11"
+CGROUPS = {
+    "unit": "/system.slice/vllm@a.service",
+    "docker": "/system.slice/docker-%s.scope" % CONTAINER,
+    "pod": "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod%s.slice/cri-containerd-%s.scope"
+           % (POD_UID.replace("-", "_"), "9a" * 32),
+    "slurm": "/system.slice/slurmstepd.scope/job_42/step_0/user/task_0",
+}
+
+# A torchrun-like agent: restarts its CUDA child whenever it exits (as torch.distributed.elastic does). Installed
+# as a script named torchrun, so its command line reads like the real one: `python .../torchrun --nproc-per-node 1 ...`.
+AGENT = r"""
+import json, subprocess, sys, time
+spec, code = json.loads(sys.argv[-2]), sys.argv[-1]
+for _ in range(5):
+    subprocess.run([sys.executable, "-c", code, json.dumps(spec)])
+time.sleep(3600)
+"""
+
+
+def start_in_cgroup(node, gpu, cgroup, title):
+    path, host_path = _ready_file(node, "owner")
+    spec = dict(cuda_spec([gpu], 2000, title=title), ready=path)
+    node.exec("sh", "-c", 'exec "$@" </dev/null >/dev/null 2>&1', "sh", "setsid", "-f", node_python(), "-c",
+              CUDA_PROCESS, json.dumps(spec), cgroup=cgroup)
+    return _await_ready(host_path, title)[0]
+
+
+@pytest.fixture
+def owned(simnode, tmp_path):
+    node = simnode(gpus=5, release_latency=0.2)
+    if node.cgroup_root is None:
+        pytest.skip("this machine gives simulated nodes no owner cgroups: %s" % node.info.get("cgroup_unsupported"))
+    node.set_units({"vllm@a.service": {"Restart": "always", "TimeoutStopSec": 5}})
+    pids = {kind: start_in_cgroup(node, gpu, cgroup, "holder-%s" % kind) for gpu, (kind, cgroup) in enumerate(CGROUPS.items())}
+    return node, pids, inventory_file(tmp_path, node)
+
+
+def test_each_owner_kind_is_reported(owned):
+    node, pids, inventory = owned
+    status, result = only(module(inventory, "gpuops.nvidia.gpu_facts"))
+    assert status == "SUCCESS", result
+    owners = {h["pid"]: h["owner"] for h in result["ansible_facts"]["nvidia"]["holders"]}
+    assert owners[pids["unit"]]["systemd_unit"] == "vllm@a.service" and owners[pids["unit"]]["unit_restart"] == "always"
+    assert (owners[pids["docker"]]["container_id"], owners[pids["docker"]]["runtime"]) == (CONTAINER, "docker")
+    assert owners[pids["pod"]]["pod_uid"] == POD_UID and owners[pids["pod"]]["runtime"] == "containerd"
+    assert owners[pids["slurm"]]["slurm_job"] == "42"
+    # Missing pieces are null, never guessed.
+    assert owners[pids["docker"]]["pod_uid"] is None and owners[pids["slurm"]]["container_id"] is None
+
+
+@pytest.mark.parametrize("selection, kind", [
+    ({"units": ["vllm@a"]}, "unit"),
+    ({"containers": [CONTAINER[:12]]}, "docker"),
+    ({"pods": [POD_UID]}, "pod"),
+    ({"slurm_jobs": ["42"]}, "slurm"),
+])
+def test_each_owner_filter_ends_exactly_its_holders(owned, selection, kind):
+    node, pids, inventory = owned
+    status, result = only(module(inventory, "gpuops.nvidia.gpu_kill", dict(selection, grace_period=2)))
+    assert status == "CHANGED" and [p["pid"] for p in result["signalled"]] == [pids[kind]], result
+    wait_for(lambda: not alive(node, pids[kind]), 10, what="the selected holder's exit")
+    assert all(alive(node, pid) for other, pid in pids.items() if other != kind)
+    status, result = only(module(inventory, "gpuops.nvidia.gpu_kill", selection))
+    assert status == "SUCCESS" and result["changed"] is False
+
+
+def test_restarting_unit_is_named_in_check_mode_and_stopped_with_stop_owners(owned):
+    node, pids, inventory = owned
+    status, result = only(module(inventory, "gpuops.nvidia.gpu_kill", {"units": ["vllm@a"]}, check=True))
+    (planned,) = result["would_signal"]
+    assert status == "CHANGED" and planned["pid"] == pids["unit"] and "Restart=always" in planned["owner_note"], result
+    assert alive(node, pids["unit"])
+    status, result = only(module(inventory, "gpuops.nvidia.gpu_kill", {"units": ["vllm@a"], "stop_owners": True}))
+    assert status == "CHANGED" and result["stopped_units"] == ["vllm@a.service"], result
+    wait_for(lambda: not alive(node, pids["unit"]), 10, what="the unit's holder")
+    assert alive(node, pids["docker"]) and alive(node, pids["pod"])
+
+
+def test_container_holder_gets_the_command_that_stops_its_owner(owned):
+    node, pids, inventory = owned
+    status, result = only(module(inventory, "gpuops.nvidia.gpu_kill",
+                                 {"containers": [CONTAINER], "stop_owners": True, "grace_period": 2}))
+    assert status == "CHANGED" and result["owner_commands"] == ["docker stop %s" % CONTAINER[:12]], result
+    assert result["stopped_units"] == [] and not alive(node, pids["docker"])
+
+
+def test_respawning_agent_is_named_with_its_parent(simnode, tmp_path):
+    node = simnode(gpus=1, release_latency=0.1)
+    path, host_path = _ready_file(node, "agent-child")
+    spec = dict(cuda_spec([0], 1000, title="train-worker"), ready=path)
+    script = host_path.parent / "torchrun"
+    script.write_text(AGENT)
+    node.exec("sh", "-c", 'exec "$@" </dev/null >/dev/null 2>&1', "sh", "setsid", "-f", node_python(),
+              "/run/gpusim/nodetools/torchrun", "--nproc-per-node", "1", json.dumps(spec), CUDA_PROCESS)
+    first = _await_ready(host_path, "the agent's first child")[0]
+    inventory = inventory_file(tmp_path, node)
+    status, result = only(module(inventory, "gpuops.nvidia.gpu_facts"))
+    (holder,) = result["ansible_facts"]["nvidia"]["holders"]
+    assert holder["pid"] == first and holder["owner"]["agent"]["kind"] == "torchrun", holder
+    agent = holder["owner"]["agent"]["pid"]
+    status, result = only(module(inventory, "gpuops.nvidia.gpu_kill", {"grace_period": 2}))
+    assert status == "CHANGED" and [p["pid"] for p in result["signalled"]] == [first], result
+    # The agent starts a new worker; the wait names it with its parent and says to stop that parent.
+    second = wait_for(lambda: _await_ready(host_path, "the agent's next child")[0] != first
+                      and _await_ready(host_path, "")[0], 20, what="the respawned child")
+    status, result = only(module(inventory, "gpuops.nvidia.gpu_wait", {"timeout": 1}))
+    assert status == "FAILED!" and "PID %s" % second in result["msg"], result["msg"]
+    assert "stop their parent (PID %s" % agent in result["msg"], result["msg"]
