@@ -166,7 +166,9 @@ class Inspector:
             details = process_details(psutil, pid, self.proc)
             if details is not None:
                 processes[pid] = details
-        view = _holders.merge(driver, table, scan, processes, tolerance_mib, exclude_pids=own)
+        mig = any((gpu.get("mig_mode") or {}).get("current") for gpu in driver.get("gpus", []))
+        view = _holders.merge(driver, table, scan, processes, tolerance_mib, exclude_pids=own,
+                              caps=_procscan.cap_map(self.proc) if mig else None)
         if owners or (owners is None and listed is None):
             cache = {}
             for process in view["holders"] + view["device_users"]:

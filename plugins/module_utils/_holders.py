@@ -12,8 +12,23 @@ driver's lists do not explain, a CUDA user that holds GPU i's device file withou
 device files open is a device user: NVML clients and NCCL workers open every /dev/nvidiaN of the
 host with no context there. GPUs are matched through the minor number -> NVML index map; minor ==
 index is never assumed. `merge` is pure: the snapshot (module_utils/_gpus.py) reads /proc and psutil.
+
+On a MIG-enabled GPU every instance (MIG device) gets the same view: a listed process belongs to the instance
+whose GPU/compute instance ids its list entry carries; a process the driver lists nowhere is tied to an instance
+by the MIG capability files it holds (/dev/nvidia-caps/nvidia-capN of its GPU and compute instance, docs/mig.md).
 """
 from __future__ import annotations
+
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _procscan
+
+# NVML memory info v1 `used` includes the reserved memory since driver R510 (the release that added
+# nvmlDeviceGetMemoryInfo_v2 to report it apart: wookayin/gpustat#141, rust-nvml/nvml-wrapper#57), and v1 cannot
+# tell it apart. Where only v1 is there (v2 missing or answering FUNCTION_NOT_FOUND, NVIDIA/nvidia-settings#78), the
+# tolerance grows by this share of the memory: reserved memory is a few hundred MiB to about 1 GiB per GPU
+# (912 MB of an idle 40 GB A100 in nvml-wrapper#57, "a few hundred MB to ~1 GB" on H20/B200/B300 in
+# scitix/sichek#113), while the context of an inference server is tens of GiB (docs/attribution.md, "v1 memory").
+V1_RESERVED_SHARE = 0.05
+_RESERVED_IN_V1_SINCE = 510
 
 
 def _memory_unexplained(used, listed, listed_unknown, tolerance_mib):
@@ -41,7 +56,50 @@ def _file_indices(handles, by_minor, unmapped):
     return indices
 
 
-def merge(driver, table, scan, processes, tolerance_mib=256, exclude_pids=()):
+def _reserved_in_used(memory, driver):
+    """True when `memory` (an _nvml memory dict, or a MIG device's) comes from NVML memory info v1 of a driver whose
+    v1 `used` includes reserved memory (R510 and later, or an unknown version)."""
+    if memory.get("used_includes_reserved") is False or memory.get("source", memory.get("memory_source")) != "nvmlDeviceGetMemoryInfo":
+        return False
+    major = str((driver or {}).get("driver_version") or "").split(".", 1)[0]
+    return not (major.isdigit() and int(major) < _RESERVED_IN_V1_SINCE)
+
+
+def reserved_allowance(total_mib, memory, driver):
+    """MiB added to the tolerance where used memory includes reserved memory (v1), else 0."""
+    if total_mib is None or not _reserved_in_used(memory, driver):
+        return 0
+    return int(total_mib * V1_RESERVED_SHARE)
+
+
+def _instances_held(cap_minors, gpu_minor, instances, lookup):
+    """The MIG devices of GPU minor `gpu_minor` (`instances`: mig_devices entries) whose capability files a process
+    holds (`cap_minors`): those whose compute instance file it holds, or, for a GPU instance file alone, every
+    compute instance of that GPU instance."""
+    gis, cis = set(), set()
+    for cap in cap_minors:
+        granted = lookup(cap)
+        if granted is None or granted[0] != gpu_minor:
+            continue
+        if granted[2] is None:
+            gis.add(granted[1])
+        else:
+            cis.add((granted[1], granted[2]))
+    ci_gis = {gi for gi, _ci in cis}
+    return [d for d in instances if (d["gpu_instance_id"], d["compute_instance_id"]) in cis
+            or (d["gpu_instance_id"] in gis and d["gpu_instance_id"] not in ci_gis)]
+
+
+def _instance_of(item, instances):
+    """The MIG device whose ids a process-list entry carries, or None (no ids: not MIG, or a v1 list)."""
+    for device in instances:
+        if (item.get("gpu_instance_id") is not None and item.get("gpu_instance_id") == device["gpu_instance_id"]
+                and item.get("compute_instance_id") == device["compute_instance_id"]):
+            return device
+    return None
+
+
+def merge(driver, table, scan, processes, tolerance_mib=256, exclude_pids=(), caps=None):
     """Build the per-GPU view, the holders and the device users from one NVML reading and one /proc scan.
 
     Args:
@@ -50,8 +108,11 @@ def merge(driver, table, scan, processes, tolerance_mib=256, exclude_pids=()):
         scan: {pid: DeviceHandles} from _procscan (a full scan, or the listed PIDs only).
         processes: {pid: process_details() dict} for the scanned and listed PIDs that exist here.
         tolerance_mib: used memory the driver's lists may leave unexplained before device-file
-            users become holders (the idle floor that max_used_mib allows; docs/attribution.md).
+            users become holders (the idle floor that max_used_mib allows; docs/attribution.md); plus
+            reserved_allowance() where used memory includes reserved memory (NVML memory info v1).
         exclude_pids: PIDs that are ours (this module, its NVML worker): never holders or users.
+        caps: _procscan.cap_map() ({cap minor: (GPU minor, GPU instance id, compute instance id or None)}), or None
+            for the driver's fixed numbering (_procscan.mig_cap).
 
     Returns a dict:
       gpus: [{"index", "minor", "uuid", "name", "pci_bus_id", "memory_total_mib", "memory_used_mib",
@@ -61,10 +122,16 @@ def merge(driver, table, scan, processes, tolerance_mib=256, exclude_pids=()):
               tolerance_mib, or unknown), "tolerance_mib", "foreign" ([{pid, used_mib, type, reason ("absent" or
               "not_holding"), comm}]: listed PIDs that no process here confirms), "suspects" (PIDs of NVML-only
               clients holding the device file where memory is unexplained and no CUDA user does),
-              "holder_pids", "device_user_pids"}]
+              "holder_pids", "device_user_pids", "mig_mode", "process_list_version", "processes_error",
+              "memory_used_includes_reserved" (NVML memory info v1 of a driver R510 or later: used memory includes
+              reserved memory, so unexplained_mib does too), "memory_used_excluding_reserved_mib" (None with v1),
+              "reserved_allowance_mib" (added to tolerance_mib where used memory includes reserved memory, else 0),
+              "mig_devices" ([] unless MIG is enabled: _nvml's MIG devices, each with "listed_mib", "unexplained_mib",
+              "memory_unexplained", "tolerance_mib", "foreign", "holder_pids")}]
       holders: [process details + {"gpus" (indices held), "device_gpus" (indices whose device file is open),
                 "minors", "memory_mib" ({"<index>": MiB or None}), "attribution" ({"<index>": "driver" or
-                "device_file"}), "seen_in" (subset of driver, fd, mapping), "kind" ("cuda" or "nvml"),
+                "device_file"}), "mig" ({"<index>": [MIG UUIDs of the instances it holds there]}),
+                "seen_in" (subset of driver, fd, mapping), "kind" ("cuda" or "nvml"),
                 "control_only" (listed while holding no device file: an MPS client), "thread_only"}]
       device_users: [process details + {"device_gpus", "minors", "kind", "seen_in", "thread_only"}]
       unmapped_minors: minors held by some process that no known GPU has.
@@ -75,13 +142,16 @@ def merge(driver, table, scan, processes, tolerance_mib=256, exclude_pids=()):
     unmapped = set()
     files = {pid: _file_indices(handles, by_minor, unmapped) for pid, handles in scan.items() if pid not in exclude}
 
-    held = {}  # pid -> {"gpus": {index: MiB or None}, "attribution": {index: how}}
+    held = {}  # pid -> {"memory": {index: MiB or None}, "attribution": {index: how}, "mig": {index: {uuid}}}
+    lookup = _procscan.mig_cap if caps is None else caps.get
 
-    def hold(pid, index, mib, how):
-        entry = held.setdefault(pid, {"memory": {}, "attribution": {}})
+    def hold(pid, index, mib, how, instances=()):
+        entry = held.setdefault(pid, {"memory": {}, "attribution": {}, "mig": {}})
         previous = entry["memory"].get(index)
         entry["memory"][index] = mib if previous is None else previous + (mib or 0)
         entry["attribution"].setdefault(index, how)
+        for device in instances:
+            entry["mig"].setdefault(index, set()).add(device["uuid"])
 
     gpus = []
     for entry in table:
@@ -94,6 +164,13 @@ def merge(driver, table, scan, processes, tolerance_mib=256, exclude_pids=()):
             "memory_free_mib": memory.get("free_mib"), "memory_reserved_mib": memory.get("reserved_mib"),
             "memory_source": memory.get("source"), "error": nvml_gpu.get("error"), "driver_processes": [],
             "foreign": [], "suspects": [], "tolerance_mib": tolerance_mib,
+            "mig_mode": nvml_gpu.get("mig_mode"), "process_list_version": nvml_gpu.get("process_list_version"),
+            "processes_error": nvml_gpu.get("processes_error"),
+            "memory_used_includes_reserved": _reserved_in_used(memory, driver) if memory else None,
+            "memory_used_excluding_reserved_mib": memory.get("used_excluding_reserved_mib"),
+            "reserved_allowance_mib": reserved_allowance(memory.get("total_mib"), memory, driver),
+            "mig_devices": [dict(device, listed_mib=0, listed_unknown=False, foreign=[], holder_pids=[])
+                            for device in nvml_gpu.get("mig_devices") or ()],
         })
         listed, listed_unknown = 0, False
         for item in nvml_gpu.get("processes", []):
@@ -105,38 +182,63 @@ def merge(driver, table, scan, processes, tolerance_mib=256, exclude_pids=()):
                 verified = handles is not None and index in files.get(pid, ())
             verified = verified and pid in processes and pid not in exclude
             gpu["driver_processes"].append(dict(item, verified=verified))
+            instance = _instance_of(item, gpu["mig_devices"])
             if item["used_mib"] is None:
                 listed_unknown = True
             else:
                 listed += item["used_mib"]
+            if instance is not None:
+                instance["listed_unknown"] = instance["listed_unknown"] or item["used_mib"] is None
+                instance["listed_mib"] += item["used_mib"] or 0
             if verified:
-                hold(pid, index, item["used_mib"], "driver")
+                hold(pid, index, item["used_mib"], "driver", [instance] if instance else ())
             elif pid not in exclude:
                 present = processes.get(pid)
-                gpu["foreign"].append({"pid": pid, "used_mib": item["used_mib"], "type": item["type"],
-                                       "reason": "not_holding" if present else "absent",
-                                       "comm": present["comm"] if present else None})
+                foreign = {"pid": pid, "used_mib": item["used_mib"], "type": item["type"],
+                           "reason": "not_holding" if present else "absent", "comm": present["comm"] if present else None}
+                gpu["foreign"].append(foreign)
+                if instance is not None:
+                    instance["foreign"].append(foreign)
         gpu["explained_mib"] = listed
+        gpu["tolerance_mib"] = tolerance_mib + gpu["reserved_allowance_mib"]
         gpu["unexplained_mib"], gpu["memory_unexplained"] = _memory_unexplained(
-            gpu["memory_used_mib"], listed, listed_unknown, tolerance_mib)
+            gpu["memory_used_mib"], listed, listed_unknown, gpu["tolerance_mib"])
+        for instance in gpu["mig_devices"]:
+            instance["reserved_allowance_mib"] = reserved_allowance(instance.get("memory_total_mib"), instance, driver)
+            instance["tolerance_mib"] = tolerance_mib + instance["reserved_allowance_mib"]
+            instance["unexplained_mib"], instance["memory_unexplained"] = _memory_unexplained(
+                instance.get("memory_used_mib"), instance["listed_mib"], instance.pop("listed_unknown"),
+                instance["tolerance_mib"])
         gpus.append(gpu)
 
     listed_here = set(held)
     for gpu in gpus:
-        if not gpu["memory_unexplained"]:
+        instances = gpu["mig_devices"]
+        if not gpu["memory_unexplained"] and not any(d["memory_unexplained"] for d in instances):
             continue
         index = gpu["index"]
         candidates = [pid for pid in sorted(files) if index in files[pid] and pid not in listed_here and pid in processes]
-        cuda = [pid for pid in candidates if scan[pid].cuda]
-        for pid in cuda:
-            hold(pid, index, None, "device_file")
-        if not cuda:
-            gpu["suspects"] = candidates
+        held_here = False
+        for pid in candidates:
+            if not scan[pid].cuda:
+                continue
+            # On a MIG GPU, a process holding capability files of instances is judged by those instances' memory.
+            mine = _instances_held(scan[pid].caps, gpu["minor"], instances, lookup) if instances else []
+            if mine:
+                mine = [d for d in mine if d["memory_unexplained"]]
+                if mine:
+                    hold(pid, index, None, "device_file", mine)
+                    held_here = True
+            elif gpu["memory_unexplained"]:
+                hold(pid, index, None, "device_file")
+                held_here = True
+        if not held_here and gpu["memory_unexplained"]:
+            gpu["suspects"] = [pid for pid in candidates if not scan[pid].cuda]
     if not table:
         # No index map at all (no NVML, no /proc/driver/nvidia): CUDA users of any GPU's device file hold "a GPU".
         for pid in sorted(files):
             if scan[pid].cuda and scan[pid].minors and pid in processes:
-                held.setdefault(pid, {"memory": {}, "attribution": {}})
+                held.setdefault(pid, {"memory": {}, "attribution": {}, "mig": {}})
 
     holders, users = [], []
     for pid in sorted(set(files) | set(held)):
@@ -155,6 +257,7 @@ def merge(driver, table, scan, processes, tolerance_mib=256, exclude_pids=()):
                 "gpus": sorted(memory), "memory_mib": {str(i): memory[i] for i in sorted(memory)},
                 "attribution": {str(i): how for i, how in sorted(held[pid]["attribution"].items())},
                 "control_only": not files.get(pid),
+                "mig": {str(i): sorted(uuids) for i, uuids in sorted(held[pid]["mig"].items())},
             })
             if "driver" in details["attribution"].values():
                 details["seen_in"] = sorted(set(details["seen_in"]) | {"driver"})
@@ -164,4 +267,6 @@ def merge(driver, table, scan, processes, tolerance_mib=256, exclude_pids=()):
     for gpu in gpus:
         gpu["holder_pids"] = [h["pid"] for h in holders if gpu["index"] in h["gpus"]]
         gpu["device_user_pids"] = [u["pid"] for u in users if gpu["index"] in u["device_gpus"]]
+        for instance in gpu["mig_devices"]:
+            instance["holder_pids"] = [h["pid"] for h in holders if instance["uuid"] in h["mig"].get(str(gpu["index"]), ())]
     return {"gpus": gpus, "holders": holders, "device_users": users, "unmapped_minors": sorted(unmapped)}

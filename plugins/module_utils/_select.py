@@ -309,6 +309,9 @@ class Selection:
             index = gpu["index"]
             if self.indices is not None and index not in self.indices:
                 continue
+            if index in self.instances:
+                status.extend(self._instance_status(gpu, split, max_used_mib, timed_out))
+                continue
             holders = [brief(h, index) for h in split["targets"] if index in h["gpus"]]
             left = [dict(brief(h, index), reason=h["reason"]) for h in split["left_alone"] if index in h["gpus"]]
             left_mib = sum(h["memory_mib"] or 0 for h in left)
@@ -321,12 +324,54 @@ class Selection:
                 "memory_reserved_mib": gpu["memory_reserved_mib"], "unexplained_mib": gpu["unexplained_mib"],
                 "memory_unexplained": gpu["memory_unexplained"], "holders": holders, "left_alone": left,
                 "left_alone_mib": left_mib, "foreign": gpu["foreign"], "suspects": gpu["suspects"],
-                "memory_checked": checked, "error": gpu.get("error"),
+                "memory_checked": checked, "error": gpu.get("error"), "mig_uuid": None,
+                "reserved_allowance_mib": gpu.get("reserved_allowance_mib") or 0,
+                "memory_note": _v1_note(gpu),
                 # A GPU the driver answers with an error (lost, fallen off the bus) is never "released".
                 "released": (not holders and not gpu.get("error") and not timed_out
-                             and (not checked or used - left_mib <= max_used_mib)),
+                             and (not checked or used - left_mib <= max_used_mib + (gpu.get("reserved_allowance_mib") or 0))),
             })
         return status
+
+    def _instance_status(self, gpu, split, max_used_mib, timed_out):
+        """gpu_status entries of the selected MIG instances of `gpu`: the figures of each instance (its memory, the
+        holders of that instance), with "mig_uuid" and "mig_profile"."""
+        index, key = gpu["index"], str(gpu["index"])
+        devices = {device["uuid"]: device for device in gpu.get("mig_devices") or ()}
+        status = []
+        for uuid in sorted(self.instances[index]):
+            device = devices.get(uuid)
+            holders = [brief(h, index) for h in split["targets"] if uuid in (h.get("mig") or {}).get(key, ())]
+            left = [dict(brief(h, index), reason=h["reason"]) for h in split["left_alone"]
+                    if uuid in (h.get("mig") or {}).get(key, ())]
+            left_mib = sum(h["memory_mib"] or 0 for h in left)
+            device = device or {}
+            error = gpu.get("error") or (None if device else
+                                         "MIG device %s is no longer there (MIG reconfigured?)" % uuid)
+            if device.get("unexplained_mib") and any(h["attribution"] == "device_file" for h in left):
+                left_mib += device["unexplained_mib"]
+            used = device.get("memory_used_mib")
+            allowance = device.get("reserved_allowance_mib") or 0
+            status.append({
+                "index": index, "uuid": gpu.get("uuid"), "mig_uuid": uuid, "mig_profile": device.get("profile"),
+                "memory_used_mib": used, "memory_reserved_mib": None, "unexplained_mib": device.get("unexplained_mib"),
+                "memory_unexplained": device.get("memory_unexplained"), "holders": holders, "left_alone": left,
+                "left_alone_mib": left_mib, "foreign": device.get("foreign", []), "suspects": gpu["suspects"],
+                "memory_checked": used is not None, "error": error, "reserved_allowance_mib": allowance,
+                "memory_note": _v1_note(device) if allowance else None,
+                "released": (not holders and not error and not timed_out
+                             and (used is None or used - left_mib <= max_used_mib + allowance)),
+            })
+        return status
+
+
+def _v1_note(gpu):
+    """What a GPU whose used memory includes reserved memory (NVML memory info v1) is held against, or None."""
+    allowance = gpu.get("reserved_allowance_mib") or 0
+    if not allowance:
+        return None
+    return ("reserved memory cannot be told apart on this driver (NVML memory info v1, whose used memory includes it): "
+            "up to %d MiB (5%% of the memory) more counts as idle" % allowance)
 
 
 def brief(holder, index):

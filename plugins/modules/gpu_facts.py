@@ -31,7 +31,7 @@ description:
     unknown, so the CUDA users holding a GPU's device file are its holders, from the C(/proc) scan alone.
 author: gpuops maintainers (@gpuops)
 requirements:
-  - nvidia-ml-py (module C(pynvml)) and psutil on the managed host
+  - nvidia-ml-py >= 12.535.108 (module C(pynvml); older releases misread the process lists) and psutil on the managed host
 extends_documentation_fragment:
   - gpuops.nvidia.attributes
   - gpuops.nvidia.attributes.facts
@@ -109,6 +109,19 @@ ansible_facts:
               C(suspects) are the PIDs of NVML-only clients holding the device file where memory is unexplained and
               no CUDA user does (never holders).
             - C(error) is the NVML error for this GPU (for example a lost GPU), else null.
+            - C(process_list_version) is the version of the process-list calls that answered (C(v3), C(v2) or
+              C(v1) on drivers without the C(_v3) calls), C(processes_error) why the lists are partial (the aggregate
+              lists of a MIG GPU need root or the mig/monitor capability; the per-instance lists were read instead).
+            - C(memory_used_includes_reserved) is true where C(memory_source) is C(nvmlDeviceGetMemoryInfo) (v1) on a
+              driver R510 or later, whose used memory includes reserved memory; then
+              C(memory_used_excluding_reserved_mib) is null and C(reserved_allowance_mib) (5% of the memory) is added
+              to C(tolerance_mib) (docs/attribution.md, "v1 memory").
+            - C(mig_mode) (C(current), C(pending); null where the GPU has no MIG) and, when MIG is enabled,
+              C(mig_devices), one per MIG instance with C(index), C(uuid) (C(MIG-...)), C(gpu_instance_id),
+              C(compute_instance_id), C(name), C(profile), C(memory_total_mib), C(memory_used_mib), C(memory_free_mib),
+              C(memory_source), and its holders as for a GPU (C(holder_pids), C(listed_mib), C(unexplained_mib),
+              C(memory_unexplained), C(tolerance_mib), C(reserved_allowance_mib), C(foreign)). C(driver_processes)
+              carry C(gpu_instance_id) and C(compute_instance_id) (null without MIG).
           returned: always
           type: list
           elements: dict
@@ -143,7 +156,8 @@ ansible_facts:
               reports it (null where not), C(attribution) per GPU index C(driver) (listed by the driver) or
               C(device_file) (holds the device file where memory is unexplained), C(seen_in) where the process was
               seen (C(driver), C(fd), C(mapping)), C(kind) C(cuda) (C(/dev/nvidia-uvm) or a device mapping) or
-              C(nvml), C(parent) (C(pid), C(comm) of its parent, null under init).
+              C(nvml), C(parent) (C(pid), C(comm) of its parent, null under init), C(mig) the MIG instances it holds
+              per GPU index (a dict of GPU index to a list of MIG UUIDs).
             - C(control_only) is true for a listed process holding no device file (an MPS client, with only
               C(/dev/nvidiactl) and C(/dev/nvidia-uvm)); C(thread_only) when only a non-main thread holds the handle.
           returned: always

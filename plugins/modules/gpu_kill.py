@@ -43,7 +43,7 @@ description:
     C(/proc/driver/nvidia)) and says so in a warning.
 author: gpuops maintainers (@gpuops)
 requirements:
-  - nvidia-ml-py (module C(pynvml)) and psutil on the managed host
+  - nvidia-ml-py >= 12.535.108 (module C(pynvml); older releases misread the process lists) and psutil on the managed host
 extends_documentation_fragment:
   - gpuops.nvidia.attributes
 attributes:
@@ -56,8 +56,10 @@ attributes:
 options:
   gpus:
     description:
-      - GPUs whose holders are selected, as NVML indices (ASCII digits) or UUIDs. Omitted, all GPUs; an empty list is
-        refused.
+      - GPUs whose holders are selected, as NVML indices (ASCII digits), GPU UUIDs or MIG UUIDs (C(MIG-...)). Omitted,
+        all GPUs; an empty list is refused.
+      - A MIG UUID selects the holders of that MIG instance only (the process-list entry's instance ids, or the
+        instance's capability files in C(/dev/nvidia-caps)); the parent's index or GPU UUID selects every instance.
     type: list
     elements: raw
   pids:
@@ -228,10 +230,15 @@ not_holding:
   type: list
   elements: int
 gpus:
-  description: The selected NVML indices, or null for all GPUs.
+  description: The selected NVML indices (parents of selected MIG instances included), or null for all GPUs.
   returned: always
   type: list
   elements: int
+mig_instances:
+  description: Per GPU index (as a string) of which only some MIG instances were selected, their MIG UUIDs.
+  returned: always
+  type: dict
+  sample: {"0": ["MIG-1f0c9c5e-2d6b-5a3e-9c1a-000000000004"]}
 driver:
   description: State of the NVIDIA driver library, as in gpu_facts.
   returned: always
@@ -309,10 +316,12 @@ def run(module, inspector, selection, view, sig):
         module.warn("NVIDIA driver library not usable (%s): GPU memory is unknown, so holders are the CUDA processes "
                     "holding device files, from the /proc scan alone" % view["driver"]["error"])
     split = selection.split(view)
-    result = dict(changed=False, gpus=selection.indices, driver=view["driver"], would_signal=[], signalled=[], exited=[],
+    result = dict(changed=False, gpus=None if selection.indices is None else list(selection.indices),
+                  mig_instances={str(i): sorted(uuids) for i, uuids in sorted(selection.instances.items())},
+                  driver=view["driver"], would_signal=[], signalled=[], exited=[],
                   survived=[], not_signalled=[], respawned=[], left_alone=split["left_alone"],
                   protected=[h for h in split["left_alone"] if not _NARROWING.match(h["reason"])],
-                  not_holding=split["not_holding"], foreign=_foreign(view, selection.indices), before=view)
+                  not_holding=split["not_holding"], foreign=_foreign(view, selection), before=view)
     result.update(stopped_units=[], owner_commands=[])
     for target in split["targets"]:
         target["owner_note"] = _owners.restart_note(target.get("owner"))
@@ -354,9 +363,20 @@ def stop_units(module, targets, result):
 _NARROWING = re.compile(r"not in pids|command line does not match|user .* not in users")
 
 
-def _foreign(view, indices):
-    return [dict(item, gpu=gpu["index"]) for gpu in view["gpus"] if indices is None or gpu["index"] in indices
-            for item in gpu["foreign"]]
+def _foreign(view, selection):
+    """Foreign entries of the selected GPUs; where MIG instances are selected, of those instances only."""
+    found = []
+    for gpu in view["gpus"]:
+        if selection.indices is not None and gpu["index"] not in selection.indices:
+            continue
+        wanted = selection.instances.get(gpu["index"])
+        if wanted is None:
+            found.extend(dict(item, gpu=gpu["index"]) for item in gpu["foreign"])
+            continue
+        for device in gpu.get("mig_devices") or ():
+            if device["uuid"] in wanted:
+                found.extend(dict(item, gpu=gpu["index"], mig_uuid=device["uuid"]) for item in device["foreign"])
+    return found
 
 
 def _names(processes):

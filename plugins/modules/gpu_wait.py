@@ -32,13 +32,15 @@ description:
   - Without the NVIDIA driver library it waits for the holders alone (from the C(/proc) scan) and says so.
 author: gpuops maintainers (@gpuops)
 requirements:
-  - nvidia-ml-py (module C(pynvml)) and psutil on the managed host
+  - nvidia-ml-py >= 12.535.108 (module C(pynvml); older releases misread the process lists) and psutil on the managed host
 extends_documentation_fragment:
   - gpuops.nvidia.attributes
   - gpuops.nvidia.attributes.info_module
 options:
   gpus:
-    description: GPUs to wait for, as NVML indices (ASCII digits) or UUIDs. Omitted, all GPUs; an empty list is refused.
+    description:
+      - GPUs to wait for, as NVML indices (ASCII digits), GPU UUIDs or MIG UUIDs (C(MIG-...), that MIG instance only,
+        its memory and holders). Omitted, all GPUs; an empty list is refused.
     type: list
     elements: raw
   timeout:
@@ -49,7 +51,9 @@ options:
     description:
       - Used memory in MiB at or below which a GPU without holders counts as released.
       - The default, 256, tolerates the few MiB an idle GPU reports in NVML v2 C(used). Where only NVML memory info
-        v1 exists, used memory includes reserved memory (often several hundred MiB), so raise it there.
+        v1 answers (driver R510 or later), used memory includes reserved memory, which nothing tells apart, so 5% of the
+        GPU's memory (C(reserved_allowance_mib) in RV(gpus)) is added to the threshold there, and C(memory_note)
+        says so (docs/attribution.md, "v1 memory").
     type: int
     default: 256
   poll_interval:
@@ -143,6 +147,9 @@ gpus:
       C(foreign) (driver-listed PIDs that no process here confirms, with C(pid), C(used_mib), C(type), C(reason), C(comm)),
       C(suspects) (PIDs of NVML-only clients holding the device file where memory is unexplained), C(error),
       C(memory_checked) (false when NVML could not be asked) and C(released).
+    - C(mig_uuid) is null for a whole GPU; for a selected MIG instance the entry has that instance's figures,
+      C(mig_uuid) and C(mig_profile). C(reserved_allowance_mib) is added to O(max_used_mib) where used memory includes
+      reserved memory (NVML memory info v1), with C(memory_note) saying so; else 0 and null.
     - On failure each GPU not released also has C(next_step), what an operator can do next.
     - Without any index map (no NVML and no C(/proc/driver/nvidia)) there is one entry with C(index) null for all GPUs.
   returned: always
@@ -263,7 +270,12 @@ def describe(gpu):
         parts.append("held by %s" % ", ".join("PID %s %s (state %s)" % (h["pid"], h["comm"], h["state"]) for h in gpu["holders"]))
     else:
         parts.append("no selected holder")
-    return "%s: %s; next: %s" % ("GPUs" if gpu["index"] is None else "GPU %s" % gpu["index"], ", ".join(parts), gpu["next_step"])
+    name = "GPUs" if gpu["index"] is None else "GPU %s" % gpu["index"]
+    if gpu.get("mig_uuid"):
+        name += " MIG instance %s (%s)" % (gpu["mig_uuid"], gpu.get("mig_profile"))
+    if gpu.get("memory_note"):
+        parts.append(gpu["memory_note"])
+    return "%s: %s; next: %s" % (name, ", ".join(parts), gpu["next_step"])
 
 
 if __name__ == "__main__":

@@ -10,6 +10,11 @@ Sections (method and targets: docs/performance.md):
   release  how long after the simulated driver frees the memory gpu_wait returns, per release latency
   node     playbooks/reset_gpus.yml on one node with an orphaned vLLM TP=8 tree vs a play of one ping task
   fleet    the same reset over real SSH on N nodes (forks N) vs on one node; CPU seconds per node
+  redeploy playbooks/redeploy_vllm.yml on one node: a simulated vLLM TP=2 with a DFlash drafter redeployed with a new
+           configuration, idle and under load (drain hook + clients); the play's wall time split by task (junit
+           callback) into drain, stop, memory release, start, model load (the server's "Loading weights took"),
+           health and acceptance gates, and the rest (the collection's own overhead). Alone it writes
+           performance-redeploy.json instead of performance.json.
 Every comparison is measured side by side in one run (alternating), so load from other work on the machine
 hits both sides. Needs root (nodes, sshd); installs psmisc, lsof and openssh-server with apt-get if missing.
 Not a test: it asserts nothing about speed, it reports.
@@ -21,6 +26,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -63,18 +69,37 @@ def lsof():
     return {int(line.split()[1]) for line in result.stdout.splitlines()[1:]}
 
 
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _gpus
+
+inspector = _gpus.Inspector()
+inspector.snapshot(scope="listed")  # NVML initialized once, as in a module's first look
+own = inspector.own_pids()
+
+
+def snapshot(scope):
+    # What gpu_kill/gpu_wait pay per look: the driver's lists, then the listed PIDs' fds only where their memory
+    # explains every GPU ("listed"), or every process's fds and maps ("full", as gpu_facts does). This node's
+    # inherited holders leave memory unexplained, which would force a full scan: the listed look is measured with a
+    # tolerance that deems it explained, so that it costs what it costs on a node whose lists explain everything.
+    view = inspector.snapshot(scope=scope, owners=False, tolerance_mib=1 << 30 if scope == "listed" else 256)
+    assert view["scan"] == scope, view["scan"]
+    return {h["pid"] for h in view["holders"]}
+
+
 tools = {"scan": lambda: set(_procscan.scan_holders()), "scan_serial": lambda: set(_procscan.scan_holders(workers=1)),
-         "fuser": fuser, "lsof": lsof}
+         "fuser": fuser, "lsof": lsof, "snapshot_full": lambda: snapshot("full"),
+         "snapshot_listed": lambda: snapshot("listed")}
 names = list(tools)
 times = {name: [] for name in names}
 sets = {}
 for number in range(int(sys.argv[1])):
     for name in names[number %% len(names):] + names[:number %% len(names)]:
         cpu_before, wall_before = sum(os.times()[:4]), time.perf_counter()
-        found = tools[name]()
+        found = tools[name]() - own  # the inspector's NVML worker holds every device file while NVML is initialized
         wall, cpu = time.perf_counter() - wall_before, sum(os.times()[:4]) - cpu_before
         times[name].append({"wall_s": wall, "cpu_s": cpu})
         sets[name] = sorted(found)
+inspector.close()
 print(json.dumps({"times": times, "sets": sets}))
 """
 
@@ -168,7 +193,8 @@ def bench_scan(args, workdir: Path) -> dict:
     expected = sorted(made["holders"] + made["control_only"])
     result = {"processes": made["processes"], "fds": made["fds"], "holders": len(made["holders"]),
               "control_only": len(made["control_only"]), "expected": expected, "runs": measured["times"],
-              "sets_agree": {tool: found == expected for tool, found in measured["sets"].items()}}
+              "sets_agree": {tool: found == expected for tool, found in measured["sets"].items() if not tool.startswith("snapshot")},
+              "snapshot_holders": {tool: len(found) for tool, found in measured["sets"].items() if tool.startswith("snapshot")}}
     result["median_wall_s"] = {tool: median([run["wall_s"] for run in runs]) for tool, runs in measured["times"].items()}
     result["median_cpu_s"] = {tool: median([run["cpu_s"] for run in runs]) for tool, runs in measured["times"].items()}
     return result
@@ -365,6 +391,96 @@ def bench_fleet(args, workdir: Path) -> dict:
 # report
 
 
+REDEPLOY_PHASES = (  # (phase, task name fragments), first match wins
+    ("drain", ("Take the instance out of routing", "Wait until no request runs or waits")),
+    ("stop", ("Stop the detached server", "Stop the systemd unit", "End every process left", "Wait until nothing listens")),
+    ("memory release", ("Wait until the instance's GPUs are released",)),
+    ("start", ("Start the detached server", "Start the systemd unit")),
+    ("health", ("Wait until the server is healthy",)),
+    ("acceptance gate", ("Acceptance gate",)),
+)
+
+
+def _junit_tasks(directory: Path) -> list[tuple[str, float]]:
+    """(task name, seconds) of every test case in the junit callback's XML files under `directory`."""
+    import xml.etree.ElementTree as ElementTree
+
+    tasks = []
+    for path in sorted(directory.glob("*.xml")):
+        for case in ElementTree.parse(path).getroot().iter("testcase"):
+            tasks.append((case.get("name", ""), float(case.get("time") or 0)))
+    return tasks
+
+
+def redeploy_once(inventory: Path, override: dict, log_file: Path, workdir: Path, number: int) -> dict:
+    """One redeploy play, timed by task; returns {"wall_s", phases..., "model load", "rest"}."""
+    junit = workdir / ("junit-%d" % number)
+    junit.mkdir()
+    env = dict(ansible_env(), ANSIBLE_CALLBACKS_ENABLED="junit", JUNIT_OUTPUT_DIR=str(junit), JUNIT_HIDE_TASK_ARGUMENTS="true")
+    argv = [str(VENV_BIN / "ansible-playbook"), "-i", str(inventory), str(REPO / "playbooks" / "redeploy_vllm.yml"),
+            "-e", json.dumps(override)]
+    result = timed(argv, env)
+    if result["rc"] != 0:
+        raise RuntimeError("redeploy failed (rc %d):\n%s" % (result["rc"], result["output"][-3000:]))
+    phases = {name: 0.0 for name, _fragments in REDEPLOY_PHASES}
+    for name, seconds in _junit_tasks(junit):
+        for phase, fragments in REDEPLOY_PHASES:
+            if any(fragment in name for fragment in fragments):
+                phases[phase] += seconds
+                break
+    loads = [float(x) for x in re.findall(r"Loading weights took ([\d.]+) seconds", log_file.read_text())]
+    phases["model load"] = loads[-1] if loads else 0.0
+    phases["health"] = max(0.0, phases["health"] - phases["model load"])
+    drained = re.search(r"(not )?drained in ([\d.]+) s: (\d+) request\(s\) running", result["output"])
+    phases["rest"] = result["wall_s"] - sum(phases.values())
+    return dict(phases, wall_s=result["wall_s"], cpu_s=result["cpu_s"],
+                running_at_stop=int(drained.group(3)) if drained else None)
+
+
+def bench_redeploy(args, workdir: Path) -> dict:
+    """Redeploy one TP=2 DFlash instance with a new configuration, idle and under load, alternating."""
+    from test_vllm_drain import Load
+    from test_vllm_server import CORRECTED, free_ports, instance, write_host_vars
+
+    node = up(node_name("redeploy"), gpus=2, release_latency=0.5)
+    port = free_ports(1)[0]
+    inventory = write_inventory(workdir, [node])
+    routed = workdir / "routed"
+    env = {"SIMVLLM_LOAD_SECONDS": "2.0", "SIMVLLM_TOKEN_SECONDS": "0.02"}  # model load 2 s; a 40-token request 0.8 s
+    root = write_host_vars(inventory.parent, node, [instance("a", port, [0, 1], CORRECTED, environment=env)],
+                           vllm_server_drain_poll_interval=0.2, vllm_server_ready_poll_interval=0.2,
+                           vllm_server_drain_command="rm -f %s" % routed, vllm_server_restore_command="touch %s" % routed)
+    log_file = root / "log" / "a.log"
+    runs = {"idle": [], "load": []}
+    try:
+        redeploy_once(inventory, {}, log_file, workdir, 0)  # first deployment, also warms the controller's caches
+        number = 0
+        for run in range(args.runs):
+            for kind in (("idle", "load") if run % 2 == 0 else ("load", "idle")):
+                number += 1
+                override = {"test_override": {"gpu_memory_utilization": 0.85 if number % 2 else 0.9}}
+                load = None
+                if kind == "load":
+                    routed.touch()
+                    load = Load(port, "qwen-a", routed)
+                    time.sleep(1.0)
+                try:
+                    figures = redeploy_once(inventory, override, log_file, workdir, number)
+                finally:
+                    if load is not None:
+                        results = load.finish()
+                        figures["requests"] = len(results)
+                        figures["failed_requests"] = len([r for r in results if r[1] != 200 or r[2] != "length"])
+                    routed.unlink(missing_ok=True)
+                runs[kind].append(figures)
+                log("redeploy: %s run %d: %.2f s wall, rest %.2f s" % (kind, run + 1, figures["wall_s"], figures["rest"]))
+    finally:
+        node.down()
+    phases = [name for name, _fragments in REDEPLOY_PHASES] + ["model load", "rest", "wall_s"]
+    return {"runs": runs, "median": {kind: {phase: median([r[phase] for r in runs[kind]]) for phase in phases}
+                                     for kind in runs if runs[kind]}}
+
+
 def table(results: dict) -> str:
     """Markdown table of the medians in `results`."""
     rows = ["| measurement | median | target | met |", "|---|---|---|---|"]
@@ -379,6 +495,13 @@ def table(results: dict) -> str:
         ratio = wall["scan"] / wall["fuser"]
         rows.append("| scan / fuser (wall) | %.2f | <= 0.50 | %s |" % (ratio, "yes" if ratio <= 0.5 else "no"))
         rows.append("| serial scan / fuser (wall) | %.2f | | |" % (wall["scan_serial"] / wall["fuser"]))
+        for tool, words in (("snapshot_full", "full /proc scan (gpu_facts)"),
+                            ("snapshot_listed", "listed PIDs only (gpu_kill/gpu_wait where memory is explained)")):
+            if tool in wall:
+                rows.append("| one look of the modules, %s: driver + %s | %.0f ms wall, %.0f ms CPU | | |" % (
+                    title, words, wall[tool] * 1000, cpu[tool] * 1000))
+        if "snapshot_listed" in wall:
+            rows.append("| listed look / fuser (wall) | %.2f | | |" % (wall["snapshot_listed"] / wall["fuser"]))
         agree = all(scan["sets_agree"].values())
         rows.append("| holder sets of scan, fuser, lsof = the %d made | %s | same set | %s |"
                     % (len(scan["expected"]), "all agree" if agree else scan["sets_agree"], "yes" if agree else "no"))
@@ -404,6 +527,16 @@ def table(results: dict) -> str:
                 strategy, fleet["nodes"], summary["ratio"], "yes" if summary["ratio"] <= 2.5 else "no"))
             rows.append("| fleet (%s): CPU per node, controller + node side | %.2f + %.2f s | | |" % (
                 strategy, summary["controller_cpu_per_host_s"], summary["node_cpu_per_host_s"]))
+    redeploy = results.get("redeploy")
+    if redeploy:
+        for kind, figures in redeploy["median"].items():
+            split = ", ".join("%s %.2f" % (phase, figures[phase]) for phase in figures if phase not in ("wall_s", "rest"))
+            rows.append("| redeploy TP=2 DFlash, %s: play wall time | %.2f s (%s) | | |" % (kind, figures["wall_s"], split))
+            rows.append("| redeploy TP=2 DFlash, %s: the rest (collection overhead) | %.2f s | < 2 s | %s |" % (
+                kind, figures["rest"], "yes" if figures["rest"] < 2 else "no"))
+        failed = sum(r.get("failed_requests", 0) for r in redeploy["runs"]["load"])
+        rows.append("| redeploy under load: failed requests | %d of %d | 0 | %s |" % (
+            failed, sum(r.get("requests", 0) for r in redeploy["runs"]["load"]), "yes" if failed == 0 else "no"))
     return "\n".join(rows)
 
 
@@ -426,7 +559,7 @@ def main(argv: list[str] | None = None) -> int:
     args.fleet_runs = max(1, args.runs - 2) if not args.quick else 1
     args.strategies = args.strategies.split(",")
     sections = args.sections.split(",")
-    unknown = set(sections) - {"scan", "release", "node", "fleet"}
+    unknown = set(sections) - {"scan", "release", "node", "fleet", "redeploy"}
     if unknown:
         parser.error("unknown sections: %s" % ", ".join(sorted(unknown)))
 
@@ -435,15 +568,19 @@ def main(argv: list[str] | None = None) -> int:
                "quick": args.quick, "runs": args.runs, "started": time.strftime("%Y-%m-%d %H:%M:%S")}
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="gpuops-bench-") as workdir:
-        for section, function in (("scan", bench_scan), ("release", bench_release), ("node", bench_node), ("fleet", bench_fleet)):
+        for section, function in (("scan", bench_scan), ("release", bench_release), ("node", bench_node), ("fleet", bench_fleet),
+                                  ("redeploy", bench_redeploy)):
             if section in sections:
                 log("section %s" % section)
                 results[section] = function(args, Path(workdir))
     results["machine"]["load_after"] = os.getloadavg()
     results["duration_s"] = time.monotonic() - started
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "performance.json").write_text(json.dumps(results, indent=1) + "\n")
-    (args.out / "performance.svg").write_text(plot.svg(results))
+    if sections == ["redeploy"]:  # alone: keep the other sections' figures
+        (args.out / "performance-redeploy.json").write_text(json.dumps(results, indent=1) + "\n")
+    else:
+        (args.out / "performance.json").write_text(json.dumps(results, indent=1) + "\n")
+        (args.out / "performance.svg").write_text(plot.svg(results))
     print(table(results))
     print("\n%d CPUs, load %s before and %s after; %.0f s; raw results: %s, plot: %s" % (
         results["machine"]["cpus"], "/".join("%.1f" % x for x in results["machine"]["load_before"]),

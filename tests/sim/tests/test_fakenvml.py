@@ -888,3 +888,21 @@ def test_gpunode_refuses_a_mig_layout_that_cannot_exist(mig, message):
     import gpunode  # pylint: disable=import-outside-toplevel
     with pytest.raises(gpunode.GpunodeError, match=message):
         gpunode.mig_layout(mig, gpus=8)
+
+
+def test_memory_info_v2_knob_leaves_only_v1(node):
+    """memory_info_v2=0: the v2 call answers FUNCTION_NOT_FOUND (NVIDIA/nvidia-settings#78), v1 still answers."""
+    node.set(memory_info_v2=0)
+    result = node.nvml("""
+        N.nvmlInit()
+        handle = N.nvmlDeviceGetHandleByIndex(0)
+        try:
+            N.nvmlDeviceGetMemoryInfo(handle, version=N.nvmlMemory_v2)
+            v2 = "answered"
+        except N.NVMLError_FunctionNotFound:
+            v2 = "FunctionNotFound"
+        v1 = N.nvmlDeviceGetMemoryInfo(handle)
+        emit({"v2": v2, "v1": [v1.total, v1.free, v1.used]})
+    """)
+    assert result == {"v2": "FunctionNotFound",
+                      "v1": [TOTAL_MIB * MIB, (TOTAL_MIB - RESERVED_MIB) * MIB, RESERVED_MIB * MIB]}
