@@ -43,7 +43,7 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
 # pylint: disable=wrong-import-position
-from gpucheck import driver, procs, report  # noqa: E402
+from gpucheck import attribution, driver, procs, report  # noqa: E402
 from gpucheck.ansible_run import Ansible  # noqa: E402
 from gpucheck.timing import Deadline, poll_until, time_events  # noqa: E402
 from gpucheck.workloads import WorkloadError, Workloads, log_tail  # noqa: E402
@@ -54,8 +54,10 @@ REQUIRED = {"ansible": "ansible-core", "pynvml": "nvidia-ml-py", "psutil": "psut
 OPTIONAL = {"setproctitle": "setproctitle"}
 MIN_ANSIBLE = (2, 17)
 MIB = 1 << 20
+# gpu_facts' max_used_mib in the attribution scenario: its default, the tolerance of docs/attribution.md rule 3.
+ATTRIBUTION_TOLERANCE_MIB = 256
 # (scenario, seconds it needs at least): skipped when less time is left.
-SCENARIOS = (("idle", 10), ("vllm_tree", 40), ("inherited", 40), ("sigterm_ignored", 30), ("nested_pidns", 40),
+SCENARIOS = (("idle", 10), ("attribution", 45), ("vllm_tree", 40), ("inherited", 40), ("sigterm_ignored", 30), ("nested_pidns", 40),
              ("release_latency", 30))
 
 
@@ -168,6 +170,7 @@ class CheckRun:
             "scenarios": {}, "workdir": self.workdir,
         }
         self.result["gpu"]["all_minors"] = self.gpu.minors()
+        self.result["gpu"]["mig_mode"] = self.gpu.mig_mode()  # read only (issue 13): the check never changes it
 
     # ---- readings ------------------------------------------------------------------------------
 
@@ -183,9 +186,9 @@ class CheckRun:
         poll_until(lambda: self.used_mib() <= limit, self.deadline.cap(timeout), interval=0.05)
         return self.used_mib()
 
-    def facts(self):
+    def facts(self, args=None):
         """ansible_facts.nvidia from gpu_facts run through ansible-playbook."""
-        run = self.ansible.module("gpuops.nvidia.gpu_facts", timeout=self.deadline.cap(120))
+        run = self.ansible.module("gpuops.nvidia.gpu_facts", args, timeout=self.deadline.cap(120))
         if run["status"] != "SUCCESS":
             raise CheckError("gpu_facts: %s %s" % (run["status"], run["result"].get("msg") or run["output"]))
         return run["result"]["ansible_facts"]["nvidia"]
@@ -201,6 +204,7 @@ class CheckRun:
         """{name: what the driver, gpu_facts and /proc say about each ready workload}."""
         listed = self.gpu.processes()
         by_pid = {h["pid"]: h for h in facts["holders"]} if facts else {}
+        users = {u["pid"]: u for u in facts.get("device_users") or []} if facts else {}
         records = {}
         for name, info in infos.items():
             pid = info["host_pid"]
@@ -211,14 +215,18 @@ class CheckRun:
                       "lists": entry["lists"] if entry else [], "listed_mib": entry["used_mib"] if entry else None,
                       "device_files": procs.device_files(pid)}
             if facts is not None:
+                user = users.get(pid)
+                view = attribution.facts_view(pid, facts)
                 record.update(found_by_facts=holder is not None, seen_in=holder["seen_in"] if holder else None,
-                              found_by_scan=bool(holder and {"fd", "mapping"} & set(holder["seen_in"])),
+                              found_by_scan=bool({"fd", "mapping"} & set((holder or user or {}).get("seen_in") or [])),
+                              facts_role=view["role"], facts_attribution=view["attribution"], facts_kind=view["kind"],
                               facts_comm=holder["comm"] if holder else None, facts_cmdline=holder["cmdline"] if holder else None,
                               facts_gpus=holder["gpus"] if holder else None,
                               facts_memory_mib=holder["memory_mib"].get(str(self.index)) if holder else None)
             records[name] = record
         if self.result["host"]["backend_details"] is None:
-            self.result["host"]["backend_details"] = next((i["backend_details"] for i in infos.values() if i["backend_details"]), None)
+            self.result["host"]["backend_details"] = next((i["backend_details"] for i in infos.values()
+                                                           if i["backend_details"] and i["role"] == "hold"), None)
         return records
 
     # ---- the modules -----------------------------------------------------------------------------
@@ -286,6 +294,60 @@ class CheckRun:
         self.check(scenario, "gpu_facts reads NVML memory info v2", gpu["memory_source"] == "nvmlDeviceGetMemoryInfo_v2",
                    gpu["memory_source"])
 
+    def attribution_reading(self, scenario, phase, pids):
+        """One reading of the attribution scenario: raw records of our processes `pids` ({case: PID}) from /proc and
+        the driver's lists of every GPU, the rule applied to them, gpu_facts' view (through ansible-playbook), and
+        the checks comparing them (gpucheck/attribution.py). Returns {case: {"record", "rule", "facts", "meets"}}."""
+        lists = self.gpu.all_processes()
+        memory = attribution.gpu_memory(lists, self.gpu.all_used_mib(), ATTRIBUTION_TOLERANCE_MIB)
+        records = {}
+        for case, pid in pids.items():
+            maps = procs.device_mappings(pid)
+            records[case] = attribution.raw_record(pid, procs.device_files(pid), maps, procs.mapped_paths(maps), lists)
+        facts = self.facts({"max_used_mib": ATTRIBUTION_TOLERANCE_MIB})
+        minors = self.result["gpu"]["all_minors"]
+        expected = {name: spec for name, _what, _phase, spec in attribution.CASES}
+        reading = {}
+        for case, record in records.items():
+            rule = attribution.by_rule(record, memory, minors)
+            view = attribution.facts_view(record["pid"], facts)
+            for name, ok, detail in attribution.judge(case, phase, record, rule, view, self.index):
+                self.check(scenario, name, ok, detail)
+            reading[case] = {"record": record, "rule": rule, "facts": view,
+                             "meets": attribution.meets(view, expected[case], self.index)}
+        scenario.setdefault("memory", {})[phase] = memory[self.index]
+        scenario.setdefault("gpu_facts", {})[phase] = self.gpu_facts_summary(facts)
+        return reading
+
+    def scenario_attribution(self, scenario):
+        """Four real processes (gpucheck/attribution.py CASES): a CUDA context, an NVML-only client and CUDA
+        initialized without a context, read while the driver's lists explain the GPU's memory; then a forked child
+        of a CUDA process after the parent's SIGKILL (inherited handles keep memory no list explains), read again."""
+        nbytes = self.args.tree_gib << 30
+        starts = (("attr.context", "context", {"nbytes": nbytes}), ("attr.nvml", "nvml_only", {"role": "nvml"}),
+                  ("attr.cuinit", "cuda_init", {"role": "cuinit"}))
+        launchers = [(name, self.workloads.start(name, **options)) for name, _case, options in starts]
+        infos = {}
+        for name, launcher in launchers:
+            infos.update(self.workloads.wait_ready([name], launcher, self.deadline.cap(120)))
+        pids = {case: infos[name]["host_pid"] for name, case, _options in starts}
+        if self.result["host"]["backend_details"] is None:
+            self.result["host"]["backend_details"] = infos["attr.context"]["backend_details"] or None
+        scenario["init_details"] = {case: infos[name]["backend_details"] for name, case, _options in starts}
+        scenario["pids"] = dict(pids)
+        scenario["readings"] = {"explained": self.attribution_reading(scenario, "explained", pids)}
+        launcher = self.workloads.start("attr.inherit", nbytes=nbytes, fork_child=True)
+        forked = self.workloads.wait_ready(["attr.inherit", "attr.inherit.child"], launcher, self.deadline.cap(120))
+        parent, child = forked["attr.inherit"]["host_pid"], forked["attr.inherit.child"]["host_pid"]
+        self.workloads.kill("attr.inherit")
+        gone = poll_until(lambda: not self.workloads.alive("attr.inherit"), self.deadline.cap(10))
+        self.check(scenario, "the inherited child's parent is gone after SIGKILL", gone)
+        unlisted = poll_until(lambda: parent not in self.gpu.processes(), self.deadline.cap(5))
+        scenario["inherit_parent"] = {"pid": parent, "unlisted_after_exit": bool(unlisted)}
+        pids["inherited_child"] = scenario["pids"]["inherited_child"] = child
+        scenario["readings"]["unexplained"] = self.attribution_reading(scenario, "unexplained", pids)
+        scenario["table"] = attribution.table_rows(scenario, self.result["gpu"]["all_minors"])
+
     def scenario_vllm_tree(self, scenario):
         nbytes = self.args.tree_gib << 30
         names = ["vllm", "vllm.engine", "vllm.engine.tp0", "vllm.engine.tp1"]
@@ -326,8 +388,11 @@ class CheckRun:
         launcher = self.workloads.start("inherit", nbytes=nbytes, fork_child=True)
         infos = self.workloads.wait_ready(["inherit", "inherit.child"], launcher, self.deadline.cap(120))
         holders = scenario["holders"] = self.holder_records(infos, self.facts())
-        for name in ("inherit", "inherit.child"):
-            self.check(scenario, "gpu_facts finds %s while both live" % name, holders[name]["found_by_facts"], holders[name]["seen_in"])
+        self.check(scenario, "gpu_facts finds the listed parent as a holder while both live", holders["inherit"]["found_by_facts"],
+                   holders["inherit"]["seen_in"])
+        # The parent's listed memory explains the GPU: the child's inherited handle makes it a device user only.
+        self.check(scenario, "gpu_facts reports the child as a device user, not a holder, while the parent lives",
+                   holders["inherit.child"]["facts_role"] == "device_user", holders["inherit.child"]["facts_role"])
         parent, child = infos["inherit"]["host_pid"], infos["inherit.child"]["host_pid"]
         self.workloads.kill("inherit")
         gone = poll_until(lambda: not self.workloads.alive("inherit"), self.deadline.cap(10))
@@ -341,8 +406,9 @@ class CheckRun:
             "memory_kept": not released, "used_mib": self.used_mib(), "baseline_mib": baseline,
             "child_lists": (listed.get(child) or {}).get("lists", []), "parent_lists": (listed.get(parent) or {}).get("lists", []),
             "child": child_view, "gpu_facts": self.gpu_facts_summary(facts)}
-        self.check(scenario, "gpu_facts finds the child that only inherited the handles", child_view["found_by_facts"],
-                   child_view["seen_in"])
+        self.check(scenario, "gpu_facts finds the child that only inherited the handles (memory unexplained)",
+                   child_view["found_by_facts"] and child_view["facts_attribution"].get(str(self.index)) == "device_file",
+                   [child_view["seen_in"], child_view["facts_attribution"]])
         before = self.used_mib()
         kill = scenario["gpu_kill"] = self.gpu_kill(["inherit.child"], grace_period=5)
         self.check_only_ours(scenario, kill, ["inherit.child"])

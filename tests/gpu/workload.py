@@ -4,7 +4,7 @@
 """A process that the GPU check (check.py) starts: it holds GPU memory the way vLLM's processes do.
 
     python3 workload.py --name NAME --run-dir DIR --marker MARKER --backend torch|cuda|sim
-                        [--role hold|engine|api] [--bytes N] [--title TITLE] [--ignore-sigterm]
+                        [--role hold|engine|api|nvml|cuinit] [--bytes N] [--title TITLE] [--ignore-sigterm]
                         [--fork-child] [--tp K] [--gpu-index I] [--lifeline-fd FD] [--max-lifetime S]
 
 Roles:
@@ -14,6 +14,12 @@ Roles:
 - engine: like vLLM's EngineCore with TP=K > 1: starts K `hold` workers titled
   VLLM::Worker_TP0..K-1 (reporting as NAME.tp0..), holds no GPU itself.
 - api: like vLLM's API server: starts an `engine` (reporting as NAME.engine), holds no GPU.
+- nvml: an NVML-only client, as a GPU exporter or nvtop: pynvml.nvmlInit() and never nvmlShutdown (any
+  backend; on a simulated node the fake libnvidia-ml.so.1 answers).
+- cuinit: CUDA initialized without a context: cuInit(0) and cuDeviceGetCount through libcuda.so.1 with
+  ctypes (backends torch and cuda); on a simulated node it opens what tests/sim/README.md's CUDA process
+  opens at cuInit (/dev/nvidiactl, /dev/nvidia-uvm, the visible GPU's /dev/nvidiaN at position 0) and writes
+  no context.
 
 Every process writes DIR/NAME.json once ready (atomically): {"name", "pid" (getpid(), in its own
 PID namespace), "role", "comm", "cmdline", "retitled_with", "bytes", "backend", "backend_details",
@@ -61,7 +67,7 @@ def parse_args(argv):
     parser.add_argument("--run-dir", required=True)
     parser.add_argument("--marker", required=True)
     parser.add_argument("--backend", choices=("torch", "cuda", "sim"), required=True)
-    parser.add_argument("--role", choices=("hold", "engine", "api"), default="hold")
+    parser.add_argument("--role", choices=("hold", "engine", "api", "nvml", "cuinit"), default="hold")
     parser.add_argument("--bytes", type=int, default=0, dest="nbytes")
     parser.add_argument("--title")
     parser.add_argument("--ignore-sigterm", action="store_true")
@@ -154,6 +160,34 @@ def allocate_sim(nbytes, gpu_index):
     return fds, {"sim_token": token}
 
 
+def init_nvml():
+    """pynvml.nvmlInit() and stay initialized; returns (pynvml, details)."""
+    import pynvml
+    pynvml.nvmlInit()
+    return pynvml, {"nvml_gpu_count": pynvml.nvmlDeviceGetCount()}
+
+
+def init_cuda(backend, gpu_index):
+    """Initialize CUDA without creating a context; returns (keep-alive object, details)."""
+    if backend == "sim":
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "sim"))
+        from simvllm.gpu import NodeGpus
+
+        gpus = NodeGpus.load()
+        paths = ["nvidiactl", "nvidia-uvm", "nvidia%d" % gpus.minors[gpu_index]]
+        return [os.open(os.path.join(gpus.dev_dir, path), os.O_RDWR) for path in paths], {"cuda_init": "sim"}
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError as error:
+        raise WorkloadError("cannot load libcuda.so.1: %s" % error) from None
+    count = ctypes.c_int()
+    for name, call_args in (("cuInit", (0,)), ("cuDeviceGetCount", (ctypes.byref(count),))):
+        result = getattr(cuda, name)(*call_args)
+        if result != 0:
+            raise WorkloadError("%s failed: %d" % (name, result))
+    return cuda, {"cuda_init": "cuInit", "cuda_device_count": count.value}
+
+
 def allocate(args):
     if args.backend == "torch":
         return allocate_torch(args.nbytes)
@@ -218,6 +252,10 @@ def main(argv=None):
             for rank in range(args.tp):
                 spawn(args, "%s.tp%d" % (args.name, rank), "hold", title="VLLM::Worker_TP%d" % rank)
             report(args, args.name, "engine", retitled_with=retitled_with)
+        elif args.role in ("nvml", "cuinit"):
+            library, details = init_nvml() if args.role == "nvml" else init_cuda(args.backend, args.gpu_index)
+            HELD.append(library)
+            report(args, args.name, args.role, retitled_with=retitled_with, backend_details=details)
         else:
             allocation, details = allocate(args)
             HELD.append(allocation)

@@ -1,7 +1,10 @@
 """tests/gpu/check.py (the acceptance check for real GPUs) run end to end on simulated nodes.
 
 With default knobs the simulator must show no difference from what the check expects of it
-(report.SIMULATOR); with other knobs the check must report exactly those differences.
+(report.SIMULATOR); with other knobs the check must report exactly those differences. The
+attribution scenario's four processes (a CUDA context, an NVML-only client, an inheriting child
+after its parent's exit, CUDA initialized without a context) are the simulator's models of them
+(tests/sim/README.md, "Device files per process kind"), judged by gpu_facts as docs/attribution.md says.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from nodetools import processes
 from simnode import VENV_PYTHON
 
 CHECK = REPO / "tests" / "gpu" / "check.py"
+RUN_SH = REPO / "tests" / "gpu" / "run.sh"
 
 
 def run_check(node, out_dir, *args, timeout=400):
@@ -31,11 +35,36 @@ def test_check_passes_on_a_default_simulated_node_and_finds_no_difference(simnod
     assert result["status"] == "ok" and result["leaked"] == []
     scenarios = result["scenarios"]
     assert {name: s["status"] for name, s in scenarios.items()} == dict.fromkeys(
-        ["idle", "vllm_tree", "inherited", "sigterm_ignored", "nested_pidns", "release_latency"], "ok")
+        ["idle", "attribution", "vllm_tree", "inherited", "sigterm_ignored", "nested_pidns", "release_latency"], "ok")
     assert result["differences"] == [] and len(result["comparisons"]) == len(result["observations"])
     assert result["gpu"] == {"index": 0, "name": "NVIDIA H100 80GB HBM3", "uuid": result["gpu"]["uuid"], "minor": 3,
                              "all_minors": [3, 5], "pci_bus_id": "00000000:18:00.0", "memory_total_mib": 81559,
-                             "persistence_mode": 1, "compute_mode": None, "gpu_count": 2}
+                             "persistence_mode": 1, "compute_mode": None, "gpu_count": 2,
+                             "mig_mode": {"current": 0, "pending": 0, "error": None}}
+
+    attribution = scenarios["attribution"]
+    assert all(check["ok"] for check in attribution["checks"]) and len(attribution["checks"]) == 12
+    explained, unexplained = attribution["readings"]["explained"], attribution["readings"]["unexplained"]
+    pids = attribution["pids"]
+    context = explained["context"]
+    assert context["record"]["driver"] == {"0": {"lists": ["compute"], "used_mib": 1024}}
+    assert context["record"]["device_fds"] == ["/dev/nvidia-uvm", "/dev/nvidia3", "/dev/nvidiactl"]
+    assert context["facts"]["role"] == "holder" and context["facts"]["attribution"] == {"0": "driver"}
+    nvml = explained["nvml_only"]  # NVML opens every GPU's file, GPU 1's (minor 5) too
+    assert nvml["record"]["device_fds"] == ["/dev/nvidia3", "/dev/nvidia5", "/dev/nvidiactl"] and nvml["record"]["driver"] == {}
+    assert nvml["facts"]["role"] == "device_user" and nvml["facts"]["kind"] == "nvml" and nvml["facts"]["device_gpus"] == [0, 1]
+    cuinit = explained["cuda_init"]
+    assert cuinit["record"]["device_fds"] == context["record"]["device_fds"] and cuinit["record"]["driver"] == {}
+    assert cuinit["facts"]["role"] == "device_user" and cuinit["facts"]["kind"] == "cuda"
+    child = unexplained["inherited_child"]
+    assert child["record"]["driver"] == {} and child["facts"]["attribution"] == {"0": "device_file"}
+    assert attribution["memory"]["explained"]["unexplained_mib"] == 0
+    assert attribution["memory"]["unexplained"]["unexplained_mib"] == 1024 and attribution["inherit_parent"]["unlisted_after_exit"]
+    # While the inherited handle leaves memory unexplained, the cuInit-only process is a device-file holder too.
+    assert unexplained["cuda_init"]["facts"]["attribution"] == {"0": "device_file"}
+    assert unexplained["nvml_only"]["facts"]["role"] == "device_user" and unexplained["context"]["facts"]["attribution"] == {"0": "driver"}
+    assert sorted(pids) == ["context", "cuda_init", "inherited_child", "nvml_only"] and len(set(pids.values())) == 4
+    assert all(not r["record"]["device_mappings"] for reading in (explained, unexplained) for r in reading.values())
 
     tree = scenarios["vllm_tree"]
     assert {name: s["signals"] for name, s in tree["gpu_kill"]["signalled"].items()} == {
@@ -53,7 +82,15 @@ def test_check_passes_on_a_default_simulated_node_and_finds_no_difference(simnod
         assert size["allocated_mib"] == size["listed_mib"] == int(gib) * 1024
         assert 0.5 <= size["seconds"]["released"] < 0.75 and size["seconds"]["exited"] < 0.25
     assert result["suggested_sim_knobs"]["reserved_mib"] == 529
-    assert "| 0 / 529 | 0 | 5/6 · 6/6 | not listed / kept |" in (tmp_path / "result.md").read_text()
+    markdown = (tmp_path / "result.md").read_text()
+    assert "| 0 / 529 | 0 | 5/6 · 6/6 | not listed / kept | 4/4 |" in markdown
+    assert ": MIG mode: current disabled, pending disabled (nvmlDeviceGetMigMode)" in markdown
+    assert ("| cuda_init | CUDA initialized without a context (cuInit only) | nvidia-uvm, nvidiactl + GPU 0 | none | "
+            "not listed | device user (cuda) | device user (cuda) | a device user (cuda), never a holder | yes |") in markdown
+    assert ("| nvml_only | an NVML-only client (pynvml nvmlInit, stays initialized) | nvidiactl + GPUs 0,1 | none | "
+            "not listed | device user (nvml) | device user (nvml) | a device user (nvml), never a holder | yes |") in markdown
+    assert ("- in the unexplained-memory reading, cuda_init: gpu_facts holder (GPU 0: device_file), "
+            "rule holder (GPU 0: device_file)") in markdown
 
 
 def test_check_reports_the_knobs_that_differ(simnode, tmp_path):
@@ -64,3 +101,20 @@ def test_check_reports_the_knobs_that_differ(simnode, tmp_path):
     assert result["scenarios"]["release_latency"]["sizes"]["200"]["status"] == "skipped"
     knobs = result["suggested_sim_knobs"]
     assert knobs["reserved_mib"] == 1012 and knobs["idle_used_mib"] == 40 and 1.5 <= knobs["release_latency"] < 1.75
+
+
+def test_mig_mode_is_recorded_as_the_driver_reports_it(simnode, tmp_path):
+    node = simnode(gpus=1, mig="0")
+    node.set(mig_pending="0:0")  # MIG on, a change to off pending (a GPU reset would apply it)
+    proc, result = run_check(node, tmp_path, "--only", "idle")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert result["gpu"]["mig_mode"] == {"current": 1, "pending": 0, "error": None}
+    assert ": MIG mode: current enabled, pending disabled (nvmlDeviceGetMigMode)" in (tmp_path / "result.md").read_text()
+
+
+def test_run_sh_skips_a_host_without_the_nvidia_driver(simnode, tmp_path):
+    node = simnode(gpus=1, no_driver=True)
+    proc = node.exec(str(RUN_SH), "--out", str(tmp_path), timeout=60, check=False)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stdout.startswith("skipped: no NVIDIA GPU (libnvidia-ml.so.1 cannot be loaded")
+    assert not (tmp_path / "result.json").exists()

@@ -49,7 +49,8 @@ class Gpu:
     """One GPU through pynvml (nvidia-ml-py). Gpu(pynvml, index); call close() when done.
 
     identity() -> dict; memory() -> dict; used_bytes() -> int; processes() -> {pid: {"lists", "used_mib"}};
-    minors() -> [minor number of every GPU of the host].
+    all_processes() -> {index: processes()}; all_used_mib() -> {index: MiB}; minors() -> [minor number of every GPU of the host];
+    mig_mode() -> {"current", "pending", "error"}.
     """
 
     def __init__(self, pynvml, index):
@@ -103,14 +104,14 @@ class Gpu:
         memory.update(used_mib=v2.used >> 20, free_mib=v2.free >> 20, reserved_mib=v2.reserved >> 20)
         return memory
 
-    def _memory_v2(self):
+    def _memory_v2(self, handle=None):
         """nvmlDeviceGetMemoryInfo_v2's struct, or None where the driver or pynvml lacks it."""
         nvml = self.nvml
         version = getattr(nvml, "nvmlMemory_v2", None)
         if version is None:
             return None
         try:
-            return nvml.nvmlDeviceGetMemoryInfo(self.handle, version=version)
+            return nvml.nvmlDeviceGetMemoryInfo(self.handle if handle is None else handle, version=version)
         except nvml.NVMLError:
             return None
 
@@ -119,32 +120,59 @@ class Gpu:
         v2 = self._memory_v2()
         return v2.used if v2 is not None else self.nvml.nvmlDeviceGetMemoryInfo(self.handle).used
 
-    def processes(self):
-        """{pid: {"lists": names of the driver lists showing it (compute, graphics, mps), "used_mib": int or None}}.
+    def mig_mode(self):
+        """{"current", "pending"} from nvmlDeviceGetMigMode (1 enabled, 0 disabled), or {"error"} where the GPU or
+        the driver has no MIG (NVML_ERROR_NOT_SUPPORTED, a library without the call). Reads only: never changes it."""
+        nvml = self.nvml
+        try:
+            current, pending = nvml.nvmlDeviceGetMigMode(self.handle)
+        except nvml.NVMLError as error:
+            return {"current": None, "pending": None, "error": str(error)}
+        return {"current": int(current), "pending": int(pending), "error": None}
+
+    def all_used_mib(self):
+        """{index: used MiB (NVML v2 where the driver has it, else v1)} for every GPU NVML sees."""
+        nvml = self.nvml
+        used = {}
+        for index in range(nvml.nvmlDeviceGetCount()):
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            v2 = self._memory_v2(handle)
+            used[index] = (v2.used if v2 is not None else nvml.nvmlDeviceGetMemoryInfo(handle).used) >> 20
+        return used
+
+    def all_processes(self):
+        """{index: processes() of that GPU} for every GPU NVML sees (the driver's lists per GPU)."""
+        nvml = self.nvml
+        return {index: self.processes(nvml.nvmlDeviceGetHandleByIndex(index)) for index in range(nvml.nvmlDeviceGetCount())}
+
+    def processes(self, handle=None):
+        """{pid: {"lists": names of the driver lists showing it (compute, graphics, mps), "used_mib": int or None}}
+        for this GPU (or the GPU of `handle`).
 
         A list that grew between pynvml's two calls (INSUFFICIENT_SIZE) is read again.
         """
         nvml = self.nvml
+        handle = self.handle if handle is None else handle
         calls = dict(zip(PROCESS_LISTS, (nvml.nvmlDeviceGetComputeRunningProcesses, nvml.nvmlDeviceGetGraphicsRunningProcesses,
                                          nvml.nvmlDeviceGetMPSComputeRunningProcesses)))
         found = {}
         for list_name, call in calls.items():
-            for entry in self._read_list(call):
+            for entry in self._read_list(call, handle):
                 item = found.setdefault(entry.pid, {"lists": [], "used_mib": None})
                 item["lists"].append(list_name)
                 if entry.usedGpuMemory is not None and item["used_mib"] is None:
                     item["used_mib"] = entry.usedGpuMemory >> 20
         return found
 
-    def _read_list(self, call):
+    def _read_list(self, call, handle):
         """One process list; [] where the driver does not support it; re-read while it keeps growing."""
         nvml = self.nvml
         for _attempt in range(4):
             try:
-                return call(self.handle)
+                return call(handle)
             except nvml.NVMLError as error:
                 if error.value == NVML_ERROR_NOT_SUPPORTED:
                     return []
                 if error.value != NVML_ERROR_INSUFFICIENT_SIZE:
                     raise
-        return call(self.handle)
+        return call(handle)

@@ -92,6 +92,27 @@ def device_files(pid, proc="/proc"):
     return sorted(paths)
 
 
+def device_mappings(pid, proc="/proc"):
+    """The lines of /proc/PID/maps that map a /dev/nvidia* file, as the kernel writes them
+    ("address perms offset dev inode pathname"; a CUDA process maps its device, NVML never does), or []."""
+    try:
+        with open("%s/%d/maps" % (proc, pid), "rb") as maps:
+            data = maps.read()
+    except OSError:
+        return []
+    lines = []
+    for line in data.decode(errors="replace").splitlines():
+        fields = line.split(None, 5)
+        if len(fields) == 6 and fields[5].startswith("/dev/nvidia"):
+            lines.append(" ".join(fields))
+    return lines
+
+
+def mapped_paths(lines):
+    """Sorted distinct pathnames of device_mappings() lines."""
+    return sorted({line.split(None, 5)[5] for line in lines})
+
+
 def processes_with(marker, proc="/proc"):
     """PIDs whose /proc/PID/cmdline contains `marker` (a string unique to one check run)."""
     found = []

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import statistics
 
+from gpucheck import attribution
+
 MINOR = "<minor>"
 
 # The simulator's behaviour (tests/sim/README.md, fakenvml.c defaults, simvllm) for each observation:
@@ -34,6 +36,19 @@ SIMULATOR = {
     "inherited_memory_kept_after_parent_exit": (True, None, "the inherited handles keep the memory after the parent is SIGKILLed"),
     "inherited_driver_lists_child_after_parent_exit": (False, None, "the inheriting child is listed once the parent is gone"),
     "inherited_driver_lists_dead_parent": (False, None, "the dead parent's PID stays listed while the child keeps the memory"),
+    "attribution_device_files": ({
+        "context": ["/dev/nvidia-uvm", "/dev/nvidia" + MINOR, "/dev/nvidiactl"],
+        "nvml_only": ["/dev/nvidia" + MINOR, "/dev/nvidiactl"],
+        "inherited_child": ["/dev/nvidia-uvm", "/dev/nvidia" + MINOR, "/dev/nvidiactl"],
+        "cuda_init": ["/dev/nvidia-uvm", "/dev/nvidia" + MINOR, "/dev/nvidiactl"]}, None,
+        "/dev/nvidia* fds per attribution case (nvml_only: every GPU's file; the others: the visible GPU's)"),
+    "attribution_maps_device": (dict.fromkeys(attribution.CASE_NAMES, False), None,
+                                "whether each attribution case has /dev/nvidia* lines in /proc/PID/maps (simulated processes map nothing)"),
+    "attribution_driver_lists": (dict(dict.fromkeys(attribution.CASE_NAMES, False), context=True), None,
+                                 "whether the driver's lists show each attribution case"),
+    "attribution_gpu_facts": ({"context": "holder (driver)", "nvml_only": "device user (nvml)",
+                               "inherited_child": "holder (device_file)", "cuda_init": "device user (cuda)"}, None,
+                              "what gpu_facts makes of each attribution case on the GPU under test"),
     "nested_driver_pid": ("host", None, "PID the driver lists for a holder in a nested PID namespace (host, namespace, none)"),
     "driver_unlists_at_exit": (True, None, "a SIGKILLed holder leaves the driver's list within 50 ms of its exit"),
     "release_s_1gib": (0.5, 0.25, "seconds from SIGKILL to memory released, 1 GiB (knob release_latency 0.5)"),
@@ -91,6 +106,19 @@ def observations(result):
         obs["inherited_memory_kept_after_parent_exit"] = after["memory_kept"]
         obs["inherited_driver_lists_child_after_parent_exit"] = bool(after["child_lists"])
         obs["inherited_driver_lists_dead_parent"] = bool(after["parent_lists"])
+    attributed = _scenario(result, "attribution")
+    if attributed:
+        gpu = result.get("gpu") or {}
+        decided = {case: (attributed.get("readings") or {}).get(phase, {}).get(case)
+                   for case, _what, phase, _expected in attribution.CASES}
+        decided = {case: reading for case, reading in decided.items() if reading}
+        if decided:
+            obs["attribution_device_files"] = {case: normalize_device_files(
+                r["record"]["device_fds"], minors if case == "nvml_only" else [gpu.get("minor")]) for case, r in decided.items()}
+            obs["attribution_maps_device"] = {case: bool(r["record"]["device_mappings"]) for case, r in decided.items()}
+            obs["attribution_driver_lists"] = {case: bool(r["record"]["driver"]) for case, r in decided.items()}
+            obs["attribution_gpu_facts"] = {case: attribution.summary(r["facts"], gpu.get("index", 0))
+                                            for case, r in decided.items()}
     nested = _scenario(result, "nested_pidns")
     if nested:
         obs["nested_driver_pid"] = nested["driver_pid"]
@@ -166,18 +194,34 @@ def table_row(result):
     reset = "–"
     if tree and tree.get("gpu_kill") and tree.get("gpu_wait"):
         reset = "%s + %s" % (_seconds(tree["gpu_kill"].get("elapsed_s")), _seconds(tree["gpu_wait"].get("elapsed_s")))
+    attributed = _scenario(result, "attribution")
+    decided = [(attributed.get("readings") or {}).get(phase, {}).get(case) for case, _what, phase, _expected in attribution.CASES]
+    decided = [reading for reading in decided if reading]
+    as_expected = "%d/%d" % (sum(1 for reading in decided if reading["meets"]), len(attribution.CASES)) if decided else "–"
     differences = result.get("differences")
     if differences is None:
         differences = [row for row in compare(obs) if not row["same"]]
     return [result.get("date", "")[:10], "%s (%s MiB)" % (gpu.get("name"), gpu.get("memory_total_mib")),
             "%s (CUDA %s)" % (driver.get("driver_version"), driver.get("cuda_driver_version")),
             (result.get("host") or {}).get("backend") or "–", idle_cell, _cell(obs.get("context_overhead_mib")), found,
-            inherited, release, reset, "%d (%s)" % (len(differences), result.get("status"))]
+            inherited, as_expected, release, reset, "%d (%s)" % (len(differences), result.get("status"))]
 
 
 COLUMNS = ["Date", "GPU", "Driver", "Backend", "Idle used / reserved (MiB)", "Context overhead (MiB)",
            "Holders listed by driver · found by /proc scan", "Inherited-handle child: driver / memory",
+           "Attribution cases as expected",
            "Release after SIGKILL 1 / 10 / 50 GiB (s)", "gpu_kill + gpu_wait, vLLM TP=2 (s)", "Differences (status)"]
+
+
+def mig_line(mig):
+    """"MIG mode: current disabled, pending disabled" from result["gpu"]["mig_mode"]."""
+    if not mig:
+        return "MIG mode: not read"
+    if mig.get("error"):
+        return "MIG mode: not available (%s)" % mig["error"]
+    names = {0: "disabled", 1: "enabled"}
+    return "MIG mode: current %s, pending %s (nvmlDeviceGetMigMode)" % (
+        names.get(mig["current"], mig["current"]), names.get(mig["pending"], mig["pending"]))
 
 
 def render_markdown(results):
@@ -185,6 +229,15 @@ def render_markdown(results):
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(str(cell) for cell in table_row(result)) + " |" for result in results]
     for result in results:
+        gpu = result.get("gpu") or {}
+        lines += ["", "%s, %s: %s" % (gpu.get("name"), result.get("date", "")[:10], mig_line(gpu.get("mig_mode")))]
+        attributed = (result.get("scenarios") or {}).get("attribution")
+        if attributed and attributed.get("readings"):
+            lines += ["", "Attribution (docs/attribution.md) of four real processes on GPU %s, %s, %s:" % (
+                gpu.get("index"), gpu.get("name"), result.get("date", "")[:10]), ""]
+            lines += attribution.render_table(attributed, gpu.get("all_minors") or [])
+        elif attributed:
+            lines += ["", "Attribution: %s (%s)" % (attributed.get("status"), attributed.get("reason"))]
         differences = result.get("differences")
         if differences is None:
             differences = [row for row in compare(result.get("observations") or observations(result)) if not row["same"]]

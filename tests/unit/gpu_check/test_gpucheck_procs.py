@@ -46,6 +46,27 @@ def test_device_files_are_read_from_every_thread(tmp_path):
     assert procs.device_files(51, str(tmp_path)) == []
 
 
+def test_device_mappings_are_the_maps_lines_of_nvidia_files(tmp_path):
+    fake_process(tmp_path, 60, 1)
+    (tmp_path / "60" / "maps").write_text(
+        "55d0c0000000-55d0c0001000 r--p 00000000 08:01 131 /usr/bin/python3.12\n"
+        "7f3a00000000-7f3a00200000 rw-s 00000000 00:05 1043 /dev/nvidiactl\n"
+        "7f3a00200000-7f3a00400000 rw-s 00000000 00:05 1050 /dev/nvidia0\n"
+        "7f3a00400000-7f3a00600000 rw-s 00002000 00:05 1050 /dev/nvidia0\n"
+        "7f3a00600000-7f3a00800000 rw-s 00000000 00:05 1060 /dev/nvidia-uvm (deleted)\n"
+        "7f3a00800000-7f3a00a00000 rw-p 00000000 00:00 0 \n"
+        "7ffd00000000-7ffd00021000 rw-p 00000000 00:00 0                          [stack]\n")
+    lines = procs.device_mappings(60, str(tmp_path))
+    assert lines == ["7f3a00000000-7f3a00200000 rw-s 00000000 00:05 1043 /dev/nvidiactl",
+                     "7f3a00200000-7f3a00400000 rw-s 00000000 00:05 1050 /dev/nvidia0",
+                     "7f3a00400000-7f3a00600000 rw-s 00002000 00:05 1050 /dev/nvidia0",
+                     "7f3a00600000-7f3a00800000 rw-s 00000000 00:05 1060 /dev/nvidia-uvm (deleted)"]
+    assert procs.mapped_paths(lines) == ["/dev/nvidia-uvm (deleted)", "/dev/nvidia0", "/dev/nvidiactl"]
+    assert procs.device_mappings(61, str(tmp_path)) == []  # gone
+    own = procs.device_mappings(os.getpid())  # the real /proc: this test process maps no NVIDIA file
+    assert own == []
+
+
 def test_processes_with_marker(tmp_path):
     fake_process(tmp_path, 10, 1, cmdline="python workload.py --marker gpucheck-1-ab")
     fake_process(tmp_path, 11, 1, cmdline="VLLM::Worker_TP0 [gpucheck-1-ab]")

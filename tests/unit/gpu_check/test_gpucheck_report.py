@@ -4,7 +4,7 @@ import copy
 
 import pytest
 
-from gpucheck import report
+from gpucheck import attribution, report
 
 GIB = 1 << 30
 
@@ -19,11 +19,38 @@ def latency(released, exited=0.01, unlisted=0.012):
     return {"status": "ok", "seconds": {"exited": exited, "unlisted": unlisted, "released": released}}
 
 
+def attribution_scenario(minor=3, others=(5,), maps=False, cuinit_fds=None):
+    """The attribution scenario's readings as check.py records them (four processes, two readings)."""
+    minors = [minor] + list(others)
+    own = ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia%d" % minor]
+    lines = ["7f00-7f20 rw-s 00000000 00:05 9 /dev/nvidia%d" % minor] if maps else []
+    fds = {"context": own, "nvml_only": ["/dev/nvidiactl"] + ["/dev/nvidia%d" % m for m in minors],
+           "inherited_child": own, "cuda_init": cuinit_fds or own}
+    pids = {"context": 10, "nvml_only": 20, "inherited_child": 30, "cuda_init": 40}
+    readings = {}
+    for phase, unexplained in (("explained", False), ("unexplained", True)):
+        lists = {0: {10: {"lists": ["compute"], "used_mib": 1024}}, 1: {}}
+        memory = {0: {"unexplained": unexplained}, 1: {"unexplained": False}}
+        readings[phase] = {}
+        for case, pid in pids.items():
+            if case == "inherited_child" and phase == "explained":
+                continue
+            mapped = lines if case in ("context", "inherited_child") else []
+            rec = attribution.raw_record(pid, fds[case], mapped, sorted({line.split()[-1] for line in mapped}), lists)
+            rule = attribution.by_rule(rec, memory, minors)
+            facts = dict(rule, gpus=[], device_gpus=[0], seen_in=["fd"])
+            expected = next(spec for name, _w, _p, spec in attribution.CASES if name == case)
+            readings[phase][case] = {"record": rec, "rule": rule, "facts": facts,
+                                     "meets": attribution.meets(facts, expected, 0)}
+    return {"status": "ok", "readings": readings}
+
+
 def sim_like_result():
     """A check result as a simulated node with default knobs produces it (shape of check.py's result.json)."""
     return {
         "date": "2026-11-29T08:00:00+00:00", "status": "ok",
-        "gpu": {"name": "NVIDIA H100 80GB HBM3", "memory_total_mib": 81559, "minor": 3, "all_minors": [3, 5]},
+        "gpu": {"name": "NVIDIA H100 80GB HBM3", "memory_total_mib": 81559, "index": 0, "minor": 3, "all_minors": [3, 5],
+                "mig_mode": {"current": 0, "pending": 0, "error": None}},
         "driver": {"driver_version": "580.95.05", "cuda_driver_version": 13000},
         "host": {"backend": "sim"},
         "scenarios": {
@@ -39,6 +66,7 @@ def sim_like_result():
                 "inherit": holder(), "inherit.child": holder(lists=(), nbytes=0, listed_mib=None, seen_in=("fd",), role="inherited")},
                 "after_parent_exit": {"memory_kept": True, "child_lists": [], "parent_lists": []}},
             "sigterm_ignored": {"status": "ok", "holders": {"stubborn": holder()}},
+            "attribution": attribution_scenario(),
             "nested_pidns": {"status": "ok", "holders": {"nested": holder()}, "driver_pid": "host"},
             "release_latency": {"status": "ok", "sizes": {"1": latency(0.51), "10": latency(0.503), "50": latency(0.512)}},
         },
@@ -48,7 +76,11 @@ def sim_like_result():
 def real_like_result():
     """What a real GPU might report: several behaviours differ from the simulator."""
     result = sim_like_result()
-    result["gpu"].update(name="NVIDIA H200", memory_total_mib=143771, minor=0, all_minors=[0])
+    result["gpu"].update(name="NVIDIA H200", memory_total_mib=143771, minor=0, all_minors=[0],
+                         mig_mode={"current": None, "pending": None, "error": "Not Supported"})
+    # A real cuInit might open no /dev/nvidia-uvm: gpu_facts would then call it an NVML client.
+    result["scenarios"]["attribution"] = attribution_scenario(minor=0, others=(), maps=True,
+                                                     cuinit_fds=["/dev/nvidiactl", "/dev/nvidia0"])
     result["host"]["backend"] = "torch"
     scenarios = result["scenarios"]
     scenarios["idle"]["memory"] = {"used_mib": 40, "reserved_mib": 1012, "used_v1_mib": 1052, "total_mib": 143771}
@@ -77,7 +109,14 @@ def test_differences_name_what_the_real_driver_did():
     obs = report.observations(real_like_result())
     differing = {row["item"]: row for row in report.compare(obs) if not row["same"]}
     assert set(differing) == {"idle_used_mib", "reserved_mib", "context_overhead_mib", "holder_seen_in", "holder_device_files",
-                              "inherited_driver_lists_dead_parent", "release_s_10gib"}
+                              "inherited_driver_lists_dead_parent", "release_s_10gib", "attribution_device_files",
+                              "attribution_maps_device", "attribution_gpu_facts"}
+    assert differing["attribution_maps_device"]["real"] == {"context": True, "nvml_only": False, "inherited_child": True,
+                                                            "cuda_init": False}
+    assert differing["attribution_device_files"]["real"]["cuda_init"] == ["/dev/nvidia<minor>", "/dev/nvidiactl"]
+    assert differing["attribution_gpu_facts"]["real"] == {"context": "holder (driver)", "nvml_only": "device user (nvml)",
+                                                          "inherited_child": "holder (device_file)",
+                                                          "cuda_init": "device user (nvml)"}
     assert differing["reserved_mib"]["real"] == 1012 and differing["reserved_mib"]["simulator"] == 529
     assert differing["context_overhead_mib"]["real"] == 510
     assert differing["holder_seen_in"]["real"] == ["driver", "fd", "mapping"]
@@ -126,8 +165,32 @@ def test_markdown_table_has_one_row_per_result_and_lists_differences():
     rows = lines[2:4]
     assert all(row.count("|") == len(report.COLUMNS) + 1 for row in rows)
     assert "| 2026-11-29 | NVIDIA H100 80GB HBM3 (81559 MiB) | 580.95.05 (CUDA 13000) | sim | 0 / 529 | 0 | 5/6 · 6/6 | " \
-           "not listed / kept | 0.51 / 0.50 / 0.51 | 0.07 + 0.01 | 0 (ok) |" == rows[0]
-    assert "| 40 / 1012 | 510 |" in rows[1] and "| 0.62 / 1.90 / – |" in rows[1] and "| 7 (ok) |" in rows[1]
+           "not listed / kept | 4/4 | 0.51 / 0.50 / 0.51 | 0.07 + 0.01 | 0 (ok) |" == rows[0]
+    assert "| 40 / 1012 | 510 |" in rows[1] and "| 0.62 / 1.90 / – |" in rows[1] and "| 3/4 | 0.62 / 1.90 / – |" in rows[1] and "| 10 (ok) |" in rows[1]
     assert "- none" in lines[lines.index("Differences from the simulator, NVIDIA H100 80GB HBM3, 2026-11-29:") + 1]
     assert "- `reserved_mib`: real 1012, simulator 529" in text
     assert "reserved_mib=1012" in text
+    assert "NVIDIA H100 80GB HBM3, 2026-11-29: MIG mode: current disabled, pending disabled (nvmlDeviceGetMigMode)" in lines
+    assert "NVIDIA H200, 2026-11-29: MIG mode: not available (Not Supported)" in lines
+    start = lines.index("Attribution (docs/attribution.md) of four real processes on GPU 0, NVIDIA H200, 2026-11-29:")
+    table = lines[start + 2:start + 8]
+    assert table[0].startswith("| Case | Process | Device files open | Device mappings |") and len(table[2:]) == 4
+    assert table[-1].startswith("| cuda_init |") and table[-1].endswith(
+        "| nvidiactl + GPU 0 | none | not listed | device user (nvml) | device user (nvml) | "
+        "a device user (cuda), never a holder | NO |")
+    assert "| context | a CUDA context on one GPU (cuMemAlloc / torch tensor) | nvidia-uvm, nvidiactl + GPU 0 | " \
+           "1 (GPU 0) | GPU 0 compute 1024 MiB | holder (GPU 0: driver) | holder (GPU 0: driver) | a holder (driver) | yes |" \
+           in table
+
+
+def test_mig_line():
+    assert report.mig_line({"current": 1, "pending": 0, "error": None}) == \
+        "MIG mode: current enabled, pending disabled (nvmlDeviceGetMigMode)"
+    assert report.mig_line(None) == "MIG mode: not read"
+
+
+def test_an_attribution_scenario_that_did_not_run_is_said_so_and_not_compared():
+    result = sim_like_result()
+    result["scenarios"]["attribution"] = {"status": "skipped", "reason": "not enough time left"}
+    assert report.observations(result)["attribution_gpu_facts"] is None
+    assert "Attribution: skipped (not enough time left)" in report.render_markdown([result])

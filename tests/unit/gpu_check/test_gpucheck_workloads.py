@@ -91,6 +91,35 @@ def test_forked_child_only_inherits_the_handles(sim_run, make_workloads):
     assert workloads.alive("inherit.child")
 
 
+def test_cuda_init_opens_the_device_files_and_creates_no_context(sim_run, make_workloads):
+    run_dir, sim_dir = sim_run
+    workloads = make_workloads(run_dir)
+    launcher = workloads.start("cuinit", role="cuinit")
+    info = workloads.wait_ready(["cuinit"], launcher, 60)["cuinit"]
+    dev_dir = os.path.join(os.path.dirname(sim_dir), "dev")
+    assert open_device_files(info["host_pid"], dev_dir) == [os.path.join(dev_dir, n) for n in ("nvidia-uvm", "nvidia4", "nvidiactl")]
+    for fd in os.listdir("/proc/%d/fd" % info["host_pid"]):  # every handle at position 0: no context token
+        with open("/proc/%d/fdinfo/%s" % (info["host_pid"], fd)) as fdinfo:
+            assert fdinfo.readline() == "pos:\t0\n"
+    assert os.listdir(os.path.join(sim_dir, "contexts")) == []
+    assert info["role"] == "cuinit" and info["bytes"] == 0 and info["backend_details"] == {"cuda_init": "sim"}
+
+
+def test_nvml_client_holds_every_device_file_but_no_uvm(sim_run, make_workloads, monkeypatch):
+    """The NVML-only client through the simulator's libnvidia-ml.so.1 (tests/sim/build), outside any node."""
+    run_dir, sim_dir = sim_run
+    library_dir = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "sim", "build")
+    if not os.path.exists(os.path.join(library_dir, "libnvidia-ml.so.1")):
+        pytest.skip("the fake driver library is not built (tests/sim/gpunode build)")
+    monkeypatch.setenv("LD_LIBRARY_PATH", library_dir)
+    workloads = make_workloads(run_dir)
+    launcher = workloads.start("nvml", role="nvml")
+    info = workloads.wait_ready(["nvml"], launcher, 60)["nvml"]
+    dev_dir = os.path.join(os.path.dirname(sim_dir), "dev")
+    assert open_device_files(info["host_pid"], dev_dir) == [os.path.join(dev_dir, n) for n in ("nvidia4", "nvidiactl")]
+    assert info["backend_details"] == {"nvml_gpu_count": 1} and os.listdir(os.path.join(sim_dir, "contexts")) == []
+
+
 def test_sigterm_can_be_ignored(sim_run, make_workloads):
     run_dir, _sim_dir = sim_run
     workloads = make_workloads(run_dir)
