@@ -68,14 +68,15 @@ def describe_foreign(item, index):
 
 
 def wait_released(inspector, selection, timeout, max_used_mib=DEFAULT_MAX_USED_MIB, poll_interval=DEFAULT_POLL_INTERVAL_S,
-                  clock=time.monotonic, sleep=time.sleep):
+                  clock=time.monotonic, sleep=time.sleep, first=None):
     """Poll snapshots until every GPU `selection` (a _select.Selection) selects is released or `timeout` seconds pass.
 
     Returns {"released" (bool), "elapsed_s", "polls", "gpus" (Selection.gpu_status of the last poll),
     "driver" (the last snapshot's driver state), "view" (the last snapshot itself)}. A driver that stops answering,
     or a selected GPU that the driver answers with an error (a lost GPU), ends the wait at once with released=False:
     waiting cannot change either (the NVML query is bounded by the time left plus NVML_SLACK_S).
-    Each look scans only the PIDs the driver lists while their memory explains the selected GPUs.
+    Each look scans only the PIDs the driver lists while their memory explains the selected GPUs. `first`, a
+    snapshot just taken (by a caller that ended nothing since), serves as the first look.
     """
     start = clock()
     deadline = start + timeout
@@ -83,8 +84,11 @@ def wait_released(inspector, selection, timeout, max_used_mib=DEFAULT_MAX_USED_M
     while True:
         polls += 1
         # A hung driver may delay the last look by at most NVML_SLACK_S beyond `timeout`.
-        view = inspector.snapshot(timeout=max(0.0, deadline - clock()) + NVML_SLACK_S, scope="listed",
-                                  indices=selection.indices, tolerance_mib=max_used_mib, owners=bool(selection.owners))
+        if first is not None:
+            view, first = first, None
+        else:
+            view = inspector.snapshot(timeout=max(0.0, deadline - clock()) + NVML_SLACK_S, scope="listed",
+                                      indices=selection.indices, tolerance_mib=max_used_mib, owners=bool(selection.owners))
         status = selection.gpu_status(view, max_used_mib)
         done = all(gpu["released"] for gpu in status)
         now = clock()
@@ -93,3 +97,53 @@ def wait_released(inspector, selection, timeout, max_used_mib=DEFAULT_MAX_USED_M
             return {"released": done and not view["driver"]["timed_out"], "elapsed_s": round(now - start, 3), "polls": polls,
                     "gpus": status, "driver": view["driver"], "view": view}
         sleep(min(poll_interval, max(0.0, deadline - now)))
+
+
+def conclude(result, driver_timeout, single_look=False):
+    """Complete a wait_released() result for a module: "memory_checked", "left_alone" (one entry per GPU a left-alone
+    holder holds), "next_step" on each GPU not released; return the message (one line per GPU that is not released,
+    saying why and what to do next; never None or empty lists)."""
+    driver = result["driver"]
+    result["memory_checked"] = all(gpu["memory_checked"] for gpu in result["gpus"])
+    result["left_alone"] = [dict(h, gpu=gpu["index"]) for gpu in result["gpus"] for h in gpu["left_alone"]]
+    left = ""
+    if result["left_alone"]:
+        left = "; left alone: %s" % ", ".join(sorted({"PID %s (%s, %s)" % (h["pid"], h["comm"], h["reason"])
+                                                       for h in result["left_alone"]}))
+    if result["released"]:
+        what = "released" if result["memory_checked"] else "no holder left (memory not checked: no driver)"
+        return "%s after %.2f s%s" % (what, result["elapsed_s"], left)
+    stuck = [gpu for gpu in result["gpus"] if not gpu["released"]]
+    for gpu in stuck:
+        gpu["next_step"] = next_step(gpu)
+    if driver["timed_out"]:
+        return ("NVML did not answer within driver_timeout (%s s): the driver may be hung (%s); GPU memory release "
+                "could not be confirmed. Next: look for Xid errors in the kernel log (dmesg) and check nvidia-smi; a "
+                "hung driver needs a GPU reset or a reboot" % (driver_timeout, driver["error"]))
+    return "%s: %s%s" % ("not free" if single_look else "not released after %.1f s" % result["elapsed_s"],
+                         "; ".join(describe(gpu) for gpu in stuck), left)
+
+
+def describe(gpu):
+    """One GPU that is not released, in words (never None or empty lists)."""
+    parts = []
+    if gpu["memory_used_mib"] is not None:
+        parts.append("%s MiB used" % gpu["memory_used_mib"])
+        if gpu["left_alone_mib"]:
+            parts.append("%s MiB of it by holders left alone" % gpu["left_alone_mib"])
+        if gpu["unexplained_mib"]:
+            parts.append("%s MiB that no listed process explains" % gpu["unexplained_mib"])
+    elif gpu.get("error"):
+        parts.append("error %s" % gpu["error"])
+    else:
+        parts.append("memory unknown")
+    if gpu["holders"]:
+        parts.append("held by %s" % ", ".join("PID %s %s (state %s)" % (h["pid"], h["comm"], h["state"]) for h in gpu["holders"]))
+    else:
+        parts.append("no selected holder")
+    name = "GPUs" if gpu["index"] is None else "GPU %s" % gpu["index"]
+    if gpu.get("mig_uuid"):
+        name += " MIG instance %s (%s)" % (gpu["mig_uuid"], gpu.get("mig_profile"))
+    if gpu.get("memory_note"):
+        parts.append(gpu["memory_note"])
+    return "%s: %s; next: %s" % (name, ", ".join(parts), gpu["next_step"])

@@ -130,6 +130,30 @@ options:
       - In check mode, RV(would_signal) entries carry C(owner) and C(owner_note) (why ending the PID alone will not last).
     type: bool
     default: false
+  wait:
+    description:
+      - After ending the holders, wait until the selected GPUs are released, exactly as M(gpuops.nvidia.gpu_wait) with the
+        same selection, and return the state after (RV(after)), the wait's report (RV(wait)) and the summary lines of the
+        reset_gpus role (RV(summary)), so the common path of a reset is one module run.
+      - When nothing was ended, the first look of the wait is the one the module already took (no second scan).
+      - The module fails when the GPUs are not released within O(wait_timeout) (RV(wait_timed_out) true, RV(wait) says
+        per GPU what holds it and the next step). Not in check mode.
+    type: bool
+    default: false
+  wait_timeout:
+    description: With O(wait=true), seconds to wait for the release (a finite number, 0 or more; 0 is one look).
+    type: float
+    default: 60.0
+  max_used_mib:
+    description:
+      - Used memory in MiB at or below which a GPU without selected holders counts as released (see
+        M(gpuops.nvidia.gpu_wait)); also the tolerance for memory the driver's lists do not explain.
+    type: int
+    default: 256
+  poll_interval:
+    description: With O(wait=true), seconds between two looks at the GPUs.
+    type: float
+    default: 0.02
 notes:
   - The module fails when a selected process survives SIGKILL, with the survivors and the reason in RV(survived).
 seealso:
@@ -202,6 +226,34 @@ foreign:
   returned: always
   type: list
   elements: dict
+released:
+  description: With O(wait=true), whether every selected GPU was released within O(wait_timeout).
+  returned: when O(wait=true) and not in check mode
+  type: bool
+wait_timed_out:
+  description: With O(wait=true), true when the module failed because the GPUs were not released in time.
+  returned: when O(wait=true) and not in check mode
+  type: bool
+wait:
+  description:
+    - With O(wait=true), the wait as M(gpuops.nvidia.gpu_wait) reports it, C(elapsed_s), C(polls), C(msg),
+      C(memory_checked), C(driver) and C(gpus) (per selected GPU, with C(next_step) where not released).
+  returned: when O(wait=true) and not in check mode
+  type: dict
+after:
+  description: With O(wait=true), the GPUs and their holders at the wait's last look, in the structure of RV(before).
+  returned: when O(wait=true) and not in check mode
+  type: dict
+summary:
+  description:
+    - With O(wait=true), the per-host summary of the reset_gpus role, one string per line, what was (or would be)
+      signalled and left alone, the outcome, and per selected GPU its used memory (MiB) and holder count before and
+      after. Never C(None), empty GPU lists or a false "released".
+  returned: when O(wait=true)
+  type: list
+  elements: str
+  sample: ["signalled 1 process(es) in 0.21 s", "  PID 9 python3 (GPUs 0): SIGTERM, exited after 0.09 s",
+           "memory released after 0.52 s more", "GPU 0 NVIDIA H100 80GB HBM3: 75034 -> 0 MiB used, holders 1 -> 0"]
 stopped_units:
   description: Systemd units stopped with O(stop_owners=true) before their holders were ended.
   returned: always
@@ -244,7 +296,7 @@ driver:
   returned: always
   type: dict
 elapsed_s:
-  description: Seconds the module spent signalling and waiting.
+  description: Seconds the module spent looking and signalling (the wait of O(wait=true) is in RV(wait)).
   returned: always
   type: float
 before:
@@ -265,7 +317,7 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _gpus, _options, _owners, _select, _terminate
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _gpus, _options, _owners, _report, _select, _terminate, _wait
 
 
 def main():
@@ -275,6 +327,10 @@ def main():
             grace_period=dict(type="float", default=10.0),
             kill_wait=dict(type="float", default=5.0),
             stop_owners=dict(type="bool", default=False),
+            wait=dict(type="bool", default=False),
+            wait_timeout=dict(type="float", default=60.0),
+            max_used_mib=dict(type="int", default=_wait.DEFAULT_MAX_USED_MIB),
+            poll_interval=dict(type="float", default=_wait.DEFAULT_POLL_INTERVAL_S),
             **dict(_select.HOLDER_ARGS, **_gpus.SELECTION_ARGS)
         ),
         supports_check_mode=True,
@@ -284,7 +340,9 @@ def main():
     started = time.monotonic()
     try:
         _options.check_numbers(positive=("driver_timeout",), grace_period=params["grace_period"],
-                               kill_wait=params["kill_wait"], driver_timeout=params["driver_timeout"])
+                               kill_wait=params["kill_wait"], driver_timeout=params["driver_timeout"],
+                               wait_timeout=params["wait_timeout"], max_used_mib=params["max_used_mib"],
+                               poll_interval=params["poll_interval"])
         sig = _terminate.parse_signal(params["signal"])
         _select.check_options(params)
     except ValueError as exc:  # OptionError, SelectionError and unknown signals
@@ -292,15 +350,18 @@ def main():
     inspector = _gpus.Inspector(driver_timeout=params["driver_timeout"])
     try:
         # The listed PIDs' fds where the driver's lists explain every GPU's memory, a full /proc scan elsewhere.
-        view = inspector.snapshot(scope="listed", owners=True)
+        view = inspector.snapshot(scope="listed", owners=True, tolerance_mib=params["max_used_mib"])
         try:
             selection = _select.Selection.from_params(params, view)
         except _select.SelectionError as exc:
             module.fail_json(msg="nothing was signalled: %s" % exc, driver=view["driver"])
         result = run(module, inspector, selection, view, sig)
+        result["elapsed_s"] = round(time.monotonic() - started, 3)
+        if params["wait"] and not module.check_mode and not result["survived"]:
+            wait(module, inspector, selection, view if not result["signalled"] and not result["stopped_units"] else None,
+                 result)
     finally:
         inspector.close()
-    result["elapsed_s"] = round(time.monotonic() - started, 3)
     gc.freeze()
     finish(module, result)
 
@@ -339,6 +400,20 @@ def run(module, inspector, selection, view, sig):
     result.update(outcome)
     result["changed"] = result["changed"] or bool(outcome["signalled"])
     return result
+
+
+def wait(module, inspector, selection, first, result):
+    """wait=true: wait for the release as gpu_wait does (the first look is the snapshot just taken when nothing was
+    ended), and add "released", "wait_timed_out", "wait" ({"elapsed_s", "polls", "msg", "gpus" with next steps,
+    "memory_checked", "driver"}) and "after"."""
+    params = module.params
+    waited = _wait.wait_released(inspector, selection, params["wait_timeout"], params["max_used_mib"],
+                                 params["poll_interval"], first=first)
+    waited["msg"] = _wait.conclude(waited, params["driver_timeout"])
+    result["after"] = waited.pop("view")
+    result["released"] = waited["released"]
+    result["wait_timed_out"] = not waited["released"]
+    result["wait"] = {key: waited[key] for key in ("elapsed_s", "polls", "msg", "gpus", "memory_checked", "driver")}
 
 
 def stop_units(module, targets, result):
@@ -384,11 +459,26 @@ def _names(processes):
 
 
 def finish(module, result):
-    """exit_json or fail_json with a message that says what was done and what was left."""
+    """exit_json, or fail_json when a process survived SIGKILL or (wait=true) the GPUs were not released in time;
+    with wait=true the result carries the summary lines of the reset_gpus role."""
     if result["survived"]:
         module.fail_json(msg="%d selected process(es) survived SIGKILL: %s" % (
             len(result["survived"]), "; ".join("PID %s (%s): %s" % (s["pid"], s["comm"], s["reason"]) for s in result["survived"])),
             **result)
+    result["msg"] = message(module, result)
+    warn_owners(module, result)
+    if module.params["wait"]:
+        waited = dict(result.get("wait", {"elapsed_s": 0.0}), released=result.get("released"))
+        outcome = _report.outcome(result, waited, module.check_mode, waited["elapsed_s"])
+        result["summary"] = _report.summary_lines(result, result["before"], result.get("after", result["before"]),
+                                                  module.check_mode, outcome)
+        if result.get("wait_timed_out"):
+            module.fail_json(**dict(result, msg="%s; %s" % (result["msg"], waited["msg"])))
+    module.exit_json(**result)
+
+
+def message(module, result):
+    """What was done (or would be) and what was left, in one line."""
     if module.check_mode:
         msg = "would signal %d process(es)%s" % (len(result["would_signal"]),
                                                  ": " + _names(result["would_signal"]) if result["would_signal"] else "")
@@ -403,6 +493,13 @@ def finish(module, result):
             item["pid"], "memory not reported" if item["used_mib"] is None else "%s MiB" % item["used_mib"], item["gpu"])
     if result["stopped_units"]:
         msg += "; stopped systemd unit(s) %s first" % ", ".join(result["stopped_units"])
+    if result.get("released"):
+        msg += "; %s" % result["wait"]["msg"]
+    return msg
+
+
+def warn_owners(module, result):
+    """A warning for each holder whose owner will start it again, and for each respawn seen."""
     stopped = {"systemctl stop %s" % unit for unit in result["stopped_units"]}
     for process in result["would_signal"] if module.check_mode else result["signalled"]:
         command = _owners.stop_command(process.get("owner"))
@@ -416,8 +513,6 @@ def finish(module, result):
                     "a systemd unit), or the GPU will be held again" % (
                         item["replaces"], item["replaces_comm"], item["pid"],
                         ", started by PID %s (%s)" % (parent["pid"], parent["comm"]) if parent else ""))
-    result["msg"] = msg
-    module.exit_json(**result)
 
 
 if __name__ == "__main__":

@@ -228,54 +228,13 @@ def main():
 def finish(module, params, result):
     """exit_json when released, else fail_json with one line per GPU that says why and what to do next."""
     driver = result["driver"]
-    result["memory_checked"] = all(gpu["memory_checked"] for gpu in result["gpus"])
-    result["left_alone"] = [dict(h, gpu=gpu["index"]) for gpu in result["gpus"] for h in gpu["left_alone"]]
     if not driver["available"] and not driver["timed_out"]:
         module.warn("NVIDIA driver library not usable (%s): waited for holders from the /proc scan alone; "
                     "memory release is not confirmed" % driver["error"])
-    left = ""
-    if result["left_alone"]:
-        left = "; left alone: %s" % ", ".join(sorted({"PID %s (%s, %s)" % (h["pid"], h["comm"], h["reason"])
-                                                       for h in result["left_alone"]}))
+    msg = _wait.conclude(result, params["driver_timeout"], params["timeout"] == 0)
     if result["released"]:
-        what = "released" if result["memory_checked"] else "no holder left (memory not checked: no driver)"
-        module.exit_json(changed=False, msg="%s after %.2f s%s" % (what, result["elapsed_s"], left), **result)
-    stuck = [gpu for gpu in result["gpus"] if not gpu["released"]]
-    for gpu in stuck:
-        gpu["next_step"] = _wait.next_step(gpu)
-    if driver["timed_out"]:
-        msg = ("NVML did not answer within driver_timeout (%s s): the driver may be hung (%s); GPU memory release could "
-               "not be confirmed. Next: look for Xid errors in the kernel log (dmesg) and check nvidia-smi; a hung "
-               "driver needs a GPU reset or a reboot" % (params["driver_timeout"], driver["error"]))
-    else:
-        msg = "%s: %s%s" % ("not free" if params["timeout"] == 0 else "not released after %.1f s" % result["elapsed_s"],
-                            "; ".join(describe(gpu) for gpu in stuck), left)
+        module.exit_json(changed=False, msg=msg, **result)
     module.fail_json(msg=msg, changed=False, **result)
-
-
-def describe(gpu):
-    """One GPU that is not released, in words (never None or empty lists)."""
-    parts = []
-    if gpu["memory_used_mib"] is not None:
-        parts.append("%s MiB used" % gpu["memory_used_mib"])
-        if gpu["left_alone_mib"]:
-            parts.append("%s MiB of it by holders left alone" % gpu["left_alone_mib"])
-        if gpu["unexplained_mib"]:
-            parts.append("%s MiB that no listed process explains" % gpu["unexplained_mib"])
-    elif gpu.get("error"):
-        parts.append("error %s" % gpu["error"])
-    else:
-        parts.append("memory unknown")
-    if gpu["holders"]:
-        parts.append("held by %s" % ", ".join("PID %s %s (state %s)" % (h["pid"], h["comm"], h["state"]) for h in gpu["holders"]))
-    else:
-        parts.append("no selected holder")
-    name = "GPUs" if gpu["index"] is None else "GPU %s" % gpu["index"]
-    if gpu.get("mig_uuid"):
-        name += " MIG instance %s (%s)" % (gpu["mig_uuid"], gpu.get("mig_profile"))
-    if gpu.get("memory_note"):
-        parts.append(gpu["memory_note"])
-    return "%s: %s; next: %s" % (name, ", ".join(parts), gpu["next_step"])
 
 
 if __name__ == "__main__":
