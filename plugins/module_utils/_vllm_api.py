@@ -13,24 +13,40 @@ Acceptance (`measure_acceptance`): vLLM counts speculative decoding in Prometheu
 `..._num_accepted_tokens_per_pos_total{position="k"}`). They are read before and after a warm-up of
 fixed prompts at temperature 0; from the differences, acceptance rate = accepted / draft tokens and
 mean acceptance length = 1 + accepted / drafts (tokens produced per target forward pass).
+`watch_acceptance` reads the same counters twice, `window` seconds apart, without sending anything:
+the figures are those of the production traffic in that window.
+
+Draining (`drain`): polls the scheduler gauges `vllm:num_requests_running` and
+`vllm:num_requests_waiting` until both are 0 or a timeout passes; `stop_main_process` then SIGTERMs
+the server's main process only (vLLM 0.33 drains for `--shutdown-timeout` seconds on SIGTERM of the
+API server, entrypoints/launchers/launcher.py) and waits for it and its session to exit.
+
+Source of every metric name and formula: vLLM 0.33 vllm/v1/metrics/loggers.py (PrometheusStatLogger)
+and vllm/v1/spec_decode/metrics.py (SpecDecodingProm, SpecDecodingLogging). With `--disable-log-stats`
+vLLM creates no stat logger: /metrics then carries no `vllm:` metric at all.
 """
 from __future__ import annotations
 
 import json
 import re
+import signal
 import socket
 import time
 from urllib.error import HTTPError, URLError
 
 from ansible.module_utils.urls import open_url
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _detached, _procscan
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _detached, _procscan, _terminate
 
 SPEC_DECODE_PREFIX = "vllm:spec_decode_"
 DRAFTS = "vllm:spec_decode_num_drafts_total"
 DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
 ACCEPTED_TOKENS = "vllm:spec_decode_num_accepted_tokens_total"
 ACCEPTED_PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+RUNNING = "vllm:num_requests_running"
+WAITING = "vllm:num_requests_waiting"
+NO_LOG_STATS = ("/metrics carries no vllm: metric at all: the server runs with --disable-log-stats (vLLM then creates no "
+                "stat logger), so acceptance cannot be measured; remove --disable-log-stats to gate on acceptance")
 
 DEFAULT_PROMPTS = (
     "Explain in a few sentences why GPU memory must be released before a new server can use it.",
@@ -235,6 +251,14 @@ def _check_ready(client, served_model_name, completion_max_tokens):
     return "ready", True, "healthy", models, completion
 
 
+def _process_id(process, proc="/proc"):
+    """The _procscan.ProcessId to watch for `process`: a PID (None or 0: do not watch), or a (PID, start_ticks) pair
+    as in a pidfile ((0, 0): no server process, never alive)."""
+    if isinstance(process, int) or process is None:
+        return _procscan.ProcessId(process, _procscan.read_start_ticks(process, proc)) if process else None
+    return _procscan.ProcessId(*process)
+
+
 def wait_ready(client, served_model_name, timeout, poll_interval=2.0, process=None, completion_max_tokens=4, proc="/proc"):
     """Poll until the server is ready (see module docstring), `timeout` seconds at most (0: one look).
 
@@ -245,12 +269,11 @@ def wait_ready(client, served_model_name, timeout, poll_interval=2.0, process=No
     with the model listed), "elapsed_s", "attempts", "process_exited", "msg"}.
     """
     started = time.monotonic()
-    if isinstance(process, int):
-        process = (process, _procscan.read_start_ticks(process, proc)) if process else None
+    process = _process_id(process, proc)
     result = {"ready": False, "stage": "health", "last_error": None, "models": None, "completion": None, "healthy_after_s": None,
               "elapsed_s": 0.0, "attempts": 0, "process_exited": False}
     while True:
-        if process is not None and not _detached.leader_running(process, proc):
+        if process is not None and not process.alive(proc):
             result["process_exited"] = True
             result["msg"] = ("the server process (PID %d) exited after %.1f s, before it was ready (last: %s)" % (
                 process[0], time.monotonic() - started, result["last_error"] or "no answer yet")) if result["attempts"] else (
@@ -280,15 +303,132 @@ def wait_ready(client, served_model_name, timeout, poll_interval=2.0, process=No
     return result
 
 
-def _read_counters(client, served_model_name, when):
+def _read_counters(client, served_model_name, when, what="the warm-up"):
     status, body = client.request("/metrics")
     if status != 200:
-        raise VllmApiError("GET /metrics %s the warm-up: HTTP %d %s" % (when, status, _brief(body)), status)
-    counters = spec_decode_counters(parse_prometheus(body), served_model_name)
+        raise VllmApiError("GET /metrics %s %s: HTTP %d %s" % (when, what, status, _brief(body)), status)
+    samples = parse_prometheus(body)
+    counters = spec_decode_counters(samples, served_model_name)
     if counters is None:
-        raise VllmApiError("/metrics has no vllm:spec_decode_* counters for %r %s the warm-up: speculative decoding is not enabled"
-                           % (served_model_name, when))
+        if not any(name.startswith("vllm:") for name, _labels, _value in samples):
+            raise VllmApiError(NO_LOG_STATS)
+        raise VllmApiError("/metrics has no vllm:spec_decode_* counters for %r %s %s: speculative decoding is not enabled"
+                           % (served_model_name, when, what))
     return counters
+
+
+def _raw(counters):
+    counters = dict(counters)
+    counters["accepted_per_position"] = [counters["accepted_per_position"][k] for k in sorted(counters["accepted_per_position"])]
+    return counters
+
+
+def watch_acceptance(client, served_model_name, window, sleep=time.sleep):
+    """Acceptance of the traffic the server sees during `window` seconds: counters read before and after.
+
+    Returns acceptance_from_counters() (acceptance_rate and mean_acceptance_length None when no draft was made in
+    the window) plus "window_s" (seconds between the two readings), "before" and "after". Raises VllmApiError or
+    ConnectionError.
+    """
+    before = _read_counters(client, served_model_name, "at the start of", "the window")
+    started = time.monotonic()
+    sleep(window)
+    after = _read_counters(client, served_model_name, "at the end of", "the window")
+    result = acceptance_from_counters(before, after)
+    result.update(window_s=round(time.monotonic() - started, 3), before=_raw(before), after=_raw(after))
+    return result
+
+
+def server_load(samples, model_name=None):
+    """(running, waiting) requests summed over engines from /metrics samples, or None when the gauges are absent."""
+    found = False
+    running = waiting = 0.0
+    for name, labels, value in samples:
+        if name not in (RUNNING, WAITING):
+            continue
+        if model_name is not None and labels.get("model_name", model_name) != model_name:
+            continue
+        found = True
+        if name == RUNNING:
+            running += value
+        else:
+            waiting += value
+    return (int(running), int(waiting)) if found else None
+
+
+def read_load(client, served_model_name):
+    """(running, waiting) from GET /metrics; None when the server exports no scheduler gauges. Raises ConnectionError."""
+    status, body = client.request("/metrics")
+    if status != 200:
+        raise VllmApiError("GET /metrics: HTTP %d %s" % (status, _brief(body)), status)
+    return server_load(parse_prometheus(body), served_model_name)
+
+
+def drain(client, served_model_name, timeout, poll_interval=1.0, sleep=time.sleep):
+    """Poll the scheduler gauges until no request runs or waits, `timeout` seconds at most (0: one look).
+
+    Returns {"drained" (bool), "running_at_start", "waiting_at_start", "running", "waiting" (last reading; None
+    when unknown), "drain_s", "polls", "reachable" (False when the server did not answer), "metrics" (False when
+    /metrics has no scheduler gauges), "msg"}.
+    """
+    started = time.monotonic()
+    result = {"drained": False, "running_at_start": None, "waiting_at_start": None, "running": None, "waiting": None,
+              "drain_s": 0.0, "polls": 0, "reachable": True, "metrics": True}
+    while True:
+        result["polls"] += 1
+        try:
+            load = read_load(client, served_model_name)
+        except (ConnectionError, VllmApiError) as exc:
+            result.update(reachable=False, drained=True,
+                          msg="the server does not answer (%s): nothing to drain" % exc)
+            break
+        if load is None:
+            result.update(metrics=False, msg="/metrics has no %s gauge (--disable-log-stats?): in-flight requests cannot be "
+                                             "seen; the server's own --shutdown-timeout decides what finishes" % RUNNING)
+            break
+        result["running"], result["waiting"] = load
+        if result["running_at_start"] is None:
+            result["running_at_start"], result["waiting_at_start"] = load
+        elapsed = time.monotonic() - started
+        if load == (0, 0):
+            result.update(drained=True, msg="drained after %.1f s: no request running or waiting (%d running, %d waiting at the start)"
+                          % (elapsed, result["running_at_start"], result["waiting_at_start"]))
+            break
+        if elapsed >= timeout:
+            result["msg"] = ("not drained within %.0f s: %d request(s) running, %d waiting at the stop (%d and %d at the start)"
+                             % (timeout, load[0], load[1], result["running_at_start"], result["waiting_at_start"]))
+            break
+        sleep(min(poll_interval, max(0.0, timeout - elapsed)))
+    result["drain_s"] = round(time.monotonic() - started, 3)
+    return result
+
+
+def stop_main_process(record, timeout, session=True, proc="/proc"):
+    """SIGTERM the server's main process `record` (pid, start_ticks) alone, wait up to `timeout` s for it to exit
+    (and, with `session`, for every process of its session: EngineCore and workers).
+
+    Nothing is SIGKILLed: what is left after `timeout` is for the caller to end. Returns {"signalled" (bool),
+    "pid", "exited" (all gone), "stop_s", "left" ([{pid, comm}] still running)}.
+    """
+    started = time.monotonic()
+    result = {"signalled": False, "pid": record[0], "exited": True, "stop_s": 0.0, "left": []}
+    target = _terminate.Target({"pid": record[0], "start_ticks": record[1]}, proc)
+    if not target.pin():
+        return result
+    try:
+        result["signalled"] = target.send(signal.SIGTERM)
+        deadline = started + timeout
+        while True:
+            left = _detached.session_members(record, proc) if session else ([] if target.exited() else [{"pid": record[0]}])
+            left = [member for member in left if member["pid"] != record[0] or not target.exited()]
+            if not left or time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
+    finally:
+        target.close()
+    result.update(exited=not left, left=[{"pid": m["pid"], "comm": m.get("comm")} for m in left],
+                  stop_s=round(time.monotonic() - started, 3))
+    return result
 
 
 def measure_acceptance(client, served_model_name, prompts, max_tokens):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 DOCUMENTATION = r"""
 module: vllm_acceptance
-short_description: Measure a vLLM server's speculative-decoding acceptance with a fixed warm-up
+short_description: Measure a vLLM server's speculative-decoding acceptance, over a warm-up or over a window of its traffic
 version_added: 0.1.0
 description:
   - Reads vLLM's speculative-decoding counters from C(GET /metrics) (C(vllm:spec_decode_num_drafts_total),
@@ -19,6 +19,13 @@ description:
     attention layout) does not make vLLM fail; acceptance collapses, often below 1%. With O(min_acceptance_rate)
     this module is the gate that catches it.
   - Fails when the server exports no speculative-decoding counters or counted no draft token during the warm-up.
+  - With O(window) it sends nothing. It reads the counters, waits O(window) seconds and reads them again, so the
+    figures are those of the traffic the server served in that window (acceptance that decays while a server runs,
+    vllm-project/vllm#11188, is caught by running this periodically). A window without any draft passes, with
+    RV(acceptance_rate) null and a message saying so.
+  - A server started with C(--disable-log-stats) exports no C(vllm:) metric at all (vLLM then creates no stat logger);
+    the module fails and says so.
+  - Definitions as in vLLM 0.33 C(vllm/v1/spec_decode/metrics.py) (the Prometheus counters' C(rate()) ratios).
 author: gpuops maintainers (@gpuops)
 extends_documentation_fragment:
   - gpuops.nvidia.attributes
@@ -53,6 +60,10 @@ options:
     description: Seconds one request may take.
     type: float
     default: 120.0
+  window:
+    description:
+      - Watch instead of warming up, for this many seconds (above 0); O(prompts) and O(max_tokens) are then not used.
+    type: float
 seealso:
   - module: gpuops.nvidia.vllm_speculative_config
   - module: gpuops.nvidia.vllm_ready
@@ -71,6 +82,13 @@ EXAMPLES = r"""
     min_acceptance_rate: 0.3
   register: acceptance
 
+- name: Watch the production traffic for 5 minutes; fail below 30%
+  gpuops.nvidia.vllm_acceptance:
+    url: http://127.0.0.1:8000
+    served_model_name: qwen3.6-27b
+    window: 300
+    min_acceptance_rate: 0.3
+
 - name: Show it
   ansible.builtin.debug:
     msg: "acceptance {{ acceptance.acceptance_rate }}, {{ acceptance.mean_acceptance_length }} tokens per step, {{ acceptance.tokens_per_s }} tok/s"
@@ -78,7 +96,7 @@ EXAMPLES = r"""
 
 RETURN = r"""
 acceptance_rate:
-  description: Accepted tokens / draft tokens during the warm-up (0-1).
+  description: Accepted tokens / draft tokens during the warm-up or the O(window) (0-1); null for a window without drafts.
   returned: success
   type: float
   sample: 0.7131
@@ -109,6 +127,10 @@ acceptance_per_position:
   returned: success
   type: list
   elements: float
+window_s:
+  description: Seconds between the two readings, with O(window).
+  returned: success
+  type: float
 completions:
   description: Number of warm-up completions sent.
   returned: success
@@ -148,6 +170,7 @@ def main():
             max_tokens=dict(type="int", default=128, no_log=False),
             min_acceptance_rate=dict(type="float"),
             request_timeout=dict(type="float", default=120.0),
+            window=dict(type="float"),
         ),
         supports_check_mode=True,
     )
@@ -157,7 +180,11 @@ def main():
         module.fail_json(msg="the warm-up needs at least one prompt and max_tokens >= 1")
     if params["min_acceptance_rate"] is not None and not 0 <= params["min_acceptance_rate"] <= 1:
         module.fail_json(msg="min_acceptance_rate must be between 0 and 1, got %s" % params["min_acceptance_rate"])
+    if params["window"] is not None and not 0 < params["window"] < float("inf"):
+        module.fail_json(msg="window must be a number of seconds above 0, got %s" % params["window"])
     client = _vllm_api.Client(params["url"], params["api_key"], params["request_timeout"], params["validate_certs"])
+    if params["window"] is not None:
+        watch(module, client, params)
     try:
         result = _vllm_api.measure_acceptance(client, params["served_model_name"], prompts, params["max_tokens"])
     except (_vllm_api.VllmApiError, ConnectionError) as exc:
@@ -168,6 +195,24 @@ def main():
     summary = "acceptance rate %.1f%% (%d of %d draft tokens), mean acceptance length %.2f, %s tok/s" % (
         100 * result["acceptance_rate"], result["accepted_tokens"], result["draft_tokens"], result["mean_acceptance_length"],
         result["tokens_per_s"])
+    threshold = params["min_acceptance_rate"]
+    if threshold is not None and result["acceptance_rate"] < threshold:
+        module.fail_json(msg="%s: %s is below the minimum %.1f%%" % (params["url"], summary, 100 * threshold), **result)
+    module.exit_json(changed=False, msg="%s: %s" % (params["url"], summary), **result)
+
+
+def watch(module, client, params):
+    """The O(window) mode: counters read twice, nothing sent."""
+    try:
+        result = _vllm_api.watch_acceptance(client, params["served_model_name"], params["window"])
+    except (_vllm_api.VllmApiError, ConnectionError) as exc:
+        module.fail_json(msg="%s: acceptance not measured: %s" % (params["url"], exc))
+    if result["acceptance_rate"] is None:
+        module.exit_json(changed=False, msg="%s: no draft in %.0f s: no speculative traffic to judge" % (params["url"], result["window_s"]),
+                         **result)
+    summary = "acceptance rate %.1f%% (%d of %d draft tokens), mean acceptance length %.2f (%d drafts) over %.0f s" % (
+        100 * result["acceptance_rate"], result["accepted_tokens"], result["draft_tokens"], result["mean_acceptance_length"],
+        result["drafts"], result["window_s"])
     threshold = params["min_acceptance_rate"]
     if threshold is not None and result["acceptance_rate"] < threshold:
         module.fail_json(msg="%s: %s is below the minimum %.1f%%" % (params["url"], summary, 100 * threshold), **result)

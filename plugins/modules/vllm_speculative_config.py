@@ -10,22 +10,41 @@ short_description: Validate a vLLM speculative decoding config against the draft
 version_added: 0.1.0
 description:
   - Reads the drafter's C(config.json) on the managed host and checks the requested vLLM
-    C(--speculative-config) against it, field by field, before a server is started with it.
+    C(--speculative-config) against it, field by field, the way vLLM 0.33 reads it, before a server is started with it.
   - Wrong values there rarely make vLLM fail; the server starts and the acceptance rate collapses.
     Every mismatch is reported with the requested value, the drafter's value and what happens in vLLM.
-  - Values the drafter defines are filled in when not given (C(num_speculative_tokens) in O(speculative_config)).
-  - Methods V(dflash), V(eagle), V(eagle3), V(mtp) and V(ngram) are supported. Fields vLLM does not accept
-    for the method are rejected with the list of accepted ones.
+  - What vLLM 0.33 itself refuses at start is refused here too, naming the field, the value, what vLLM expects and why
+    (sources in the vLLM 0.33.0 wheel, C(vllm/config/speculative.py), C(vllm/config/utils.py), C(vllm/config/vllm.py)).
+    Unknown fields (vLLM's config classes forbid them), C(tensor_parallel_size), C(speculative_token_tree) (gone in
+    0.33), methods vLLM does not know (V(medusa), V(mlp_speculator), unknown C(*_mtp) names).
+    Per-model MTP methods such as V(deepseek_mtp) are accepted with a warning and passed as V(mtp), as vLLM rewrites them.
+  - Values the drafter defines are filled in when not given (C(num_speculative_tokens) in O(speculative_config);
+    C(method) when only C(model) is given, inferred from the drafter path as vLLM does).
+  - The drafters of methods V(dflash), V(eagle), V(eagle3), V(mtp) are checked; V(ngram) needs none. vLLM's other
+    methods (V(draft_model), V(suffix), V(ngram_gpu), V(dspark), V(custom_class), V(extract_hidden_states)) are
+    accepted with a warning that no drafter was checked.
   - "DFlash: a requested C(target_layer_ids) is compared with C(dflash_config.target_layer_ids) on the
-    same basis: both are 0-based target layer indices whose output the drafter was trained on. vLLM taps the hidden
-    state entering layer C(id + 1) (the same tensor), so the output of the target's last layer cannot be tapped;
-    the vLLM tap ids are shown in RV(checks)."
-  - "DFlash: a C(eagle_aux_hidden_state_layer_ids) key left in the drafter's config.json (top level or in
-    C(eagle_config)) takes precedence over C(dflash_config.target_layer_ids) in vLLM. When it equals
-    C(target_layer_ids + 1) vLLM taps the right layers and the module only warns; any other value fails."
-  - "DFlash: the drafter's attention layout (C(layer_types), C(sliding_window), C(dflash_config.use_swa),
-    C(dflash_config.causal)) is resolved the way vLLM does. Mixed sliding/full layers need vLLM's V2 model runner:
-    RV(environment) then holds C(VLLM_USE_V2_MODEL_RUNNER=1)."
+    same basis: both are 0-based target layer indices whose output the drafter was trained on. vLLM taps hidden state
+    C(id + 1); hidden states 0..N exist on an N-layer target (N is the last layer's output, before the final norm),
+    so C(id) up to N - 1 is valid (for EAGLE-3 aux ids, up to N). The vLLM tap ids are shown in RV(checks)."
+  - "DFlash: the tapped layers are looked up in vLLM 0.33's order (V2 model runner): top-level
+    C(eagle_aux_hidden_state_layer_ids), C(dflash_config.target_layer_ids) + 1, C(dspark_target_layer_ids) + 1, top-level
+    C(target_layer_ids) + 1, C(dflash_config.layer_ids)/C(eagle_config.layer_ids). Speculators-format drafters
+    (C(speculators_model_type: dflash), C(aux_hidden_state_layer_ids)) are converted as vLLM does. A key vLLM reads before
+    the trained ids fails unless it equals them (then a warning). With the V1 runner forced,
+    C(eagle_config.eagle_aux_hidden_state_layer_ids) replaces them; with V2 it is ignored (a warning)."
+  - "DFlash: C(mask_token_id) from C(dflash_config) (over C(eagle_config)), else the top level; the attention layout
+    from C(layer_types), C(dflash_config.use_swa), C(dflash_config.swa_window_size) else C(sliding_window); causality
+    from the top-level C(is_causal), else C(dflash_config.causal) (C(dflash_config.is_causal) is not read by vLLM: it
+    fails when it disagrees with what vLLM does). Mixed sliding/full layers need vLLM's V2 model runner, the default in
+    0.33: RV(environment) holds C(VLLM_USE_V2_MODEL_RUNNER=1) to keep it, and O(environment) forcing V1
+    (C(VLLM_USE_V2_MODEL_RUNNER=0)) is refused, as vLLM refuses it at start."
+  - "DFlash: C(num_speculative_tokens) above C(block_size - 1) is a warning: vLLM 0.33 serves it, the extra positions
+    were never trained."
+  - "Token budget (vllm-project/vllm#50708): with O(extra_args), C(num_speculative_tokens) is checked against
+    C(--max-num-batched-tokens), C(--max-num-seqs) and C(--enable-lora) as vLLM 0.33 checks it at start (DFlash needs
+    C(K + 1) query tokens per request), with the arithmetic in the message; values not given take vLLM's defaults for
+    each GPU class (2048/256, 8192/1024, 16384/1024)."
   - Read-only; C(changed) is always V(false).
 author: gpuops maintainers (@gpuops)
 extends_documentation_fragment:
@@ -35,14 +54,15 @@ options:
   speculative_config:
     description:
       - The config as passed to C(vllm serve --speculative-config), as a dictionary.
-      - Required keys are C(method) (one of V(dflash), V(eagle), V(eagle3), V(mtp), V(ngram)) and C(model)
-        (the drafter directory on the managed host; not for V(ngram); for V(mtp) it may be omitted, vLLM then
-        uses the target checkpoint and O(drafter_config) must point at the target's config.json).
-      - "vLLM fields accepted for every method: C(method), C(num_speculative_tokens), C(enforce_eager).
-        Drafter-based methods also take C(model), C(draft_tensor_parallel_size) (1 or the target's tensor parallel
-        size), C(quantization), C(max_model_len), C(revision), C(code_revision), C(attention_backend),
-        C(draft_sample_method), C(disable_padded_drafter_batch); V(eagle) and V(eagle3) also
-        C(speculative_token_tree) and C(parallel_drafting); V(ngram) C(prompt_lookup_min) and C(prompt_lookup_max)."
+      - C(method) (a vLLM 0.33 method; omitted, it is inferred from C(model) as vLLM does) and C(model) (the drafter
+        directory on the managed host; not for V(ngram); for V(mtp) it may be omitted, vLLM then uses the target
+        checkpoint and O(drafter_config) must point at the target's config.json).
+      - "Every field of vLLM 0.33's C(SpeculativeConfig) is accepted (C(-) in a key is read as C(_), as vLLM does); the
+        common ones are type-checked: C(num_speculative_tokens), C(draft_tensor_parallel_size) (1 or the target's tensor
+        parallel size), C(quantization), C(max_model_len), C(revision), C(code_revision), C(attention_backend),
+        C(draft_sample_method) (V(greedy) or V(probabilistic)), C(enforce_eager), C(disable_padded_drafter_batch),
+        C(parallel_drafting), C(prompt_lookup_min), C(prompt_lookup_max); the others are passed for vLLM to check.
+        C(prompt_lookup_*) with another method than ngram, or C(model) with ngram, are warnings (vLLM ignores them)."
       - "For V(dflash), what the drafter defines can be stated to have it checked: C(target_layer_ids) (0-based,
         as in C(dflash_config.target_layer_ids)), C(mask_token_id), C(layer_types) (one of V(sliding_attention) or
         V(full_attention) for all layers, or a list with one per drafter layer), C(sliding_window), C(block_size).
@@ -64,14 +84,35 @@ options:
   allow_fields:
     description:
       - Further field names to accept and pass to vLLM unchecked, for fields of vLLM releases newer than this
-        module knows.
+        module knows (vLLM 0.33 refuses unknown fields at start).
     type: list
     elements: str
     default: []
+  extra_args:
+    description:
+      - Further C(vllm serve) arguments of the server (as in the role's C(extra_args)). Read for the token budget
+        (C(--max-num-batched-tokens), C(--max-num-seqs), C(--enable-lora)) and C(--disable-log-stats).
+      - C(--disable-log-stats) removes every C(vllm:spec_decode_*) metric; a warning, refused with O(acceptance_gate).
+    type: list
+    elements: str
+    default: []
+  environment:
+    description:
+      - Environment of the server. C(VLLM_USE_V2_MODEL_RUNNER=0) forces vLLM's V1 model runner, which refuses mixed
+        sliding/full DFlash drafters and reads C(eagle_config.eagle_aux_hidden_state_layer_ids).
+    type: dict
+    default: {}
+  acceptance_gate:
+    description:
+      - An acceptance gate will read the server's speculative-decoding metrics; C(--disable-log-stats) in O(extra_args)
+        is then refused.
+    type: bool
+    default: false
 notes:
   - The drafter must be on the managed host; Hugging Face ids are not downloaded.
-  - vLLM releases before the DFlash layer fix tapped C(target_layer_ids) without the C(+ 1), one layer early;
-    this module checks against current vLLM behaviour.
+  - Checked against vLLM 0.33.0. vLLM releases before the DFlash layer fix tapped C(target_layer_ids) without the
+    C(+ 1), one layer early; releases before 0.33 refused a DFlash token budget of
+    C(max_num_batched_tokens - num_speculative_tokens x max_num_seqs <= 0) (vllm-project/vllm#50708).
 seealso:
   - name: vLLM speculative decoding
     description: vLLM's documentation of C(--speculative-config).
@@ -95,6 +136,15 @@ EXAMPLES = r"""
   ansible.builtin.command:
     argv: [vllm, serve, /models/Qwen3.6-27B, --speculative-config, "{{ spec.speculative_config_json }}"]
   environment: "{{ spec.environment }}"
+
+- name: Also check the token budget and the metrics the acceptance gate reads, with the server's arguments
+  gpuops.nvidia.vllm_speculative_config:
+    speculative_config:
+      method: dflash
+      model: /models/Qwen3.6-27B-DFlash
+    extra_args: [--max-num-batched-tokens, "8192", --max-num-seqs, "256"]
+    environment: {VLLM_USE_V2_MODEL_RUNNER: "1"}
+    acceptance_gate: true
 
 - name: EAGLE-3 head, number of speculative tokens taken from the drafter
   gpuops.nvidia.vllm_speculative_config:
@@ -191,8 +241,13 @@ mismatches:
     explanation:
       description: What vLLM does with the requested value.
       type: str
+    source:
+      description: V(drafter) a mismatch with the drafter's config.json; V(vllm) a value vLLM itself refuses at
+        start (C(drafter) then holds what vLLM expects).
+      type: str
   sample: [{"field": "mask_token_id", "requested": 248064, "drafter": 248070,
-            "explanation": "the drafter fills the positions to draft with the embedding of token 248070; ..."}]
+            "explanation": "the drafter fills the positions to draft with the embedding of token 248070; ...",
+            "source": "drafter"}]
 """
 
 from ansible.module_utils.basic import AnsibleModule
@@ -210,6 +265,9 @@ def main():
             drafter_config=dict(type="path"),
             target_num_layers=dict(type="int"),
             allow_fields=dict(type="list", elements="str", default=[]),
+            extra_args=dict(type="list", elements="str", default=[]),
+            environment=dict(type="dict", default={}),
+            acceptance_gate=dict(type="bool", default=False),
         ),
         supports_check_mode=True,
     )
@@ -219,6 +277,9 @@ def main():
             drafter_config=module.params["drafter_config"],
             target_num_layers=module.params["target_num_layers"],
             allow_fields=module.params["allow_fields"],
+            extra_args=module.params["extra_args"],
+            environment=module.params["environment"],
+            acceptance_gate=module.params["acceptance_gate"],
         )
     except SpeculativeConfigError as error:
         module.fail_json(msg=str(error), mismatches=error.mismatches)

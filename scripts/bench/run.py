@@ -423,7 +423,8 @@ def redeploy_once(inventory: Path, override: dict, log_file: Path, workdir: Path
     if result["rc"] != 0:
         raise RuntimeError("redeploy failed (rc %d):\n%s" % (result["rc"], result["output"][-3000:]))
     phases = {name: 0.0 for name, _fragments in REDEPLOY_PHASES}
-    for name, seconds in _junit_tasks(junit):
+    tasks = _junit_tasks(junit)
+    for name, seconds in tasks:
         for phase, fragments in REDEPLOY_PHASES:
             if any(fragment in name for fragment in fragments):
                 phases[phase] += seconds
@@ -434,7 +435,9 @@ def redeploy_once(inventory: Path, override: dict, log_file: Path, workdir: Path
     drained = re.search(r"(not )?drained in ([\d.]+) s: (\d+) request\(s\) running", result["output"])
     phases["rest"] = result["wall_s"] - sum(phases.values())
     return dict(phases, wall_s=result["wall_s"], cpu_s=result["cpu_s"],
-                running_at_stop=int(drained.group(3)) if drained else None)
+                running_at_stop=int(drained.group(3)) if drained else None, task_results=len(tasks),
+                task_s=sum(seconds for _name, seconds in tasks),
+                slowest_tasks=sorted(tasks, key=lambda task: -task[1])[:15])
 
 
 def bench_redeploy(args, workdir: Path) -> dict:
@@ -452,8 +455,11 @@ def bench_redeploy(args, workdir: Path) -> dict:
                            vllm_server_drain_command="rm -f %s" % routed, vllm_server_restore_command="touch %s" % routed)
     log_file = root / "log" / "a.log"
     runs = {"idle": [], "load": []}
+    noop = workdir / "noop.yml"
+    noop.write_text(NOOP_PLAY)
     try:
         redeploy_once(inventory, {}, log_file, workdir, 0)  # first deployment, also warms the controller's caches
+        noop_s = median([playbook(inventory, noop)["wall_s"] for _number in range(3)])
         number = 0
         for run in range(args.runs):
             for kind in (("idle", "load") if run % 2 == 0 else ("load", "idle")):
@@ -477,8 +483,8 @@ def bench_redeploy(args, workdir: Path) -> dict:
     finally:
         node.down()
     phases = [name for name, _fragments in REDEPLOY_PHASES] + ["model load", "rest", "wall_s"]
-    return {"runs": runs, "median": {kind: {phase: median([r[phase] for r in runs[kind]]) for phase in phases}
-                                     for kind in runs if runs[kind]}}
+    return {"runs": runs, "noop_play_s": noop_s,
+            "median": {kind: {phase: median([r[phase] for r in runs[kind]]) for phase in phases} for kind in runs if runs[kind]}}
 
 
 def table(results: dict) -> str:
@@ -534,6 +540,7 @@ def table(results: dict) -> str:
             rows.append("| redeploy TP=2 DFlash, %s: play wall time | %.2f s (%s) | | |" % (kind, figures["wall_s"], split))
             rows.append("| redeploy TP=2 DFlash, %s: the rest (collection overhead) | %.2f s | < 2 s | %s |" % (
                 kind, figures["rest"], "yes" if figures["rest"] < 2 else "no"))
+        rows.append("| one node: play of one ping task (for reference) | %.2f s | | |" % redeploy["noop_play_s"])
         failed = sum(r.get("failed_requests", 0) for r in redeploy["runs"]["load"])
         rows.append("| redeploy under load: failed requests | %d of %d | 0 | %s |" % (
             failed, sum(r.get("requests", 0) for r in redeploy["runs"]["load"]), "yes" if failed == 0 else "no"))
@@ -582,10 +589,10 @@ def main(argv: list[str] | None = None) -> int:
         (args.out / "performance.json").write_text(json.dumps(results, indent=1) + "\n")
         (args.out / "performance.svg").write_text(plot.svg(results))
     print(table(results))
-    print("\n%d CPUs, load %s before and %s after; %.0f s; raw results: %s, plot: %s" % (
+    print("\n%d CPUs, load %s before and %s after; %.0f s; raw results: %s" % (
         results["machine"]["cpus"], "/".join("%.1f" % x for x in results["machine"]["load_before"]),
         "/".join("%.1f" % x for x in results["machine"]["load_after"]), results["duration_s"],
-        args.out / "performance.json", args.out / "performance.svg"))
+        args.out / ("performance-redeploy.json" if sections == ["redeploy"] else "performance.json")))
     return 0
 
 

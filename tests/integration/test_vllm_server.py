@@ -20,6 +20,8 @@ from simnode import inventory_file
 
 PLAYBOOK = REPO / "playbooks" / "redeploy_vllm.yml"
 DRAFTER = str(REPO / "tests" / "fixtures" / "drafters" / "dflash-qwen3")
+# The target model's directory (the role checks that a model given as an absolute path exists; the simulator loads nothing).
+MODEL = str(REPO / "tests" / "fixtures" / "models" / "Qwen3.6-27B")
 SLIDING, FULL = "sliding_attention", "full_attention"
 # The reported hand-made redeploy: guessed taps, mask token and attention layout (acceptance 0.8%).
 GUESSED = {"method": "dflash", "model": DRAFTER, "num_speculative_tokens": 15, "target_layer_ids": [1, 17, 33, 49, 63],
@@ -46,7 +48,7 @@ def free_ports(count):
 
 def instance(name, port, gpus, speculative_config=None, **extra):
     """An instance of vllm_server_instances on loopback, with the corrected DFlash config unless another is given."""
-    return dict({"name": name, "model": "/models/Qwen3.6-27B", "served_model_name": "qwen-" + name, "host": "127.0.0.1",
+    return dict({"name": name, "model": MODEL, "served_model_name": "qwen-" + name, "host": "127.0.0.1",
                  "port": port, "gpus": gpus, "speculative_config": speculative_config or CORRECTED,
                  "environment": dict(SERVER_ENV)}, **extra)
 
@@ -128,7 +130,9 @@ def test_redeploy_from_guessed_dflash_config_to_corrected(simnode, tmp_path):
         hand_started[node.name] = start_vllm(
             node, "/models/Qwen3.6-27B", "--host", "127.0.0.1", "--port", str(port_a), "--served-model-name", "qwen-a",
             "--tensor-parallel-size", "4", "--speculative-config", guessed_flag,
-            env=dict(SERVER_ENV, CUDA_VISIBLE_DEVICES="0,1,2,3", VLLM_USE_V2_MODEL_RUNNER="1"))
+            # vLLM 0.33 refuses the guessed keys in --speculative-config; the simulator's pre-0.33 mode lets them
+            # override the drafter's config.json, standing for a hand-edited drafter (tests/sim/simvllm/README.md).
+            env=dict(SERVER_ENV, CUDA_VISIBLE_DEVICES="0,1,2,3", VLLM_USE_V2_MODEL_RUNNER="1", SIMVLLM_VERSION="0.26"))
     # ... whose acceptance has collapsed, as the gate measures it,
     url_a = {"url": "http://127.0.0.1:{{ port_a }}", "served_model_name": "qwen-a"}
     for status, result in module(inventory, "gpuops.nvidia.vllm_ready", dict(url_a, timeout=30)).values():

@@ -3,8 +3,11 @@
 It validates the configuration, binds the HTTP port, starts EngineCore and listens once
 EngineCore reports the model loaded (connection refused until then).
 
-- SIGTERM/SIGINT: drain up to --shutdown-timeout seconds, SIGTERM EngineCore, wait up to 5 s,
-  then SIGKILL EngineCore and its descendants; exit 0.
+- SIGTERM/SIGINT, as vLLM 0.33 (entrypoints/launchers/launcher.py handle_shutdown, v1/engine/core.py
+  _handle_shutdown): with --shutdown-timeout 0 (the default) the running requests are aborted at once;
+  with N > 0 the port keeps answering, new requests are aborted (finish_reason "abort") and the running
+  ones may finish for up to N s, then whatever is left is aborted. Then SIGTERM EngineCore, wait up to
+  5 s, SIGKILL EngineCore and its descendants; exit 0.
 - EngineCore gone before it was ready: exit 1 ("Engine core initialization failed").
 - EngineCore gone while serving: /health answers 503, the server exits 1 two seconds later.
 """
@@ -43,6 +46,15 @@ def knobs_from_env(environ):
     }
 
 
+def serving_knobs_from_env(environ):
+    """Knobs of the HTTP side: seconds per generated token, seconds until acceptance collapses (None: never)."""
+    collapse = environ.get("SIMVLLM_ACCEPTANCE_COLLAPSE_AFTER")
+    return {
+        "token_seconds": float(environ.get("SIMVLLM_TOKEN_SECONDS", "0")),
+        "collapse_after_s": float(collapse) if collapse not in (None, "") else None,
+    }
+
+
 def _stop_engine(engine_process):
     """SIGTERM EngineCore; after 5 s SIGKILL it and its descendants (like vLLM's kill_process_tree)."""
     if engine_process.poll() is None:
@@ -66,12 +78,25 @@ def _stop_engine(engine_process):
     engine_process.wait()
 
 
-def _drain(http_server, state, timeout):
-    """Stop accepting connections and wait up to `timeout` s for running requests to finish."""
-    http_server.shutdown()
-    http_server.server_close()
-    deadline = time.monotonic() + timeout
-    while state.num_requests_running and time.monotonic() < deadline:
+def _drain(state, timeout):
+    """vLLM 0.33 shutdown of the requests: new ones aborted, running ones finish within `timeout` s or are aborted."""
+    state.begin_shutdown()
+    busy = state.busy()
+    if timeout == 0:
+        if busy:
+            logger.info("[shutdown] EngineCore: aborting in-flight requests count=%d", busy)
+    else:
+        if busy:
+            logger.info("[shutdown] EngineCore: draining in-flight requests count=%d timeout=%ds", busy, timeout)
+        deadline = time.monotonic() + timeout
+        while state.busy() and time.monotonic() < deadline:
+            time.sleep(DRAIN_POLL_S)
+        if state.busy():
+            logger.warning("[shutdown] shutdown timeout of %d s passed: aborting %d request(s)", timeout, state.busy())
+    state.abort_all()
+    # Let the handlers send their "abort" answers before the process exits.
+    deadline = time.monotonic() + 1.0
+    while state.busy() and time.monotonic() < deadline:
         time.sleep(DRAIN_POLL_S)
 
 
@@ -83,9 +108,11 @@ def run_api_server(args):
         logger.warning("Ignoring arguments the simulation does not model: %s", args.ignored_arguments)
     try:
         knobs = knobs_from_env(os.environ)
+        serving_knobs = serving_knobs_from_env(os.environ)
         speculative = None
         if args.speculative_config is not None:
-            speculative = SpeculativeDecoding.from_config(args.speculative_config)
+            speculative = SpeculativeDecoding.from_config(
+                args.speculative_config, max_num_batched_tokens=getattr(args, "max_num_batched_tokens", None))
     except (ValueError, SpeculativeConfigError) as error:
         logger.error("ValueError: %s", error)
         return 1
@@ -95,6 +122,9 @@ def run_api_server(args):
         max_model_len=args.max_model_len,
         api_key=args.api_key or os.environ.get("VLLM_API_KEY"),
         speculative=speculative,
+        max_num_seqs=args.max_num_seqs,
+        log_stats=not args.disable_log_stats,
+        **serving_knobs
     )
     try:
         http_server = ApiHttpServer(host, args.port, state)
@@ -117,9 +147,14 @@ def run_api_server(args):
         event = next_event(waker, [engine])
         if event[0] == "signal":
             logger.info("Received signal %d, shutting down.", event[1])
-            if serving and args.shutdown_timeout > 0:
-                _drain(http_server, state, args.shutdown_timeout)
+            logger.info("[shutdown] API server: stopping engine client mode=%s timeout=%ss",
+                        "drain" if args.shutdown_timeout else "abort", args.shutdown_timeout)
+            if serving:
+                _drain(state, args.shutdown_timeout)
             _stop_engine(engine_process)
+            if serving:
+                http_server.shutdown()
+                http_server.server_close()
             return 0
         if event[0] == "message" and event[2].get("event") == "ready":
             http_server.start_listening()

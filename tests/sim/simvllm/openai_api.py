@@ -5,6 +5,18 @@ GET /v1/models, POST /v1/completions, POST /v1/chat/completions. With an API key
 `Authorization: Bearer KEY` (401 otherwise); /health, /version and /metrics never do.
 Generation is deterministic: token i of a reply is a word drawn from a generator seeded by the
 prompt; a prompt's token count is its number of whitespace-separated words.
+
+Timing and shutdown (vLLM 0.33, see tests/sim/simvllm/README.md for the sources):
+- a request takes `token_seconds` per generated token (SIMVLLM_TOKEN_SECONDS, default 0);
+- at most `max_num_seqs` requests run at once (--max-num-seqs); the others wait, counted in
+  vllm:num_requests_waiting;
+- once shutdown starts (`begin_shutdown`), new requests finish at once with finish_reason
+  "abort" (EngineCore `_reject_add_in_shutdown`); `abort_all` ends the running ones the same way
+  (shutdown timeout 0, or its deadline passed);
+- with `log_stats` false (--disable-log-stats) /metrics carries no vllm:* metric at all;
+- `collapse_after_s` (SIMVLLM_ACCEPTANCE_COLLAPSE_AFTER): that many seconds after the server
+  starts listening, every request's acceptance drops to 1 % (acceptance decaying while serving,
+  vllm-project/vllm#11188).
 """
 
 import hashlib
@@ -27,6 +39,7 @@ VOCABULARY = (
     "is", "freed", "when", "every", "handle", "closes", "so", "operators", "poll",
 )
 DEFAULT_MAX_TOKENS = 16
+COLLAPSED_ACCEPTANCE = 0.01
 
 
 @dataclass
@@ -45,21 +58,87 @@ class ServingState:
     num_drafts: int = 0
     num_draft_tokens: int = 0
     accepted_per_position: list = None
+    token_seconds: float = 0.0
+    max_num_seqs: int = 1024
+    log_stats: bool = True
+    collapse_after_s: float = None
+    num_requests_waiting: int = 0
+    serving_since: float = None
+    shutting_down: bool = False
+    aborted: threading.Event = field(default_factory=threading.Event)
+    slots: threading.Semaphore = None
 
     def __post_init__(self):
         if self.speculative is not None:
             self.accepted_per_position = [0] * self.speculative.num_speculative_tokens
+        self.slots = threading.Semaphore(self.max_num_seqs)
+
+    def start_serving(self):
+        self.serving_since = time.monotonic()
+
+    def collapsed(self):
+        """True once acceptance has collapsed (collapse_after_s seconds after the port started listening)."""
+        return (self.collapse_after_s is not None and self.serving_since is not None
+                and time.monotonic() - self.serving_since >= self.collapse_after_s)
+
+    def begin_shutdown(self):
+        """From now on new requests are aborted at once (vLLM 0.33 EngineCore in shutdown)."""
+        with self.lock:
+            self.shutting_down = True
+
+    def abort_all(self):
+        """Abort the running and waiting requests (finish_reason "abort")."""
+        self.begin_shutdown()
+        self.aborted.set()
+
+    def busy(self):
+        with self.lock:
+            return self.num_requests_running + self.num_requests_waiting
+
+    def generate(self, num_tokens):
+        """Run one request of `num_tokens` tokens: wait for a slot, take token_seconds per token.
+
+        Returns (tokens generated, finish_reason): "length", or "abort" when shutdown aborted it.
+        """
+        with self.lock:
+            if self.shutting_down:
+                return 0, "abort"
+            self.num_requests_waiting += 1
+        while not self.slots.acquire(timeout=0.05):
+            if self.aborted.is_set():
+                with self.lock:
+                    self.num_requests_waiting -= 1
+                return 0, "abort"
+        with self.lock:
+            self.num_requests_waiting -= 1
+            self.num_requests_running += 1
+        try:
+            generated = 0
+            step = max(1, int(0.05 / self.token_seconds)) if self.token_seconds > 0 else num_tokens
+            while generated < num_tokens:
+                chunk = min(step, num_tokens - generated)
+                if self.aborted.wait(self.token_seconds * chunk) if self.token_seconds > 0 else self.aborted.is_set():
+                    return generated, "abort"
+                generated += chunk
+            return generated, "length"
+        finally:
+            with self.lock:
+                self.num_requests_running -= 1
+            self.slots.release()
 
     def record(self, prompt, prompt_tokens, generated_tokens):
         """Count one finished request (and its drafts, with speculative decoding)."""
-        drafts = self.speculative.draft(prompt, generated_tokens) if self.speculative else None
+        drafts = None
+        if self.speculative and generated_tokens:
+            rate = COLLAPSED_ACCEPTANCE if self.collapsed() else self.speculative.acceptance_rate(prompt)
+            drafts = draft_counts(self.speculative.num_speculative_tokens, rate, generated_tokens)
         with self.lock:
             self.prompt_tokens += prompt_tokens
             self.generation_tokens += generated_tokens
             if drafts:
-                self.num_drafts += drafts.num_drafts
-                self.num_draft_tokens += drafts.num_draft_tokens
-                for position, accepted in enumerate(drafts.accepted_per_position):
+                self.num_drafts += drafts[0]
+                self.num_draft_tokens += drafts[0] * self.speculative.num_speculative_tokens
+                for position, accepted in enumerate(drafts[1]):
                     self.accepted_per_position[position] += accepted
 
     def render_metrics(self):
@@ -74,11 +153,14 @@ class ServingState:
             for extra_labels, value in samples:
                 lines.append("%s%s{%s%s} %.1f" % (name, suffix, labels, extra_labels, value))
 
+        if not self.log_stats:
+            # --disable-log-stats: vLLM creates no stat logger, so no vllm:* metric (only the Python client's own).
+            return "# HELP python_info Python platform information\n# TYPE python_info gauge\n"
         with self.lock:
             metric("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.",
                    [("", self.num_requests_running)])
             metric("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.",
-                   [("", 0)])
+                   [("", self.num_requests_waiting)])
             metric("vllm:prompt_tokens", "counter", "Number of prefill tokens processed.",
                    [("", self.prompt_tokens)])
             metric("vllm:generation_tokens", "counter", "Number of generation tokens processed.",
@@ -103,6 +185,25 @@ class RequestError(Exception):
     def __init__(self, status, message):
         super().__init__(message)
         self.status = status
+
+
+def draft_counts(k, rate, num_tokens):
+    """(drafts, accepted per position) for `num_tokens` tokens with drafts of k tokens at acceptance `rate`.
+
+    Each step proposes k tokens, accepts a prefix of them and adds one more token (as specdecode's draft()).
+    """
+    accepted_per_position = [0] * k
+    num_drafts = generated = 0
+    carry = 0.0
+    while generated < num_tokens:
+        carry += rate * k
+        accepted = min(k, int(carry))
+        carry -= accepted
+        for position in range(accepted):
+            accepted_per_position[position] += 1
+        num_drafts += 1
+        generated += accepted + 1
+    return num_drafts, accepted_per_position
 
 
 def generate_text(prompt, num_tokens):
@@ -181,9 +282,6 @@ class Handler(BaseHTTPRequestHandler):
             return
         if not self._authorized():
             return
-        state = self.server.state
-        with state.lock:
-            state.num_requests_running += 1
         try:
             request = self._read_json()
             if path == "/v1/completions":
@@ -192,9 +290,6 @@ class Handler(BaseHTTPRequestHandler):
                 self._reply(200, self._chat(request))
         except RequestError as error:
             self._error(error.status, str(error))
-        finally:
-            with state.lock:
-                state.num_requests_running -= 1
 
     def _read_json(self):
         length = int(self.headers.get("Content-Length") or 0)
@@ -233,14 +328,17 @@ class Handler(BaseHTTPRequestHandler):
         prompt_tokens = [count_tokens(p) for p in prompts]
         model, max_tokens = self._check_request(request, max(prompt_tokens))
         choices = []
+        completion_tokens = 0
         for index, (text, tokens) in enumerate(zip(prompts, prompt_tokens)):
-            self.server.state.record(text, tokens, max_tokens)
-            choices.append({"index": index, "text": generate_text(text, max_tokens), "logprobs": None,
-                            "finish_reason": "length", "stop_reason": None})
+            generated, finish_reason = self.server.state.generate(max_tokens)
+            self.server.state.record(text, tokens, generated)
+            completion_tokens += generated
+            choices.append({"index": index, "text": generate_text(text, generated), "logprobs": None,
+                            "finish_reason": finish_reason, "stop_reason": None})
         return {"id": "cmpl-%s" % uuid.uuid4().hex, "object": "text_completion", "created": int(time.time()),
                 "model": model, "choices": choices,
-                "usage": {"prompt_tokens": sum(prompt_tokens), "completion_tokens": max_tokens * len(prompts),
-                          "total_tokens": sum(prompt_tokens) + max_tokens * len(prompts)}}
+                "usage": {"prompt_tokens": sum(prompt_tokens), "completion_tokens": completion_tokens,
+                          "total_tokens": sum(prompt_tokens) + completion_tokens}}
 
     def _chat(self, request):
         messages = request.get("messages")
@@ -251,14 +349,15 @@ class Handler(BaseHTTPRequestHandler):
         prompt = "\n".join(m["content"] for m in messages)
         prompt_tokens = count_tokens(prompt)
         model, max_tokens = self._check_request(request, prompt_tokens)
-        self.server.state.record(prompt, prompt_tokens, max_tokens)
+        generated, finish_reason = self.server.state.generate(max_tokens)
+        self.server.state.record(prompt, prompt_tokens, generated)
         return {"id": "chatcmpl-%s" % uuid.uuid4().hex, "object": "chat.completion", "created": int(time.time()),
                 "model": model,
                 "choices": [{"index": 0, "message": {"role": "assistant",
-                                                     "content": generate_text(prompt, max_tokens).lstrip()},
-                             "logprobs": None, "finish_reason": "length", "stop_reason": None}],
-                "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": max_tokens,
-                          "total_tokens": prompt_tokens + max_tokens}}
+                                                     "content": generate_text(prompt, generated).lstrip()},
+                             "logprobs": None, "finish_reason": finish_reason, "stop_reason": None}],
+                "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": generated,
+                          "total_tokens": prompt_tokens + generated}}
 
 
 class ApiHttpServer(ThreadingHTTPServer):
@@ -280,4 +379,5 @@ class ApiHttpServer(ThreadingHTTPServer):
     def start_listening(self):
         """listen() and serve in a daemon thread."""
         self.server_activate()
+        self.state.start_serving()
         threading.Thread(target=self.serve_forever, name="http", daemon=True).start()

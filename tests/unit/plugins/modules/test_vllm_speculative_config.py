@@ -79,3 +79,13 @@ def test_ngram_with_allow_fields(capsys):
                                        "allow_fields": ["newer"]})
     assert code == 0 and result["drafter_config"] is None
     assert json.loads(result["speculative_config_json"]) == {"method": "ngram", "num_speculative_tokens": 4, "newer": 1}
+
+
+def test_server_arguments_and_environment_are_checked(capsys):
+    code, result = run_module(capsys, {"speculative_config": {"method": "dflash", "model": DFLASH},
+                                       "extra_args": ["--max-num-batched-tokens", "16", "--disable-log-stats"],
+                                       "environment": {"VLLM_USE_V2_MODEL_RUNNER": "0"}, "acceptance_gate": True})
+    assert code == 1
+    assert [(m["field"], m["source"]) for m in result["mismatches"]] == [
+        ("VLLM_USE_V2_MODEL_RUNNER", "vllm"), ("num_speculative_tokens", "vllm"), ("extra_args", "vllm")]
+    assert result["msg"].startswith("speculative_config is refused: vLLM 0.33.0 would fail or misbehave:")

@@ -1,0 +1,204 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) 2026, gpuops.nvidia contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: vllm_drain
+short_description: Wait until a vLLM server has no request in flight, then SIGTERM its main process
+version_added: 0.1.0
+description:
+  - Polls C(GET /metrics) until vLLM's scheduler gauges C(vllm:num_requests_running) and C(vllm:num_requests_waiting)
+    are both 0, or O(timeout) seconds pass. Run it after the server was taken out of routing (a load balancer, a
+    gateway); while clients keep sending, the gauges never reach 0 and the wait takes the whole O(timeout).
+  - With O(pid) or O(pidfile) it then sends SIGTERM to that process alone (the API server, C(vllm serve)), pinned by
+    a pidfd so a reused PID is never hit, and waits up to O(grace_period) seconds for it to exit (with O(pidfile),
+    for every process of its session, EngineCore and the workers included). On SIGTERM vLLM 0.33 stops taking requests and
+    lets the running ones finish for up to its C(--shutdown-timeout) seconds (0, the default, aborts them at once).
+    Nothing is SIGKILLed; what is left is for M(gpuops.nvidia.detached_process), systemd or M(gpuops.nvidia.gpu_kill).
+  - A server that does not answer has nothing to drain (reported, not a failure). A server started with
+    C(--disable-log-stats) exports no C(vllm:) metric; the wait then ends at once with a warning, and what is in
+    flight is left to C(--shutdown-timeout).
+  - Fails only on bad arguments and when the main process survives O(grace_period) with O(fail_on_survivors).
+author: gpuops maintainers (@gpuops)
+extends_documentation_fragment:
+  - gpuops.nvidia.attributes
+  - gpuops.nvidia.vllm_server
+attributes:
+  check_mode:
+    support: full
+    details:
+      - Reads the gauges once and signals nothing.
+  diff_mode:
+    support: N/A
+    details:
+      - Reports no diff.
+options:
+  served_model_name:
+    description: Only gauges labelled with this C(model_name) count; omitted, every engine's gauges count.
+    type: str
+    aliases: [model]
+  timeout:
+    description: Seconds to wait for the gauges to reach 0. V(0) looks once.
+    type: float
+    default: 60.0
+  poll_interval:
+    description: Seconds between two readings of C(/metrics).
+    type: float
+    default: 1.0
+  request_timeout:
+    description: Seconds one HTTP request may take.
+    type: float
+    default: 10.0
+  pid:
+    description: PID of the server's main process (the API server; for systemd, the unit's C(MainPID)) to SIGTERM after the drain. V(0) means none.
+    type: int
+  pidfile:
+    description: Instead of O(pid), the pidfile written by M(gpuops.nvidia.detached_process); the whole session is waited for.
+    type: path
+  grace_period:
+    description:
+      - Seconds to wait after SIGTERM for the process (session) to exit. Make it longer than the server's C(--shutdown-timeout).
+    type: float
+    default: 60.0
+    aliases: [stop_timeout]
+  fail_on_survivors:
+    description: Fail when processes are left after O(grace_period) (otherwise only C(stop.left) in RV(stop) lists them).
+    type: bool
+    default: false
+notes:
+  - Metric names and the shutdown behaviour follow vLLM 0.33 (C(vllm/v1/metrics/loggers.py), C(vllm/v1/engine/core.py)).
+seealso:
+  - module: gpuops.nvidia.vllm_ready
+  - module: gpuops.nvidia.detached_process
+  - name: vLLM production metrics
+    description: The scheduler gauges.
+    link: https://docs.vllm.ai/en/latest/usage/metrics.html
+"""
+
+EXAMPLES = r"""
+- name: Take the server out of the load balancer
+  ansible.builtin.uri:
+    url: http://lb.example.com/api/backends/gpu07-8000/disable
+    method: POST
+
+- name: Let its requests finish (2 minutes at most), then SIGTERM it
+  gpuops.nvidia.vllm_drain:
+    url: http://127.0.0.1:8000
+    served_model_name: qwen3-32b
+    timeout: 120
+    pidfile: /var/lib/vllm/qwen.pid
+    grace_period: 90
+  register: drained
+
+- name: Say how many requests were still running at the stop
+  ansible.builtin.debug:
+    msg: "{{ drained.running }} running, {{ drained.waiting }} waiting after {{ drained.drain_s }} s"
+"""
+
+RETURN = r"""
+drained:
+  description: Whether no request was running or waiting at the end of the wait (also true when the server did not answer).
+  returned: always
+  type: bool
+running_at_start:
+  description: C(vllm:num_requests_running) at the first reading (null when unknown).
+  returned: always
+  type: int
+waiting_at_start:
+  description: C(vllm:num_requests_waiting) at the first reading (null when unknown).
+  returned: always
+  type: int
+running:
+  description: Requests running at the last reading, that is at the stop (null when unknown).
+  returned: always
+  type: int
+  sample: 0
+waiting:
+  description: Requests waiting at the last reading (null when unknown).
+  returned: always
+  type: int
+drain_s:
+  description: Seconds the drain took.
+  returned: always
+  type: float
+polls:
+  description: Readings of C(/metrics).
+  returned: always
+  type: int
+reachable:
+  description: Whether the server answered C(/metrics).
+  returned: always
+  type: bool
+metrics:
+  description: Whether C(/metrics) had the scheduler gauges (false with C(--disable-log-stats)).
+  returned: always
+  type: bool
+stop:
+  description:
+    - The SIGTERM of the main process, with O(pid) or O(pidfile) (null otherwise, and in check mode).
+    - C(signalled) (bool), C(pid), C(exited) (nothing left), C(stop_s) (seconds from SIGTERM to exit), C(left) (C(pid), C(comm)).
+  returned: always
+  type: dict
+"""
+
+import math
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _detached, _procscan, _vllm_api
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            _vllm_api.SERVER_ARGS,
+            served_model_name=dict(type="str", aliases=["model"]),
+            timeout=dict(type="float", default=60.0),
+            poll_interval=dict(type="float", default=1.0),
+            request_timeout=dict(type="float", default=10.0),
+            pid=dict(type="int"),
+            pidfile=dict(type="path"),
+            grace_period=dict(type="float", default=60.0, aliases=["stop_timeout"]),
+            fail_on_survivors=dict(type="bool", default=False),
+        ),
+        mutually_exclusive=[("pid", "pidfile")],
+        supports_check_mode=True,
+    )
+    params = module.params
+    times = ("timeout", "poll_interval", "request_timeout", "grace_period")
+    bad = [name for name in times if not math.isfinite(params[name]) or params[name] < 0]
+    if bad or params["poll_interval"] == 0:
+        module.fail_json(msg="must be finite and not negative (poll_interval above 0): %s" % ", ".join(bad or ["poll_interval"]))
+    record = None
+    if params["pidfile"]:
+        try:
+            record = _detached.read_pidfile(params["pidfile"])
+        except _detached.DetachedError as exc:
+            module.fail_json(msg=str(exc))
+    elif params["pid"]:
+        ticks = _procscan.read_start_ticks(params["pid"])
+        record = (params["pid"], ticks) if ticks is not None else None
+    client = _vllm_api.Client(params["url"], params["api_key"], params["request_timeout"], params["validate_certs"])
+    result = _vllm_api.drain(client, params["served_model_name"], 0 if module.check_mode else params["timeout"],
+                             params["poll_interval"])
+    msg = "%s: %s" % (params["url"], result.pop("msg"))
+    warnings = [msg] if not result["metrics"] else []
+    result["stop"] = None
+    if record is not None and not module.check_mode:
+        result["stop"] = _vllm_api.stop_main_process(record, params["grace_period"], session=bool(params["pidfile"]))
+        stop = result["stop"]
+        if stop["signalled"]:
+            msg += "; SIGTERM to PID %d: %s after %.1f s" % (
+                stop["pid"], "exited" if stop["exited"] else "%d process(es) left" % len(stop["left"]), stop["stop_s"])
+        if stop["left"] and params["fail_on_survivors"]:
+            module.fail_json(msg=msg, changed=stop["signalled"], **result)
+    changed = bool(result["stop"] and result["stop"]["signalled"])
+    for warning in warnings:
+        module.warn(warning)
+    module.exit_json(changed=changed, msg=msg, **result)
+
+
+if __name__ == "__main__":
+    main()
