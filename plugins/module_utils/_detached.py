@@ -21,10 +21,10 @@ from __future__ import annotations
 import os
 import shlex
 import signal
+import subprocess
 import time
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils import _procscan, _terminate
-
 
 
 class DetachedError(Exception):
@@ -64,15 +64,6 @@ def remove_pidfile(path):
         pass
 
 
-def read_cmdline(pid, proc="/proc"):
-    """/proc/PID/cmdline joined by spaces ("" for a kernel thread or a process that is gone)."""
-    try:
-        with open("%s/%d/cmdline" % (proc, pid), "rb") as cmdline:
-            return cmdline.read().rstrip(b"\0").replace(b"\0", b" ").decode("utf-8", "replace")
-    except OSError:
-        return ""
-
-
 def session_members(record, proc="/proc"):
     """Live processes of the session led by `record` (pid, start_ticks), leader included when alive.
 
@@ -89,7 +80,7 @@ def session_members(record, proc="/proc"):
         stat = _procscan.read_stat(pid, proc)
         if stat is None or stat["sid"] != sid or stat["start_ticks"] < leader_ticks or stat["state"] in ("Z", "X"):
             continue
-        members.append({"pid": pid, "ppid": stat["ppid"], "comm": stat["comm"], "cmdline": read_cmdline(pid, proc),
+        members.append({"pid": pid, "ppid": stat["ppid"], "comm": stat["comm"], "cmdline": _procscan.read_cmdline(pid, proc),
                         "start_ticks": stat["start_ticks"]})
     return sorted(members, key=lambda member: member["pid"])
 
@@ -121,42 +112,24 @@ def read_environment_files(paths):
     return environment
 
 
-def _spawn(argv, env, cwd, log_fd):
-    """fork, setsid, stdio on /dev/null and `log_fd`, exec `argv`; return the child's PID.
+# Popen objects of the processes started here. This process never waits for them; dropping one would
+# make Python reap the child when it is collected, or warn that it still runs.
+_STARTED = []
 
-    The exec error, if any, comes back over a close-on-exec pipe (as subprocess does): DetachedError.
-    Every other descriptor is closed in the child, so it keeps no pipe of Ansible's open.
+
+def _spawn(argv, env, cwd, log_fd):
+    """Start `argv` in a new session, stdin on /dev/null, stdout/stderr on `log_fd`; return the child's PID.
+
+    subprocess reports an exec (or chdir) error of the child as OSError: DetachedError. Every other
+    descriptor is closed in the child, so it keeps no pipe of Ansible's open.
     """
-    read_end, write_end = os.pipe2(os.O_CLOEXEC)
-    pid = os.fork()
-    if pid == 0:  # the child: exec or _exit, never return
-        try:
-            os.setsid()
-            os.chdir(cwd)
-            os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-            os.dup2(log_fd, 1)
-            os.dup2(log_fd, 2)
-            os.closerange(3, write_end)
-            os.closerange(write_end + 1, os.sysconf("SC_OPEN_MAX"))
-            os.execvpe(argv[0], argv, env)
-        except OSError as exc:
-            os.write(write_end, (exc.strerror or str(exc)).encode("utf-8", "replace"))
-        finally:
-            os._exit(127)
-    os.close(write_end)
     try:
-        error = b""
-        while True:
-            chunk = os.read(read_end, 4096)
-            if not chunk:
-                break
-            error += chunk
-    finally:
-        os.close(read_end)
-    if error:
-        os.waitpid(pid, 0)
-        raise DetachedError("cannot execute %s: %s" % (argv[0], error.decode("utf-8", "replace")))
-    return pid
+        process = subprocess.Popen(argv, start_new_session=True, stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd,
+                                   close_fds=True, cwd=cwd, env=env)
+    except OSError as exc:
+        raise DetachedError("cannot execute %s: %s" % (argv[0], exc.strerror or exc))
+    _STARTED.append(process)
+    return process.pid
 
 
 def start(argv, log_file, environment=None, environment_files=(), cwd="/", inherit_environment=True, proc="/proc"):
@@ -165,7 +138,7 @@ def start(argv, log_file, environment=None, environment_files=(), cwd="/", inher
     The environment is this process's (when `inherit_environment`), then the variables of
     `environment_files`, then `environment`. A line naming the time and the command is appended to the
     log first (on one line), so each start is found in it. Raises DetachedError when the command cannot be
-    executed. The child is left unreaped: when this process exits it is reparented (to init or a subreaper).
+    executed. The child is not waited for: when this process exits it is reparented (to init or a subreaper).
     """
     env = dict(os.environ) if inherit_environment else {}
     env.update(read_environment_files(environment_files))

@@ -33,6 +33,8 @@ import os
 import re
 import subprocess
 
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _procscan
+
 OWNER_KEYS = ("systemd_unit", "unit_restart", "container_id", "runtime", "pod_uid", "pod_namespace",
               "pod_name", "slurm_job", "agent")
 CGROUP_KEYS = ("systemd_unit", "container_id", "runtime", "pod_uid", "slurm_job")
@@ -174,32 +176,6 @@ def read_cgroup(pid, proc="/proc"):
         return None
 
 
-def read_cmdline(pid, proc="/proc"):
-    """Arguments of PROC/PID/cmdline as a list of str ([] for a kernel thread or zombie), or None
-    when the process is gone or unreadable."""
-    try:
-        with open("%s/%d/cmdline" % (proc, pid), "rb") as handle:
-            data = handle.read()
-    except OSError:
-        return None
-    return [arg.decode("utf-8", "replace") for arg in data.split(b"\0")[:-1]] if data else []
-
-
-def read_stat(pid, proc="/proc"):
-    """{"comm", "state", "ppid"} from PROC/PID/stat, or None when the process is gone."""
-    try:
-        with open("%s/%d/stat" % (proc, pid), "rb") as handle:
-            data = handle.read()
-    except OSError:
-        return None
-    close = data.rfind(b")")
-    fields = data[close + 2:].split()
-    if close < 0 or len(fields) < 2:
-        return None
-    return {"comm": data[data.find(b"(") + 1:close].decode("utf-8", "replace"), "state": fields[0].decode(),
-            "ppid": int(fields[1])}
-
-
 def pod_names(pod_uid, pods_log_dir="/var/log/pods"):
     """(namespace, name) of the pod with UID `pod_uid`, from the kubelet's log directory.
 
@@ -225,9 +201,11 @@ def pod_names(pod_uid, pods_log_dir="/var/log/pods"):
 
 def _run_systemctl(argv):
     """(rc, stdout) of argv, or None when it cannot run or takes longer than SYSTEMCTL_TIMEOUT_S."""
+    # Not AnsibleModule.run_command: it has no timeout, and a systemctl stuck on D-Bus must not hang a reset; and
+    # module_utils here run without the module object (the snapshot also runs in benchmarks and tests).
     try:
-        result = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                timeout=SYSTEMCTL_TIMEOUT_S, check=False)
+        result = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,  # pylint: disable=ansible-bad-function
+                                stderr=subprocess.PIPE, timeout=SYSTEMCTL_TIMEOUT_S, check=False)
     except (OSError, subprocess.SubprocessError):
         return None
     return result.returncode, result.stdout.decode("utf-8", "replace")
@@ -279,7 +257,7 @@ def agent_kind(comm, cmdline):
     return None
 
 
-def find_agent(pid, read_stat=read_stat, read_cmdline=read_cmdline):
+def find_agent(pid, read_stat=_procscan.read_stat, read_cmdline=_procscan.read_argv):
     """The nearest live ancestor of `pid` that is a known respawning supervisor (agent_kind).
 
     Walks the parent chain from PID's parent up (PID 1 included: supervisord is often a
@@ -328,7 +306,7 @@ def owner_of(pid, proc="/proc", systemctl="systemctl", pods_log_dir="/var/log/po
         if key not in cache:
             cache[key] = pod_names(owner["pod_uid"], pods_log_dir)
         owner["pod_namespace"], owner["pod_name"] = cache[key]
-    owner["agent"] = find_agent(pid, lambda p: read_stat(p, proc), lambda p: read_cmdline(p, proc))
+    owner["agent"] = find_agent(pid, lambda p: _procscan.read_stat(p, proc), lambda p: _procscan.read_argv(p, proc))
     return owner
 
 

@@ -353,11 +353,11 @@ def format_mismatches(mismatches):
             requested = _layout_text(requested) if isinstance(requested, list) else requested
             drafter = _layout_text(drafter) if isinstance(drafter, list) else drafter
         if item.get("source") == "vllm":
-            lines.append("- %s: %s; vLLM %s expects %s: %s" % (item["field"], _text(requested), VLLM_VERSION, _text(drafter),
-                                                              item["explanation"]))
+            lines.append("- %s: %s; vLLM %s expects %s: %s" % (
+                item["field"], _text(requested), VLLM_VERSION, _text(drafter), item["explanation"]))
         else:
-            lines.append("- %s: requested %s, drafter %s: %s" % (item["field"], _text(requested), _text(drafter),
-                                                                item["explanation"]))
+            lines.append("- %s: requested %s, drafter %s: %s" % (
+                item["field"], _text(requested), _text(drafter), item["explanation"]))
     return "\n".join(lines)
 
 
@@ -678,10 +678,11 @@ def _check_dflash_layout(report, spec, config, dflash_config, environment):
         forced_v1, _problem = v1_runner_forced(environment)
         if forced_v1:
             report.refuse(V2_RUNNER_ENV, str(environment[V2_RUNNER_ENV]), "unset or 1",
-                            "%s=0 forces vLLM's V1 model runner, and vLLM %s refuses a DFlash drafter with mixed sliding "
-                            "and full attention layers (%s) on it at start ('Model Runner V1 does not support: mixed "
-                            "sliding/full dflash drafts'): such a drafter needs several KV-cache groups, which only the "
-                            "V2 runner supports. Remove the variable (V2 is the default) or set it to 1" % (V2_RUNNER_ENV, VLLM_VERSION, layout))
+                          "%s=0 forces vLLM's V1 model runner, and vLLM %s refuses a DFlash drafter with mixed sliding "
+                          "and full attention layers (%s) on it at start ('Model Runner V1 does not support: mixed "
+                          "sliding/full dflash drafts'): such a drafter needs several KV-cache groups, which only the "
+                          "V2 runner supports. Remove the variable (V2 is the default) or set it to 1"
+                          % (V2_RUNNER_ENV, VLLM_VERSION, layout))
         else:
             report.environment[V2_RUNNER_ENV] = "1"
             report.ok(V2_RUNNER_ENV, (environment or {}).get(V2_RUNNER_ENV), "1",

@@ -391,11 +391,11 @@ def drain(client, served_model_name, timeout, poll_interval=1.0, sleep=time.slee
             result["running_at_start"], result["waiting_at_start"] = load
         elapsed = time.monotonic() - started
         if load == (0, 0):
-            result.update(drained=True, msg="drained after %.1f s: no request running or waiting (%d running, %d waiting at the start)"
+            result.update(drained=True, msg="drained after %.1f s: no request running or waiting (%s running, %s waiting at the start)"
                           % (elapsed, result["running_at_start"], result["waiting_at_start"]))
             break
         if elapsed >= timeout:
-            result["msg"] = ("not drained within %.0f s: %d request(s) running, %d waiting at the stop (%d and %d at the start)"
+            result["msg"] = ("not drained within %.0f s: %s request(s) running, %s waiting at the stop (%s and %s at the start)"
                              % (timeout, load[0], load[1], result["running_at_start"], result["waiting_at_start"]))
             break
         sleep(min(poll_interval, max(0.0, timeout - elapsed)))

@@ -108,8 +108,8 @@ def conclude(result, driver_timeout, single_look=False):
     result["left_alone"] = [dict(h, gpu=gpu["index"]) for gpu in result["gpus"] for h in gpu["left_alone"]]
     left = ""
     if result["left_alone"]:
-        left = "; left alone: %s" % ", ".join(sorted({"PID %s (%s, %s)" % (h["pid"], h["comm"], h["reason"])
-                                                       for h in result["left_alone"]}))
+        named = {"PID %s (%s, %s)" % (h["pid"], h["comm"], h["reason"]) for h in result["left_alone"]}
+        left = "; left alone: %s" % ", ".join(sorted(named))
     if result["released"]:
         what = "released" if result["memory_checked"] else "no holder left (memory not checked: no driver)"
         return "%s after %.2f s%s" % (what, result["elapsed_s"], left)

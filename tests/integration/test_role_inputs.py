@@ -11,7 +11,6 @@ import re
 import stat
 import subprocess
 
-import pytest
 import yaml
 
 from ansible_run import REPO, VENV_BIN, playbook

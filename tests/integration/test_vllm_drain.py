@@ -76,7 +76,7 @@ def test_redeploy_under_load_drains_without_failed_requests(simnode, tmp_path):
     load = Load(port, "qwen-a", routed)
     time.sleep(1.0)
     rc, out, _recap = run(inventory, "-e", json.dumps({"test_override": {"gpu_memory_utilization": 0.85},
-                                                         "vllm_server_drain_timeout": 0}))
+                                                      "vllm_server_drain_timeout": 0}))
     assert rc == 0, out
     lines = "\n".join(summary(out, node))
     stopped = re.search(r"not drained in [\d.]+ s: (\d+) request\(s\) running and (\d+) waiting at the stop", lines)

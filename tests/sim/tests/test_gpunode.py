@@ -356,8 +356,8 @@ OWNER_CASES = [
      {"systemd_unit": f"crio-{CID}.scope", "container_id": CID, "runtime": "cri-o", "pod_uid": POD_UID}),
     (f"/kubepods.slice/kubepods-pod{POD_}.slice/cri-containerd-{CID}.scope",
      {"systemd_unit": f"cri-containerd-{CID}.scope", "container_id": CID, "runtime": "containerd", "pod_uid": POD_UID}),
-    ("/system.slice/slurmstepd.scope/job_4242/step_0/user/task_0", {"systemd_unit": "slurmstepd.scope",
-                                                                     "slurm_job": "4242"}),
+    ("/system.slice/slurmstepd.scope/job_4242/step_0/user/task_0",
+     {"systemd_unit": "slurmstepd.scope", "slurm_job": "4242"}),
     ("/slurm/uid_0/job_77/step_batch/task_0", {"slurm_job": "77"}),
 ]
 

@@ -58,14 +58,14 @@ def test_the_four_cases_by_the_rule():
     nvml = record(20, [CTL, "/dev/nvidia3", "/dev/nvidia5"], LISTED)
     child = record(30, [CTL, UVM, "/dev/nvidia3"], LISTED)
     cuinit = record(40, [CTL, UVM, "/dev/nvidia3"], LISTED)
-    assert attribution.by_rule(context, EXPLAINED, MINORS) == {"role": "holder", "attribution": {"0": "driver"},
-                                                                "foreign": [], "kind": "cuda"}
+    assert attribution.by_rule(context, EXPLAINED, MINORS) == {
+        "role": "holder", "attribution": {"0": "driver"}, "foreign": [], "kind": "cuda"}
     for memory in (EXPLAINED, UNEXPLAINED):  # an NVML-only client is never a holder
-        assert attribution.by_rule(nvml, memory, MINORS) == {"role": "device_user", "attribution": {}, "foreign": [],
-                                                              "kind": "nvml"}
+        assert attribution.by_rule(nvml, memory, MINORS) == {
+            "role": "device_user", "attribution": {}, "foreign": [], "kind": "nvml"}
     assert attribution.by_rule(child, UNEXPLAINED, MINORS)["attribution"] == {"0": "device_file"}
-    assert attribution.by_rule(cuinit, EXPLAINED, MINORS) == {"role": "device_user", "attribution": {}, "foreign": [],
-                                                               "kind": "cuda"}
+    assert attribution.by_rule(cuinit, EXPLAINED, MINORS) == {
+        "role": "device_user", "attribution": {}, "foreign": [], "kind": "cuda"}
     # Unexplained memory on GPU 0 makes any unlisted CUDA user of its file a holder: the rule cannot tell
     # a cuInit-only process from the inheriting child.
     assert attribution.by_rule(cuinit, UNEXPLAINED, MINORS)["attribution"] == {"0": "device_file"}
@@ -77,8 +77,8 @@ def test_the_four_cases_by_the_rule():
 
 def test_listed_without_the_device_file_is_foreign_and_an_mps_client_is_confirmed_by_nvidiactl():
     stranger = record(10, [CTL, UVM, "/dev/nvidia5"], LISTED)  # the driver's PID 10 is another process here
-    assert attribution.by_rule(stranger, EXPLAINED, MINORS) == {"role": "device_user", "attribution": {}, "foreign": [0],
-                                                                 "kind": "cuda"}
+    assert attribution.by_rule(stranger, EXPLAINED, MINORS) == {
+        "role": "device_user", "attribution": {}, "foreign": [0], "kind": "cuda"}
     mps = record(50, [CTL, UVM], {0: {50: {"lists": ["mps"], "used_mib": 512}}, 1: {}})
     assert attribution.by_rule(mps, EXPLAINED, MINORS)["attribution"] == {"0": "driver"}
     assert attribution.by_rule(record(60, [], LISTED), EXPLAINED, MINORS)["role"] is None

@@ -80,7 +80,7 @@ def real_like_result():
                          mig_mode={"current": None, "pending": None, "error": "Not Supported"})
     # A real cuInit might open no /dev/nvidia-uvm: gpu_facts would then call it an NVML client.
     result["scenarios"]["attribution"] = attribution_scenario(minor=0, others=(), maps=True,
-                                                     cuinit_fds=["/dev/nvidiactl", "/dev/nvidia0"])
+                                                              cuinit_fds=["/dev/nvidiactl", "/dev/nvidia0"])
     result["host"]["backend"] = "torch"
     scenarios = result["scenarios"]
     scenarios["idle"]["memory"] = {"used_mib": 40, "reserved_mib": 1012, "used_v1_mib": 1052, "total_mib": 143771}

@@ -11,7 +11,6 @@ import pathlib
 import pytest
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._speculative import (
-    SUPPORTED_METHODS,
     SpeculativeConfigError,
     validate_speculative_config,
 )

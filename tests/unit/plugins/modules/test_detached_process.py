@@ -34,7 +34,7 @@ def test_start_is_idempotent_and_stop_ends_it(capsys, tmp_path):
     pid = started["pid"]
     try:
         assert code == 0 and started["changed"] and _detached.read_pidfile(args["pidfile"]) == (pid, started["start_ticks"])
-        while not _detached.read_cmdline(pid):  # right after exec, the kernel may not have set the new command line yet
+        while not _procscan.read_cmdline(pid):  # right after exec, the kernel may not have set the new command line yet
             time.sleep(0.01)
         code, again = run_module(capsys, args)
         assert code == 0 and again["changed"] is False and again["pid"] == pid and "time.sleep(60)" in again["running_cmdline"]

@@ -46,9 +46,9 @@ def gpu(index, foreign=()):
                         for pid, mib in foreign], "suspects": []}
 
 
-def make_view(holders, device_users=(), gpus=None, driver=DRIVER_OK):
+def make_view(holders, device_users=(), gpus=None, driver=None):
     return {"gpus": gpus if gpus is not None else [gpu(0), gpu(1)], "holders": list(holders),
-            "device_users": list(device_users), "driver": dict(driver), "index_source": "nvml", "scan": "full"}
+            "device_users": list(device_users), "driver": dict(driver or DRIVER_OK), "index_source": "nvml", "scan": "full"}
 
 
 ENGINE = holder(5000001, {0: 70000, 1: 500}, "VLLM::EngineCore")
@@ -65,8 +65,9 @@ def pids(entries):
     return [e["pid"] for e in entries]
 
 
-def select(indices=None, regex=None, pids=None, users=None, exclude=(), include_protected=False, view=VIEW):
+def select(indices=None, regex=None, pids=None, users=None, exclude=(), include_protected=False, view=None):
     """(targets, left alone, not holding) as gpu_kill.run splits them."""
+    view = VIEW if view is None else view
     chosen = _select.Selection(indices, pids=pids, regex=regex, users=users, exclude=exclude,
                                include_protected=include_protected, own_chain=OWN_CHAIN)
     split = chosen.split(view)
@@ -124,7 +125,7 @@ class Recorder:
         self.ended = []
         self.survive = set(survive)
 
-    def snapshot(self, inspector, timeout=None, scope="full", indices=None, tolerance_mib=256, **kwargs):  # pylint: disable=unused-argument
+    def snapshot(self, timeout=None, scope="full", indices=None, tolerance_mib=256, **kwargs):  # pylint: disable=unused-argument
         self.snapshots.append((scope, indices))
         return self.views.pop(0) if len(self.views) > 1 else self.views[0]
 
@@ -141,7 +142,8 @@ class Recorder:
 def recorder(monkeypatch):
     def install(*views, survive=()):
         rec = Recorder(*views, survive=survive)
-        monkeypatch.setattr(_gpus.Inspector, "snapshot", lambda self, *args, **kwargs: rec.snapshot(self, *args, **kwargs))
+        # A bound method set on the class is not bound again: Inspector.snapshot(...) calls rec.snapshot(...).
+        monkeypatch.setattr(_gpus.Inspector, "snapshot", rec.snapshot)
         monkeypatch.setattr(_terminate, "end_processes", rec.end_processes)
         return rec
     return install

@@ -288,8 +288,9 @@ def make_proc(root, pid, cgroup=None, stat_line=None, cmdline=None):
     base.mkdir(parents=True)
     if cgroup is not None:
         (base / "cgroup").write_text(cgroup)
-    if stat_line is not None:
-        (base / "stat").write_bytes(stat_line)
+    if stat_line is not None:  # the fields given, then zeros up to the 52 fields of a real stat line
+        fields = stat_line[stat_line.rindex(b")") + 2:].split()
+        (base / "stat").write_bytes(stat_line.rstrip(b"\n") + b" 0" * (50 - len(fields)) + b"\n")
     if cmdline is not None:
         (base / "cmdline").write_bytes(b"".join(arg.encode() + b"\0" for arg in cmdline))
 

@@ -1,0 +1,157 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) 2026, gpuops.nvidia contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""_report: owners in the reset summary, and the role's summary.j2 saying the same lines as summary_lines."""
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import jinja2
+import pytest
+from ansible.plugins.filter.core import FilterModule as CoreFilters
+from ansible.plugins.filter.mathstuff import FilterModule as MathFilters
+
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _owners, _report
+
+SUMMARY_J2 = Path(__file__).resolve().parents[4] / "roles" / "reset_gpus" / "templates" / "summary.j2"
+CID = "4f1c3a9e0b7d2c6e8a5f1b3d9c7e2a4b6d8f0e1c3a5b7d9f2e4c6a8b0d1f3e5a"
+UID = "0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d"
+
+
+def owner(**pieces):
+    return dict(_owners.empty_owner(), **pieces)
+
+
+UNIT = owner(systemd_unit="vllm@a.service", unit_restart="always")
+QUIET_UNIT = owner(systemd_unit="session-3.scope")
+DOCKER = owner(systemd_unit="docker-%s.scope" % CID, container_id=CID, runtime="docker")
+POD = owner(systemd_unit="cri-containerd-%s.scope" % CID, container_id=CID, runtime="containerd", pod_uid=UID,
+            pod_namespace="ml", pod_name="vllm-0")
+SLURM = owner(systemd_unit="slurmstepd.scope", slurm_job="42")
+AGENT = owner(agent={"pid": 7, "comm": "torchrun", "cmdline": "python3 /usr/bin/torchrun train.py", "kind": "torchrun"})
+
+
+@pytest.mark.parametrize("block, words", [
+    (UNIT, "unit vllm@a.service"),
+    (DOCKER, "docker container 4f1c3a9e0b7d"),
+    (owner(container_id=CID), "container 4f1c3a9e0b7d"),  # cgroupfs containerd: the path does not name the runtime
+    (POD, "pod ml/vllm-0"),
+    (owner(pod_uid=UID), "pod %s" % UID),
+    (SLURM, "Slurm job 42"),
+    (AGENT, ""),
+    (_owners.empty_owner(), ""),
+    (None, ""),
+])
+def test_owner_words_follow_the_label_order(block, words):
+    assert _report.owner_words(block) == words
+
+
+def holder(pid, owner_block, **extra):
+    return _report.annotate(dict({"pid": pid, "comm": "VLLM::Worker_TP", "cmdline": "VLLM::Worker_TP0", "gpus": [0],
+                                  "owner": owner_block}, **extra))
+
+
+def test_annotate_adds_note_command_and_label():
+    unit, docker, quiet = holder(9, UNIT), holder(10, DOCKER), holder(11, QUIET_UNIT)
+    assert unit["owner_note"] == "systemd unit vllm@a.service restarts it (Restart=always)"
+    assert (unit["owner_command"], unit["owner_label"]) == ("systemctl stop vllm@a.service", "unit:vllm@a.service")
+    assert docker["owner_command"] == "docker stop 4f1c3a9e0b7d" and docker["owner_label"] == "container:4f1c3a9e0b7d"
+    assert (quiet["owner_note"], quiet["owner_command"], quiet["owner_label"]) == (None, None, "unit:session-3.scope")
+    assert holder(12, None)["owner_label"] == ""
+
+
+def test_place_and_owner_line():
+    unit = holder(9, UNIT)
+    assert _report.place(unit) == "GPUs 0, unit vllm@a.service"
+    assert _report.place(holder(12, None)) == "GPUs 0"
+    assert _report.owner_line(unit) == ("    ending it alone will not last: systemd unit vllm@a.service restarts it "
+                                        "(Restart=always); stop the owner: systemctl stop vllm@a.service")
+    # The unit this run stopped (stop_owners) needs no word; an agent has a note and no command.
+    assert _report.owner_line(unit, ["vllm@a.service"]) is None
+    assert _report.owner_line(holder(13, AGENT)) == ("    ending it alone will not last: its parent agent PID 7 "
+                                                     "(torchrun, torchrun) may start it again")
+    assert _report.owner_line(holder(11, QUIET_UNIT)) is None
+
+
+def views(pids):
+    before = {"driver": {"available": True}, "gpus": [
+        {"index": 0, "name": "NVIDIA H100 80GB HBM3", "memory_used_mib": 75034, "holder_pids": pids, "error": None},
+        {"index": 1, "name": "NVIDIA H100 80GB HBM3", "memory_used_mib": 2000, "holder_pids": [20], "error": None}]}
+    after = copy.deepcopy(before)
+    after["gpus"][0].update(memory_used_mib=0, holder_pids=[])
+    return before, after
+
+
+def check_kill():
+    return {"gpus": [0], "would_signal": [holder(9, UNIT), holder(10, POD), holder(11, QUIET_UNIT)],
+            "left_alone": [{"pid": 20, "comm": "python3", "reason": "unit not in units"}]}
+
+
+def run_kill():
+    return {"gpus": [0], "elapsed_s": 0.31, "stopped_units": ["vllm@a.service"],
+            "signalled": [dict(holder(10, DOCKER), signals=["SIGTERM"], exited_after_s=0.12),
+                          dict(holder(14, SLURM), signals=["SIGTERM", "SIGKILL"])],
+            "not_signalled": [dict(holder(9, UNIT), reason="exited before any signal")], "left_alone": []}
+
+
+def test_check_mode_summary_names_each_owner_and_what_restarts_it():
+    kill = check_kill()
+    before, _after = views([9, 10, 11])
+    message = _report.outcome(kill, {}, True, 0)
+    assert _report.summary_lines(kill, before, before, True, message) == [
+        "check mode: would signal 3 process(es), nothing was signalled",
+        "  would signal PID 9 VLLM::Worker_TP (GPUs 0, unit vllm@a.service): VLLM::Worker_TP0",
+        "    ending it alone will not last: systemd unit vllm@a.service restarts it (Restart=always); "
+        "stop the owner: systemctl stop vllm@a.service",
+        "  would signal PID 10 VLLM::Worker_TP (GPUs 0, pod ml/vllm-0): VLLM::Worker_TP0",
+        "    ending it alone will not last: it belongs to Kubernetes pod ml/vllm-0, whose kubelet restarts its "
+        "containers; stop the owner: kubectl delete pod -n ml vllm-0",
+        "  would signal PID 11 VLLM::Worker_TP (GPUs 0, unit session-3.scope): VLLM::Worker_TP0",
+        "  left alone PID 20 python3: unit not in units",
+        "GPU 0 NVIDIA H100 80GB HBM3: 75034 -> 75034 MiB used, holders 3 -> 3",
+    ]
+
+
+def test_run_summary_names_stopped_units_and_holders_they_ended():
+    kill = run_kill()
+    before, after = views([9, 10, 14])
+    lines = _report.summary_lines(kill, before, after, False, "memory released after 0.40 s more")
+    assert lines == [
+        "signalled 2 process(es) in 0.31 s",
+        "  stopped systemd unit vllm@a.service first (stop_owners)",
+        "  PID 10 VLLM::Worker_TP (GPUs 0, docker container 4f1c3a9e0b7d): SIGTERM, exited after 0.12 s",
+        "    ending it alone will not last: it belongs to docker container 4f1c3a9e0b7d, whose runtime may restart it; "
+        "stop the owner: docker stop 4f1c3a9e0b7d",
+        "  PID 14 VLLM::Worker_TP (GPUs 0, Slurm job 42): SIGTERM then SIGKILL, did not exit",
+        "  PID 9 VLLM::Worker_TP (GPUs 0, unit vllm@a.service): not signalled, exited before any signal",
+        "memory released after 0.40 s more",
+        "GPU 0 NVIDIA H100 80GB HBM3: 75034 -> 0 MiB used, holders 3 -> 0",
+    ]
+
+
+def render_summary(kill, before, after, check_mode, message):
+    """roles/reset_gpus/templates/summary.j2 as the role's template lookup renders it (trim_blocks, Ansible's
+    filters), then `| trim | split('\\n')` as the role's summary task does."""
+    env = jinja2.Environment(trim_blocks=True, undefined=jinja2.StrictUndefined)
+    # Ansible's own filters (regex_replace, zip) where Jinja has none; Jinja's default, map, select... as they are.
+    for filters in (CoreFilters().filters(), MathFilters().filters()):
+        env.filters.update((name, function) for name, function in filters.items() if name not in env.filters)
+    text = env.from_string(SUMMARY_J2.read_text()).render(
+        reset_gpus_kill=kill, _reset_gpus_last_wait={} if check_mode else {"released": True},
+        _reset_gpus_views={"before": before, "after": after}, ansible_check_mode=check_mode,
+        _reset_gpus_message=message)
+    return text.strip().split("\n")
+
+
+@pytest.mark.parametrize("check_mode", [True, False])
+def test_template_says_the_same_lines_as_the_module(check_mode):
+    kill = check_kill() if check_mode else run_kill()
+    before, after = views([9, 10, 11] if check_mode else [9, 10, 14])
+    if check_mode:
+        after = before
+    message = _report.outcome(kill, {}, True, 0) if check_mode else "memory released after 0.40 s more"
+    expected = _report.summary_lines(kill, before, after, check_mode, message)
+    assert any("ending it alone will not last" in line for line in expected)
+    assert render_summary(kill, before, after, check_mode, message) == expected
