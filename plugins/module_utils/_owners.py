@@ -404,7 +404,9 @@ def restart_note(owner):
     if owner.get("systemd_unit") and owner.get("unit_restart") not in (None, "no"):
         notes.append("systemd unit %s restarts it (Restart=%s)" % (owner["systemd_unit"], owner["unit_restart"]))
     agent = owner.get("agent")
-    if agent:
+    # A live vLLM API server owns its engine and workers but never starts a dead worker again (vLLM shuts the engine
+    # down instead): it is named in the owner block, not as a reason why ending the PID will not last.
+    if agent and agent["kind"] != "vllm":
         notes.append("its parent agent PID %s (%s, %s) may start it again" % (agent["pid"], agent["comm"], agent["kind"]))
     return "; ".join(notes) or None
 

@@ -5,8 +5,11 @@
 """The per-host summary of a reset, in words, built where the data is (the module) rather than in a template
 rendered on the controller for every host. Never prints None: unknown memory, names and GPUs are said in words.
 The reset_gpus role prints these lines on its common path (roles/reset_gpus/templates/summary.j2 says the same
-after a long wait)."""
+after a long wait). The owner of each holder is said in the words of owner_words; where ending the PID alone will
+not last, the owner's note and the command that stops it follow on the next line (owner_line)."""
 from __future__ import annotations
+
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _owners
 
 # Jinja's truncate(80, true), which the role's template uses: strings up to 80 + 5 (leeway) are kept.
 _CMDLINE_WIDTH = 80
@@ -25,6 +28,50 @@ def where(process):
     if process.get("minors"):
         return "/dev/nvidia" + ",/dev/nvidia".join(str(m) for m in process["minors"]) + ", GPU index unknown"
     return "no single GPU"
+
+
+def annotate(process):
+    """Add to a selected holder, from its `owner` block (_owners.owner_of): "owner_note" (why ending the PID alone will
+    not last, or None), "owner_command" (the command that stops the owner, or None) and "owner_label" (the Prometheus
+    label value, "" when no owner is known). Returns the process."""
+    owner = process.get("owner")
+    process["owner_note"] = _owners.restart_note(owner)
+    process["owner_command"] = _owners.stop_command(owner)
+    process["owner_label"] = _owners.owner_label(owner)
+    return process
+
+
+def owner_words(owner):
+    """The owner of a holder in a few words, in the order of _owners.owner_label: "pod NAMESPACE/NAME" (or the pod
+    UID), "docker container 4f1c3a9e0b7d" (the runtime where the path says it), "Slurm job 42", "unit vllm@a.service";
+    "" when none is known (no owner block, or a block of nulls)."""
+    owner = owner or {}
+    if owner.get("pod_uid"):
+        return "pod %s" % ("%s/%s" % (owner["pod_namespace"], owner["pod_name"]) if owner.get("pod_name") else owner["pod_uid"])
+    if owner.get("container_id"):
+        return " ".join(word for word in (owner.get("runtime"), "container", owner["container_id"][:_owners.CONTAINER_PREFIX_MIN])
+                        if word)
+    if owner.get("slurm_job"):
+        return "Slurm job %s" % owner["slurm_job"]
+    if owner.get("systemd_unit"):
+        return "unit %s" % owner["systemd_unit"]
+    return ""
+
+
+def place(process):
+    """Where a holder is and what owns it: "GPUs 0, unit vllm@a.service"."""
+    words = owner_words(process.get("owner"))
+    return where(process) + (", " + words if words else "")
+
+
+def owner_line(process, stopped_units=()):
+    """The line under a holder saying why ending it alone will not last and what stops its owner, or None: none when
+    nothing restarts it, or when its unit was stopped by this run (stop_owners)."""
+    note = process.get("owner_note")
+    command = process.get("owner_command")
+    if not note or command in set("systemctl stop %s" % unit for unit in stopped_units):
+        return None
+    return "    ending it alone will not last: %s%s" % (note, "; stop the owner: %s" % command if command else "")
 
 
 def _mib(value):
@@ -48,16 +95,28 @@ def summary_lines(kill, before, after, check_mode, message):
     """The summary: what was (or would be) signalled and left alone, the outcome `message`, and per selected GPU
     its used memory and holder count before -> after."""
     lines = []
+    stopped = kill.get("stopped_units", [])
+
+    def add_owner_line(process):
+        line = owner_line(process, stopped)
+        if line:
+            lines.append(line)
+
     if check_mode:
         lines.append(message)
-        lines.extend("  would signal PID %s %s (%s): %s" % (p["pid"], p["comm"], where(p), _cut(p.get("cmdline")))
-                     for p in kill.get("would_signal", []))
+        for p in kill.get("would_signal", []):
+            lines.append("  would signal PID %s %s (%s): %s" % (p["pid"], p["comm"], place(p), _cut(p.get("cmdline"))))
+            add_owner_line(p)
     else:
         lines.append("signalled %d process(es) in %.2f s" % (len(kill.get("signalled", [])), kill.get("elapsed_s", 0)))
+        lines.extend("  stopped systemd unit %s first (stop_owners)" % unit for unit in stopped)
         for p in kill.get("signalled", []):
             lines.append("  PID %s %s (%s): %s, %s" % (
-                p["pid"], p["comm"], where(p), " then ".join(p["signals"]),
+                p["pid"], p["comm"], place(p), " then ".join(p["signals"]),
                 "exited after %.2f s" % p["exited_after_s"] if "exited_after_s" in p else "did not exit"))
+            add_owner_line(p)
+        lines.extend("  PID %s %s (%s): not signalled, %s" % (p["pid"], p["comm"], place(p), p["reason"])
+                     for p in kill.get("not_signalled", []))
     lines.extend("  left alone PID %s %s: %s" % (p["pid"], p["comm"], p["reason"]) for p in kill.get("left_alone", []))
     if not check_mode:
         lines.append(message)

@@ -160,6 +160,19 @@ ansible_facts:
               per GPU index (a dict of GPU index to a list of MIG UUIDs).
             - C(control_only) is true for a listed process holding no device file (an MPS client, with only
               C(/dev/nvidiactl) and C(/dev/nvidia-uvm)); C(thread_only) when only a non-main thread holds the handle.
+            - C(owner) says what will start the process again, read on the host with no runtime client
+              (docs/owners.md has each path form and its source). Keys, each null where the host does not show it
+              (never guessed; all null for a process that is gone) are C(systemd_unit) (the innermost
+              C(.service)/C(.scope)/C(.socket)/C(.mount)/C(.swap) of its path in C(/proc/PID/cgroup), cgroup v2 or
+              v1 C(name=systemd)), C(unit_restart) (C(Restart=) of a C(.service) from
+              C(systemctl show -p Restart --value), for example C(no), C(always), C(on-failure); null without a
+              working systemctl), C(container_id) (the full 64-hex id in the cgroup path), C(runtime) (C(docker),
+              C(containerd), C(cri-o) or C(podman), from the path form; null where the path does not say, as with
+              containerd's cgroupfs driver), C(pod_uid) (with dashes, from the kubelet's C(kubepods) cgroups),
+              C(pod_namespace) and C(pod_name) (from C(/var/log/pods/NAMESPACE_NAME_UID)), C(slurm_job) (the id of
+              C(job_ID) under a Slurm cgroup root, v1 or v2 plugin), C(agent) (the nearest live ancestor that is a
+              respawning supervisor, C(pid), C(comm), C(cmdline) and C(kind) C(torchrun), C(ray), C(mpi),
+              C(supervisord) or C(vllm); null when there is none).
           returned: always
           type: list
           elements: dict
@@ -185,12 +198,16 @@ ansible_facts:
               parent: {"pid": 4100, "comm": "VLLM::EngineCor"}
               control_only: false
               thread_only: false
+              owner: {"systemd_unit": "vllm@a.service", "unit_restart": "always", "container_id": null, "runtime": null,
+                      "pod_uid": null, "pod_namespace": null, "pod_name": null, "slurm_job": null,
+                      "agent": {"pid": 4000, "comm": "vllm", "cmdline": "/usr/bin/python3 /usr/local/bin/vllm serve /models/m",
+                                "kind": "vllm"}}
         device_users:
           description:
             - Processes with NVIDIA device files open that hold no GPU's memory (NVML exporters, nvtop, NCCL workers'
               files of other GPUs' devices); they are never signalled by default and never make a GPU "not free". The identity
               fields of C(holders), plus C(device_gpus), C(minors), C(kind) (C(cuda) or C(nvml)), C(seen_in),
-              C(thread_only).
+              C(thread_only), and C(owner) as for C(holders).
           returned: always
           type: list
           elements: dict

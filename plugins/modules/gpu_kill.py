@@ -127,7 +127,8 @@ options:
       - For holders in a container or a pod the runtime is never called; the command that stops the owner is reported
         in RV(owner_commands) and a warning, and the PIDs are ended.
       - When false (the default), the PIDs are ended and a warning names each owner that will restart them.
-      - In check mode, RV(would_signal) entries carry C(owner) and C(owner_note) (why ending the PID alone will not last).
+      - In check mode, RV(would_signal) entries carry C(owner), C(owner_note) (why ending the PID alone will not last)
+        and C(owner_command) (what stops the owner); the summary of O(wait=true) says them per holder.
     type: bool
     default: false
   wait:
@@ -184,7 +185,9 @@ EXAMPLES = r"""
 
 RETURN = r"""
 would_signal:
-  description: In check mode, the selected holders that would be signalled (same fields as the holders of gpu_facts).
+  description:
+    - In check mode, the selected holders that would be signalled (same fields as the holders of gpu_facts, C(owner)
+      included), with C(owner_note), C(owner_command) and C(owner_label) as in RV(signalled).
   returned: always
   type: list
   elements: dict
@@ -192,6 +195,11 @@ signalled:
   description:
     - Holders that were signalled, each with C(signals), the signal names sent in order, and C(exited_after_s)
       (seconds from the first signal to the observed exit) for those that exited.
+    - Each carries its C(owner) block (as in gpu_facts) and, from it, C(owner_note) (why ending the PID alone will not
+      last, as with a unit with a C(Restart=) policy, a container or pod, a live respawning agent; else null),
+      C(owner_command) (the command that stops the owner for good, for example C(systemctl stop vllm@a.service) or
+      C(docker stop 4f1c3a9e0b7d); null where there is none) and C(owner_label) (the Prometheus label value of
+      bounded cardinality, C(pod:UID), C(container:12 hex), C(slurm_job:ID), C(unit:NAME), or an empty string).
   returned: always
   type: list
   elements: dict
@@ -249,10 +257,15 @@ summary:
     - With O(wait=true), the per-host summary of the reset_gpus role, one string per line, what was (or would be)
       signalled and left alone, the outcome, and per selected GPU its used memory (MiB) and holder count before and
       after. Never C(None), empty GPU lists or a false "released".
+    - Each holder line names the holder's owner (C(pod NAMESPACE/NAME), C(docker container 12HEX), C(Slurm job ID),
+      C(unit NAME)) where one is known; where ending the PID alone will not last, the next line gives C(owner_note)
+      and C(owner_command). Units stopped with O(stop_owners=true) are named.
   returned: when O(wait=true)
   type: list
   elements: str
-  sample: ["signalled 1 process(es) in 0.21 s", "  PID 9 python3 (GPUs 0): SIGTERM, exited after 0.09 s",
+  sample: ["signalled 1 process(es) in 0.21 s",
+           "  PID 9 VLLM::Worker_TP (GPUs 0, unit vllm@a.service): SIGTERM, exited after 0.09 s",
+           "    ending it alone will not last: systemd unit vllm@a.service restarts it (Restart=always); stop the owner: systemctl stop vllm@a.service",
            "memory released after 0.52 s more", "GPU 0 NVIDIA H100 80GB HBM3: 75034 -> 0 MiB used, holders 1 -> 0"]
 stopped_units:
   description: Systemd units stopped with O(stop_owners=true) before their holders were ended.
@@ -385,7 +398,7 @@ def run(module, inspector, selection, view, sig):
                   not_holding=split["not_holding"], foreign=_foreign(view, selection), before=view)
     result.update(stopped_units=[], owner_commands=[])
     for target in split["targets"]:
-        target["owner_note"] = _owners.restart_note(target.get("owner"))
+        _report.annotate(target)  # owner_note, owner_command, owner_label
     if module.check_mode:
         result["would_signal"] = split["targets"]
         result["changed"] = bool(split["targets"])
@@ -394,7 +407,8 @@ def run(module, inspector, selection, view, sig):
         stop_units(module, split["targets"], result)
 
     def choose(_first):
-        return selection.split(inspector.snapshot(scope="listed", indices=selection.indices, owners=True))["targets"]
+        return [_report.annotate(t) for t in
+                selection.split(inspector.snapshot(scope="listed", indices=selection.indices, owners=True))["targets"]]
 
     outcome = _terminate.end_until_gone(choose, split["targets"], sig, params["grace_period"], params["kill_wait"])
     result.update(outcome)

@@ -1,17 +1,20 @@
 """Owners of holders (issue 14) on a simulated node with real cgroups: each owner kind is reported, each owner
-filter ends exactly its holders, a unit with Restart=always is named in check mode and stopped with stop_owners,
-and a respawning agent is named."""
+filter ends exactly its holders, a unit with Restart=always is named in check mode and stopped with stop_owners
+(module and reset_gpus role), the role's summary, JSON report and textfile name owners, and a respawning agent is
+named."""
 
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
-from ansible_run import module, only
+from ansible_run import REPO, module, only, playbook
 from nodetools import CUDA_PROCESS, _await_ready, _ready_file, alive, cuda_spec, node_python, wait_for
 from simnode import inventory_file
 
+PLAYBOOK = REPO / "playbooks" / "reset_gpus.yml"
 CONTAINER = "4f" * 32
 POD_UID = "6b1f3c2e-8a4d-4c1e-9f2a-0d3b5e7a9c11"
 CGROUPS = {
@@ -90,6 +93,54 @@ def test_restarting_unit_is_named_in_check_mode_and_stopped_with_stop_owners(own
     assert status == "CHANGED" and result["stopped_units"] == ["vllm@a.service"], result
     wait_for(lambda: not alive(node, pids["unit"]), 10, what="the unit's holder")
     assert alive(node, pids["docker"]) and alive(node, pids["pod"])
+
+
+def test_role_names_the_restarting_unit_in_check_mode_and_stops_it_with_stop_owners(owned, tmp_path):
+    node, pids, inventory = owned
+    holder = r"PID %d \S+ \(GPUs 0, unit vllm@a\.service\)" % pids["unit"]
+    note = ("    ending it alone will not last: systemd unit vllm@a.service restarts it (Restart=always); "
+            "stop the owner: systemctl stop vllm@a.service")
+    rc, out, recap = playbook(inventory, PLAYBOOK, "--check", "-e", json.dumps({"reset_gpus_units": ["vllm@a"]}))
+    assert rc == 0 and recap[node.name]["failed"] == 0, out
+    assert re.search(r"would signal %s: " % holder, out) and note in out, out
+    assert alive(node, pids["unit"])
+
+    reports, textfile = tmp_path / "reports", tmp_path / "gpuops_nvidia.prom"
+    extra = {"reset_gpus_units": ["vllm@a"], "reset_gpus_stop_owners": True, "reset_gpus_report_dir": str(reports),
+             "reset_gpus_textfile": str(textfile)}
+    rc, out, recap = playbook(inventory, PLAYBOOK, "-e", json.dumps(extra))
+    assert rc == 0 and recap[node.name]["failed"] == 0, out
+    # The simulated systemctl ended the unit's process: the summary names the unit, and the holder with its owner.
+    assert "stopped systemd unit vllm@a.service first (stop_owners)" in out and re.search(holder, out), out
+    assert "ending it alone will not last" not in out, out
+    assert not alive(node, pids["unit"]) and all(alive(node, pids[kind]) for kind in ("docker", "pod", "slurm"))
+    assert node.exec("systemctl", "is-active", "vllm@a.service", check=False).stdout.strip() == "inactive"
+    report = json.loads((reports / ("%s.json" % node.name)).read_text())
+    assert report["stopped_units"] == ["vllm@a.service"] and report["outcome"] == "released", report
+    assert "gpuops_nvidia_reset_stopped_units 1\n" in textfile.read_text()
+
+
+def test_role_summary_report_and_textfile_name_the_owner_of_a_signalled_holder(owned, tmp_path):
+    node, pids, inventory = owned
+    # The memory is released 1.5 s after the exit, after gpu_kill's first slice of 0.5 s: the role goes on with
+    # gpu_wait and its summary comes from summary.j2 in Ansible itself (tests/unit/.../test_report.py checks that it
+    # says the same lines as _report.summary_lines, gpu_kill's summary on the common path).
+    node.set(release_latency=1.5)
+    reports, textfile = tmp_path / "reports", tmp_path / "gpuops_nvidia.prom"
+    extra = {"reset_gpus_containers": [CONTAINER[:12]], "reset_gpus_grace_period": 2, "reset_gpus_progress_interval": 0.5,
+             "reset_gpus_report_dir": str(reports), "reset_gpus_textfile": str(textfile)}
+    rc, out, recap = playbook(inventory, PLAYBOOK, "-e", json.dumps(extra))
+    assert rc == 0 and recap[node.name]["failed"] == 0 and "still waiting after" in out, out
+    assert re.search(r"PID %d \S+ \(GPUs 1, docker container %s\): SIGTERM, exited after" % (pids["docker"], CONTAINER[:12]),
+                     out), out
+    assert ("ending it alone will not last: it belongs to docker container %s, whose runtime may restart it; "
+            "stop the owner: docker stop %s" % (CONTAINER[:12], CONTAINER[:12])) in out, out
+    (signalled,) = json.loads((reports / ("%s.json" % node.name)).read_text())["signalled"]
+    assert signalled["owner"]["container_id"] == CONTAINER and signalled["owner_label"] == "container:" + CONTAINER[:12]
+    assert signalled["owner_command"] == "docker stop " + CONTAINER[:12], signalled
+    metrics = textfile.read_text()
+    assert 'gpuops_nvidia_reset_signalled_processes_by_owner{owner="container:%s"} 1\n' % CONTAINER[:12] in metrics
+    assert metrics.count("gpuops_nvidia_reset_signalled_processes_by_owner{") == 1, metrics
 
 
 def test_container_holder_gets_the_command_that_stops_its_owner(owned):
