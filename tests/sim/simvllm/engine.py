@@ -55,14 +55,16 @@ def _create_context(config):
     """Create the CUDA context of one GPU rank; returns its fds or None after logging the error.
 
     Device files: those of every GPU in CUDA_VISIBLE_DEVICES (CUDA), the context only on the
-    rank's GPU; with a world size (TP x PP) above 1 the rank also uses NCCL, which keeps NVML
+    rank's GPU (on a MIG device: the parent's device file and the instance's capability files, see
+    simvllm.gpu); with a world size (TP x PP) above 1 the rank also uses NCCL, which keeps NVML
     initialized (every /dev/nvidiaN of the host open) for the life of the process.
     """
     try:
         gpus = NodeGpus.load()
+        visible, mig = gpus.enumerate(os.environ.get("CUDA_VISIBLE_DEVICES"))
         fds = gpus.create_context(
-            config["gpu_index"], config["local_rank"], config["gpu_memory_utilization"],
-            visible=gpus.visible_indices(os.environ.get("CUDA_VISIBLE_DEVICES")),
+            config["gpu_index"], config["local_rank"], config["gpu_memory_utilization"], visible=visible,
+            mig=mig if mig is not None and mig.index == config["gpu_index"] else None,
         )
         if config["tensor_parallel_size"] * config["pipeline_parallel_size"] > 1:
             config["_nvml"] = nccl_init_nvml()

@@ -7,10 +7,16 @@ A context of M MiB on GPU index i (tests/sim/README.md, "Creating a CUDA context
 /dev/nvidiactl, /dev/nvidia-uvm and /dev/nvidia<minor> of every visible GPU (CUDA_VISIBLE_DEVICES),
 seek GPU i's to our PID in the node's root PID namespace, write `<run dir>/contexts/<PID>` =
 `<i> <M>` atomically. `nccl_init_nvml` initializes NVML and never shuts it down, as NCCL does.
+
+MIG (node.conf `mig`; tests/sim/README.md "MIG"): CUDA_VISIBLE_DEVICES may name a MIG device (`MIG-<UUID>`, or
+`MIG-GPU-<UUID>/<GI>/<CI>` of drivers before R470); CUDA then enumerates that one device and no other (MIG user
+guide, "CUDA Device Enumeration"). A context on it: the parent's /dev/nvidia<minor> seeked to the token, the GPU and
+compute instance's /dev/nvidia-caps/nvidia-cap<N> files open, context line `<i> <M> compute gi=<G> ci=<C>`.
 """
 
 import os
 from dataclasses import dataclass, field
+from functools import cached_property
 
 DEFAULT_RUN_DIR = "/run/gpusim"
 MIB_PER_GIB = 1024
@@ -46,6 +52,44 @@ def _parse_int_list(text):
 
 
 @dataclass(frozen=True)
+class MigDevice:
+    """One MIG device (a compute instance of a GPU instance) as the driver describes it. Memory in MiB."""
+
+    index: int
+    uuid: str
+    gi: int
+    ci: int
+    memory_total_mib: int
+    parent_uuid: str
+
+
+def _instance_ids(fields):
+    """(gi, ci) of a context line's fields after `<index> <MiB>` (`gi=<G> ci=<C>`, ci 0 when left out), or
+    (None, None) for a context on a whole GPU."""
+    ids = dict(field.split("=", 1) for field in fields if field.startswith(("gi=", "ci=")))
+    if "gi" not in ids:
+        return None, None
+    return int(ids["gi"]), int(ids.get("ci", 0))
+
+
+def _mig_gpu_indices(text):
+    """GPU indices with MIG enabled in node.conf's `mig` value ("INDEX[:PROFILE,...];...")."""
+    return [int(part.partition(":")[0]) for part in text.split(";") if part.strip()]
+
+
+def _cap_minor(gpu_minor, gi, ci=None):
+    """Minor of /dev/nvidia-caps/nvidia-cap<N> for a GPU instance (ci None) or a compute instance, from
+    /proc/driver/nvidia/capabilities/gpu<minor>/mig/gi<G>[/ci<C>]/access ("DeviceFileMinor: N"), the file CUDA
+    reads (through nvidia-modprobe -f) before it opens the capability (open-gpu-kernel-modules nv-caps.c)."""
+    path = "/proc/driver/nvidia/capabilities/gpu%d/mig/gi%d%s/access" % (gpu_minor, gi, "" if ci is None else "/ci%d" % ci)
+    with open(path) as access:
+        for line in access:
+            if line.startswith("DeviceFileMinor:"):
+                return int(line.split(":", 1)[1])
+    raise OSError("no DeviceFileMinor in %s" % path)
+
+
+@dataclass(frozen=True)
 class NodeGpus:
     """The GPUs of the node described by one node.conf. Memory in MiB."""
 
@@ -57,6 +101,7 @@ class NodeGpus:
     idle_used_mib: int = 0
     stray_mib: dict = field(default_factory=dict)
     dev_dir: str = "/dev"
+    mig: str = ""
 
     @classmethod
     def load(cls, run_directory=None):
@@ -90,7 +135,82 @@ class NodeGpus:
             idle_used_mib=int(conf.get("idle_used_mib", 0)),
             stray_mib=stray,
             dev_dir=conf.get("dev_dir") or "/dev",
+            mig=conf.get("mig", ""),
         )
+
+    @cached_property
+    def mig_devices(self):
+        """{GPU index: [MigDevice, ...] in NVML's MIG index order} of the GPUs in MIG mode; {} without MIG.
+
+        Read from the node's driver library (NVML): it is what gives MIG devices their UUIDs, as the driver does
+        for CUDA. NVML is shut down again (its device files closed) before returning.
+        """
+        indices = _mig_gpu_indices(self.mig)
+        if not indices:
+            return {}
+        import pynvml
+
+        try:
+            return self._read_mig_devices(pynvml, indices)
+        except pynvml.NVMLError as error:
+            raise GpuError("CUDA error: cannot enumerate the MIG devices: %s" % error) from None
+
+    @staticmethod
+    def _read_mig_devices(pynvml, indices):
+        pynvml.nvmlInit()
+        try:
+            devices = {}
+            for index in indices:
+                parent = pynvml.nvmlDeviceGetHandleByIndex(index)
+                parent_uuid = pynvml.nvmlDeviceGetUUID(parent)
+                devices[index] = []
+                for k in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(parent)):
+                    try:
+                        handle = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(parent, k)
+                    except pynvml.NVMLError_NotFound:
+                        continue
+                    devices[index].append(MigDevice(
+                        index=index, uuid=pynvml.nvmlDeviceGetUUID(handle), gi=pynvml.nvmlDeviceGetGpuInstanceId(handle),
+                        ci=pynvml.nvmlDeviceGetComputeInstanceId(handle),
+                        memory_total_mib=pynvml.nvmlDeviceGetMemoryInfo(handle).total // (1024 * 1024),
+                        parent_uuid=parent_uuid))
+            return devices
+        finally:
+            pynvml.nvmlShutdown()
+
+    def _mig_device_named(self, item):
+        """The MigDevice that a CUDA_VISIBLE_DEVICES entry `MIG-<UUID>` (R470+) or `MIG-GPU-<UUID>/<GI>/<CI>`
+        (R450/R460) names, else None."""
+        for devices in self.mig_devices.values():
+            for device in devices:
+                if item == device.uuid or item == "MIG-%s/%d/%d" % (device.parent_uuid, device.gi, device.ci):
+                    return device
+        return None
+
+    def enumerate(self, cuda_visible_devices):
+        """(GPU indices, MigDevice or None) that a CUDA program sees, in CUDA order.
+
+        `cuda_visible_devices`: the CUDA_VISIBLE_DEVICES value or None (all GPUs). As in CUDA, the list ends at the
+        first entry that is not a valid index or MIG UUID. With MIG (MIG user guide, "CUDA Device Enumeration"): CUDA
+        enumerates a single MIG device, the first one visible (a MIG UUID, or the first instance of a listed GPU in
+        MIG mode), and then no GPU that is not in MIG mode; the indices are then [its parent's index].
+        """
+        items = [str(index) for index in range(self.count)] if cuda_visible_devices is None else cuda_visible_devices.split(",")
+        indices, migs = [], []
+        for item in (item.strip() for item in items):
+            if item.startswith("MIG-") and self.mig:
+                device = self._mig_device_named(item)
+                if device is None:
+                    break
+                migs.append(device)
+                continue
+            if not item.isdigit() or int(item) >= self.count or int(item) in indices:
+                break
+            indices.append(int(item))
+            migs.extend(self.mig_devices.get(int(item), []))
+        if migs:
+            return [migs[0].index], migs[0]
+        return [index for index in indices if index not in self.mig_devices], None
 
     def visible_indices(self, cuda_visible_devices):
         """GPU indices a CUDA program sees, in CUDA order.
@@ -98,18 +218,11 @@ class NodeGpus:
         `cuda_visible_devices`: the CUDA_VISIBLE_DEVICES value or None (all GPUs). As in CUDA, the
         list ends at the first entry that is not a valid index.
         """
-        if cuda_visible_devices is None:
-            return list(range(self.count))
-        indices = []
-        for item in cuda_visible_devices.split(","):
-            item = item.strip()
-            if not item.isdigit() or int(item) >= self.count or int(item) in indices:
-                break
-            indices.append(int(item))
-        return indices
+        return self.enumerate(cuda_visible_devices)[0]
 
-    def context_mib(self, index):
-        """MiB held by the context files on GPU `index` (live contexts and ones not yet released)."""
+    def context_mib(self, index, mig=None):
+        """MiB held by the context files on GPU `index` (live contexts and ones not yet released); with `mig`
+        (a MigDevice) only those on that MIG device (lines with its gi= and ci=)."""
         contexts_dir = os.path.join(self.run_dir, "contexts")
         total = 0
         try:
@@ -126,7 +239,7 @@ class NodeGpus:
                 continue
             for line in lines:
                 fields = line.split()
-                if len(fields) >= 2 and fields[0] == str(index):
+                if len(fields) >= 2 and fields[0] == str(index) and (mig is None or _instance_ids(fields[2:]) == (mig.gi, mig.ci)):
                     total += int(fields[1])
         return total
 
@@ -140,7 +253,7 @@ class NodeGpus:
             - self.context_mib(index)
         )
 
-    def create_context(self, index, local_rank, gpu_memory_utilization, visible=None):
+    def create_context(self, index, local_rank, gpu_memory_utilization, visible=None, mig=None):
         """Create this process's CUDA context on GPU `index`, sized like vLLM's memory pool.
 
         Size: int(gpu_memory_utilization * memory_total_mib) MiB. Raises GpuError with vLLM's
@@ -148,27 +261,39 @@ class NodeGpus:
         CUDA does at cuInit, the device file of every GPU in `visible` (indices; default [index])
         at position 0; GPU `index`'s file carries the context (seeked to the token). Returns the
         open fds; the context lives as long as they stay open.
+
+        With `mig` (a MigDevice of GPU `index`): sized and checked against that MIG device's memory (a MIG device
+        has no reserved memory of its own in the fake driver); the parent's device file carries the context, the
+        GPU instance's and compute instance's capability files are opened too, and the context line has gi=/ci=.
         """
-        requested_mib = int(gpu_memory_utilization * self.memory_total_mib)
-        free_mib = self.free_mib(index)
+        total_mib = mig.memory_total_mib if mig else self.memory_total_mib
+        requested_mib = int(gpu_memory_utilization * total_mib)
+        free_mib = total_mib - self.context_mib(index, mig) if mig else self.free_mib(index)
         if free_mib < requested_mib:
             raise GpuError(
                 "Free memory on device cuda:%d (%.2f/%.2f GiB) on startup is less than desired GPU "
                 "memory utilization (%s, %.2f GiB). Decrease GPU memory utilization or reduce GPU "
                 "memory used by other processes."
-                % (local_rank, max(free_mib, 0) / MIB_PER_GIB, self.memory_total_mib / MIB_PER_GIB,
+                % (local_rank, max(free_mib, 0) / MIB_PER_GIB, total_mib / MIB_PER_GIB,
                    gpu_memory_utilization, requested_mib / MIB_PER_GIB)
             )
         others = [i for i in (visible or [index]) if i != index]
         paths = ["nvidiactl", "nvidia-uvm"] + ["nvidia%d" % self.minors[i] for i in others]
         paths.append("nvidia%d" % self.minors[index])
         fds = [os.open(os.path.join(self.dev_dir, path), os.O_RDWR) for path in paths]
+        device_fd = fds[-1]
+        line = "%d %d" % (index, requested_mib)
+        if mig is not None:
+            minor = self.minors[index]
+            fds += [os.open(os.path.join(self.dev_dir, "nvidia-caps", "nvidia-cap%d" % cap), os.O_RDONLY)
+                    for cap in (_cap_minor(minor, mig.gi), _cap_minor(minor, mig.gi, mig.ci))]
+            line += " compute gi=%d ci=%d" % (mig.gi, mig.ci)
         token = node_pid(self.run_dir)
-        os.lseek(fds[-1], token, os.SEEK_SET)
+        os.lseek(device_fd, token, os.SEEK_SET)
         contexts_dir = os.path.join(self.run_dir, "contexts")
         temporary = os.path.join(contexts_dir, ".%d.tmp" % token)
         with open(temporary, "w") as context_file:
-            context_file.write("%d %d\n" % (index, requested_mib))
+            context_file.write(line + "\n")
         os.replace(temporary, os.path.join(contexts_dir, str(token)))
         return fds
 
