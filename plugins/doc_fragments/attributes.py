@@ -39,18 +39,10 @@ attributes:
     description: Action returns an C(ansible_facts) dictionary that will update existing host facts.
 """
 
-    # Should be used together with the standard fragment and the FACTS fragment
+    # Should be used together with the standard, INFO_MODULE and FACTS fragments (fragments' attributes merge)
     FACTS_MODULE = r"""
 options: {}
 attributes:
-  check_mode:
-    support: full
-    details:
-      - This action does not modify state.
-  diff_mode:
-    support: N/A
-    details:
-      - This action does not modify state.
   facts:
     support: full
 """

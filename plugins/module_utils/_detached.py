@@ -123,9 +123,10 @@ def _spawn(argv, env, cwd, log_fd):
     subprocess reports an exec (or chdir) error of the child as OSError: DetachedError. Every other
     descriptor is closed in the child, so it keeps no pipe of Ansible's open.
     """
+    # Not AnsibleModule.run_command: it waits for the command to end, and a detached server runs on after the module.
     try:
-        process = subprocess.Popen(argv, start_new_session=True, stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd,
-                                   close_fds=True, cwd=cwd, env=env)
+        process = subprocess.Popen(argv, start_new_session=True, stdin=subprocess.DEVNULL,  # pylint: disable=ansible-bad-function
+                                   stdout=log_fd, stderr=log_fd, close_fds=True, cwd=cwd, env=env)
     except OSError as exc:
         raise DetachedError("cannot execute %s: %s" % (argv[0], exc.strerror or exc))
     _STARTED.append(process)

@@ -16,7 +16,7 @@ import os
 import pwd
 import traceback
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _holders, _nvml, _owners, _procscan
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _holders, _nvml, _owners, _procscan, _shapes
 
 try:
     import psutil
@@ -96,6 +96,12 @@ def process_details(psutil, pid, proc="/proc"):
     and {"user", "uid", "cmdline" (str: /proc/PID/cmdline joined by spaces, trailing blanks removed, "" for a zombie),
     "start_time" (ISO 8601, UTC)} from psutil (None where access is denied).
     """
+    # One source per fact. /proc/PID/stat (_procscan.read_stat) for the identity: ppid, pgid, sid, state and the
+    # start ticks that pin a PID; psutil has no start ticks, and the scan, pidfiles and the kill loop use the same
+    # reader. psutil for the description of a process on GPU hosts, in one oneshot(): uid, create time (boot time
+    # plus the start ticks, which psutil reads once and caches) and cmdline, with its per-process errors (gone,
+    # zombie, access denied) mapped below. The modules that run without psutil (detached_process, vllm_drain) and
+    # the owner walk read cmdline from /proc with _procscan.read_argv/read_cmdline.
     details = _procscan.read_stat(pid, proc)
     if details is None:
         return None
@@ -181,7 +187,7 @@ class Inspector:
                 holder["parent"] = None
         view["index_source"] = index_source
         view["scan"] = "full" if listed is None else "listed"
-        view["driver"] = {key: driver.get(key) for key in ("available", "error", "driver_version", "nvml_version", "cuda_driver_version")}
+        view["driver"] = {key: driver.get(key) for key in _shapes.DRIVER_KEYS}
         view["driver"]["timed_out"] = bool(driver.get("timed_out"))
         return view
 

@@ -104,7 +104,7 @@ def merge(driver, table, scan, processes, tolerance_mib=256, exclude_pids=(), ca
 
     Args:
         driver: read_driver() dict, or None when NVML could not be asked.
-        table: minor_map()'s GPU list ([{"index", "minor", "uuid", "name", "pci_bus_id"}]).
+        table: minor_map()'s GPU list (dicts with _shapes.GPU_TABLE_KEYS).
         scan: {pid: DeviceHandles} from _procscan (a full scan, or the listed PIDs only).
         processes: {pid: process_details() dict} for the scanned and listed PIDs that exist here.
         tolerance_mib: used memory the driver's lists may leave unexplained before device-file
@@ -114,26 +114,16 @@ def merge(driver, table, scan, processes, tolerance_mib=256, exclude_pids=(), ca
         caps: _procscan.cap_map() ({cap minor: (GPU minor, GPU instance id, compute instance id or None)}), or None
             for the driver's fixed numbering (_procscan.mig_cap).
 
-    Returns a dict:
-      gpus: [{"index", "minor", "uuid", "name", "pci_bus_id", "memory_total_mib", "memory_used_mib",
-              "memory_free_mib", "memory_reserved_mib", "memory_source", "error",
-              "driver_processes" ([{pid, used_mib, type, verified}]), "explained_mib" (what the lists say),
-              "unexplained_mib" (used minus listed, None when unknown), "memory_unexplained" (bool: beyond
-              tolerance_mib, or unknown), "tolerance_mib", "foreign" ([{pid, used_mib, type, reason ("absent" or
-              "not_holding"), comm}]: listed PIDs that no process here confirms), "suspects" (PIDs of NVML-only
-              clients holding the device file where memory is unexplained and no CUDA user does),
-              "holder_pids", "device_user_pids", "mig_mode", "process_list_version", "processes_error",
-              "memory_used_includes_reserved" (NVML memory info v1 of a driver R510 or later: used memory includes
-              reserved memory, so unexplained_mib does too), "memory_used_excluding_reserved_mib" (None with v1),
-              "reserved_allowance_mib" (added to tolerance_mib where used memory includes reserved memory, else 0),
-              "mig_devices" ([] unless MIG is enabled: _nvml's MIG devices, each with "listed_mib", "unexplained_mib",
-              "memory_unexplained", "tolerance_mib", "foreign", "holder_pids")}]
-      holders: [process details + {"gpus" (indices held), "device_gpus" (indices whose device file is open),
-                "minors", "memory_mib" ({"<index>": MiB or None}), "attribution" ({"<index>": "driver" or
-                "device_file"}), "mig" ({"<index>": [MIG UUIDs of the instances it holds there]}),
-                "seen_in" (subset of driver, fd, mapping), "kind" ("cuda" or "nvml"),
-                "control_only" (listed while holding no device file: an MPS client), "thread_only"}]
-      device_users: [process details + {"device_gpus", "minors", "kind", "seen_in", "thread_only"}]
+    Returns a dict (the keys of each shape are in _shapes; gpu_facts' RETURN says what each means):
+      gpus: [dicts with _shapes.GPU_KEYS]: "driver_processes" ([_shapes.DRIVER_PROCESS_KEYS]), "explained_mib" (what
+            the lists say), "unexplained_mib" (used minus listed, None when unknown), "memory_unexplained" (beyond
+            tolerance_mib, or unknown), "foreign" ([_shapes.FOREIGN_KEYS]: listed PIDs that no process here confirms),
+            "suspects" (PIDs of NVML-only clients holding the device file where memory is unexplained and no CUDA
+            user does), "mig_devices" ([_shapes.MIG_DEVICE_KEYS], [] unless MIG is enabled).
+      holders: [dicts with _shapes.HOLDER_KEYS]: process details plus "gpus" (indices held), "memory_mib"
+               ({"<index>": MiB or None}), "attribution" ({"<index>": "driver" or "device_file"}), "mig"
+               ({"<index>": [MIG UUIDs]}), "control_only" (listed while holding no device file: an MPS client).
+      device_users: [dicts with _shapes.DEVICE_USER_KEYS].
       unmapped_minors: minors held by some process that no known GPU has.
     """
     exclude = set(exclude_pids)
@@ -141,105 +131,151 @@ def merge(driver, table, scan, processes, tolerance_mib=256, exclude_pids=(), ca
     nvml_gpus = {gpu["index"]: gpu for gpu in (driver or {}).get("gpus", [])}
     unmapped = set()
     files = {pid: _file_indices(handles, by_minor, unmapped) for pid, handles in scan.items() if pid not in exclude}
-
-    held = {}  # pid -> {"memory": {index: MiB or None}, "attribution": {index: how}, "mig": {index: {uuid}}}
+    held = _Held()
+    context = {"scan": scan, "files": files, "processes": processes, "exclude": exclude, "held": held}
+    gpus = []
+    for entry in table:
+        nvml_gpu = nvml_gpus.get(entry["index"], {})
+        gpu = _gpu_entry(entry, nvml_gpu, driver, tolerance_mib)
+        listed, listed_unknown = _read_lists(gpu, nvml_gpu, context)
+        _judge_memory(gpu, listed, listed_unknown, tolerance_mib, driver)
+        gpus.append(gpu)
     lookup = _procscan.mig_cap if caps is None else caps.get
+    listed_here = set(held.pids)
+    for gpu in gpus:
+        _device_file_holders(gpu, listed_here, lookup, context)
+    if not table:
+        # No index map at all (no NVML, no /proc/driver/nvidia): CUDA users of any GPU's device file hold "a GPU".
+        for pid in sorted(files):
+            if scan[pid].cuda and scan[pid].minors and pid in processes:
+                held.entry(pid)
+    holders, users = _processes(context)
+    for gpu in gpus:
+        gpu["holder_pids"] = [h["pid"] for h in holders if gpu["index"] in h["gpus"]]
+        gpu["device_user_pids"] = [u["pid"] for u in users if gpu["index"] in u["device_gpus"]]
+        for instance in gpu["mig_devices"]:
+            instance["holder_pids"] = [h["pid"] for h in holders if instance["uuid"] in h["mig"].get(str(gpu["index"]), ())]
+    return {"gpus": gpus, "holders": holders, "device_users": users, "unmapped_minors": sorted(unmapped)}
 
-    def hold(pid, index, mib, how, instances=()):
-        entry = held.setdefault(pid, {"memory": {}, "attribution": {}, "mig": {}})
+
+class _Held:
+    """What each holder holds: {pid: {"memory": {index: MiB or None}, "attribution": {index: how}, "mig": {index: {uuid}}}}."""
+
+    def __init__(self):
+        self.pids = {}
+
+    def entry(self, pid):
+        return self.pids.setdefault(pid, {"memory": {}, "attribution": {}, "mig": {}})
+
+    def hold(self, pid, index, mib, how, instances=()):
+        """PID holds GPU `index`: `mib` more MiB there (None: not reported), attributed `how`, in MIG `instances`."""
+        entry = self.entry(pid)
         previous = entry["memory"].get(index)
         entry["memory"][index] = mib if previous is None else previous + (mib or 0)
         entry["attribution"].setdefault(index, how)
         for device in instances:
             entry["mig"].setdefault(index, set()).add(device["uuid"])
 
-    gpus = []
-    for entry in table:
-        index = entry["index"]
-        nvml_gpu = nvml_gpus.get(index, {})
-        memory = nvml_gpu.get("memory") or {}
-        gpu = dict(entry)
-        gpu.update({
-            "memory_total_mib": memory.get("total_mib"), "memory_used_mib": memory.get("used_mib"),
-            "memory_free_mib": memory.get("free_mib"), "memory_reserved_mib": memory.get("reserved_mib"),
-            "memory_source": memory.get("source"), "error": nvml_gpu.get("error"), "driver_processes": [],
-            "foreign": [], "suspects": [], "tolerance_mib": tolerance_mib,
-            "mig_mode": nvml_gpu.get("mig_mode"), "process_list_version": nvml_gpu.get("process_list_version"),
-            "processes_error": nvml_gpu.get("processes_error"),
-            "memory_used_includes_reserved": _reserved_in_used(memory, driver) if memory else None,
-            "memory_used_excluding_reserved_mib": memory.get("used_excluding_reserved_mib"),
-            "reserved_allowance_mib": reserved_allowance(memory.get("total_mib"), memory, driver),
-            "mig_devices": [dict(device, listed_mib=0, listed_unknown=False, foreign=[], holder_pids=[])
-                            for device in nvml_gpu.get("mig_devices") or ()],
-        })
-        listed, listed_unknown = 0, False
-        for item in nvml_gpu.get("processes", []):
-            pid = item["pid"]
-            handles = scan.get(pid)
-            if item["type"] == "mps":
-                verified = handles is not None and handles.ctl
-            else:
-                verified = handles is not None and index in files.get(pid, ())
-            verified = verified and pid in processes and pid not in exclude
-            gpu["driver_processes"].append(dict(item, verified=verified))
-            instance = _instance_of(item, gpu["mig_devices"])
-            if item["used_mib"] is None:
-                listed_unknown = True
-            else:
-                listed += item["used_mib"]
+
+def _gpu_entry(entry, nvml_gpu, driver, tolerance_mib):
+    """A GPU of the view from its table entry and its NVML reading, before the lists are read."""
+    memory = nvml_gpu.get("memory") or {}
+    gpu = dict(entry)
+    gpu.update({
+        "memory_total_mib": memory.get("total_mib"), "memory_used_mib": memory.get("used_mib"),
+        "memory_free_mib": memory.get("free_mib"), "memory_reserved_mib": memory.get("reserved_mib"),
+        "memory_source": memory.get("source"), "error": nvml_gpu.get("error"), "driver_processes": [],
+        "foreign": [], "suspects": [], "tolerance_mib": tolerance_mib,
+        "mig_mode": nvml_gpu.get("mig_mode"), "process_list_version": nvml_gpu.get("process_list_version"),
+        "processes_error": nvml_gpu.get("processes_error"),
+        "memory_used_includes_reserved": _reserved_in_used(memory, driver) if memory else None,
+        "memory_used_excluding_reserved_mib": memory.get("used_excluding_reserved_mib"),
+        "reserved_allowance_mib": reserved_allowance(memory.get("total_mib"), memory, driver),
+        "mig_devices": [dict(device, listed_mib=0, listed_unknown=False, foreign=[], holder_pids=[])
+                        for device in nvml_gpu.get("mig_devices") or ()],
+    })
+    return gpu
+
+
+def _read_lists(gpu, nvml_gpu, context):
+    """The driver's process lists of one GPU: listed processes that /proc confirms hold it, the others are foreign.
+    Returns (MiB listed, whether some entry has no figure)."""
+    index, scan, files, processes, exclude = (gpu["index"], context["scan"], context["files"], context["processes"],
+                                              context["exclude"])
+    listed, listed_unknown = 0, False
+    for item in nvml_gpu.get("processes", []):
+        pid = item["pid"]
+        handles = scan.get(pid)
+        if item["type"] == "mps":
+            verified = handles is not None and handles.ctl
+        else:
+            verified = handles is not None and index in files.get(pid, ())
+        verified = verified and pid in processes and pid not in exclude
+        gpu["driver_processes"].append(dict(item, verified=verified))
+        instance = _instance_of(item, gpu["mig_devices"])
+        if item["used_mib"] is None:
+            listed_unknown = True
+        else:
+            listed += item["used_mib"]
+        if instance is not None:
+            instance["listed_unknown"] = instance["listed_unknown"] or item["used_mib"] is None
+            instance["listed_mib"] += item["used_mib"] or 0
+        if verified:
+            context["held"].hold(pid, index, item["used_mib"], "driver", [instance] if instance else ())
+        elif pid not in exclude:
+            present = processes.get(pid)
+            foreign = {"pid": pid, "used_mib": item["used_mib"], "type": item["type"],
+                       "reason": "not_holding" if present else "absent", "comm": present["comm"] if present else None}
+            gpu["foreign"].append(foreign)
             if instance is not None:
-                instance["listed_unknown"] = instance["listed_unknown"] or item["used_mib"] is None
-                instance["listed_mib"] += item["used_mib"] or 0
-            if verified:
-                hold(pid, index, item["used_mib"], "driver", [instance] if instance else ())
-            elif pid not in exclude:
-                present = processes.get(pid)
-                foreign = {"pid": pid, "used_mib": item["used_mib"], "type": item["type"],
-                           "reason": "not_holding" if present else "absent", "comm": present["comm"] if present else None}
-                gpu["foreign"].append(foreign)
-                if instance is not None:
-                    instance["foreign"].append(foreign)
-        gpu["explained_mib"] = listed
-        gpu["tolerance_mib"] = tolerance_mib + gpu["reserved_allowance_mib"]
-        gpu["unexplained_mib"], gpu["memory_unexplained"] = _memory_unexplained(
-            gpu["memory_used_mib"], listed, listed_unknown, gpu["tolerance_mib"])
-        for instance in gpu["mig_devices"]:
-            instance["reserved_allowance_mib"] = reserved_allowance(instance.get("memory_total_mib"), instance, driver)
-            instance["tolerance_mib"] = tolerance_mib + instance["reserved_allowance_mib"]
-            instance["unexplained_mib"], instance["memory_unexplained"] = _memory_unexplained(
-                instance.get("memory_used_mib"), instance["listed_mib"], instance.pop("listed_unknown"),
-                instance["tolerance_mib"])
-        gpus.append(gpu)
+                instance["foreign"].append(foreign)
+    return listed, listed_unknown
 
-    listed_here = set(held)
-    for gpu in gpus:
-        instances = gpu["mig_devices"]
-        if not gpu["memory_unexplained"] and not any(d["memory_unexplained"] for d in instances):
+
+def _judge_memory(gpu, listed, listed_unknown, tolerance_mib, driver):
+    """Explained and unexplained memory of a GPU and of each of its MIG instances, against the tolerance."""
+    gpu["explained_mib"] = listed
+    gpu["tolerance_mib"] = tolerance_mib + gpu["reserved_allowance_mib"]
+    gpu["unexplained_mib"], gpu["memory_unexplained"] = _memory_unexplained(
+        gpu["memory_used_mib"], listed, listed_unknown, gpu["tolerance_mib"])
+    for instance in gpu["mig_devices"]:
+        instance["reserved_allowance_mib"] = reserved_allowance(instance.get("memory_total_mib"), instance, driver)
+        instance["tolerance_mib"] = tolerance_mib + instance["reserved_allowance_mib"]
+        instance["unexplained_mib"], instance["memory_unexplained"] = _memory_unexplained(
+            instance.get("memory_used_mib"), instance["listed_mib"], instance.pop("listed_unknown"),
+            instance["tolerance_mib"])
+
+
+def _device_file_holders(gpu, listed_here, lookup, context):
+    """Where a GPU (or one of its MIG instances) has unexplained memory, the CUDA users of its device file that the
+    driver lists nowhere hold it; with none, the NVML-only clients there are its suspects."""
+    instances = gpu["mig_devices"]
+    if not gpu["memory_unexplained"] and not any(d["memory_unexplained"] for d in instances):
+        return
+    index, scan, files = gpu["index"], context["scan"], context["files"]
+    candidates = [pid for pid in sorted(files)
+                  if index in files[pid] and pid not in listed_here and pid in context["processes"]]
+    held_here = False
+    for pid in candidates:
+        if not scan[pid].cuda:
             continue
-        index = gpu["index"]
-        candidates = [pid for pid in sorted(files) if index in files[pid] and pid not in listed_here and pid in processes]
-        held_here = False
-        for pid in candidates:
-            if not scan[pid].cuda:
-                continue
-            # On a MIG GPU, a process holding capability files of instances is judged by those instances' memory.
-            mine = _instances_held(scan[pid].caps, gpu["minor"], instances, lookup) if instances else []
+        # On a MIG GPU, a process holding capability files of instances is judged by those instances' memory.
+        mine = _instances_held(scan[pid].caps, gpu["minor"], instances, lookup) if instances else []
+        if mine:
+            mine = [d for d in mine if d["memory_unexplained"]]
             if mine:
-                mine = [d for d in mine if d["memory_unexplained"]]
-                if mine:
-                    hold(pid, index, None, "device_file", mine)
-                    held_here = True
-            elif gpu["memory_unexplained"]:
-                hold(pid, index, None, "device_file")
+                context["held"].hold(pid, index, None, "device_file", mine)
                 held_here = True
-        if not held_here and gpu["memory_unexplained"]:
-            gpu["suspects"] = [pid for pid in candidates if not scan[pid].cuda]
-    if not table:
-        # No index map at all (no NVML, no /proc/driver/nvidia): CUDA users of any GPU's device file hold "a GPU".
-        for pid in sorted(files):
-            if scan[pid].cuda and scan[pid].minors and pid in processes:
-                held.setdefault(pid, {"memory": {}, "attribution": {}, "mig": {}})
+        elif gpu["memory_unexplained"]:
+            context["held"].hold(pid, index, None, "device_file")
+            held_here = True
+    if not held_here and gpu["memory_unexplained"]:
+        gpu["suspects"] = [pid for pid in candidates if not scan[pid].cuda]
 
+
+def _processes(context):
+    """(holders, device users): the details of every process with device files or held memory."""
+    scan, files, processes, held = context["scan"], context["files"], context["processes"], context["held"].pids
     holders, users = [], []
     for pid in sorted(set(files) | set(held)):
         if pid not in processes:
@@ -251,22 +287,17 @@ def merge(driver, table, scan, processes, tolerance_mib=256, exclude_pids=(), ca
             "kind": "cuda" if handles is not None and handles.cuda else "nvml",
             "seen_in": sorted(handles.seen_in) if handles else [], "thread_only": bool(handles and handles.thread_only),
         })
-        if pid in held:
-            memory = held[pid]["memory"]
-            details.update({
-                "gpus": sorted(memory), "memory_mib": {str(i): memory[i] for i in sorted(memory)},
-                "attribution": {str(i): how for i, how in sorted(held[pid]["attribution"].items())},
-                "control_only": not files.get(pid),
-                "mig": {str(i): sorted(uuids) for i, uuids in sorted(held[pid]["mig"].items())},
-            })
-            if "driver" in details["attribution"].values():
-                details["seen_in"] = sorted(set(details["seen_in"]) | {"driver"})
-            holders.append(details)
-        else:
+        if pid not in held:
             users.append(details)
-    for gpu in gpus:
-        gpu["holder_pids"] = [h["pid"] for h in holders if gpu["index"] in h["gpus"]]
-        gpu["device_user_pids"] = [u["pid"] for u in users if gpu["index"] in u["device_gpus"]]
-        for instance in gpu["mig_devices"]:
-            instance["holder_pids"] = [h["pid"] for h in holders if instance["uuid"] in h["mig"].get(str(gpu["index"]), ())]
-    return {"gpus": gpus, "holders": holders, "device_users": users, "unmapped_minors": sorted(unmapped)}
+            continue
+        memory = held[pid]["memory"]
+        details.update({
+            "gpus": sorted(memory), "memory_mib": {str(i): memory[i] for i in sorted(memory)},
+            "attribution": {str(i): how for i, how in sorted(held[pid]["attribution"].items())},
+            "control_only": not files.get(pid),
+            "mig": {str(i): sorted(uuids) for i, uuids in sorted(held[pid]["mig"].items())},
+        })
+        if "driver" in details["attribution"].values():
+            details["seen_in"] = sorted(set(details["seen_in"]) | {"driver"})
+        holders.append(details)
+    return holders, users

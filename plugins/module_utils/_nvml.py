@@ -19,6 +19,8 @@ import select
 import signal
 import time
 
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _procscan
+
 MIB = 1 << 20
 # nvml.h return codes used here.
 _NVML_SUCCESS = 0
@@ -331,21 +333,7 @@ class DriverQuery:
     def _start(self):
         req_r, req_w = os.pipe()
         rep_r, rep_w = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the worker
-            status = 0
-            try:
-                os.close(req_w)
-                os.close(rep_r)
-                # Let go of the module's stdio: a worker stuck in the driver must not keep the
-                # pipe to Ansible open after the module has gone.
-                devnull = os.open(os.devnull, os.O_RDWR)
-                for fd in (0, 1, 2):
-                    os.dup2(devnull, fd)
-                _worker(self._pynvml, req_r, rep_w)
-            except BaseException:  # pylint: disable=broad-except
-                status = 1
-            os._exit(status)  # never run the parent's atexit handlers in the fork
+        pid = _procscan.fork_worker(lambda: _worker(self._pynvml, req_r, rep_w), close=(req_w, rep_r))
         os.close(req_r)
         os.close(rep_w)
         self.pid, self._req, self._rep = pid, req_w, rep_r

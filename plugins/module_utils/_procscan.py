@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import errno
+import functools
 import json
 import os
 import re
@@ -398,24 +399,9 @@ def _scan_parallel(pids, proc, workers):
     for share in range(1, workers):
         try:
             read_end, write_end = os.pipe()
-            child = os.fork()
+            child = fork_worker(functools.partial(_send_scan, pids[share::workers], proc, write_end), close=(read_end,))
         except OSError:
             break
-        if child == 0:  # the worker: no return to the caller, no atexit handlers, no stdio flush
-            status = 1
-            try:
-                os.close(read_end)
-                # Let go of the caller's stdio (a module's pipe to Ansible): a worker blocked on the maps
-                # of a process stuck in the driver must not keep it open.
-                devnull = os.open(os.devnull, os.O_RDWR)
-                for fd in (0, 1, 2):
-                    os.dup2(devnull, fd)
-                found = _scan_pids(pids[share::workers], proc)
-                with os.fdopen(write_end, "wb") as out:
-                    out.write(json.dumps([handles.as_dict() for handles in found.values()]).encode("utf-8"))
-                status = 0
-            finally:
-                os._exit(status)
         os.close(write_end)
         children.append((share, child, read_end))
     done = len(children) + 1
@@ -436,6 +422,38 @@ def _scan_parallel(pids, proc, workers):
     for share in range(done, workers):  # forks that failed: scan their shares here
         holders.update(_scan_pids(pids[share::workers], proc))
     return holders
+
+
+def _send_scan(pids, proc, write_end):
+    """A worker's share of _scan_parallel: scan `pids`, write their holders as JSON to `write_end`."""
+    found = _scan_pids(pids, proc)
+    with os.fdopen(write_end, "wb") as out:
+        out.write(json.dumps([handles.as_dict() for handles in found.values()]).encode("utf-8"))
+
+
+def fork_worker(work, close=()):
+    """Fork a worker process that runs `work()` and exits; return its PID (in the caller).
+
+    The worker closes the descriptors in `close` (the caller's ends of its pipes) and lets go of the
+    caller's stdio, all three on /dev/null: a worker stuck in the driver, or on the maps of a process
+    stuck there, must not keep a module's pipe to Ansible open after the module has gone. It never
+    returns to the caller and runs no atexit handler or stdio flush of the parent: exit status 0 when
+    `work` returned, 1 when it raised. OSError when the fork fails.
+    """
+    pid = os.fork()
+    if pid:
+        return pid
+    status = 1
+    try:
+        for fd in close:
+            os.close(fd)
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(devnull, fd)
+        work()
+        status = 0
+    finally:
+        os._exit(status)  # pylint: disable=lost-exception
 
 
 def _single_threaded():
@@ -497,6 +515,24 @@ class ProcessId(collections.namedtuple("ProcessId", ("pid", "start_ticks"))):
         """True while this process runs: same start time, and not a zombie."""
         stat = read_stat(self.pid, proc)
         return stat is not None and stat["start_ticks"] == self.start_ticks and stat["state"] not in ("Z", "X")
+
+
+def read_argv(pid, proc="/proc"):
+    """Arguments of /proc/PID/cmdline as a list of str ([] for a kernel thread or a zombie), or None when the
+    process is gone or unreadable. A title set with setproctitle (vLLM's VLLM::*) comes back as one argument."""
+    try:
+        with open("%s/%d/cmdline" % (proc, pid), "rb") as handle:
+            data = handle.read()
+    except OSError:
+        return None
+    if data.endswith(b"\0"):
+        data = data[:-1]
+    return [arg.decode("utf-8", "replace") for arg in data.split(b"\0")] if data else []
+
+
+def read_cmdline(pid, proc="/proc"):
+    """/proc/PID/cmdline joined by spaces ("" for a kernel thread or a process that is gone)."""
+    return " ".join(read_argv(pid, proc) or ())
 
 
 def read_start_ticks(pid, proc="/proc"):

@@ -18,7 +18,7 @@ import os
 import pwd
 import re
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _owners, _procscan
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _owners, _procscan, _shapes
 from ansible_collections.gpuops.nvidia.plugins.module_utils._options import OptionError
 
 # Daemons that hold GPUs legitimately; never signalled unless the operator says so explicitly.
@@ -289,19 +289,20 @@ class Selection:
         return {"targets": targets, "left_alone": left, "not_holding": not_holding}
 
     def gpu_status(self, view, max_used_mib):
-        """Per selected GPU: is it released? [{"index", "uuid", "memory_used_mib", "memory_reserved_mib",
-        "unexplained_mib", "memory_unexplained", "holders" (targets still holding it, brief), "left_alone" (brief +
-        reason), "left_alone_mib", "foreign", "suspects", "memory_checked", "error", "released"}].
+        """Per selected GPU: is it released? [dicts with _shapes.WAIT_GPU_KEYS]: "holders" are the targets still
+        holding it (brief), "left_alone" the left-alone holders (brief + reason) and "left_alone_mib" their memory,
+        "mig_uuid" the MIG instance (None for a whole GPU; MIG instances add "mig_profile"), "memory_note" why more
+        used memory counts as idle (NVML memory info v1), "released" whether no target holds it and its used memory
+        less left_alone_mib is at most max_used_mib (plus reserved_allowance_mib).
 
         Without any index map (no NVML, no /proc/driver/nvidia) there is one entry with index None for all GPUs.
         """
         split = self.split(view)
         if not view["gpus"]:
-            return [{"index": None, "uuid": None, "memory_used_mib": None, "memory_reserved_mib": None,
-                     "unexplained_mib": None, "memory_unexplained": None, "holders": [brief(h, None) for h in split["targets"]],
-                     "left_alone": [dict(brief(h, None), reason=h["reason"]) for h in split["left_alone"]],
-                     "left_alone_mib": 0, "foreign": [], "suspects": [], "memory_checked": False, "error": None,
-                     "released": not split["targets"]}]
+            return [_shapes.entry(_shapes.WAIT_GPU_KEYS, holders=[brief(h, None) for h in split["targets"]],
+                                  left_alone=[dict(brief(h, None), reason=h["reason"]) for h in split["left_alone"]],
+                                  left_alone_mib=0, foreign=[], suspects=[], memory_checked=False,
+                                  reserved_allowance_mib=0, released=not split["targets"])]
         status = []
         # A hung driver leaves memory unknown: no GPU is released then, whatever /proc shows.
         timed_out = bool((view.get("driver") or {}).get("timed_out"))
@@ -319,18 +320,18 @@ class Selection:
                 left_mib += gpu["unexplained_mib"]
             used = gpu["memory_used_mib"]
             checked = used is not None
-            status.append({
-                "index": index, "uuid": gpu.get("uuid"), "memory_used_mib": used,
-                "memory_reserved_mib": gpu["memory_reserved_mib"], "unexplained_mib": gpu["unexplained_mib"],
-                "memory_unexplained": gpu["memory_unexplained"], "holders": holders, "left_alone": left,
-                "left_alone_mib": left_mib, "foreign": gpu["foreign"], "suspects": gpu["suspects"],
-                "memory_checked": checked, "error": gpu.get("error"), "mig_uuid": None,
-                "reserved_allowance_mib": gpu.get("reserved_allowance_mib") or 0,
-                "memory_note": _v1_note(gpu),
+            status.append(_shapes.entry(
+                _shapes.WAIT_GPU_KEYS, index=index, uuid=gpu.get("uuid"), memory_used_mib=used,
+                memory_reserved_mib=gpu["memory_reserved_mib"], unexplained_mib=gpu["unexplained_mib"],
+                memory_unexplained=gpu["memory_unexplained"], holders=holders, left_alone=left,
+                left_alone_mib=left_mib, foreign=gpu["foreign"], suspects=gpu["suspects"],
+                memory_checked=checked, error=gpu.get("error"), mig_uuid=None,
+                reserved_allowance_mib=gpu.get("reserved_allowance_mib") or 0,
+                memory_note=_v1_note(gpu),
                 # A GPU the driver answers with an error (lost, fallen off the bus) is never "released".
-                "released": (not holders and not gpu.get("error") and not timed_out
-                             and (not checked or used - left_mib <= max_used_mib + (gpu.get("reserved_allowance_mib") or 0))),
-            })
+                released=(not holders and not gpu.get("error") and not timed_out
+                          and (not checked or used - left_mib <= max_used_mib + (gpu.get("reserved_allowance_mib") or 0))),
+            ))
         return status
 
     def _instance_status(self, gpu, split, max_used_mib, timed_out):

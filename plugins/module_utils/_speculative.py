@@ -193,39 +193,8 @@ def parse_requested(requested, allow_fields=(), notes=None):
     if not isinstance(requested, dict):
         raise SpeculativeConfigError("speculative_config must be a dictionary, got %s" % type(requested).__name__)
     requested = dict((str(name).replace("-", "_"), value) for name, value in requested.items())
-    method = requested.get("method")
-    if method is None:
-        if requested.get("model") is None:
-            raise SpeculativeConfigError(
-                "speculative_config has neither method nor model: vLLM needs a method (%s) or a drafter model to "
-                "infer it from" % ", ".join(SUPPORTED_METHODS))
-    else:
-        problem = _method_problem(method)
-        if problem:
-            raise SpeculativeConfigError(problem)
-        if method in MTP_METHODS and method != "mtp":
-            notes.append("method: vLLM %s accepts %r but logs 'method `%s` is deprecated and replaced with mtp' and "
-                         "runs it as mtp; passed to vLLM as mtp" % (VLLM_VERSION, method, method))
-            requested["method"] = method = "mtp"
-    accepted = accepted_fields(method)
-    refused = []
-    for name, value in requested.items():
-        if name in accepted or name in allow_fields:
-            continue
-        if name in REFUSED_FIELDS:
-            reason = REFUSED_FIELDS[name]
-        elif name in DFLASH_DRAFTER_FIELDS:
-            reason = ("not a vLLM field: this module accepts it only with method dflash, as a value checked against "
-                      "the drafter's config.json")
-        else:
-            reason = ("not a field of vLLM %s's SpeculativeConfig, whose config classes forbid unknown fields: the "
-                      "server fails at start" % VLLM_VERSION)
-        refused.append("%s=%s: %s" % (name, _text(value), reason))
-    if refused:
-        raise SpeculativeConfigError("speculative_config field(s) refused: %s. Fields vLLM %s accepts: %s%s" % (
-            "; ".join(refused), VLLM_VERSION, ", ".join(VLLM_FIELDS),
-            " (and, checked against config.json for dflash: %s)" % ", ".join(DFLASH_DRAFTER_FIELDS)
-            if method == "dflash" else ""))
+    method = _requested_method(requested, notes)
+    _refuse_fields(requested, method, allow_fields)
     parsed, problems = {}, []
     for name, value in requested.items():
         kind = _FIELD_KINDS.get(name)
@@ -245,6 +214,49 @@ def parse_requested(requested, allow_fields=(), notes=None):
         notes.append("prompt_lookup_min/prompt_lookup_max: only the ngram methods use them; vLLM %s sets them to 0 "
                      "for method %s" % (VLLM_VERSION, method))
     return parsed
+
+
+def _requested_method(requested, notes):
+    """The method of `requested` (None: vLLM infers it from the drafter model), a per-model MTP method rewritten to
+    mtp in `requested` with a note. Raises SpeculativeConfigError for an unknown method, or neither method nor model."""
+    method = requested.get("method")
+    if method is None:
+        if requested.get("model") is None:
+            raise SpeculativeConfigError(
+                "speculative_config has neither method nor model: vLLM needs a method (%s) or a drafter model to "
+                "infer it from" % ", ".join(SUPPORTED_METHODS))
+        return None
+    problem = _method_problem(method)
+    if problem:
+        raise SpeculativeConfigError(problem)
+    if method in MTP_METHODS and method != "mtp":
+        notes.append("method: vLLM %s accepts %r but logs 'method `%s` is deprecated and replaced with mtp' and "
+                     "runs it as mtp; passed to vLLM as mtp" % (VLLM_VERSION, method, method))
+        requested["method"] = method = "mtp"
+    return method
+
+
+def _refuse_fields(requested, method, allow_fields):
+    """Raise SpeculativeConfigError naming every field of `requested` that vLLM (or this module) refuses for `method`."""
+    accepted = accepted_fields(method)
+    refused = []
+    for name, value in requested.items():
+        if name in accepted or name in allow_fields:
+            continue
+        if name in REFUSED_FIELDS:
+            reason = REFUSED_FIELDS[name]
+        elif name in DFLASH_DRAFTER_FIELDS:
+            reason = ("not a vLLM field: this module accepts it only with method dflash, as a value checked against "
+                      "the drafter's config.json")
+        else:
+            reason = ("not a field of vLLM %s's SpeculativeConfig, whose config classes forbid unknown fields: the "
+                      "server fails at start" % VLLM_VERSION)
+        refused.append("%s=%s: %s" % (name, _text(value), reason))
+    if refused:
+        raise SpeculativeConfigError("speculative_config field(s) refused: %s. Fields vLLM %s accepts: %s%s" % (
+            "; ".join(refused), VLLM_VERSION, ", ".join(VLLM_FIELDS),
+            " (and, checked against config.json for dflash: %s)" % ", ".join(DFLASH_DRAFTER_FIELDS)
+            if method == "dflash" else ""))
 
 
 def drafter_config_path(model, drafter_config=None):
@@ -974,37 +986,8 @@ def validate_speculative_config(requested, drafter_config=None, target_num_layer
     report = _Report()
     for note in notes:
         report.warn(note.split(":", 1)[0], None, None, note.split(": ", 1)[1])
-    method = spec.get("method")
-    path = None
-    if method is None:
-        method = infer_method(spec.get("model"))
-        if method == "draft_model" and spec.get("model"):
-            path = drafter_config_path(spec["model"], drafter_config)
-            config = load_drafter_config(path)
-            if str(config.get("model_type") or "") in MTP_METHODS:
-                method = "mtp"
-        report.fill(spec, "method", method, "vLLM %s infers %s from model %s when method is not given"
-                    % (VLLM_VERSION, method, spec.get("model")))
-    if method == "ngram":
-        _check_ngram(report, spec)
-    elif method in SUPPORTED_METHODS:
-        model = spec.get("model")
-        if model is None and not (method == "mtp" and drafter_config):
-            raise SpeculativeConfigError(
-                "model: not given; method %s needs the drafter directory%s" % (
-                    method, "; for MTP layers inside the target checkpoint give drafter_config=<target>/config.json"
-                    if method == "mtp" else ""))
-        path = drafter_config_path(model, drafter_config)
-        config = load_drafter_config(path)
-        if method == "dflash":
-            _check_dflash(report, spec, config, target_num_layers, environment)
-        elif method == "mtp":
-            _check_mtp(report, spec, config)
-        else:
-            _check_eagle(report, spec, method, config, target_num_layers)
-    else:
-        report.warn("method", method, None, "vLLM %s accepts method %s; this module checks no drafter for it (only %s)"
-                    % (VLLM_VERSION, method, ", ".join(SUPPORTED_METHODS)))
+    method, path = _method_of(report, spec, drafter_config)
+    path = _check_drafter(report, spec, method, drafter_config, target_num_layers, environment) or path
     if isinstance(spec.get("num_speculative_tokens"), int):
         _check_budget(report, method, spec["num_speculative_tokens"], server)
     if server["disable_log_stats"]:
@@ -1029,3 +1012,47 @@ def validate_speculative_config(requested, drafter_config=None, target_num_layer
         "warnings": report.warnings,
         "drafter_config": path,
     }
+
+
+def _method_of(report, spec, drafter_config):
+    """(method, path of the config.json read or None): the requested one, or the one vLLM infers from the model
+    (filled into `spec` and reported)."""
+    method = spec.get("method")
+    path = None
+    if method is None:
+        method = infer_method(spec.get("model"))
+        if method == "draft_model" and spec.get("model"):
+            path = drafter_config_path(spec["model"], drafter_config)
+            config = load_drafter_config(path)
+            if str(config.get("model_type") or "") in MTP_METHODS:
+                method = "mtp"
+        report.fill(spec, "method", method, "vLLM %s infers %s from model %s when method is not given"
+                    % (VLLM_VERSION, method, spec.get("model")))
+    return method, path
+
+
+def _check_drafter(report, spec, method, drafter_config, target_num_layers, environment):
+    """Check `spec` against its drafter's config.json for the methods with a drafter; return the path read (None for
+    ngram and the methods this module checks no drafter for)."""
+    if method == "ngram":
+        _check_ngram(report, spec)
+        return None
+    if method not in SUPPORTED_METHODS:
+        report.warn("method", method, None, "vLLM %s accepts method %s; this module checks no drafter for it (only %s)"
+                    % (VLLM_VERSION, method, ", ".join(SUPPORTED_METHODS)))
+        return None
+    model = spec.get("model")
+    if model is None and not (method == "mtp" and drafter_config):
+        raise SpeculativeConfigError(
+            "model: not given; method %s needs the drafter directory%s" % (
+                method, "; for MTP layers inside the target checkpoint give drafter_config=<target>/config.json"
+                if method == "mtp" else ""))
+    path = drafter_config_path(model, drafter_config)
+    config = load_drafter_config(path)
+    if method == "dflash":
+        _check_dflash(report, spec, config, target_num_layers, environment)
+    elif method == "mtp":
+        _check_mtp(report, spec, config)
+    else:
+        _check_eagle(report, spec, method, config, target_num_layers)
+    return path

@@ -218,6 +218,19 @@ def _brief(body, limit=300):
     return body if len(body) <= limit else body[:limit] + "..."
 
 
+def _ask(request, call):
+    """(call(), None), or (None, why) while the server is not ready: the connection refused or reset, or a 5xx
+    answer. A 4xx answer (a wrong API key or model name: waiting will not help) raises VllmApiError."""
+    try:
+        return call(), None
+    except ConnectionError as exc:
+        return None, "%s: %s" % (request, exc)
+    except VllmApiError as exc:
+        if exc.status is not None and 400 <= exc.status < 500:
+            raise
+        return None, str(exc)
+
+
 def _check_ready(client, served_model_name, completion_max_tokens):
     """One look: (stage reached, ready, what was seen, models, completion). Raises VllmApiError for a 4xx from /v1."""
     try:
@@ -226,27 +239,19 @@ def _check_ready(client, served_model_name, completion_max_tokens):
         return "health", False, "GET /health: %s" % exc, None, None
     if status != 200:
         return "health", False, ("GET /health: HTTP %d %s" % (status, _brief(body, 100))).rstrip(), None, None
-    try:
-        models = [entry.get("id") for entry in client.json("/v1/models").get("data") or () if isinstance(entry, dict)]
-    except ConnectionError as exc:
-        return "models", False, "GET /v1/models: %s" % exc, None, None
-    except VllmApiError as exc:
-        if exc.status is not None and 400 <= exc.status < 500:
-            raise
-        return "models", False, str(exc), None, None
+    listing, error = _ask("GET /v1/models", lambda: client.json("/v1/models"))
+    if error:
+        return "models", False, error, None, None
+    models = [entry.get("id") for entry in listing.get("data") or () if isinstance(entry, dict)]
     if served_model_name not in models:
         return "models", False, "GET /v1/models lists %s, not %r" % (models, served_model_name), models, None
     if not completion_max_tokens:
         return "ready", True, "healthy", models, None
     started = time.monotonic()
-    try:
-        text, tokens = client.complete(served_model_name, "Hello", completion_max_tokens)
-    except ConnectionError as exc:
-        return "completion", False, "POST /v1/completions: %s" % exc, models, None
-    except VllmApiError as exc:
-        if exc.status is not None and 400 <= exc.status < 500:
-            raise
-        return "completion", False, str(exc), models, None
+    answer, error = _ask("POST /v1/completions", lambda: client.complete(served_model_name, "Hello", completion_max_tokens))
+    if error:
+        return "completion", False, error, models, None
+    text, tokens = answer
     completion = {"text": text, "completion_tokens": tokens, "elapsed_s": round(time.monotonic() - started, 3)}
     return "ready", True, "healthy", models, completion
 

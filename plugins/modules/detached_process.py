@@ -125,7 +125,10 @@ running_cmdline:
   returned: when O(state=started) and the process was already running
   type: str
 would_signal:
-  description: In check mode with O(state=stopped), the session's processes that would be signalled.
+  description:
+    - In check mode with O(state=stopped), the session's processes that would be signalled, each with C(pid), C(ppid),
+      C(comm), C(cmdline) and C(start_ticks); RV(signalled), RV(exited), RV(survived) and RV(not_signalled) list
+      processes in the same form.
   returned: when O(state=stopped)
   type: list
   elements: dict
@@ -145,6 +148,11 @@ survived:
   returned: when O(state=stopped)
   type: list
   elements: dict
+not_signalled:
+  description: Processes of the session that were not signalled because they exited, or their PID was reused, first.
+  returned: when O(state=stopped)
+  type: list
+  elements: dict
 elapsed_s:
   description: Seconds the module took.
   returned: always
@@ -155,14 +163,14 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _detached, _options
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _detached, _options, _procscan
 
 
 def ensure_started(module):
     params = module.params
     record = _detached.read_pidfile(params["pidfile"])
     if record is not None and record.alive():
-        return dict(changed=False, pid=record[0], start_ticks=record[1], running_cmdline=_detached.read_cmdline(record[0]),
+        return dict(changed=False, pid=record[0], start_ticks=record[1], running_cmdline=_procscan.read_cmdline(record[0]),
                     msg="already running as PID %d" % record[0])
     if module.check_mode:
         return dict(changed=True, pid=None, msg="would start %s" % params["argv"][0])

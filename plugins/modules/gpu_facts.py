@@ -34,6 +34,7 @@ requirements:
   - nvidia-ml-py >= 12.535.108 (module C(pynvml); older releases misread the process lists) and psutil on the managed host
 extends_documentation_fragment:
   - gpuops.nvidia.attributes
+  - gpuops.nvidia.attributes.info_module
   - gpuops.nvidia.attributes.facts
   - gpuops.nvidia.attributes.facts_module
 options:
@@ -150,7 +151,8 @@ ansible_facts:
           description:
             - Every process holding a GPU. C(pid), C(ppid), C(pgid), C(sid), C(user), C(uid), C(comm)
               (the kernel's 15-byte name), C(cmdline) (full C(/proc/PID/cmdline)), C(state) (kernel letter R, S, D,
-              Z...), C(start_time) (ISO 8601, UTC) and C(start_ticks) (field 22 of C(/proc/PID/stat)).
+              Z...), C(start_time) (ISO 8601, UTC), C(start_ticks) (field 22 of C(/proc/PID/stat)) and
+              C(kernel_thread) (PF_KTHREAD in its flags; false for any process that holds a device file).
             - C(gpus) are the NVML indices of the GPUs it holds memory on, C(device_gpus) those whose device file it
               has open, C(minors) the C(/dev/nvidiaN) numbers, C(memory_mib) the memory per GPU index where the driver
               reports it (null where not), C(attribution) per GPU index C(driver) (listed by the driver) or

@@ -205,12 +205,12 @@ signalled:
   elements: dict
   sample: [{"pid": 4242, "comm": "VLLM::EngineCor", "cmdline": "VLLM::EngineCore", "gpus": [0], "signals": ["SIGTERM"]}]
 exited:
-  description: Signalled holders that exited, with C(exited_after_s), seconds from the first signal to the observed exit.
+  description: Signalled holders that exited, as in RV(signalled), with C(signals) and C(exited_after_s), seconds from the first signal to the observed exit.
   returned: always
   type: list
   elements: dict
 survived:
-  description: Signalled holders still alive after SIGKILL, with C(state) and C(reason) (for example unkillable in state D).
+  description: Signalled holders still alive after SIGKILL, as in RV(signalled), with C(state) and C(reason) (for example unkillable in state D).
   returned: always
   type: list
   elements: dict
@@ -280,12 +280,12 @@ owner_commands:
 respawned:
   description:
     - Selected holders that appeared after others were ended, with the parent or command line of one of them, with
-      C(replaces) (the PID that was ended) and C(parent) (C(pid), C(comm)).
+      C(replaces) (the PID that was ended) and C(parent) (C(pid), C(comm)); otherwise as in RV(signalled).
   returned: always
   type: list
   elements: dict
 not_signalled:
-  description: Selected holders that were not signalled because they exited, or their PID was reused, before the signal.
+  description: Selected holders that were not signalled because they exited, or their PID was reused, before the signal (entries as in RV(signalled)).
   returned: always
   type: list
   elements: dict
@@ -397,20 +397,20 @@ def run(module, inspector, selection, view, sig):
                   protected=[h for h in split["left_alone"] if not _NARROWING.match(h["reason"])],
                   not_holding=split["not_holding"], foreign=_foreign(view, selection), before=view)
     result.update(stopped_units=[], owner_commands=[])
-    for target in split["targets"]:
-        _report.annotate(target)  # owner_note, owner_command, owner_label
+    # owner_note, owner_command, owner_label; on copies, so that RV(before) keeps the holders' shape of gpu_facts.
+    targets = [_report.annotate(dict(target)) for target in split["targets"]]
     if module.check_mode:
-        result["would_signal"] = split["targets"]
-        result["changed"] = bool(split["targets"])
+        result["would_signal"] = targets
+        result["changed"] = bool(targets)
         return result
     if params["stop_owners"]:
-        stop_units(module, split["targets"], result)
+        stop_units(module, targets, result)
 
     def choose(_first):
         return [_report.annotate(t) for t in
                 selection.split(inspector.snapshot(scope="listed", indices=selection.indices, owners=True))["targets"]]
 
-    outcome = _terminate.end_until_gone(choose, split["targets"], sig, params["grace_period"], params["kill_wait"])
+    outcome = _terminate.end_until_gone(choose, targets, sig, params["grace_period"], params["kill_wait"])
     result.update(outcome)
     result["changed"] = result["changed"] or bool(outcome["signalled"])
     return result

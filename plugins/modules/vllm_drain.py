@@ -143,11 +143,9 @@ stop:
   type: dict
 """
 
-import math
-
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _detached, _procscan, _vllm_api
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _detached, _options, _procscan, _vllm_api
 
 
 def main():
@@ -167,10 +165,11 @@ def main():
         supports_check_mode=True,
     )
     params = module.params
-    times = ("timeout", "poll_interval", "request_timeout", "grace_period")
-    bad = [name for name in times if not math.isfinite(params[name]) or params[name] < 0]
-    if bad or params["poll_interval"] == 0:
-        module.fail_json(msg="must be finite and not negative (poll_interval above 0): %s" % ", ".join(bad or ["poll_interval"]))
+    try:
+        _options.check_numbers(positive=("poll_interval",), timeout=params["timeout"], poll_interval=params["poll_interval"],
+                               request_timeout=params["request_timeout"], grace_period=params["grace_period"])
+    except _options.OptionError as exc:
+        module.fail_json(msg=str(exc))
     record = None
     if params["pidfile"]:
         try:

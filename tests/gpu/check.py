@@ -40,7 +40,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, HERE)
+# tests/gpu (gpucheck) and tests/ (ansible_api, polling: the helpers the other tests use as well).
+sys.path[:0] = [HERE, os.path.join(REPO, "tests")]
 
 # pylint: disable=wrong-import-position
 from gpucheck import attribution, driver, procs, report  # noqa: E402
@@ -50,7 +51,7 @@ from gpucheck.workloads import WorkloadError, Workloads, log_tail  # noqa: E402
 
 EXIT_OK, EXIT_FAILED, EXIT_SKIPPED, EXIT_MISSING = 0, 1, 2, 3
 # Python module -> pip requirement, for what the check and the modules need on this host.
-REQUIRED = {"ansible": "ansible-core", "pynvml": "nvidia-ml-py", "psutil": "psutil"}
+REQUIRED = {"ansible": "ansible-core", "ansible_runner": "ansible-runner", "pynvml": "nvidia-ml-py", "psutil": "psutil"}
 OPTIONAL = {"setproctitle": "setproctitle"}
 MIN_ANSIBLE = (2, 17)
 MIB = 1 << 20

@@ -4,7 +4,7 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 #
 # Download the wheels the GPU check needs on a host without PyPI into tests/gpu/wheels/ (gitignored):
-# ansible-core, nvidia-ml-py, psutil, setproctitle and all their dependencies, for CPython 3.10-3.12
+# ansible-core, ansible-runner, nvidia-ml-py, psutil, setproctitle and all their dependencies, for CPython 3.10-3.12
 # on manylinux x86_64 (override with PYTHON_VERSIONS="3.11 3.12", PLATFORM_ARCH=aarch64).
 # Run it where PyPI is reachable; tests/gpu/run.sh installs from the directory with --no-index.
 #
@@ -19,7 +19,7 @@ arch=${PLATFORM_ARCH:-x86_64}
 # ansible-core's requires_ansible floor (meta/runtime.yml); each Python gets the newest release it supports.
 # typing-extensions: cryptography needs it below Python 3.11 behind a python_full_version marker, which
 # `pip download --python-version` evaluates for the Python running pip, so it is named here.
-requirements=("ansible-core>=2.17" nvidia-ml-py psutil setproctitle typing-extensions)
+requirements=("ansible-core>=2.17" ansible-runner==2.4.3 nvidia-ml-py psutil setproctitle typing-extensions)
 
 platforms=()
 for tag in manylinux_2_28 manylinux_2_27 manylinux_2_24 manylinux_2_17 manylinux2014 manylinux_2_5 manylinux1; do

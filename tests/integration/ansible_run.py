@@ -1,25 +1,18 @@
-"""Run ansible / ansible-playbook from this checkout against simulated nodes, as an operator would."""
+"""Run ansible / ansible-playbook from this checkout against simulated nodes, as an operator would.
+
+Both go through tests/ansible_api.py (ansible-runner's events and stats); these keep the shapes the
+tests use: module() -> {host: (status, result)}, playbook() -> (rc, output, recap).
+"""
 
 from __future__ import annotations
 
 import json
-import os
-import re
-import subprocess
-import time
 from pathlib import Path
+
+import ansible_api
 
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = REPO / ".venv" / "bin"
-
-
-def _env(bin_dir=VENV_BIN):
-    env = dict(os.environ)
-    env["PATH"] = "%s:%s" % (bin_dir, env.get("PATH", ""))
-    env["ANSIBLE_CONFIG"] = str(REPO / "ansible.cfg")
-    env["ANSIBLE_NOCOLOR"] = "1"
-    env.pop("ANSIBLE_STDOUT_CALLBACK", None)
-    return env
 
 
 def module(inventory, name, args=None, check=False, timeout=120):
@@ -27,18 +20,10 @@ def module(inventory, name, args=None, check=False, timeout=120):
 
     Returns {host: (status, result)} with status SUCCESS, CHANGED or FAILED! and the module's JSON result.
     """
-    cmd = ["ansible", "-o", "-i", str(inventory), "all", "-m", name]
-    if args:
-        cmd += ["-a", json.dumps(args)]
-    if check:
-        cmd.append("--check")
-    proc = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=timeout, check=False)
-    results = {}
-    for line in proc.stdout.splitlines():
-        match = re.match(r"^(\S+) \| (SUCCESS|CHANGED|FAILED!) => (\{.*\})$", line)
-        if match:
-            results[match.group(1)] = (match.group(2), json.loads(match.group(3)))
-    assert results, "no result from ansible:\nstdout:\n%s\nstderr:\n%s" % (proc.stdout, proc.stderr)
+    run = ansible_api.run(inventory, REPO, module=name, module_args=json.dumps(args) if args else None,
+                          args=["--check"] if check else (), envvars=ansible_api.environment(VENV_BIN, REPO / "ansible.cfg"), timeout=timeout)
+    results = run.results()
+    assert results, "no result from ansible (rc %s, %s):\n%s" % (run.rc, run.status, run.output)
     return results
 
 
@@ -50,13 +35,8 @@ def only(results):
 
 def playbook(inventory, path, *args, timeout=300, bin_dir=VENV_BIN):
     """Run ansible-playbook from `bin_dir` (default: .venv's controller); return (returncode, output, {host: recap counters})."""
-    cmd = [str(Path(bin_dir) / "ansible-playbook"), "-i", str(inventory), str(path)] + list(args)
-    started = time.monotonic()
-    proc = subprocess.run(cmd, cwd=REPO, env=_env(bin_dir), capture_output=True, text=True, timeout=timeout, check=False)
-    output = proc.stdout + proc.stderr
-    recap = {}
-    for match in re.finditer(r"^(\S+)\s+: ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", output, re.M):
-        recap[match.group(1)] = {"ok": int(match.group(2)), "changed": int(match.group(3)),
-                                 "unreachable": int(match.group(4)), "failed": int(match.group(5))}
-    playbook.last_seconds = time.monotonic() - started
-    return proc.returncode, output, recap
+    run = ansible_api.run(inventory, REPO, playbook=path, args=args, envvars=ansible_api.environment(bin_dir, REPO / "ansible.cfg"),
+                          timeout=timeout)
+    playbook.last_seconds = run.elapsed_s
+    recap = {host: {key: counts[key] for key in ("ok", "changed", "unreachable", "failed")} for host, counts in run.recap().items()}
+    return run.rc, run.output, recap

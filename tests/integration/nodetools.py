@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import os
-import time
+
+from polling import wait_for  # noqa: F401  (tests import it from here)
 
 # Prints {"pid": [ppid, state, comm, cmdline]} for every process of the node (read from its /proc).
 _PS = r"""
@@ -33,6 +34,31 @@ for i in range(n.nvmlDeviceGetCount()):
     m = n.nvmlDeviceGetMemoryInfo(h, version=n.nvmlMemory_v2)
     out.append([m.used >> 20, [p.pid for p in n.nvmlDeviceGetComputeRunningProcesses(h)]])
 print(json.dumps(out))
+"""
+
+# The end of every simulated process started here, after it opened its files (`spec`, `token`, node_pid() and the
+# modules os, signal and time defined): report "<node PID> <PID here>" to spec["ready"], then hold; spec["mode"]
+# inherit: a forked child keeps the handles and reports, the parent exits; ignore-term: SIGTERM is ignored.
+PROCESS_TAIL = r"""
+def ready(pid):
+    tmp = spec["ready"] + ".tmp"
+    with open(tmp, "w") as f:
+        f.write("%d %d\n" % (pid, os.getpid()))
+    os.rename(tmp, spec["ready"])
+
+if spec["mode"] == "inherit":
+    parent = os.getpid()
+    if os.fork() == 0:
+        while os.getppid() == parent:
+            time.sleep(0.01)
+        ready(node_pid())
+        time.sleep(3600)
+        os._exit(0)
+    os._exit(0)
+if spec["mode"] == "ignore-term":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+ready(token)
+time.sleep(3600)
 """
 
 # A simulated CUDA process (contract: tests/sim/README.md, "Creating a CUDA context"; what real
@@ -87,27 +113,7 @@ if gpus and spec["mib"] > 0:
     with open(tmp, "w") as f:
         f.write("".join("%d %d%s\n" % (index, spec["mib"], kind) for index in gpus))
     os.rename(tmp, "/run/gpusim/contexts/%d" % token)
-
-def ready(pid):
-    tmp = spec["ready"] + ".tmp"
-    with open(tmp, "w") as f:
-        f.write("%d %d\n" % (pid, os.getpid()))
-    os.rename(tmp, spec["ready"])
-
-if spec["mode"] == "inherit":
-    parent = os.getpid()
-    if os.fork() == 0:
-        while os.getppid() == parent:
-            time.sleep(0.01)
-        ready(node_pid())
-        time.sleep(3600)
-        os._exit(0)
-    os._exit(0)
-if spec["mode"] == "ignore-term":
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-ready(token)
-time.sleep(3600)
-"""
+""" + PROCESS_TAIL
 
 # HOLDER is kept for tests that read it; start_holder now runs CUDA_PROCESS.
 HOLDER = CUDA_PROCESS
@@ -373,18 +379,6 @@ def alive(node, pid):
 def gpu_memory(node):
     """[(used MiB, [compute PIDs])] per GPU index, as the node's driver reports them."""
     return [tuple(x) for x in json.loads(node.py(_MEMORY))]
-
-
-def wait_for(predicate, timeout=30.0, interval=0.1, what="condition"):
-    """Poll `predicate()` until truthy; return its value, or fail after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out after %.0f s waiting for %s" % (timeout, what))
-        time.sleep(interval)
 
 
 def start_holder(node, gpus, mib=1024, mode="hold", title=None):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 
 from ansible_run import REPO, module, only, playbook
-from nodetools import _await_ready, _launch, _ready_file, alive, node_python, start_holder
+from nodetools import PROCESS_TAIL, _await_ready, _launch, _ready_file, alive, node_python, start_holder
 from simnode import inventory_file
 
 RESET = REPO / "playbooks" / "reset_gpus.yml"
@@ -23,7 +23,7 @@ CHECK = REPO / "playbooks" / "check_gpus.yml"
 # the context line "<index> <MiB> compute gi=<G> ci=<C>". mode "inherit": a forked child keeps every handle and the
 # parent exits, so the driver lists nobody while the memory stays (an orphaned holder only /proc can find).
 MIG_PROCESS = r"""
-import json, os, sys, time
+import json, os, signal, sys, time
 spec = json.loads(sys.argv[1])
 def node_pid():
     for line in open("/run/gpusim/proc/self/status"):
@@ -38,22 +38,7 @@ tmp = "/run/gpusim/contexts/.%d.tmp" % token
 with open(tmp, "w") as f:
     f.write("%d %d compute gi=%d ci=%d\n" % (spec["index"], spec["mib"], spec["gi"], spec["ci"]))
 os.rename(tmp, "/run/gpusim/contexts/%d" % token)
-def ready(pid):
-    with open(spec["ready"] + ".tmp", "w") as f:
-        f.write("%d %d\n" % (pid, os.getpid()))
-    os.rename(spec["ready"] + ".tmp", spec["ready"])
-if spec["mode"] == "inherit":
-    parent = os.getpid()
-    if os.fork() == 0:
-        while os.getppid() == parent:
-            time.sleep(0.01)
-        ready(node_pid())
-        time.sleep(3600)
-        os._exit(0)
-    os._exit(0)
-ready(token)
-time.sleep(3600)
-"""
+""" + PROCESS_TAIL
 
 
 def start_on_instance(node, instance, mib, mode="hold", index=0):

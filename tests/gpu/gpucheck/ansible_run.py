@@ -3,8 +3,11 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Run the collection's modules and playbooks through ansible-playbook against localhost, as an operator would.
 
-Ansible is run as `python -m ansible playbook` with the check's own interpreter, so the
-ansible-core that run.sh installed from wheels (on PYTHONPATH) is the one used. Everything Ansible
+Ansible is run through tests/ansible_api.py (ansible-runner: results from its events and stats, the
+one helper the other tests use too; check.py puts tests/ on sys.path, which is there in any checkout
+the check runs from). The ansible-playbook it starts is a wrapper running `python -m ansible
+playbook` with the check's own interpreter, so the ansible-core that run.sh installed from wheels
+(on PYTHONPATH) is the one used. Everything Ansible
 writes goes into a private work directory: ansible.cfg, the inventory (localhost,
 ansible_connection=local, ansible_python_interpreter = this interpreter), ANSIBLE_HOME, and
 collections/ansible_collections/gpuops/nvidia, a link to this checkout.
@@ -14,18 +17,9 @@ from __future__ import annotations
 
 import json
 import os
-import re
+import shlex
 import subprocess
 import sys
-import time
-
-RECAP = re.compile(r"^(\S+)\s+: ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.M)
-
-
-def parse_recap(output):
-    """{host: {"ok", "changed", "unreachable", "failed"}} from ansible-playbook's PLAY RECAP."""
-    return {m.group(1): {"ok": int(m.group(2)), "changed": int(m.group(3)), "unreachable": int(m.group(4)),
-                         "failed": int(m.group(5))} for m in RECAP.finditer(output)}
 
 
 class Ansible:
@@ -35,6 +29,10 @@ class Ansible:
     """
 
     def __init__(self, repo, workdir, python=sys.executable):
+        # Imported here, not at the top: check.py --probe and --missing-packages run before run.sh has installed
+        # ansible-runner.
+        import ansible_api  # pylint: disable=import-outside-toplevel
+        self.api = ansible_api
         self.repo = repo
         self.workdir = workdir
         self.python = python
@@ -53,16 +51,19 @@ class Ansible:
                       "retry_files_enabled = false\nhost_key_checking = false\nremote_tmp = %s\nlocal_tmp = %s\n"
                       % (os.path.join(workdir, "collections"), self.inventory, os.path.join(workdir, "remote-tmp"),
                          os.path.join(workdir, "local-tmp")))
-        self.env = dict(os.environ, ANSIBLE_CONFIG=config, ANSIBLE_HOME=os.path.join(workdir, "home"), ANSIBLE_NOCOLOR="1",
-                        ANSIBLE_FORCE_COLOR="0", ANSIBLE_COLLECTIONS_PATH=os.path.join(workdir, "collections"))
-        self.env.pop("ANSIBLE_STDOUT_CALLBACK", None)
-        if not any(self.env.get(name) for name in ("LC_ALL", "LANG")):
-            self.env["LANG"] = "C.UTF-8"  # ansible-core refuses a non-UTF-8 locale
+        bin_dir = os.path.join(workdir, "bin")
+        os.makedirs(bin_dir, exist_ok=True)
+        wrapper = os.path.join(bin_dir, "ansible-playbook")
+        with open(wrapper, "w") as script:
+            script.write("#!/bin/sh\nexec %s -m ansible playbook \"$@\"\n" % shlex.quote(python))
+        os.chmod(wrapper, 0o755)
+        self.env = dict(self.api.environment(bin_dir, config), ANSIBLE_HOME=os.path.join(workdir, "home"),
+                        ANSIBLE_COLLECTIONS_PATH=os.path.join(workdir, "collections"))
 
     def version(self):
         """ansible-core's version string, as the interpreter running Ansible imports it."""
         return subprocess.run([self.python, "-c", "from ansible.release import __version__; print(__version__)"],
-                              capture_output=True, text=True, check=True, env=self.env).stdout.strip()
+                              capture_output=True, text=True, check=True, env=dict(os.environ, **self.env)).stdout.strip()
 
     def module(self, name, args=None, timeout=120.0, check_mode=False):
         """Run module `name` on localhost through ansible-playbook (a generated one-task play that
@@ -101,12 +102,7 @@ class Ansible:
 
         Returns {"rc", "recap" (localhost's counters or None), "elapsed_s", "output" (last 6,000 characters)}.
         """
-        command = [self.python, "-m", "ansible", "playbook", path]
-        if extra_vars:
-            command += ["-e", json.dumps(extra_vars)]
-        started = time.monotonic()
-        proc = subprocess.run(command, cwd=self.repo, env=self.env, capture_output=True, text=True, timeout=timeout,
-                              stdin=subprocess.DEVNULL, check=False)
-        output = proc.stdout + proc.stderr
-        return {"rc": proc.returncode, "recap": parse_recap(output).get("localhost"),
-                "elapsed_s": round(time.monotonic() - started, 3), "output": output[-6000:]}
+        run = self.api.run(self.inventory, self.repo, playbook=path,
+                           args=["-e", json.dumps(extra_vars)] if extra_vars else (), envvars=self.env, timeout=timeout)
+        return {"rc": run.rc, "recap": run.recap().get("localhost"), "elapsed_s": run.elapsed_s,
+                "output": run.output[-6000:]}

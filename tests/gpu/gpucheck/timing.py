@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import time
 
+# The tests' poll-until loop (tests/polling.py, on sys.path: check.py and pytest put tests/ there).
+from polling import poll_until  # noqa: F401  pylint: disable=unused-import
+
 
 class Deadline:
     """The check's overall time budget. Deadline(seconds, clock=time.monotonic).
@@ -23,22 +26,6 @@ class Deadline:
 
     def cap(self, timeout):
         return min(timeout, self.remaining())
-
-
-def poll_until(predicate, timeout, interval=0.05, clock=time.monotonic, sleep=time.sleep):
-    """Call `predicate()` until it returns a truthy value or `timeout` seconds pass.
-
-    Returns the truthy value, or None on timeout (the predicate is always called at least once).
-    """
-    end = clock() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        now = clock()
-        if now >= end:
-            return None
-        sleep(min(interval, end - now))
 
 
 def time_events(action, events, timeout, interval=0.01, clock=time.monotonic, sleep=time.sleep):

@@ -33,6 +33,7 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from simvllm import __version__
+from simvllm.specdecode import draft_counts
 
 VOCABULARY = (
     "the", "GPU", "holds", "a", "context", "while", "vLLM", "serves", "tokens", "and", "memory",
@@ -185,25 +186,6 @@ class RequestError(Exception):
     def __init__(self, status, message):
         super().__init__(message)
         self.status = status
-
-
-def draft_counts(k, rate, num_tokens):
-    """(drafts, accepted per position) for `num_tokens` tokens with drafts of k tokens at acceptance `rate`.
-
-    Each step proposes k tokens, accepts a prefix of them and adds one more token (as specdecode's draft()).
-    """
-    accepted_per_position = [0] * k
-    num_drafts = generated = 0
-    carry = 0.0
-    while generated < num_tokens:
-        carry += rate * k
-        accepted = min(k, int(carry))
-        carry -= accepted
-        for position in range(accepted):
-            accepted_per_position[position] += 1
-        num_drafts += 1
-        generated += accepted + 1
-    return num_drafts, accepted_per_position
 
 
 def generate_text(prompt, num_tokens):

@@ -312,16 +312,25 @@ class SpeculativeDecoding:
         prefix lengths are spread so that accepted / proposed == acceptance_rate(prompt).
         """
         k = self.num_speculative_tokens
-        expected_per_draft = self.acceptance_rate(prompt) * k
-        accepted_per_position = [0] * k
-        num_drafts = generated = 0
-        carry = 0.0
-        while generated < num_tokens:
-            carry += expected_per_draft
-            accepted = min(k, int(carry))
-            carry -= accepted
-            for position in range(accepted):
-                accepted_per_position[position] += 1
-            num_drafts += 1
-            generated += accepted + 1
+        num_drafts, accepted_per_position = draft_counts(k, self.acceptance_rate(prompt), num_tokens)
         return DraftCounts(num_drafts, num_drafts * k, tuple(accepted_per_position))
+
+
+def draft_counts(k, rate, num_tokens):
+    """(drafts, accepted per position) for `num_tokens` tokens with drafts of k tokens at acceptance `rate`.
+
+    Each step proposes k tokens, accepts a prefix of them and adds one more token; accepted prefix lengths are
+    spread so that accepted / proposed == rate.
+    """
+    accepted_per_position = [0] * k
+    num_drafts = generated = 0
+    carry = 0.0
+    while generated < num_tokens:
+        carry += rate * k
+        accepted = min(k, int(carry))
+        carry -= accepted
+        for position in range(accepted):
+            accepted_per_position[position] += 1
+        num_drafts += 1
+        generated += accepted + 1
+    return num_drafts, accepted_per_position

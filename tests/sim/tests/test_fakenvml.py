@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+import polling
+
 REPO = Path(__file__).resolve().parents[3]
 BUILD_SCRIPT = REPO / "tests" / "sim" / "fakenvml" / "build.sh"
 MIB = 1 << 20
@@ -126,13 +128,8 @@ int main(int argc, char **argv)
 
 
 def poll(predicate, timeout, interval=0.02):
-    """Calls predicate() until it returns a truthy value or timeout seconds pass; returns the value."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(interval)
+    """polling.poll_until every 20 ms: the truthy value, or None after `timeout` s."""
+    return polling.poll_until(predicate, timeout, interval)
 
 
 class Holder:

@@ -11,21 +11,16 @@ from pathlib import Path
 
 import pytest
 
+import polling
+
 from simnode import GPUNODE, REPO, VENV_PYTHON, gpunode, inventory_file, up
 
 POLL_DEADLINE_S = 10.0
 
 
 def poll(condition, what: str, deadline_s: float = POLL_DEADLINE_S):
-    """Call `condition` until it returns a truthy value (returned) or fail after `deadline_s`."""
-    deadline = time.monotonic() + deadline_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.01)
+    """polling.wait_for every 10 ms: `condition`'s truthy value, or a failure after `deadline_s`."""
+    return polling.wait_for(condition, deadline_s, 0.01, what)
 
 
 def run_gpunode(*args: str, root: Path | None = None, **kwargs) -> subprocess.CompletedProcess:
@@ -332,12 +327,13 @@ def test_no_driver_node_has_no_nvml_library(driver_built, simnode):
 # ---------------------------------------------------------------------------------------------
 # owner cgroups (tests/sim/README.md "Owner cgroups") and the simulated systemctl
 
-OWNERS_PY = REPO / "plugins" / "module_utils" / "_owners.py"
-# Reads /proc/PID/cgroup inside the node and what the production parser makes of it.
+COLLECTIONS = REPO / ".collections"
+# Reads /proc/PID/cgroup inside the node and what the production parser makes of it (the collection as it
+# resolves under .collections: _owners imports _procscan).
 _READ_OWNER = (
-    "import importlib.util, json, sys\n"
-    f"spec = importlib.util.spec_from_file_location('_owners', {str(OWNERS_PY)!r})\n"
-    "owners = importlib.util.module_from_spec(spec); spec.loader.exec_module(owners)\n"
+    "import json, sys\n"
+    f"sys.path.insert(0, {str(COLLECTIONS)!r})\n"
+    "from ansible_collections.gpuops.nvidia.plugins.module_utils import _owners as owners\n"
     "text = open('/proc/%s/cgroup' % sys.argv[1]).read()\n"
     "line = [l for l in text.splitlines() if ':name=systemd:' in l][0]\n"
     "print(json.dumps({'path': line.split(':', 2)[2], 'owner': owners.parse_cgroup(text),\n"

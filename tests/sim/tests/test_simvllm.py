@@ -21,6 +21,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+import polling
+
 SIM_DIR = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(SIM_DIR))
 
@@ -55,15 +57,8 @@ V2_RUNNER = {"VLLM_USE_V2_MODEL_RUNNER": "1"}
 
 
 def wait_for(predicate, timeout, what, log=None):
-    """Poll `predicate` every 50 ms until it returns a true value (returned) or fail after `timeout` s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail("timed out after %.1f s waiting for %s%s" % (timeout, what, "\n" + log() if log else ""))
-        time.sleep(POLL_S)
+    """polling.wait_for every 50 ms (fails after `timeout` s, with `log()`)."""
+    return polling.wait_for(predicate, timeout, POLL_S, what, log)
 
 
 def assert_stays(predicate, seconds, what):

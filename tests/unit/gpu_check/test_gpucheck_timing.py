@@ -1,21 +1,7 @@
 """tests/gpu/gpucheck/timing.py: deadlines, polling and event timing, on a fake clock."""
 
 from gpucheck.timing import Deadline, poll_until, time_events
-
-
-class FakeClock:
-    """A monotonic clock that only moves when the code under test sleeps."""
-
-    def __init__(self):
-        self.now = 100.0
-        self.sleeps = []
-
-    def __call__(self):
-        return self.now
-
-    def sleep(self, seconds):
-        self.sleeps.append(seconds)
-        self.now += seconds
+from polling import FakeClock
 
 
 def test_deadline_counts_down_and_caps_timeouts():

@@ -15,11 +15,11 @@ import pathlib
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils import _detached, _procscan
+from polling import wait_for
 
 # A leader with two children; on SIGTERM it waits for them (they get SIGTERM too) and exits.
 LEADER = r"""
@@ -61,13 +61,10 @@ def started(tmp_path):
 
 
 def wait_for_line(path, prefix, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for line in path.read_text().splitlines():
-            if line.startswith(prefix):
-                return line
-        time.sleep(0.02)
-    raise AssertionError("no line %r in %s: %s" % (prefix, path, path.read_text()))
+    """The first line of `path` starting with `prefix`, once there is one."""
+    def line():
+        return next((text for text in path.read_text().splitlines() if text.startswith(prefix)), None)
+    return wait_for(line, timeout, 0.02, "a line %r in %s" % (prefix, path), log=path.read_text)
 
 
 def test_pidfile_round_trip_and_errors(tmp_path):

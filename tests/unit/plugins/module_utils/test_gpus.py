@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
-import subprocess
 import sys
 import time
 import types
@@ -22,6 +21,7 @@ import pynvml
 import pytest
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils import _gpus, _procscan
+from polling import wait_for
 
 NO_SUCH_PID = 5000001  # above the largest pid_max (2^22): never a process
 
@@ -94,28 +94,8 @@ def test_minor_map_without_nvml_or_kernel_module(tmp_path):
 
 # --- process_details ---------------------------------------------------------------------------------------------
 
-@pytest.fixture
-def spawn():
-    """spawn(argv, wait=True) -> Popen, once it runs argv[0] (wait); every child still running at teardown is killed
-    and reaped."""
-    started = []
-
-    def start(argv, wait=True):
-        child = subprocess.Popen(argv)
-        started.append(child)
-        if wait:
-            wait_exec(child.pid, argv[0])
-        return child
-
-    yield start
-    for child in started:
-        if child.poll() is None:
-            child.kill()
-        child.wait()
-
-
 def test_process_details_of_a_child(spawn):
-    child = spawn(["sleep", "60", "1"])  # sleep sums its arguments
+    child = spawn(["sleep", "60", "1"], wait=True)  # sleep sums its arguments
     details = _gpus.process_details(psutil, child.pid)
     stat = _procscan.read_stat(child.pid)
     assert details["pid"] == child.pid and details["ppid"] == os.getpid() and details["comm"] == "sleep"
@@ -125,27 +105,13 @@ def test_process_details_of_a_child(spawn):
     assert abs(psutil.Process(child.pid).create_time() - _iso_seconds(details["start_time"])) < 1e-3
 
 
-def wait_exec(pid, argv0, timeout=5.0):
-    """Until execve() has set up the new argv: right after the fork, and within exec, /proc/PID/cmdline is empty."""
-    deadline = time.monotonic() + timeout
-    while True:
-        with open("/proc/%d/cmdline" % pid, "rb") as cmdline:
-            if cmdline.read().startswith(argv0.encode() + b"\0"):
-                return
-        assert time.monotonic() < deadline, "PID %d never ran %s" % (pid, argv0)
-        time.sleep(0.005)
-
-
 def _iso_seconds(text):
     return datetime.datetime.fromisoformat(text).timestamp()
 
 
 def test_process_details_of_a_zombie_and_of_a_gone_process(spawn):
-    child = spawn(["sleep", "0"], wait=False)
-    deadline = time.monotonic() + 5
-    while (_procscan.read_stat(child.pid) or {}).get("state") != "Z":
-        assert time.monotonic() < deadline, "the child never became a zombie"
-        time.sleep(0.005)
+    child = spawn(["sleep", "0"])
+    wait_for(lambda: (_procscan.read_stat(child.pid) or {}).get("state") == "Z", 5, 0.005, "the child to become a zombie")
     details = _gpus.process_details(psutil, child.pid)
     assert details["state"] == "Z" and details["cmdline"] == ""
     child.wait()
@@ -280,7 +246,7 @@ def inspector_on(monkeypatch):
 
 
 def test_listed_scope_scans_only_the_listed_pids_when_their_memory_explains_the_gpus(spawn, inspector_on):
-    engine, exporter = spawn(["sleep", "60"]), spawn(["sleep", "61"])
+    engine, exporter = spawn(["sleep", "60"], wait=True), spawn(["sleep", "61"], wait=True)
     reading = driver(nvml_gpu(0, 70003, [(engine.pid, 70000, "compute")]), nvml_gpu(1, 503, [(NO_SUCH_PID, 500, "compute")]))
     inspector, calls = inspector_on(reading, {engine.pid: handles(engine.pid, [0]),
                                               exporter.pid: handles(exporter.pid, [0, 1], uvm=False)})
@@ -301,7 +267,7 @@ def test_listed_scope_scans_only_the_listed_pids_when_their_memory_explains_the_
 
 
 def test_full_scope_reports_device_users_and_never_makes_them_holders(spawn, inspector_on):
-    engine, exporter = spawn(["sleep", "60"]), spawn(["sleep", "61"])
+    engine, exporter = spawn(["sleep", "60"], wait=True), spawn(["sleep", "61"], wait=True)
     reading = driver(nvml_gpu(0, 70003, [(engine.pid, 70000, "compute")]), nvml_gpu(1, 3))
     inspector, calls = inspector_on(reading, {engine.pid: handles(engine.pid, [0, 1]),
                                               exporter.pid: handles(exporter.pid, [0, 1], uvm=False)})
@@ -313,7 +279,7 @@ def test_full_scope_reports_device_users_and_never_makes_them_holders(spawn, ins
 
 
 def test_listed_scope_falls_back_to_a_full_scan_for_unexplained_memory(spawn, inspector_on):
-    engine, orphan = spawn(["sleep", "60"]), spawn(["sleep", "62"])
+    engine, orphan = spawn(["sleep", "60"], wait=True), spawn(["sleep", "62"], wait=True)
     reading = driver(nvml_gpu(0, 70003, [(engine.pid, 70000, "compute")]), nvml_gpu(1, 30003))
     found = {engine.pid: handles(engine.pid, [0]), orphan.pid: handles(orphan.pid, [1])}
     inspector, calls = inspector_on(reading, found)
@@ -333,7 +299,7 @@ def test_listed_scope_falls_back_to_a_full_scan_for_unexplained_memory(spawn, in
 
 
 def test_without_nvml_the_proc_driver_map_and_a_full_scan_are_used(spawn, inspector_on, monkeypatch):
-    worker = spawn(["sleep", "60"])
+    worker = spawn(["sleep", "60"], wait=True)
     monkeypatch.setattr(_procscan, "proc_driver_minors", lambda proc="/proc": [
         {"pci_bus_id": "00000000:18:00.0", "minor": 0, "uuid": "GPU-0", "name": "NVIDIA H100 80GB HBM3"}])
     inspector, calls = inspector_on(NO_DRIVER, {worker.pid: handles(worker.pid, [0])})

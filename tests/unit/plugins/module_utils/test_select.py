@@ -437,7 +437,7 @@ def test_without_any_map_there_is_one_entry_for_all_gpus():
                      "unexplained_mib": None, "memory_unexplained": None, "holders": [],
                      "left_alone": [dict(_select.brief(daemon, None), reason=entry["left_alone"][0]["reason"])],
                      "left_alone_mib": 0, "foreign": [], "suspects": [], "memory_checked": False, "error": None,
-                     "released": True}
+                     "mig_uuid": None, "reserved_allowance_mib": 0, "memory_note": None, "released": True}
 
 
 def test_brief():

@@ -9,33 +9,15 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils import _procscan, _terminate
+import polling
+from polling import wait_exec
 
 IGNORE_SIGTERM = "import signal, sys, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('ready', flush=True)\ntime.sleep(60)\n"
 NO_SUCH_PID = 5000001
-
-
-@pytest.fixture
-def spawn():
-    """spawn(argv) -> Popen; every child still running at teardown is killed and reaped."""
-    started = []
-
-    def start(argv, **kwargs):
-        child = subprocess.Popen(argv, **kwargs)
-        started.append(child)
-        return child
-
-    yield start
-    for child in started:
-        if child.poll() is None:
-            child.kill()
-        child.wait()
-        if child.stdout:
-            child.stdout.close()
 
 
 @pytest.fixture(params=["pidfd", "start-time checks"])
@@ -54,13 +36,8 @@ def holder_of(child):
 
 
 def wait_state(pid, wanted, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        stat = _procscan.read_stat(pid)
-        if stat is not None and stat["state"] == wanted:
-            return
-        time.sleep(0.005)
-    raise AssertionError("PID %d never reached state %s" % (pid, wanted))
+    polling.wait_for(lambda: (_procscan.read_stat(pid) or {}).get("state") == wanted, timeout, 0.005,
+                     "PID %d to reach state %s" % (pid, wanted))
 
 
 def test_sigterm_ends_a_child_and_its_zombie_counts_as_exited(spawn, pidfd_mode):
@@ -273,7 +250,7 @@ def test_end_until_gone_ends_a_respawned_child(spawn):
     later = []
 
     def look(child):
-        wait_exec(child.pid)
+        wait_exec(child.pid, "sleep")
         return dict(holder_of(child), ppid=os.getpid(), cmdline="sleep 61")
 
     def choose(first_round):
@@ -289,11 +266,3 @@ def test_end_until_gone_ends_a_respawned_child(spawn):
     assert respawn["pid"] == later[0].pid and respawn["replaces"] == first.pid
     assert respawn["parent"] == {"pid": os.getpid(), "comm": _procscan.read_stat(os.getpid())["comm"]}
     assert first.wait(timeout=5) == -signal.SIGTERM and later[0].wait(timeout=5) == -signal.SIGTERM
-
-
-def wait_exec(pid, timeout=5.0):
-    """Until the child runs sleep (not the forked Python interpreter any more)."""
-    deadline = time.monotonic() + timeout
-    while (_procscan.read_stat(pid) or {}).get("comm") != "sleep":
-        assert time.monotonic() < deadline, "PID %d never ran sleep" % pid
-        time.sleep(0.005)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils import _select, _wait
+from polling import FakeClock
 
 DRIVER_OK = {"available": True, "error": None, "timed_out": False}
 DRIVER_HUNG = {"available": False, "error": "an NVML call did not return within 1.0 s (driver hung?)", "timed_out": True}
@@ -61,21 +62,8 @@ class Scripted:
         return self.views.pop(0) if len(self.views) > 1 else self.views[0]
 
 
-class Clock:
-    def __init__(self):
-        self.now = 1000.0
-        self.sleeps = []
-
-    def __call__(self):
-        return self.now
-
-    def sleep(self, seconds):
-        self.sleeps.append(seconds)
-        self.now += seconds
-
-
 def wait(inspector, indices=None, timeout=10.0, max_used_mib=_wait.DEFAULT_MAX_USED_MIB, **selection):
-    clock = Clock()
+    clock = FakeClock(1000.0)
     chosen = _select.Selection(indices, own_chain=OWN_CHAIN, **selection)
     result = _wait.wait_released(inspector, chosen, timeout, max_used_mib, poll_interval=0.5, clock=clock,
                                  sleep=clock.sleep)
@@ -209,7 +197,8 @@ def test_without_any_map_there_is_one_entry_for_all_gpus():
     assert result["gpus"] == [{"index": None, "uuid": None, "memory_used_mib": None, "memory_reserved_mib": None,
                                "unexplained_mib": None, "memory_unexplained": None, "holders": [], "left_alone": [],
                                "left_alone_mib": 0, "foreign": [], "suspects": [], "memory_checked": False,
-                               "error": None, "released": True}]
+                               "error": None, "mig_uuid": None, "reserved_allowance_mib": 0, "memory_note": None,
+                               "released": True}]
 
 
 def test_without_any_map_device_users_do_not_count():
