@@ -104,9 +104,10 @@ def test_redeploy_on_one_mig_instance_leaves_the_neighbour_instance_alone(simnod
     rc, out, _recap = playbook(inventory, CHECK)
     assert rc != 0, out
     (line,) = set(re.findall(r"check_gpus %s: not free: [^\"]*" % re.escape(node.name), out))
-    assert "MIG instances in use: GPU 0 MIG instance %s (3g.40gb): %d MiB used, held by PID %d; GPU 0 MIG instance %s " \
-           "(2g.20gb): %d MiB used, held by PID %d" % (uuid[2], b_memory, b["engine"], uuid[4], int(0.8 * 20096),
-                                                      new_a["engine"]) in line, line
+    expected = ("MIG instances in use: GPU 0 MIG instance %s (3g.40gb): %d MiB used, held by PID %d; GPU 0 MIG instance %s "
+                "(2g.20gb): %d MiB used, held by PID %d"
+                % (uuid[2], b_memory, b["engine"], uuid[4], int(0.8 * 20096), new_a["engine"]))
+    assert expected in line, line
     assert uuid[7] not in line
     rc, out, _recap = playbook(inventory, CHECK, "-e", json.dumps({"check_gpus_gpus": [uuid[4]]}))
     assert rc != 0 and "GPU 0 MIG instance %s (2g.20gb)" % uuid[4] in out and uuid[2] not in out, out

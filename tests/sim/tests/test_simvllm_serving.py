@@ -6,7 +6,8 @@ import signal
 import threading
 import time
 
-from test_simvllm import drafter, http, metric, metric_samples, node, refused, serve, wait_for  # noqa: F401  # pylint: disable=unused-import (pytest fixtures)
+# drafter, node and serve are pytest fixtures of test_simvllm, used here by name.
+from test_simvllm import drafter, http, metric, metric_samples, node, refused, serve, wait_for  # noqa: F401  # pylint: disable=unused-import
 
 V2_RUNNER = {"VLLM_USE_V2_MODEL_RUNNER": "1"}
 
