@@ -264,7 +264,7 @@ summary:
   type: list
   elements: str
   sample: ["signalled 1 process(es) in 0.21 s",
-           "  PID 9 VLLM::Worker_TP (GPUs 0, unit vllm@a.service): SIGTERM, exited after 0.09 s",
+           "  PID 9 python3 (GPUs 0, unit vllm@a.service): SIGTERM, exited after 0.09 s",
            "    ending it alone will not last: systemd unit vllm@a.service restarts it (Restart=always); stop the owner: systemctl stop vllm@a.service",
            "memory released after 0.52 s more", "GPU 0 NVIDIA H100 80GB HBM3: 75034 -> 0 MiB used, holders 1 -> 0"]
 stopped_units:

@@ -56,12 +56,10 @@ def svg(results: dict) -> str:
                        node["median_noop_s"] + 1.0 + node["release_latency_s"]))
     fleet = results.get("fleet")
     if fleet:
-        bars, target = [], None
-        for strategy, data in fleet["strategies"].items():
-            bars += [("1 %s" % strategy, data["median"]["one_node_wall_s"]),
-                     ("%d %s" % (fleet["nodes"], strategy), data["median"]["wall_s"])]
-            target = 2.5 * data["median"]["one_node_wall_s"] if target is None else target
-        panels.append(("Fleet over SSH, nodes / strategy", "s", bars, target))
+        labels = (("ping", "ping"), ("check", "check"), ("reset", "reset"), ("reset_orphaned", "orphaned"))
+        for figure, title in (("controller_cpu_per_host_s", "controller"), ("node_cpu_per_host_s", "node")):
+            panels.append(("Fleet of %d: %s CPU per host" % (fleet["nodes"], title), "ms",
+                           [(label, fleet["median"][kind][figure] * 1000) for kind, label in labels], None))
     width = PANEL_WIDTH * max(1, len(panels)) + MARGIN
     parts = ['<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif">' % (width, PANEL_HEIGHT),
              '<rect width="100%" height="100%" fill="white"/>']

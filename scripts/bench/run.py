@@ -3,18 +3,23 @@
     .venv/bin/python scripts/bench/run.py            # full run (about 10 minutes on 2 cores)
     .venv/bin/python scripts/bench/run.py --quick    # fewer runs, smaller loads (about 3 minutes)
     .venv/bin/python scripts/bench/run.py --sections scan,release --runs 3
+    .venv/bin/python scripts/bench/run.py --sections fleet --nodes 16 --runs 5   # the fleet alone (docs/scale.md)
 
 Sections (method and targets: docs/performance.md):
   scan     the collection's holder scan vs `fuser -v /dev/nvidia*` vs `lsof /dev/nvidia*`, inside one node with
            about 2,000 processes and 100,000 open fds, a few dozen of them GPU holders; the holder sets must agree
   release  how long after the simulated driver frees the memory gpu_wait returns, per release latency
   node     playbooks/reset_gpus.yml on one node with an orphaned vLLM TP=8 tree vs a play of one ping task
-  fleet    the same reset over real SSH on N nodes (forks N) vs on one node; CPU seconds per node
+  fleet    over real SSH on --nodes nodes (default 16, 8 GPUs each; forks = nodes, pipelining and ControlPersist as in
+           ansible.cfg): a play of one ping task (strategy free), check_gpus.yml, reset_gpus.yml on clean nodes and
+           on nodes with an orphaned vLLM TP=8 tree, in rotating order; controller CPU per host (ansible-playbook with
+           everything it reaped, plus the ControlPersist masters), node CPU per host (the nodes' sshd and everything
+           below it) and wall time, each also as a ratio to the same round's ping play (docs/scale.md)
   redeploy playbooks/redeploy_vllm.yml on one node: a simulated vLLM TP=2 with a DFlash drafter redeployed with a new
            configuration, idle and under load (drain hook + clients); the play's wall time split by task (junit
            callback) into drain, stop, memory release, start, model load (the server's "Loading weights took"),
            health and acceptance gates, and the rest (the collection's own overhead). Alone it writes
-           performance-redeploy.json instead of performance.json.
+           performance-redeploy.json instead of performance.json (the fleet alone: performance-fleet.json).
 Every comparison is measured side by side in one run (alternating), so load from other work on the machine
 hits both sides. Needs root (nodes, sshd); installs psmisc, lsof and openssh-server with apt-get if missing.
 Not a test: it asserts nothing about speed, it reports.
@@ -40,7 +45,6 @@ sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "integration"), str(Pa
 
 import nodeload  # noqa: E402
 import plot  # noqa: E402
-from ansible_run import _env as ansible_env  # noqa: E402
 from nodetools import alive, start_holder, start_vllm, wait_for  # noqa: E402
 from simnode import gpunode, inventory_file, up  # noqa: E402
 
@@ -111,13 +115,13 @@ NOOP_PLAY = """- name: One task that reaches the host
       ansible.builtin.ping:
 """
 
-RESET_PLAY = """- name: Reset NVIDIA GPUs ({strategy} strategy)
-  hosts: all
-  gather_facts: false
-  strategy: {strategy}
-  roles:
-    - role: gpuops.nvidia.reset_gpus
-"""
+def ansible_env() -> dict[str, str]:
+    """The environment of every ansible-playbook the benchmark runs: this checkout's venv and ansible.cfg, no colour,
+    the stdout callback that ansible.cfg names (plain ansible-playbook, no wrapper: its CPU is what is measured)."""
+    env = dict(os.environ, PATH="%s:%s" % (VENV_BIN, os.environ.get("PATH", "")), ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
+               ANSIBLE_NOCOLOR="1")
+    env.pop("ANSIBLE_STDOUT_CALLBACK", None)
+    return env
 
 
 def log(message: str) -> None:
@@ -290,100 +294,206 @@ def bench_node(args, workdir: Path) -> dict:
             "median_extra_s": median([r["wall_s"] - n["wall_s"] for r, n in zip(runs["reset"], runs["noop"])])}
 
 
-def _cpu_ticks(pid: int, with_children: bool) -> int:
+def _stat_fields(pid: int) -> list[bytes] | None:
     try:
-        fields = Path("/proc/%d/stat" % pid).read_bytes().rsplit(b")", 1)[1].split()
+        stat = Path("/proc/%d/stat" % pid).read_bytes()
     except OSError:
-        return 0
-    return sum(int(value) for value in fields[11:15 if with_children else 13])
+        return None
+    return stat[stat.rindex(b")") + 2:].split()  # fields from the state on: [0] state, [1] ppid, [11:15] times
 
 
-def _ssh_masters() -> list[int]:
-    """Host PIDs of Ansible's ControlPersist masters ("ssh: ... [mux]"): their CPU is the controller's too."""
+def _cpu_ticks(pid: int, with_children: bool) -> int:
+    """utime + stime of `pid`, with the cutime + cstime of the children it reaped when `with_children`."""
+    fields = _stat_fields(pid)
+    return sum(int(value) for value in fields[11:15 if with_children else 13]) if fields else 0
+
+
+def _ssh_masters(nodes: list) -> list[int]:
+    """Host PIDs of the ControlPersist masters ("ssh: ... [mux]") connected to `nodes`' sshd: the controller's CPU.
+
+    A master daemonizes (ansible-playbook never reaps it), so its CPU is read from /proc; masters of other
+    SSH connections on this machine are left out by their peer address."""
+    import psutil  # a dependency of the modules, in the venv
+
+    peers = {(node.info["ssh"]["host"], int(node.info["ssh"]["port"])) for node in nodes}
     masters = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
+    for connection in psutil.net_connections("tcp"):
+        if connection.pid and connection.raddr and (connection.raddr.ip, connection.raddr.port) in peers:
             try:
-                command = Path("/proc/%s/cmdline" % entry).read_bytes()
+                command = Path("/proc/%d/cmdline" % connection.pid).read_bytes()
             except OSError:
                 continue
             if command.startswith(b"ssh: ") and b"[mux]" in command:
-                masters.append(int(entry))
-    return masters
+                masters.append(connection.pid)
+    return sorted(set(masters))
 
 
-def _sshd_processes(nodes: list) -> list[int]:
-    """Host PIDs of the nodes' sshd listeners and their connection processes.
+def _node_side_ticks(nodes: list) -> int:
+    """CPU ticks of the nodes' sshd listeners and every process below them, with what each reaped.
 
-    Everything an SSH session runs (the shell, the module, its NVML worker) is reaped below a connection
-    process, and a connection process by its listener, so their CPU with their reaped children's is the
-    node side's CPU (a connection stays open between runs: ControlPersist).
+    Everything an SSH session runs (sshd's connection process, the shell, the module, its NVML worker) is
+    below a listener and reaped inside that tree: a live process counts its own time, a reaped one is in
+    its parent's cutime/cstime, so each tick is counted once, however far a run got. What the modules
+    end (the vLLM tree) was started outside sshd and does not count; its exit and the driver's release
+    cost the node only the modules' polling.
     """
     configs = [node.info["ssh"]["config"].encode() for node in nodes]
-    listeners, parents = [], {}
+    children: dict[int, list[int]] = {}
+    listeners = []
     for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                command = Path("/proc/%s/cmdline" % entry).read_bytes()
-                stat = Path("/proc/%s/stat" % entry).read_bytes()
-            except OSError:
-                continue
-            parents[int(entry)] = int(stat[stat.rindex(b")") + 2:].split()[1])
-            # sshd retitles itself: "sshd: /usr/sbin/sshd -D -e -f CONFIG [listener] ..."
-            if command.startswith(b"sshd: ") and b"[listener]" in command and any(config in command for config in configs):
-                listeners.append(int(entry))
-    return listeners + [pid for pid, parent in parents.items() if parent in listeners]
+        if not entry.isdigit():
+            continue
+        fields = _stat_fields(int(entry))
+        if fields is None:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(entry))
+        try:
+            command = Path("/proc/%s/cmdline" % entry).read_bytes()
+        except OSError:
+            continue
+        # sshd retitles itself: "sshd: /usr/sbin/sshd -D -e -f CONFIG [listener] ..."
+        if command.startswith(b"sshd: ") and b"[listener]" in command and any(config in command for config in configs):
+            listeners.append(int(entry))
+    ticks, todo = 0, list(listeners)
+    while todo:
+        pid = todo.pop()
+        ticks += _cpu_ticks(pid, True)
+        todo.extend(children.get(pid, []))
+    return ticks
 
 
-def fleet_run(nodes: list, inventory: Path, play: Path, trees: bool = True) -> dict:
-    """Fresh orphaned trees on `nodes` (unless not `trees`), then `play` over SSH with forks = len(nodes); wall and CPU."""
-    threads = [threading.Thread(target=nodeload.orphaned_tree, args=(node, 8)) for node in nodes if trees]
+FLEET_PING_PLAY = """- name: One task that reaches the host
+  hosts: all
+  gather_facts: false
+  strategy: free
+  tasks:
+    - name: Ping
+      ansible.builtin.ping:
+"""
+
+# (kind, playbook, nodes with an orphaned vLLM TP=8 tree): the plays of the fleet section, each as shipped
+# (reset_gpus.yml: strategy free; check_gpus.yml: linear, which its run_once summary needs).
+FLEET_KINDS = ("ping", "check", "reset", "reset_orphaned")
+FLEET_TITLES = {"ping": "play of one ping task", "check": "check_gpus.yml", "reset": "reset_gpus.yml, clean nodes",
+                "reset_orphaned": "reset_gpus.yml, orphaned vLLM TP=8 trees"}
+
+
+def _orphan_vllm(node) -> None:
+    """As tests/integration/test_reset_gpus.py orphaned_tp8: vllm serve TP=8, its API server SIGKILLed."""
+    api = start_vllm(node, "/models/m", "--tensor-parallel-size", "8")
+    node.exec("kill", "-9", str(api))
+    wait_for(lambda: not alive(node, api), 10, what="API server gone")
+
+
+def _in_parallel(function, nodes: list, at_once: int = 4) -> None:
+    """function(node) for every node, `at_once` at a time (16 simulated vLLM starts at once starve 2 cores past
+    start_vllm's timeout); raises RuntimeError naming every node that failed."""
+    errors = []
+    slots = threading.Semaphore(at_once)
+
+    def call(node):
+        try:
+            with slots:
+                function(node)
+        except Exception as error:  # noqa: BLE001 - reported below, with the node
+            errors.append("%s: %s" % (node.name, error))
+
+    threads = [threading.Thread(target=call, args=(node,)) for node in nodes]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    node_before = sum(_cpu_ticks(pid, True) for pid in _sshd_processes(nodes))
-    masters_before = {pid: _cpu_ticks(pid, False) for pid in _ssh_masters()}
+    if errors:
+        raise RuntimeError("; ".join(errors))
+
+
+def _recap(output: str) -> dict:
+    """{host: {"ok": n, "changed": n, ...}} from the PLAY RECAP of the default callback."""
+    recap = {}
+    for host, counts in re.findall(r"^(\S+)\s+:\s+(ok=.*)$", output, re.MULTILINE):
+        recap[host] = {key: int(value) for key, value in re.findall(r"(\w+)=(\d+)", counts)}
+    return recap
+
+
+def fleet_run(nodes: list, inventory: Path, play: Path, changed: int) -> dict:
+    """`play` over SSH on `nodes` with forks = len(nodes): wall time, controller and node CPU, per host too.
+
+    Fails unless every host ends ok with `changed` changed tasks (0 on clean nodes, 1 for a reset that ended a tree).
+    """
+    node_before = _node_side_ticks(nodes)
+    masters_before = {pid: _cpu_ticks(pid, False) for pid in _ssh_masters(nodes)}
     result = playbook(inventory, play, forks=len(nodes))
-    masters_cpu = sum(_cpu_ticks(pid, False) - masters_before.get(pid, 0) for pid in _ssh_masters()) / CLOCK_TICKS
-    node_cpu = (sum(_cpu_ticks(pid, True) for pid in _sshd_processes(nodes)) - node_before) / CLOCK_TICKS
+    masters_after = {pid: _cpu_ticks(pid, False) for pid in _ssh_masters(nodes)}
+    node_cpu = (_node_side_ticks(nodes) - node_before) / CLOCK_TICKS
+    masters_cpu = sum(ticks - masters_before.get(pid, 0) for pid, ticks in masters_after.items()) / CLOCK_TICKS
+    recap = _recap(result["output"])
+    wrong = {node.name: recap.get(node.name) for node in nodes
+             if (recap.get(node.name) or {}).get("changed") != changed or (recap.get(node.name) or {}).get("failed", 1)}
+    if wrong:
+        raise RuntimeError("%s: expected changed=%d on every host, got %s:\n%s" % (play.name, changed, wrong, result["output"][-3000:]))
     controller_cpu = result["cpu_s"] + masters_cpu
-    return {"hosts": len(nodes), "wall_s": result["wall_s"], "controller_cpu_s": controller_cpu, "node_cpu_s": node_cpu,
-            "controller_max_rss_mib": result["max_rss_mib"],
-            "controller_cpu_per_host_s": controller_cpu / len(nodes), "node_cpu_per_host_s": node_cpu / len(nodes)}
+    hosts = len(nodes)
+    return {"hosts": hosts, "wall_s": result["wall_s"], "controller_cpu_s": controller_cpu, "node_cpu_s": node_cpu,
+            "playbook_cpu_s": result["cpu_s"], "masters_cpu_s": masters_cpu,
+            "new_masters": len(set(masters_after) - set(masters_before)), "controller_max_rss_mib": result["max_rss_mib"],
+            "controller_cpu_per_host_s": controller_cpu / hosts, "node_cpu_per_host_s": node_cpu / hosts}
+
+
+FLEET_FIGURES = ("controller_cpu_per_host_s", "node_cpu_per_host_s", "wall_s")
+# Issue 16's goals on clean nodes, as ratios to the ping play (benchmark figures, not timed tests).
+FLEET_GOALS = {("reset", "controller_cpu_per_host_s"): 2.0, ("reset", "node_cpu_per_host_s"): 1.5,
+               ("check", "controller_cpu_per_host_s"): 1.5, ("check", "node_cpu_per_host_s"): 1.2}
 
 
 def bench_fleet(args, workdir: Path) -> dict:
-    """The reset over SSH on args.nodes nodes vs on one node, per strategy, alternating."""
+    """A one-ping play, check_gpus.yml and reset_gpus.yml (clean, orphaned TP=8 trees) over SSH on args.nodes nodes.
+
+    One run: a warm-up of each play (opens the ControlPersist connections, fills the controller's caches), then
+    args.fleet_runs rounds of the four plays in rotating order; each figure also as a ratio to the same round's
+    ping play.
+    """
     ensure_tools("sshd")
-    log("fleet: starting %d SSH nodes" % args.nodes)
+    log("fleet: starting %d SSH nodes (8 GPUs each)" % args.nodes)
     nodes = []
+    plays = {"ping": workdir / "fleet-ping.yml", "check": REPO / "playbooks" / "check_gpus.yml",
+             "reset": PLAYBOOK, "reset_orphaned": PLAYBOOK}
+    plays["ping"].write_text(FLEET_PING_PLAY)
     try:
         started = time.monotonic()
         for number in range(args.nodes):
             nodes.append(up(node_name("fleet", number), gpus=8, release_latency=0.5, ssh=True))
-        up_seconds = time.monotonic() - started
-        one, fleet = write_inventory(workdir, nodes[:1]), write_inventory(workdir, nodes)
-        results = {"nodes": args.nodes, "up_s": up_seconds, "strategies": {}}
-        for strategy in args.strategies:
-            play = workdir / ("reset-%s.yml" % strategy)
-            play.write_text(RESET_PLAY.format(strategy=strategy))
-            cold = fleet_run(nodes, fleet, play)  # warm-up: opens every ControlPersist connection
-            fleet_run(nodes[:1], one, play)
-            runs = {"one": [], "fleet": []}
-            for number in range(args.fleet_runs):
-                for kind in (("one", "fleet") if number % 2 == 0 else ("fleet", "one")):
-                    runs[kind].append(fleet_run(nodes[:1] if kind == "one" else nodes, one if kind == "one" else fleet, play))
-                log("fleet (%s): run %d: 1 node %.2f s, %d nodes %.2f s"
-                    % (strategy, number + 1, runs["one"][-1]["wall_s"], args.nodes, runs["fleet"][-1]["wall_s"]))
-            summary = {key: median([run[key] for run in runs["fleet"]]) for key in
-                       ("wall_s", "controller_cpu_per_host_s", "node_cpu_per_host_s")}
-            summary["one_node_wall_s"] = median([run["wall_s"] for run in runs["one"]])
-            summary["ratio"] = summary["wall_s"] / summary["one_node_wall_s"]
-            results["strategies"][strategy] = {"cold_fleet": cold, "runs": runs, "median": summary}
+        inventory = write_inventory(workdir, nodes)
+        results = {"nodes": args.nodes, "forks": args.nodes, "cpus": len(os.sched_getaffinity(0)),
+                   "release_latency_s": 0.5, "up_s": time.monotonic() - started,
+                   "plays": {kind: str(plays[kind].relative_to(REPO)) if kind != "ping" else "one ping task, strategy free"
+                             for kind in FLEET_KINDS}}
+        results["cold"] = {kind: fleet_run(nodes, inventory, plays[kind], 0) for kind in ("ping", "check", "reset")}
+        runs = {kind: [] for kind in FLEET_KINDS}
+        for number in range(args.fleet_runs):
+            shift = number % len(FLEET_KINDS)
+            for kind in FLEET_KINDS[shift:] + FLEET_KINDS[:shift]:
+                if kind == "reset_orphaned":
+                    prepared = time.monotonic()
+                    _in_parallel(_orphan_vllm, nodes)
+                    log("fleet: %d orphaned vLLM TP=8 trees in %.1f s" % (len(nodes), time.monotonic() - prepared))
+                runs[kind].append(fleet_run(nodes, inventory, plays[kind], 1 if kind == "reset_orphaned" else 0))
+            ping = runs["ping"][-1]
+            for kind in FLEET_KINDS:
+                runs[kind][-1]["ratio"] = {figure: runs[kind][-1][figure] / ping[figure] for figure in FLEET_FIGURES}
+            log("fleet: round %d: %s" % (number + 1, ", ".join(
+                "%s %.2f s wall, %.3f + %.3f s CPU/host" % (kind, runs[kind][-1]["wall_s"], runs[kind][-1]["controller_cpu_per_host_s"],
+                                                          runs[kind][-1]["node_cpu_per_host_s"]) for kind in FLEET_KINDS)))
     finally:
         for node in nodes:
             node.down()
+    results["runs"] = runs
+    results["median"] = {kind: {figure: median([run[figure] for run in runs[kind]]) for figure in FLEET_FIGURES}
+                         for kind in FLEET_KINDS}
+    results["median_ratio"] = {kind: {figure: median([run["ratio"][figure] for run in runs[kind]]) for figure in FLEET_FIGURES}
+                               for kind in FLEET_KINDS}
+    # What ending the trees and waiting for the release added, per host, paired by round.
+    results["orphaned_minus_clean"] = {figure: median([o[figure] - c[figure] for o, c in zip(runs["reset_orphaned"], runs["reset"])])
+                                       for figure in FLEET_FIGURES}
     return results
 
 
@@ -403,7 +513,7 @@ REDEPLOY_PHASES = (  # (phase, task name fragments), first match wins
 
 def _junit_tasks(directory: Path) -> list[tuple[str, float]]:
     """(task name, seconds) of every test case in the junit callback's XML files under `directory`."""
-    import xml.etree.ElementTree as ElementTree
+    from xml.etree import ElementTree
 
     tasks = []
     for path in sorted(directory.glob("*.xml")):
@@ -473,11 +583,12 @@ def bench_redeploy(args, workdir: Path) -> dict:
                 try:
                     figures = redeploy_once(inventory, override, log_file, workdir, number)
                 finally:
-                    if load is not None:
-                        results = load.finish()
-                        figures["requests"] = len(results)
-                        figures["failed_requests"] = len([r for r in results if r[1] != 200 or r[2] != "length"])
+                    # The load ends and routing is restored even when the redeploy raised.
+                    results = load.finish() if load is not None else None
                     routed.unlink(missing_ok=True)
+                if results is not None:
+                    figures["requests"] = len(results)
+                    figures["failed_requests"] = len([r for r in results if r[1] != 200 or r[2] != "length"])
                 runs[kind].append(figures)
                 log("redeploy: %s run %d: %.2f s wall, rest %.2f s" % (kind, run + 1, figures["wall_s"], figures["rest"]))
     finally:
@@ -525,14 +636,22 @@ def table(results: dict) -> str:
                     % median([run["cpu_s"] for run in node["runs"]["reset"]]))
     fleet = results.get("fleet")
     if fleet:
-        for strategy, data in fleet["strategies"].items():
-            summary = data["median"]
-            rows.append("| fleet (%s): 1 node over SSH | %.2f s | | |" % (strategy, summary["one_node_wall_s"]))
-            rows.append("| fleet (%s): %d nodes over SSH, forks %d | %.2f s | | |" % (strategy, fleet["nodes"], fleet["nodes"], summary["wall_s"]))
-            rows.append("| fleet (%s): %d nodes / 1 node | %.2f | <= 2.5 | %s |" % (
-                strategy, fleet["nodes"], summary["ratio"], "yes" if summary["ratio"] <= 2.5 else "no"))
-            rows.append("| fleet (%s): CPU per node, controller + node side | %.2f + %.2f s | | |" % (
-                strategy, summary["controller_cpu_per_host_s"], summary["node_cpu_per_host_s"]))
+        label = "fleet, %d nodes over SSH, forks %d, %d CPUs" % (fleet["nodes"], fleet["forks"], fleet["cpus"])
+        ping = fleet["median"]["ping"]
+        rows.append("| %s: play of one ping task (wall; controller + node CPU per host) | %.2f s; %.3f + %.3f s | | |" % (
+            label, ping["wall_s"], ping["controller_cpu_per_host_s"], ping["node_cpu_per_host_s"]))
+        for kind in FLEET_KINDS[1:]:
+            absolute, ratio = fleet["median"][kind], fleet["median_ratio"][kind]
+            for figure, words in (("controller_cpu_per_host_s", "controller CPU per host"),
+                                  ("node_cpu_per_host_s", "node CPU per host"), ("wall_s", "wall")):
+                goal = FLEET_GOALS.get((kind, figure))
+                rows.append("| fleet: %s / ping play, %s | %.2f (%.3f s) | %s | %s |" % (
+                    FLEET_TITLES[kind], words, ratio[figure], absolute[figure], "<= %.1f" % goal if goal else "",
+                    ("yes" if ratio[figure] <= goal else "no") if goal else ""))
+        extra = fleet["orphaned_minus_clean"]
+        rows.append("| fleet: reset with orphaned trees - clean reset (ending + release %.1f s), per host | "
+                    "%.3f s controller CPU, %.3f s node CPU, %.2f s wall | | |" % (
+                        fleet["release_latency_s"], extra["controller_cpu_per_host_s"], extra["node_cpu_per_host_s"], extra["wall_s"]))
     redeploy = results.get("redeploy")
     if redeploy:
         for kind, figures in redeploy["median"].items():
@@ -552,8 +671,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer runs and smaller loads")
     parser.add_argument("--sections", default="scan,release,node,fleet")
     parser.add_argument("--runs", type=int, help="runs per comparison (default 5, quick 2)")
-    parser.add_argument("--nodes", type=int, default=32, help="nodes of the SSH fleet")
-    parser.add_argument("--strategies", default="linear,free", help="strategies for the fleet")
+    parser.add_argument("--nodes", type=int, default=16, help="nodes of the SSH fleet (8 GPUs each)")
     parser.add_argument("--out", type=Path, default=REPO / "docs", help="where performance.json and performance.svg go")
     args = parser.parse_args(argv)
     if os.geteuid() != 0:
@@ -563,8 +681,7 @@ def main(argv: list[str] | None = None) -> int:
     args.scan_rounds = max(3, args.runs + 2)
     args.latencies = [0.5, 2.0] if args.quick else [0.5, 2.0, 10.0]
     args.release_runs = args.runs if args.quick else 3
-    args.fleet_runs = max(1, args.runs - 2) if not args.quick else 1
-    args.strategies = args.strategies.split(",")
+    args.fleet_runs = args.runs
     sections = args.sections.split(",")
     unknown = set(sections) - {"scan", "release", "node", "fleet", "redeploy"}
     if unknown:
@@ -583,8 +700,9 @@ def main(argv: list[str] | None = None) -> int:
     results["machine"]["load_after"] = os.getloadavg()
     results["duration_s"] = time.monotonic() - started
     args.out.mkdir(parents=True, exist_ok=True)
-    if sections == ["redeploy"]:  # alone: keep the other sections' figures
-        (args.out / "performance-redeploy.json").write_text(json.dumps(results, indent=1) + "\n")
+    alone = sections[0] if sections in (["redeploy"], ["fleet"]) else None  # alone: keep the other sections' figures
+    if alone:
+        (args.out / ("performance-%s.json" % alone)).write_text(json.dumps(results, indent=1) + "\n")
     else:
         (args.out / "performance.json").write_text(json.dumps(results, indent=1) + "\n")
         (args.out / "performance.svg").write_text(plot.svg(results))
@@ -592,7 +710,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\n%d CPUs, load %s before and %s after; %.0f s; raw results: %s" % (
         results["machine"]["cpus"], "/".join("%.1f" % x for x in results["machine"]["load_before"]),
         "/".join("%.1f" % x for x in results["machine"]["load_after"]), results["duration_s"],
-        args.out / ("performance-redeploy.json" if sections == ["redeploy"] else "performance.json")))
+        args.out / ("performance-%s.json" % alone if alone else "performance.json")))
     return 0
 
 
