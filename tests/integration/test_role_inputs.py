@@ -193,8 +193,8 @@ def test_check_gpus_grace_and_one_greppable_line_per_host(simnode, tmp_path, mon
     monkeypatch.setenv("ANSIBLE_CALLBACK_FORMAT_PRETTY", "false")
     rc, out, recap = playbook(inventory, CHECK)
     assert rc == 0, out
-    lines = [line for line in out.splitlines() if "check_gpus " in line]
-    found = [re.search(r'check_gpus [^"]*', line).group(0) for line in lines]
+    # What the documented `grep -o 'check_gpus [^"]*'` prints: every match, one per line.
+    found = re.findall(r'check_gpus [^"]*', out)
     assert sorted(found[:2]) == sorted(["check_gpus %s: GPUs free (2 checked): no holder, used memory at most 256 MiB each"
                                         % releasing.name,
                                         "check_gpus %s: GPUs free (1 checked): no holder, used memory at most 256 MiB each"
