@@ -16,7 +16,7 @@ import os
 import pwd
 import traceback
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _holders, _nvml, _owners, _procscan, _shapes
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _holders, _nvml, _procscan, _shapes
 
 try:
     import psutil
@@ -176,9 +176,12 @@ class Inspector:
         view = _holders.merge(driver, table, scan, processes, tolerance_mib, exclude_pids=own,
                               caps=_procscan.cap_map(self.proc) if mig else None)
         if owners or (owners is None and listed is None):
+            # Imported here: a look without owners (every poll of a wait, check_gpus) spares the module the
+            # compilation of _owners, which Ansible ships as source.
+            from ansible_collections.gpuops.nvidia.plugins.module_utils._owners import owner_of
             cache = {}
             for process in view["holders"] + view["device_users"]:
-                process["owner"] = _owners.owner_of(process["pid"], self.proc, cache=cache)
+                process["owner"] = owner_of(process["pid"], self.proc, cache=cache)
         for holder in view["holders"]:
             if holder["ppid"] > 1:
                 parent = _procscan.read_stat(holder["ppid"], self.proc)

@@ -6,8 +6,10 @@ import signal
 import threading
 import time
 
-# drafter, node and serve are pytest fixtures of test_simvllm, used here by name.
-from test_simvllm import drafter, http, metric, metric_samples, node, refused, serve, wait_for  # noqa: F401  # pylint: disable=unused-import
+# drafter, fake_driver_dir, node and serve are pytest fixtures of test_simvllm, used here by name (serve needs
+# fake_driver_dir: a fixture's own fixtures must be importable here too).
+from test_simvllm import (drafter, fake_driver_dir, http, metric, metric_samples, node, refused, serve,  # noqa: F401  # pylint: disable=unused-import
+                          wait_for)
 
 V2_RUNNER = {"VLLM_USE_V2_MODEL_RUNNER": "1"}
 

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import os
 import subprocess
+from pathlib import Path
 
 import psutil
 import pytest
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils import _gpus, _holders, _procscan
+from polling import wait_for
 
 # A PID no process can have (above the kernel's maximum pid_max, 2**22).
 NO_SUCH_PID = 5000001
@@ -26,7 +28,11 @@ def children():
     def start(count):
         for _number in range(count):
             started.append(subprocess.Popen(["sleep", "60"]))
-        return [p.pid for p in started[-count:]]
+        pids = [p.pid for p in started[-count:]]
+        # Until the child has exec'd, /proc shows the forked Python with an empty command line.
+        wait_for(lambda: all(Path("/proc/%d/cmdline" % pid).read_bytes() == b"sleep\x0060\x00" for pid in pids), 10,
+                 what="the sleep children's exec")
+        return pids
 
     yield start
     for child in started:
