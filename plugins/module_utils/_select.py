@@ -269,6 +269,10 @@ class Selection:
 
     def leave_reason(self, holder):
         """Why the selection leaves this holder of a selected GPU alone, or None for a target."""
+        return self.narrowing_reason(holder) or protection(holder, self.own_chain, self.exclude, self.include_protected)
+
+    def narrowing_reason(self, holder):
+        """Why pids, match, users or an owner filter leave this holder alone, or None (the protection rules aside)."""
         if self.pids is not None and holder["pid"] not in self.pids:
             return "not in pids"
         if self.regex is not None and not self.regex.search(holder.get("cmdline") or ""):
@@ -276,24 +280,26 @@ class Selection:
         if self.users is not None and holder.get("user") not in self.users and str(holder.get("uid")) not in self.users:
             return "user %s not in users" % holder.get("user")
         if self.owners:
-            reason = _owners().mismatch(holder.get("owner"), **self.owners)
-            if reason:
-                return reason
-        return protection(holder, self.own_chain, self.exclude, self.include_protected)
+            return _owners().mismatch(holder.get("owner"), **self.owners)
+        return None
 
     def split(self, view):
-        """{"targets": [holder], "left_alone": [holder + reason], "not_holding": [PIDs from `pids` that hold none of
-        the selected GPUs]} for the holders of the selected GPUs in `view`."""
-        targets, left = [], []
+        """{"targets": [holder], "left_alone": [holder + reason], "protected": [the left_alone entries that the
+        protection rules or `exclude` leave alone, rather than pids, match, users or an owner filter], "not_holding":
+        [PIDs from `pids` that hold none of the selected GPUs]} for the holders of the selected GPUs in `view`."""
+        targets, left, protected = [], [], []
         covered = [h for h in view["holders"] if self.covers(h)]
         for holder in covered:
-            reason = self.leave_reason(holder)
+            narrowed = self.narrowing_reason(holder)
+            reason = narrowed or protection(holder, self.own_chain, self.exclude, self.include_protected)
             if reason is None:
                 targets.append(holder)
-            else:
-                left.append(dict(holder, reason=reason))
+                continue
+            left.append(dict(holder, reason=reason))
+            if narrowed is None:
+                protected.append(left[-1])
         not_holding = sorted((self.pids or set()) - {h["pid"] for h in covered})
-        return {"targets": targets, "left_alone": left, "not_holding": not_holding}
+        return {"targets": targets, "left_alone": left, "protected": protected, "not_holding": not_holding}
 
     def gpu_status(self, view, max_used_mib):
         """Per selected GPU: is it released? [dicts with _shapes.WAIT_GPU_KEYS]: "holders" are the targets still

@@ -325,7 +325,6 @@ before:
 """
 
 import gc
-import re
 import time
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
@@ -394,7 +393,7 @@ def run(module, inspector, selection, view, sig):
                   mig_instances={str(i): sorted(uuids) for i, uuids in sorted(selection.instances.items())},
                   driver=view["driver"], would_signal=[], signalled=[], exited=[],
                   survived=[], not_signalled=[], respawned=[], left_alone=split["left_alone"],
-                  protected=[h for h in split["left_alone"] if not _NARROWING.match(h["reason"])],
+                  protected=split["protected"],
                   not_holding=split["not_holding"], foreign=_foreign(view, selection), before=view)
     result.update(stopped_units=[], owner_commands=[])
     # owner_note, owner_command, owner_label; on copies, so that RV(before) keeps the holders' shape of gpu_facts.
@@ -446,10 +445,6 @@ def stop_units(module, targets, result):
     result["changed"] = bool(units)
     result["owner_commands"] = sorted({_owners.stop_command(t["owner"]) for t in targets
                                        if (t.get("owner") or {}).get("container_id") or (t.get("owner") or {}).get("pod_uid")})
-
-
-# left_alone reasons that come from pids/match/users (the others are protections and `exclude`).
-_NARROWING = re.compile(r"not in pids|command line does not match|user .* not in users")
 
 
 def _foreign(view, selection):

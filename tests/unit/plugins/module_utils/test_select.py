@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import re
 
 import pytest
 
@@ -445,3 +446,21 @@ def test_brief():
                                         "cmdline": "VLLM::EngineCore", "user": "svc-llm", "memory_mib": 500,
                                         "attribution": "driver", "parent": {"pid": 4000, "comm": "bash"}}
     assert _select.brief(ENGINE, 2)["memory_mib"] is None and _select.brief(ENGINE, None)["attribution"] is None
+
+
+def test_split_tells_protection_from_narrowing():
+    """gpu_kill's `protected` lists the holders the protection rules or `exclude` leave alone; those that pids, match,
+    users or an owner filter leave alone are in `left_alone` only."""
+    unit = dict(holder(5000010, {0: 1000}), owner={"systemd_unit": "other.service"})
+    daemon = holder(5000011, {0: 10}, cmdline="/usr/bin/nvidia-persistenced", comm="nvidia-persiste")
+    target = dict(holder(5000012, {0: 2000}), owner={"systemd_unit": "vllm@a.service"})
+    view = make_view([gpu(0)], [unit, daemon, target])
+    split = _select.Selection(None, own_chain=OWN_CHAIN, owners={"units": ["vllm@a"]}).split(view)
+    assert [h["pid"] for h in split["targets"]] == [5000012]
+    assert {h["pid"]: h["reason"] for h in split["left_alone"]} == {
+        5000010: "unit not in units", 5000011: "unit not in units"}
+    split = _select.Selection(None, own_chain=OWN_CHAIN).split(view)
+    assert [h["pid"] for h in split["protected"]] == [5000011]
+    assert split["protected"][0]["reason"] == "protected GPU daemon (nvidia-persistenced)"
+    split = _select.Selection(None, own_chain=OWN_CHAIN, regex=re.compile("vllm")).split(view)
+    assert split["protected"] == [] and len(split["left_alone"]) == 1
