@@ -239,7 +239,9 @@ released:
   returned: when O(wait=true) and not in check mode
   type: bool
 wait_timed_out:
-  description: With O(wait=true), true when the module failed because the GPUs were not released in time.
+  description:
+    - With O(wait=true), true when the module failed because the GPUs were not released, within O(wait_timeout) or
+      before it when waiting could not help (a lost GPU, a hung driver; RV(wait) says which).
   returned: when O(wait=true) and not in check mode
   type: bool
 wait:
@@ -407,7 +409,8 @@ def run(module, inspector, selection, view, sig):
 
     def choose(_first):
         return [_report.annotate(t) for t in
-                selection.split(inspector.snapshot(scope="listed", indices=selection.indices, owners=True))["targets"]]
+                selection.split(inspector.snapshot(scope="listed", indices=selection.indices, owners=True,
+                                                   tolerance_mib=params["max_used_mib"]))["targets"]]
 
     outcome = _terminate.end_until_gone(choose, targets, sig, params["grace_period"], params["kill_wait"])
     result.update(outcome)
