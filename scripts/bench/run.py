@@ -115,6 +115,7 @@ NOOP_PLAY = """- name: One task that reaches the host
       ansible.builtin.ping:
 """
 
+
 def ansible_env() -> dict[str, str]:
     """The environment of every ansible-playbook the benchmark runs: this checkout's venv and ansible.cfg, no colour,
     the stdout callback that ansible.cfg names (plain ansible-playbook, no wrapper: its CPU is what is measured)."""
@@ -481,8 +482,9 @@ def bench_fleet(args, workdir: Path) -> dict:
             for kind in FLEET_KINDS:
                 runs[kind][-1]["ratio"] = {figure: runs[kind][-1][figure] / ping[figure] for figure in FLEET_FIGURES}
             log("fleet: round %d: %s" % (number + 1, ", ".join(
-                "%s %.2f s wall, %.3f + %.3f s CPU/host" % (kind, runs[kind][-1]["wall_s"], runs[kind][-1]["controller_cpu_per_host_s"],
-                                                          runs[kind][-1]["node_cpu_per_host_s"]) for kind in FLEET_KINDS)))
+                "%s %.2f s wall, %.3f + %.3f s CPU/host" % (
+                    kind, runs[kind][-1]["wall_s"], runs[kind][-1]["controller_cpu_per_host_s"],
+                    runs[kind][-1]["node_cpu_per_host_s"]) for kind in FLEET_KINDS)))
     finally:
         for node in nodes:
             node.down()
