@@ -20,6 +20,11 @@ DEFAULT_MAX_USED_MIB = 256
 NVML_SLACK_S = 1.0
 # Seconds between two looks: a look costs a few ms on a node with a few hundred processes.
 DEFAULT_POLL_INTERVAL_S = 0.02
+# The wait's options, shared by gpu_wait and gpu_kill (wait=true).
+WAIT_ARGS = dict(
+    max_used_mib=dict(type="int", default=DEFAULT_MAX_USED_MIB),
+    poll_interval=dict(type="float", default=DEFAULT_POLL_INTERVAL_S),
+)
 
 
 def next_step(gpu):

@@ -343,9 +343,7 @@ def main():
             stop_owners=dict(type="bool", default=False),
             wait=dict(type="bool", default=False),
             wait_timeout=dict(type="float", default=60.0),
-            max_used_mib=dict(type="int", default=_wait.DEFAULT_MAX_USED_MIB),
-            poll_interval=dict(type="float", default=_wait.DEFAULT_POLL_INTERVAL_S),
-            **dict(_select.HOLDER_ARGS, **_gpus.SELECTION_ARGS)
+            **dict(_wait.WAIT_ARGS, **_select.HOLDER_ARGS, **_gpus.SELECTION_ARGS)
         ),
         supports_check_mode=True,
     )
