@@ -18,11 +18,13 @@ from simnode import inventory_file
 from test_vllm_server import CORRECTED, free_ports, instance, run, server_tree, summary, tree_pids, write_host_vars
 
 CHECK = REPO / "playbooks" / "check_vllm.yml"
-SLOW = {"SIMVLLM_LOAD_SECONDS": "0.3", "SIMVLLM_TOKEN_SECONDS": "0.1"}  # a 40-token request takes 4 s
+SLOW = {"SIMVLLM_LOAD_SECONDS": "0.3", "SIMVLLM_TOKEN_SECONDS": "0.1"}  # a 100-token request takes 10 s
 
 
 class Load:
-    """Clients sending completions of 40 tokens in a loop until `routed` (a file) disappears; every result is kept."""
+    """Clients sending completions of 100 tokens (10 s each) in a loop until `routed` (a file) disappears; every result is
+    kept. Requests this long are still running when the drain reads its first gauges, one or two Ansible tasks after the
+    hook took the instance out of routing, even on a loaded machine."""
 
     def __init__(self, port, model, routed, clients=4):
         self.port, self.model, self.routed = port, model, routed
@@ -37,7 +39,7 @@ class Load:
             if not self.routed.exists():  # out of routing: the load balancer sends nothing here
                 time.sleep(0.05)
                 continue
-            body = json.dumps({"model": self.model, "prompt": "client %d" % number, "max_tokens": 40}).encode()
+            body = json.dumps({"model": self.model, "prompt": "client %d" % number, "max_tokens": 100}).encode()
             request = urllib.request.Request("http://127.0.0.1:%d/v1/completions" % self.port, body,
                                              {"Content-Type": "application/json"})
             sent = time.time()
