@@ -199,20 +199,13 @@ class Inspector:
 
 
 def _listed_pids(driver, indices, tolerance_mib):
-    """The PIDs the driver lists on any GPU when, on every GPU of `indices` (None = all), their memory explains
-    the used memory within tolerance_mib; else None (a full scan is needed)."""
+    """The PIDs the driver lists on any GPU when its lists explain the memory of every GPU of `indices` (None = all,
+    _holders.lists_explain); else None (a full scan is needed)."""
     if not driver.get("available") or not driver.get("gpus"):
         return None
     pids = set()
     for gpu in driver["gpus"]:
-        processes = gpu.get("processes", [])
-        pids.update(item["pid"] for item in processes)
-        if indices is not None and gpu["index"] not in indices:
-            continue
-        memory = gpu.get("memory") or {}
-        if gpu.get("error") or memory.get("used_mib") is None:
-            return None
-        listed = sum(item["used_mib"] or 0 for item in processes)
-        if memory["used_mib"] - listed > tolerance_mib:
+        pids.update(item["pid"] for item in gpu.get("processes", []))
+        if (indices is None or gpu["index"] in indices) and not _holders.lists_explain(gpu, driver, tolerance_mib):
             return None
     return pids

@@ -72,6 +72,27 @@ def reserved_allowance(total_mib, memory, driver):
     return int(total_mib * V1_RESERVED_SHARE)
 
 
+def lists_explain(nvml_gpu, driver, tolerance_mib):
+    """True when the driver's lists explain a GPU's used memory, and each of its MIG instances', within the tolerance
+    (plus the v1 reserved allowance), as merge judges it: then no process the lists leave out can be a holder there,
+    and a look needs only the listed PIDs' fds (_gpus.Inspector.snapshot, scope "listed"). Stricter than merge in one
+    case: an entry without a figure (NVML_VALUE_NOT_AVAILABLE) is not taken as explaining anything here, so such a
+    GPU is always looked at with a full scan."""
+    memory = nvml_gpu.get("memory") or {}
+    items = nvml_gpu.get("processes", [])
+    if nvml_gpu.get("error") or memory.get("used_mib") is None or any(item["used_mib"] is None for item in items):
+        return False
+    parts = [(memory, items)] + [(device, [item for item in items if _instance_of(item, [device]) is device])
+                                 for device in nvml_gpu.get("mig_devices") or ()]
+    for part, listed in parts:
+        total = part.get("total_mib", part.get("memory_total_mib"))
+        used = part.get("used_mib", part.get("memory_used_mib"))
+        tolerance = tolerance_mib + reserved_allowance(total, part, driver)
+        if _memory_unexplained(used, sum(item["used_mib"] for item in listed), False, tolerance)[1]:
+            return False
+    return True
+
+
 def _instances_held(cap_minors, gpu_minor, instances, lookup):
     """The MIG devices of GPU minor `gpu_minor` (`instances`: mig_devices entries) whose capability files a process
     holds (`cap_minors`): those whose compute instance file it holds, or, for a GPU instance file alone, every

@@ -20,7 +20,7 @@ import psutil
 import pynvml
 import pytest
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _gpus, _procscan
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _gpus, _holders, _procscan
 from polling import wait_for
 
 NO_SUCH_PID = 5000001  # above the largest pid_max (2^22): never a process
@@ -161,6 +161,22 @@ def test_listed_pids_ignores_unselected_gpus_but_lists_their_pids():
     assert _gpus._listed_pids(reading, None, 256) is None
     assert _gpus._listed_pids(reading, [0], 256) == {11, 12}
     assert _gpus._listed_pids(reading, [0, 2], 256) is None  # a lost GPU: full scan
+
+
+def test_listed_pids_judge_memory_as_merge_does():
+    """NVML memory info v1 counts reserved memory as used: the reserved allowance that merge adds to the tolerance
+    applies here too, so an idle v1 GPU needs no full scan, and a GPU merge finds unexplained always gets one."""
+    v1 = nvml_gpu(0, 600, [(11, 100, "compute")])
+    v1["memory"].update(source="nvmlDeviceGetMemoryInfo", reserved_mib=None)
+    reading = driver(v1)
+    allowance = _holders.reserved_allowance(81559, v1["memory"], reading)
+    assert allowance > 500
+    assert _gpus._listed_pids(reading, None, 256) == {11}
+    view = _holders.merge(reading, _gpus.minor_map(reading)[0], {}, {}, 256)
+    assert view["gpus"][0]["memory_unexplained"] is False
+    v1["memory"]["used_mib"] = 100 + 256 + allowance + 1
+    assert _gpus._listed_pids(reading, None, 256) is None
+    assert _holders.merge(reading, _gpus.minor_map(reading)[0], {}, {}, 256)["gpus"][0]["memory_unexplained"] is True
 
 
 @pytest.mark.parametrize("reading", [NO_DRIVER, driver(), driver(nvml_gpu(0, None)),
