@@ -12,19 +12,16 @@ the GPUs), reads the identity of the processes found, and hands everything to th
 from __future__ import annotations
 
 import datetime
+import importlib.util
 import os
 import pwd
 import traceback
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils import _holders, _nvml, _procscan, _shapes
 
-try:
-    import psutil
-except ImportError:
-    psutil = None
-    PSUTIL_IMPORT_ERROR = traceback.format_exc()
-else:
-    PSUTIL_IMPORT_ERROR = None
+# psutil describes holders only: a look that finds none (a clean host, most runs across an inventory) does not
+# import it (about 8 ms of the module's CPU); its presence is checked here, the import is in Inspector.snapshot.
+PSUTIL_IMPORT_ERROR = None if importlib.util.find_spec("psutil") else "No module named 'psutil'"
 
 try:
     import pynvml
@@ -168,6 +165,8 @@ class Inspector:
             scan = _procscan.scan_pids(sorted(listed - own), self.proc)
         wanted = set(scan) | {item["pid"] for gpu in driver.get("gpus", []) for item in gpu.get("processes", [])}
         processes = {}
+        if wanted - own:
+            import psutil
         for pid in sorted(wanted - own):
             details = process_details(psutil, pid, self.proc)
             if details is not None:

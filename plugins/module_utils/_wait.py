@@ -129,6 +129,15 @@ def conclude(result, driver_timeout, single_look=False):
                          "; ".join(describe(gpu) for gpu in stuck), left)
 
 
+def describe_unread(result):
+    """The selected GPUs whose used memory was not read (a wait_released() result completed by conclude()), in words."""
+    unread = [gpu for gpu in result["gpus"] if not gpu["memory_checked"]]
+    which = ("every GPU" if any(gpu["index"] is None for gpu in unread)
+             else "GPU %s" % ", ".join(str(gpu["index"]) for gpu in unread))
+    return ("used memory of %s not read (NVIDIA driver library not usable: %s); no process holds them (/proc scan)"
+            % (which, result["driver"].get("error") or "no error given"))
+
+
 def describe(gpu):
     """One GPU that is not released, in words (never None or empty lists)."""
     parts = []

@@ -108,6 +108,13 @@ options:
         before O(timeout) plus one second.
     type: float
     default: 10.0
+  require_memory:
+    description:
+      - Fail when the used memory of a selected GPU could not be read (no usable NVIDIA driver library), even though the
+        C(/proc) scan found no holder. With V(false) such a wait succeeds with a warning (RV(memory_checked) is V(false)).
+      - C(playbooks/check_gpus.yml) sets it unless C(check_gpus_allow_proc_only) is true.
+    type: bool
+    default: false
 seealso:
   - module: gpuops.nvidia.gpu_kill
   - module: gpuops.nvidia.gpu_facts
@@ -193,6 +200,7 @@ def main():
     module = AnsibleModule(
         argument_spec=dict(
             timeout=dict(type="float", default=60.0),
+            require_memory=dict(type="bool", default=False),
             **dict(_wait.WAIT_ARGS, **_select.HOLDER_ARGS, **_gpus.SELECTION_ARGS)
         ),
         supports_check_mode=True,
@@ -213,7 +221,11 @@ def main():
             selection = _select.Selection.from_params(params, first)
         except _select.SelectionError as exc:
             module.fail_json(msg=str(exc), driver=first["driver"])
-        result = _wait.wait_released(inspector, selection, params["timeout"], params["max_used_mib"], params["poll_interval"])
+        # The first look serves as the wait's first poll (one NVML query and one scan where the GPUs are free), unless
+        # owner filters need the owners that a listed-PIDs look leaves out.
+        reuse = not selection.owners or first["scan"] == "full"
+        result = _wait.wait_released(inspector, selection, params["timeout"], params["max_used_mib"], params["poll_interval"],
+                                     first=first if reuse else None)
         result["after"] = result.pop("view")
     finally:
         inspector.close()
@@ -230,6 +242,10 @@ def finish(module, params, result):
         module.warn("NVIDIA driver library not usable (%s): waited for holders from the /proc scan alone; "
                     "memory release is not confirmed" % driver["error"])
     msg = _wait.conclude(result, params["driver_timeout"], params["timeout"] == 0)
+    if result["released"] and not result["memory_checked"] and params["require_memory"]:
+        msg = ("not checked: %s; next: make the NVIDIA driver library usable on this host (libnvidia-ml.so.1 and the "
+               "nvidia-ml-py package), or accept a check from /proc alone (require_memory=false)" % _wait.describe_unread(result))
+        module.fail_json(msg=msg, changed=False, **result)
     if result["released"]:
         module.exit_json(changed=False, msg=msg, **result)
     module.fail_json(msg=msg, changed=False, **result)

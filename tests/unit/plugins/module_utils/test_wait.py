@@ -212,6 +212,18 @@ def test_unchecked_memory_releases_on_holders_alone():
     assert result["released"] is True and result["gpus"][0]["memory_checked"] is False
 
 
+def test_describe_unread_names_the_gpus_and_the_driver_error():
+    result, _clock = wait(Scripted(view([gpu(0, 100), gpu(1, None, unexplained_mib=None, reserved_mib=None)],
+                                        driver=NO_DRIVER)))
+    _wait.conclude(result, 10.0)
+    text = _wait.describe_unread(result)
+    assert text == ("used memory of GPU 1 not read (NVIDIA driver library not usable: NVMLError_LibraryNotFound: NVML Shared "
+                    "Library Not Found); no process holds them (/proc scan)")
+    whole, _clock = wait(Scripted(view([], [], driver=NO_DRIVER)))
+    _wait.conclude(whole, 10.0)
+    assert _wait.describe_unread(whole).startswith("used memory of every GPU not read")
+
+
 # --- next_step -----------------------------------------------------------------------------------------------------
 
 def status_of(holders=(), used_mib=70000, unexplained_mib=0, checked=True, index=3, error=None, foreign=(), suspects=()):
