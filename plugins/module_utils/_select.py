@@ -267,10 +267,6 @@ class Selection:
                 return True
         return False
 
-    def leave_reason(self, holder):
-        """Why the selection leaves this holder of a selected GPU alone, or None for a target."""
-        return self.narrowing_reason(holder) or protection(holder, self.own_chain, self.exclude, self.include_protected)
-
     def narrowing_reason(self, holder):
         """Why pids, match, users or an owner filter leave this holder alone, or None (the protection rules aside)."""
         if self.pids is not None and holder["pid"] not in self.pids:
@@ -304,7 +300,8 @@ class Selection:
     def gpu_status(self, view, max_used_mib):
         """Per selected GPU: is it released? [dicts with _shapes.WAIT_GPU_KEYS]: "holders" are the targets still
         holding it (brief), "left_alone" the left-alone holders (brief + reason) and "left_alone_mib" their memory,
-        "mig_uuid" the MIG instance (None for a whole GPU; MIG instances add "mig_profile"), "memory_note" why more
+        "mig_uuid" the MIG instance (None for a whole GPU; MIG instances add "mig_profile"; a whole GPU in MIG mode that
+        is not released adds "mig_in_use", its instances that hold memory or processes), "memory_note" why more
         used memory counts as idle (NVML memory info v1), "released" whether no target holds it and its used memory
         less left_alone_mib is at most max_used_mib (plus reserved_allowance_mib).
 
@@ -333,7 +330,7 @@ class Selection:
                 left_mib += gpu["unexplained_mib"]
             used = gpu["memory_used_mib"]
             checked = used is not None
-            status.append(_shapes.entry(
+            entry = _shapes.entry(
                 _shapes.WAIT_GPU_KEYS, index=index, uuid=gpu.get("uuid"), memory_used_mib=used,
                 memory_reserved_mib=gpu["memory_reserved_mib"], unexplained_mib=gpu["unexplained_mib"],
                 memory_unexplained=gpu["memory_unexplained"], holders=holders, left_alone=left,
@@ -344,7 +341,13 @@ class Selection:
                 # A GPU the driver answers with an error (lost, fallen off the bus) is never "released".
                 released=(not holders and not gpu.get("error") and not timed_out
                           and (not checked or used - left_mib <= max_used_mib + (gpu.get("reserved_allowance_mib") or 0))),
-            ))
+            )
+            if not entry["released"] and gpu.get("mig_devices"):
+                # A whole GPU in MIG mode that is not free: which of its instances hold memory or processes.
+                entry["mig_in_use"] = [{key: device.get(key) for key in ("uuid", "profile", "memory_used_mib", "holder_pids")}
+                                       for device in gpu["mig_devices"]
+                                       if device.get("holder_pids") or (device.get("memory_used_mib") or 0) > max_used_mib]
+            status.append(entry)
         return status
 
     def _instance_status(self, gpu, split, max_used_mib, timed_out):

@@ -47,7 +47,8 @@ VIEW_KEYS = ("gpus", "holders", "device_users", "unmapped_minors", "index_source
 BRIEF_HOLDER_KEYS = ("pid", "comm", "state", "cmdline", "user", "memory_mib", "attribution", "parent")
 LEFT_ALONE_KEYS = BRIEF_HOLDER_KEYS + ("reason",)
 # One selected GPU (or MIG instance) in a wait (_select.Selection.gpu_status); MIG instances add "mig_profile",
-# a GPU that is not released after a wait "next_step" (_wait.conclude).
+# a whole GPU in MIG mode that is not released "mig_in_use", a GPU that is not released after a wait "next_step"
+# (_wait.conclude).
 WAIT_GPU_KEYS = ("index", "uuid", "mig_uuid", "memory_used_mib", "memory_reserved_mib", "unexplained_mib",
                  "memory_unexplained", "holders", "left_alone", "left_alone_mib", "foreign", "suspects", "memory_checked",
                  "error", "reserved_allowance_mib", "memory_note", "released")

@@ -160,4 +160,10 @@ def describe(gpu):
         name += " MIG instance %s (%s)" % (gpu["mig_uuid"], gpu.get("mig_profile"))
     if gpu.get("memory_note"):
         parts.append(gpu["memory_note"])
+    if gpu.get("mig_in_use"):
+        parts.append("MIG instances in use: %s" % "; ".join(
+            "GPU %s MIG instance %s (%s): %s MiB used, %s" % (
+                gpu["index"], device["uuid"], device["profile"], device["memory_used_mib"],
+                "held by PID %s" % ", ".join(str(pid) for pid in device["holder_pids"]) if device["holder_pids"]
+                else "no holder found") for device in gpu["mig_in_use"]))
     return "%s: %s; next: %s" % (name, ", ".join(parts), gpu["next_step"])

@@ -233,8 +233,10 @@ def test_check_gpus_probe_changes_nothing_and_fails_on_dirty_gpus(simnode, tmp_p
     rc, out, recap = playbook(inventory, check)
     assert rc != 0 and recap[dirty.name]["failed"] == 1 and recap[clean.name]["failed"] == 0, out
     assert recap[dirty.name]["changed"] == 0 and recap[clean.name]["changed"] == 0
+    # The host fails at gpu_wait itself (one task per host), with its message; the greppable line says "not free".
     [line] = [l for l in out.splitlines() if l.startswith("fatal: [%s]" % dirty.name)]
-    assert "not free: GPU 1: 3000 MiB used" in line and "PID %d" % holder in line
+    assert "GPU 1: 3000 MiB used" in line and "PID %d" % holder in line
+    assert "check_gpus %s: not free: GPU 1: 3000 MiB used" % dirty.name in out, out
     assert "%s: GPUs free (2 checked)" % clean.name in out
     assert alive(dirty, holder)
     rc, out, recap = playbook(inventory, PLAYBOOK)

@@ -166,7 +166,7 @@ def shapes(result, name):
                 exactly(device, _shapes.MIG_DEVICE_KEYS, "MIG device")
     for wait in filter(None, [result if name == "gpu_wait" else None, result.get("wait")]):
         for gpu in wait["gpus"]:
-            exactly(gpu, _shapes.WAIT_GPU_KEYS, "wait GPU", optional=["mig_profile", "next_step"])
+            exactly(gpu, _shapes.WAIT_GPU_KEYS, "wait GPU", optional=["mig_profile", "mig_in_use", "next_step"])
             for holder in gpu["holders"]:
                 exactly(holder, _shapes.BRIEF_HOLDER_KEYS, "wait holder")
             for holder in gpu["left_alone"]:

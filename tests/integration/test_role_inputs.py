@@ -13,7 +13,7 @@ import subprocess
 
 import yaml
 
-from ansible_run import REPO, VENV_BIN, playbook
+from ansible_run import REPO, VENV_BIN, module, only, playbook
 from nodetools import alive, start_holder, wait_for
 from simnode import inventory_file
 
@@ -171,6 +171,31 @@ def test_check_gpus_without_driver_library_fails_by_default(simnode, tmp_path):
     rc, out, recap = playbook(inventory, CHECK, "-e", '{"check_gpus_wait": 0, "check_gpus_allow_proc_only": true}')
     assert rc == 0 and "GPUs free" not in out and re.search(r"no holder on (2 GPU\(s\)|every GPU)", out), out
     assert "check_gpus summary: 1 host(s): 1 without holders, memory not read (%s)" % node.name in out
+
+
+def test_gpu_wait_require_memory_and_return_after(simnode, tmp_path):
+    # check_gpus' one task per host: gpu_wait fails the host itself where memory could not be read (require_memory),
+    # and leaves the GPUs' facts out (return_after=false) while its message and gpus still name the holders.
+    (tmp_path / "bare").mkdir()
+    bare = inventory_file(tmp_path / "bare", simnode(gpus=2, no_driver=True))
+    status, result = only(module(bare, "gpuops.nvidia.gpu_wait", {"timeout": 0}))
+    assert status == "SUCCESS" and result["memory_checked"] is False and "after" in result, result
+    status, result = only(module(bare, "gpuops.nvidia.gpu_wait", {"timeout": 0, "require_memory": True}))
+    assert status == "FAILED!" and result["msg"].startswith("not checked: used memory of "), result
+    assert "no process holds them" in result["msg"] and "require_memory=false" in result["msg"], result
+
+    node = simnode(gpus=2, release_latency=0.1)
+    inventory = inventory_file(tmp_path, node)
+    status, result = only(module(inventory, "gpuops.nvidia.gpu_wait", {"timeout": 0, "return_after": False,
+                                                                       "require_memory": True}))
+    assert status == "SUCCESS" and "after" not in result and result["memory_checked"] is True, result
+    holder = start_holder(node, [1], mib=700)
+    status, result = only(module(inventory, "gpuops.nvidia.gpu_wait", {"timeout": 0, "return_after": False}))
+    assert status == "FAILED!" and "after" not in result and [h["pid"] for h in result["gpus"][1]["holders"]] == [holder], result
+    assert "GPU 1: 700 MiB used, held by PID %d" % holder in result["msg"], result
+    status, result = only(module(inventory, "gpuops.nvidia.gpu_wait", {"timeout": 0}))
+    assert status == "FAILED!" and result["after"]["gpus"][1]["holder_pids"] == [holder], result
+    assert alive(node, holder)
 
 
 def test_check_gpus_grace_and_one_greppable_line_per_host(simnode, tmp_path, monkeypatch):

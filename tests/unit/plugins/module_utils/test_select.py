@@ -14,7 +14,7 @@ import re
 
 import pytest
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _select
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _select, _wait
 
 OWN_CHAIN = {1, 700, 701}
 ME = pwd.getpwuid(os.getuid()).pw_name
@@ -360,6 +360,25 @@ def test_gpu_status_reports_targets_briefly_with_memory_attribution_and_parent()
     assert [(h["pid"], h["reason"][:20]) for h in by_index[0]["left_alone"]] == [(5000003, "protected GPU daemon")]
     assert by_index[0]["memory_checked"] is True and by_index[0]["memory_used_mib"] == 70003
     assert by_index[0]["memory_reserved_mib"] == 529 and by_index[0]["uuid"] == "GPU-0"
+
+
+def test_a_whole_mig_gpu_that_is_not_free_names_its_instances_in_use():
+    engine = holder(5000001, {0: 30000})
+    view = make_view([gpu(0, 30300), gpu(1, 3)], [engine])
+    view["gpus"][0]["mig_devices"] = [
+        {"uuid": "MIG-a", "profile": "3g.40gb", "memory_used_mib": 30000, "holder_pids": [5000001]},
+        {"uuid": "MIG-b", "profile": "2g.20gb", "memory_used_mib": 300, "holder_pids": []},
+        {"uuid": "MIG-c", "profile": "1g.10gb", "memory_used_mib": 0, "holder_pids": []}]
+    view["gpus"][1]["mig_devices"] = [{"uuid": "MIG-d", "profile": "7g.80gb", "memory_used_mib": 0, "holder_pids": []}]
+    by_index = status(selection(), view)
+    assert by_index[0]["mig_in_use"] == [
+        {"uuid": "MIG-a", "profile": "3g.40gb", "memory_used_mib": 30000, "holder_pids": [5000001]},
+        {"uuid": "MIG-b", "profile": "2g.20gb", "memory_used_mib": 300, "holder_pids": []}]
+    assert by_index[1]["released"] is True and "mig_in_use" not in by_index[1]
+    entry = dict(by_index[0], next_step="end them")
+    assert _wait.describe(entry).endswith(
+        "MIG instances in use: GPU 0 MIG instance MIG-a (3g.40gb): 30000 MiB used, held by PID 5000001; GPU 0 MIG "
+        "instance MIG-b (2g.20gb): 300 MiB used, no holder found; next: end them")
 
 
 def test_gpu_status_only_covers_the_selected_gpus():
