@@ -327,6 +327,17 @@ def test_a_hung_driver_is_named_and_holders_come_from_the_scan(capsys, recorder)
     assert any("Xid" in w for w in warnings(result))
 
 
+def test_with_nothing_to_end_the_wait_takes_the_first_look_and_looks_once(capsys, recorder):
+    # One snapshot per call where nothing is ended: the look that found nothing to end is the wait's first poll.
+    free = [dict(gpu(i), memory_unexplained=False, unexplained_mib=0, memory_reserved_mib=529, holder_pids=[5000003])
+            for i in (0, 1)]
+    rec = recorder(make_view([PERSISTENCED], gpus=free))
+    code, result = run_module(capsys, {"wait": True, "wait_timeout": 5})
+    assert code == 0 and result["released"] is True and result["wait"]["polls"] == 1, result
+    assert "GPU 1: 3 -> 3 MiB used, holders 1 -> 1" in result["summary"], result["summary"]
+    assert rec.snapshots == [("listed", None)] and rec.ended == []
+
+
 def test_nothing_to_do_is_not_a_change(capsys, recorder):
     rec = recorder(make_view([PERSISTENCED]))
     code, result = run_module(capsys, {})
