@@ -5,24 +5,20 @@
 """detached_process module: main() starting and stopping a real process of this test (the only one signalled)."""
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
 
 import pytest
-from ansible.module_utils.testing import patch_module_args
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils import _detached, _procscan
 from ansible_collections.gpuops.nvidia.plugins.modules import detached_process
 from ansible_collections.gpuops.nvidia.plugins.module_utils import _procscan
+from module_main import run_main
 
 
 def run_module(capsys, args):
-    with patch_module_args(args):
-        with pytest.raises(SystemExit) as exited:
-            detached_process.main()
-    return exited.value.code, json.loads(capsys.readouterr().out)
+    return run_main(detached_process, capsys, args)
 
 
 def test_start_is_idempotent_and_stop_ends_it(capsys, tmp_path):

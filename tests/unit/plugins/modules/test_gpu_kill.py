@@ -9,15 +9,13 @@ Views are synthetic dicts shaped like _holders.merge's output (see its docstring
 from __future__ import annotations
 
 import copy
-import json
 import re
 
 import pytest
-from ansible.module_utils.common import warnings as ansible_warnings
-from ansible.module_utils.testing import patch_module_args
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils import _gpus, _select, _terminate
 from ansible_collections.gpuops.nvidia.plugins.modules import gpu_kill
+from module_main import run_main
 
 OWN_CHAIN = {1, 700}
 DRIVER_OK = {"available": True, "error": None, "timed_out": False, "driver_version": "580.95.05",
@@ -149,19 +147,10 @@ def recorder(monkeypatch):
     return install
 
 
-@pytest.fixture(autouse=True)
-def own_warnings(monkeypatch):
-    """AnsibleModule.warn collects into process-wide dicts that exit_json does not empty: give each test its own,
-    so that this file's warnings neither leak into other modules' tests nor come from them."""
-    monkeypatch.setattr(ansible_warnings, "_global_warnings", {})
-    monkeypatch.setattr(ansible_warnings, "_global_deprecations", {})
 
 
 def run_module(capsys, args):
-    with patch_module_args(args):
-        with pytest.raises(SystemExit) as exited:
-            gpu_kill.main()
-    return exited.value.code, json.loads(capsys.readouterr().out)
+    return run_main(gpu_kill, capsys, args)
 
 
 def warnings(result):

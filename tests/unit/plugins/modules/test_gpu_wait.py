@@ -6,14 +6,12 @@
 from __future__ import annotations
 
 import copy
-import json
 
 import pytest
-from ansible.module_utils.common import warnings as ansible_warnings
-from ansible.module_utils.testing import patch_module_args
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils import _gpus
 from ansible_collections.gpuops.nvidia.plugins.modules import gpu_wait
+from module_main import run_main
 
 DRIVER_OK = {"available": True, "error": None, "timed_out": False, "driver_version": "580.95.05",
              "nvml_version": None, "cuda_driver_version": None}
@@ -53,17 +51,10 @@ def looks(monkeypatch):
     return install
 
 
-@pytest.fixture(autouse=True)
-def own_warnings(monkeypatch):
-    monkeypatch.setattr(ansible_warnings, "_global_warnings", {})
-    monkeypatch.setattr(ansible_warnings, "_global_deprecations", {})
 
 
 def run_module(capsys, args):
-    with patch_module_args(args):
-        with pytest.raises(SystemExit) as exited:
-            gpu_wait.main()
-    return exited.value.code, json.loads(capsys.readouterr().out)
+    return run_main(gpu_wait, capsys, args)
 
 
 def test_free_gpus_take_one_look(capsys, looks):

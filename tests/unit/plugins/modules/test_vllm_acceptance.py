@@ -8,17 +8,13 @@ from __future__ import annotations
 import json
 
 import pytest
-from ansible.module_utils.testing import patch_module_args
 
 from ansible_collections.gpuops.nvidia.plugins.modules import vllm_acceptance, vllm_ready
+from module_main import run_main
 
 
 def run_module(capsys, module, args):
-    """Run module.main() with `args`; return (exit code, result dict)."""
-    with patch_module_args(args):
-        with pytest.raises(SystemExit) as exited:
-            module.main()
-    return exited.value.code, json.loads(capsys.readouterr().out)
+    return run_main(module, capsys, args)
 
 
 def test_acceptance_passes_the_gate(capsys, fake_vllm):

@@ -10,20 +10,15 @@ import pathlib
 
 import pytest
 
-from ansible.module_utils.testing import patch_module_args
-
 from ansible_collections.gpuops.nvidia.plugins.modules import vllm_speculative_config
+from module_main import run_main
 
 DRAFTERS = pathlib.Path(__file__).resolve().parents[3] / "fixtures" / "drafters"
 DFLASH = str(DRAFTERS / "dflash-qwen3")
 
 
 def run_module(capsys, args):
-    """Run main() with `args`; return (exit code, result dict)."""
-    with patch_module_args(args):
-        with pytest.raises(SystemExit) as exited:
-            vllm_speculative_config.main()
-    return exited.value.code, json.loads(capsys.readouterr().out)
+    return run_main(vllm_speculative_config, capsys, args)
 
 
 @pytest.mark.parametrize("check_mode", [False, True])
