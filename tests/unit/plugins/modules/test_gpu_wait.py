@@ -25,8 +25,8 @@ def gpu(index, used_mib=3):
             "memory_unexplained": used_mib is None, "error": None, "foreign": [], "suspects": []}
 
 
-def view(gpus, driver=DRIVER_OK, scan="listed"):
-    return {"gpus": gpus, "holders": [], "device_users": [], "driver": dict(driver), "index_source": "nvml",
+def view(gpus, driver=None, scan="listed"):
+    return {"gpus": gpus, "holders": [], "device_users": [], "driver": dict(driver or DRIVER_OK), "index_source": "nvml",
             "scan": scan, "unmapped_minors": []}
 
 
