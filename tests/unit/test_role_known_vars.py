@@ -2,8 +2,8 @@
 # Copyright (c) 2026, gpuops.nvidia contributors
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""reset_gpus finds the variables it knows in the text of meta/argument_specs.yml with a regular expression (parsing
-the YAML on every host cost the controller about 40 ms per host): that expression must find exactly the options."""
+"""reset_gpus finds the variables it knows in the text of meta/argument_specs.yml with a regular expression (cheaper
+on every host than parsing the YAML): that expression must find exactly the options."""
 from __future__ import annotations
 
 import re
