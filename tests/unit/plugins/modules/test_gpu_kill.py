@@ -147,8 +147,6 @@ def recorder(monkeypatch):
     return install
 
 
-
-
 def run_module(capsys, args):
     return run_main(gpu_kill, capsys, args)
 

@@ -51,8 +51,6 @@ def looks(monkeypatch):
     return install
 
 
-
-
 def run_module(capsys, args):
     return run_main(gpu_wait, capsys, args)
 
