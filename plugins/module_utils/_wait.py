@@ -134,8 +134,8 @@ def describe_unread(result):
     unread = [gpu for gpu in result["gpus"] if not gpu["memory_checked"]]
     which = ("every GPU" if any(gpu["index"] is None for gpu in unread)
              else "GPU %s" % ", ".join(str(gpu["index"]) for gpu in unread))
-    return ("used memory of %s not read (NVIDIA driver library not usable: %s); no process holds them (/proc scan)"
-            % (which, result["driver"].get("error") or "no error given"))
+    return ("used memory of %s not read (NVIDIA driver library not usable: %s); no process holds %s (/proc scan)"
+            % (which, result["driver"].get("error") or "no error given", "it" if len(unread) == 1 and which != "every GPU" else "them"))
 
 
 def describe(gpu):
@@ -162,8 +162,9 @@ def describe(gpu):
         parts.append(gpu["memory_note"])
     if gpu.get("mig_in_use"):
         parts.append("MIG instances in use: %s" % "; ".join(
-            "GPU %s MIG instance %s (%s): %s MiB used, %s" % (
-                gpu["index"], device["uuid"], device["profile"], device["memory_used_mib"],
+            "GPU %s MIG instance %s (%s): %s, %s" % (
+                gpu["index"], device["uuid"], device["profile"],
+                "memory unknown" if device["memory_used_mib"] is None else "%s MiB used" % device["memory_used_mib"],
                 "held by PID %s" % ", ".join(str(pid) for pid in device["holder_pids"]) if device["holder_pids"]
                 else "no holder found") for device in gpu["mig_in_use"]))
     return "%s: %s; next: %s" % (name, ", ".join(parts), gpu["next_step"])

@@ -368,17 +368,20 @@ def test_a_whole_mig_gpu_that_is_not_free_names_its_instances_in_use():
     view["gpus"][0]["mig_devices"] = [
         {"uuid": "MIG-a", "profile": "3g.40gb", "memory_used_mib": 30000, "holder_pids": [5000001]},
         {"uuid": "MIG-b", "profile": "2g.20gb", "memory_used_mib": 300, "holder_pids": []},
-        {"uuid": "MIG-c", "profile": "1g.10gb", "memory_used_mib": 0, "holder_pids": []}]
+        {"uuid": "MIG-c", "profile": "1g.10gb", "memory_used_mib": 0, "holder_pids": []},
+        {"uuid": "MIG-e", "profile": "1g.10gb", "memory_used_mib": None, "holder_pids": [5000009]}]
     view["gpus"][1]["mig_devices"] = [{"uuid": "MIG-d", "profile": "7g.80gb", "memory_used_mib": 0, "holder_pids": []}]
     by_index = status(selection(), view)
     assert by_index[0]["mig_in_use"] == [
         {"uuid": "MIG-a", "profile": "3g.40gb", "memory_used_mib": 30000, "holder_pids": [5000001]},
-        {"uuid": "MIG-b", "profile": "2g.20gb", "memory_used_mib": 300, "holder_pids": []}]
+        {"uuid": "MIG-b", "profile": "2g.20gb", "memory_used_mib": 300, "holder_pids": []},
+        {"uuid": "MIG-e", "profile": "1g.10gb", "memory_used_mib": None, "holder_pids": [5000009]}]
     assert by_index[1]["released"] is True and "mig_in_use" not in by_index[1]
     entry = dict(by_index[0], next_step="end them")
     assert _wait.describe(entry).endswith(
         "MIG instances in use: GPU 0 MIG instance MIG-a (3g.40gb): 30000 MiB used, held by PID 5000001; GPU 0 MIG "
-        "instance MIG-b (2g.20gb): 300 MiB used, no holder found; next: end them")
+        "instance MIG-b (2g.20gb): 300 MiB used, no holder found; GPU 0 MIG instance MIG-e (1g.10gb): memory unknown, held by "
+        "PID 5000009; next: end them")
 
 
 def test_gpu_status_only_covers_the_selected_gpus():

@@ -218,7 +218,7 @@ def test_describe_unread_names_the_gpus_and_the_driver_error():
     _wait.conclude(result, 10.0)
     text = _wait.describe_unread(result)
     assert text == ("used memory of GPU 1 not read (NVIDIA driver library not usable: NVMLError_LibraryNotFound: NVML Shared "
-                    "Library Not Found); no process holds them (/proc scan)")
+                    "Library Not Found); no process holds it (/proc scan)")
     whole, _clock = wait(Scripted(view([], [], driver=NO_DRIVER)))
     _wait.conclude(whole, 10.0)
     assert _wait.describe_unread(whole).startswith("used memory of every GPU not read")
