@@ -135,7 +135,7 @@ def describe_unread(result):
     which = ("every GPU" if any(gpu["index"] is None for gpu in unread)
              else "GPU %s" % ", ".join(str(gpu["index"]) for gpu in unread))
     return ("used memory of %s not read (NVIDIA driver library not usable: %s); no process holds %s (/proc scan)"
-            % (which, result["driver"].get("error") or "no error given", "it" if len(unread) == 1 and which != "every GPU" else "them"))
+            % (which, result["driver"].get("error") or "no error given", "them" if which == "every GPU" or len(unread) > 1 else "it"))
 
 
 def describe(gpu):
