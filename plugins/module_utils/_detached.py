@@ -24,7 +24,7 @@ import signal
 import subprocess
 import time
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _procscan, _terminate
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _proc, _terminate
 
 
 class DetachedError(Exception):
@@ -32,7 +32,7 @@ class DetachedError(Exception):
 
 
 def read_pidfile(path):
-    """The _procscan.ProcessId (pid, start_ticks) of a pidfile, or None when the file does not exist.
+    """The _proc.ProcessId (pid, start_ticks) of a pidfile, or None when the file does not exist.
 
     Raises DetachedError for a file that exists but does not hold "PID START_TICKS".
     """
@@ -46,7 +46,7 @@ def read_pidfile(path):
     fields = text.split()
     if len(fields) != 2 or not all(field.isdigit() for field in fields):
         raise DetachedError("pidfile %s does not hold 'PID START_TICKS': %r" % (path, text[:80]))
-    return _procscan.ProcessId(int(fields[0]), int(fields[1]))
+    return _proc.ProcessId(int(fields[0]), int(fields[1]))
 
 
 def write_pidfile(path, pid, start_ticks):
@@ -72,15 +72,15 @@ def session_members(record, proc="/proc"):
     that session is not ours: returns [].
     """
     sid, leader_ticks = record
-    leader = _procscan.read_stat(sid, proc)
+    leader = _proc.read_stat(sid, proc)
     if leader is not None and leader["start_ticks"] != leader_ticks:
         return []
     members = []
-    for pid in _procscan.list_pids(proc):
-        stat = _procscan.read_stat(pid, proc)
+    for pid in _proc.list_pids(proc):
+        stat = _proc.read_stat(pid, proc)
         if stat is None or stat["sid"] != sid or stat["start_ticks"] < leader_ticks or stat["state"] in ("Z", "X"):
             continue
-        members.append({"pid": pid, "ppid": stat["ppid"], "comm": stat["comm"], "cmdline": _procscan.read_cmdline(pid, proc),
+        members.append({"pid": pid, "ppid": stat["ppid"], "comm": stat["comm"], "cmdline": _proc.read_cmdline(pid, proc),
                         "start_ticks": stat["start_ticks"]})
     return sorted(members, key=lambda member: member["pid"])
 
@@ -155,7 +155,7 @@ def start(argv, log_file, environment=None, environment_files=(), cwd="/", inher
     finally:
         os.close(log_fd)
     # Not reaped before this process exits, so /proc/PID/stat exists even if the child died at once.
-    return pid, _procscan.read_start_ticks(pid, proc)
+    return pid, _proc.read_start_ticks(pid, proc)
 
 
 def stop(pidfile, grace_period=30.0, kill_wait=10.0, check_mode=False, proc="/proc"):

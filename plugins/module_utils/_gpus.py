@@ -17,7 +17,7 @@ import os
 import pwd
 import traceback
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _holders, _nvml, _procscan, _shapes
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _holders, _nvml, _proc, _shapes
 
 # psutil describes holders only: a look that finds none (a clean host, most runs across an inventory) does not
 # import it (about 8 ms of the module's CPU); its presence is checked here, the import is in Inspector.snapshot.
@@ -39,6 +39,14 @@ SELECTION_ARGS = dict(
 # Used memory (MiB) that the driver's lists may leave unexplained on a GPU before processes that only hold its
 # device file count as its holders: the same idle floor as gpu_wait's max_used_mib default (docs/attribution.md).
 DEFAULT_TOLERANCE_MIB = 256
+
+
+def _procscan():
+    """The /proc scan module, imported where a look scans or the driver did not answer. Ansible ships module_utils
+    as source, compiled on every run: a look whose driver lists explain the GPUs and name no process (a clean host,
+    most runs across an inventory) spares the module compiling it, about 4 ms of the host's CPU (docs/scale.md)."""
+    from ansible_collections.gpuops.nvidia.plugins.module_utils import _procscan as module
+    return module
 
 
 def missing_libraries():
@@ -71,7 +79,7 @@ def minor_map(driver, proc="/proc"):
     if driver and driver.get("available"):
         return ([{k: gpu.get(k) for k in ("index", "minor", "uuid", "name", "pci_bus_id")} for gpu in driver["gpus"]],
                 "nvml")
-    gpus = _procscan.proc_driver_minors(proc)
+    gpus = _procscan().proc_driver_minors(proc)
     if gpus:
         for index, gpu in enumerate(gpus):
             gpu["index"] = index
@@ -93,13 +101,13 @@ def process_details(psutil, pid, proc="/proc"):
     and {"user", "uid", "cmdline" (str: /proc/PID/cmdline joined by spaces, trailing blanks removed, "" for a zombie),
     "start_time" (ISO 8601, UTC)} from psutil (None where access is denied).
     """
-    # One source per fact. /proc/PID/stat (_procscan.read_stat) for the identity: ppid, pgid, sid, state and the
+    # One source per fact. /proc/PID/stat (_proc.read_stat) for the identity: ppid, pgid, sid, state and the
     # start ticks that pin a PID; psutil has no start ticks, and the scan, pidfiles and the kill loop use the same
     # reader. psutil for the description of a process on GPU hosts, in one oneshot(): uid, create time (boot time
     # plus the start ticks, which psutil reads once and caches) and cmdline, with its per-process errors (gone,
     # zombie, access denied) mapped below. The modules that run without psutil (detached_process, vllm_drain) and
-    # the owner walk read cmdline from /proc with _procscan.read_argv/read_cmdline.
-    details = _procscan.read_stat(pid, proc)
+    # the owner walk read cmdline from /proc with _proc.read_argv/read_cmdline.
+    details = _proc.read_stat(pid, proc)
     if details is None:
         return None
     details.update(pid=pid, user=None, uid=None, cmdline=None, start_time=None)
@@ -160,9 +168,9 @@ class Inspector:
         own = self.own_pids()
         listed = _listed_pids(driver, indices, tolerance_mib) if scope == "listed" else None
         if listed is None:
-            scan = _procscan.scan_holders(self.proc, skip_pids=own)
+            scan = _procscan().scan_holders(self.proc, skip_pids=own)
         else:
-            scan = _procscan.scan_pids(sorted(listed - own), self.proc)
+            scan = _procscan().scan_pids(sorted(listed - own), self.proc) if listed - own else {}
         wanted = set(scan) | {item["pid"] for gpu in driver.get("gpus", []) for item in gpu.get("processes", [])}
         processes = {}
         if wanted - own:
@@ -173,7 +181,7 @@ class Inspector:
                 processes[pid] = details
         mig = any((gpu.get("mig_mode") or {}).get("current") for gpu in driver.get("gpus", []))
         view = _holders.merge(driver, table, scan, processes, tolerance_mib, exclude_pids=own,
-                              caps=_procscan.cap_map(self.proc) if mig else None)
+                              caps=_procscan().cap_map(self.proc) if mig else None)
         if owners or (owners is None and listed is None):
             # Imported here: a look without owners (every poll of a wait, check_gpus) spares the module the
             # compilation of _owners, which Ansible ships as source.
@@ -183,7 +191,7 @@ class Inspector:
                 process["owner"] = owner_of(process["pid"], self.proc, cache=cache)
         for holder in view["holders"]:
             if holder["ppid"] > 1:
-                parent = _procscan.read_stat(holder["ppid"], self.proc)
+                parent = _proc.read_stat(holder["ppid"], self.proc)
                 holder["parent"] = {"pid": holder["ppid"], "comm": parent["comm"]} if parent else None
             else:
                 holder["parent"] = None

@@ -19,8 +19,6 @@ by the MIG capability files it holds (/dev/nvidia-caps/nvidia-capN of its GPU an
 """
 from __future__ import annotations
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _procscan
-
 # NVML memory info v1 `used` includes the reserved memory since driver R510 (the release that added
 # nvmlDeviceGetMemoryInfo_v2 to report it apart: wookayin/gpustat#141, rust-nvml/nvml-wrapper#57), and v1 cannot
 # tell it apart. Where only v1 is there (v2 missing or answering FUNCTION_NOT_FOUND, NVIDIA/nvidia-settings#78), the
@@ -29,6 +27,25 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils import _procscan
 # scitix/sichek#113), while the context of an inference server is tens of GiB (docs/attribution.md, "v1 memory").
 V1_RESERVED_SHARE = 0.05
 _RESERVED_IN_V1_SINCE = 510
+
+# /proc/driver/nvidia-caps/mig-minors numbers the MIG capability device files the same way on every host (MIG user
+# guide, "Device Nodes and Capabilities"): config 1, monitor 2, then per GPU minor m, 15 GPU instances G of one
+# access file and 8 compute instances C each: gpu<m>/gi<G>/access = 3 + 135m + 9G, gpu<m>/gi<G>/ci<C>/access
+# = that + 1 + C (the guide's table ends with gpu31/gi14/ci7/access 4322).
+_CAP_FIRST = 3
+_CAPS_PER_GPU = 135
+_CAPS_PER_GI = 9
+
+
+def mig_cap(cap_minor):
+    """(GPU minor, GPU instance id, compute instance id or None for the GPU instance's own file) that
+    /dev/nvidia-caps/nvidia-cap<cap_minor> grants, by the driver's fixed numbering; None for config, monitor
+    or a number outside it."""
+    if cap_minor < _CAP_FIRST:
+        return None
+    gpu_minor, rest = divmod(cap_minor - _CAP_FIRST, _CAPS_PER_GPU)
+    gi, slot = divmod(rest, _CAPS_PER_GI)
+    return (gpu_minor, gi, None if slot == 0 else slot - 1)
 
 
 def _memory_unexplained(used, listed, listed_unknown, tolerance_mib):
@@ -133,7 +150,7 @@ def merge(driver, table, scan, processes, tolerance_mib=256, exclude_pids=(), ca
             reserved_allowance() where used memory includes reserved memory (NVML memory info v1).
         exclude_pids: PIDs that are ours (this module, its NVML worker): never holders or users.
         caps: _procscan.cap_map() ({cap minor: (GPU minor, GPU instance id, compute instance id or None)}), or None
-            for the driver's fixed numbering (_procscan.mig_cap).
+            for the driver's fixed numbering (mig_cap).
 
     Returns a dict (the keys of each shape are in _shapes; gpu_facts' RETURN says what each means):
       gpus: [dicts with _shapes.GPU_KEYS]: "driver_processes" ([_shapes.DRIVER_PROCESS_KEYS]), "explained_mib" (what
@@ -161,7 +178,7 @@ def merge(driver, table, scan, processes, tolerance_mib=256, exclude_pids=(), ca
         listed, listed_unknown = _read_lists(gpu, nvml_gpu, context)
         _judge_memory(gpu, listed, listed_unknown, tolerance_mib, driver)
         gpus.append(gpu)
-    lookup = _procscan.mig_cap if caps is None else caps.get
+    lookup = mig_cap if caps is None else caps.get
     listed_here = set(held.pids)
     for gpu in gpus:
         _device_file_holders(gpu, listed_here, lookup, context)

@@ -19,7 +19,7 @@ import select
 import signal
 import time
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _procscan
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _proc
 
 MIB = 1 << 20
 # nvml.h return codes used here.
@@ -333,7 +333,7 @@ class DriverQuery:
     def _start(self):
         req_r, req_w = os.pipe()
         rep_r, rep_w = os.pipe()
-        pid = _procscan.fork_worker(lambda: _worker(self._pynvml, req_r, rep_w), close=(req_w, rep_r))
+        pid = _proc.fork_worker(lambda: _worker(self._pynvml, req_r, rep_w), close=(req_w, rep_r))
         os.close(req_r)
         os.close(rep_w)
         self.pid, self._req, self._rep = pid, req_w, rep_r

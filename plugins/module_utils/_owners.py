@@ -33,7 +33,7 @@ import os
 import re
 import subprocess
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _procscan
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _proc
 
 OWNER_KEYS = ("systemd_unit", "unit_restart", "container_id", "runtime", "pod_uid", "pod_namespace",
               "pod_name", "slurm_job", "agent")
@@ -257,7 +257,7 @@ def agent_kind(comm, cmdline):
     return None
 
 
-def find_agent(pid, read_stat=_procscan.read_stat, read_cmdline=_procscan.read_argv):
+def find_agent(pid, read_stat=_proc.read_stat, read_cmdline=_proc.read_argv):
     """The nearest live ancestor of `pid` that is a known respawning supervisor (agent_kind).
 
     Walks the parent chain from PID's parent up (PID 1 included: supervisord is often a
@@ -306,7 +306,7 @@ def owner_of(pid, proc="/proc", systemctl="systemctl", pods_log_dir="/var/log/po
         if key not in cache:
             cache[key] = pod_names(owner["pod_uid"], pods_log_dir)
         owner["pod_namespace"], owner["pod_name"] = cache[key]
-    owner["agent"] = find_agent(pid, lambda p: _procscan.read_stat(p, proc), lambda p: _procscan.read_argv(p, proc))
+    owner["agent"] = find_agent(pid, lambda p: _proc.read_stat(p, proc), lambda p: _proc.read_argv(p, proc))
     return owner
 
 

@@ -14,20 +14,17 @@ listing), and large scans are shared by forked worker processes.
 """
 from __future__ import annotations
 
-import collections
-import errno
 import functools
 import json
 import os
 import re
 
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _proc
+
 # /dev/nvidia<minor> (195:<minor>), the control and UVM devices, and MIG capabilities.
 _DEVICE_RE = re.compile(r"^/dev/nvidia(?:(?P<minor>\d+)|ctl|-uvm|-uvm-tools|-modeset|-caps/(?:nvidia-cap(?P<cap>\d+))?.*)$")
 _DEVICE_PREFIX = "/dev/nvidia"
 _MAPS_MARK = b"/dev/nvidia"
-_PF_KTHREAD = 0x00200000  # include/linux/sched.h: "I am a kernel thread"
-# errno values that mean "the process or thread is gone, or not ours to read": skip it.
-_SKIP_ERRNOS = (errno.ENOENT, errno.ESRCH, errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EINVAL)
 # Per proc root: does st_size of PROC/PID/fd count the open fds? (see _size_counts_fds)
 _SIZE_COUNTS_FDS = {}
 # "0", "1", "2"...: fd numbers as names, grown on demand (see _fd_names)
@@ -126,16 +123,11 @@ class DeviceHandles:
         return handles
 
 
-def _skip(exc):
-    """True when OSError `exc` means the process or fd vanished or is not ours to read."""
-    return exc.errno in _SKIP_ERRNOS
-
-
 def _listdir(path):
     try:
         return os.listdir(path)
     except OSError as exc:
-        if _skip(exc):
+        if _proc.skip_error(exc):
             return None
         raise
 
@@ -146,14 +138,14 @@ def _readlinks(dir_fd, names):
     try:
         return names, [readlink(name, dir_fd=dir_fd) for name in names]
     except OSError as exc:
-        if not _skip(exc):
+        if not _proc.skip_error(exc):
             raise
     kept, targets = [], []
     for name in names:
         try:
             targets.append(readlink(name, dir_fd=dir_fd))
         except OSError as exc:
-            if not _skip(exc):
+            if not _proc.skip_error(exc):
                 raise
             continue
         kept.append(name)
@@ -186,7 +178,7 @@ def _probe_fds(dir_fd, count):
         try:
             read = [readlink(name, dir_fd=dir_fd) for name in run]
         except OSError as exc:
-            if not _skip(exc):
+            if not _proc.skip_error(exc):
                 raise
             missing = int(exc.filename)
         else:
@@ -200,7 +192,7 @@ def _probe_fds(dir_fd, count):
         try:
             targets += [readlink(name, dir_fd=dir_fd) for name in present]
         except OSError as exc:
-            if not _skip(exc):
+            if not _proc.skip_error(exc):
                 raise
             return None
         names += present
@@ -239,7 +231,7 @@ def _fd_table(fd_dir, size_counts_fds):
     try:
         dir_fd = os.open(fd_dir, os.O_RDONLY | os.O_DIRECTORY)
     except OSError as exc:
-        if _skip(exc):
+        if _proc.skip_error(exc):
             return None
         raise
     try:
@@ -249,7 +241,7 @@ def _fd_table(fd_dir, size_counts_fds):
                 return table
         return _readlinks(dir_fd, os.listdir(dir_fd))
     except OSError as exc:
-        if _skip(exc):
+        if _proc.skip_error(exc):
             return None
         raise
     finally:
@@ -277,7 +269,7 @@ def _maybe_other_threads(base):
     try:
         return os.stat(base + "task").st_nlink != 3
     except OSError as exc:
-        if _skip(exc):
+        if _proc.skip_error(exc):
             return False
         raise
 
@@ -287,7 +279,7 @@ def _scan_maps(proc, pid, handles):
         with open("%s/%d/maps" % (proc, pid), "rb") as maps:
             data = maps.read()
     except OSError as exc:
-        if _skip(exc):
+        if _proc.skip_error(exc):
             return
         raise
     if _MAPS_MARK not in data:
@@ -339,11 +331,6 @@ def scan_process(pid, proc="/proc"):
     return handles
 
 
-def list_pids(proc="/proc"):
-    """PIDs of the scanned /proc, as ints (threads are not listed)."""
-    return [int(name) for name in os.listdir(proc) if name.isdigit()]
-
-
 def scan_holders(proc="/proc", skip_pids=(), workers=None):
     """Every process holding an NVIDIA device file: {pid: DeviceHandles}.
 
@@ -354,7 +341,7 @@ def scan_holders(proc="/proc", skip_pids=(), workers=None):
             one per CPU we may run on and MAX_WORKERS (1 where we are multi-threaded: see _scan_parallel).
     """
     skip = set(skip_pids)
-    pids = [pid for pid in list_pids(proc) if pid not in skip]
+    pids = [pid for pid in _proc.list_pids(proc) if pid not in skip]
     if workers is None:
         workers = _worker_count(len(pids))
     if workers > 1:
@@ -393,13 +380,13 @@ def _scan_parallel(pids, proc, workers):
     as a serial scan's. A multi-threaded process scans alone: a fork copies only the calling
     thread, and a lock held by another thread would stay locked in the child.
     """
-    if not _single_threaded():
+    if not _proc.single_threaded():
         return _scan_pids(pids, proc)
     children = []
     for share in range(1, workers):
         try:
             read_end, write_end = os.pipe()
-            child = fork_worker(functools.partial(_send_scan, pids[share::workers], proc, write_end), close=(read_end,))
+            child = _proc.fork_worker(functools.partial(_send_scan, pids[share::workers], proc, write_end), close=(read_end,))
         except OSError:
             break
         os.close(write_end)
@@ -429,130 +416,6 @@ def _send_scan(pids, proc, write_end):
     found = _scan_pids(pids, proc)
     with os.fdopen(write_end, "wb") as out:
         out.write(json.dumps([handles.as_dict() for handles in found.values()]).encode("utf-8"))
-
-
-def fork_worker(work, close=()):
-    """Fork a worker process that runs `work()` and exits; return its PID (in the caller).
-
-    The worker closes the descriptors in `close` (the caller's ends of its pipes) and lets go of the
-    caller's stdio, all three on /dev/null: a worker stuck in the driver, or on the maps of a process
-    stuck there, must not keep a module's pipe to Ansible open after the module has gone. It never
-    returns to the caller and runs no atexit handler or stdio flush of the parent: exit status 0 when
-    `work` returned, 1 when it raised. OSError when the fork fails.
-    """
-    pid = os.fork()
-    if pid:
-        return pid
-    status = 1
-    try:
-        for fd in close:
-            os.close(fd)
-        devnull = os.open(os.devnull, os.O_RDWR)
-        for fd in (0, 1, 2):
-            os.dup2(devnull, fd)
-        work()
-        status = 0
-    finally:
-        os._exit(status)  # pylint: disable=lost-exception
-
-
-def _single_threaded():
-    """True when this process runs one thread (its task directory has exactly one entry)."""
-    try:
-        return os.stat("/proc/self/task").st_nlink == 3
-    except OSError:
-        return False
-
-
-def read_stat(pid, proc="/proc"):
-    """Fields of /proc/PID/stat, or None if the process is gone.
-
-    Returns {"comm" (the kernel's name, cut to 15 bytes), "state" (one letter: R, S, D, Z...),
-    "ppid", "pgid", "sid", "start_ticks" (field 22: start time in clock ticks since boot),
-    "kernel_thread" (PF_KTHREAD in field 9, the flags)}.
-    PID plus start_ticks identify a process: a reused PID has another start time.
-    """
-    try:
-        with open("%s/%d/stat" % (proc, pid), "rb") as stat:
-            data = stat.read()
-    except OSError as exc:
-        if _skip(exc):
-            return None
-        raise
-    # comm (field 2) may contain spaces and parentheses: split after the last ')'.
-    close = data.rindex(b")")
-    fields = data[close + 2:].split()
-    return {"comm": data[data.index(b"(") + 1:close].decode("utf-8", "replace"), "state": fields[0].decode(),
-            "ppid": int(fields[1]), "pgid": int(fields[2]), "sid": int(fields[3]), "start_ticks": int(fields[19]),
-            "kernel_thread": bool(int(fields[6]) & _PF_KTHREAD)}
-
-
-class ProcessId(collections.namedtuple("ProcessId", ("pid", "start_ticks"))):
-    """A process's identity: its PID plus its start time in clock ticks (field 22 of /proc/PID/stat).
-
-    A PID can be reused once its process has been reaped; the start time tells the new process from the old one
-    (nvitop identifies processes the same way). A plain tuple (pid, start_ticks), as written in pidfiles.
-    """
-
-    __slots__ = ()
-
-    @classmethod
-    def of(cls, pid, proc="/proc"):
-        """The identity of the process that has `pid` now, or None when there is none."""
-        ticks = read_start_ticks(pid, proc)
-        return None if ticks is None else cls(pid, ticks)
-
-    @classmethod
-    def from_process(cls, process):
-        """The identity of a process dict (holder, session member) with "pid" and "start_ticks"."""
-        return cls(process["pid"], process["start_ticks"])
-
-    def same(self, proc="/proc"):
-        """True while `pid` still names this process (zombies included)."""
-        return read_start_ticks(self.pid, proc) == self.start_ticks
-
-    def alive(self, proc="/proc"):
-        """True while this process runs: same start time, and not a zombie."""
-        stat = read_stat(self.pid, proc)
-        return stat is not None and stat["start_ticks"] == self.start_ticks and stat["state"] not in ("Z", "X")
-
-
-def read_argv(pid, proc="/proc"):
-    """Arguments of /proc/PID/cmdline as a list of str ([] for a kernel thread or a zombie), or None when the
-    process is gone or unreadable. A title set with setproctitle (vLLM's VLLM::*) comes back as one argument."""
-    try:
-        with open("%s/%d/cmdline" % (proc, pid), "rb") as handle:
-            data = handle.read()
-    except OSError:
-        return None
-    if data.endswith(b"\0"):
-        data = data[:-1]
-    return [arg.decode("utf-8", "replace") for arg in data.split(b"\0")] if data else []
-
-
-def read_cmdline(pid, proc="/proc"):
-    """/proc/PID/cmdline joined by spaces ("" for a kernel thread or a process that is gone)."""
-    return " ".join(read_argv(pid, proc) or ())
-
-
-def read_start_ticks(pid, proc="/proc"):
-    """Start time of PID in clock ticks since boot (field 22 of /proc/PID/stat), or None if gone."""
-    stat = read_stat(pid, proc)
-    return None if stat is None else stat["start_ticks"]
-
-
-def read_nspids(pid, proc="/proc"):
-    """The NSpid line of /proc/PID/status: PIDs from the outermost to the innermost namespace."""
-    try:
-        with open("%s/%d/status" % (proc, pid), "r") as status:
-            for line in status:
-                if line.startswith("NSpid:"):
-                    return [int(x) for x in line.split()[1:]]
-    except OSError as exc:
-        if _skip(exc):
-            return []
-        raise
-    return [pid]
 
 
 def proc_driver_minors(proc="/proc"):
@@ -590,31 +453,14 @@ def scan_pids(pids, proc="/proc"):
     return _scan_pids(pids, proc)
 
 
-# /proc/driver/nvidia-caps/mig-minors numbers the MIG capability device files the same way on every host (MIG user
-# guide, "Device Nodes and Capabilities"): config 1, monitor 2, then per GPU minor m, 15 GPU instances G of one
-# access file and 8 compute instances C each: gpu<m>/gi<G>/access = 3 + 135m + 9G, gpu<m>/gi<G>/ci<C>/access
-# = that + 1 + C (the guide's table ends with gpu31/gi14/ci7/access 4322).
-_CAP_FIRST = 3
-_CAPS_PER_GPU = 135
-_CAPS_PER_GI = 9
+# The lines of /proc/driver/nvidia-caps/mig-minors (the numbering itself: _holders.mig_cap).
 _MIG_MINOR_RE = re.compile(r"^gpu(?P<gpu>\d+)/gi(?P<gi>\d+)/(?:ci(?P<ci>\d+)/)?access$")
-
-
-def mig_cap(cap_minor):
-    """(GPU minor, GPU instance id, compute instance id or None for the GPU instance's own file) that
-    /dev/nvidia-caps/nvidia-cap<cap_minor> grants, by the driver's fixed numbering; None for config, monitor
-    or a number outside it."""
-    if cap_minor < _CAP_FIRST:
-        return None
-    gpu_minor, rest = divmod(cap_minor - _CAP_FIRST, _CAPS_PER_GPU)
-    gi, slot = divmod(rest, _CAPS_PER_GI)
-    return (gpu_minor, gi, None if slot == 0 else slot - 1)
 
 
 def cap_map(proc="/proc"):
     """{cap minor: (GPU minor, GPU instance id, compute instance id or None)} from
     PROC/driver/nvidia-caps/mig-minors (lines "gpu0/gi7/access 66", "gpu0/gi7/ci0/access 67", "config 1");
-    None when the file is absent (no MIG-capable driver loaded): use mig_cap then."""
+    None when the file is absent (no MIG-capable driver loaded): _holders.mig_cap numbers them then."""
     try:
         with open(os.path.join(proc, "driver", "nvidia-caps", "mig-minors")) as handle:
             lines = handle.read().splitlines()

@@ -18,7 +18,7 @@ import os
 import pwd
 import re
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _procscan, _shapes
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _proc, _shapes
 from ansible_collections.gpuops.nvidia.plugins.module_utils._options import OptionError
 
 # Daemons that hold GPUs legitimately; never signalled unless the operator says so explicitly.
@@ -178,7 +178,7 @@ def ancestors(pid=None, proc="/proc"):
     current = os.getpid() if pid is None else pid
     while current and current not in chain:
         chain.add(current)
-        stat = _procscan.read_stat(current, proc)
+        stat = _proc.read_stat(current, proc)
         current = stat["ppid"] if stat else 0
     return chain
 

@@ -17,7 +17,7 @@ import select
 import signal
 import time
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _procscan
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _proc
 
 _POLL_SECONDS = 0.02
 
@@ -39,7 +39,7 @@ def parse_signal(name):
 
 
 def _state(pid, proc):
-    stat = _procscan.read_stat(pid, proc)
+    stat = _proc.read_stat(pid, proc)
     return None if stat is None else stat["state"]
 
 
@@ -48,7 +48,7 @@ class Target:
 
     def __init__(self, holder, proc="/proc"):
         self.holder = holder
-        self.id = _procscan.ProcessId.from_process(holder)
+        self.id = _proc.ProcessId.from_process(holder)
         self.pid = self.id.pid
         self.proc = proc
         self.pidfd = None
@@ -71,7 +71,7 @@ class Target:
                 self.pidfd = None  # kernel without pidfd support: fall back to start-time checks
         if not self.same_process():
             self.close()
-            self.gone_before_signal = ("exited before any signal" if _procscan.read_start_ticks(self.pid, self.proc) is None
+            self.gone_before_signal = ("exited before any signal" if _proc.read_start_ticks(self.pid, self.proc) is None
                                        else "PID reused by another process since the scan: not signalled")
             return False
         return True
@@ -201,11 +201,11 @@ def end_until_gone(choose, first, sig=signal.SIGTERM, grace_period=10.0, kill_wa
     targets = first
     for number in range(rounds):
         if number:
-            targets = [t for t in choose(False) if _procscan.ProcessId.from_process(t) not in seen]
+            targets = [t for t in choose(False) if _proc.ProcessId.from_process(t) not in seen]
             result["respawned"].extend(_respawns(targets, result["signalled"], proc))
         if not targets:
             break
-        seen.update(_procscan.ProcessId.from_process(t) for t in targets)
+        seen.update(_proc.ProcessId.from_process(t) for t in targets)
         outcome = end_processes(targets, sig, grace_period, kill_wait, proc)
         for key in ("signalled", "exited", "survived", "not_signalled"):
             result[key].extend(outcome[key])
@@ -223,7 +223,7 @@ def _respawns(targets, ended, proc="/proc"):
             if same_parent or same_command:
                 parent = target.get("parent")
                 if parent is None and target.get("ppid", 0) > 1:
-                    stat = _procscan.read_stat(target["ppid"], proc)
+                    stat = _proc.read_stat(target["ppid"], proc)
                     parent = {"pid": target["ppid"], "comm": stat["comm"] if stat else None}
                 found.append(dict(target, replaces=old["pid"], replaces_comm=old.get("comm"), parent=parent))
                 break

@@ -36,7 +36,7 @@ from urllib.error import HTTPError, URLError
 
 from ansible.module_utils.urls import open_url
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _detached, _procscan, _terminate
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _detached, _proc, _terminate
 
 SPEC_DECODE_PREFIX = "vllm:spec_decode_"
 DRAFTS = "vllm:spec_decode_num_drafts_total"
@@ -257,11 +257,11 @@ def _check_ready(client, served_model_name, completion_max_tokens):
 
 
 def _process_id(process, proc="/proc"):
-    """The _procscan.ProcessId to watch for `process`: a PID (None or 0: do not watch), or a (PID, start_ticks) pair
+    """The _proc.ProcessId to watch for `process`: a PID (None or 0: do not watch), or a (PID, start_ticks) pair
     as in a pidfile ((0, 0): no server process, never alive)."""
     if isinstance(process, int) or process is None:
-        return _procscan.ProcessId(process, _procscan.read_start_ticks(process, proc)) if process else None
-    return _procscan.ProcessId(*process)
+        return _proc.ProcessId(process, _proc.read_start_ticks(process, proc)) if process else None
+    return _proc.ProcessId(*process)
 
 
 def wait_ready(client, served_model_name, timeout, poll_interval=2.0, process=None, completion_max_tokens=4, proc="/proc"):

@@ -163,14 +163,14 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _detached, _options, _procscan
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _detached, _options, _proc
 
 
 def ensure_started(module):
     params = module.params
     record = _detached.read_pidfile(params["pidfile"])
     if record is not None and record.alive():
-        return dict(changed=False, pid=record[0], start_ticks=record[1], running_cmdline=_procscan.read_cmdline(record[0]),
+        return dict(changed=False, pid=record[0], start_ticks=record[1], running_cmdline=_proc.read_cmdline(record[0]),
                     msg="already running as PID %d" % record[0])
     if module.check_mode:
         return dict(changed=True, pid=None, msg="would start %s" % params["argv"][0])

@@ -261,8 +261,9 @@ def finish(module, params, result):
     if not params["return_after"]:
         del result["after"]
     if result["released"] and not result["memory_checked"] and params["require_memory"]:
+        from ansible_collections.gpuops.nvidia.plugins.module_utils import _advice  # the failure's words, only here
         msg = ("not checked: %s; next: make the NVIDIA driver library usable on this host (libnvidia-ml.so.1 and the "
-               "nvidia-ml-py package), or accept a check from /proc alone (require_memory=false)" % _wait.describe_unread(result))
+               "nvidia-ml-py package), or accept a check from /proc alone (require_memory=false)" % _advice.describe_unread(result))
         module.fail_json(msg=msg, changed=False, **result)
     if result["released"]:
         module.exit_json(changed=False, msg=msg, **result)

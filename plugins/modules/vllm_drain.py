@@ -145,7 +145,7 @@ stop:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _detached, _options, _procscan, _vllm_api
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _detached, _options, _proc, _vllm_api
 
 
 def main():
@@ -177,7 +177,7 @@ def main():
         except _detached.DetachedError as exc:
             module.fail_json(msg=str(exc))
     elif params["pid"]:
-        ticks = _procscan.read_start_ticks(params["pid"])
+        ticks = _proc.read_start_ticks(params["pid"])
         record = (params["pid"], ticks) if ticks is not None else None
     client = _vllm_api.Client(params["url"], params["api_key"], params["request_timeout"], params["validate_certs"])
     result = _vllm_api.drain(client, params["served_model_name"], 0 if module.check_mode else params["timeout"],

@@ -18,7 +18,7 @@ import sys
 
 import pytest
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _detached, _procscan
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _detached, _proc
 from polling import wait_for
 
 # A leader with two children; on SIGTERM it waits for them (they get SIGTERM too) and exits.
@@ -102,11 +102,11 @@ def test_start_detaches_into_a_new_session_with_log_and_environment(tmp_path, st
     assert wait_for_line(log, "env ") == "env secret explicit None"
     assert wait_for_line(log, "cwd ") == "cwd %s" % tmp_path
     assert log.read_text().startswith("=== ") and "detached_process: starting %s -c" % sys.executable in log.read_text()
-    stat = _procscan.read_stat(pid)
+    stat = _proc.read_stat(pid)
     assert stat["sid"] == pid and stat["pgid"] == pid and stat["start_ticks"] == start_ticks
     assert os.readlink("/proc/%d/fd/0" % pid) == "/dev/null"
     assert os.readlink("/proc/%d/fd/1" % pid) == str(log) == os.readlink("/proc/%d/fd/2" % pid)
-    assert _procscan.ProcessId(pid, start_ticks).alive() and not _procscan.ProcessId(pid, start_ticks + 1).alive()
+    assert _proc.ProcessId(pid, start_ticks).alive() and not _proc.ProcessId(pid, start_ticks + 1).alive()
 
 
 def test_start_of_a_missing_executable_fails_clearly(tmp_path):
@@ -122,7 +122,7 @@ def test_stop_ends_the_whole_session_and_removes_the_pidfile(tmp_path, started):
 
     planned = _detached.stop(pidfile, check_mode=True)
     assert planned["changed"] and [m["pid"] for m in planned["would_signal"]] == sorted([pid] + children)
-    assert planned["signalled"] == [] and _procscan.ProcessId(pid, start_ticks).alive() and os.path.exists(pidfile)
+    assert planned["signalled"] == [] and _proc.ProcessId(pid, start_ticks).alive() and os.path.exists(pidfile)
 
     result = _detached.stop(pidfile, grace_period=10, kill_wait=5)
     assert result["changed"] and result["pid"] == pid and result["survived"] == []
@@ -143,7 +143,7 @@ def test_stop_escalates_to_sigkill(tmp_path, started):
 
 def test_stale_pidfile_of_a_reused_pid_signals_nothing(tmp_path):
     pidfile = str(tmp_path / "stale.pid")
-    own = _procscan.read_stat(os.getpid())
+    own = _proc.read_stat(os.getpid())
     _detached.write_pidfile(pidfile, os.getpid(), own["start_ticks"] - 1)  # this PID, another start time
     assert _detached.session_members(_detached.read_pidfile(pidfile)) == []
     result = _detached.stop(pidfile)
@@ -154,7 +154,7 @@ def test_stale_pidfile_of_a_reused_pid_signals_nothing(tmp_path):
 ORPHAN_SCENARIO = r"""
 import ctypes, json, os, signal, sys, time
 ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _detached, _procscan
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _detached, _proc
 directory = sys.argv[1]
 pidfile, log = os.path.join(directory, "orphan.pid"), os.path.join(directory, "orphan.log")
 leader = ("import subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
@@ -173,7 +173,7 @@ while True:
             break
     except ChildProcessError:
         break
-print(json.dumps({"child": child, "running": _procscan.ProcessId(pid, ticks).alive(), "exited": [e["pid"] for e in result["exited"]],
+print(json.dumps({"child": child, "running": _proc.ProcessId(pid, ticks).alive(), "exited": [e["pid"] for e in result["exited"]],
                   "pidfile": os.path.exists(pidfile)}))
 """
 

@@ -20,7 +20,7 @@ import psutil
 import pynvml
 import pytest
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _gpus, _holders, _procscan
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _gpus, _holders, _proc, _procscan
 from polling import wait_for
 
 NO_SUCH_PID = 5000001  # above the largest pid_max (2^22): never a process
@@ -97,7 +97,7 @@ def test_minor_map_without_nvml_or_kernel_module(tmp_path):
 def test_process_details_of_a_child(spawn):
     child = spawn(["sleep", "60", "1"], wait=True)  # sleep sums its arguments
     details = _gpus.process_details(psutil, child.pid)
-    stat = _procscan.read_stat(child.pid)
+    stat = _proc.read_stat(child.pid)
     assert details["pid"] == child.pid and details["ppid"] == os.getpid() and details["comm"] == "sleep"
     assert details["start_ticks"] == stat["start_ticks"] and details["state"] in ("R", "S")
     assert details["uid"] == os.getuid() and details["cmdline"] == "sleep 60 1"
@@ -111,7 +111,7 @@ def _iso_seconds(text):
 
 def test_process_details_of_a_zombie_and_of_a_gone_process(spawn):
     child = spawn(["sleep", "0"])
-    wait_for(lambda: (_procscan.read_stat(child.pid) or {}).get("state") == "Z", 5, 0.005, "the child to become a zombie")
+    wait_for(lambda: (_proc.read_stat(child.pid) or {}).get("state") == "Z", 5, 0.005, "the child to become a zombie")
     details = _gpus.process_details(psutil, child.pid)
     assert details["state"] == "Z" and details["cmdline"] == ""
     child.wait()
@@ -141,7 +141,7 @@ def test_process_details_strips_setproctitle_padding_and_survives_access_denied(
     assert details["cmdline"] == "VLLM::Worker_TP0" and details["user"] == "root" and details["uid"] == 0
     assert details["start_time"] == "1970-01-01T00:00:00+00:00"
     denied = _gpus.process_details(FakePsutil(error=psutil.AccessDenied(os.getpid())), os.getpid())
-    assert denied["comm"] == _procscan.read_stat(os.getpid())["comm"]
+    assert denied["comm"] == _proc.read_stat(os.getpid())["comm"]
     assert (denied["user"], denied["uid"], denied["cmdline"], denied["start_time"]) == (None, None, None, None)
     assert _gpus.process_details(FakePsutil(error=psutil.NoSuchProcess(os.getpid())), os.getpid()) is None
 
@@ -271,7 +271,7 @@ def test_listed_scope_scans_only_the_listed_pids_when_their_memory_explains_the_
     (holder,) = view["holders"]
     assert holder["pid"] == engine.pid and holder["gpus"] == [0] and holder["memory_mib"] == {"0": 70000}
     assert holder["attribution"] == {"0": "driver"} and holder["cmdline"] == "sleep 60"
-    assert holder["parent"] == {"pid": os.getpid(), "comm": _procscan.read_stat(os.getpid())["comm"]}
+    assert holder["parent"] == {"pid": os.getpid(), "comm": _proc.read_stat(os.getpid())["comm"]}
     assert view["device_users"] == []  # NVML clients are not even looked at
     assert "owner" not in holder  # the waits' repeated looks skip the owners unless asked
     assert "owner" in inspector.snapshot(scope="listed", owners=True)["holders"][0]

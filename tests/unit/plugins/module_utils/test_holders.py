@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _gpus, _holders, _procscan
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _gpus, _holders, _proc, _procscan
 from polling import wait_for
 
 # A PID no process can have (above the kernel's maximum pid_max, 2**22).
@@ -251,7 +251,7 @@ def test_holder_details_describe_the_real_process(children):
     assert holder["ppid"] == os.getpid()
     assert holder["comm"] == "sleep" and holder["cmdline"] == "sleep 60"
     assert holder["uid"] == os.getuid() and holder["state"] in ("S", "R")
-    assert holder["start_ticks"] == _procscan.read_start_ticks(pid)
+    assert holder["start_ticks"] == _proc.read_start_ticks(pid)
     assert holder["pgid"] == os.getpgid(pid) and holder["sid"] == os.getsid(pid)
     assert _gpus.process_details(psutil, NO_SUCH_PID) is None
 

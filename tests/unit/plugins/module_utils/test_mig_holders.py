@@ -165,8 +165,8 @@ def test_cap_map_reads_mig_minors_and_agrees_with_the_fixed_numbering(tmp_path):
                                          "gpu31/gi14/ci7/access 4322\n")
     found = _procscan.cap_map(str(tmp_path))
     assert found == {66: (0, 7, None), 67: (0, 7, 0), 4322: (31, 14, 7)}
-    assert all(_procscan.mig_cap(minor) == granted for minor, granted in found.items())
-    assert _procscan.mig_cap(1) is None and _procscan.cap_map(str(tmp_path / "none")) is None
+    assert all(_holders.mig_cap(minor) == granted for minor, granted in found.items())
+    assert _holders.mig_cap(1) is None and _procscan.cap_map(str(tmp_path / "none")) is None
 
 
 def test_scan_records_capability_files(tmp_path):

@@ -2,7 +2,8 @@
 # Copyright (c) 2026, gpuops.nvidia contributors
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""_procscan against a fake /proc tree built in tmp_path (symlinks only point at /dev paths; nothing is created in /dev)."""
+"""_procscan, and the /proc readers of _proc, against a fake /proc tree built in tmp_path (symlinks only point at /dev
+paths; nothing is created in /dev)."""
 from __future__ import annotations
 
 import os
@@ -11,7 +12,7 @@ import sys
 
 import pytest
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _procscan
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _proc, _procscan
 
 # A /proc/PID/stat whose comm holds spaces and ") ": field 22 (starttime) is 987654, every other number differs.
 STAT_TRICKY = (b"4242 (VLLM::Worker) 1 x) S 1 4100 4100 0 -1 4194560 11 12 13 14 15 16 17 18 20 0 "
@@ -141,27 +142,27 @@ def test_scan_holders_skips_non_holders_vanished_entries_and_skip_pids(proc):
     holders = _procscan.scan_holders(str(proc), skip_pids=[700])
     assert sorted(holders) == [100, 600]
     assert holders[600].minors == {0}
-    assert sorted(_procscan.list_pids(str(proc))) == [100, 400, 500, 600, 700]
+    assert sorted(_proc.list_pids(str(proc))) == [100, 400, 500, 600, 700]
 
 
 def test_read_start_ticks_takes_field_22_after_a_comm_with_parenthesis(proc):
     make_process(proc, 4242, stat=STAT_TRICKY)
-    assert _procscan.read_start_ticks(4242, str(proc)) == 987654
-    assert _procscan.read_start_ticks(4243, str(proc)) is None
+    assert _proc.read_start_ticks(4242, str(proc)) == 987654
+    assert _proc.read_start_ticks(4243, str(proc)) is None
 
 
 def test_read_start_ticks_of_a_real_process_is_stable():
-    ticks = _procscan.read_start_ticks(os.getpid())
+    ticks = _proc.read_start_ticks(os.getpid())
     assert isinstance(ticks, int) and ticks > 0
-    assert _procscan.read_start_ticks(os.getpid()) == ticks
+    assert _proc.read_start_ticks(os.getpid()) == ticks
 
 
 def test_read_nspids(proc):
     make_process(proc, 4242, status="Name:\tpython3\nTgid:\t4242\nNSpid:\t4242\t17\t1\nPPid:\t1\n")
     make_process(proc, 4300, status="Name:\told-kernel\nPid:\t4300\n")
-    assert _procscan.read_nspids(4242, str(proc)) == [4242, 17, 1]
-    assert _procscan.read_nspids(4300, str(proc)) == [4300]
-    assert _procscan.read_nspids(4999, str(proc)) == []
+    assert _proc.read_nspids(4242, str(proc)) == [4242, 17, 1]
+    assert _proc.read_nspids(4300, str(proc)) == [4300]
+    assert _proc.read_nspids(4999, str(proc)) == []
 
 
 def test_proc_driver_minors_reads_information_files_in_bus_order(proc):

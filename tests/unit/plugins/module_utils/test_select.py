@@ -14,7 +14,7 @@ import re
 
 import pytest
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _select, _wait
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _advice, _select
 
 OWN_CHAIN = {1, 700, 701}
 ME = pwd.getpwuid(os.getuid()).pw_name
@@ -378,7 +378,7 @@ def test_a_whole_mig_gpu_that_is_not_free_names_its_instances_in_use():
         {"uuid": "MIG-e", "profile": "1g.10gb", "memory_used_mib": None, "holder_pids": [5000009]}]
     assert by_index[1]["released"] is True and "mig_in_use" not in by_index[1]
     entry = dict(by_index[0], next_step="end them")
-    assert _wait.describe(entry).endswith(
+    assert _advice.describe(entry).endswith(
         "MIG instances in use: GPU 0 MIG instance MIG-a (3g.40gb): 30000 MiB used, held by PID 5000001; GPU 0 MIG "
         "instance MIG-b (2g.20gb): 300 MiB used, no holder found; GPU 0 MIG instance MIG-e (1g.10gb): memory unknown, held by "
         "PID 5000009; next: end them")

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _procscan, _terminate
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _proc, _terminate
 import polling
 from polling import wait_exec
 
@@ -32,11 +32,11 @@ def pidfd_mode(request, monkeypatch):
 
 
 def holder_of(child):
-    return {"pid": child.pid, "start_ticks": _procscan.read_start_ticks(child.pid), "comm": "test-child"}
+    return {"pid": child.pid, "start_ticks": _proc.read_start_ticks(child.pid), "comm": "test-child"}
 
 
 def wait_state(pid, wanted, timeout=5.0):
-    polling.wait_for(lambda: (_procscan.read_stat(pid) or {}).get("state") == wanted, timeout, 0.005,
+    polling.wait_for(lambda: (_proc.read_stat(pid) or {}).get("state") == wanted, timeout, 0.005,
                      "PID %d to reach state %s" % (pid, wanted))
 
 
@@ -81,7 +81,7 @@ def test_reused_pid_is_not_signalled(spawn, pidfd_mode):
     (entry,) = outcome["not_signalled"]
     assert entry["pid"] == child.pid and "PID reused" in entry["reason"]
     assert child.poll() is None
-    assert _procscan.read_stat(child.pid)["state"] in ("S", "R")
+    assert _proc.read_stat(child.pid)["state"] in ("S", "R")
 
 
 @pytest.mark.parametrize("reaped", [False, True], ids=["zombie", "reaped"])
@@ -238,7 +238,7 @@ def test_respawns_by_parent_or_by_command_line():
 
 
 def test_respawn_parent_is_read_from_proc_when_not_known():
-    me = _procscan.read_stat(os.getpid())
+    me = _proc.read_stat(os.getpid())
     ended = [process(11, ppid=os.getpid(), cmdline="a")]
     (found,) = _terminate._respawns([process(21, ppid=os.getpid(), cmdline="b")], ended)
     assert found["parent"] == {"pid": os.getpid(), "comm": me["comm"]}
@@ -264,5 +264,5 @@ def test_end_until_gone_ends_a_respawned_child(spawn):
     assert [e["pid"] for e in result["exited"]] == [first.pid, later[0].pid]
     (respawn,) = result["respawned"]
     assert respawn["pid"] == later[0].pid and respawn["replaces"] == first.pid
-    assert respawn["parent"] == {"pid": os.getpid(), "comm": _procscan.read_stat(os.getpid())["comm"]}
+    assert respawn["parent"] == {"pid": os.getpid(), "comm": _proc.read_stat(os.getpid())["comm"]}
     assert first.wait(timeout=5) == -signal.SIGTERM and later[0].wait(timeout=5) == -signal.SIGTERM

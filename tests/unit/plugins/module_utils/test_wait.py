@@ -2,7 +2,7 @@
 # Copyright (c) 2026, gpuops.nvidia contributors
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""_wait.wait_released with a scripted inspector and a fake clock (no real sleeping), and next_step's advice.
+"""_wait.wait_released with a scripted inspector and a fake clock (no real sleeping), and _advice.next_step (the words of a wait that did not end free).
 
 Views are synthetic dicts shaped like _holders.merge's output (see its docstring).
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _select, _wait
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _advice, _select, _wait
 from polling import FakeClock
 
 DRIVER_OK = {"available": True, "error": None, "timed_out": False}
@@ -216,12 +216,12 @@ def test_describe_unread_names_the_gpus_and_the_driver_error():
     result, _clock = wait(Scripted(view([gpu(0, 100), gpu(1, None, unexplained_mib=None, reserved_mib=None)],
                                         driver=NO_DRIVER)))
     _wait.conclude(result, 10.0)
-    text = _wait.describe_unread(result)
+    text = _advice.describe_unread(result)
     assert text == ("used memory of GPU 1 not read (NVIDIA driver library not usable: NVMLError_LibraryNotFound: NVML Shared "
                     "Library Not Found); no process holds it (/proc scan)")
     whole, _clock = wait(Scripted(view([], [], driver=NO_DRIVER)))
     _wait.conclude(whole, 10.0)
-    assert _wait.describe_unread(whole).startswith("used memory of every GPU not read")
+    assert _advice.describe_unread(whole).startswith("used memory of every GPU not read")
 
 
 # --- next_step -----------------------------------------------------------------------------------------------------
@@ -236,54 +236,54 @@ def brief(pid=5000001, state="S", comm="VLLM::Worker_TP", parent=None):
 
 
 def test_next_step_texts():
-    d_state = _wait.next_step(status_of([brief(state="D"), brief(state="S")]))
+    d_state = _advice.next_step(status_of([brief(state="D"), brief(state="S")]))
     assert "uninterruptible sleep (D)" in d_state and "nvidia-smi --gpu-reset -i 3" in d_state
-    assert "gpuops.nvidia.gpu_kill" in _wait.next_step(status_of([brief()]))
-    leaked = _wait.next_step(status_of([], unexplained_mib=70000))
+    assert "gpuops.nvidia.gpu_kill" in _advice.next_step(status_of([brief()]))
+    leaked = _advice.next_step(status_of([], unexplained_mib=70000))
     assert "no process explains" in leaked and "nvidia-smi --gpu-reset -i 3" in leaked
-    assert "did not report memory" in _wait.next_step(status_of([], used_mib=None, checked=False))
+    assert "did not report memory" in _advice.next_step(status_of([], used_mib=None, checked=False))
 
 
 def test_next_step_lost_gpu_mentions_xid_and_the_reset_of_that_gpu():
-    text = _wait.next_step(status_of(error="GPU is lost", used_mib=None, checked=False, index=5))
+    text = _advice.next_step(status_of(error="GPU is lost", used_mib=None, checked=False, index=5))
     assert "GPU is lost" in text and "Xid" in text and "nvidia-smi --gpu-reset -i 5" in text
     # The error comes first, even with holders stuck on it.
-    assert "Xid" in _wait.next_step(status_of([brief(state="D")], error="GPU is lost", index=5))
+    assert "Xid" in _advice.next_step(status_of([brief(state="D")], error="GPU is lost", index=5))
 
 
 def test_next_step_d_state_names_the_gpu_or_says_reboot():
-    text = _wait.next_step(status_of([brief(pid=42, state="D", comm="VLLM::EngineCor")], index=2))
+    text = _advice.next_step(status_of([brief(pid=42, state="D", comm="VLLM::EngineCor")], index=2))
     assert "PID 42 (VLLM::EngineCor)" in text and "nvidia-smi --gpu-reset -i 2" in text
-    text = _wait.next_step(status_of([brief(state="D")], index=None, used_mib=None, checked=False))
+    text = _advice.next_step(status_of([brief(state="D")], index=None, used_mib=None, checked=False))
     assert "reboot the host" in text and "--gpu-reset" not in text
 
 
 def test_next_step_holders_with_a_parent_name_the_parent():
     torchrun = {"pid": 4000, "comm": "torchrun"}
-    text = _wait.next_step(status_of([brief(5000001, parent=torchrun), brief(5000002, parent=torchrun), brief(5000003)],
-                                     index=None))
+    text = _advice.next_step(status_of([brief(5000001, parent=torchrun), brief(5000002, parent=torchrun), brief(5000003)],
+                                       index=None))
     assert "processes still hold the GPUs" in text and "stop their parent (PID 4000 (torchrun)" in text
     assert text.count("PID 4000") == 1
-    assert "parent" not in _wait.next_step(status_of([brief()]))
+    assert "parent" not in _advice.next_step(status_of([brief()]))
 
 
 @pytest.mark.parametrize("used_mib, mib", [(812, "812 MiB"), (None, "memory not reported")])
 def test_next_step_foreign_entries_never_advise_a_gpu_reset(used_mib, mib):
     absent = {"pid": 812345, "used_mib": used_mib, "type": "compute", "reason": "absent", "comm": None}
-    text = _wait.next_step(status_of(foreign=[absent], index=1, unexplained_mib=0))
+    text = _advice.next_step(status_of(foreign=[absent], index=1, unexplained_mib=0))
     assert text.startswith("the driver lists PID 812345 (%s) on GPU 1; no such process holds it in this PID namespace "
                            "(a container?)" % mib)
     assert "on the host" in text and "reset" not in text
     other = {"pid": 77, "used_mib": 100, "type": "compute", "reason": "not_holding", "comm": "bash"}
-    text = _wait.next_step(status_of(foreign=[absent, other], index=1))
+    text = _advice.next_step(status_of(foreign=[absent, other], index=1))
     assert "PID 77 here (bash) does not hold that GPU" in text and "812345" in text and "reset" not in text
 
 
 def test_describe_foreign():
-    assert _wait.describe_foreign({"pid": 9, "used_mib": 5, "reason": "absent"}, 0) == (
+    assert _advice.describe_foreign({"pid": 9, "used_mib": 5, "reason": "absent"}, 0) == (
         "the driver lists PID 9 (5 MiB) on GPU 0; no such process holds it in this PID namespace (a container?)")
 
 
 def test_next_step_unexplained_memory_names_the_nvml_only_suspects():
-    text = _wait.next_step(status_of(unexplained_mib=30000, suspects=[11, 12]))
+    text = _advice.next_step(status_of(unexplained_mib=30000, suspects=[11, 12]))
     assert "only NVML clients hold its device file (PIDs 11, 12)" in text and "--gpu-reset -i 3" in text

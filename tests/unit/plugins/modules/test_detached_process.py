@@ -11,9 +11,8 @@ import time
 
 import pytest
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _detached, _procscan
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _detached, _proc
 from ansible_collections.gpuops.nvidia.plugins.modules import detached_process
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _procscan
 from module_main import run_main
 
 
@@ -30,20 +29,20 @@ def test_start_is_idempotent_and_stop_ends_it(capsys, tmp_path):
     pid = started["pid"]
     try:
         assert code == 0 and started["changed"] and _detached.read_pidfile(args["pidfile"]) == (pid, started["start_ticks"])
-        while not _procscan.read_cmdline(pid):  # right after exec, the kernel may not have set the new command line yet
+        while not _proc.read_cmdline(pid):  # right after exec, the kernel may not have set the new command line yet
             time.sleep(0.01)
         code, again = run_module(capsys, args)
         assert code == 0 and again["changed"] is False and again["pid"] == pid and "time.sleep(60)" in again["running_cmdline"]
         code, planned = run_module(capsys, {"state": "stopped", "pidfile": args["pidfile"], "_ansible_check_mode": True})
         assert code == 0 and planned["changed"] and [p["pid"] for p in planned["would_signal"]] == [pid]
-        assert _procscan.ProcessId(pid, started["start_ticks"]).alive()
+        assert _proc.ProcessId(pid, started["start_ticks"]).alive()
         code, stopped = run_module(capsys, {"state": "stopped", "pidfile": args["pidfile"]})
         assert code == 0 and stopped["changed"] and [p["pid"] for p in stopped["exited"]] == [pid]
         assert stopped["msg"] == "signalled 1 process(es), 1 exited" and not os.path.exists(args["pidfile"])
         code, result = run_module(capsys, {"state": "stopped", "pidfile": args["pidfile"]})
         assert code == 0 and result["changed"] is False and result["msg"] == "no pidfile: nothing to stop"
     finally:
-        if _procscan.ProcessId(pid, started["start_ticks"]).alive():
+        if _proc.ProcessId(pid, started["start_ticks"]).alive():
             os.kill(pid, 9)
         os.waitpid(pid, 0)
 

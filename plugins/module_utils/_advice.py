@@ -1,0 +1,97 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) 2026, gpuops.nvidia contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Why selected GPUs are not free, in words, and what the operator can do next.
+
+The messages of a wait that did not end with its GPUs free (gpu_wait, gpu_kill with wait=true, the reset's
+verification, check_gpus): one line per GPU, never None or empty lists. Imported only where such a message is
+written (_wait.conclude, gpu_wait's require_memory), so the common free case does not compile it.
+"""
+from __future__ import annotations
+
+
+def describe(gpu):
+    """One GPU that is not released, in words (never None or empty lists)."""
+    parts = []
+    if gpu["memory_used_mib"] is not None:
+        parts.append("%s MiB used" % gpu["memory_used_mib"])
+        if gpu["left_alone_mib"]:
+            parts.append("%s MiB of it by holders left alone" % gpu["left_alone_mib"])
+        if gpu["unexplained_mib"]:
+            parts.append("%s MiB that no listed process explains" % gpu["unexplained_mib"])
+    elif gpu.get("error"):
+        parts.append("error %s" % gpu["error"])
+    else:
+        parts.append("memory unknown")
+    if gpu["holders"]:
+        parts.append("held by %s" % ", ".join("PID %s %s (state %s)" % (h["pid"], h["comm"], h["state"]) for h in gpu["holders"]))
+    else:
+        parts.append("no selected holder")
+    name = "GPUs" if gpu["index"] is None else "GPU %s" % gpu["index"]
+    if gpu.get("mig_uuid"):
+        name += " MIG instance %s (%s)" % (gpu["mig_uuid"], gpu.get("mig_profile"))
+    if gpu.get("memory_note"):
+        parts.append(gpu["memory_note"])
+    if gpu.get("mig_in_use"):
+        parts.append("MIG instances in use: %s" % "; ".join(
+            "GPU %s MIG instance %s (%s): %s, %s" % (
+                gpu["index"], device["uuid"], device["profile"],
+                "memory unknown" if device["memory_used_mib"] is None else "%s MiB used" % device["memory_used_mib"],
+                "held by PID %s" % ", ".join(str(pid) for pid in device["holder_pids"]) if device["holder_pids"]
+                else "no holder found") for device in gpu["mig_in_use"]))
+    return "%s: %s; next: %s" % (name, ", ".join(parts), gpu["next_step"])
+
+
+def next_step(gpu):
+    """What an operator can do about a GPU (a gpu_status entry) that was not released: one sentence."""
+    index = gpu["index"]
+    which = "the GPUs" if index is None else "GPU %s" % index
+    if gpu.get("error"):
+        return ("NVML answers %s with an error (%s): it may have fallen off the bus; look for Xid errors in the kernel "
+                "log (dmesg | grep -i xid), then reset it (nvidia-smi --gpu-reset -i %s) or reboot the host"
+                % (which, gpu["error"], index))
+    stuck = [h for h in gpu["holders"] if h["state"] == "D"]
+    if stuck:
+        return ("PID %s (%s) is in uninterruptible sleep (D), stuck in the driver: SIGKILL cannot end it; %s"
+                % (stuck[0]["pid"], stuck[0]["comm"],
+                   "reboot the host" if index is None else
+                   "reset the GPU (nvidia-smi --gpu-reset -i %s) or reboot the host" % index))
+    if gpu["holders"]:
+        parents = ["PID %s (%s)" % (h["parent"]["pid"], h["parent"]["comm"]) for h in gpu["holders"] if h.get("parent")]
+        text = "processes still hold %s: end them with gpuops.nvidia.gpu_kill" % which
+        if parents:
+            text += ("; if they come back after being ended, stop their parent (%s: for example a torchrun or Ray agent, "
+                     "or a systemd unit) first" % ", ".join(sorted(set(parents))))
+        return text
+    if gpu.get("foreign"):
+        return ("%s; run the check on the host (outside this PID namespace) to see and end that process"
+                % "; ".join(describe_foreign(item, index) for item in gpu["foreign"]))
+    if gpu["memory_checked"]:
+        text = ("memory is used that no process explains (a leaked context, or memory still being released): "
+                "wait longer, or reset the GPU (nvidia-smi --gpu-reset -i %s, needs no client on the device, "
+                "nvidia-persistenced included) or reboot" % index)
+        if gpu.get("suspects"):
+            text += ("; only NVML clients hold its device file (PIDs %s), and they hold no memory"
+                     % ", ".join(str(p) for p in gpu["suspects"]))
+        return text
+    return "the driver did not report memory for %s: check the NVIDIA driver (nvidia-smi)" % which
+
+
+def describe_foreign(item, index):
+    """One driver-listed PID that no process here confirms, in words."""
+    mib = "memory not reported" if item["used_mib"] is None else "%s MiB" % item["used_mib"]
+    if item["reason"] == "absent":
+        return ("the driver lists PID %s (%s) on GPU %s; no such process holds it in this PID namespace (a container?)"
+                % (item["pid"], mib, index))
+    return ("the driver lists PID %s (%s) on GPU %s; PID %s here (%s) does not hold that GPU: it is another process "
+            "in this PID namespace (a container?)" % (item["pid"], mib, index, item["pid"], item["comm"]))
+
+
+def describe_unread(result):
+    """The selected GPUs whose used memory was not read (a wait_released() result completed by conclude()), in words."""
+    unread = [gpu for gpu in result["gpus"] if not gpu["memory_checked"]]
+    which = ("every GPU" if any(gpu["index"] is None for gpu in unread)
+             else "GPU %s" % ", ".join(str(gpu["index"]) for gpu in unread))
+    return ("used memory of %s not read (NVIDIA driver library not usable: %s); no process holds %s (/proc scan)"
+            % (which, result["driver"].get("error") or "no error given", "them" if which == "every GPU" or len(unread) > 1 else "it"))
