@@ -60,6 +60,11 @@ class _ProcessInfoV2(ctypes.Structure):  # pylint: disable=too-few-public-method
                 ("gpuInstanceId", ctypes.c_uint), ("computeInstanceId", ctypes.c_uint)]
 
 
+# How long close() lets the worker leave on its own (seconds): it exits as soon as it reads the end of its request
+# pipe, unless a driver call holds it.
+_WORKER_EXIT_S = 0.1
+
+
 class NvmlTimeout(Exception):
     """An NVML query did not answer within its deadline (the worker was killed)."""
 
@@ -314,6 +319,30 @@ def _worker(pynvml, requests, replies):
             rep.write(json.dumps(reading).encode("utf-8") + b"\n")
 
 
+def _exited_within(pid, timeout):
+    """Whether our child `pid` exits within `timeout` seconds; reaped when it did. Waited for through a pidfd (Linux 5.3+,
+    Python 3.9+), one wakeup when it exits; else by polling waitpid every 5 ms, each poll a wakeup of this process that
+    costs CPU on a busy host."""
+    pidfd = None
+    if hasattr(os, "pidfd_open"):
+        try:
+            pidfd = os.pidfd_open(pid)
+        except OSError:
+            pidfd = None
+    if pidfd is not None:
+        try:
+            select.select([pidfd], [], [], timeout)  # readable once the child has exited
+        finally:
+            os.close(pidfd)
+        return os.waitpid(pid, os.WNOHANG)[0] != 0
+    deadline = time.monotonic() + timeout
+    while not os.waitpid(pid, os.WNOHANG)[0]:
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
 class DriverQuery:
     """NVML readings from a forked worker process, each bounded by a deadline.
 
@@ -374,11 +403,8 @@ class DriverQuery:
             except OSError:
                 pass
         pid, self.pid = self.pid, None
-        for _attempt in range(20):
-            done, _status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                return
-            time.sleep(0.005)
+        if _exited_within(pid, _WORKER_EXIT_S):
+            return
         try:
             os.kill(pid, signal.SIGKILL)  # our own forked child
         except OSError:

@@ -9,6 +9,7 @@ import ctypes
 import errno
 import json
 import os
+import signal
 import time
 import types
 
@@ -436,3 +437,26 @@ def test_mig_pending_only_lists_no_devices():
     gpu = FakeGpu(0, "GPU-aaaa", mig_mode=(0, 1))
     reading = _nvml.read_gpu(FakeNvml([gpu]), 0)
     assert reading["mig_mode"] == {"current": False, "pending": True} and reading["mig_devices"] == []
+
+
+@pytest.mark.parametrize("with_pidfd", [True, False], ids=["pidfd", "waitpid polls"])
+def test_exited_within_reaps_a_worker_that_leaves_and_gives_up_on_one_that_stays(monkeypatch, with_pidfd):
+    if not with_pidfd:
+        monkeypatch.delattr(os, "pidfd_open", raising=False)
+    leaving = os.fork()
+    if leaving == 0:
+        os._exit(0)
+    assert _nvml._exited_within(leaving, 5)  # pylint: disable=protected-access
+    assert gone(leaving)  # reaped: no zombie left behind
+    staying = os.fork()
+    if staying == 0:
+        time.sleep(30)
+        os._exit(0)
+    try:
+        started = time.monotonic()
+        assert not _nvml._exited_within(staying, 0.2)  # pylint: disable=protected-access
+        assert 0.2 <= time.monotonic() - started < 2
+        assert os.waitpid(staying, os.WNOHANG) == (0, 0)  # still running, not reaped
+    finally:
+        os.kill(staying, signal.SIGKILL)  # our own forked child
+        os.waitpid(staying, 0)
