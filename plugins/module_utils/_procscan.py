@@ -10,7 +10,9 @@ against the NVIDIA device paths. psutil cannot do this (Process.open_files()
 lists regular files only and never shows /dev/nvidia*), so we read /proc
 ourselves. The cost is one readlink per fd and one read of every maps file:
 fds are read by number where the fd directory's size gives their count (no
-listing), and large scans are shared by forked worker processes.
+listing), and large scans are shared by forked worker processes. Also the kernel module's own tables
+(/proc/driver/nvidia/gpus, /proc/driver/nvidia-caps/mig-minors). What one process is (stat, argv, identity) is
+`_proc`'s; this module is imported only by a look that scans (`_gpus`).
 """
 from __future__ import annotations
 

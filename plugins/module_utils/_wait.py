@@ -6,7 +6,8 @@
 
 The driver frees a dead process's memory some time after its last handle closes (about
 0.5 s for device memory, tens of seconds with large pinned host memory, never when a thread
-is stuck in the driver). So the wait polls, it never sleeps a fixed time.
+is stuck in the driver). So the wait polls, it never sleeps a fixed time. The words of a wait that did not end
+with its GPUs free, and the operator's next step, are `_advice`'s.
 """
 from __future__ import annotations
 
