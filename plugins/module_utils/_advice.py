@@ -43,6 +43,16 @@ def describe(gpu):
     return "%s: %s; next: %s" % (name, ", ".join(parts), gpu["next_step"])
 
 
+def found_by_scan(gpus):
+    """The holders that the /proc scan alone found on `gpus` (gpu_status entries of a wait whose driver did not
+    answer), as a clause for the message ("" when it found none): a process that still holds a GPU is named, even
+    where its memory could not be read."""
+    held = ["%s: %s" % ("GPUs" if gpu["index"] is None else "GPU %s" % gpu["index"],
+                        ", ".join("PID %s %s (state %s)" % (h["pid"], h["comm"], h["state"]) for h in gpu["holders"]))
+            for gpu in gpus if gpu["holders"]]
+    return "; holders found by the /proc scan alone: %s" % "; ".join(held) if held else ""
+
+
 def next_step(gpu):
     """What an operator can do about a GPU (a gpu_status entry) that was not released: one sentence."""
     index = gpu["index"]

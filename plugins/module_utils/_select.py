@@ -106,11 +106,20 @@ def select_gpus(requested, view):
             instances.setdefault(by_mig_uuid[text], set()).add(text)
         else:
             raise SelectionError("unknown GPU %r: GPUs are given as ASCII indices (this host has %s), GPU UUIDs (%s) "
-                                 "or MIG UUIDs (%s)" % (item, sorted(indices), ", ".join(sorted(by_uuid)) or "none known",
-                                                        ", ".join(sorted(by_mig_uuid)) or "none known"))
+                                 "or MIG UUIDs (%s)%s" % (item, sorted(indices), ", ".join(sorted(by_uuid)) or "none known",
+                                                          ", ".join(sorted(by_mig_uuid)) or "none known", _bracket_hint(text)))
     # A whole GPU selected as well as some of its instances: the whole GPU.
     instances = {index: frozenset(uuids) for index, uuids in instances.items() if index not in selected}
     return GpuIndices(sorted(selected | set(instances)), instances)
+
+
+def _bracket_hint(text):
+    """How to write a list where `text` is a piece of one written in brackets, as key=value arguments (ansible -a
+    'gpus=[0,1]') pass it: one string, which the list type splits at commas into '[0' and '1]'."""
+    if not text or not (text.startswith("[") or text.endswith("]")):
+        return ""
+    return ("; a list in brackets in key=value arguments (ansible -a 'gpus=[0,1]') reaches the module as text: write "
+            "gpus=0,1 there, or give the arguments as JSON (-a '{\"gpus\": [0, 1]}')")
 
 
 def compile_match(pattern):

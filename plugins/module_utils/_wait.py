@@ -82,7 +82,7 @@ def conclude(result, driver_timeout, single_look=False):
         gpu["next_step"] = _advice.next_step(gpu)
     if driver["timed_out"]:
         return ("NVML did not answer within driver_timeout (%s s): the driver may be hung (%s); GPU memory release "
-                "could not be confirmed. Next: look for Xid errors in the kernel log (dmesg) and check nvidia-smi; a "
-                "hung driver needs a GPU reset or a reboot" % (driver_timeout, driver["error"]))
+                "could not be confirmed%s. Next: look for Xid errors in the kernel log (dmesg) and check nvidia-smi; a "
+                "hung driver needs a GPU reset or a reboot" % (driver_timeout, driver["error"], _advice.found_by_scan(stuck)))
     return "%s: %s%s" % ("not free" if single_look else "not released after %.1f s" % result["elapsed_s"],
                          "; ".join(_advice.describe(gpu) for gpu in stuck), left)

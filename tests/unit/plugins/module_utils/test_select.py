@@ -101,6 +101,21 @@ def test_select_gpus_unknown_lists_the_known_ones(requested):
     assert "[0, 1, 2]" in message and "GPU-0" in message and "GPU-2" in message
 
 
+@pytest.mark.parametrize("requested", [["[2]"], ["[0", "2]"]])
+def test_select_gpus_says_how_to_write_a_list_that_key_value_arguments_passed_as_text(requested):
+    with pytest.raises(_select.SelectionError) as info:
+        _select.select_gpus(requested, VIEW)
+    message = str(info.value)
+    assert message.startswith("unknown GPU %r" % requested[0]) and "write gpus=0,1 there" in message
+    assert """-a '{"gpus": [0, 1]}'""" in message
+
+
+def test_select_gpus_unknown_without_brackets_gives_no_list_hint():
+    with pytest.raises(_select.SelectionError) as info:
+        _select.select_gpus(["GPU-3"], VIEW)
+    assert "key=value" not in str(info.value)
+
+
 def test_select_gpus_refuses_an_empty_list():
     # An empty list used to mean "all GPUs": a templated list that came out empty must not end a whole node.
     with pytest.raises(_select.SelectionError, match="gpus is empty"):

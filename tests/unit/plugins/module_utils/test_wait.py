@@ -178,6 +178,19 @@ def test_driver_timeout_is_never_released_even_without_holders():
     assert result["gpus"][0]["memory_checked"] is False and result["driver"]["timed_out"] is True
 
 
+def test_a_hung_driver_message_names_the_holders_that_the_proc_scan_found():
+    # The GPUs mapped through /proc/driver/nvidia, memory unknown; a CUDA user of GPU 0's device file is its holder.
+    stuck = holder(5000001, {0: None}, comm="python3", cmdline="python3 train.py", attribution={0: "device_file"})
+    hung = [gpu(0, None, unexplained_mib=None, reserved_mib=None), gpu(1, None, unexplained_mib=None, reserved_mib=None)]
+    result, _clock = wait(Scripted(view(hung, [stuck], driver=DRIVER_HUNG)), timeout=30.0)
+    message = _wait.conclude(result, 1.0)
+    assert message.startswith("NVML did not answer within driver_timeout (1.0 s): the driver may be hung")
+    assert "holders found by the /proc scan alone: GPU 0: PID 5000001 python3 (state S). Next: " in message
+    assert "GPU 1:" not in message
+    result, _clock = wait(Scripted(view(hung, [], driver=DRIVER_HUNG)), timeout=30.0)
+    assert "holders found" not in _wait.conclude(result, 1.0)
+
+
 def test_a_selected_gpu_with_an_error_ends_the_wait_at_the_first_poll():
     lost = gpu(1, None, unexplained_mib=None, reserved_mib=None, error="GPU is lost")
     inspector = Scripted(view([gpu(0, 3), lost]), view([gpu(0, 3), gpu(1, 3)]))
