@@ -77,14 +77,33 @@ def minor_map(driver, proc="/proc"):
     Returns (gpus, source) with source "nvml", "proc_driver" or None.
     """
     if driver and driver.get("available"):
-        return ([{k: gpu.get(k) for k in ("index", "minor", "uuid", "name", "pci_bus_id")} for gpu in driver["gpus"]],
-                "nvml")
+        gpus = [{k: gpu.get(k) for k in ("index", "minor", "uuid", "name", "pci_bus_id")} for gpu in driver["gpus"]]
+        if any(gpu["minor"] is None for gpu in gpus):
+            _complete_from_proc_driver(gpus, proc)
+        return gpus, "nvml"
     gpus = _procscan().proc_driver_minors(proc)
     if gpus:
         for index, gpu in enumerate(gpus):
             gpu["index"] = index
         return gpus, "proc_driver"
     return [], None
+
+
+def _complete_from_proc_driver(gpus, proc):
+    """Fill in the minor, UUID, name and PCI bus id of the GPUs that NVML answered with an error from the kernel
+    module's /proc/driver/nvidia/gpus. A GPU that fell off the bus (Xid 79) is counted by NVML, which then answers
+    every call on it with NVML_ERROR_GPU_IS_LOST ("Unable to determine the device handle for GPU ...: GPU is lost"),
+    while the kernel module keeps its entry; without its minor, the processes that hold its device file could not
+    be told. The kernel's list is in PCI bus order, as NVML enumerates; it is used only where it has as many GPUs as
+    NVML and agrees with NVML on the minor of every GPU that answered."""
+    known = _procscan().proc_driver_minors(proc)
+    if len(known) != len(gpus) or any(gpu["minor"] not in (None, entry["minor"]) for gpu, entry in zip(gpus, known)):
+        return
+    for gpu, entry in zip(gpus, known):
+        if gpu["minor"] is None:
+            for key in ("minor", "uuid", "name", "pci_bus_id"):
+                if gpu[key] is None:
+                    gpu[key] = entry[key]
 
 
 def _user(uid):

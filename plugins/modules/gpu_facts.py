@@ -226,7 +226,10 @@ ansible_facts:
           type: list
           elements: int
         index_source:
-          description: Where the minor number to index map came from (C(nvml), C(proc_driver), or null when unknown).
+          description:
+            - Where the minor number to index map came from (C(nvml), C(proc_driver), or null when unknown).
+            - With C(nvml), a GPU that NVML answers with an error (a lost GPU) gets its minor, UUID and PCI bus id from
+              C(/proc/driver/nvidia) where the kernel module lists as many GPUs as NVML and agrees on the other minors.
           returned: always
           type: str
 """

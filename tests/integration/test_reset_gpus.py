@@ -303,6 +303,21 @@ def test_lost_gpu_is_never_reported_free(simnode, tmp_path):
     assert "Xid" in out and "nvidia-smi --gpu-reset -i 1" in out, out
 
 
+def test_a_process_holding_a_lost_gpu_is_named_and_ended(simnode, tmp_path):
+    """NVML answers GPU 1 with NVML_ERROR_GPU_IS_LOST; the kernel module still lists it (its minor): the CUDA process
+    with its device file is its holder (memory unknown), named by the check and ended by the reset, and the GPU still
+    needs the reset that the message advises."""
+    node = simnode(gpus=2, lost=[1])
+    holder = start_holder(node, [1], mib=100)
+    inventory = inventory_file(tmp_path, node)
+    rc, out, recap = playbook(inventory, REPO / "playbooks" / "check_gpus.yml", "-e", "check_gpus_wait=0")
+    assert rc != 0 and "held by PID %d" % holder in out and "GPUs free" not in out, out
+    assert "end PID %d, which still holds it (gpuops.nvidia.gpu_kill), then reset it (nvidia-smi --gpu-reset -i 1)" % holder in out, out
+    rc, out, recap = playbook(inventory, PLAYBOOK, "-e", "reset_gpus_timeout=1")
+    assert rc != 0 and not alive(node, holder), out
+    assert "GPU is lost" in out and "nvidia-smi --gpu-reset -i 1" in out, out
+
+
 # Issue 11: values that used to spin forever, widen the selection to everything, or be read as another GPU.
 BAD_VALUES = [
     ("gpuops.nvidia.gpu_kill", {"grace_period": "nan"}, "grace_period=nan (must be a finite number)"),

@@ -88,6 +88,55 @@ def test_minor_map_from_proc_driver_in_bus_order(tmp_path):
     assert _gpus.minor_map(None, str(tmp_path))[1] == "proc_driver"  # NVML not asked at all
 
 
+def proc_driver_tree(root, entries):
+    """/proc/driver/nvidia/gpus as the kernel module writes it: [(bus directory, minor, UUID)]."""
+    for bus, minor, uuid in entries:
+        (root / "driver" / "nvidia" / "gpus" / bus).mkdir(parents=True)
+        (root / "driver" / "nvidia" / "gpus" / bus / "information").write_text(
+            "Model: \t\t NVIDIA H100 80GB HBM3\nDevice Minor: \t %d\nGPU UUID: \t %s\n" % (minor, uuid))
+    return str(root)
+
+
+def lost(index):
+    """A GPU that NVML counts and answers with NVML_ERROR_GPU_IS_LOST (fallen off the bus): its index, nothing more."""
+    return dict(nvml_gpu(index, used_mib=None), minor=None, uuid=None, name=None, pci_bus_id=None, error="GPU is lost")
+
+
+def test_a_lost_gpu_gets_its_minor_from_the_kernel_module(tmp_path):
+    proc = proc_driver_tree(tmp_path, [("0000:18:00.0", 0, "GPU-0"), ("0000:19:00.0", 1, "GPU-1")])
+    table, source = _gpus.minor_map(driver(nvml_gpu(0), lost(1)), proc)
+    assert source == "nvml"
+    assert table[1] == {"index": 1, "minor": 1, "uuid": "GPU-1", "name": "NVIDIA H100 80GB HBM3",
+                        "pci_bus_id": "00000000:19:00.0"}
+    assert table[0] == {"index": 0, "minor": 0, "uuid": "GPU-0", "name": "NVIDIA H100 80GB HBM3",
+                        "pci_bus_id": "00000000:18:00.0"}
+
+
+@pytest.mark.parametrize("entries", [
+    [("0000:18:00.0", 0, "GPU-0")],  # the kernel knows fewer GPUs than NVML counts
+    [("0000:18:00.0", 5, "GPU-0"), ("0000:19:00.0", 1, "GPU-1")],  # it disagrees on the minor of GPU 0
+    [],  # no kernel module tables
+])
+def test_a_lost_gpu_keeps_no_minor_where_the_kernel_module_does_not_agree_with_nvml(tmp_path, entries):
+    proc = proc_driver_tree(tmp_path, entries)
+    table, source = _gpus.minor_map(driver(nvml_gpu(0), lost(1)), proc)
+    assert source == "nvml" and table[1]["minor"] is None and table[1]["uuid"] is None and table[0]["minor"] == 0
+
+
+def test_the_holder_of_a_lost_gpus_device_file_is_named():
+    """Memory unknown on the lost GPU: the CUDA user of its device file holds it; an NVML client does not."""
+    table = [{"index": 0, "minor": 0, "uuid": "GPU-0", "name": None, "pci_bus_id": None},
+             {"index": 1, "minor": 1, "uuid": "GPU-1", "name": None, "pci_bus_id": None}]
+    reading = driver(nvml_gpu(0), lost(1))
+    scan = {4000: handles(4000, [1]), 4001: handles(4001, [0, 1], uvm=False)}
+    processes = {pid: {"pid": pid, "ppid": 1, "pgid": pid, "sid": pid, "comm": "python3", "state": "S",
+                       "start_ticks": 1, "kernel_thread": False, "user": "root", "uid": 0, "cmdline": "python3",
+                       "start_time": None} for pid in scan}
+    view = _holders.merge(reading, table, scan, processes, 256)
+    assert [(h["pid"], h["gpus"], h["attribution"]) for h in view["holders"]] == [(4000, [1], {"1": "device_file"})]
+    assert view["unmapped_minors"] == [] and [u["pid"] for u in view["device_users"]] == [4001]
+
+
 def test_minor_map_without_nvml_or_kernel_module(tmp_path):
     assert _gpus.minor_map(NO_DRIVER, str(tmp_path)) == ([], None)
 

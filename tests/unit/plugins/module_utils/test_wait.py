@@ -260,8 +260,11 @@ def test_next_step_texts():
 def test_next_step_lost_gpu_mentions_xid_and_the_reset_of_that_gpu():
     text = _advice.next_step(status_of(error="GPU is lost", used_mib=None, checked=False, index=5))
     assert "GPU is lost" in text and "Xid" in text and "nvidia-smi --gpu-reset -i 5" in text
-    # The error comes first, even with holders stuck on it.
-    assert "Xid" in _advice.next_step(status_of([brief(state="D")], error="GPU is lost", index=5))
+    assert "end PID" not in text
+    # The error comes first, even with holders stuck on it; they are named, to be ended before the GPU reset.
+    text = _advice.next_step(status_of([brief(pid=42, state="D"), brief(pid=43)], error="GPU is lost", index=5))
+    assert "Xid" in text and "then end PID 42, 43, which still hold it (gpuops.nvidia.gpu_kill), then reset it" in text
+    assert "end PID 42, which still holds it" in _advice.next_step(status_of([brief(pid=42)], error="GPU is lost"))
 
 
 def test_next_step_d_state_names_the_gpu_or_says_reboot():
