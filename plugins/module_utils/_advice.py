@@ -11,6 +11,11 @@ written (_wait.conclude, gpu_wait's require_memory), so the common free case doe
 from __future__ import annotations
 
 
+def _named(holders):
+    """Holders (brief entries) in words: "PID 4 python (state S), PID 5 ..."."""
+    return ", ".join("PID %s %s (state %s)" % (h["pid"], h["comm"], h["state"]) for h in holders)
+
+
 def describe(gpu):
     """One GPU that is not released, in words (never None or empty lists)."""
     parts = []
@@ -25,7 +30,7 @@ def describe(gpu):
     else:
         parts.append("memory unknown")
     if gpu["holders"]:
-        parts.append("held by %s" % ", ".join("PID %s %s (state %s)" % (h["pid"], h["comm"], h["state"]) for h in gpu["holders"]))
+        parts.append("held by %s" % _named(gpu["holders"]))
     else:
         parts.append("no selected holder")
     name = "GPUs" if gpu["index"] is None else "GPU %s" % gpu["index"]
@@ -47,8 +52,7 @@ def found_by_scan(gpus):
     """The holders that the /proc scan alone found on `gpus` (gpu_status entries of a wait whose driver did not
     answer), as a clause for the message ("" when it found none): a process that still holds a GPU is named, even
     where its memory could not be read."""
-    held = ["%s: %s" % ("GPUs" if gpu["index"] is None else "GPU %s" % gpu["index"],
-                        ", ".join("PID %s %s (state %s)" % (h["pid"], h["comm"], h["state"]) for h in gpu["holders"]))
+    held = ["%s: %s" % ("GPUs" if gpu["index"] is None else "GPU %s" % gpu["index"], _named(gpu["holders"]))
             for gpu in gpus if gpu["holders"]]
     return "; holders found by the /proc scan alone: %s" % "; ".join(held) if held else ""
 
