@@ -63,9 +63,10 @@ def next_step(gpu):
     which = "the GPUs" if index is None else "GPU %s" % index
     if gpu.get("error"):
         # A GPU reset needs no process on the GPU: its holders are named, to be ended first.
-        first = ("end PID %s, which still hold%s it (gpuops.nvidia.gpu_kill), then " % (
-            ", ".join(str(h["pid"]) for h in gpu["holders"]), "s" if len(gpu["holders"]) == 1 else "")
-            if gpu["holders"] else "")
+        first = ""
+        if gpu["holders"]:
+            first = "end PID %s, which still hold%s it (gpuops.nvidia.gpu_kill), then " % (
+                ", ".join(str(h["pid"]) for h in gpu["holders"]), "s" if len(gpu["holders"]) == 1 else "")
         return ("NVML answers %s with an error (%s): it may have fallen off the bus; look for Xid errors in the kernel "
                 "log (dmesg | grep -i xid), then %sreset it (nvidia-smi --gpu-reset -i %s) or reboot the host"
                 % (which, gpu["error"], first, index))
