@@ -12,18 +12,11 @@ import json
 
 import ansible_api
 from ansible_run import REPO, VENV_BIN
+from compile_audit import hook_source
 from simnode import inventory_file
 
-HOOK = r"""
-import json, runpy, sys
-compiled = {}
-
-def audit(event, args):
-    if event == "compile" and isinstance(args[1], str) and "/gpuops/nvidia/plugins/" in args[1]:
-        name = args[1].rsplit("/", 1)[1]
-        compiled[name] = compiled.get(name, 0) + 1
-
-sys.addaudithook(audit)
+HOOK = hook_source("/gpuops/nvidia/plugins/") + r"""
+import json, runpy
 sys.argv = [sys.argv[1]]
 try:
     runpy.run_path(sys.argv[0], run_name="__main__")
@@ -50,7 +43,7 @@ def test_gpu_wait_as_ansible_ships_it_compiles_each_module_util_once(simnode, tm
     compiled = json.loads(done.stderr.rsplit("COMPILED ", 1)[1])
     # The module itself (runpy), the package __init__ files and _zipload are compiled before the finder is in place,
     # as zipimport does (twice each for the latter two); every other module_utils that gpu_wait imports, once.
-    module_utils = {name: count for name, count in compiled.items()
-                    if name not in ("gpu_wait.py", "__init__.py", "_zipload.py")}
+    module_utils = {name.split("/", 1)[1]: count for name, count in compiled.items()
+                    if name.startswith("module_utils/") and name not in ("module_utils/__init__.py", "module_utils/_zipload.py")}
     assert {"_gpus.py", "_nvml.py", "_holders.py", "_select.py", "_wait.py"} <= set(module_utils), compiled
     assert set(module_utils.values()) == {1}, compiled

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from compile_audit import hook_source
+
 ZIPLOAD = Path(__file__).resolve().parents[4] / "plugins" / "module_utils" / "_zipload.py"
 PACKAGE_DIR = "ansible_collections/gpuops/nvidia/plugins/module_utils/"
 PACKAGE = "ansible_collections.gpuops.nvidia.plugins.module_utils"
@@ -29,16 +31,8 @@ PROBES = {
     "_zl_pkg/__init__.py": b"KIND = 'package'\n",
 }
 
-CHILD = r"""
-import json, sys, traceback
-compiled = {}
-
-def audit(event, args):
-    if event == "compile" and isinstance(args[1], str) and "/module_utils/" in args[1]:
-        name = args[1].split("/module_utils/", 1)[1]
-        compiled[name] = compiled.get(name, 0) + 1
-
-sys.addaudithook(audit)
+CHILD = hook_source("/module_utils/") + r"""
+import json, traceback
 sys.path.insert(0, sys.argv[1])
 from ansible_collections.gpuops.nvidia.plugins.module_utils import _zipload
 if sys.argv[2] == "install":
