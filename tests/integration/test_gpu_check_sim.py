@@ -100,7 +100,10 @@ def test_check_reports_the_knobs_that_differ(simnode, tmp_path):
     assert sorted(row["item"] for row in result["differences"]) == ["idle_used_mib", "release_s_1gib", "reserved_mib"]
     assert result["scenarios"]["release_latency"]["sizes"]["200"]["status"] == "skipped"
     knobs = result["suggested_sim_knobs"]
-    assert knobs["reserved_mib"] == 1012 and knobs["idle_used_mib"] == 40 and 1.5 <= knobs["release_latency"] < 1.75
+    # The knob is "released" minus "exited", each the first poll (every 10 ms) that saw it: where the poll that sees
+    # the exit comes late (2 cores, other tests running) the difference falls short of the latency by up to a poll
+    # round; 1.491 s was seen once in CI.
+    assert knobs["reserved_mib"] == 1012 and knobs["idle_used_mib"] == 40 and 1.45 <= knobs["release_latency"] < 1.75
 
 
 def test_mig_mode_is_recorded_as_the_driver_reports_it(simnode, tmp_path):
