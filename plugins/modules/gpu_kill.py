@@ -51,6 +51,9 @@ attributes:
     support: full
     details:
       - Reports in RV(would_signal) what would be signalled and sends nothing.
+      - With O(wait=true), fails where the wait would fail whatever was ended (a selected GPU that the driver answers
+        with an error, such as one that fell off the bus, or a driver that does not answer), with the wait's words and
+        next step; memory that ending the holders might free is not predicted.
   diff_mode:
     support: none
 options:
@@ -138,7 +141,8 @@ options:
         reset_gpus role (RV(summary)), so the common path of a reset is one module run.
       - When nothing was ended, the first look of the wait is the one the module already took (no second scan).
       - The module fails when the GPUs are not released within O(wait_timeout) (RV(wait_timed_out) true, RV(wait) says
-        per GPU what holds it and the next step). Not in check mode.
+        per GPU what holds it and the next step). In check mode it does not wait, and fails only where the wait would
+        fail whatever was ended (see the check_mode attribute).
     type: bool
     default: false
   wait_timeout:
@@ -383,10 +387,11 @@ def main():
         if params["wait"] and not module.check_mode and not result["survived"]:
             wait(module, inspector, selection, view if not result["signalled"] and not result["stopped_units"] else None,
                  result)
+        failure = would_fail(selection, view, params) if params["wait"] and module.check_mode else None
     finally:
         inspector.close()
     gc.freeze()
-    finish(module, result)
+    finish(module, result, failure)
 
 
 def run(module, inspector, selection, view, sig):
@@ -425,6 +430,18 @@ def run(module, inspector, selection, view, sig):
     result.update(outcome)
     result["changed"] = result["changed"] or bool(outcome["signalled"])
     return result
+
+
+def would_fail(selection, view, params):
+    """Check mode with wait=true: why the wait would fail whatever the run ended, in the words of the wait's own failure
+    (selected GPUs that the driver answers with an error, such as a GPU that fell off the bus, or a driver that did not
+    answer); None where ending the targets may free the GPUs (check mode cannot tell how their memory would go)."""
+    status = selection.gpu_status(view, params["max_used_mib"])
+    stuck = [gpu for gpu in status if gpu["error"] or view["driver"]["timed_out"]]
+    if not stuck:
+        return None
+    return _wait.conclude({"gpus": stuck, "driver": view["driver"], "released": False, "elapsed_s": 0.0},
+                          params["driver_timeout"], single_look=True)
 
 
 def wait(module, inspector, selection, first, result):
@@ -479,22 +496,27 @@ def _names(processes):
     return ", ".join("%s (%s)" % (p["pid"], p["comm"]) for p in processes)
 
 
-def finish(module, result):
-    """exit_json, or fail_json when a process survived SIGKILL or (wait=true) the GPUs were not released in time;
-    with wait=true the result carries the summary lines of the reset_gpus role."""
+def finish(module, result, failure=None):
+    """exit_json, or fail_json when a process survived SIGKILL, (wait=true) the GPUs were not released in time, or
+    (check mode, wait=true) `failure` says why the wait would fail whatever was ended; with wait=true the result
+    carries the summary lines of the reset_gpus role."""
     if result["survived"]:
         module.fail_json(msg="%d selected process(es) survived SIGKILL: %s" % (
             len(result["survived"]), "; ".join("PID %s (%s): %s" % (s["pid"], s["comm"], s["reason"]) for s in result["survived"])),
             **result)
     result["msg"] = message(module, result)
+    if failure:
+        result["msg"] += "; a real run would fail whatever it ended: %s" % failure
     warn_owners(module, result)
     if module.params["wait"]:
         waited = dict(result.get("wait", {"elapsed_s": 0.0}), released=result.get("released"))
-        outcome = _report.outcome(result, waited, module.check_mode, waited["elapsed_s"])
+        outcome = _report.outcome(dict(result, failed=bool(failure)), waited, module.check_mode, waited["elapsed_s"])
         result["summary"] = _report.summary_lines(result, result["before"], result.get("after", result["before"]),
                                                   module.check_mode, outcome)
         if result.get("wait_timed_out"):
             module.fail_json(**dict(result, msg="%s; %s" % (result["msg"], waited["msg"])))
+    if failure:
+        module.fail_json(**result)
     module.exit_json(**result)
 
 

@@ -305,14 +305,21 @@ def test_lost_gpu_is_never_reported_free(simnode, tmp_path):
 
 def test_a_process_holding_a_lost_gpu_is_named_and_ended(simnode, tmp_path):
     """NVML answers GPU 1 with NVML_ERROR_GPU_IS_LOST; the kernel module still lists it (its minor): the CUDA process
-    with its device file is its holder (memory unknown), named by the check and ended by the reset, and the GPU still
-    needs the reset that the message advises."""
+    with its device file is its holder (memory unknown), named by the check, by the reset in check mode (which fails:
+    the GPU stays lost whatever is ended) and ended by the reset, and the GPU still needs the reset that the message
+    advises."""
     node = simnode(gpus=2, lost=[1])
     holder = start_holder(node, [1], mib=100)
     inventory = inventory_file(tmp_path, node)
     rc, out, recap = playbook(inventory, REPO / "playbooks" / "check_gpus.yml", "-e", "check_gpus_wait=0")
     assert rc != 0 and "held by PID %d" % holder in out and "GPUs free" not in out, out
     assert "end PID %d, which still holds it (gpuops.nvidia.gpu_kill), then reset it (nvidia-smi --gpu-reset -i 1)" % holder in out, out
+    # Check mode signals nothing and says that the reset would fail whatever it ended, as the real run then does.
+    rc, out, recap = playbook(inventory, PLAYBOOK, "--check")
+    assert rc != 0 and alive(node, holder) and recap[node.name]["failed"] == 1, out
+    assert "FAILED (check mode, nothing was signalled): would signal 1 process(es): %d" % holder in out, out
+    assert "a real run would fail whatever it ended: not free: GPU 1: error GPU is lost" in out, out
+    assert "1 host(s): 0 ok, 1 failed or unreachable (%s)" % node.name in out, out
     rc, out, recap = playbook(inventory, PLAYBOOK, "-e", "reset_gpus_timeout=1")
     assert rc != 0 and not alive(node, holder), out
     assert "GPU is lost" in out and "nvidia-smi --gpu-reset -i 1" in out, out

@@ -331,3 +331,31 @@ def test_nothing_to_do_is_not_a_change(capsys, recorder):
     assert code == 0 and result["changed"] is False and rec.ended == []
     assert pids(result["protected"]) == [5000003]
     assert result["signalled"] == [] and result["respawned"] == [] and pids(result["before"]["holders"]) == [5000003]
+
+
+def test_check_mode_with_wait_fails_where_a_selected_gpu_is_lost_and_signals_nothing(capsys, recorder):
+    """A reset of a GPU that fell off the bus fails whatever it ends: check mode says so, with the wait's next step."""
+    lost = dict(gpu(1), memory_used_mib=None, error="GPU is lost", memory_unexplained=True, unexplained_mib=None,
+                memory_reserved_mib=None, holder_pids=[5000002])
+    free = dict(gpu(0), memory_unexplained=False, unexplained_mib=0, memory_reserved_mib=529, holder_pids=[])
+    rec = recorder(make_view([WORKER], gpus=[free, lost]))
+    code, result = run_module(capsys, {"wait": True, "_ansible_check_mode": True})
+    assert code == 1 and rec.ended == [] and pids(result["would_signal"]) == [5000002]
+    assert result["msg"].startswith("would signal 1 process(es): 5000002 (VLLM::Worker_TP); a real run would fail whatever "
+                                    "it ended: not free: GPU 1: error GPU is lost, held by PID 5000002 VLLM::Worker_TP "
+                                    "(state S); next: NVML answers GPU 1 with an error (GPU is lost)"), result["msg"]
+    assert "end PID 5000002, which still holds it (gpuops.nvidia.gpu_kill), then reset it (nvidia-smi --gpu-reset -i 1)" in result["msg"]
+    assert "GPU 0" not in result["msg"].split("would fail", 1)[1]
+    assert result["summary"][0] == "FAILED (check mode, nothing was signalled): " + result["msg"]
+    # Without wait there is nothing to predict; a GPU whose holders may free it is not predicted to fail either.
+    assert run_module(capsys, {"_ansible_check_mode": True})[0] == 0
+    assert run_module(capsys, {"wait": True, "gpus": [0], "_ansible_check_mode": True})[0] == 0
+
+
+def test_check_mode_with_wait_fails_where_the_driver_does_not_answer(capsys, recorder):
+    hung = dict(NO_DRIVER, error="an NVML call did not return within 10.0 s", timed_out=True)
+    rec = recorder(make_view([holder(5000001, {}, "python3 train.py")], gpus=[], driver=hung))
+    code, result = run_module(capsys, {"wait": True, "_ansible_check_mode": True})
+    assert code == 1 and rec.ended == []
+    assert "a real run would fail whatever it ended: NVML did not answer within driver_timeout (10.0 s)" in result["msg"]
+    assert "holders found by the /proc scan alone: GPUs: PID 5000001 python3 (state S)" in result["msg"], result["msg"]
