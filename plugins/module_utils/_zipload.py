@@ -9,16 +9,16 @@ every run. CPython's `zipimport` compiles a source module twice: once while it b
 (`zipimporter.find_spec` -> `spec_from_loader` -> `zipimporter.get_filename`, which works the file name out by getting
 the module's code) and again in `exec_module` (python/cpython#141276, where the duplicated work was reported; the fix
 proposed in python/cpython#153799 was not merged when this was written; seen on every CPython from 3.9 to 3.13).
-For gpu_wait, as check_gpus.yml runs it on every host of an inventory, the second compilation is about 12 ms of the
-host's CPU per run, a third of what the module costs beyond a ping (docs/scale.md). No library offers a finder for
+For gpu_wait, as check_gpus.yml runs it on every host of an inventory, the second compilation was 10-12 ms of the
+host's CPU per run, a quarter of what the module cost beyond a ping (docs/scale.md). No library offers a finder for
 this, hence this one.
 
 `install()` (each module calls it before importing the collection's other module_utils) puts a finder on
-`sys.meta_path`, before the path-based finder, that answers only for modules of this package whose package path entry is a zip that holds their
-source (`.py`): it builds the spec without compiling and compiles once when the module is executed, as zipimport
-itself does (line endings normalized, `dont_inherit`, the same `__file__`). Everything else (a package, a module
-the zip holds as bytecode only, the collection imported from directories, as in the tests or ansible-test) is left
-to the normal import system. Nothing is written anywhere.
+`sys.meta_path`, just before the path-based finder, that answers only for modules of this package whose package path
+entry is a zip that holds their source (`.py`): it builds the spec without compiling and compiles once when the
+module is executed, as zipimport itself does (line endings normalized, `dont_inherit`, the same `__file__`).
+Everything else (a package, a module the zip holds as bytecode only, the collection imported from directories, as
+in the tests or ansible-test) is left to the normal import system. Nothing is written anywhere.
 """
 from __future__ import annotations
 
