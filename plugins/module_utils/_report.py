@@ -82,7 +82,7 @@ def outcome(kill, wait, check_mode, waited_s):
     """What the run came to, in one sentence (the summary's line and the JSON report's message)."""
     if check_mode:
         if kill.get("failed"):
-            return "FAILED (check mode, nothing was signalled): %s" % kill.get("msg", "gpu_kill did not run")
+            return "FAILED (check mode): %s" % kill.get("msg", "gpu_kill did not run")
         return "check mode: would signal %d process(es), nothing was signalled" % len(kill.get("would_signal", []))
     if kill.get("failed") and not kill.get("wait_timed_out"):
         return "FAILED to end the holders: %s" % kill.get("msg", "gpu_kill did not run")

@@ -159,7 +159,7 @@ def test_template_says_the_same_lines_as_the_module(check_mode):
 
 def test_check_mode_outcome_of_a_failed_check_says_so():
     kill = dict(check_kill(), failed=True, msg="would signal 3 process(es); a real run would fail whatever it ended: ...")
-    assert _report.outcome(kill, {}, True, 0) == ("FAILED (check mode, nothing was signalled): would signal 3 process(es); "
+    assert _report.outcome(kill, {}, True, 0) == ("FAILED (check mode): would signal 3 process(es); "
                                                   "a real run would fail whatever it ended: ...")
     assert _report.outcome(dict(check_kill(), failed=False), {}, True, 0) == (
         "check mode: would signal 3 process(es), nothing was signalled")
