@@ -33,9 +33,10 @@ def wait_released(inspector, selection, timeout, max_used_mib=DEFAULT_MAX_USED_M
     """Poll snapshots until every GPU `selection` (a _select.Selection) selects is released or `timeout` seconds pass.
 
     Returns {"released" (bool), "elapsed_s", "polls", "gpus" (Selection.gpu_status of the last poll),
-    "driver" (the last snapshot's driver state), "view" (the last snapshot itself)}. A driver that stops answering,
-    or a selected GPU that the driver answers with an error (a lost GPU), ends the wait at once with released=False:
-    waiting cannot change either (the NVML query is bounded by the time left plus NVML_SLACK_S).
+    "driver" (the last snapshot's driver state), "view" (the last snapshot itself)}. A driver that stops answering
+    ends the wait at once with released=False, and so do selected GPUs that the driver answers with an error (a lost
+    GPU) once they are all that is left: waiting cannot change them, while the other GPUs may still release (the NVML
+    query is bounded by the time left plus NVML_SLACK_S).
     Each look scans only the PIDs the driver lists while their memory explains the selected GPUs. `first`, a
     snapshot just taken (by a caller that ended nothing since), serves as the first look.
     """
@@ -53,7 +54,9 @@ def wait_released(inspector, selection, timeout, max_used_mib=DEFAULT_MAX_USED_M
         status = selection.gpu_status(view, max_used_mib)
         done = all(gpu["released"] for gpu in status)
         now = clock()
-        hopeless = view["driver"]["timed_out"] or any(gpu.get("error") for gpu in status)
+        # Waiting cannot help a hung driver, nor GPUs that answer with an error; the others are still waited for.
+        pending = [gpu for gpu in status if not gpu["released"]]
+        hopeless = view["driver"]["timed_out"] or (pending and all(gpu.get("error") for gpu in pending))
         if done or now >= deadline or hopeless:
             return {"released": done and not view["driver"]["timed_out"], "elapsed_s": round(now - start, 3), "polls": polls,
                     "gpus": status, "driver": view["driver"], "view": view}

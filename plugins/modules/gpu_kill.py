@@ -436,7 +436,8 @@ def would_fail(selection, view, params):
     """Check mode with wait=true: why the wait would fail whatever the run ended, in the words of the wait's own failure
     (selected GPUs that the driver answers with an error, such as a GPU that fell off the bus, or a driver that did not
     answer); None where ending the targets may free the GPUs (check mode cannot tell how their memory would go)."""
-    status = selection.gpu_status(view, params["max_used_mib"])
+    # As the run would leave them: its targets ended (a real run names any that survive SIGKILL).
+    status = [dict(gpu, holders=[]) for gpu in selection.gpu_status(view, params["max_used_mib"])]
     stuck = [gpu for gpu in status if gpu["error"] or view["driver"]["timed_out"]]
     if not stuck:
         return None

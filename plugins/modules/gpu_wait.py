@@ -18,8 +18,9 @@ description:
     alone is reported (RV(left_alone)) and does not make the wait fail.
   - Where the driver's process lists explain the selected GPUs' memory, each look reads only the listed processes'
     fds; a full C(/proc) scan runs only where memory is unexplained.
-  - A selected GPU that the driver answers with an error (a lost GPU) fails the wait at the first look, naming the
-    GPU and the next step.
+  - A selected GPU that the driver answers with an error (a lost GPU) fails the wait, naming the GPU and the next step,
+    as soon as the other selected GPUs are released (at the first look when they already are); they are still
+    waited for.
   - Holders are found as in M(gpuops.nvidia.gpu_facts). The protected GPU daemons (nvidia-persistenced, DCGM,
     fabric manager, MPS, Xorg; see M(gpuops.nvidia.gpu_kill)) and the Ansible process chain do not count, as they
     hold the device files of healthy GPUs too.

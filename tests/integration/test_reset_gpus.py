@@ -325,6 +325,18 @@ def test_a_process_holding_a_lost_gpu_is_named_and_ended(simnode, tmp_path):
     assert "GPU is lost" in out and "nvidia-smi --gpu-reset -i 1" in out, out
 
 
+def test_a_lost_gpu_does_not_cut_short_the_wait_for_the_others(simnode, tmp_path):
+    """GPU 1 fell off the bus; GPU 0's holder is ended and its memory released 0.5 s later. The reset waits for GPU 0
+    (found released, not "memory that no process explains" with a GPU reset to do) and fails for GPU 1 alone."""
+    node = simnode(gpus=2, lost=[1], release_latency=0.5)
+    holder = start_holder(node, [0], mib=3000)
+    rc, out, recap = playbook(inventory_file(tmp_path, node), PLAYBOOK)
+    assert rc != 0 and recap[node.name]["failed"] == 1 and not alive(node, holder), out
+    assert "GPU 0 NVIDIA H100 80GB HBM3: 3000 -> 0 MiB used, holders 1 -> 0" in out, out
+    assert "GPU 1: error GPU is lost" in out and "nvidia-smi --gpu-reset -i 1" in out, out
+    assert "GPU 0: 3000 MiB used" not in out and "nvidia-smi --gpu-reset -i 0" not in out, out
+
+
 # Issue 11: values that used to spin forever, widen the selection to everything, or be read as another GPU.
 BAD_VALUES = [
     ("gpuops.nvidia.gpu_kill", {"grace_period": "nan"}, "grace_period=nan (must be a finite number)"),

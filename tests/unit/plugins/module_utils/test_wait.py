@@ -197,6 +197,11 @@ def test_a_selected_gpu_with_an_error_ends_the_wait_at_the_first_poll():
     result, clock = wait(inspector, timeout=30.0)
     assert result["released"] is False and result["polls"] == 1 and clock.sleeps == []
     assert [(g["index"], g["released"], g["error"]) for g in result["gpus"]] == [(0, True, None), (1, False, "GPU is lost")]
+    # The other GPUs are still waited for: GPU 0 releases at the second look, then only the lost GPU is left.
+    releasing = Scripted(view([gpu(0, 3000, unexplained_mib=3000), lost]), view([gpu(0, 3), lost]))
+    result, _clock = wait(releasing)
+    assert result["released"] is False and result["polls"] == 2 and len(releasing.calls) == 2
+    assert [(g["index"], g["released"], g["error"]) for g in result["gpus"]] == [(0, True, None), (1, False, "GPU is lost")]
     # A lost GPU that is not selected does not stop the wait for the others.
     result, _clock = wait(Scripted(view([gpu(0, 3), lost])), indices=[0])
     assert result["released"] is True
