@@ -23,18 +23,32 @@ SLOW = {"SIMVLLM_LOAD_SECONDS": "0.3", "SIMVLLM_TOKEN_SECONDS": "0.1"}  # a 100-
 
 class Load:
     """Clients sending completions of 100 tokens (10 s each) in a loop until `routed` (a file) disappears; every result is
-    kept. Requests this long are still running when the drain reads its first gauges, one or two Ansible tasks after the
-    hook took the instance out of routing, even on a loaded machine."""
+    kept. The clients start REQUEST_S / clients apart and stay so (each sends its next request as the last one ends):
+    when the hook takes the instance out of routing, the youngest request has run at most that long and has most of
+    its 10 s left, so requests still run when the drain reads its first gauges, a few Ansible tasks later, even on a
+    loaded machine. Started together, the clients' requests ended together, and a hook late in that cycle left nothing
+    running by the first gauge reading (seen once in CI: "0 running at the start")."""
+
+    REQUEST_S = 10.0
 
     def __init__(self, port, model, routed, clients=4):
         self.port, self.model, self.routed = port, model, routed
         self.results = []  # (sent at, status or None, finish_reason or error)
+        self.sending = [threading.Event() for _number in range(clients)]
         self.stop = threading.Event()
-        self.threads = [threading.Thread(target=self._client, args=(number,), daemon=True) for number in range(clients)]
+        self.threads = [threading.Thread(target=self._client, args=(number, number * self.REQUEST_S / clients), daemon=True)
+                        for number in range(clients)]
         for thread in self.threads:
             thread.start()
 
-    def _client(self, number):
+    def wait_sending(self, timeout=30):
+        """Return once every client has sent its first request (the last one starts REQUEST_S after the first)."""
+        for event in self.sending:
+            assert event.wait(timeout), "a load client sent nothing within %s s" % timeout
+
+    def _client(self, number, offset):
+        if self.stop.wait(offset):
+            return
         while not self.stop.is_set():
             if not self.routed.exists():  # out of routing: the load balancer sends nothing here
                 time.sleep(0.05)
@@ -43,6 +57,7 @@ class Load:
             request = urllib.request.Request("http://127.0.0.1:%d/v1/completions" % self.port, body,
                                              {"Content-Type": "application/json"})
             sent = time.time()
+            self.sending[number].set()
             try:
                 with urllib.request.urlopen(request, timeout=30) as response:
                     self.results.append((sent, response.status, json.loads(response.read())["choices"][0]["finish_reason"]))
@@ -76,7 +91,7 @@ def test_redeploy_under_load_drains_without_failed_requests(simnode, tmp_path):
     # Without a drain hook and with no time to drain, SIGTERM aborts what runs (vLLM's --shutdown-timeout 0):
     # the figures the summary gives, and the failures the drain is there to avoid.
     load = Load(port, "qwen-a", routed)
-    time.sleep(1.0)
+    load.wait_sending()
     rc, out, _recap = run(inventory, "-e", json.dumps({"test_override": {"gpu_memory_utilization": 0.85},
                                                       "vllm_server_drain_timeout": 0}))
     assert rc == 0, out
@@ -91,7 +106,7 @@ def test_redeploy_under_load_drains_without_failed_requests(simnode, tmp_path):
     # then the server is stopped; the restore hook puts the new server back into routing.
     tree = server_tree(node, port)
     load = Load(port, "qwen-a", routed)
-    time.sleep(1.0)
+    load.wait_sending()
     drained_at = tmp_path / "drained-at"
     hooks = {"vllm_server_drain_command": "sh -c 'date +%%s.%%N > %s; rm %s'" % (drained_at, routed),
              "vllm_server_restore_command": "touch %s" % routed, "vllm_server_drain_timeout": 30,
