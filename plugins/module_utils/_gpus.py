@@ -17,7 +17,7 @@ import os
 import pwd
 import traceback
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _holders, _nvml, _proc, _shapes
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _holders, _nvml, _proc, _procscan, _shapes
 
 # psutil describes holders only: a look that finds none (a clean host, most runs across an inventory) does not
 # import it (about 8 ms of the module's CPU); its presence is checked here, the import is in Inspector.snapshot.
@@ -39,14 +39,6 @@ SELECTION_ARGS = dict(
 # Used memory (MiB) that the driver's lists may leave unexplained on a GPU before processes that only hold its
 # device file count as its holders: the same idle floor as gpu_wait's max_used_mib default (docs/attribution.md).
 DEFAULT_TOLERANCE_MIB = 256
-
-
-def _procscan():
-    """The /proc scan module, imported where a look scans or the driver did not answer. Ansible ships module_utils
-    as source, compiled on every run: a look whose driver lists explain the GPUs and name no process (a clean host,
-    most runs across an inventory) spares the module compiling it, about 4 ms of the host's CPU (docs/scale.md)."""
-    from ansible_collections.gpuops.nvidia.plugins.module_utils import _procscan as module
-    return module
 
 
 def missing_libraries():
@@ -81,7 +73,7 @@ def minor_map(driver, proc="/proc"):
         if any(gpu["minor"] is None for gpu in gpus):
             _complete_from_proc_driver(gpus, proc)
         return gpus, "nvml"
-    gpus = _procscan().proc_driver_minors(proc)
+    gpus = _procscan.proc_driver_minors(proc)
     if gpus:
         for index, gpu in enumerate(gpus):
             gpu["index"] = index
@@ -96,7 +88,7 @@ def _complete_from_proc_driver(gpus, proc):
     while the kernel module keeps its entry; without its minor, the processes that hold its device file could not
     be told. The kernel's list is in PCI bus order, as NVML enumerates; it is used only where it has as many GPUs as
     NVML and agrees with NVML on the minor of every GPU that answered."""
-    known = _procscan().proc_driver_minors(proc)
+    known = _procscan.proc_driver_minors(proc)
     if len(known) != len(gpus) or any(gpu["minor"] not in (None, entry["minor"]) for gpu, entry in zip(gpus, known)):
         return
     for gpu, entry in zip(gpus, known):
@@ -187,9 +179,9 @@ class Inspector:
         own = self.own_pids()
         listed = _listed_pids(driver, indices, tolerance_mib) if scope == "listed" else None
         if listed is None:
-            scan = _procscan().scan_holders(self.proc, skip_pids=own)
+            scan = _procscan.scan_holders(self.proc, skip_pids=own)
         else:
-            scan = _procscan().scan_pids(sorted(listed - own), self.proc) if listed - own else {}
+            scan = _procscan.scan_pids(sorted(listed - own), self.proc) if listed - own else {}
         wanted = set(scan) | {item["pid"] for gpu in driver.get("gpus", []) for item in gpu.get("processes", [])}
         processes = {}
         if wanted - own:
@@ -200,7 +192,7 @@ class Inspector:
                 processes[pid] = details
         mig = any((gpu.get("mig_mode") or {}).get("current") for gpu in driver.get("gpus", []))
         view = _holders.merge(driver, table, scan, processes, tolerance_mib, exclude_pids=own,
-                              caps=_procscan().cap_map(self.proc) if mig else None)
+                              caps=_procscan.cap_map(self.proc) if mig else None)
         if owners or (owners is None and listed is None):
             # Imported here: a look without owners (every poll of a wait, check_gpus) spares the module the
             # compilation of _owners, which Ansible ships as source.

@@ -18,7 +18,7 @@ import os
 import pwd
 import re
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _proc, _shapes
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _owners, _proc, _shapes
 from ansible_collections.gpuops.nvidia.plugins.module_utils._options import OptionError
 
 # Daemons that hold GPUs legitimately; never signalled unless the operator says so explicitly.
@@ -162,13 +162,6 @@ def check_pids(pids):
     return set(pids)
 
 
-def _owners():
-    """The _owners module, imported only when an owner filter is given: gpu_wait and check_gpus, which rarely filter
-    by owner, are spared its compilation (Ansible ships module_utils as source)."""
-    from ansible_collections.gpuops.nvidia.plugins.module_utils import _owners as owners
-    return owners
-
-
 def check_options(params):
     """The checks of the selection options that need no look at the GPUs: run them before the first look, so bad
     input is refused even when the driver hangs."""
@@ -176,7 +169,7 @@ def check_options(params):
     check_pids(params.get("pids"))
     compile_match(params.get("match"))
     check_users(params.get("users"))
-    errors = _owners().container_ref_errors(params["containers"]) if params.get("containers") else None
+    errors = _owners.container_ref_errors(params["containers"]) if params.get("containers") else None
     if errors:
         raise SelectionError("; ".join(errors))
 
@@ -253,7 +246,7 @@ class Selection:
         if owners["containers"]:
             known = {p["owner"]["container_id"] for p in view.get("holders", []) + view.get("device_users", [])
                      if (p.get("owner") or {}).get("container_id")}
-            errors = _owners().container_ref_errors(owners["containers"], known)
+            errors = _owners.container_ref_errors(owners["containers"], known)
             if errors:
                 raise SelectionError("; ".join(errors))
         return cls(select_gpus(params.get("gpus"), view), pids=check_pids(params.get("pids")),
@@ -285,7 +278,7 @@ class Selection:
         if self.users is not None and holder.get("user") not in self.users and str(holder.get("uid")) not in self.users:
             return "user %s not in users" % holder.get("user")
         if self.owners:
-            return _owners().mismatch(holder.get("owner"), **self.owners)
+            return _owners.mismatch(holder.get("owner"), **self.owners)
         return None
 
     def split(self, view):

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import time
 
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _advice
+
 # Default threshold: NVML v2 `used` excludes reserved memory, so an idle GPU reports a few MiB;
 # 256 MiB tolerates idle usage and small driver allocations, and no CUDA context is that small.
 DEFAULT_MAX_USED_MIB = 256
@@ -77,9 +79,6 @@ def conclude(result, driver_timeout, single_look=False):
     if result["released"]:
         what = "released" if result["memory_checked"] else "no holder left (memory not checked: no driver)"
         return "%s after %.2f s%s" % (what, result["elapsed_s"], left)
-    # Imported here: a wait that ends with its GPUs free (most runs across an inventory) never words a failure, and
-    # Ansible compiles every module_utils it imports from source on each run.
-    from ansible_collections.gpuops.nvidia.plugins.module_utils import _advice
     stuck = [gpu for gpu in result["gpus"] if not gpu["released"]]
     for gpu in stuck:
         gpu["next_step"] = _advice.next_step(gpu)

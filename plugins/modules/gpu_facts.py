@@ -236,11 +236,6 @@ ansible_facts:
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _zipload
-
-# Before the collection's other module_utils: each is then compiled once, not twice (see _zipload).
-_zipload.install()
-
 from ansible_collections.gpuops.nvidia.plugins.module_utils import _gpus, _options
 
 

@@ -330,23 +330,11 @@ before:
            "index_source": "nvml"}
 """
 
-import gc
 import time
-
-# No garbage collection while the module and its module_utils load (Ansible ships them as source: thousands of
-# objects, no cycles to collect): about a millisecond of the host's CPU per run (medians of 60 runs, docs/scale.md).
-gc.disable()
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _zipload
-
-# Before the collection's other module_utils: each is then compiled once, not twice (see _zipload).
-_zipload.install()
-
 from ansible_collections.gpuops.nvidia.plugins.module_utils import _gpus, _options, _owners, _report, _select, _terminate, _wait
-
-gc.enable()
 
 
 def main():
@@ -390,7 +378,6 @@ def main():
         failure = would_fail(selection, view, params) if params["wait"] and module.check_mode else None
     finally:
         inspector.close()
-    gc.freeze()
     finish(module, result, failure)
 
 

@@ -199,22 +199,9 @@ after:
            "unmapped_minors": [], "index_source": "nvml"}
 """
 
-import gc
-
-# No garbage collection while the module and its module_utils load (Ansible ships them as source: thousands of
-# objects, no cycles to collect): about a millisecond of the host's CPU per run (medians of 60 runs, docs/scale.md).
-gc.disable()
-
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _zipload
-
-# Before the collection's other module_utils: each is then compiled once, not twice (see _zipload).
-_zipload.install()
-
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _gpus, _options, _select, _wait
-
-gc.enable()
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _advice, _gpus, _options, _select, _wait
 
 
 def main():
@@ -253,7 +240,6 @@ def main():
         inspector.close()
     # The process ends right after the result: spare it the final garbage collection of every imported
     # object, which delays the module's return by 20-60 ms.
-    gc.freeze()
     finish(module, params, result)
 
 
@@ -267,7 +253,6 @@ def finish(module, params, result):
     if not params["return_after"]:
         del result["after"]
     if result["released"] and not result["memory_checked"] and params["require_memory"]:
-        from ansible_collections.gpuops.nvidia.plugins.module_utils import _advice  # the failure's words, only here
         msg = ("not checked: %s; next: make the NVIDIA driver library usable on this host (libnvidia-ml.so.1 and the "
                "nvidia-ml-py package), or accept a check from /proc alone (require_memory=false)" % _advice.describe_unread(result))
         module.fail_json(msg=msg, changed=False, **result)

@@ -145,11 +145,6 @@ stop:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _zipload
-
-# Before the collection's other module_utils: each is then compiled once, not twice (see _zipload).
-_zipload.install()
-
 from ansible_collections.gpuops.nvidia.plugins.module_utils import _detached, _options, _proc, _vllm_api
 
 

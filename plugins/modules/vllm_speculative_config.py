@@ -252,11 +252,6 @@ mismatches:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _zipload
-
-# Before the collection's other module_utils: each is then compiled once, not twice (see _zipload).
-_zipload.install()
-
 from ansible_collections.gpuops.nvidia.plugins.module_utils._speculative import (
     SpeculativeConfigError,
     validate_speculative_config,
