@@ -2,15 +2,15 @@
 # Copyright (c) 2026, gpuops.nvidia contributors
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""What is selected, ended and waited for: one place for gpu_kill, gpu_wait, check_gpus and vllm_server.
+"""What is selected: which holders of which GPUs are targets, and which are left alone and why.
 
-A `Selection` is built once per module run from the selection options (`gpus`, `pids`, `match`,
-`users`, `exclude`, `include_protected`) and a snapshot (for the GPU indices and UUIDs). Among the
+The selection options (`gpus`, `pids`, `match`, `users`, the owner filters, `exclude`,
+`include_protected`) are checked once by `check_options`, before the first look at the GPUs.
+A `Selection` is then built from them and a snapshot (for the GPU indices and UUIDs). Among the
 holders of the selected GPUs (docs/attribution.md: holding a GPU means holding its memory), each
 is a target (gpu_kill ends it, gpu_wait waits for it) or left alone with a reason; device users
 (NVML clients, NCCL workers' extra device files) are never holders and never selected.
-A GPU is released when no target holds it and its used memory, minus what the left-alone holders
-hold there, is at or below max_used_mib.
+Whether a GPU is released is decided in _release.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import os
 import pwd
 import re
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _owners, _proc, _shapes
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _owners, _proc
 from ansible_collections.gpuops.nvidia.plugins.module_utils._options import OptionError
 
 # Daemons that hold GPUs legitimately; never signalled unless the operator says so explicitly.
@@ -51,14 +51,45 @@ class SelectionError(OptionError):
     """Bad selection input: an unknown GPU or user, an empty list, an invalid regex. Nothing was signalled."""
 
 
-def check_not_empty(**values):
-    """Refuse an option given as an empty list or string: a templated list that came out empty must not
-    widen to "everything". Omitting the option (None) means "any"."""
-    empty = sorted(name for name, value in values.items() if value is not None and len(value) == 0)
-    if empty:
-        raise SelectionError(
-            "%s %s empty: an empty selection selects nothing and is refused (omit the option to select any)"
-            % (", ".join(empty), "is" if len(empty) == 1 else "are"))
+# The options that select holders. Each one given must select something: see check_not_empty.
+SELECTION_OPTIONS = ("gpus", "pids", "match", "users") + OWNER_FILTERS
+
+
+def _blank(value):
+    """True for a value that names nothing: null, or a string of whitespace only."""
+    return value is None or (isinstance(value, str) and not value.strip())
+
+
+def check_not_empty(given=None, **values):
+    """Refuse a selection option that was given but selects nothing, before anything is signalled.
+
+    Nothing is: null (a YAML key whose entries are all commented out, a template that rendered null), an
+    empty or blank string, an empty list, a list of nothing but null or blank entries. (A blank entry
+    beside real ones is refused by the option's own check: an unknown GPU, user or PID.) Such a value must not widen
+    the selection to "everything". An option left out means "any".
+
+    Args:
+        given: the module's arguments as the controller passed them (absent keys were left out), or None
+            when only `values` are known (then None means left out).
+        values: option name -> value after Ansible's type checks.
+    """
+    kinds = {}
+    for name, value in sorted(values.items()):
+        if value is None:
+            kind = "null" if given is not None and name in given and given[name] is None else None
+        elif isinstance(value, str):
+            kind = "empty" if not value else "blank" if not value.strip() else None
+        elif len(value) == 0:
+            kind = "empty"
+        else:
+            kind = "lists of nothing but null or blank entries" if all(_blank(item) for item in value) else None
+        if kind:
+            kinds.setdefault(kind, []).append(name)
+    if kinds:
+        raise SelectionError("%s: a selection that names nothing is refused (omit the option to select any)" % "; ".join(
+            "%s %s %s" % (", ".join(names), "is" if len(names) == 1 else "are",
+                          kind.replace("lists of", "a list of") if len(names) == 1 else kind)
+            for kind, names in kinds.items()))
 
 
 class GpuIndices(list):
@@ -162,16 +193,32 @@ def check_pids(pids):
     return set(pids)
 
 
-def check_options(params):
-    """The checks of the selection options that need no look at the GPUs: run them before the first look, so bad
-    input is refused even when the driver hangs."""
-    check_not_empty(gpus=params.get("gpus"), **{name: params.get(name) for name in OWNER_FILTERS})
-    check_pids(params.get("pids"))
-    compile_match(params.get("match"))
-    check_users(params.get("users"))
+class Checked:
+    """The selection options of one module run, checked once, before the first look at the GPUs."""
+
+    def __init__(self, gpus=None, pids=None, regex=None, users=None, owners=None, exclude=(), include_protected=False):
+        self.gpus = gpus
+        self.pids = pids
+        self.regex = regex
+        self.users = users
+        self.owners = owners or {}
+        self.exclude = tuple(exclude or ())
+        self.include_protected = include_protected
+
+
+def check_options(params, given=None):
+    """Check the selection options that need no look at the GPUs, so bad input is refused even when the driver
+    hangs. `given` is the module's arguments as passed (see check_not_empty). Returns a Checked; raises
+    SelectionError."""
+    # Null options (only `given` shows them), and the options whose own checks come later (gpus needs a look).
+    check_not_empty(given, **{name: params.get(name) for name in SELECTION_OPTIONS
+                              if name in ("gpus",) + OWNER_FILTERS or params.get(name) is None})
     errors = _owners.container_ref_errors(params["containers"]) if params.get("containers") else None
     if errors:
         raise SelectionError("; ".join(errors))
+    return Checked(gpus=params.get("gpus"), pids=check_pids(params.get("pids")), regex=compile_match(params.get("match")),
+                   users=check_users(params.get("users")), owners={name: params.get(name) for name in OWNER_FILTERS},
+                   exclude=params.get("exclude"), include_protected=params.get("include_protected", False))
 
 
 def ancestors(pid=None, proc="/proc"):
@@ -238,21 +285,19 @@ class Selection:
         self.own_chain = ancestors() if own_chain is None else own_chain
 
     @classmethod
-    def from_params(cls, params, view):
-        """Check the selection options of a module (`gpus` and HOLDER_ARGS; missing keys mean "any") against a
-        snapshot; raises SelectionError before anything is signalled."""
-        check_options(params)
-        owners = {name: params.get(name) for name in OWNER_FILTERS}
-        if owners["containers"]:
+    def from_params(cls, params, view, checked=None):
+        """The Selection of a module's options (`gpus` and HOLDER_ARGS; missing keys mean "any") on a snapshot.
+        `checked` is check_options' result (checked here when None); raises SelectionError before anything is
+        signalled."""
+        checked = checked or check_options(params)
+        if checked.owners.get("containers"):
             known = {p["owner"]["container_id"] for p in view.get("holders", []) + view.get("device_users", [])
                      if (p.get("owner") or {}).get("container_id")}
-            errors = _owners.container_ref_errors(owners["containers"], known)
+            errors = _owners.container_ref_errors(checked.owners["containers"], known)
             if errors:
                 raise SelectionError("; ".join(errors))
-        return cls(select_gpus(params.get("gpus"), view), pids=check_pids(params.get("pids")),
-                   regex=compile_match(params.get("match")), users=check_users(params.get("users")),
-                   exclude=params.get("exclude") or (), include_protected=params.get("include_protected", False),
-                   owners=owners)
+        return cls(select_gpus(checked.gpus, view), pids=checked.pids, regex=checked.regex, users=checked.users,
+                   exclude=checked.exclude, include_protected=checked.include_protected, owners=checked.owners)
 
     @property
     def narrowed(self):
@@ -298,104 +343,3 @@ class Selection:
                 protected.append(left[-1])
         not_holding = sorted((self.pids or set()) - {h["pid"] for h in covered})
         return {"targets": targets, "left_alone": left, "protected": protected, "not_holding": not_holding}
-
-    def gpu_status(self, view, max_used_mib):
-        """Per selected GPU: is it released? [dicts with _shapes.WAIT_GPU_KEYS]: "holders" are the targets still
-        holding it (brief), "left_alone" the left-alone holders (brief + reason) and "left_alone_mib" their memory,
-        "mig_uuid" the MIG instance (None for a whole GPU; MIG instances add "mig_profile"; a whole GPU in MIG mode that
-        is not released adds "mig_in_use", its instances that hold memory or processes), "memory_note" why more
-        used memory counts as idle (NVML memory info v1), "released" whether no target holds it and its used memory
-        less left_alone_mib is at most max_used_mib (plus reserved_allowance_mib).
-
-        Without any index map (no NVML, no /proc/driver/nvidia) there is one entry with index None for all GPUs.
-        """
-        split = self.split(view)
-        if not view["gpus"]:
-            return [_shapes.entry(_shapes.WAIT_GPU_KEYS, holders=[brief(h, None) for h in split["targets"]],
-                                  left_alone=[dict(brief(h, None), reason=h["reason"]) for h in split["left_alone"]],
-                                  left_alone_mib=0, foreign=[], suspects=[], memory_checked=False,
-                                  reserved_allowance_mib=0, released=not split["targets"])]
-        status = []
-        # A hung driver leaves memory unknown: no GPU is released then, whatever /proc shows.
-        timed_out = bool((view.get("driver") or {}).get("timed_out"))
-        for gpu in view["gpus"]:
-            index = gpu["index"]
-            if self.indices is not None and index not in self.indices:
-                continue
-            if index in self.instances:
-                status.extend(self._instance_status(gpu, split, max_used_mib, timed_out))
-                continue
-            holders = [brief(h, index) for h in split["targets"] if index in h["gpus"]]
-            left = [dict(brief(h, index), reason=h["reason"]) for h in split["left_alone"] if index in h["gpus"]]
-            left_mib = sum(h["memory_mib"] or 0 for h in left)
-            if gpu["unexplained_mib"] and any(h["attribution"] == "device_file" for h in left):
-                left_mib += gpu["unexplained_mib"]
-            used = gpu["memory_used_mib"]
-            checked = used is not None
-            entry = _shapes.entry(
-                _shapes.WAIT_GPU_KEYS, index=index, uuid=gpu.get("uuid"), memory_used_mib=used,
-                memory_reserved_mib=gpu["memory_reserved_mib"], unexplained_mib=gpu["unexplained_mib"],
-                memory_unexplained=gpu["memory_unexplained"], holders=holders, left_alone=left,
-                left_alone_mib=left_mib, foreign=gpu["foreign"], suspects=gpu["suspects"],
-                memory_checked=checked, error=gpu.get("error"), mig_uuid=None,
-                reserved_allowance_mib=gpu.get("reserved_allowance_mib") or 0,
-                memory_note=_v1_note(gpu),
-                # A GPU the driver answers with an error (lost, fallen off the bus) is never "released".
-                released=(not holders and not gpu.get("error") and not timed_out
-                          and (not checked or used - left_mib <= max_used_mib + (gpu.get("reserved_allowance_mib") or 0))),
-            )
-            if not entry["released"] and gpu.get("mig_devices"):
-                # A whole GPU in MIG mode that is not free: which of its instances hold memory or processes.
-                entry["mig_in_use"] = [{key: device.get(key) for key in ("uuid", "profile", "memory_used_mib", "holder_pids")}
-                                       for device in gpu["mig_devices"]
-                                       if device.get("holder_pids") or (device.get("memory_used_mib") or 0) > max_used_mib]
-            status.append(entry)
-        return status
-
-    def _instance_status(self, gpu, split, max_used_mib, timed_out):
-        """gpu_status entries of the selected MIG instances of `gpu`: the figures of each instance (its memory, the
-        holders of that instance), with "mig_uuid" and "mig_profile"."""
-        index, key = gpu["index"], str(gpu["index"])
-        devices = {device["uuid"]: device for device in gpu.get("mig_devices") or ()}
-        status = []
-        for uuid in sorted(self.instances[index]):
-            device = devices.get(uuid)
-            holders = [brief(h, index) for h in split["targets"] if uuid in (h.get("mig") or {}).get(key, ())]
-            left = [dict(brief(h, index), reason=h["reason"]) for h in split["left_alone"]
-                    if uuid in (h.get("mig") or {}).get(key, ())]
-            left_mib = sum(h["memory_mib"] or 0 for h in left)
-            device = device or {}
-            error = gpu.get("error") or (None if device else
-                                         "MIG device %s is no longer there (MIG reconfigured?)" % uuid)
-            if device.get("unexplained_mib") and any(h["attribution"] == "device_file" for h in left):
-                left_mib += device["unexplained_mib"]
-            used = device.get("memory_used_mib")
-            allowance = device.get("reserved_allowance_mib") or 0
-            status.append({
-                "index": index, "uuid": gpu.get("uuid"), "mig_uuid": uuid, "mig_profile": device.get("profile"),
-                "memory_used_mib": used, "memory_reserved_mib": None, "unexplained_mib": device.get("unexplained_mib"),
-                "memory_unexplained": device.get("memory_unexplained"), "holders": holders, "left_alone": left,
-                "left_alone_mib": left_mib, "foreign": device.get("foreign", []), "suspects": gpu["suspects"],
-                "memory_checked": used is not None, "error": error, "reserved_allowance_mib": allowance,
-                "memory_note": _v1_note(device) if allowance else None,
-                "released": (not holders and not error and not timed_out
-                             and (used is None or used - left_mib <= max_used_mib + allowance)),
-            })
-        return status
-
-
-def _v1_note(gpu):
-    """What a GPU whose used memory includes reserved memory (NVML memory info v1) is held against, or None."""
-    allowance = gpu.get("reserved_allowance_mib") or 0
-    if not allowance:
-        return None
-    return ("reserved memory cannot be told apart on this driver (NVML memory info v1, whose used memory includes it): "
-            "up to %d MiB (5%% of the memory) more counts as idle" % allowance)
-
-
-def brief(holder, index):
-    """The fields of a holder that a wait report needs, with its memory on GPU `index` and its parent."""
-    key = None if index is None else str(index)
-    return {"pid": holder["pid"], "comm": holder["comm"], "state": holder["state"], "cmdline": holder["cmdline"],
-            "user": holder["user"], "memory_mib": holder["memory_mib"].get(key) if key else None,
-            "attribution": holder.get("attribution", {}).get(key) if key else None, "parent": holder.get("parent")}

@@ -43,10 +43,10 @@ DRIVER_KEYS = ("available", "error", "driver_version", "nvml_version", "cuda_dri
 # What the snapshot returns (gpu_facts' ansible_facts.nvidia; gpu_kill's before and after).
 VIEW_KEYS = ("gpus", "holders", "device_users", "unmapped_minors", "index_source", "scan", "driver")
 
-# A holder in a wait report (_select.brief), and a left-alone one (with its reason).
+# A holder in a wait report (_release.brief), and a left-alone one (with its reason).
 BRIEF_HOLDER_KEYS = ("pid", "comm", "state", "cmdline", "user", "memory_mib", "attribution", "parent")
 LEFT_ALONE_KEYS = BRIEF_HOLDER_KEYS + ("reason",)
-# One selected GPU (or MIG instance) in a wait (_select.Selection.gpu_status); MIG instances add "mig_profile",
+# One selected GPU (or MIG instance) in a wait (_release.gpu_status); MIG instances add "mig_profile",
 # a whole GPU in MIG mode that is not released "mig_in_use", a GPU that is not released after a wait "next_step"
 # (_wait.conclude).
 WAIT_GPU_KEYS = ("index", "uuid", "mig_uuid", "memory_used_mib", "memory_reserved_mib", "unexplained_mib",

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _advice
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _advice, _release
 
 # Default threshold: NVML v2 `used` excludes reserved memory, so an idle GPU reports a few MiB;
 # 256 MiB tolerates idle usage and small driver allocations, and no CUDA context is that small.
@@ -34,7 +34,7 @@ def wait_released(inspector, selection, timeout, max_used_mib=DEFAULT_MAX_USED_M
                   clock=time.monotonic, sleep=time.sleep, first=None):
     """Poll snapshots until every GPU `selection` (a _select.Selection) selects is released or `timeout` seconds pass.
 
-    Returns {"released" (bool), "elapsed_s", "polls", "gpus" (Selection.gpu_status of the last poll),
+    Returns {"released" (bool), "elapsed_s", "polls", "gpus" (_release.gpu_status of the last poll),
     "driver" (the last snapshot's driver state), "view" (the last snapshot itself)}. A driver that stops answering
     ends the wait at once with released=False, and so do selected GPUs that the driver answers with an error (a lost
     GPU) once they are all that is left: waiting cannot change them, while the other GPUs may still release (the NVML
@@ -53,7 +53,7 @@ def wait_released(inspector, selection, timeout, max_used_mib=DEFAULT_MAX_USED_M
         else:
             view = inspector.snapshot(timeout=max(0.0, deadline - clock()) + NVML_SLACK_S, scope="listed",
                                       indices=selection.indices, tolerance_mib=max_used_mib, owners=bool(selection.owners))
-        status = selection.gpu_status(view, max_used_mib)
+        status = _release.gpu_status(selection, view, max_used_mib)
         done = all(gpu["released"] for gpu in status)
         now = clock()
         # Waiting cannot help a hung driver, nor GPUs that answer with an error; the others are still waited for.

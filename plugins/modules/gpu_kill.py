@@ -36,8 +36,10 @@ description:
     listed in RV(left_alone) with the reason, and named in the message.
   - Returns C(changed=true) only when something was signalled, so a second run reports C(changed=false).
   - Bad input fails before anything is signalled; an unknown GPU index (indices are ASCII digits) or UUID, an
-    invalid regex, an unknown user, a PID of 0 or less, an empty list or empty O(match) (an empty selection would
-    otherwise mean "everything"; omit the option to select any), a negative or non-finite (nan, inf) time, an
+    invalid regex, an unknown user, a PID of 0 or less, a selection option given as null, an empty or blank
+    string, an empty list or a list with a blank entry (a template that rendered nothing would otherwise mean
+    "everything"; leave the option out to select any), with O(stop_owners=true) a unit that reaches beyond the
+    selection (see O(stop_spanning_owners)), a negative or non-finite (nan, inf) time, an
     O(driver_timeout) of 0, an unknown signal.
   - Without the NVIDIA driver library it works from the C(/proc) scan alone (all GPUs, or GPUs mapped through
     C(/proc/driver/nvidia)) and says so in a warning.
@@ -60,22 +62,22 @@ options:
   gpus:
     description:
       - GPUs whose holders are selected, as NVML indices (ASCII digits), GPU UUIDs or MIG UUIDs (C(MIG-...)). Omitted,
-        all GPUs; an empty list is refused.
+        all GPUs; null, an empty list or a blank entry is refused.
       - A MIG UUID selects the holders of that MIG instance only (the process-list entry's instance ids, or the
         instance's capability files in C(/dev/nvidia-caps)); the parent's index or GPU UUID selects every instance.
     type: list
     elements: raw
   pids:
-    description: Only these PIDs (of holders of the selected GPUs) are selected. Omitted, any; an empty list is refused.
+    description: Only these PIDs (of holders of the selected GPUs) are selected. Omitted, any; null, an empty list or a blank entry is refused.
     type: list
     elements: int
   match:
     description:
       - Only holders whose full command line (C(/proc/PID/cmdline) joined by spaces) matches this Python regex (search).
-      - Omitted, any; an empty string is refused.
+      - Omitted, any; null, an empty or blank string is refused.
     type: str
   users:
-    description: Only holders owned by these users (names that exist on the host, or numeric UIDs). Omitted, any; an empty list is refused.
+    description: Only holders owned by these users (names that exist on the host, or numeric UIDs). Omitted, any; null, an empty list or a blank entry is refused.
     type: list
     elements: str
   signal:
@@ -106,21 +108,21 @@ options:
   units:
     description:
       - Only holders in these systemd units (the unit whose cgroup holds the process; V(vllm@a) means V(vllm@a.service)).
-        Omitted, any; an empty list is refused. See docs/owners.md for how owners are read.
+        Omitted, any; null, an empty list or a blank entry is refused. See docs/owners.md for how owners are read.
     type: list
     elements: str
   containers:
     description:
       - Only holders in these containers, by full 64-hex id or a unique prefix of 12 or more hex characters.
-        Omitted, any; an empty list is refused.
+        Omitted, any; null, an empty list or a blank entry is refused.
     type: list
     elements: str
   pods:
-    description: Only holders in these Kubernetes pods, by pod UID or V(NAMESPACE/NAME). Omitted, any; an empty list is refused.
+    description: Only holders in these Kubernetes pods, by pod UID or V(NAMESPACE/NAME). Omitted, any; null, an empty list or a blank entry is refused.
     type: list
     elements: str
   slurm_jobs:
-    description: Only holders in these Slurm jobs (job ids). Omitted, any; an empty list is refused.
+    description: Only holders in these Slurm jobs (job ids). Omitted, any; null, an empty list or a blank entry is refused.
     type: list
     elements: str
   stop_owners:
@@ -132,6 +134,17 @@ options:
       - When false (the default), the PIDs are ended and a warning names each owner that will restart them.
       - In check mode, RV(would_signal) entries carry C(owner), C(owner_note) (why ending the PID alone will not last)
         and C(owner_command) (what stops the owner); the summary of O(wait=true) says them per holder.
+    type: bool
+    default: false
+  stop_spanning_owners:
+    description:
+      - With O(stop_owners=true), also stop a unit whose processes hold GPUs outside the selection, or are left
+        alone by O(pids), O(match), O(users) or the protection rules. Stopping the unit ends them too; RV(msg) and
+        RV(owners_beyond_selection) name them and their GPUs.
+      - When false (the default), such a unit is not stopped and nothing is signalled. The module fails, naming the
+        unit, its processes beyond the selection and their GPUs; check mode fails the same way.
+      - Containers and pods are never stopped (see O(stop_owners)); what their stop command would end beyond the
+        selection is named in RV(owners_beyond_selection) and RV(msg).
     type: bool
     default: false
   wait:
@@ -273,6 +286,19 @@ summary:
            "  PID 9 python3 (GPUs 0, unit vllm@a.service): SIGTERM, exited after 0.09 s",
            "    ending it alone will not last: systemd unit vllm@a.service restarts it (Restart=always); stop the owner: systemctl stop vllm@a.service",
            "memory released after 0.52 s more", "GPU 0 NVIDIA H100 80GB HBM3: 75034 -> 0 MiB used, holders 1 -> 0"]
+would_stop_units:
+  description: In check mode with O(stop_owners=true), the systemd units that a real run would stop first.
+  returned: always
+  type: list
+  elements: str
+owners_beyond_selection:
+  description:
+    - With O(stop_owners=true), the owners of selected holders whose other processes hold GPUs beyond the selection
+      (stopping the owner would end them too). Each has C(kind) (V(unit), V(container) or V(pod)), C(owner) (in words),
+      C(command) (what stops it) and C(processes) (C(pid), C(comm), C(gpus), C(reason)).
+  returned: always
+  type: list
+  elements: dict
 stopped_units:
   description: Systemd units stopped with O(stop_owners=true) before their holders were ended.
   returned: always
@@ -330,11 +356,9 @@ before:
            "index_source": "nvml"}
 """
 
-import time
+from ansible.module_utils.basic import AnsibleModule, _load_params, missing_required_lib
 
-from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _gpus, _options, _owners, _report, _select, _terminate, _wait
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _gpus, _kill, _select, _wait
 
 
 def main():
@@ -344,6 +368,7 @@ def main():
             grace_period=dict(type="float", default=10.0),
             kill_wait=dict(type="float", default=5.0),
             stop_owners=dict(type="bool", default=False),
+            stop_spanning_owners=dict(type="bool", default=False),
             wait=dict(type="bool", default=False),
             wait_timeout=dict(type="float", default=60.0),
             **dict(_wait.WAIT_ARGS, **_select.HOLDER_ARGS, **_gpus.SELECTION_ARGS)
@@ -351,199 +376,14 @@ def main():
         supports_check_mode=True,
     )
     _gpus.check_libraries(module, missing_required_lib)
-    params = module.params
-    started = time.monotonic()
-    try:
-        _options.check_numbers(positive=("driver_timeout",), grace_period=params["grace_period"],
-                               kill_wait=params["kill_wait"], driver_timeout=params["driver_timeout"],
-                               wait_timeout=params["wait_timeout"], max_used_mib=params["max_used_mib"],
-                               poll_interval=params["poll_interval"])
-        sig = _terminate.parse_signal(params["signal"])
-        _select.check_options(params)
-    except ValueError as exc:  # OptionError, SelectionError and unknown signals
-        module.fail_json(msg="nothing was signalled: %s" % exc)
-    inspector = _gpus.Inspector(driver_timeout=params["driver_timeout"])
-    try:
-        # The listed PIDs' fds where the driver's lists explain every GPU's memory, a full /proc scan elsewhere.
-        view = inspector.snapshot(scope="listed", owners=True, tolerance_mib=params["max_used_mib"])
-        try:
-            selection = _select.Selection.from_params(params, view)
-        except _select.SelectionError as exc:
-            module.fail_json(msg="nothing was signalled: %s" % exc, driver=view["driver"])
-        result = run(module, inspector, selection, view, sig)
-        result["elapsed_s"] = round(time.monotonic() - started, 3)
-        if params["wait"] and not module.check_mode and not result["survived"]:
-            wait(module, inspector, selection, view if not result["signalled"] and not result["stopped_units"] else None,
-                 result)
-        failure = would_fail(selection, view, params) if params["wait"] and module.check_mode else None
-    finally:
-        inspector.close()
-    finish(module, result, failure)
-
-
-def run(module, inspector, selection, view, sig):
-    """Select, end (three rounds at most: processes may appear while others die), and return the result dict."""
-    params = module.params
-    if view["driver"]["timed_out"]:
-        module.warn("NVML did not answer within driver_timeout (%s s): the driver may be hung (look for Xid errors in the "
-                    "kernel log); GPU memory is unknown, so holders are the CUDA processes holding device files, from the "
-                    "/proc scan alone" % params["driver_timeout"])
-    elif not view["driver"]["available"]:
-        module.warn("NVIDIA driver library not usable (%s): GPU memory is unknown, so holders are the CUDA processes "
-                    "holding device files, from the /proc scan alone" % view["driver"]["error"])
-    split = selection.split(view)
-    result = dict(changed=False, gpus=None if selection.indices is None else list(selection.indices),
-                  mig_instances={str(i): sorted(uuids) for i, uuids in sorted(selection.instances.items())},
-                  driver=view["driver"], would_signal=[], signalled=[], exited=[],
-                  survived=[], not_signalled=[], respawned=[], left_alone=split["left_alone"],
-                  protected=split["protected"],
-                  not_holding=split["not_holding"], foreign=_foreign(view, selection), before=view)
-    result.update(stopped_units=[], owner_commands=[])
-    # owner_note, owner_command, owner_label; on copies, so that RV(before) keeps the holders' shape of gpu_facts.
-    targets = [_report.annotate(dict(target)) for target in split["targets"]]
-    if module.check_mode:
-        result["would_signal"] = targets
-        result["changed"] = bool(targets)
-        return result
-    if params["stop_owners"]:
-        stop_units(module, targets, result)
-
-    def choose(_first):
-        return [_report.annotate(t) for t in
-                selection.split(inspector.snapshot(scope="listed", indices=selection.indices, owners=True,
-                                                   tolerance_mib=params["max_used_mib"]))["targets"]]
-
-    outcome = _terminate.end_until_gone(choose, targets, sig, params["grace_period"], params["kill_wait"])
-    result.update(outcome)
-    result["changed"] = result["changed"] or bool(outcome["signalled"])
-    return result
-
-
-def would_fail(selection, view, params):
-    """Check mode with wait=true: why the wait would fail whatever the run ended, in the words of the wait's own failure
-    (selected GPUs that the driver answers with an error, such as a GPU that fell off the bus, or a driver that did not
-    answer); None where ending the targets may free the GPUs (check mode cannot tell how their memory would go)."""
-    # As the run would leave them: its targets ended (a real run names any that survive SIGKILL).
-    status = [dict(gpu, holders=[]) for gpu in selection.gpu_status(view, params["max_used_mib"])]
-    stuck = [gpu for gpu in status if gpu["error"] or view["driver"]["timed_out"]]
-    if not stuck:
-        return None
-    return _wait.conclude({"gpus": stuck, "driver": view["driver"], "released": False, "elapsed_s": 0.0},
-                          params["driver_timeout"], single_look=True)
-
-
-def wait(module, inspector, selection, first, result):
-    """wait=true: wait for the release as gpu_wait does (the first look is the snapshot just taken when nothing was
-    ended), and add "released", "wait_timed_out", "wait" ({"elapsed_s", "polls", "msg", "gpus" with next steps,
-    "memory_checked", "driver"}) and "after"."""
-    params = module.params
-    waited = _wait.wait_released(inspector, selection, params["wait_timeout"], params["max_used_mib"],
-                                 params["poll_interval"], first=first)
-    waited["msg"] = _wait.conclude(waited, params["driver_timeout"])
-    result["after"] = waited.pop("view")
-    result["released"] = waited["released"]
-    result["wait_timed_out"] = not waited["released"]
-    result["wait"] = {key: waited[key] for key in ("elapsed_s", "polls", "msg", "gpus", "memory_checked", "driver")}
-
-
-def stop_units(module, targets, result):
-    """stop_owners: `systemctl stop` each unit with a Restart= policy that owns a target, before the PIDs are ended;
-    for containers and pods, the command to run is reported (the runtime is never called)."""
-    units = sorted({t["owner"]["systemd_unit"] for t in targets if (t.get("owner") or {}).get("unit_restart") not in (None, "no")
-                    and not t["owner"].get("container_id") and not t["owner"].get("pod_uid")})
-    if units:
-        systemctl = module.get_bin_path("systemctl", required=True)
-    for unit in units:
-        rc, _out, err = module.run_command([systemctl, "stop", unit])
-        if rc != 0:
-            module.fail_json(msg="systemctl stop %s failed (rc %s): %s; nothing was signalled" % (unit, rc, err.strip()),
-                             **result)
-        result["stopped_units"].append(unit)
-    result["changed"] = bool(units)
-    result["owner_commands"] = sorted({_owners.stop_command(t["owner"]) for t in targets
-                                       if (t.get("owner") or {}).get("container_id") or (t.get("owner") or {}).get("pod_uid")})
-
-
-def _foreign(view, selection):
-    """Foreign entries of the selected GPUs; where MIG instances are selected, of those instances only."""
-    found = []
-    for gpu in view["gpus"]:
-        if selection.indices is not None and gpu["index"] not in selection.indices:
-            continue
-        wanted = selection.instances.get(gpu["index"])
-        if wanted is None:
-            found.extend(dict(item, gpu=gpu["index"]) for item in gpu["foreign"])
-            continue
-        for device in gpu.get("mig_devices") or ():
-            if device["uuid"] in wanted:
-                found.extend(dict(item, gpu=gpu["index"], mig_uuid=device["uuid"]) for item in device["foreign"])
-    return found
-
-
-def _names(processes):
-    return ", ".join("%s (%s)" % (p["pid"], p["comm"]) for p in processes)
-
-
-def finish(module, result, failure=None):
-    """exit_json, or fail_json when a process survived SIGKILL, (wait=true) the GPUs were not released in time, or
-    (check mode, wait=true) `failure` says why the wait would fail whatever was ended; with wait=true the result
-    carries the summary lines of the reset_gpus role."""
-    if result["survived"]:
-        module.fail_json(msg="%d selected process(es) survived SIGKILL: %s" % (
-            len(result["survived"]), "; ".join("PID %s (%s): %s" % (s["pid"], s["comm"], s["reason"]) for s in result["survived"])),
-            **result)
-    result["msg"] = message(module, result)
-    if failure:
-        result["msg"] += "; a real run would fail whatever it ended: %s" % failure
-    warn_owners(module, result)
-    if module.params["wait"]:
-        waited = dict(result.get("wait", {"elapsed_s": 0.0}), released=result.get("released"))
-        outcome = _report.outcome(dict(result, failed=bool(failure)), waited, module.check_mode, waited["elapsed_s"])
-        result["summary"] = _report.summary_lines(result, result["before"], result.get("after", result["before"]),
-                                                  module.check_mode, outcome)
-        if result.get("wait_timed_out"):
-            module.fail_json(**dict(result, msg="%s; %s" % (result["msg"], waited["msg"])))
-    if failure:
-        module.fail_json(**result)
-    module.exit_json(**result)
-
-
-def message(module, result):
-    """What was done (or would be) and what was left, in one line."""
-    if module.check_mode:
-        msg = "would signal %d process(es)%s" % (len(result["would_signal"]),
-                                                 ": " + _names(result["would_signal"]) if result["would_signal"] else "")
-    else:
-        msg = "signalled %d process(es), %d exited" % (len(result["signalled"]), len(result["exited"]))
-    if result["driver"]["timed_out"]:
-        msg += "; NVML did not answer within driver_timeout (the driver may be hung): holders from the /proc scan alone"
-    if result["left_alone"]:
-        msg += "; left alone: %s" % "; ".join("PID %s (%s): %s" % (h["pid"], h["comm"], h["reason"]) for h in result["left_alone"])
-    for item in result["foreign"]:
-        msg += "; the driver lists PID %s (%s) on GPU %s, which no process here holds (a container?): not signalled" % (
-            item["pid"], "memory not reported" if item["used_mib"] is None else "%s MiB" % item["used_mib"], item["gpu"])
-    if result["stopped_units"]:
-        msg += "; stopped systemd unit(s) %s first" % ", ".join(result["stopped_units"])
-    if result.get("released"):
-        msg += "; %s" % result["wait"]["msg"]
-    return msg
-
-
-def warn_owners(module, result):
-    """A warning for each holder whose owner will start it again, and for each respawn seen."""
-    stopped = {"systemctl stop %s" % unit for unit in result["stopped_units"]}
-    for process in result["would_signal"] if module.check_mode else result["signalled"]:
-        command = _owners.stop_command(process.get("owner"))
-        if process.get("owner_note") and command not in stopped:
-            module.warn("PID %s (%s): %s; ending the PID alone will not last%s" % (
-                process["pid"], process["comm"], process["owner_note"],
-                ": stop the owner (%s), or run with stop_owners=true" % command if command else ""))
-    for item in result["respawned"]:
-        parent = item.get("parent")
-        module.warn("PID %s (%s) came back as PID %s%s: stop that parent first (for example a torchrun or Ray agent, or "
-                    "a systemd unit), or the GPU will be held again" % (
-                        item["replaces"], item["replaces_comm"], item["pid"],
-                        ", started by PID %s (%s)" % (parent["pid"], parent["comm"]) if parent else ""))
+    # _load_params: the arguments as passed, where a null selection option is still there (params says None).
+    outcome = _kill.run(module.params, given=_load_params(), check_mode=module.check_mode,
+                        run_command=module.run_command, which=module.get_bin_path)
+    for warning in outcome.warnings:
+        module.warn(warning)
+    if outcome.failed:
+        module.fail_json(**outcome.result)
+    module.exit_json(**outcome.result)
 
 
 if __name__ == "__main__":

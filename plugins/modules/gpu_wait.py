@@ -41,7 +41,7 @@ options:
   gpus:
     description:
       - GPUs to wait for, as NVML indices (ASCII digits), GPU UUIDs or MIG UUIDs (C(MIG-...), that MIG instance only,
-        its memory and holders). Omitted, all GPUs; an empty list is refused.
+        its memory and holders). Omitted, all GPUs; null, an empty list or a blank entry is refused.
     type: list
     elements: raw
   timeout:
@@ -66,16 +66,16 @@ options:
   pids:
     description:
       - Only these PIDs count as holders to wait for (the selection of M(gpuops.nvidia.gpu_kill)); other holders are
-        left alone and their memory does not make the wait fail. Omitted, any; an empty list is refused.
+        left alone and their memory does not make the wait fail. Omitted, any; null, an empty list or a blank entry is refused.
     type: list
     elements: int
   match:
     description:
       - Only holders whose full command line matches this Python regex count (as in M(gpuops.nvidia.gpu_kill)).
-        Omitted, any; an empty string is refused.
+        Omitted, any; null, an empty or blank string is refused.
     type: str
   users:
-    description: Only holders owned by these users (names or UIDs) count. Omitted, any; an empty list is refused.
+    description: Only holders owned by these users (names or UIDs) count. Omitted, any; null, an empty list or a blank entry is refused.
     type: list
     elements: str
   exclude:
@@ -88,7 +88,7 @@ options:
     type: bool
     default: false
   units:
-    description: Only holders in these systemd units count (as in M(gpuops.nvidia.gpu_kill)). Omitted, any; an empty list is refused.
+    description: Only holders in these systemd units count (as in M(gpuops.nvidia.gpu_kill)). Omitted, any; null, an empty list or a blank entry is refused.
     type: list
     elements: str
   containers:
@@ -199,7 +199,7 @@ after:
            "unmapped_minors": [], "index_source": "nvml"}
 """
 
-from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+from ansible.module_utils.basic import AnsibleModule, _load_params, missing_required_lib
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils import _advice, _gpus, _options, _select, _wait
 
@@ -219,7 +219,8 @@ def main():
     try:
         _options.check_numbers(positive=("driver_timeout",), timeout=params["timeout"], max_used_mib=params["max_used_mib"],
                                poll_interval=params["poll_interval"], driver_timeout=params["driver_timeout"])
-        _select.check_options(params)
+        # _load_params: the arguments as passed, where a null selection option is still there (params says None).
+        checked = _select.check_options(params, given=_load_params())
     except _options.OptionError as exc:
         module.fail_json(msg=str(exc))
     inspector = _gpus.Inspector(driver_timeout=params["driver_timeout"])
@@ -227,7 +228,7 @@ def main():
         # The first look initializes NVML (seconds on some drivers): it may take the whole driver_timeout.
         first = inspector.snapshot(scope="listed", tolerance_mib=params["max_used_mib"])
         try:
-            selection = _select.Selection.from_params(params, first)
+            selection = _select.Selection.from_params(params, first, checked)
         except _select.SelectionError as exc:
             module.fail_json(msg=str(exc), driver=first["driver"])
         # The first look serves as the wait's first poll (one NVML query and one scan where the GPUs are free), unless
@@ -238,8 +239,6 @@ def main():
         result["after"] = result.pop("view")
     finally:
         inspector.close()
-    # The process ends right after the result: spare it the final garbage collection of every imported
-    # object, which delays the module's return by 20-60 ms.
     finish(module, params, result)
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _gpus, _holders, _procscan, _select
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _gpus, _holders, _procscan, _release, _select
 
 OWN_CHAIN = {1, 700}
 # The default layout of the simulator (tests/sim/README.md "MIG"): GPU instances 2 (3g), 4 (2g), 7 (1g), CI 0 each.
@@ -118,23 +118,23 @@ def test_mig_uuid_selects_one_instance_and_the_parent_every_instance():
     one = _select.Selection(_select.select_gpus(["MIG-0-4"], view), own_chain=OWN_CHAIN)
     assert (list(one.indices), one.indices.instances) == ([0], {0: frozenset(["MIG-0-4"])})
     assert [h["pid"] for h in one.split(view)["targets"]] == [11]
-    status = one.gpu_status(view, 256)
+    status = _release.gpu_status(one, view, 256)
     assert [(s["index"], s["mig_uuid"], s["memory_used_mib"], [h["pid"] for h in s["holders"]], s["released"])
             for s in status] == [(0, "MIG-0-4", 5000, [11], False)]
     for whole in (["GPU-0"], [0], ["MIG-0-4", "0"]):
         selection = _select.Selection(_select.select_gpus(whole, view), own_chain=OWN_CHAIN)
         assert selection.instances == {} and [h["pid"] for h in selection.split(view)["targets"]] == [10, 11, 12]
-        assert [s["mig_uuid"] for s in selection.gpu_status(view, 256)] == [None]
+        assert [s["mig_uuid"] for s in _release.gpu_status(selection, view, 256)] == [None]
 
 
 def test_instance_is_released_when_its_holder_is_gone_whatever_its_neighbours_hold():
     view = view_of([mig_gpu(0, {2: 7000, 7: 3000}, processes=[(10, 7000, 2)])],
                    [cuda(10, [0], cap_minors(0, 2)), cuda(12, [0], cap_minors(0, 7))])
     selection = _select.Selection(_select.select_gpus(["MIG-0-4", "MIG-0-7"], view), own_chain=OWN_CHAIN)
-    status = {s["mig_uuid"]: s for s in selection.gpu_status(view, 256)}
+    status = {s["mig_uuid"]: s for s in _release.gpu_status(selection, view, 256)}
     assert status["MIG-0-4"]["released"] is True and status["MIG-0-7"]["released"] is False
     gone = dict(view, gpus=[dict(view["gpus"][0], mig_devices=view["gpus"][0]["mig_devices"][:2])])
-    assert "no longer there" in selection.gpu_status(gone, 256)[1]["error"]
+    assert "no longer there" in _release.gpu_status(selection, gone, 256)[1]["error"]
 
 
 def test_unknown_mig_uuid_is_refused_naming_the_known_ones():
@@ -152,7 +152,7 @@ def test_memory_info_v1_gets_an_allowance_for_reserved_memory():
         (True, 4077, 4333), (True, 4077, 4333), (False, 0, 256)]
     assert [g["memory_unexplained"] for g in gpus] == [False, True, False]
     assert gpus[1]["holder_pids"] == [20]
-    status = _select.Selection(None, own_chain=OWN_CHAIN).gpu_status(view, 256)
+    status = _release.gpu_status(_select.Selection(None, own_chain=OWN_CHAIN), view, 256)
     assert [(s["released"], bool(s["memory_note"])) for s in status] == [(True, True), (False, True), (True, False)]
     older = view_of([plain_gpu(0, 0, v1=True)], [], driver_version="470.82.01")
     assert (older["gpus"][0]["memory_used_includes_reserved"], older["gpus"][0]["reserved_allowance_mib"]) == (False, 0)

@@ -14,7 +14,7 @@ import re
 
 import pytest
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _advice, _select
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _advice, _release, _select
 
 OWN_CHAIN = {1, 700, 701}
 ME = pwd.getpwuid(os.getuid()).pw_name
@@ -92,7 +92,7 @@ def test_select_gpus(requested, expected):
     assert _select.select_gpus(requested, VIEW) == expected
 
 
-@pytest.mark.parametrize("requested", [[3], ["GPU-3"], [0, -1], ["0x1"], [True], [False], ["١"], ["1١"], [1.0], [""]])
+@pytest.mark.parametrize("requested", [[3], ["GPU-3"], [0, -1], ["0x1"], [True], [False], ["١"], ["1١"], [1.0], ["", 1]])
 def test_select_gpus_unknown_lists_the_known_ones(requested):
     with pytest.raises(_select.SelectionError) as info:
         _select.select_gpus(requested, VIEW)
@@ -187,8 +187,10 @@ def test_check_options_refuses_bad_input_without_a_view(params, message):
 
 
 def test_check_options_accepts_omitted_options_and_leaves_gpu_indices_to_the_view():
-    assert _select.check_options({}) is None
-    assert _select.check_options({"gpus": ["7"], "pids": [5], "match": "x", "users": [ME], "exclude": []}) is None
+    nothing = _select.check_options({})
+    assert (nothing.gpus, nothing.pids, nothing.regex, nothing.users, nothing.exclude) == (None, None, None, None, ())
+    some = _select.check_options({"gpus": ["7"], "pids": [5], "match": "x", "users": [ME], "exclude": []})
+    assert (some.gpus, some.pids, some.regex.pattern, some.users) == (["7"], {5}, "x", {ME})
 
 
 # --- protection, the process chain ---------------------------------------------------------------------------------
@@ -361,7 +363,7 @@ def test_from_params_refuses(params, message):
 # --- gpu_status: when a GPU is released ------------------------------------------------------------------------------
 
 def status(chosen, view, max_used_mib=256):
-    return {g["index"]: g for g in chosen.gpu_status(view, max_used_mib)}
+    return {g["index"]: g for g in _release.gpu_status(chosen, view, max_used_mib)}
 
 
 def test_gpu_status_reports_targets_briefly_with_memory_attribution_and_parent():
@@ -400,7 +402,7 @@ def test_a_whole_mig_gpu_that_is_not_free_names_its_instances_in_use():
 
 
 def test_gpu_status_only_covers_the_selected_gpus():
-    assert [g["index"] for g in selection([2, 0]).gpu_status(FULL, 256)] == [0, 2]
+    assert [g["index"] for g in _release.gpu_status(selection([2, 0]), FULL, 256)] == [0, 2]
 
 
 def test_device_users_never_make_a_gpu_not_free():
@@ -440,7 +442,7 @@ def test_left_alone_device_file_holder_takes_the_unexplained_memory():
 
 def test_foreign_memory_counts_as_used_and_is_reported():
     view = make_view([gpu(0, 40003, foreign=[(812345, 40000, "absent")])])
-    (entry,) = selection().gpu_status(view, 256)
+    (entry,) = _release.gpu_status(selection(), view, 256)
     assert entry["released"] is False and entry["holders"] == [] and entry["unexplained_mib"] == 3
     assert entry["foreign"] == [{"pid": 812345, "used_mib": 40000, "type": "compute", "reason": "absent", "comm": None}]
 
@@ -453,9 +455,9 @@ def test_gpu_with_an_error_is_never_released():
 
 
 def test_unchecked_memory_releases_on_holders_alone():
-    (entry,) = selection().gpu_status(make_view([gpu(0, None)]), 256)
+    (entry,) = _release.gpu_status(selection(), make_view([gpu(0, None)]), 256)
     assert entry["released"] is True and entry["memory_checked"] is False
-    (entry,) = selection().gpu_status(make_view([gpu(0, None)], [holder(5000001, {0: None})]), 256)
+    (entry,) = _release.gpu_status(selection(), make_view([gpu(0, None)], [holder(5000001, {0: None})]), 256)
     assert entry["released"] is False
 
 
@@ -464,25 +466,25 @@ def test_without_any_map_there_is_one_entry_for_all_gpus():
     stray = holder(5000001, {}, cmdline="python3 train.py")
     daemon = holder(5000003, {}, comm="nvidia-persiste", cmdline="/usr/bin/nvidia-persistenced")
     no_driver = {"available": False, "error": "NVMLError_LibraryNotFound", "timed_out": False}
-    (entry,) = selection().gpu_status(make_view([], [stray, daemon], [EXPORTER], driver=no_driver), 256)
+    (entry,) = _release.gpu_status(selection(), make_view([], [stray, daemon], [EXPORTER], driver=no_driver), 256)
     assert entry["index"] is None and entry["released"] is False and entry["memory_checked"] is False
     assert entry["holders"] == [{"pid": 5000001, "comm": "python3", "state": "S", "cmdline": "python3 train.py",
                                  "user": "svc-llm", "memory_mib": None, "attribution": None,
                                  "parent": {"pid": 4000, "comm": "bash"}}]
     assert [(h["pid"], h["reason"][:20]) for h in entry["left_alone"]] == [(5000003, "protected GPU daemon")]
-    (entry,) = selection().gpu_status(make_view([], [daemon], [EXPORTER], driver=no_driver), 256)
+    (entry,) = _release.gpu_status(selection(), make_view([], [daemon], [EXPORTER], driver=no_driver), 256)
     assert entry == {"index": None, "uuid": None, "memory_used_mib": None, "memory_reserved_mib": None,
                      "unexplained_mib": None, "memory_unexplained": None, "holders": [],
-                     "left_alone": [dict(_select.brief(daemon, None), reason=entry["left_alone"][0]["reason"])],
+                     "left_alone": [dict(_release.brief(daemon, None), reason=entry["left_alone"][0]["reason"])],
                      "left_alone_mib": 0, "foreign": [], "suspects": [], "memory_checked": False, "error": None,
                      "mig_uuid": None, "reserved_allowance_mib": 0, "memory_note": None, "released": True}
 
 
 def test_brief():
-    assert _select.brief(ENGINE, 1) == {"pid": 5000001, "comm": "VLLM::EngineCor", "state": "S",
+    assert _release.brief(ENGINE, 1) == {"pid": 5000001, "comm": "VLLM::EngineCor", "state": "S",
                                         "cmdline": "VLLM::EngineCore", "user": "svc-llm", "memory_mib": 500,
                                         "attribution": "driver", "parent": {"pid": 4000, "comm": "bash"}}
-    assert _select.brief(ENGINE, 2)["memory_mib"] is None and _select.brief(ENGINE, None)["attribution"] is None
+    assert _release.brief(ENGINE, 2)["memory_mib"] is None and _release.brief(ENGINE, None)["attribution"] is None
 
 
 def test_split_tells_protection_from_narrowing():
@@ -501,3 +503,21 @@ def test_split_tells_protection_from_narrowing():
     assert split["protected"][0]["reason"] == "protected GPU daemon (nvidia-persistenced)"
     split = _select.Selection(None, own_chain=OWN_CHAIN, regex=re.compile("vllm")).split(view)
     assert split["protected"] == [] and len(split["left_alone"]) == 1
+
+
+@pytest.mark.parametrize("given, message", [
+    ({"gpus": None}, "gpus is null"),
+    ({"pids": None, "users": None}, "pids, users are null"),
+    ({"match": " \t"}, "match is blank"),
+    ({"units": [None, " "]}, "units is a list of nothing but null or blank entries"),
+])
+def test_check_options_refuses_a_given_option_that_names_nothing(given, message):
+    params = dict({name: None for name in _select.SELECTION_OPTIONS}, **given)
+    with pytest.raises(_select.SelectionError) as info:
+        _select.check_options(params, given=given)
+    assert str(info.value).startswith(message + ": a selection that names nothing is refused")
+
+
+def test_check_options_takes_none_as_left_out_without_the_given_arguments():
+    assert _select.check_options({"gpus": None, "pids": None}).gpus is None
+    assert _select.check_options({"gpus": None}, given={"max_used_mib": 5}).gpus is None

@@ -256,7 +256,8 @@ def test_device_users_are_never_signalled(capsys, recorder):
     code, result = run_module(capsys, {"pids": [5000005, 5000006]})
     assert code == 0 and result["changed"] is False and rec.ended == []
     assert result["not_holding"] == [5000005, 5000006] and result["left_alone"] == []
-    assert result["msg"] == "signalled 0 process(es), 0 exited"
+    assert result["msg"] == ("signalled 0 process(es), 0 exited; PID(s) 5000005, 5000006 from pids hold none of the "
+                             "selected GPUs (or do not exist): nothing to do for them")
 
 
 def test_mps_clients_listed_by_the_driver_are_ended(capsys, recorder):
@@ -362,3 +363,104 @@ def test_check_mode_with_wait_fails_where_the_driver_does_not_answer(capsys, rec
     assert "; a real run would fail whatever it ended: NVML did not answer within driver_timeout (10.0 s)" in result["msg"]
     # The holder the scan found would be ended: the prediction does not name it as left.
     assert "holders found by the /proc scan alone" not in result["msg"]
+
+
+# --- a selection option that names nothing (issue: a null selection widened the reset to everything) ----------------
+
+@pytest.mark.parametrize("args, message", [
+    ({"gpus": None}, "gpus is null"),
+    ({"pids": None}, "pids is null"),
+    ({"match": None}, "match is null"),
+    ({"users": None}, "users is null"),
+    ({"units": None}, "units is null"),
+    ({"containers": None, "pods": None}, "containers, pods are null"),
+    ({"slurm_jobs": None}, "slurm_jobs is null"),
+    ({"match": "   "}, "match is blank"),
+    ({"gpus": [None]}, "gpus is a list of nothing but null or blank entries"),
+    ({"gpus": ["  ", ""]}, "gpus is a list of nothing but null or blank entries"),
+    ({"users": [" "]}, "users is a list of nothing but null or blank entries"),
+    ({"units": [""]}, "units is a list of nothing but null or blank entries"),
+])
+def test_a_selection_that_names_nothing_is_refused_before_the_first_look(capsys, recorder, args, message):
+    rec = recorder(VIEW)
+    code, result = run_module(capsys, dict(args, _ansible_check_mode=False))
+    assert code == 1 and result["failed"] is True
+    assert result["msg"].startswith("nothing was signalled: %s" % message), result["msg"]
+    assert "omit the option to select any" in result["msg"]
+    assert rec.ended == [] and rec.snapshots == []
+
+
+def test_options_left_out_still_select_every_holder(capsys, recorder):
+    rec = recorder(VIEW)
+    code, result = run_module(capsys, {"_ansible_check_mode": True})
+    assert code == 0 and pids(result["would_signal"]) == [5000001, 5000002, 5000004] and rec.ended == []
+
+
+# --- stop_owners and owners that reach beyond the selection ----------------------------------------------------------
+
+def owned(entry, unit, restart="always"):
+    return dict(entry, owner={"systemd_unit": unit, "unit_restart": restart, "container_id": None, "pod_uid": None})
+
+
+SPAN_A = owned(holder(5000011, {0: 30000}, "python3 -m vllm serve a"), "vllm@a.service")
+SPAN_B = owned(holder(5000012, {1: 30000}, "VLLM::Worker_TP1"), "vllm@a.service")
+OTHER = owned(holder(5000013, {0: 20000}, "python3 train.py"), "train.service", restart="no")
+SPAN_VIEW = make_view([SPAN_A, SPAN_B, OTHER])
+
+
+@pytest.fixture
+def systemctl(monkeypatch):
+    calls = []
+
+    def run_command(self, argv, **kwargs):  # pylint: disable=unused-argument
+        calls.append(list(argv))
+        return 0, "", ""
+    monkeypatch.setattr(gpu_kill.AnsibleModule, "run_command", run_command)
+    monkeypatch.setattr(gpu_kill.AnsibleModule, "get_bin_path", lambda self, name, *a, **k: "/usr/bin/" + name)
+    return calls
+
+
+@pytest.mark.parametrize("check_mode", [False, True])
+def test_an_owner_unit_that_holds_unselected_gpus_is_not_stopped(capsys, recorder, systemctl, check_mode):
+    rec = recorder(SPAN_VIEW)
+    code, result = run_module(capsys, {"gpus": [0], "stop_owners": True, "_ansible_check_mode": check_mode})
+    assert code == 1 and result["failed"] is True and systemctl == [] and rec.ended == []
+    assert result["msg"].startswith("nothing was signalled: stop_owners would stop systemd unit vllm@a.service")
+    assert "PID 5000012 (VLLM::Worker_TP) holds GPU 1, outside the selection" in result["msg"]
+    assert "stop_spanning_owners=true" in result["msg"]
+    (beyond,) = result["owners_beyond_selection"]
+    assert (beyond["kind"], beyond["command"]) == ("unit", "systemctl stop vllm@a.service")
+    assert [(p["pid"], p["gpus"]) for p in beyond["processes"]] == [(5000012, [1])]
+
+
+def test_an_owner_unit_with_unselected_pids_on_selected_gpus_is_not_stopped(capsys, recorder, systemctl):
+    rec = recorder(SPAN_VIEW)
+    code, result = run_module(capsys, {"pids": [5000011], "stop_owners": True})
+    assert code == 1 and systemctl == [] and rec.ended == []
+    assert "PID 5000012 (VLLM::Worker_TP) holds GPU 1, not selected (not in pids)" in result["msg"]
+
+
+def test_stop_spanning_owners_stops_the_unit_and_names_what_it_ends(capsys, recorder, systemctl):
+    rec = recorder(SPAN_VIEW)
+    code, result = run_module(capsys, {"gpus": [0], "stop_owners": True, "stop_spanning_owners": True})
+    assert code == 0 and systemctl == [["/usr/bin/systemctl", "stop", "vllm@a.service"]]
+    assert result["stopped_units"] == ["vllm@a.service"] and rec.ended[0][0] == [5000011, 5000013]
+    assert ("stopped systemd unit vllm@a.service, and with it, beyond the selection: PID 5000012 (VLLM::Worker_TP) "
+            "on GPU 1") in result["msg"]
+
+
+def test_check_mode_with_stop_spanning_owners_names_the_unit_and_what_it_would_end(capsys, recorder, systemctl):
+    rec = recorder(SPAN_VIEW)
+    code, result = run_module(capsys, {"gpus": [0], "stop_owners": True, "stop_spanning_owners": True,
+                                       "_ansible_check_mode": True})
+    assert code == 0 and systemctl == [] and rec.ended == []
+    assert result["would_stop_units"] == ["vllm@a.service"] and pids(result["would_signal"]) == [5000011, 5000013]
+    assert "would stop systemd unit(s) vllm@a.service first" in result["msg"]
+    assert "would stop systemd unit vllm@a.service, and with it, beyond the selection: PID 5000012" in result["msg"]
+
+
+def test_an_owner_unit_inside_the_selection_is_stopped_as_before(capsys, recorder, systemctl):
+    rec = recorder(SPAN_VIEW)
+    code, result = run_module(capsys, {"gpus": [0, 1], "stop_owners": True})
+    assert code == 0 and systemctl == [["/usr/bin/systemctl", "stop", "vllm@a.service"]]
+    assert result["owners_beyond_selection"] == [] and rec.ended[0][0] == [5000011, 5000012, 5000013]

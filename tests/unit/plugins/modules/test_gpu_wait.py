@@ -85,3 +85,11 @@ def test_require_memory_fails_where_memory_was_not_read(capsys, looks):
         "NVML Shared Library Not Found); no process holds them (/proc scan); next: make the NVIDIA driver library usable "
         "on this host (libnvidia-ml.so.1 and the nvidia-ml-py package), or accept a check from /proc alone "
         "(require_memory=false)")
+
+
+def test_a_null_selection_option_is_refused_before_the_first_look(capsys, monkeypatch):
+    looks = []
+    monkeypatch.setattr(_gpus.Inspector, "snapshot", lambda *a, **k: looks.append(1))
+    code, result = run_main(gpu_wait, capsys, {"gpus": None})
+    assert code == 1 and result["msg"].startswith("gpus is null: a selection that names nothing is refused")
+    assert looks == []

@@ -1,0 +1,326 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) 2026, gpuops.nvidia contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""One run of gpu_kill: check the options, look, select, stop owners, end the targets, wait, and say so.
+
+The module gives its parameters and a few callables of AnsibleModule (run_command, get_bin_path); `run`
+returns an Outcome: the result dict, whether the run failed, and the warnings. Nothing here calls
+exit_json or fail_json. The parts are the other module_utils: _select chooses the targets, _terminate
+ends them, _wait and _release wait for the release, _report and _owners word the result.
+"""
+from __future__ import annotations
+
+import time
+
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _gpus, _options, _owners, _release, _report, _select, _terminate, _wait
+
+
+class Outcome:
+    """What gpu_kill returns: `result` (the module's result dict, with "msg"), `failed` and `warnings`."""
+
+    def __init__(self, result, failed=False, warnings=()):
+        self.result = result
+        self.failed = failed
+        self.warnings = list(warnings)
+
+
+def refused(msg, **result):
+    """The Outcome of input refused before anything was signalled."""
+    return Outcome(dict(result, changed=False, msg="nothing was signalled: %s" % msg), failed=True)
+
+
+def run(params, given=None, check_mode=False, run_command=None, which=None):
+    """gpu_kill with `params` (the module's validated options) and `given` (its arguments as passed, for
+    null selection options). `run_command(argv)` -> (rc, out, err) and `which(name)` -> path run systemctl
+    for stop_owners."""
+    started = time.monotonic()
+    try:
+        _options.check_numbers(positive=("driver_timeout",), grace_period=params["grace_period"],
+                               kill_wait=params["kill_wait"], driver_timeout=params["driver_timeout"],
+                               wait_timeout=params["wait_timeout"], max_used_mib=params["max_used_mib"],
+                               poll_interval=params["poll_interval"])
+        sig = _terminate.parse_signal(params["signal"])
+        checked = _select.check_options(params, given)
+    except ValueError as exc:  # OptionError, SelectionError and unknown signals
+        return refused(str(exc))
+    inspector = _gpus.Inspector(driver_timeout=params["driver_timeout"])
+    try:
+        view = inspector.snapshot(scope="listed", owners=True, tolerance_mib=params["max_used_mib"])
+        try:
+            selection = _select.Selection.from_params(params, view, checked)
+        except _select.SelectionError as exc:
+            return refused(str(exc), driver=view["driver"])
+        warnings = driver_warnings(view["driver"], params["driver_timeout"])
+        result = start_result(selection, view)
+        targets = [_report.annotate(dict(target)) for target in result.pop("_targets")]
+        beyond = owners_beyond(targets, view, selection) if params["stop_owners"] else []
+        result["owners_beyond_selection"] = beyond
+        units_beyond = [item for item in beyond if item["kind"] == "unit"]
+        if units_beyond and not params["stop_spanning_owners"]:
+            return refused(spanning_refusal(units_beyond), **result)
+        if check_mode:
+            result["would_signal"] = targets
+            result["would_stop_units"] = units_to_stop(targets) if params["stop_owners"] else []
+            result["changed"] = bool(targets)
+        else:
+            if params["stop_owners"]:
+                failure = stop_units(targets, result, run_command, which)
+                if failure:
+                    return Outcome(dict(result, msg=failure), failed=True, warnings=warnings)
+            end(inspector, selection, targets, sig, params, result)
+        result["elapsed_s"] = round(time.monotonic() - started, 3)
+        if params["wait"] and not check_mode and not result["survived"]:
+            ended = result["signalled"] or result["stopped_units"]
+            wait(inspector, selection, None if ended else view, params, result)
+        failure = would_fail(selection, view, params) if params["wait"] and check_mode else None
+    finally:
+        inspector.close()
+    return finish(result, failure, check_mode, params["wait"], warnings)
+
+
+def driver_warnings(driver, driver_timeout):
+    """Warnings for a driver that did not answer or a library that is not usable."""
+    if driver["timed_out"]:
+        return ["NVML did not answer within driver_timeout (%s s): the driver may be hung (look for Xid errors in the "
+                "kernel log); GPU memory is unknown, so holders are the CUDA processes holding device files, from the "
+                "/proc scan alone" % driver_timeout]
+    if not driver["available"]:
+        return ["NVIDIA driver library not usable (%s): GPU memory is unknown, so holders are the CUDA processes "
+                "holding device files, from the /proc scan alone" % driver["error"]]
+    return []
+
+
+def start_result(selection, view):
+    """The result before anything is done, with the targets under "_targets" (taken out by the caller)."""
+    split = selection.split(view)
+    return dict(changed=False, gpus=None if selection.indices is None else list(selection.indices),
+                mig_instances={str(i): sorted(uuids) for i, uuids in sorted(selection.instances.items())},
+                driver=view["driver"], would_signal=[], would_stop_units=[], signalled=[], exited=[], survived=[],
+                not_signalled=[], respawned=[], left_alone=split["left_alone"], protected=split["protected"],
+                not_holding=split["not_holding"], foreign=foreign(view, selection), before=view, stopped_units=[],
+                owner_commands=[], _targets=split["targets"])
+
+
+def _stoppable_unit(owner):
+    """The systemd unit that stop_owners stops for a holder with this owner block, or None."""
+    owner = owner or {}
+    if owner.get("unit_restart") in (None, "no") or owner.get("container_id") or owner.get("pod_uid"):
+        return None
+    return owner.get("systemd_unit")
+
+
+def units_to_stop(targets):
+    """The systemd units with a Restart= policy that own a target (stop_owners stops them first)."""
+    return sorted({unit for unit in (_stoppable_unit(t.get("owner")) for t in targets) if unit})
+
+
+def _owner_key(owner):
+    """What stop_owners acts on for this owner: ("unit", name), ("container", id), ("pod", uid), or None."""
+    owner = owner or {}
+    if owner.get("pod_uid"):
+        return ("pod", owner["pod_uid"])
+    if owner.get("container_id"):
+        return ("container", owner["container_id"])
+    unit = _stoppable_unit(owner)
+    return ("unit", unit) if unit else None
+
+
+def owners_beyond(targets, view, selection):
+    """The owners stop_owners would stop (or report) whose processes hold GPUs beyond the selection.
+
+    Stopping an owner ends all its processes. Its holders that are not targets (on GPUs outside the
+    selection, or left alone by pids, match, users or protection) would be ended with it. Returns
+    [{"kind": "unit", "container" or "pod", "owner": words, "command": the stop command,
+    "processes": [{"pid", "comm", "gpus", "reason"}]}]. Only units are stopped by stop_owners; for containers
+    and pods the command is reported, and so is what it would end beyond the selection.
+    """
+    keys = {}
+    for target in targets:
+        key = _owner_key(target.get("owner"))
+        if key and key not in keys:
+            keys[key] = target["owner"]
+    target_pids = {t["pid"] for t in targets}
+    found = []
+    for key, owner in sorted(keys.items()):
+        others = []
+        for holder in view["holders"]:
+            if holder["pid"] in target_pids or _owner_key(holder.get("owner")) != key:
+                continue
+            reason = "outside the selection" if not selection.covers(holder) else "not selected (%s)" % (
+                selection.narrowing_reason(holder) or "protected or excluded")
+            others.append({"pid": holder["pid"], "comm": holder["comm"], "gpus": sorted(holder["gpus"]), "reason": reason})
+        if others:
+            words = "systemd unit %s" % key[1] if key[0] == "unit" else _report.owner_words(owner)
+            found.append({"kind": key[0], "owner": words, "command": _owners.stop_command(owner),
+                          "processes": others})
+    return found
+
+
+def _beyond_words(item):
+    return "%s, whose %s" % (item["owner"], ", ".join(
+        "PID %s (%s) holds GPU%s %s, %s" % (p["pid"], p["comm"], "s" if len(p["gpus"]) > 1 else "",
+                                            ", ".join(str(g) for g in p["gpus"]), p["reason"])
+        for p in item["processes"]))
+
+
+def spanning_refusal(beyond):
+    """Why stop_owners refuses owners that reach beyond the selection, and what the operator can do."""
+    return ("stop_owners would stop %s; stopping an owner ends all its processes. Select those GPUs and processes too, "
+            "set stop_spanning_owners=true (role: reset_gpus_stop_spanning_owners: true) to stop the owner anyway, or "
+            "leave stop_owners off to end only the selected PIDs" % "; and ".join(_beyond_words(item) for item in beyond))
+
+
+def stop_units(targets, result, run_command, which):
+    """stop_owners: `systemctl stop` each unit with a Restart= policy that owns a target, before the PIDs are ended;
+    for containers and pods, the command to run is reported (the runtime is never called). Returns a failure
+    message, or None."""
+    units = units_to_stop(targets)
+    systemctl = which("systemctl") if units else None
+    if units and not systemctl:
+        return "stop_owners: systemctl is not on this host, so units %s cannot be stopped; nothing was signalled" % (
+            ", ".join(units))
+    for unit in units:
+        rc, _out, err = run_command([systemctl, "stop", unit])
+        if rc != 0:
+            return "systemctl stop %s failed (rc %s): %s; nothing was signalled" % (unit, rc, err.strip() or "no error text")
+        result["stopped_units"].append(unit)
+    result["changed"] = bool(units)
+    result["owner_commands"] = sorted({_owners.stop_command(t["owner"]) for t in targets
+                                       if (t.get("owner") or {}).get("container_id") or (t.get("owner") or {}).get("pod_uid")})
+    return None
+
+
+def end(inspector, selection, targets, sig, params, result):
+    """End the targets, three rounds at most (processes may appear while others die)."""
+
+    def choose(_first):
+        return [_report.annotate(t) for t in
+                selection.split(inspector.snapshot(scope="listed", indices=selection.indices, owners=True,
+                                                   tolerance_mib=params["max_used_mib"]))["targets"]]
+
+    outcome = _terminate.end_until_gone(choose, targets, sig, params["grace_period"], params["kill_wait"])
+    result.update(outcome)
+    result["changed"] = result["changed"] or bool(outcome["signalled"])
+
+
+def would_fail(selection, view, params):
+    """Check mode with wait=true: why the wait would fail whatever the run ended, in the words of the wait's own failure
+    (selected GPUs that the driver answers with an error, such as a GPU that fell off the bus, or a driver that did not
+    answer); None where ending the targets may free the GPUs (check mode cannot tell how their memory would go)."""
+    status = [dict(gpu, holders=[]) for gpu in _release.gpu_status(selection, view, params["max_used_mib"])]
+    stuck = [gpu for gpu in status if gpu["error"] or view["driver"]["timed_out"]]
+    if not stuck:
+        return None
+    return _wait.conclude({"gpus": stuck, "driver": view["driver"], "released": False, "elapsed_s": 0.0},
+                          params["driver_timeout"], single_look=True)
+
+
+def wait(inspector, selection, first, params, result):
+    """wait=true: wait for the release as gpu_wait does (`first`: the snapshot just taken when nothing was ended),
+    and add "released", "wait_timed_out", "wait" ({"elapsed_s", "polls", "msg", "gpus" with next steps,
+    "memory_checked", "driver"}) and "after"."""
+    waited = _wait.wait_released(inspector, selection, params["wait_timeout"], params["max_used_mib"],
+                                 params["poll_interval"], first=first)
+    waited["msg"] = _wait.conclude(waited, params["driver_timeout"])
+    result["after"] = waited.pop("view")
+    result["released"] = waited["released"]
+    result["wait_timed_out"] = not waited["released"]
+    result["wait"] = {key: waited[key] for key in ("elapsed_s", "polls", "msg", "gpus", "memory_checked", "driver")}
+
+
+def foreign(view, selection):
+    """Foreign entries of the selected GPUs; where MIG instances are selected, of those instances only."""
+    found = []
+    for gpu in view["gpus"]:
+        if selection.indices is not None and gpu["index"] not in selection.indices:
+            continue
+        wanted = selection.instances.get(gpu["index"])
+        if wanted is None:
+            found.extend(dict(item, gpu=gpu["index"]) for item in gpu["foreign"])
+            continue
+        for device in gpu.get("mig_devices") or ():
+            if device["uuid"] in wanted:
+                found.extend(dict(item, gpu=gpu["index"], mig_uuid=device["uuid"]) for item in device["foreign"])
+    return found
+
+
+def finish(result, failure, check_mode, waited, warnings):
+    """The Outcome: failed when a process survived SIGKILL, (wait=true) the GPUs were not released in time, or
+    (check mode, wait=true) `failure` says why the wait would fail whatever was ended; with wait=true the result
+    carries the summary lines of the reset_gpus role."""
+    if result["survived"]:
+        result["msg"] = "%d selected process(es) survived SIGKILL: %s" % (len(result["survived"]), "; ".join(
+            "PID %s (%s): %s" % (s["pid"], s["comm"], s["reason"]) for s in result["survived"]))
+        return Outcome(result, failed=True, warnings=warnings)
+    result["msg"] = message(result, check_mode)
+    if failure:
+        result["msg"] += "; a real run would fail whatever it ended: %s" % failure
+    warnings = warnings + owner_warnings(result, check_mode)
+    failed = bool(failure)
+    if waited:
+        wait_report = dict(result.get("wait", {"elapsed_s": 0.0}), released=result.get("released"))
+        outcome = _report.outcome(dict(result, failed=failed), wait_report, check_mode, wait_report["elapsed_s"])
+        result["summary"] = _report.summary_lines(result, result["before"], result.get("after", result["before"]),
+                                                  check_mode, outcome)
+        if result.get("wait_timed_out"):
+            result["msg"] = "%s; %s" % (result["msg"], wait_report["msg"])
+            failed = True
+    return Outcome(result, failed=failed, warnings=warnings)
+
+
+def _names(processes):
+    return ", ".join("%s (%s)" % (p["pid"], p["comm"]) for p in processes)
+
+
+def message(result, check_mode):
+    """What was done (or would be) and what was left, in one line."""
+    if check_mode:
+        msg = "would signal %d process(es)%s" % (len(result["would_signal"]),
+                                                 ": " + _names(result["would_signal"]) if result["would_signal"] else "")
+        if result["would_stop_units"]:
+            msg += "; would stop systemd unit(s) %s first" % ", ".join(result["would_stop_units"])
+    else:
+        msg = "signalled %d process(es), %d exited" % (len(result["signalled"]), len(result["exited"]))
+    if result["driver"]["timed_out"]:
+        msg += "; NVML did not answer within driver_timeout (the driver may be hung): holders from the /proc scan alone"
+    if result["left_alone"]:
+        msg += "; left alone: %s" % "; ".join("PID %s (%s): %s" % (h["pid"], h["comm"], h["reason"]) for h in result["left_alone"])
+    if result["not_holding"]:
+        msg += "; PID(s) %s from pids hold none of the selected GPUs (or do not exist): nothing to do for them" % (
+            ", ".join(str(pid) for pid in result["not_holding"]))
+    for item in result["foreign"]:
+        msg += "; the driver lists PID %s (%s) on GPU %s, which no process here holds (a container?): not signalled" % (
+            item["pid"], "memory not reported" if item["used_mib"] is None else "%s MiB" % item["used_mib"], item["gpu"])
+    if result["stopped_units"]:
+        msg += "; stopped systemd unit(s) %s first" % ", ".join(result["stopped_units"])
+    for item in result["owners_beyond_selection"]:
+        if item["kind"] == "unit":
+            what = "would stop" if check_mode else "stopped"
+        else:
+            what = "%s (reported, not run) would stop" % item["command"]
+        msg += "; %s %s, and with it, beyond the selection: %s" % (what, item["owner"], ", ".join(
+            "PID %s (%s) on GPU%s %s" % (p["pid"], p["comm"], "s" if len(p["gpus"]) > 1 else "",
+                                        ", ".join(str(g) for g in p["gpus"])) for p in item["processes"]))
+    if result.get("released"):
+        msg += "; %s" % result["wait"]["msg"]
+    return msg
+
+
+def owner_warnings(result, check_mode):
+    """A warning for each holder whose owner will start it again, and for each respawn seen."""
+    warnings = []
+    stopped = {"systemctl stop %s" % unit for unit in result["stopped_units"]}
+    for process in result["would_signal"] if check_mode else result["signalled"]:
+        command = _owners.stop_command(process.get("owner"))
+        if process.get("owner_note") and command not in stopped:
+            warnings.append("PID %s (%s): %s; ending the PID alone will not last%s" % (
+                process["pid"], process["comm"], process["owner_note"],
+                ": stop the owner (%s), or run with stop_owners=true" % command if command else ""))
+    for item in result["respawned"]:
+        parent = item.get("parent")
+        warnings.append("PID %s (%s) came back as PID %s%s: stop that parent first (for example a torchrun or Ray agent, "
+                        "or a systemd unit), or the GPU will be held again" % (
+                            item["replaces"], item["replaces_comm"], item["pid"],
+                            ", started by PID %s (%s)" % (parent["pid"], parent["comm"]) if parent else ""))
+    return warnings

@@ -1,0 +1,110 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) 2026, gpuops.nvidia contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Whether each selected GPU is released: the one place that decides it.
+
+gpu_kill (its check-mode prediction and its wait), gpu_wait (and so check_gpus.yml and the vllm_server
+role's gates) call `gpu_status`. A GPU, or a selected MIG instance, is released when:
+- no target of the selection holds it,
+- the driver answers it without an error and did not hang,
+- its used memory (MiB), less what the left-alone holders hold there, is at most max_used_mib
+  (plus the reserved-memory allowance of NVML memory info v1), or the memory is not reported.
+"""
+from __future__ import annotations
+
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _shapes
+
+
+def is_released(holders, error, timed_out, used_mib, left_alone_mib, max_used_mib, allowance_mib=0):
+    """The release test. `used_mib` None (memory not reported) leaves the holders to decide."""
+    if holders or error or timed_out:
+        return False
+    return used_mib is None or used_mib - left_alone_mib <= max_used_mib + allowance_mib
+
+
+def left_alone_mib(left, figures):
+    """MiB that the left-alone holders `left` (brief entries) hold on a GPU or MIG instance with `figures`
+    (its unexplained_mib). Memory no listed process explains counts as theirs when one of them holds it
+    through its device file."""
+    total = sum(h["memory_mib"] or 0 for h in left)
+    if figures.get("unexplained_mib") and any(h["attribution"] == "device_file" for h in left):
+        total += figures["unexplained_mib"]
+    return total
+
+
+def gpu_status(selection, view, max_used_mib):
+    """Per selected GPU or MIG instance, is it released? A list of dicts with _shapes.WAIT_GPU_KEYS.
+
+    "holders" are the targets still holding it (brief), "left_alone" the left-alone holders (brief and
+    reason), "left_alone_mib" their memory. MIG instances add "mig_profile"; a whole GPU in MIG mode that
+    is not released adds "mig_in_use" (its instances that hold memory or processes). "memory_note" says
+    why more used memory counts as idle (NVML memory info v1).
+    Without any index map (no NVML, no /proc/driver/nvidia) there is one entry with index None for all GPUs.
+    """
+    split = selection.split(view)
+    if not view["gpus"]:
+        return [_shapes.entry(_shapes.WAIT_GPU_KEYS, holders=[brief(h, None) for h in split["targets"]],
+                              left_alone=[dict(brief(h, None), reason=h["reason"]) for h in split["left_alone"]],
+                              left_alone_mib=0, foreign=[], suspects=[], memory_checked=False,
+                              reserved_allowance_mib=0, released=not split["targets"])]
+    # A hung driver leaves memory unknown: no GPU is released then, whatever /proc shows.
+    timed_out = bool((view.get("driver") or {}).get("timed_out"))
+    status = []
+    for gpu in view["gpus"]:
+        index = gpu["index"]
+        if selection.indices is not None and index not in selection.indices:
+            continue
+        if index not in selection.instances:
+            entry = _entry(gpu, gpu, None, split, lambda h, i=index: i in h["gpus"], timed_out, max_used_mib)
+            if not entry["released"] and gpu.get("mig_devices"):
+                entry["mig_in_use"] = [{key: device.get(key) for key in ("uuid", "profile", "memory_used_mib", "holder_pids")}
+                                       for device in gpu["mig_devices"]
+                                       if device.get("holder_pids") or (device.get("memory_used_mib") or 0) > max_used_mib]
+            status.append(entry)
+            continue
+        devices = {device["uuid"]: device for device in gpu.get("mig_devices") or ()}
+        for uuid in sorted(selection.instances[index]):
+            entry = _entry(gpu, devices.get(uuid) or {}, uuid, split,
+                           lambda h, u=uuid, k=str(index): u in (h.get("mig") or {}).get(k, ()), timed_out, max_used_mib)
+            entry["mig_profile"] = (devices.get(uuid) or {}).get("profile")
+            status.append(entry)
+    return status
+
+
+def _entry(gpu, figures, mig_uuid, split, holds, timed_out, max_used_mib):
+    """The status of a whole GPU (figures is the GPU, mig_uuid None) or of one MIG instance of it (figures is its
+    MIG device, {} when it is gone); `holds(holder)` tells whether a holder holds this GPU or instance."""
+    index = gpu["index"]
+    holders = [brief(h, index) for h in split["targets"] if holds(h)]
+    left = [dict(brief(h, index), reason=h["reason"]) for h in split["left_alone"] if holds(h)]
+    error = gpu.get("error")
+    if mig_uuid is not None and not figures and not error:
+        error = "MIG device %s is no longer there (MIG reconfigured?)" % mig_uuid
+    used = figures.get("memory_used_mib")
+    allowance = figures.get("reserved_allowance_mib") or 0
+    left_mib = left_alone_mib(left, figures)
+    return _shapes.entry(
+        _shapes.WAIT_GPU_KEYS, index=index, uuid=gpu.get("uuid"), mig_uuid=mig_uuid, memory_used_mib=used,
+        memory_reserved_mib=gpu.get("memory_reserved_mib") if mig_uuid is None else None,
+        unexplained_mib=figures.get("unexplained_mib"), memory_unexplained=figures.get("memory_unexplained"),
+        holders=holders, left_alone=left, left_alone_mib=left_mib, foreign=figures.get("foreign", []),
+        suspects=gpu["suspects"], memory_checked=used is not None, error=error, reserved_allowance_mib=allowance,
+        memory_note=_v1_note(allowance),
+        released=is_released(holders, error, timed_out, used, left_mib, max_used_mib, allowance))
+
+
+def _v1_note(allowance):
+    """What a GPU whose used memory includes reserved memory (NVML memory info v1) is held against, or None."""
+    if not allowance:
+        return None
+    return ("reserved memory cannot be told apart on this driver (NVML memory info v1, whose used memory includes it): "
+            "up to %d MiB (5%% of the memory) more counts as idle" % allowance)
+
+
+def brief(holder, index):
+    """The fields of a holder that a wait report needs, with its memory on GPU `index` and its parent."""
+    key = None if index is None else str(index)
+    return {"pid": holder["pid"], "comm": holder["comm"], "state": holder["state"], "cmdline": holder["cmdline"],
+            "user": holder["user"], "memory_mib": holder["memory_mib"].get(key) if key else None,
+            "attribution": holder.get("attribution", {}).get(key) if key else None, "parent": holder.get("parent")}
