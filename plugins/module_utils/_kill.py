@@ -295,13 +295,7 @@ def message(result, check_mode):
     if result["stopped_units"]:
         msg += "; stopped systemd unit(s) %s first" % ", ".join(result["stopped_units"])
     for item in result["owners_beyond_selection"]:
-        if item["kind"] == "unit":
-            what = "would stop" if check_mode else "stopped"
-        else:
-            what = "%s (reported, not run) would stop" % item["command"]
-        msg += "; %s %s, and with it, beyond the selection: %s" % (what, item["owner"], ", ".join(
-            "PID %s (%s) on GPU%s %s" % (p["pid"], p["comm"], "s" if len(p["gpus"]) > 1 else "",
-                                        ", ".join(str(g) for g in p["gpus"])) for p in item["processes"]))
+        msg += "; " + _report.beyond_words(item, check_mode)
     if result.get("released"):
         msg += "; %s" % result["wait"]["msg"]
     return msg

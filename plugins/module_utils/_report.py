@@ -74,6 +74,18 @@ def owner_line(process, stopped_units=()):
     return "    ending it alone will not last: %s%s" % (note, "; stop the owner: %s" % command if command else "")
 
 
+def beyond_words(item, check_mode):
+    """An owner that stop_owners stops (or reports) and its processes beyond the selection, in words:
+    "stopped systemd unit vllm@a.service, and with it, beyond the selection: PID 8 (python3) on GPU 4"."""
+    if item["kind"] == "unit":
+        what = "would stop" if check_mode else "stopped"
+    else:
+        what = "%s (reported, not run) would stop" % item["command"]
+    return "%s %s, and with it, beyond the selection: %s" % (what, item["owner"], ", ".join(
+        "PID %s (%s) on GPU%s %s" % (p["pid"], p["comm"], "s" if len(p["gpus"]) > 1 else "",
+                                    ", ".join(str(g) for g in p["gpus"])) for p in item["processes"]))
+
+
 def _mib(value):
     return "unknown" if value is None else str(value)
 
@@ -109,6 +121,7 @@ def summary_lines(kill, before, after, check_mode, message):
         for p in kill.get("would_signal", []):
             lines.append("  would signal PID %s %s (%s): %s" % (p["pid"], p["comm"], place(p), _cut(p.get("cmdline"))))
             add_owner_line(p)
+        lines.extend("  would stop systemd unit %s first (stop_owners)" % unit for unit in kill.get("would_stop_units", []))
     else:
         lines.append("signalled %d process(es) in %.2f s" % (len(kill.get("signalled", [])), kill.get("elapsed_s", 0)))
         lines.extend("  stopped systemd unit %s first (stop_owners)" % unit for unit in stopped)
@@ -120,6 +133,7 @@ def summary_lines(kill, before, after, check_mode, message):
         lines.extend("  PID %s %s (%s): not signalled, %s" % (p["pid"], p["comm"], place(p), p["reason"])
                      for p in kill.get("not_signalled", []))
     lines.extend("  left alone PID %s %s: %s" % (p["pid"], p["comm"], p["reason"]) for p in kill.get("left_alone", []))
+    lines.extend("  " + beyond_words(item, check_mode) for item in kill.get("owners_beyond_selection", []))
     if not check_mode:
         lines.append(message)
     if not before["driver"]["available"]:
