@@ -2,56 +2,215 @@
 # Copyright (c) 2026, gpuops.nvidia contributors
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""The keys of the dicts that the GPU modules return, named once.
+"""The dicts that the GPU modules return, typed and named once.
 
-The modules' RETURN documentation says what each key means; these tuples say which keys there are.
-_holders builds holders, device users and GPU entries with them, _gpus the driver state, _select the
-wait status entries, and tests/integration/test_result_contracts.py checks every module's result
-against both (these shapes and RETURN).
+Each shape is a TypedDict (Python 3.9 and later); its `*_KEYS` tuple is the shape's keys, in order. The
+modules' RETURN documentation says what each key means. _holders builds holders, device users and GPU
+entries, _gpus the driver state and the snapshot, _release the wait status entries, and
+tests/integration/test_result_contracts.py checks every module's result against these shapes and RETURN.
+Memory is in MiB (int), times in seconds (float); None means "not known", never 0.
 """
 from __future__ import annotations
 
-# A process as the snapshot describes it (_gpus.process_details): /proc/PID/stat, then psutil.
-PROCESS_KEYS = ("pid", "ppid", "pgid", "sid", "comm", "state", "start_ticks", "kernel_thread", "user", "uid", "cmdline",
-                "start_time")
-# A process with NVIDIA device files open that holds no GPU's memory (_holders.merge).
-DEVICE_USER_KEYS = PROCESS_KEYS + ("device_gpus", "minors", "kind", "seen_in", "thread_only")
-# A process holding a GPU's memory (_holders.merge); the snapshot adds "parent".
-HOLDER_KEYS = DEVICE_USER_KEYS + ("gpus", "memory_mib", "attribution", "control_only", "mig")
-SNAPSHOT_HOLDER_KEYS = HOLDER_KEYS + ("parent",)
+from typing import Dict, List, Optional, TypedDict
+
+
+class Process(TypedDict):
+    """A process as the snapshot describes it (_gpus.process_details): /proc/PID/stat, then psutil."""
+    pid: int
+    ppid: int
+    pgid: int
+    sid: int
+    comm: str
+    state: str
+    start_ticks: int
+    kernel_thread: bool
+    user: Optional[str]
+    uid: Optional[int]
+    cmdline: str
+    start_time: Optional[float]
+
+
+class DeviceUser(Process):
+    """A process with NVIDIA device files open that holds no GPU's memory (_holders.merge)."""
+    device_gpus: List[int]
+    minors: List[int]
+    kind: str
+    seen_in: List[str]
+    thread_only: bool
+
+
+class Holder(DeviceUser):
+    """A process holding a GPU's memory (_holders.merge); memory_mib and attribution are keyed by GPU index."""
+    gpus: List[int]
+    memory_mib: Dict[str, Optional[int]]
+    attribution: Dict[str, str]
+    control_only: bool
+    mig: Dict[str, List[str]]
+
+
+class SnapshotHolder(Holder):
+    """A holder in a snapshot, with its parent ({"pid", "comm"} or None)."""
+    parent: Optional[dict]
+
+
+class GpuTable(TypedDict):
+    """The index/minor table of a GPU (_gpus.minor_map)."""
+    index: int
+    minor: Optional[int]
+    uuid: Optional[str]
+    name: Optional[str]
+    pci_bus_id: Optional[str]
+
+
+class Gpu(GpuTable):
+    """One GPU of the snapshot (_holders.merge)."""
+    memory_total_mib: Optional[int]
+    memory_used_mib: Optional[int]
+    memory_free_mib: Optional[int]
+    memory_reserved_mib: Optional[int]
+    memory_source: Optional[str]
+    error: Optional[str]
+    driver_processes: List[dict]
+    foreign: List[dict]
+    suspects: List[dict]
+    tolerance_mib: int
+    mig_mode: Optional[bool]
+    process_list_version: Optional[str]
+    processes_error: Optional[str]
+    memory_used_includes_reserved: Optional[bool]
+    memory_used_excluding_reserved_mib: Optional[int]
+    reserved_allowance_mib: int
+    mig_devices: List[dict]
+    explained_mib: Optional[int]
+    unexplained_mib: Optional[int]
+    memory_unexplained: Optional[bool]
+    holder_pids: List[int]
+    device_user_pids: List[int]
+
+
+class DriverProcess(TypedDict):
+    """One entry of a GPU's driver_processes: the driver's list entry (_nvml) and whether /proc confirms it."""
+    pid: int
+    used_mib: Optional[int]
+    type: str
+    gpu_instance_id: Optional[int]
+    compute_instance_id: Optional[int]
+    verified: bool
+
+
+class Foreign(TypedDict):
+    """A PID the driver lists that no process here confirms."""
+    pid: int
+    used_mib: Optional[int]
+    type: str
+    reason: str
+    comm: Optional[str]
+
+
+class MigDevice(TypedDict):
+    """One MIG instance of a GPU: _nvml's MIG device, then its holders as for a GPU (_holders.merge)."""
+    index: int
+    uuid: str
+    gpu_instance_id: Optional[int]
+    compute_instance_id: Optional[int]
+    name: Optional[str]
+    profile: Optional[str]
+    memory_total_mib: Optional[int]
+    memory_used_mib: Optional[int]
+    memory_free_mib: Optional[int]
+    memory_source: Optional[str]
+    listed_mib: Optional[int]
+    foreign: List[dict]
+    holder_pids: List[int]
+    reserved_allowance_mib: int
+    tolerance_mib: int
+    unexplained_mib: Optional[int]
+    memory_unexplained: Optional[bool]
+
+
+class Driver(TypedDict):
+    """The state of the NVIDIA driver library in a snapshot (_gpus.Inspector.snapshot)."""
+    available: bool
+    error: Optional[str]
+    driver_version: Optional[str]
+    nvml_version: Optional[str]
+    cuda_driver_version: Optional[str]
+    timed_out: bool
+
+
+class Snapshot(TypedDict):
+    """What a snapshot returns (gpu_facts' ansible_facts.nvidia; gpu_kill's before and after)."""
+    gpus: List[Gpu]
+    holders: List[SnapshotHolder]
+    device_users: List[DeviceUser]
+    unmapped_minors: List[int]
+    index_source: Optional[str]
+    scan: str
+    driver: Driver
+
+
+class BriefHolder(TypedDict):
+    """A holder in a wait report (_release.brief), with its memory on that GPU."""
+    pid: int
+    comm: str
+    state: str
+    cmdline: str
+    user: Optional[str]
+    memory_mib: Optional[int]
+    attribution: Optional[str]
+    parent: Optional[dict]
+
+
+class LeftAlone(BriefHolder):
+    """A left-alone holder in a wait report, with why it was left alone."""
+    reason: str
+
+
+class WaitGpu(TypedDict):
+    """One selected GPU (or MIG instance) in a wait (_release.gpu_status). MIG instances add "mig_profile", a whole
+    GPU in MIG mode that is not released "mig_in_use", a GPU that is not released after a wait "next_step"
+    (_wait.conclude)."""
+    index: Optional[int]
+    uuid: Optional[str]
+    mig_uuid: Optional[str]
+    memory_used_mib: Optional[int]
+    memory_reserved_mib: Optional[int]
+    unexplained_mib: Optional[int]
+    memory_unexplained: Optional[bool]
+    holders: List[BriefHolder]
+    left_alone: List[LeftAlone]
+    left_alone_mib: int
+    foreign: List[dict]
+    suspects: List[dict]
+    memory_checked: bool
+    error: Optional[str]
+    reserved_allowance_mib: int
+    memory_note: Optional[str]
+    released: bool
+
+
+def keys_of(shape):
+    """The keys of a TypedDict shape, in order, inherited ones first."""
+    return tuple(shape.__annotations__)
+
+
+PROCESS_KEYS = keys_of(Process)
+DEVICE_USER_KEYS = keys_of(DeviceUser)
+HOLDER_KEYS = keys_of(Holder)
+SNAPSHOT_HOLDER_KEYS = keys_of(SnapshotHolder)
 # Added to holders and device users where the snapshot reads owners (_owners.owner_of; its keys: _owners.OWNER_KEYS).
 OWNER = "owner"
-
-# The index/minor table of a GPU (_gpus.minor_map).
-GPU_TABLE_KEYS = ("index", "minor", "uuid", "name", "pci_bus_id")
-# One GPU of the snapshot (_holders.merge).
-GPU_KEYS = GPU_TABLE_KEYS + (
-    "memory_total_mib", "memory_used_mib", "memory_free_mib", "memory_reserved_mib", "memory_source", "error",
-    "driver_processes", "foreign", "suspects", "tolerance_mib", "mig_mode", "process_list_version", "processes_error",
-    "memory_used_includes_reserved", "memory_used_excluding_reserved_mib", "reserved_allowance_mib", "mig_devices",
-    "explained_mib", "unexplained_mib", "memory_unexplained", "holder_pids", "device_user_pids")
-# One entry of a GPU's driver_processes: the driver's list entry (_nvml) and whether /proc confirms it.
-DRIVER_PROCESS_KEYS = ("pid", "used_mib", "type", "gpu_instance_id", "compute_instance_id", "verified")
-# A PID the driver lists that no process here confirms.
-FOREIGN_KEYS = ("pid", "used_mib", "type", "reason", "comm")
-# One MIG instance of a GPU: _nvml's MIG device, then its holders as for a GPU (_holders.merge).
-MIG_DEVICE_KEYS = ("index", "uuid", "gpu_instance_id", "compute_instance_id", "name", "profile", "memory_total_mib",
-                   "memory_used_mib", "memory_free_mib", "memory_source", "listed_mib", "foreign", "holder_pids",
-                   "reserved_allowance_mib", "tolerance_mib", "unexplained_mib", "memory_unexplained")
-# The state of the NVIDIA driver library in a snapshot (_gpus.Inspector.snapshot).
-DRIVER_KEYS = ("available", "error", "driver_version", "nvml_version", "cuda_driver_version", "timed_out")
-# What the snapshot returns (gpu_facts' ansible_facts.nvidia; gpu_kill's before and after).
-VIEW_KEYS = ("gpus", "holders", "device_users", "unmapped_minors", "index_source", "scan", "driver")
-
-# A holder in a wait report (_release.brief), and a left-alone one (with its reason).
-BRIEF_HOLDER_KEYS = ("pid", "comm", "state", "cmdline", "user", "memory_mib", "attribution", "parent")
-LEFT_ALONE_KEYS = BRIEF_HOLDER_KEYS + ("reason",)
-# One selected GPU (or MIG instance) in a wait (_release.gpu_status); MIG instances add "mig_profile",
-# a whole GPU in MIG mode that is not released "mig_in_use", a GPU that is not released after a wait "next_step"
-# (_wait.conclude).
-WAIT_GPU_KEYS = ("index", "uuid", "mig_uuid", "memory_used_mib", "memory_reserved_mib", "unexplained_mib",
-                 "memory_unexplained", "holders", "left_alone", "left_alone_mib", "foreign", "suspects", "memory_checked",
-                 "error", "reserved_allowance_mib", "memory_note", "released")
+GPU_TABLE_KEYS = keys_of(GpuTable)
+GPU_KEYS = keys_of(Gpu)
+DRIVER_PROCESS_KEYS = keys_of(DriverProcess)
+FOREIGN_KEYS = keys_of(Foreign)
+MIG_DEVICE_KEYS = keys_of(MigDevice)
+DRIVER_KEYS = keys_of(Driver)
+VIEW_KEYS = keys_of(Snapshot)
+BRIEF_HOLDER_KEYS = keys_of(BriefHolder)
+LEFT_ALONE_KEYS = keys_of(LeftAlone)
+WAIT_GPU_KEYS = keys_of(WaitGpu)
 
 
 def entry(keys, **values):
