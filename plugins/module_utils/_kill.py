@@ -46,15 +46,15 @@ def run(params, given=None, check_mode=False, run_command=None, which=None):
         return refused(str(exc))
     inspector = _gpus.Inspector(driver_timeout=params["driver_timeout"])
     try:
-        view = inspector.snapshot(scope="listed", owners=True, tolerance_mib=params["max_used_mib"])
+        snapshot = inspector.snapshot(scope="listed", owners=True, tolerance_mib=params["max_used_mib"])
         try:
-            selection = _select.Selection.from_params(params, view, checked)
+            selection = _select.Selection.from_params(params, snapshot, checked)
         except _select.SelectionError as exc:
-            return refused(str(exc), driver=view["driver"])
-        warnings = driver_warnings(view["driver"], params["driver_timeout"])
-        result = start_result(selection, view)
+            return refused(str(exc), driver=snapshot["driver"])
+        warnings = driver_warnings(snapshot["driver"], params["driver_timeout"])
+        result = start_result(selection, snapshot)
         targets = [_report.annotate(dict(target)) for target in result.pop("_targets")]
-        beyond = owners_beyond(targets, view, selection) if params["stop_owners"] else []
+        beyond = owners_beyond(targets, snapshot, selection) if params["stop_owners"] else []
         result["owners_beyond_selection"] = beyond
         units_beyond = [item for item in beyond if item["kind"] == "unit"]
         if units_beyond and not params["stop_spanning_owners"]:
@@ -72,8 +72,8 @@ def run(params, given=None, check_mode=False, run_command=None, which=None):
         result["elapsed_s"] = round(time.monotonic() - started, 3)
         if params["wait"] and not check_mode and not result["survived"]:
             ended = result["signalled"] or result["stopped_units"]
-            wait(inspector, selection, None if ended else view, params, result)
-        failure = would_fail(selection, view, params) if params["wait"] and check_mode else None
+            wait(inspector, selection, None if ended else snapshot, params, result)
+        failure = would_fail(selection, snapshot, params) if params["wait"] and check_mode else None
     finally:
         inspector.close()
     return finish(result, failure, check_mode, params["wait"], warnings)
@@ -91,14 +91,14 @@ def driver_warnings(driver, driver_timeout):
     return []
 
 
-def start_result(selection, view):
+def start_result(selection, snapshot):
     """The result before anything is done, with the targets under "_targets" (taken out by the caller)."""
-    split = selection.split(view)
+    split = selection.split(snapshot)
     return dict(changed=False, gpus=None if selection.indices is None else list(selection.indices),
                 mig_instances={str(i): sorted(uuids) for i, uuids in sorted(selection.instances.items())},
-                driver=view["driver"], would_signal=[], would_stop_units=[], signalled=[], exited=[], survived=[],
+                driver=snapshot["driver"], would_signal=[], would_stop_units=[], signalled=[], exited=[], survived=[],
                 not_signalled=[], respawned=[], left_alone=split["left_alone"], protected=split["protected"],
-                not_holding=split["not_holding"], foreign=foreign(view, selection), before=view, stopped_units=[],
+                not_holding=split["not_holding"], foreign=foreign(snapshot, selection), before=snapshot, stopped_units=[],
                 owner_commands=[], _targets=split["targets"])
 
 
@@ -126,7 +126,7 @@ def _owner_key(owner):
     return ("unit", unit) if unit else None
 
 
-def owners_beyond(targets, view, selection):
+def owners_beyond(targets, snapshot, selection):
     """The owners stop_owners would stop (or report) whose processes hold GPUs beyond the selection.
 
     Stopping an owner ends all its processes. Its holders that are not targets (on GPUs outside the
@@ -144,7 +144,7 @@ def owners_beyond(targets, view, selection):
     found = []
     for key, owner in sorted(keys.items()):
         others = []
-        for holder in view["holders"]:
+        for holder in snapshot["holders"]:
             if holder["pid"] in target_pids or _owner_key(holder.get("owner")) != key:
                 continue
             reason = "outside the selection" if not selection.covers(holder) else "not selected (%s)" % (
@@ -204,15 +204,15 @@ def end(inspector, selection, targets, sig, params, result):
     result["changed"] = result["changed"] or bool(outcome["signalled"])
 
 
-def would_fail(selection, view, params):
+def would_fail(selection, snapshot, params):
     """Check mode with wait=true: why the wait would fail whatever the run ended, in the words of the wait's own failure
     (selected GPUs that the driver answers with an error, such as a GPU that fell off the bus, or a driver that did not
     answer); None where ending the targets may free the GPUs (check mode cannot tell how their memory would go)."""
-    status = [dict(gpu, holders=[]) for gpu in _release.gpu_status(selection, view, params["max_used_mib"])]
-    stuck = [gpu for gpu in status if gpu["error"] or view["driver"]["timed_out"]]
+    status = [dict(gpu, holders=[]) for gpu in _release.gpu_status(selection, snapshot, params["max_used_mib"])]
+    stuck = [gpu for gpu in status if gpu["error"] or snapshot["driver"]["timed_out"]]
     if not stuck:
         return None
-    return _wait.conclude({"gpus": stuck, "driver": view["driver"], "released": False, "elapsed_s": 0.0},
+    return _wait.conclude({"gpus": stuck, "driver": snapshot["driver"], "released": False, "elapsed_s": 0.0},
                           params["driver_timeout"], single_look=True)
 
 
@@ -223,16 +223,16 @@ def wait(inspector, selection, first, params, result):
     waited = _wait.wait_released(inspector, selection, params["wait_timeout"], params["max_used_mib"],
                                  params["poll_interval"], first=first)
     waited["msg"] = _wait.conclude(waited, params["driver_timeout"])
-    result["after"] = waited.pop("view")
+    result["after"] = waited.pop("snapshot")
     result["released"] = waited["released"]
     result["wait_timed_out"] = not waited["released"]
     result["wait"] = {key: waited[key] for key in ("elapsed_s", "polls", "msg", "gpus", "memory_checked", "driver")}
 
 
-def foreign(view, selection):
+def foreign(snapshot, selection):
     """Foreign entries of the selected GPUs; where MIG instances are selected, of those instances only."""
     found = []
-    for gpu in view["gpus"]:
+    for gpu in snapshot["gpus"]:
         if selection.indices is not None and gpu["index"] not in selection.indices:
             continue
         wanted = selection.instances.get(gpu["index"])

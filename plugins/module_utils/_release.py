@@ -33,7 +33,7 @@ def left_alone_mib(left, figures):
     return total
 
 
-def gpu_status(selection, view, max_used_mib):
+def gpu_status(selection, snapshot, max_used_mib):
     """Per selected GPU or MIG instance, is it released? A list of dicts with _shapes.WAIT_GPU_KEYS.
 
     "holders" are the targets still holding it (brief), "left_alone" the left-alone holders (brief and
@@ -42,16 +42,16 @@ def gpu_status(selection, view, max_used_mib):
     why more used memory counts as idle (NVML memory info v1).
     Without any index map (no NVML, no /proc/driver/nvidia) there is one entry with index None for all GPUs.
     """
-    split = selection.split(view)
-    if not view["gpus"]:
+    split = selection.split(snapshot)
+    if not snapshot["gpus"]:
         return [_shapes.entry(_shapes.WAIT_GPU_KEYS, holders=[brief(h, None) for h in split["targets"]],
                               left_alone=[dict(brief(h, None), reason=h["reason"]) for h in split["left_alone"]],
                               left_alone_mib=0, foreign=[], suspects=[], memory_checked=False,
                               reserved_allowance_mib=0, released=not split["targets"])]
     # A hung driver leaves memory unknown: no GPU is released then, whatever /proc shows.
-    timed_out = bool((view.get("driver") or {}).get("timed_out"))
+    timed_out = bool((snapshot.get("driver") or {}).get("timed_out"))
     status = []
-    for gpu in view["gpus"]:
+    for gpu in snapshot["gpus"]:
         index = gpu["index"]
         if selection.indices is not None and index not in selection.indices:
             continue

@@ -101,7 +101,7 @@ class GpuIndices(list):
         self.instances = dict(instances or {})
 
 
-def select_gpus(requested, view):
+def select_gpus(requested, snapshot):
     """NVML indices selected by the `gpus` option (ASCII indices, GPU UUIDs or MIG UUIDs; None = all).
 
     Returns a GpuIndices (a sorted list of indices; a MIG UUID selects its parent's index and, in `instances`, that
@@ -112,8 +112,8 @@ def select_gpus(requested, view):
     if requested is None:
         return None
     check_not_empty(gpus=requested)
-    if not view["gpus"]:
-        driver = view.get("driver") or {}
+    if not snapshot["gpus"]:
+        driver = snapshot.get("driver") or {}
         if driver.get("timed_out"):
             raise SelectionError("cannot select GPUs %s: NVML did not answer (%s), so GPU indices cannot be mapped to "
                                  "device files; the driver may be hung: look for Xid errors in the kernel log "
@@ -121,9 +121,9 @@ def select_gpus(requested, view):
         raise SelectionError("cannot select GPUs %s: the NVIDIA driver library is not usable (%s) and there is no "
                              "/proc/driver/nvidia to map GPU indices to device files; install or load the NVIDIA driver"
                              % (list(requested), driver.get("error")))
-    by_uuid = {gpu["uuid"]: gpu["index"] for gpu in view["gpus"] if gpu.get("uuid")}
-    by_mig_uuid = {device["uuid"]: gpu["index"] for gpu in view["gpus"] for device in gpu.get("mig_devices") or ()}
-    indices = {gpu["index"] for gpu in view["gpus"]}
+    by_uuid = {gpu["uuid"]: gpu["index"] for gpu in snapshot["gpus"] if gpu.get("uuid")}
+    by_mig_uuid = {device["uuid"]: gpu["index"] for gpu in snapshot["gpus"] for device in gpu.get("mig_devices") or ()}
+    indices = {gpu["index"] for gpu in snapshot["gpus"]}
     selected, instances = set(), {}
     for item in requested:
         text = str(item).strip()
@@ -285,18 +285,18 @@ class Selection:
         self.own_chain = ancestors() if own_chain is None else own_chain
 
     @classmethod
-    def from_params(cls, params, view, checked=None):
+    def from_params(cls, params, snapshot, checked=None):
         """The Selection of a module's options (`gpus` and HOLDER_ARGS; missing keys mean "any") on a snapshot.
         `checked` is check_options' result (checked here when None); raises SelectionError before anything is
         signalled."""
         checked = checked or check_options(params)
         if checked.owners.get("containers"):
-            known = {p["owner"]["container_id"] for p in view.get("holders", []) + view.get("device_users", [])
+            known = {p["owner"]["container_id"] for p in snapshot.get("holders", []) + snapshot.get("device_users", [])
                      if (p.get("owner") or {}).get("container_id")}
             errors = _owners.container_ref_errors(checked.owners["containers"], known)
             if errors:
                 raise SelectionError("; ".join(errors))
-        return cls(select_gpus(checked.gpus, view), pids=checked.pids, regex=checked.regex, users=checked.users,
+        return cls(select_gpus(checked.gpus, snapshot), pids=checked.pids, regex=checked.regex, users=checked.users,
                    exclude=checked.exclude, include_protected=checked.include_protected, owners=checked.owners)
 
     @property
@@ -326,12 +326,12 @@ class Selection:
             return _owners.mismatch(holder.get("owner"), **self.owners)
         return None
 
-    def split(self, view):
+    def split(self, snapshot):
         """{"targets": [holder], "left_alone": [holder + reason], "protected": [the left_alone entries that the
         protection rules or `exclude` leave alone, rather than pids, match, users or an owner filter], "not_holding":
-        [PIDs from `pids` that hold none of the selected GPUs]} for the holders of the selected GPUs in `view`."""
+        [PIDs from `pids` that hold none of the selected GPUs]} for the holders of the selected GPUs in `snapshot`."""
         targets, left, protected = [], [], []
-        covered = [h for h in view["holders"] if self.covers(h)]
+        covered = [h for h in snapshot["holders"] if self.covers(h)]
         for holder in covered:
             narrowed = self.narrowing_reason(holder)
             reason = narrowed or protection(holder, self.own_chain, self.exclude, self.include_protected)

@@ -35,7 +35,7 @@ def wait_released(inspector, selection, timeout, max_used_mib=DEFAULT_MAX_USED_M
     """Poll snapshots until every GPU `selection` (a _select.Selection) selects is released or `timeout` seconds pass.
 
     Returns {"released" (bool), "elapsed_s", "polls", "gpus" (_release.gpu_status of the last poll),
-    "driver" (the last snapshot's driver state), "view" (the last snapshot itself)}. A driver that stops answering
+    "driver" (the last snapshot's driver state), "snapshot" (the last snapshot itself)}. A driver that stops answering
     ends the wait at once with released=False, and so do selected GPUs that the driver answers with an error (a lost
     GPU) once they are all that is left: waiting cannot change them, while the other GPUs may still release (the NVML
     query is bounded by the time left plus NVML_SLACK_S).
@@ -49,19 +49,19 @@ def wait_released(inspector, selection, timeout, max_used_mib=DEFAULT_MAX_USED_M
         polls += 1
         # A hung driver may delay the last look by at most NVML_SLACK_S beyond `timeout`.
         if first is not None:
-            view, first = first, None
+            snapshot, first = first, None
         else:
-            view = inspector.snapshot(timeout=max(0.0, deadline - clock()) + NVML_SLACK_S, scope="listed",
+            snapshot = inspector.snapshot(timeout=max(0.0, deadline - clock()) + NVML_SLACK_S, scope="listed",
                                       indices=selection.indices, tolerance_mib=max_used_mib, owners=bool(selection.owners))
-        status = _release.gpu_status(selection, view, max_used_mib)
+        status = _release.gpu_status(selection, snapshot, max_used_mib)
         done = all(gpu["released"] for gpu in status)
         now = clock()
         # Waiting cannot help a hung driver, nor GPUs that answer with an error; the others are still waited for.
         pending = [gpu for gpu in status if not gpu["released"]]
-        hopeless = view["driver"]["timed_out"] or (pending and all(gpu.get("error") for gpu in pending))
+        hopeless = snapshot["driver"]["timed_out"] or (pending and all(gpu.get("error") for gpu in pending))
         if done or now >= deadline or hopeless:
-            return {"released": done and not view["driver"]["timed_out"], "elapsed_s": round(now - start, 3), "polls": polls,
-                    "gpus": status, "driver": view["driver"], "view": view}
+            return {"released": done and not snapshot["driver"]["timed_out"], "elapsed_s": round(now - start, 3), "polls": polls,
+                    "gpus": status, "driver": snapshot["driver"], "snapshot": snapshot}
         sleep(min(poll_interval, max(0.0, deadline - now)))
 
 

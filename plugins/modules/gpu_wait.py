@@ -236,7 +236,7 @@ def main():
         reuse = not selection.owners or first["scan"] == "full"
         result = _wait.wait_released(inspector, selection, params["timeout"], params["max_used_mib"], params["poll_interval"],
                                      first=first if reuse else None)
-        result["after"] = result.pop("view")
+        result["after"] = result.pop("snapshot")
     finally:
         inspector.close()
     finish(module, params, result)

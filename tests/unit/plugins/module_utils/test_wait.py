@@ -81,7 +81,7 @@ def test_released_once_holders_are_gone_and_memory_is_back():
     assert [(g["index"], g["released"], g["memory_used_mib"]) for g in result["gpus"]] == [(0, True, 200), (1, True, 3)]
     # NVML is bounded by the time left (plus the fixed allowance for one last look).
     assert inspector.timeouts[:2] == [10.0 + _wait.NVML_SLACK_S, 9.5 + _wait.NVML_SLACK_S]
-    assert result["view"] is inspector.views[0] and result["driver"] == DRIVER_OK
+    assert result["snapshot"] is inspector.views[0] and result["driver"] == DRIVER_OK
 
 
 def test_each_look_scans_the_listed_pids_of_the_selected_gpus_with_the_threshold_as_tolerance():
