@@ -15,6 +15,7 @@ wheel. The requirement ``pip==<ver>`` is replaced by the wheel's path, so pip it
 get-pip-only flags (--no-setuptools, --no-wheel, --no-pip) are dropped; any other argument is passed
 to ``pip install`` unchanged. Exits with pip's exit status.
 """
+
 from __future__ import annotations
 
 import glob
@@ -28,7 +29,9 @@ def find_pip_wheel(cache_dir, pip_version):
     """Return the path of the cached ``pip-<pip_version>-*.whl`` in cache_dir; raise SystemExit naming it when missing."""
     wheels = sorted(glob.glob(os.path.join(cache_dir, "pip-%s-*.whl" % pip_version)))
     if not wheels:
-        raise SystemExit("get_pip stand-in: no pip %s wheel in %s; run tests/sanity/run.sh to cache it" % (pip_version, cache_dir))
+        raise SystemExit(
+            "get_pip stand-in: no pip %s wheel in %s; run tests/sanity/run.sh to cache it" % (pip_version, cache_dir)
+        )
     return wheels[0]
 
 
@@ -36,7 +39,7 @@ def main(argv):
     """Install pip from the cached wheel; argv are get-pip's arguments (without the program name)."""
     cache_dir = os.path.dirname(os.path.abspath(__file__))
     # The file is named get_pip_<major>_<minor>[_<patch>].py by ansible-test's cache convention.
-    pip_version = os.path.splitext(os.path.basename(__file__))[0][len("get_pip_"):].replace("_", ".")
+    pip_version = os.path.splitext(os.path.basename(__file__))[0][len("get_pip_") :].replace("_", ".")
     wheel = find_pip_wheel(cache_dir, pip_version)
 
     install_args = []

@@ -17,7 +17,7 @@
 #    Python 3.9-3.13 found under $PYENV_ROOT/versions (skipped with --no-targets).
 # Exits non-zero when any run fails, after a summary of all runs.
 #
-# Two workarounds for these machines (see /work/shared/notes/tooling.md):
+# Two workarounds for machines that reach the package registries only:
 # - ansible-test bootstraps pip in its venvs with a get-pip script from a host outside the package
 #   registries. Its cache, ~/.ansible/test/cache/get_pip_<ver>.py, is seeded with
 #   tests/sanity/get_pip_from_wheel.py, which installs pip from the pip wheel cached beside it

@@ -296,13 +296,7 @@ def test_ansible_runs_inside_each_node(simnode, tmp_path):
         assert expected in result.stdout + "\n", result.stdout
 
 
-@pytest.fixture
-def driver_built():
-    if not gpunode.FAKENVML_BUILD_SCRIPT.exists():
-        pytest.skip("the fake driver's build.sh does not exist yet")
-
-
-def test_pynvml_lists_the_configured_gpus(driver_built, simnode):
+def test_pynvml_lists_the_configured_gpus(simnode):
     node = simnode(gpus=3, model_name="NVIDIA A100-SXM4-80GB", minors=[0, 2, 4])
     devices = json.loads(node.py(
         "import json, pynvml\n"
@@ -314,7 +308,7 @@ def test_pynvml_lists_the_configured_gpus(driver_built, simnode):
     assert [gpu["minor"] for gpu in node.info["gpus"]] == [0, 2, 4]
 
 
-def test_no_driver_node_has_no_nvml_library(driver_built, simnode):
+def test_no_driver_node_has_no_nvml_library(simnode):
     node = simnode(no_driver=True)
     out = node.py("import pynvml\n"
                   "try:\n"
