@@ -15,8 +15,16 @@ import json
 import os
 
 from ansible.errors import AnsibleFilterError
-from packaging.requirements import InvalidRequirement, Requirement
-from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+
+try:
+    # A dependency of ansible-core (its own version checks use it), so present on every controller.
+    from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+except ImportError as error:  # pragma: no cover - only where ansible-core was installed without its dependencies
+    PACKAGING_ERROR = error
+    InvalidRequirement = InvalidWheelFilename = ValueError
+else:
+    PACKAGING_ERROR = None
 
 # The oldest Python the modules run on (tests/config.yml).
 MIN_PYTHON = (3, 9)
@@ -31,6 +39,8 @@ FAMILIES = {"apt": ("debian", "ubuntu"), "dnf": ("rhel", "fedora", "centos")}
 
 
 def _requirements(requirements):
+    if PACKAGING_ERROR is not None:
+        raise AnsibleFilterError("prepare_hosts needs the Python library packaging on the controller: %s" % PACKAGING_ERROR)
     try:
         return [Requirement(text) for text in requirements]
     except InvalidRequirement as error:
@@ -108,7 +118,8 @@ def prepare_hosts_plan(probe, venv, requirements, wheels=None, wheels_dir="", ch
         plan["ready"] = not lacking
         plan["line"] = "prepare_hosts: %s ready: %s" % (venv, _has(in_venv, requirements))
         if lacking:
-            plan["error"] = ("after the install %s still lacks %s: %s" % (in_venv["path"], ", ".join(lacking), in_venv.get("error", _has(in_venv, requirements))))
+            plan["error"] = "after the install %s still lacks %s: %s" % (
+                in_venv["path"], ", ".join(lacking), in_venv.get("error", _has(in_venv, requirements)))
         return plan
     fallback = (found.get("interpreters") or [{}])[0]
     if in_venv.get("exists") and not lacking:

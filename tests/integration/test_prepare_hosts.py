@@ -131,7 +131,10 @@ def test_the_users_own_tasks_keep_their_interpreter(ssh_node, wheels, tmp_path):
     - ansible.builtin.setup:
         gather_subset: ["!all", "!min", "python"]
     - ansible.builtin.debug:
-        msg: "user task Python {{ ansible_facts.python.executable }}; discovered {{ ansible_facts.discovered_interpreter_python | default('none') }}; GPUs {{ ansible_facts.nvidia.gpus | length }} (driver {{ ansible_facts.nvidia.driver.available }})"
+        msg: >-
+          user task Python {{ ansible_facts.python.executable }};
+          discovered {{ ansible_facts.discovered_interpreter_python | default('none') }};
+          GPUs {{ ansible_facts.nvidia.gpus | length }} (driver {{ ansible_facts.nvidia.driver.available }})
 """)
     rc, out, _recap = playbook(inventory, play)
     assert rc == 0 and "user task Python %s; discovered none; GPUs 2 (driver True)" % SYSTEM_PYTHON in out, out
