@@ -109,3 +109,11 @@ def test_probe_reads_a_python_and_reports_what_it_has(tmp_path):
     assert this["path"] == sys.executable and this["nvidia-ml-py"] and this["psutil"] and this["packaging"] is True
     assert missing == {"path": str(tmp_path / "no-python"), "exists": False}
     assert found["python"]["executable"] == sys.executable and isinstance(found["python"]["ensurepip"], bool)
+
+
+def test_the_roles_floors_are_those_of_requirements_txt():
+    import yaml
+    defaults = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
+    spec = yaml.safe_load((ROLE / "meta" / "argument_specs.yml").read_text())["argument_specs"]["main"]["options"]
+    wanted = [line for line in (ROLE.parents[1] / "requirements.txt").read_text().splitlines() if line and not line.startswith("#")]
+    assert defaults["prepare_hosts_requirements"] == spec["prepare_hosts_requirements"]["default"] == wanted
