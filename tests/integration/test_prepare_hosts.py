@@ -14,7 +14,7 @@ import subprocess
 
 import pytest
 
-from ansible_run import REPO, VENV_BIN, playbook
+from ansible_run import REPO, VENV_BIN, module, only, playbook
 from nodetools import alive, gpu_memory, start_holder
 from simnode import inventory_file
 
@@ -138,6 +138,9 @@ def test_the_users_own_tasks_keep_their_interpreter(ssh_node, wheels, tmp_path):
 """)
     rc, out, _recap = playbook(inventory, play)
     assert rc == 0 and "user task Python %s; discovered none; GPUs 2 (driver True)" % SYSTEM_PYTHON in out, out
+    # An ad hoc run finds the venv as well (docs/prepare_hosts.md).
+    status, result = only(module(inventory, "gpuops.nvidia.gpu_facts"))
+    assert status == "SUCCESS" and len(result["ansible_facts"]["nvidia"]["gpus"]) == 2, result
 
 
 def test_a_host_with_neither_python_gets_one_message_and_the_next_step(ssh_node):
@@ -149,3 +152,8 @@ def test_a_host_with_neither_python_gets_one_message_and_the_next_step(ssh_node)
             "not found; then %s (ansible_python_interpreter): lacks nvidia-ml-py. Next step: ansible-playbook -i INVENTORY "
             "gpuops.nvidia.prepare_hosts -b" % (venv, SYSTEM_PYTHON)) in out, out
     assert "check_gpus %s: failed to check" % node.name in out or "check_gpus summary: 1 host(s): 1 failed" in out, out
+
+    # A host whose Python already has both libraries (the repository's .venv here) needs nothing.
+    rc, out, recap = playbook(inventory, PREPARE, "-b", "-e", "ansible_python_interpreter=%s" % (VENV_BIN / "python"))
+    assert rc == 0 and recap[node.name]["changed"] == 0 and not venv.parent.exists(), out
+    assert "prepare_hosts: nothing to do: %s has nvidia-ml-py" % (VENV_BIN / "python") in out, out
