@@ -5,8 +5,8 @@
 """What the prepare_hosts role does on a host, decided on the controller from what the host has.
 
 prepare_hosts_plan(probe, venv, requirements, wheels, wheels_dir, check_mode, verify): `probe` is the registered result
-of roles/prepare_hosts/files/probe.py; returns {"install", "packages", "package_manager", "python", "ready", "line",
-"error"}. prepare_hosts_wheels(directory, requirements): the wheel files of a controller directory, refused with a
+of roles/prepare_hosts/files/probe.py; returns {"install", "remake" (remove a venv whose Python does not run first),
+"packages", "package_manager", "python", "ready", "line", "error"}. prepare_hosts_wheels(directory, requirements): the wheel files of a controller directory, refused with a
 clear error when a required project has none.
 """
 from __future__ import annotations
@@ -107,7 +107,8 @@ def _install_line(venv, python, manager, packages, lacking_text, source, check_m
 def prepare_hosts_plan(probe, venv, requirements, wheels=None, wheels_dir="", check_mode=False, verify=False):
     """What the role does on this host; see the module docstring."""
     requirements = _requirements(requirements)
-    plan = {"install": False, "packages": [], "package_manager": None, "python": None, "ready": False, "line": "", "error": None}
+    plan = {"install": False, "remake": False, "packages": [], "package_manager": None, "python": None, "ready": False, "line": "",
+            "error": None}
     found, plan["error"] = _read_probe(probe)
     if found is None:
         return plan
@@ -129,6 +130,14 @@ def prepare_hosts_plan(probe, venv, requirements, wheels=None, wheels_dir="", ch
         plan.update(ready=True, line="prepare_hosts: nothing to do: %s has %s (the modules use it while %s does not exist)"
                     % (fallback["path"], _has(fallback, requirements), venv))
         return plan
+    directory = found.get("venv_dir") or {}
+    if directory.get("exists") and "version" not in in_venv:  # its bin/python is missing or does not run
+        if directory.get("pyvenv_cfg"):
+            plan["remake"] = True  # a venv whose Python no longer runs (its base Python was upgraded or removed)
+        elif set(directory.get("entries") or []) - {"wheels"}:
+            plan["error"] = ("%s exists and is not a venv (no pyvenv.cfg; it holds %s): set gpuops_nvidia_venv to a new "
+                             "path" % (venv, ", ".join(directory["entries"])))
+            return plan
     if tuple(int(part) for part in this["version"].split(".")[:2]) < MIN_PYTHON:
         plan["error"] = ("%s is Python %s; the modules need %d.%d or newer: set prepare_hosts_python to a newer one"
                          % (this["executable"], this["version"], *MIN_PYTHON))
@@ -137,6 +146,8 @@ def prepare_hosts_plan(probe, venv, requirements, wheels=None, wheels_dir="", ch
     source = "from the %d wheel(s) of %s" % (len(wheels or []), wheels_dir) if wheels_dir else "from the package index"
     reason = "%s lacks %s" % (in_venv["path"], ", ".join(lacking)) if in_venv.get("exists") else \
         "%s lacks %s" % (fallback.get("path", "the host's Python"), ", ".join(_lacking(fallback, requirements)))
+    if plan["remake"]:
+        reason = "%s does not run: the venv is made again" % in_venv["path"]
     plan["install"] = plan["error"] is None
     plan["line"] = _install_line(venv, this["executable"], plan["package_manager"], plan["packages"],
                                  ", ".join(str(requirement) for requirement in requirements), source, check_mode) + " (%s)" % reason

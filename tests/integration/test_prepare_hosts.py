@@ -116,6 +116,13 @@ def test_prepare_hosts_makes_the_venv_once_and_the_collection_uses_it(ssh_node, 
 
     assert system_python_state(node) == before  # no new package, psutil and pynvml still missing
 
+    # The venv's base Python gone (as after a distribution upgrade): the venv is made again.
+    (venv / "bin" / "python").unlink()
+    (venv / "bin" / "python").symlink_to("/usr/bin/python3.0-gone")
+    rc, out, recap = playbook(inventory, PREPARE, "-b", *offline)
+    assert rc == 0 and "%s/bin/python does not run: the venv is made again" % venv in out, out
+    assert "prepare_hosts: %s ready: nvidia-ml-py" % venv in out and (venv / "bin" / "python").resolve().exists(), out
+
 
 def test_the_users_own_tasks_keep_their_interpreter(ssh_node, wheels, tmp_path):
     node, inventory, venv = ssh_node

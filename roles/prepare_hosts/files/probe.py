@@ -82,6 +82,13 @@ def os_release():
     return found
 
 
+def venv_directory(venv):
+    """Whether the venv's directory exists, is a venv (pyvenv.cfg) and what else it holds (a few names)."""
+    if not os.path.isdir(venv):
+        return {"exists": False}
+    return {"exists": True, "pyvenv_cfg": os.path.isfile(os.path.join(venv, "pyvenv.cfg")), "entries": sorted(os.listdir(venv))[:8]}
+
+
 def main():
     venv = sys.argv[1]
     this = {"executable": sys.executable, "version": "%d.%d.%d" % tuple(sys.version_info[:3]), "ensurepip": ensurepip()}
@@ -90,7 +97,7 @@ def main():
         if python and python not in [found["path"] for found in interpreters]:
             interpreters.append(libraries(python))
     print(json.dumps({"python": this, "os": os_release(), "venv": libraries(os.path.join(venv, "bin", "python")),
-                      "interpreters": interpreters}))
+                      "venv_dir": venv_directory(venv), "interpreters": interpreters}))
 
 
 main()

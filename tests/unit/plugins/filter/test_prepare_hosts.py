@@ -25,8 +25,8 @@ def python(path, nvml=None, psutil=None, packaging=True, version="3.11.2"):
             "packaging": packaging}
 
 
-def probe(venv=None, fallback=None, ensurepip=True, os_id="debian", id_like=(), version="3.11.2", rc=0):
-    found = {"python": {"executable": "/usr/bin/python3", "version": version, "ensurepip": ensurepip},
+def probe(venv=None, fallback=None, ensurepip=True, os_id="debian", id_like=(), version="3.11.2", rc=0, venv_dir=None):
+    found = {"venv_dir": venv_dir or {"exists": False},"python": {"executable": "/usr/bin/python3", "version": version, "ensurepip": ensurepip},
              "os": {"id": os_id, "id_like": list(id_like)},
              "venv": venv or {"path": VENV + "/bin/python", "exists": False},
              "interpreters": [fallback or python("/usr/bin/python3")]}
@@ -117,3 +117,17 @@ def test_the_roles_floors_are_those_of_requirements_txt():
     spec = yaml.safe_load((ROLE / "meta" / "argument_specs.yml").read_text())["argument_specs"]["main"]["options"]
     wanted = [line for line in (ROLE.parents[1] / "requirements.txt").read_text().splitlines() if line and not line.startswith("#")]
     assert defaults["prepare_hosts_requirements"] == spec["prepare_hosts_requirements"]["default"] == wanted
+
+
+def test_a_venv_whose_python_no_longer_runs_is_made_again_and_a_directory_that_is_no_venv_is_refused():
+    dangling = plan(probe(venv_dir={"exists": True, "pyvenv_cfg": True, "entries": ["bin", "lib", "pyvenv.cfg"]}))
+    assert dangling["install"] and dangling["remake"] and dangling["line"].endswith(
+        "(%s/bin/python does not run: the venv is made again)" % VENV), dangling
+    broken = plan(probe(venv={"path": VENV + "/bin/python", "exists": True, "error": "libpython3.11.so.1.0: cannot open"},
+                        venv_dir={"exists": True, "pyvenv_cfg": True, "entries": ["bin"]}))
+    assert broken["remake"]
+    other = plan(probe(venv_dir={"exists": True, "pyvenv_cfg": False, "entries": ["data", "models"]}))
+    assert not other["install"] and not other["remake"] and other["error"] == (
+        "%s exists and is not a venv (no pyvenv.cfg; it holds data, models): set gpuops_nvidia_venv to a new path" % VENV)
+    # What an interrupted run leaves (the copied wheels only) is no reason to refuse.
+    assert plan(probe(venv_dir={"exists": True, "pyvenv_cfg": False, "entries": ["wheels"]}))["install"]
