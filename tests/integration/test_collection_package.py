@@ -73,5 +73,5 @@ def test_ansible_doc_renders_role(installed, role):
     doc = subprocess.run([VENV_BIN / "ansible-doc", "-t", "role", "gpuops.nvidia.%s" % role], capture_output=True,
                          text=True, env=clean_env(installed), check=False)
     assert doc.returncode == 0 and re.search(r"ENTRY POINT: \W*main", doc.stdout), doc.stdout + doc.stderr
-    assert "reset_gpus_" in doc.stdout or "vllm_server_" in doc.stdout
+    assert role + "_" in doc.stdout  # the role's own variables are listed
     assert "gpuops" not in doc.stderr, doc.stderr

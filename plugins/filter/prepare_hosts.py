@@ -1,0 +1,181 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) 2026, gpuops.nvidia contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""What the prepare_hosts role does on a host, decided on the controller from what the host has.
+
+prepare_hosts_plan(probe, venv, requirements, wheels, wheels_dir, check_mode, verify): `probe` is the registered result
+of roles/prepare_hosts/files/probe.py; returns {"install", "remake" (remove a venv whose Python does not run first),
+"packages", "package_manager", "python", "ready", "line", "error"}. prepare_hosts_wheels(directory, requirements): the wheel files of a controller directory, refused with a
+clear error when a required project has none.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+from ansible.errors import AnsibleFilterError
+
+try:
+    # A dependency of ansible-core (its own version checks use it), so present on every controller.
+    from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+except ImportError as error:  # pragma: no cover - only where ansible-core was installed without its dependencies
+    PACKAGING_ERROR = error
+    InvalidRequirement = InvalidWheelFilename = ValueError
+else:
+    PACKAGING_ERROR = None
+
+# The oldest Python the modules run on (tests/config.yml).
+MIN_PYTHON = (3, 9)
+# Distribution packages, by package manager: ensurepip for `python3 -m venv` (Debian and Ubuntu ship it apart, in
+# python3-venv; Fedora and RHEL's python3 needs the bundled pip wheel), and a requirement parser for Ansible's pip
+# module (packaging, or setuptools' pkg_resources).
+OS_PACKAGES = {
+    "apt": {"ensurepip": ["python3-venv"], "packaging": ["python3-packaging"]},
+    "dnf": {"ensurepip": ["python3-pip-wheel"], "packaging": ["python3-packaging"]},
+}
+FAMILIES = {"apt": ("debian", "ubuntu"), "dnf": ("rhel", "fedora", "centos")}
+
+
+def _requirements(requirements):
+    if PACKAGING_ERROR is not None:
+        raise AnsibleFilterError("prepare_hosts needs the Python library packaging on the controller: %s" % PACKAGING_ERROR)
+    try:
+        return [Requirement(text) for text in requirements]
+    except InvalidRequirement as error:
+        raise AnsibleFilterError("prepare_hosts_requirements: %s" % error)
+
+
+def _lacking(found, requirements):
+    """Requirement texts that interpreter `found` (probe.py's view of it) does not meet."""
+    if not found.get("exists") or "version" not in found:
+        return [str(requirement) for requirement in requirements]
+    lacking = []
+    for requirement in requirements:
+        version = found.get(canonicalize_name(requirement.name)) or found.get(requirement.name)
+        if not version or version == "unknown" or not requirement.specifier.contains(version, prereleases=True):
+            lacking.append(str(requirement))
+    return lacking
+
+
+def _has(found, requirements):
+    return ", ".join("%s %s" % (requirement.name, found.get(canonicalize_name(requirement.name))) for requirement in requirements)
+
+
+def _package_manager(os_release):
+    names = [os_release.get("id", "")] + list(os_release.get("id_like") or [])
+    for manager, families in FAMILIES.items():
+        if any(name in families for name in names):
+            return manager
+    return None
+
+
+def _read_probe(probe):
+    """probe.py's JSON, or an error line saying what could not be run."""
+    command = " ".join(str(part) for part in (probe.get("cmd") or [])[:1]) or "python3"
+    if probe.get("rc") != 0:
+        said = (probe.get("stderr") or probe.get("msg") or "").strip().splitlines()
+        return None, ("could not run %s on the host (%s): install the distribution's python3 (%d.%d or newer) or set "
+                      "prepare_hosts_python to one" % (command, said[-1] if said else "rc %s" % probe.get("rc"), *MIN_PYTHON))
+    try:
+        return json.loads(probe["stdout"].strip().splitlines()[-1]), None
+    except (KeyError, IndexError, ValueError):
+        return None, "%s on the host printed no probe result: %r" % (command, (probe.get("stdout") or "")[-200:])
+
+
+def _packages(found, fallback):
+    """(package manager, [packages], error) that the host needs before the venv can be made."""
+    needs = [need for need, missing in (("ensurepip", not found["python"]["ensurepip"]),
+                                        ("packaging", not fallback.get("packaging"))) if missing]
+    if not needs:
+        return None, [], None
+    manager = _package_manager(found.get("os") or {})
+    if manager is None:
+        return None, [], ("%s lacks %s and /etc/os-release names no Debian or Red Hat family: install the distribution's "
+                          "package for it, then run prepare_hosts again" % (found["python"]["executable"], " and ".join(needs)))
+    return manager, [package for need in needs for package in OS_PACKAGES[manager][need]], None
+
+
+def _install_line(venv, python, manager, packages, lacking_text, source, check_mode):
+    would = "would " if check_mode else ""
+    steps = (["%sinstall %s (%s)" % (would, ", ".join(packages), manager)] if packages else [])
+    steps += ["%smake %s with %s -m venv" % (would, venv, python), "%sinstall %s %s" % (would, lacking_text, source)]
+    return "prepare_hosts%s: %s" % (" (check mode)" if check_mode else "", "; ".join(steps))
+
+
+def prepare_hosts_plan(probe, venv, requirements, wheels=None, wheels_dir="", check_mode=False, verify=False):
+    """What the role does on this host; see the module docstring."""
+    requirements = _requirements(requirements)
+    plan = {"install": False, "remake": False, "packages": [], "package_manager": None, "python": None, "ready": False, "line": "",
+            "error": None}
+    found, plan["error"] = _read_probe(probe)
+    if found is None:
+        return plan
+    this, in_venv = found["python"], found["venv"]
+    plan["python"] = this["executable"]
+    lacking = _lacking(in_venv, requirements)
+    if verify:
+        plan["ready"] = not lacking
+        plan["line"] = "prepare_hosts: %s ready: %s" % (venv, _has(in_venv, requirements))
+        if lacking:
+            plan["error"] = "after the install %s still lacks %s: %s" % (
+                in_venv["path"], ", ".join(lacking), in_venv.get("error", _has(in_venv, requirements)))
+        return plan
+    fallback = (found.get("interpreters") or [{}])[0]
+    if in_venv.get("exists") and not lacking:
+        plan.update(ready=True, line="prepare_hosts: nothing to do: %s has %s" % (venv, _has(in_venv, requirements)))
+        return plan
+    if not in_venv.get("exists") and not _lacking(fallback, requirements):
+        plan.update(ready=True, line="prepare_hosts: nothing to do: %s has %s (the modules use it while %s does not exist)"
+                    % (fallback["path"], _has(fallback, requirements), venv))
+        return plan
+    directory = found.get("venv_dir") or {}
+    if directory.get("exists") and "version" not in in_venv:  # its bin/python is missing or does not run
+        if directory.get("pyvenv_cfg"):
+            plan["remake"] = True  # a venv whose Python no longer runs (its base Python was upgraded or removed)
+        elif set(directory.get("entries") or []) - {"wheels"}:
+            plan["error"] = ("%s exists and is not a venv (no pyvenv.cfg; it holds %s): set gpuops_nvidia_venv to a new "
+                             "path" % (venv, ", ".join(directory["entries"])))
+            return plan
+    if tuple(int(part) for part in this["version"].split(".")[:2]) < MIN_PYTHON:
+        plan["error"] = ("%s is Python %s; the modules need %d.%d or newer: set prepare_hosts_python to a newer one"
+                         % (this["executable"], this["version"], *MIN_PYTHON))
+        return plan
+    plan["package_manager"], plan["packages"], plan["error"] = _packages(found, fallback)
+    source = "from the %d wheel(s) of %s" % (len(wheels or []), wheels_dir) if wheels_dir else "from the package index"
+    reason = "%s lacks %s" % (in_venv["path"], ", ".join(lacking)) if in_venv.get("exists") else \
+        "%s lacks %s" % (fallback.get("path", "the host's Python"), ", ".join(_lacking(fallback, requirements)))
+    if plan["remake"]:
+        reason = "%s does not run: the venv is made again" % in_venv["path"]
+    plan["install"] = plan["error"] is None
+    plan["line"] = _install_line(venv, this["executable"], plan["package_manager"], plan["packages"],
+                                 ", ".join(str(requirement) for requirement in requirements), source, check_mode) + " (%s)" % reason
+    return plan
+
+
+def prepare_hosts_wheels(directory, requirements):
+    """Sorted paths of the *.whl files in controller directory `directory`; an error names a required project without one."""
+    if not directory or not os.path.isdir(str(directory)):
+        raise AnsibleFilterError("prepare_hosts_wheels_dir: %r is not a directory on the controller" % (directory,))
+    wheels, projects = [], set()
+    for name in sorted(os.listdir(str(directory))):
+        if name.endswith(".whl"):
+            try:
+                projects.add(canonicalize_name(parse_wheel_filename(name)[0]))
+            except InvalidWheelFilename:
+                raise AnsibleFilterError("prepare_hosts_wheels_dir: %s is not a wheel file name" % name)
+            wheels.append(os.path.join(os.path.abspath(str(directory)), name))
+    missing = [requirement.name for requirement in _requirements(requirements) if canonicalize_name(requirement.name) not in projects]
+    if missing:
+        raise AnsibleFilterError("prepare_hosts_wheels_dir: %s has no wheel of %s (make them with: python3 -m pip download "
+                                 "--only-binary=:all: --python-version X.Y -d %s %s)"
+                                 % (directory, ", ".join(missing), directory, " ".join("'%s'" % text for text in requirements)))
+    return wheels
+
+
+class FilterModule:
+    """Filters of the prepare_hosts role."""
+
+    def filters(self):
+        return {"prepare_hosts_plan": prepare_hosts_plan, "prepare_hosts_wheels": prepare_hosts_wheels}
