@@ -45,6 +45,9 @@ ACCEPTED_TOKENS = "vllm:spec_decode_num_accepted_tokens_total"
 ACCEPTED_PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
 RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
+# vLLM 0.33 labels every metric with model_name = the FIRST served model name only (vllm/config/model.py
+# get_served_model_name, vllm/v1/metrics/loggers.py); scripts/check_vllm_source.py checks this against the wheel.
+METRIC_MODEL_NAME = "first"
 NO_LOG_STATS = ("/metrics carries no vllm: metric at all: the server runs with --disable-log-stats (vLLM then creates no "
                 "stat logger), so acceptance cannot be measured; remove --disable-log-stats to gate on acceptance")
 
