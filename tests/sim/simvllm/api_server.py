@@ -3,11 +3,19 @@
 It validates the configuration, binds the HTTP port, starts EngineCore and listens once
 EngineCore reports the model loaded (connection refused until then).
 
-- SIGTERM/SIGINT, as vLLM 0.33 (entrypoints/launchers/launcher.py handle_shutdown, v1/engine/core.py
-  _handle_shutdown): with --shutdown-timeout 0 (the default) the running requests are aborted at once;
-  with N > 0 the port keeps answering, new requests are aborted (finish_reason "abort") and the running
-  ones may finish for up to N s, then whatever is left is aborted. Then SIGTERM EngineCore, wait up to
-  5 s, SIGKILL EngineCore and its descendants; exit 0.
+- SIGTERM/SIGINT while serving, as vLLM 0.33 (vllm/entrypoints/launchers/launcher.py serve_http
+  handle_shutdown -> engine_client.shutdown(timeout=--shutdown-timeout), vllm/v1/engine/utils.py
+  CoreEngineProcManager.shutdown and get_engine_process_shutdown_timeout, vllm/v1/utils.py shutdown):
+  with --shutdown-timeout 0 (the default) the running requests are aborted at once; with N > 0 the port
+  keeps answering, new requests are aborted (finish_reason "abort") and the running ones may finish
+  within N s. EngineCore gets SIGTERM; once the window has passed (N s from the signal; with N = 0
+  the value of VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS when it is set, else 0: at once) EngineCore and
+  all its descendants get SIGKILL (kill_process_tree). Exit 0.
+- SIGTERM/SIGINT during start-up (vllm/entrypoints/launchers/api_server/entry.py run_server:
+  KeyboardInterrupt; vllm/v1/engine/core_client.py MPClient.__init__ failure path -> BackgroundResources
+  -> engine_manager.shutdown(timeout=VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS)): SIGTERM EngineCore, which
+  defers it until loading ends, then SIGKILL its tree after VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS
+  (default 5 s). The uncaught KeyboardInterrupt ends the process by SIGINT.
 - EngineCore gone before it was ready: exit 1 ("Engine core initialization failed").
 - EngineCore gone while serving: /health answers 503, the server exits 1 two seconds later.
 """
@@ -16,16 +24,16 @@ import logging
 import os
 import signal
 import subprocess
+import sys
 import time
 
 import psutil
 
-from simvllm import __version__
+from simvllm import __version__, facts
 from simvllm.openai_api import ApiHttpServer, ServingState
 from simvllm.runtime import SignalWaker, next_event, process_title, setup_logging, spawn_child
 from simvllm.specdecode import SpeculativeConfigError, SpeculativeDecoding
 
-ENGINE_SHUTDOWN_GRACE_S = 5.0
 ENGINE_DEAD_EXIT_DELAY_S = 2.0
 DRAIN_POLL_S = 0.05
 
@@ -55,21 +63,45 @@ def serving_knobs_from_env(environ):
     }
 
 
-def _stop_engine(engine_process):
-    """SIGTERM EngineCore; after 5 s SIGKILL it and its descendants (like vLLM's kill_process_tree)."""
+def worker_shutdown_timeout(environ):
+    """VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS (vllm/envs.py: int, default 5) and whether it is set."""
+    value = environ.get(facts.WORKER_SHUTDOWN_TIMEOUT_ENV)
+    return (float(int(value)), True) if value not in (None, "") else (facts.WORKER_SHUTDOWN_TIMEOUT_DEFAULT, False)
+
+
+def engine_window(shutdown_timeout, environ):
+    """Seconds between EngineCore's SIGTERM and the SIGKILL of its tree on a stop while serving.
+
+    vllm/v1/engine/utils.py get_engine_process_shutdown_timeout(shutdown_timeout, shutdown_timeout): both 0 and
+    VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS set -> that value; otherwise --shutdown-timeout itself (0: at once).
+    """
+    value, is_set = worker_shutdown_timeout(environ)
+    if shutdown_timeout == 0 and is_set:
+        return value
+    return float(shutdown_timeout)
+
+
+def startup_window(environ):
+    """Seconds between EngineCore's SIGTERM and the SIGKILL of its tree on a stop during start-up:
+    MPClient's failure path shuts the engine down with timeout=VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS (5)."""
+    return worker_shutdown_timeout(environ)[0]
+
+
+def _stop_engine(engine_process, window):
+    """vllm/v1/utils.py shutdown([EngineCore], window): SIGTERM, wait `window` s, then kill_process_tree."""
     if engine_process.poll() is None:
         engine_process.send_signal(signal.SIGTERM)
     try:
-        engine_process.wait(ENGINE_SHUTDOWN_GRACE_S)
+        engine_process.wait(window)
         return
     except subprocess.TimeoutExpired:
         pass
-    logger.warning("EngineCore did not exit within %.0f s: killing its process tree.", ENGINE_SHUTDOWN_GRACE_S)
+    logger.warning("[shutdown] Process manager: force killing remaining process EngineCore pid %d", engine_process.pid)
     try:
         descendants = psutil.Process(engine_process.pid).children(recursive=True)
     except psutil.NoSuchProcess:
         descendants = []
-    for process in descendants:
+    for process in descendants:  # kill_process_tree (vllm/utils/system_utils.py): the children, then the process
         try:
             process.kill()
         except psutil.NoSuchProcess:
@@ -149,12 +181,22 @@ def run_api_server(args):
             logger.info("Received signal %d, shutting down.", event[1])
             logger.info("[shutdown] API server: stopping engine client mode=%s timeout=%ss",
                         "drain" if args.shutdown_timeout else "abort", args.shutdown_timeout)
-            if serving:
-                _drain(state, args.shutdown_timeout)
-            _stop_engine(engine_process)
-            if serving:
-                http_server.shutdown()
-                http_server.server_close()
+            if not serving:
+                window = startup_window(os.environ)
+                logger.info("KeyboardInterrupt: terminated during start-up; EngineCore gets %.0f s", window)
+                _stop_engine(engine_process, window)
+                # The KeyboardInterrupt is not caught (vllm/entrypoints/cli/main.py): CPython then ends the
+                # process by SIGINT's default action (bpo-1054041), so a parent sees it killed by SIGINT.
+                sys.stdout.flush()
+                signal.signal(signal.SIGINT, signal.SIG_DFL)
+                os.kill(os.getpid(), signal.SIGINT)
+                return 1
+            started = time.monotonic()
+            _drain(state, args.shutdown_timeout)
+            window = engine_window(args.shutdown_timeout, os.environ)
+            _stop_engine(engine_process, max(0.0, window - (time.monotonic() - started)) if args.shutdown_timeout else window)
+            http_server.shutdown()
+            http_server.server_close()
             return 0
         if event[0] == "message" and event[2].get("event") == "ready":
             http_server.start_listening()

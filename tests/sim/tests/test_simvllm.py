@@ -370,19 +370,65 @@ def test_sigkill_of_engine_core_ends_workers_then_api_server(serve):
     assert server.process.wait(timeout=5) == 1
 
 
-@pytest.mark.parametrize("phase", ["serving", "loading"])
-def test_sigterm_to_api_server_ends_everything(serve, phase):
-    server = serve("-tp", 4, SIMVLLM_LOAD_SECONDS="0.3" if phase == "serving" else "30")
-    engine_core = server.engine_core()
-    server.workers(engine_core, 4)
-    if phase == "serving":
-        server.wait_ready()
+def test_sigterm_to_api_server_while_serving_kills_the_tree_at_once(node, serve):
+    """--shutdown-timeout 0 (default): EngineCore's window is 0, so kill_process_tree follows the SIGTERM at once
+    (vllm/v1/engine/utils.py get_engine_process_shutdown_timeout, vllm/v1/utils.py shutdown)."""
+    server = serve("-tp", 4, SIMVLLM_TEARDOWN_SECONDS="10")
+    server.workers(server.engine_core(), 4)
+    server.wait_ready()
 
     started = time.monotonic()
     server.process.send_signal(signal.SIGTERM)
 
     assert server.process.wait(timeout=5) == 0
-    wait_for(lambda: not server.session(), 5 - (time.monotonic() - started), "every process to exit", server.log)
+    wait_for(lambda: not server.session(), 2, "every process to exit", server.log)
+    assert time.monotonic() - started < 2.5  # the 10 s teardown was cut short by SIGKILL
+    assert "force killing remaining process EngineCore" in server.log()
+
+
+def test_sigterm_during_loading_is_deferred_then_the_tree_is_killed_after_5_seconds(node, serve):
+    """A SIGTERM during start-up: KeyboardInterrupt in the API server, EngineCore defers its stop until loading
+    ends, and the API server kills the tree after VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS (5 s); it exits by SIGINT."""
+    server = serve("-tp", 2, SIMVLLM_LOAD_SECONDS="30")
+    workers = server.workers(server.engine_core(), 2)
+
+    started = time.monotonic()
+    server.process.send_signal(signal.SIGTERM)
+    assert_stays(lambda: all(node.holds_gpu(workers["VLLM::Worker_TP%d" % r], r) for r in range(2)), 4.0,
+                 "loading workers keep their GPUs during the window")
+    assert server.process.wait(timeout=4) == -signal.SIGINT
+    wait_for(lambda: not server.session(), 2, "every process to exit", server.log)
+    assert 5.0 <= time.monotonic() - started < 7.5
+    assert "deferred until start-up ends" in server.log()
+
+
+def test_worker_shutdown_timeout_sets_the_window_with_a_zero_shutdown_timeout(node, serve):
+    """VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS set: it replaces the zero window, so a 1.5 s teardown completes."""
+    server = serve("-tp", 2, SIMVLLM_TEARDOWN_SECONDS="1.5", VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS="4")
+    workers = server.workers(server.engine_core(), 2)
+    server.wait_ready()
+
+    started = time.monotonic()
+    server.process.send_signal(signal.SIGTERM)
+    assert_stays(lambda: node.holds_gpu(workers["VLLM::Worker_TP0"], 0), 1.0, "worker holds its GPU during teardown")
+    wait_for(lambda: not server.session(), 4, "every process to exit", server.log)
+    assert 1.5 <= time.monotonic() - started < 4.0
+    assert "force killing" not in server.log()
+
+
+def test_engine_core_sigkilled_after_load_deferral_leaves_nothing(node, serve):
+    """API server SIGKILLed during loading: EngineCore applies nothing until loading ends; workers do not watch the
+    death pipe yet. A SIGTERM to EngineCore during loading is applied once loading is done."""
+    server = serve("-tp", 2, SIMVLLM_LOAD_SECONDS="3")
+    engine_core = server.engine_core()
+    workers = server.workers(engine_core, 2)
+    started = time.monotonic()
+    os.kill(engine_core, signal.SIGTERM)
+    assert_stays(lambda: alive(engine_core) and all(alive(pid) for pid in workers.values()), 2.0,
+                 "EngineCore and its workers keep loading")
+    wait_for(lambda: not alive(engine_core) and not any(alive(pid) for pid in workers.values()), 4,
+             "EngineCore and its workers to exit once loaded", server.log)
+    assert time.monotonic() - started >= 2.9
 
 
 def test_sigterm_with_shutdown_timeout_exits_once_idle(serve):
@@ -393,32 +439,21 @@ def test_sigterm_with_shutdown_timeout_exits_once_idle(serve):
     assert refused(server.port)
 
 
-def test_workers_ignoring_sigterm_are_sigkilled_after_4_seconds(serve):
-    server = serve("-tp", 2, SIMVLLM_WORKERS_IGNORE_SIGTERM="1")
-    server.workers(server.engine_core(), 2)
+def test_workers_ignoring_sigterm_are_sigkilled_after_the_grace_and_4_seconds(serve):
+    """EngineCore's own stop (SIGTERM to EngineCore): the workers get VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS, then
+    SIGTERM, then SIGKILL 4 s later (multiproc_executor.py _ensure_worker_termination)."""
+    server = serve("-tp", 2, SIMVLLM_WORKERS_IGNORE_SIGTERM="1", VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS="1")
+    engine_core = server.engine_core()
+    workers = server.workers(engine_core, 2)
     server.wait_ready()
 
     started = time.monotonic()
-    server.process.send_signal(signal.SIGTERM)
-    wait_for(lambda: not server.session() and server.process.poll() is not None, 8, "every process to exit",
-             server.log)
+    os.kill(engine_core, signal.SIGTERM)
+    wait_for(lambda: not any(alive(pid) for pid in workers.values()), 8, "workers to exit", server.log)
     elapsed = time.monotonic() - started
 
-    assert 4.0 <= elapsed < 6.5
-    assert server.process.returncode == 0
+    assert 5.0 <= elapsed < 7.0
     assert server.log().count("SIGKILL") == 2
-
-
-def test_slow_teardown_keeps_workers_holding_after_sigterm(node, serve):
-    server = serve("-tp", 2, SIMVLLM_TEARDOWN_SECONDS="1.5")
-    workers = server.workers(server.engine_core(), 2)
-    server.wait_ready()
-
-    started = time.monotonic()
-    server.process.send_signal(signal.SIGTERM)
-    assert_stays(lambda: node.holds_gpu(workers["VLLM::Worker_TP0"], 0), 1.0, "worker holds its GPU during teardown")
-    wait_for(lambda: not server.session(), 4, "every process to exit", server.log)
-    assert 1.5 <= time.monotonic() - started < 4.0
 
 
 def test_sigterm_during_warm_up_orphans_workers(node, serve):
@@ -428,7 +463,7 @@ def test_sigterm_during_warm_up_orphans_workers(node, serve):
 
     server.process.send_signal(signal.SIGTERM)
 
-    assert server.process.wait(timeout=5) == 0
+    assert server.process.wait(timeout=7) == -signal.SIGINT
     wait_for(lambda: not alive(engine_core), 5, "EngineCore to die", server.log)
     assert all(psutil.Process(pid).ppid() != engine_core for pid in workers.values())
     assert_stays(lambda: all(node.holds_gpu(workers["VLLM::Worker_TP%d" % r], r) for r in range(2)), 1.5,
@@ -652,6 +687,10 @@ def test_worker_and_engine_core_titles():
     assert worker_name(0, 1, 1, dp_size=2, dp_rank=1) == "Worker_DP1"  # DP > 1 at TP = 1: still a worker
     assert worker_name(1, 2, 1, dp_size=2, dp_rank=1, expert_parallel=True) == "Worker_DP1_TP1_EP3"
     assert engine_core_name() == "EngineCore" and engine_core_name(2, 1) == "EngineCore_DP1"
+    # multiproc_executor.py setup_proc_title_and_log_prefix: _DP _PP _PCP _TP _DCP _EP, each when its size > 1
+    assert worker_name(5, 2, 2, pcp=2) == "Worker_PP1_PCP0_TP1"
+    assert worker_name(3, 4, 1, dcp=2) == "Worker_TP3_DCP1"
+    assert worker_name(7, 2, 2, dp_size=2, dp_rank=1, expert_parallel=True, pcp=2, dcp=2) == "Worker_DP1_PP1_PCP1_TP1_DCP1_EP3"
 
 
 @pytest.mark.parametrize("keys, agrees", [
