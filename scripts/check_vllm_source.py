@@ -395,8 +395,20 @@ def check(wheel, tables):
     return report
 
 
+def wheel_version(wheel):
+    """vllm/_version.py: __version__ = version = '...'."""
+    for node in wheel.tree("vllm/_version.py").body:
+        if isinstance(node, ast.Assign) and any(ast.unparse(t) == "__version__" for t in node.targets):
+            return node.value.value
+    raise LookupError("no __version__ in vllm/_version.py")
+
+
 def check_process_facts(report, wheel, simulator):
     same = report.same
+    import simvllm
+
+    same("simulator __version__ (vllm --version, /version)", simvllm.__version__, wheel_version(wheel),
+         "vllm/_version.py")
     same("simulator SHUTDOWN_TIMEOUT_DEFAULT", simulator.SHUTDOWN_TIMEOUT_DEFAULT,
          class_default(wheel, "vllm/engine/arg_utils.py", "EngineArgs", "shutdown_timeout"),
          "vllm/engine/arg_utils.py EngineArgs.shutdown_timeout")

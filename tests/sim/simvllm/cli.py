@@ -57,6 +57,11 @@ def build_parser():
     serve.add_argument("--enforce-eager", action="store_true")
     serve.add_argument("--max-num-seqs", type=int, default=1024)
     serve.add_argument("--disable-log-stats", action="store_true")
+    # Launch modes (vllm/entrypoints/cli/serve.py): several API servers, data parallelism, the executor.
+    serve.add_argument("--api-server-count", "-asc", type=int, default=None)
+    serve.add_argument("--data-parallel-size", "-dp", type=int, default=1)
+    serve.add_argument("--enable-expert-parallel", action="store_true")
+    serve.add_argument("--distributed-executor-backend", choices=("mp", "ray"), default=None)
     return parser
 
 

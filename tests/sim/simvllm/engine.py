@@ -54,7 +54,28 @@ def child_main(title, channel_fd):
     config = event[2]
     if config["role"] == "engine_core":
         return EngineCore(config, channel, waker).run()
+    if config["role"] == "idle":
+        return run_idle(config, waker)
     return run_worker(config, channel, waker)
+
+
+def run_idle(config, waker):
+    """A process that holds no GPU (APIServer_<i>, DPCoordinator, the Rust frontend): runs until SIGTERM/SIGINT.
+
+    Its parent's death does not end it (vLLM's API server processes and coordinator have no parent-death signal).
+    With `argv` (the Rust frontend binary, `vllm-rs frontend ...`) it takes that command line and comm.
+    """
+    if config.get("argv"):
+        import ctypes
+        import setproctitle
+
+        setproctitle.setproctitle(" ".join(config["argv"]))
+        name = os.path.basename(config["argv"][0]).encode()[:15]
+        ctypes.CDLL(None, use_errno=True).prctl(15, ctypes.c_char_p(name), 0, 0, 0)  # PR_SET_NAME
+    waker.watch(signal.SIGTERM, signal.SIGINT)
+    while next_event(waker, [])[0] != "signal":
+        pass
+    return 0
 
 
 def _create_context(config):

@@ -749,3 +749,51 @@ def test_draft_counts_follow_the_acceptance_rate():
     assert 0.6 <= rate <= 0.8
     assert counts.num_accepted_tokens / counts.num_draft_tokens == pytest.approx(rate, abs=0.005)
     assert list(counts.accepted_per_position) == sorted(counts.accepted_per_position, reverse=True)
+
+
+def _titles(pids):
+    return sorted(title(pid) for pid in pids)
+
+
+def test_data_parallel_tree_and_its_stop(node, serve):
+    """-dp 2: API servers default to the DP size (vllm/entrypoints/cli/serve.py), a DPCoordinator, EngineCore_DP<i>
+    each with a Worker_DP<i> on its own GPU; SIGTERM (--shutdown-timeout 0) ends every process at once."""
+    server = serve("-dp", 2)
+    server.wait_ready()
+    launched = children(server.pid)
+    assert _titles(launched) == ["VLLM::APIServer_0", "VLLM::APIServer_1", "VLLM::DPCoordinator",
+                                 "VLLM::EngineCore_DP0", "VLLM::EngineCore_DP1"]
+    for rank in range(2):
+        engine = next(pid for pid in launched if title(pid) == "VLLM::EngineCore_DP%d" % rank)
+        (worker,) = children(engine)
+        assert title(worker) == "VLLM::Worker_DP%d" % rank and node.holds_gpu(worker, rank)
+    assert http(server.port, "GET", "/v1/models")[0] == 200
+    started = time.monotonic()
+    server.process.send_signal(signal.SIGTERM)
+    assert server.process.wait(timeout=5) == 0
+    wait_for(lambda: not server.session(), 2, "every process to exit", server.log)
+    assert time.monotonic() - started < 3.0
+
+
+def test_several_api_servers_and_the_rust_frontend(node, serve):
+    server = serve("--api-server-count", 3)
+    server.wait_ready()
+    assert _titles(children(server.pid)) == ["VLLM::APIServer_0", "VLLM::APIServer_1", "VLLM::APIServer_2",
+                                             "VLLM::EngineCore"]
+    rust = serve("--api-server-count", 2, VLLM_USE_RUST_FRONTEND="1", VLLM_RUST_FRONTEND_PATH="/opt/vllm/bin/vllm-rs",
+                 CUDA_VISIBLE_DEVICES="1")
+    rust.wait_ready()
+    launched = children(rust.pid)
+    frontend = [pid for pid in launched if title(pid).startswith("/opt/vllm/bin/vllm-rs")]
+    assert len(frontend) == 1 and comm(frontend[0]) == "vllm-rs", _titles(launched)
+    assert title(frontend[0]) == "/opt/vllm/bin/vllm-rs frontend --port %d" % rust.port
+    assert "VLLM::APIServer_0" not in _titles(launched)  # the Rust frontend ignores --api-server-count > 1
+
+
+def test_sigkill_of_the_launcher_leaves_api_servers_and_engines(node, serve):
+    server = serve("-dp", 2)
+    server.wait_ready()
+    launched = children(server.pid)
+    os.kill(server.pid, signal.SIGKILL)
+    server.process.wait()
+    assert_stays(lambda: all(alive(pid) for pid in launched), 1.0, "API servers, coordinator and engines survive")
