@@ -206,7 +206,8 @@ class EngineCore:
                 return 1
         else:
             first = config.get("data_parallel_rank", 0) * world_size  # each DP rank has its own slice of GPUs
-            status = self._start_workers(visible[first:first + world_size], tp, pp)
+            start = self._start_ray_workers if config.get("executor") == "ray" else self._start_workers
+            status = start(visible[first:first + world_size], tp, pp)
             if status is not None:
                 return status
         logger.info("Starting to load model %s...", config["model"])
@@ -238,16 +239,45 @@ class EngineCore:
             if status is not None:
                 return status
 
-    def _start_workers(self, gpu_indices, tp, pp):
-        """Start one worker per rank and wait until all hold their GPU; None on success, else the exit status."""
+    def _worker_configs(self, gpu_indices, tp, pp):
+        configs = []
         for rank, gpu_index in enumerate(gpu_indices):
             name = worker_name(rank, tp, pp, self.config.get("data_parallel_size", 1), self.config.get("data_parallel_rank", 0),
                                self.config.get("enable_expert_parallel", False))
+            configs.append(dict(self.config, role="worker", rank=rank, local_rank=rank, gpu_index=gpu_index,
+                                title=process_title(name)))
+        return configs
+
+    def _start_ray_workers(self, gpu_indices, tp, pp):
+        """Ray executor (vllm/v1/executor/ray_executor_v2.py): the workers are actors the node's raylet starts (see
+        simvllm.raylet), reached at RAY_ADDRESS; the raylet's connection stands for them all."""
+        address = os.environ.get("RAY_ADDRESS")
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(address or "")
+        except OSError as error:
+            logger.error("ConnectionError: could not connect to the Ray cluster at RAY_ADDRESS=%s: %s", address, error)
+            return 1
+        channel = LineChannel(sock)
+        self.worker_channels.append(channel)
+        channel.send({"event": "job", "workers": self._worker_configs(gpu_indices, tp, pp)})
+        while True:
+            event = next_event(self.waker, self.worker_channels)
+            if event[0] == "message":
+                return None
+            if event[0] == "signal":
+                self._defer(event)
+            elif event[0] == "eof":
+                logger.error("RayWorkerProc actors failed to start.")
+                return self.shut_down(1)
+
+    def _start_workers(self, gpu_indices, tp, pp):
+        """Start one worker per rank and wait until all hold their GPU; None on success, else the exit status."""
+        for config in self._worker_configs(gpu_indices, tp, pp):
             process, channel = spawn_child(process_title("Worker"))
             self.worker_processes.append(process)
             self.worker_channels.append(channel)
-            channel.send(dict(self.config, role="worker", rank=rank, local_rank=rank, gpu_index=gpu_index,
-                              title=process_title(name)))
+            channel.send(config)
         waiting = set(self.worker_channels)
         while waiting:
             event = next_event(self.waker, self.worker_channels)

@@ -797,3 +797,45 @@ def test_sigkill_of_the_launcher_leaves_api_servers_and_engines(node, serve):
     os.kill(server.pid, signal.SIGKILL)
     server.process.wait()
     assert_stays(lambda: all(alive(pid) for pid in launched), 1.0, "API servers, coordinator and engines survive")
+
+
+@pytest.fixture
+def raylet(node, tmp_path, fake_driver_dir):
+    """A simulated raylet (simvllm.raylet) on a unix socket; yields (Popen, socket path)."""
+    address = str(tmp_path / "raylet.sock")
+    env = {name: value for name, value in os.environ.items() if not name.startswith(("SIMVLLM_", "VLLM_", "CUDA_"))}
+    env.update(GPUSIM_RUN=str(node.run_dir), LD_LIBRARY_PATH=str(fake_driver_dir))
+    with open(tmp_path / "raylet.log", "wb") as log:
+        process = subprocess.Popen([sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
+                                    "from simvllm.raylet import main; sys.exit(main(sys.argv[2:]))", str(SIM_DIR), address],
+                                   env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    wait_for(lambda: os.path.exists(address), 10, "the raylet's socket")
+    yield process, address
+    for child in psutil.Process(process.pid).children(recursive=True):
+        child.kill()
+    process.kill()
+    process.wait()
+
+
+def test_ray_executor_workers_run_under_the_respawning_raylet(node, serve, raylet):
+    process, address = raylet
+    server = serve("-tp", 2, "--distributed-executor-backend", "ray", RAY_ADDRESS=address)
+    server.wait_ready()
+    actors = wait_for(lambda: children(process.pid) if len(children(process.pid)) == 2 else None, 10, "two actors")
+    assert [title(pid) for pid in actors] == ["ray::RayWorkerProc.run"] * 2
+    assert comm(process.pid) == "raylet" and "raylet --raylet_socket_name=" in title(process.pid)
+    assert sorted(rank for rank in range(2) for pid in actors if node.holds_gpu(pid, rank)) == [0, 1]
+    engine = next(pid for pid in children(server.pid) if title(pid) == "VLLM::EngineCore")
+    assert not children(engine)  # no worker under EngineCore: a stop by session or tree misses the actors
+
+    os.kill(actors[0], signal.SIGTERM)  # the raylet starts an ended actor again (1 s later) while its job lives
+    wait_for(lambda: not alive(actors[0]), 2, "the actor to exit")
+    (node.contexts_dir / str(actors[0])).unlink()  # the driver's release of its context (done by a node's init)
+    respawned = wait_for(lambda: [pid for pid in children(process.pid) if pid not in actors and node.context(pid)],
+                         10, "the actor restarted")
+    assert len(respawned) == 1 and health(server.port) == 200
+
+    server.process.send_signal(signal.SIGTERM)  # the job ends: the raylet ends its actors, and lives on
+    assert server.process.wait(timeout=5) == 0
+    wait_for(lambda: not children(process.pid), 6, "the job's actors to end")
+    assert process.poll() is None
