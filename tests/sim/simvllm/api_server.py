@@ -222,6 +222,9 @@ def _serve(args, state, http_server, waker, engines, helpers, host):
             state.engine_dead = True
             logger.error("Engine core proc %s died unexpectedly (exit status %d), shutting down.", dead[1], status)
             next_event(waker, [], ENGINE_DEAD_EXIT_DELAY_S)
+            # vllm/v1/utils.py wait_for_completion_or_failure / the engine manager's finalizer: the other processes
+            # are shut down with the best-effort window.
+            _stop_all([p for p, _c in helpers] + [p for p, _c, _t in engines if p is not dead[0]], facts.BEST_EFFORT_WINDOW)
             return 1
 
 
