@@ -167,6 +167,10 @@ def run_api_server(args):
     waker = SignalWaker()
     waker.watch(signal.SIGTERM, signal.SIGINT)
     mode = launch_mode(args, os.environ)
+    problem = _world_size_problem(args, mode)
+    if problem:
+        logger.error("ValueError: %s", problem)
+        return 1
     helpers = start_helpers(mode, args)
     engines = []
     for rank in range(mode["data_parallel_size"]):
@@ -242,6 +246,21 @@ def _stop_during_start_up(engines, helpers):
     sys.stdout.flush()
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     os.kill(os.getpid(), signal.SIGINT)
+
+
+def _world_size_problem(args, mode):
+    """vllm/config/parallel.py: the world size across data parallelism must fit the visible GPUs."""
+    from simvllm.gpu import GpuError, NodeGpus
+
+    try:
+        visible = NodeGpus.load().visible_indices(os.environ.get("CUDA_VISIBLE_DEVICES"))
+    except (GpuError, OSError):
+        return None  # EngineCore reports it
+    world = args.tensor_parallel_size * args.pipeline_parallel_size * mode["data_parallel_size"]
+    if world > len(visible):
+        return ("World size (%d) is larger than the number of available GPUs (%d) in this node."
+                % (world, len(visible)))
+    return None
 
 
 def launch_mode(args, environ):
