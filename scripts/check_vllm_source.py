@@ -1,4 +1,7 @@
-#!/usr/bin/env python3
+#!/usr/bin/env python
+# Copyright (c) 2026, gpuops.nvidia contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Compare the collection's vLLM tables with the vLLM wheel they were read from (`make check-vllm-source`).
 
 Two tables describe vLLM 0.33: the validator's (plugins/module_utils/_speculative_vllm.py and
