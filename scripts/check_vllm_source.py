@@ -467,7 +467,7 @@ def check_metrics(report, wheel, simulator, product):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
     parser.add_argument("--version", default="0.33.0")
     parser.add_argument("--wheel", help="a vllm wheel already on disk (no download)")
     parser.add_argument("--cache", default=os.environ.get("GPUOPS_WHEEL_CACHE")

@@ -44,8 +44,8 @@ def start_raylet(node, tmp_path):
     address = str(tmp_path / ("raylet-%s.sock" % node.name))
     code = ("import sys; sys.path.insert(0, %r); from simvllm.raylet import main; sys.exit(main([%r]))"
             % (str(SIM_DIR), address))
-    node.exec("sh", "-c", "setsid -f %s -c %s >%s 2>&1" % (VENV_PYTHON, json.dumps(code),
-                                                          tmp_path / "raylet.log"))
+    command = "setsid -f %s -c %s >%s 2>&1" % (VENV_PYTHON, json.dumps(code), tmp_path / "raylet.log")
+    node.exec("sh", "-c", command)
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         raylets = [pid for pid, entry in processes(node).items() if entry[2] == "raylet" and entry[1] != "Z"]
@@ -131,4 +131,3 @@ def test_redeploy_and_reset_end_exactly_that_instance(simnode, tmp_path, mode):
         assert not held(node, [0, 1]), gpu_memory(node)
     assert instance_processes(node, ports[1]) == before_b
     assert held(node, [2, 3]) <= set(before_b) and held(node, [2, 3])
-
