@@ -1,7 +1,7 @@
 # The two commands of the README:
 #   make demo   set up this checkout, then reset an orphaned vLLM TP=8 tree on a simulated 8-GPU node
 #   make test   set up this checkout, then run every test (pytest, ansible-test sanity, ansible-lint)
-.PHONY: setup demo test clean
+.PHONY: setup demo test clean check-vllm-source
 
 setup:
 	@./scripts/setup.sh
@@ -16,3 +16,10 @@ test: setup
 # `tests/sim/gpunode list` and end yours with `tests/sim/gpunode down NAME`.
 clean:
 	rm -rf tests/sim/build .collections
+
+# Not part of `make test`: downloads the vllm wheel once (pip download, cached in ~/.cache/gpuops-nvidia/wheels)
+# and checks the validator's and the simulator's vLLM tables against its source (docs/vllm_server.md).
+VLLM_VERSION ?= 0.33.0
+check-vllm-source:
+	@[ -x .venv/bin/python ] || ./scripts/setup.sh
+	@.venv/bin/python scripts/check_vllm_source.py --version $(VLLM_VERSION)

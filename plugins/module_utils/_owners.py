@@ -406,7 +406,13 @@ def restart_note(owner):
     agent = owner.get("agent")
     # A live vLLM API server owns its engine and workers but never starts a dead worker again (vLLM shuts the engine
     # down instead): it is named in the owner block, not as a reason why ending the PID will not last.
-    if agent and agent["kind"] != "vllm":
+    if agent and agent["kind"] == "ray":
+        # vLLM's Ray executor (vllm/v1/executor/ray_executor_v2.py) runs its workers as actors: processes of the node's
+        # raylet, not of the vLLM instance, so ending the instance's session or tree leaves them to the raylet.
+        notes.append("its parent raylet PID %s owns it as a Ray actor and may start it again while the actor's job "
+                     "lives: stop the vLLM instance that created it (its EngineCore is the job's driver; Ray then ends "
+                     "the job's actors), or run `ray stop`, which ends every Ray process on this host" % agent["pid"])
+    elif agent and agent["kind"] != "vllm":
         notes.append("its parent agent PID %s (%s, %s) may start it again" % (agent["pid"], agent["comm"], agent["kind"]))
     return "; ".join(notes) or None
 
@@ -423,4 +429,6 @@ def stop_command(owner):
         return "%s stop %s" % (tool or "docker", owner["container_id"][:12])
     if owner.get("systemd_unit") and owner.get("unit_restart") not in (None, "no"):
         return "systemctl stop %s" % owner["systemd_unit"]
+    if (owner.get("agent") or {}).get("kind") == "ray":
+        return "ray stop"
     return None

@@ -45,6 +45,9 @@ ACCEPTED_TOKENS = "vllm:spec_decode_num_accepted_tokens_total"
 ACCEPTED_PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
 RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
+# vLLM 0.33 labels every metric with model_name = the FIRST served model name only (vllm/config/model.py
+# get_served_model_name, vllm/v1/metrics/loggers.py); scripts/check_vllm_source.py checks this against the wheel.
+METRIC_MODEL_NAME = "first"
 NO_LOG_STATS = ("/metrics carries no vllm: metric at all: the server runs with --disable-log-stats (vLLM then creates no "
                 "stat logger), so acceptance cannot be measured; remove --disable-log-stats to gate on acceptance")
 
@@ -313,13 +316,52 @@ def _read_counters(client, served_model_name, when, what="the warm-up"):
     if status != 200:
         raise VllmApiError("GET /metrics %s %s: HTTP %d %s" % (when, what, status, _brief(body)), status)
     samples = parse_prometheus(body)
-    counters = spec_decode_counters(samples, served_model_name)
+    label, _note = metric_model_name(client, served_model_name, samples)
+    counters = spec_decode_counters(samples, label)
     if counters is None:
         if not any(name.startswith("vllm:") for name, _labels, _value in samples):
             raise VllmApiError(NO_LOG_STATS)
-        raise VllmApiError("/metrics has no vllm:spec_decode_* counters for %r %s %s: speculative decoding is not enabled"
-                           % (served_model_name, when, what))
+        raise VllmApiError("/metrics has no vllm:spec_decode_* counters for %r%s %s %s: speculative decoding is not enabled"
+                           % (served_model_name, " (labelled %r)" % label if label != served_model_name else "", when, what))
     return counters
+
+
+def served_names(client):
+    """The names GET /v1/models lists, in the server's order (the first is the one its metrics carry), or None
+    when the listing cannot be had."""
+    try:
+        listing = client.json("/v1/models")
+    except (ConnectionError, VllmApiError):
+        return None
+    names = [entry.get("id") for entry in listing.get("data") or () if isinstance(entry, dict) and entry.get("id")]
+    return names or None
+
+
+def metric_model_name(client, served_model_name, samples):
+    """The ``model_name`` label under which a server exports the metrics of `served_model_name`: (label, note).
+
+    vLLM 0.33 labels every metric with its FIRST served model name only (vllm/config/model.py
+    get_served_model_name, vllm/v1/metrics/loggers.py), and GET /v1/models lists the served names in order
+    (vllm/entrypoints/launchers/api_server/app_state.py, vllm/entrypoints/openai/models/serving.py), so another
+    name of the same server is read under the first one. `note` says so (None when the name is the label).
+    Raises VllmApiError when the server exports metrics under other names and does not serve `served_model_name`.
+    """
+    labels = sorted({labels["model_name"] for name, labels, _value in samples
+                     if name.startswith("vllm:") and "model_name" in labels})
+    if served_model_name is None or not labels or served_model_name in labels:
+        return served_model_name, None
+    names = served_names(client)
+    if names and served_model_name in names:
+        return names[0], ("%r is another name of this server: vLLM labels its metrics with the first served name, %r"
+                          % (served_model_name, names[0]))
+    if names:
+        raise VllmApiError("the server does not serve %r: GET /v1/models lists %s, and /metrics is labelled model_name=%s"
+                           % (served_model_name, names, ", ".join(labels)))
+    if len(labels) == 1:
+        return labels[0], ("GET /v1/models gave no listing; /metrics carries one model_name, %r (vLLM labels its "
+                           "metrics with the first served name): read as the metrics of %r" % (labels[0], served_model_name))
+    raise VllmApiError("/metrics is labelled model_name=%s, not %r, and GET /v1/models gave no listing to tell which "
+                       "is this server's first name" % (", ".join(labels), served_model_name))
 
 
 def _raw(counters):
@@ -361,35 +403,48 @@ def server_load(samples, model_name=None):
     return (int(running), int(waiting)) if found else None
 
 
-def read_load(client, served_model_name):
-    """(running, waiting) from GET /metrics; None when the server exports no scheduler gauges. Raises ConnectionError."""
+def read_samples(client):
+    """Samples of GET /metrics (see parse_prometheus). Raises ConnectionError or VllmApiError."""
     status, body = client.request("/metrics")
     if status != 200:
         raise VllmApiError("GET /metrics: HTTP %d %s" % (status, _brief(body)), status)
-    return server_load(parse_prometheus(body), served_model_name)
+    return parse_prometheus(body)
+
+
+def read_load(client, served_model_name):
+    """(running, waiting) from GET /metrics; None when the server exports no scheduler gauges. Raises ConnectionError."""
+    samples = read_samples(client)
+    return server_load(samples, metric_model_name(client, served_model_name, samples)[0])
 
 
 def drain(client, served_model_name, timeout, poll_interval=1.0, sleep=time.sleep):
     """Poll the scheduler gauges until no request runs or waits, `timeout` seconds at most (0: one look).
 
-    Returns {"drained" (bool), "running_at_start", "waiting_at_start", "running", "waiting" (last reading; None
-    when unknown), "drain_s", "polls", "reachable" (False when the server did not answer), "metrics" (False when
-    /metrics has no scheduler gauges), "msg"}.
+    `served_model_name` may be any name the server serves: its gauges are read under the server's first served
+    name (metric_model_name). Returns {"drained" (bool), "running_at_start", "waiting_at_start", "running",
+    "waiting" (last reading; None when unknown), "drain_s", "polls", "reachable" (False when the server did not
+    answer), "metrics" (False when /metrics has no scheduler gauges), "metrics_model_name" (the model_name label
+    read; absent when the server did not answer), "msg"}. Raises VllmApiError when the server does not serve
+    `served_model_name`.
     """
     started = time.monotonic()
     result = {"drained": False, "running_at_start": None, "waiting_at_start": None, "running": None, "waiting": None,
-              "drain_s": 0.0, "polls": 0, "reachable": True, "metrics": True}
+              "drain_s": 0.0, "polls": 0, "reachable": True, "metrics": True, "metrics_model_name": None}
+    label = note = None
     while True:
         result["polls"] += 1
         try:
-            load = read_load(client, served_model_name)
+            samples = read_samples(client)
         except (ConnectionError, VllmApiError) as exc:
             result.update(reachable=False, drained=True,
                           msg="the server does not answer (%s): nothing to drain" % exc)
             break
+        if result["polls"] == 1:
+            label, note = metric_model_name(client, served_model_name, samples)  # VllmApiError: not this server's name
+            result["metrics_model_name"] = label
+        load = server_load(samples, label)
         if load is None:
-            result.update(metrics=False, msg="/metrics has no %s gauge (--disable-log-stats?): in-flight requests cannot be "
-                                             "seen; the server's own --shutdown-timeout decides what finishes" % RUNNING)
+            result.update(metrics=False, msg=_no_gauge(samples, label))
             break
         result["running"], result["waiting"] = load
         if result["running_at_start"] is None:
@@ -405,7 +460,18 @@ def drain(client, served_model_name, timeout, poll_interval=1.0, sleep=time.slee
             break
         sleep(min(poll_interval, max(0.0, timeout - elapsed)))
     result["drain_s"] = round(time.monotonic() - started, 3)
+    if note:
+        result["msg"] += " (%s)" % note
     return result
+
+
+def _no_gauge(samples, label):
+    """Why a drain sees no scheduler gauge: no vllm: metric at all (--disable-log-stats), or none under `label`."""
+    if server_load(samples) is None:
+        return ("/metrics has no %s gauge (--disable-log-stats?): in-flight requests cannot be seen; the server's own "
+                "--shutdown-timeout decides what finishes" % RUNNING)
+    return ("/metrics has %s gauges, but none labelled model_name=%r: in-flight requests of this name cannot be seen"
+            % (RUNNING, label))
 
 
 def stop_main_process(record, timeout, session=True, proc="/proc"):

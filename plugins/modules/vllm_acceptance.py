@@ -41,7 +41,10 @@ attributes:
       - Changes nothing.
 options:
   served_model_name:
-    description: The served model name to send the completions to; counters labelled with another model are ignored.
+    description:
+      - The served model name to send the completions to; counters labelled with another model are ignored.
+      - Any name the server serves works. vLLM 0.33 labels its metrics with the first served name only, so the
+        counters of another name are read under the first one, found in C(GET /v1/models).
     type: str
     required: true
     aliases: [model]

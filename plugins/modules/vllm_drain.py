@@ -36,7 +36,10 @@ attributes:
       - Reports no diff.
 options:
   served_model_name:
-    description: Only gauges labelled with this C(model_name) count; omitted, every engine's gauges count.
+    description:
+      - Any name the server serves (C(--served-model-name)); omitted, every engine's gauges count.
+      - vLLM 0.33 labels its metrics with the first served name only, so another name of the server is read under
+        the first one, found in C(GET /v1/models). A name the server does not serve fails, and nothing is signalled.
     type: str
     aliases: [model]
   timeout:
@@ -135,6 +138,10 @@ metrics:
   description: Whether C(/metrics) had the scheduler gauges (false with C(--disable-log-stats)).
   returned: always
   type: bool
+metrics_model_name:
+  description: The C(model_name) label the gauges were read under (the server's first served name; null without O(served_model_name) or answer).
+  returned: always
+  type: str
 stop:
   description:
     - The SIGTERM of the main process, with O(pid) or O(pidfile) (null otherwise, and in check mode).
@@ -180,8 +187,11 @@ def main():
         ticks = _proc.read_start_ticks(params["pid"])
         record = (params["pid"], ticks) if ticks is not None else None
     client = _vllm_api.Client(params["url"], params["api_key"], params["request_timeout"], params["validate_certs"])
-    result = _vllm_api.drain(client, params["served_model_name"], 0 if module.check_mode else params["timeout"],
-                             params["poll_interval"])
+    try:
+        result = _vllm_api.drain(client, params["served_model_name"], 0 if module.check_mode else params["timeout"],
+                                 params["poll_interval"])
+    except _vllm_api.VllmApiError as exc:
+        module.fail_json(msg="%s: %s; nothing was signalled" % (params["url"], exc))
     msg = "%s: %s" % (params["url"], result.pop("msg"))
     warnings = [msg] if not result["metrics"] else []
     result["stop"] = None

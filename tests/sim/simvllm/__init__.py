@@ -9,4 +9,4 @@ with Prometheus metrics including speculative-decoding acceptance counters.
 Entry point: `simvllm.cli.main()` (the node's `vllm` script).
 """
 
-__version__ = "0.11.0"
+__version__ = "0.33.0"  # vllm/_version.py of the wheel modelled (checked by make check-vllm-source)

@@ -10,7 +10,7 @@ import json
 import os
 import sys
 
-from simvllm import __version__
+from simvllm import __version__, facts
 
 
 def _json_object(text):
@@ -53,10 +53,15 @@ def build_parser():
     serve.add_argument("--served-model-name", nargs="+")
     serve.add_argument("--speculative-config", type=_json_object)
     serve.add_argument("--api-key")
-    serve.add_argument("--shutdown-timeout", type=int, default=0)
+    serve.add_argument("--shutdown-timeout", type=int, default=facts.SHUTDOWN_TIMEOUT_DEFAULT)
     serve.add_argument("--enforce-eager", action="store_true")
     serve.add_argument("--max-num-seqs", type=int, default=1024)
     serve.add_argument("--disable-log-stats", action="store_true")
+    # Launch modes (vllm/entrypoints/cli/serve.py): several API servers, data parallelism, the executor.
+    serve.add_argument("--api-server-count", "-asc", type=int, default=None)
+    serve.add_argument("--data-parallel-size", "-dp", type=int, default=1)
+    serve.add_argument("--enable-expert-parallel", action="store_true")
+    serve.add_argument("--distributed-executor-backend", choices=("mp", "ray"), default=None)
     return parser
 
 
@@ -70,7 +75,7 @@ def main(argv=None):
     if args.gpu_memory_utilization is None:
         from simvllm.specdecode import is_legacy
 
-        args.gpu_memory_utilization = 0.9 if is_legacy(os.environ) else 0.92
+        args.gpu_memory_utilization = 0.9 if is_legacy(os.environ) else facts.GPU_MEMORY_UTILIZATION_DEFAULT
     if not 0 < args.gpu_memory_utilization <= 1:
         parser.error("--gpu-memory-utilization must be in (0, 1], got %s" % args.gpu_memory_utilization)
     if args.tensor_parallel_size < 1 or args.pipeline_parallel_size < 1:

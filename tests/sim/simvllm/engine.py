@@ -4,10 +4,15 @@ EngineCore (`VLLM::EngineCore`) is a child of the API server. With a world size
 (tensor x pipeline parallel) of 1 it holds the GPU itself; otherwise it starts one worker per
 rank (`VLLM::Worker_TP<r>`, `_PP<p>` when pipeline parallel) that holds its GPU.
 
-- Workers watch a death pipe (their channel to EngineCore): when EngineCore is gone they SIGTERM
-  themselves. EngineCore has no parent-death detection: it survives the API server's SIGKILL.
-- SIGTERM/SIGINT to EngineCore: it SIGTERMs the workers, waits up to 4 s, SIGKILLs the rest
-  and exits 0.
+- Workers watch a death pipe (their channel to EngineCore) once loading is done
+  (vllm/v1/executor/multiproc_executor.py: the death-pipe monitor starts after WorkerProc.__init__, which
+  loads the model): when EngineCore is gone they SIGTERM themselves; during loading they go on holding.
+  EngineCore has no parent-death detection: it survives the API server's SIGKILL.
+- SIGTERM/SIGINT to EngineCore: its handler is installed before construction, and a signal during
+  construction (worker start and model loading) is only recorded and applied once loading ends
+  (vllm/v1/engine/core.py run_engine_core, shutdown_requested). Stop: the workers are asked to exit, get
+  VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS (5 s) to do so, then SIGTERM, then SIGKILL 4 s later
+  (multiproc_executor.py _ensure_worker_termination); exit 0.
 - Knobs (from the API server, read from SIMVLLM_* env there): `load_seconds`,
   `teardown_seconds` (each GPU rank lingers this long after SIGTERM), `workers_ignore_sigterm`,
   `warmup_orphan` (EngineCore keeps SIGTERM's default disposition and workers do not watch the
@@ -26,10 +31,11 @@ import subprocess
 import sys
 import time
 
+from simvllm import facts
 from simvllm.gpu import GpuError, NodeGpus, nccl_init_nvml
 from simvllm.runtime import LineChannel, SignalWaker, next_event, process_title, setup_logging, spawn_child
 
-WORKER_TERMINATE_GRACE_S = 4.0
+WORKER_TERMINATE_GRACE_S = facts.WORKER_SIGTERM_WAIT
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +54,28 @@ def child_main(title, channel_fd):
     config = event[2]
     if config["role"] == "engine_core":
         return EngineCore(config, channel, waker).run()
+    if config["role"] == "idle":
+        return run_idle(config, waker)
     return run_worker(config, channel, waker)
+
+
+def run_idle(config, waker):
+    """A process that holds no GPU (APIServer_<i>, DPCoordinator, the Rust frontend): runs until SIGTERM/SIGINT.
+
+    Its parent's death does not end it (vLLM's API server processes and coordinator have no parent-death signal).
+    With `argv` (the Rust frontend binary, `vllm-rs frontend ...`) it takes that command line and comm.
+    """
+    if config.get("argv"):
+        import ctypes
+        import setproctitle
+
+        setproctitle.setproctitle(" ".join(config["argv"]))
+        name = os.path.basename(config["argv"][0]).encode()[:15]
+        ctypes.CDLL(None, use_errno=True).prctl(15, ctypes.c_char_p(name), 0, 0, 0)  # PR_SET_NAME
+    waker.watch(signal.SIGTERM, signal.SIGINT)
+    while next_event(waker, [])[0] != "signal":
+        pass
+    return 0
 
 
 def _create_context(config):
@@ -102,10 +129,11 @@ def run_worker(config, engine, waker):
     except OSError:
         logger.error("EngineCore is gone before this worker was ready.")
         return 1
-    warm = not config["warmup_orphan"]
+    warm = False  # the death-pipe monitor starts once the model is loaded
     while True:
         event = next_event(waker, [engine])
-        if event[0] == "signal":
+        asked = event[0] == "message" and event[2].get("event") == "shutdown" and not config["workers_ignore_sigterm"]
+        if event[0] == "signal" or asked:
             _tear_down(config["teardown_seconds"])
             return 0
         if event[0] == "message" and event[2].get("event") == "warm":
@@ -118,24 +146,27 @@ def run_worker(config, engine, waker):
                 logger.warning("EngineCore is gone during warm-up; waiting in collective.")
 
 
-def worker_name(rank, tp, pp, dp_size=1, dp_rank=0, expert_parallel=False):
-    """A worker's title after its device is set (vLLM 0.33 multiproc_executor.py): Worker + _DP<r> (DP > 1),
-    _PP<r> (PP > 1), _TP<r> (TP > 1), _EP<r> (expert parallel; EP spans DP x TP), in that order."""
-    name = "Worker"
-    if dp_size > 1:
-        name += "_DP%d" % dp_rank
-    if pp > 1:
-        name += "_PP%d" % (rank // tp)
-    if tp > 1:
-        name += "_TP%d" % (rank % tp)
-    if expert_parallel:
-        name += "_EP%d" % (dp_rank * tp + rank % tp)
+def worker_name(rank, tp, pp, dp_size=1, dp_rank=0, expert_parallel=False, pcp=1, dcp=1):
+    """A worker's title after its device is set (vLLM 0.33 multiproc_executor.py setup_proc_title_and_log_prefix):
+    Worker + _DP<r> (DP > 1), _PP<r> (PP > 1), _PCP<r> (prefill context parallel > 1), _TP<r> (TP > 1),
+    _DCP<r> (decode context parallel > 1), _EP<r> (expert parallel; EP spans DP x TP), in the order of
+    facts.WORKER_TITLE_PARTS. Ranks: rank = ((pp_rank x pcp) + pcp_rank) x tp + tp_rank; DCP splits TP."""
+    tp_rank = rank % tp
+    ranks = {"DP": (dp_size, dp_rank), "PP": (pp, rank // (tp * pcp)), "PCP": (pcp, (rank // tp) % pcp),
+             "TP": (tp, tp_rank), "DCP": (dcp, tp_rank % dcp)}
+    name = facts.WORKER_TITLE
+    for part in facts.WORKER_TITLE_PARTS:
+        if part == "EP":
+            if expert_parallel:
+                name += "_EP%d" % (dp_rank * tp + tp_rank)
+        elif ranks[part][0] > 1:
+            name += "_%s%d" % (part, ranks[part][1])
     return name
 
 
 def engine_core_name(dp_size=1, dp_rank=0):
     """EngineCore's title (vLLM 0.33 v1/engine/core.py run_engine_core): EngineCore_DP<n> under data parallelism."""
-    return "EngineCore_DP%d" % dp_rank if dp_size > 1 or dp_rank > 0 else "EngineCore"
+    return "%s%d" % (facts.ENGINE_CORE_DP_TITLE, dp_rank) if dp_size > 1 or dp_rank > 0 else facts.ENGINE_CORE_TITLE
 
 
 class EngineCore:
@@ -148,6 +179,7 @@ class EngineCore:
         self.worker_processes = []
         self.worker_channels = []
         self.gpu_fds = None
+        self.shutdown_requested = False
 
     def run(self):
         """Start, load, serve until SIGTERM. Returns the exit status."""
@@ -174,20 +206,26 @@ class EngineCore:
                 return 1
         else:
             first = config.get("data_parallel_rank", 0) * world_size  # each DP rank has its own slice of GPUs
-            status = self._start_workers(visible[first:first + world_size], tp, pp)
+            start = self._start_ray_workers if config.get("executor") == "ray" else self._start_workers
+            status = start(visible[first:first + world_size], tp, pp)
             if status is not None:
                 return status
         logger.info("Starting to load model %s...", config["model"])
         deadline = time.monotonic() + config["load_seconds"]
         while (remaining := deadline - time.monotonic()) > 0:
-            status = self._handle_serving_event(next_event(self.waker, self.worker_channels, remaining))
+            status = self._handle_loading_event(next_event(self.waker, self.worker_channels, remaining))
             if status is not None:
                 return status
         logger.info("Loading weights took %.2f seconds", config["load_seconds"])
         if config["warmup_orphan"]:
             self.waker.watch(signal.SIGTERM)
-            for channel in self.worker_channels:
+        for channel in self.worker_channels:
+            try:
                 channel.send({"event": "warm"})
+            except OSError:
+                pass
+        if self.shutdown_requested:
+            return self.shut_down(0)
         try:
             self.api_server.send({"event": "ready"})
         except OSError:
@@ -201,27 +239,69 @@ class EngineCore:
             if status is not None:
                 return status
 
-    def _start_workers(self, gpu_indices, tp, pp):
-        """Start one worker per rank and wait until all hold their GPU; None on success, else the exit status."""
+    def _worker_configs(self, gpu_indices, tp, pp):
+        configs = []
         for rank, gpu_index in enumerate(gpu_indices):
             name = worker_name(rank, tp, pp, self.config.get("data_parallel_size", 1), self.config.get("data_parallel_rank", 0),
                                self.config.get("enable_expert_parallel", False))
+            configs.append(dict(self.config, role="worker", rank=rank, local_rank=rank, gpu_index=gpu_index,
+                                title=process_title(name)))
+        return configs
+
+    def _start_ray_workers(self, gpu_indices, tp, pp):
+        """Ray executor (vllm/v1/executor/ray_executor_v2.py): the workers are actors the node's raylet starts (see
+        simvllm.raylet), reached at RAY_ADDRESS; the raylet's connection stands for them all."""
+        address = os.environ.get("RAY_ADDRESS")
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(address or "")
+        except OSError as error:
+            logger.error("ConnectionError: could not connect to the Ray cluster at RAY_ADDRESS=%s: %s", address, error)
+            return 1
+        channel = LineChannel(sock)
+        self.worker_channels.append(channel)
+        channel.send({"event": "job", "workers": self._worker_configs(gpu_indices, tp, pp)})
+        while True:
+            event = next_event(self.waker, self.worker_channels)
+            if event[0] == "message":
+                return None
+            if event[0] == "signal":
+                self._defer(event)
+            elif event[0] == "eof":
+                logger.error("RayWorkerProc actors failed to start.")
+                return self.shut_down(1)
+
+    def _start_workers(self, gpu_indices, tp, pp):
+        """Start one worker per rank and wait until all hold their GPU; None on success, else the exit status."""
+        for config in self._worker_configs(gpu_indices, tp, pp):
             process, channel = spawn_child(process_title("Worker"))
             self.worker_processes.append(process)
             self.worker_channels.append(channel)
-            channel.send(dict(self.config, role="worker", rank=rank, local_rank=rank, gpu_index=gpu_index,
-                              title=process_title(name)))
+            channel.send(config)
         waiting = set(self.worker_channels)
         while waiting:
             event = next_event(self.waker, self.worker_channels)
             if event[0] == "message":
                 waiting.discard(event[1])
             elif event[0] == "signal":
-                return self.shut_down(0)
+                self._defer(event)
             elif event[0] == "eof":
                 logger.error("WorkerProc failed to start.")
                 return self.shut_down(1)
         return None
+
+    def _defer(self, event):
+        """A signal during construction: recorded, applied once loading ends (core.py shutdown_requested)."""
+        logger.info("[shutdown] EngineCore: trigger received signal=%s (deferred until start-up ends)",
+                    signal.Signals(event[1]).name)
+        self.shutdown_requested = True
+
+    def _handle_loading_event(self, event):
+        """During model loading: a signal is deferred, a worker's death ends EngineCore."""
+        if event[0] == "signal":
+            self._defer(event)
+            return None
+        return self._handle_serving_event(event)
 
     def _handle_serving_event(self, event):
         """React to a signal or a worker's death; returns the exit status or None to keep serving."""
@@ -233,9 +313,23 @@ class EngineCore:
         return None
 
     def shut_down(self, status):
-        """SIGTERM the workers, SIGKILL those left after 4 s, tear down; returns `status`."""
+        """Ask the workers to exit, wait VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS, SIGTERM, SIGKILL after 4 s, tear
+        down; returns `status` (multiproc_executor.py shutdown, _ensure_worker_termination)."""
         logger.info("Shutting down EngineCore.")
         processes = self.worker_processes
+        for channel in self.worker_channels:
+            try:
+                channel.send({"event": "shutdown"})
+            except OSError:
+                pass
+        value = os.environ.get(facts.WORKER_SHUTDOWN_TIMEOUT_ENV)
+        grace = float(int(value)) if value not in (None, "") else facts.WORKER_SHUTDOWN_TIMEOUT_DEFAULT
+        deadline = time.monotonic() + grace
+        for process in processes:
+            try:
+                process.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
         for process in processes:
             if process.poll() is None:
                 process.send_signal(signal.SIGTERM)

@@ -154,4 +154,6 @@ def spawn_child(title):
 
 def process_title(name):
     """vLLM's process title for `name` ("EngineCore", "Worker_TP0"): prefix from VLLM_PROCESS_NAME_PREFIX."""
-    return "%s::%s" % (os.environ.get("VLLM_PROCESS_NAME_PREFIX", "VLLM"), name)
+    from simvllm import facts
+
+    return "%s::%s" % (os.environ.get("VLLM_PROCESS_NAME_PREFIX", facts.PROCESS_NAME_PREFIX), name)

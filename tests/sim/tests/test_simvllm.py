@@ -370,19 +370,65 @@ def test_sigkill_of_engine_core_ends_workers_then_api_server(serve):
     assert server.process.wait(timeout=5) == 1
 
 
-@pytest.mark.parametrize("phase", ["serving", "loading"])
-def test_sigterm_to_api_server_ends_everything(serve, phase):
-    server = serve("-tp", 4, SIMVLLM_LOAD_SECONDS="0.3" if phase == "serving" else "30")
-    engine_core = server.engine_core()
-    server.workers(engine_core, 4)
-    if phase == "serving":
-        server.wait_ready()
+def test_sigterm_to_api_server_while_serving_kills_the_tree_at_once(node, serve):
+    """--shutdown-timeout 0 (default): EngineCore's window is 0, so kill_process_tree follows the SIGTERM at once
+    (vllm/v1/engine/utils.py get_engine_process_shutdown_timeout, vllm/v1/utils.py shutdown)."""
+    server = serve("-tp", 4, SIMVLLM_TEARDOWN_SECONDS="10")
+    server.workers(server.engine_core(), 4)
+    server.wait_ready()
 
     started = time.monotonic()
     server.process.send_signal(signal.SIGTERM)
 
     assert server.process.wait(timeout=5) == 0
-    wait_for(lambda: not server.session(), 5 - (time.monotonic() - started), "every process to exit", server.log)
+    wait_for(lambda: not server.session(), 2, "every process to exit", server.log)
+    assert time.monotonic() - started < 2.5  # the 10 s teardown was cut short by SIGKILL
+    assert "force killing remaining process EngineCore" in server.log()
+
+
+def test_sigterm_during_loading_is_deferred_then_the_tree_is_killed_after_5_seconds(node, serve):
+    """A SIGTERM during start-up: KeyboardInterrupt in the API server, EngineCore defers its stop until loading
+    ends, and the API server kills the tree after VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS (5 s); it exits by SIGINT."""
+    server = serve("-tp", 2, SIMVLLM_LOAD_SECONDS="30")
+    workers = server.workers(server.engine_core(), 2)
+
+    started = time.monotonic()
+    server.process.send_signal(signal.SIGTERM)
+    assert_stays(lambda: all(node.holds_gpu(workers["VLLM::Worker_TP%d" % r], r) for r in range(2)), 4.0,
+                 "loading workers keep their GPUs during the window")
+    assert server.process.wait(timeout=4) == -signal.SIGINT
+    wait_for(lambda: not server.session(), 2, "every process to exit", server.log)
+    assert 5.0 <= time.monotonic() - started < 7.5
+    assert "deferred until start-up ends" in server.log()
+
+
+def test_worker_shutdown_timeout_sets_the_window_with_a_zero_shutdown_timeout(node, serve):
+    """VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS set: it replaces the zero window, so a 1.5 s teardown completes."""
+    server = serve("-tp", 2, SIMVLLM_TEARDOWN_SECONDS="1.5", VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS="4")
+    workers = server.workers(server.engine_core(), 2)
+    server.wait_ready()
+
+    started = time.monotonic()
+    server.process.send_signal(signal.SIGTERM)
+    assert_stays(lambda: node.holds_gpu(workers["VLLM::Worker_TP0"], 0), 1.0, "worker holds its GPU during teardown")
+    wait_for(lambda: not server.session(), 4, "every process to exit", server.log)
+    assert 1.5 <= time.monotonic() - started < 4.0
+    assert "force killing" not in server.log()
+
+
+def test_engine_core_sigkilled_after_load_deferral_leaves_nothing(node, serve):
+    """API server SIGKILLed during loading: EngineCore applies nothing until loading ends; workers do not watch the
+    death pipe yet. A SIGTERM to EngineCore during loading is applied once loading is done."""
+    server = serve("-tp", 2, SIMVLLM_LOAD_SECONDS="3")
+    engine_core = server.engine_core()
+    workers = server.workers(engine_core, 2)
+    started = time.monotonic()
+    os.kill(engine_core, signal.SIGTERM)
+    assert_stays(lambda: alive(engine_core) and all(alive(pid) for pid in workers.values()), 2.0,
+                 "EngineCore and its workers keep loading")
+    wait_for(lambda: not alive(engine_core) and not any(alive(pid) for pid in workers.values()), 4,
+             "EngineCore and its workers to exit once loaded", server.log)
+    assert time.monotonic() - started >= 2.9
 
 
 def test_sigterm_with_shutdown_timeout_exits_once_idle(serve):
@@ -393,32 +439,21 @@ def test_sigterm_with_shutdown_timeout_exits_once_idle(serve):
     assert refused(server.port)
 
 
-def test_workers_ignoring_sigterm_are_sigkilled_after_4_seconds(serve):
-    server = serve("-tp", 2, SIMVLLM_WORKERS_IGNORE_SIGTERM="1")
-    server.workers(server.engine_core(), 2)
+def test_workers_ignoring_sigterm_are_sigkilled_after_the_grace_and_4_seconds(serve):
+    """EngineCore's own stop (SIGTERM to EngineCore): the workers get VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS, then
+    SIGTERM, then SIGKILL 4 s later (multiproc_executor.py _ensure_worker_termination)."""
+    server = serve("-tp", 2, SIMVLLM_WORKERS_IGNORE_SIGTERM="1", VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS="1")
+    engine_core = server.engine_core()
+    workers = server.workers(engine_core, 2)
     server.wait_ready()
 
     started = time.monotonic()
-    server.process.send_signal(signal.SIGTERM)
-    wait_for(lambda: not server.session() and server.process.poll() is not None, 8, "every process to exit",
-             server.log)
+    os.kill(engine_core, signal.SIGTERM)
+    wait_for(lambda: not any(alive(pid) for pid in workers.values()), 8, "workers to exit", server.log)
     elapsed = time.monotonic() - started
 
-    assert 4.0 <= elapsed < 6.5
-    assert server.process.returncode == 0
+    assert 5.0 <= elapsed < 7.0
     assert server.log().count("SIGKILL") == 2
-
-
-def test_slow_teardown_keeps_workers_holding_after_sigterm(node, serve):
-    server = serve("-tp", 2, SIMVLLM_TEARDOWN_SECONDS="1.5")
-    workers = server.workers(server.engine_core(), 2)
-    server.wait_ready()
-
-    started = time.monotonic()
-    server.process.send_signal(signal.SIGTERM)
-    assert_stays(lambda: node.holds_gpu(workers["VLLM::Worker_TP0"], 0), 1.0, "worker holds its GPU during teardown")
-    wait_for(lambda: not server.session(), 4, "every process to exit", server.log)
-    assert 1.5 <= time.monotonic() - started < 4.0
 
 
 def test_sigterm_during_warm_up_orphans_workers(node, serve):
@@ -428,7 +463,7 @@ def test_sigterm_during_warm_up_orphans_workers(node, serve):
 
     server.process.send_signal(signal.SIGTERM)
 
-    assert server.process.wait(timeout=5) == 0
+    assert server.process.wait(timeout=7) == -signal.SIGINT
     wait_for(lambda: not alive(engine_core), 5, "EngineCore to die", server.log)
     assert all(psutil.Process(pid).ppid() != engine_core for pid in workers.values())
     assert_stays(lambda: all(node.holds_gpu(workers["VLLM::Worker_TP%d" % r], r) for r in range(2)), 1.5,
@@ -652,6 +687,10 @@ def test_worker_and_engine_core_titles():
     assert worker_name(0, 1, 1, dp_size=2, dp_rank=1) == "Worker_DP1"  # DP > 1 at TP = 1: still a worker
     assert worker_name(1, 2, 1, dp_size=2, dp_rank=1, expert_parallel=True) == "Worker_DP1_TP1_EP3"
     assert engine_core_name() == "EngineCore" and engine_core_name(2, 1) == "EngineCore_DP1"
+    # multiproc_executor.py setup_proc_title_and_log_prefix: _DP _PP _PCP _TP _DCP _EP, each when its size > 1
+    assert worker_name(5, 2, 2, pcp=2) == "Worker_PP1_PCP0_TP1"
+    assert worker_name(3, 4, 1, dcp=2) == "Worker_TP3_DCP1"
+    assert worker_name(7, 2, 2, dp_size=2, dp_rank=1, expert_parallel=True, pcp=2, dcp=2) == "Worker_DP1_PP1_PCP1_TP1_DCP1_EP3"
 
 
 @pytest.mark.parametrize("keys, agrees", [
@@ -710,3 +749,93 @@ def test_draft_counts_follow_the_acceptance_rate():
     assert 0.6 <= rate <= 0.8
     assert counts.num_accepted_tokens / counts.num_draft_tokens == pytest.approx(rate, abs=0.005)
     assert list(counts.accepted_per_position) == sorted(counts.accepted_per_position, reverse=True)
+
+
+def _titles(pids):
+    return sorted(title(pid) for pid in pids)
+
+
+def test_data_parallel_tree_and_its_stop(node, serve):
+    """-dp 2: API servers default to the DP size (vllm/entrypoints/cli/serve.py), a DPCoordinator, EngineCore_DP<i>
+    each with a Worker_DP<i> on its own GPU; SIGTERM (--shutdown-timeout 0) ends every process at once."""
+    server = serve("-dp", 2)
+    server.wait_ready()
+    launched = children(server.pid)
+    assert _titles(launched) == ["VLLM::APIServer_0", "VLLM::APIServer_1", "VLLM::DPCoordinator",
+                                 "VLLM::EngineCore_DP0", "VLLM::EngineCore_DP1"]
+    for rank in range(2):
+        engine = next(pid for pid in launched if title(pid) == "VLLM::EngineCore_DP%d" % rank)
+        (worker,) = children(engine)
+        assert title(worker) == "VLLM::Worker_DP%d" % rank and node.holds_gpu(worker, rank)
+    assert http(server.port, "GET", "/v1/models")[0] == 200
+    started = time.monotonic()
+    server.process.send_signal(signal.SIGTERM)
+    assert server.process.wait(timeout=5) == 0
+    wait_for(lambda: not server.session(), 2, "every process to exit", server.log)
+    assert time.monotonic() - started < 3.0
+
+
+def test_several_api_servers_and_the_rust_frontend(node, serve):
+    server = serve("--api-server-count", 3)
+    server.wait_ready()
+    assert _titles(children(server.pid)) == ["VLLM::APIServer_0", "VLLM::APIServer_1", "VLLM::APIServer_2",
+                                             "VLLM::EngineCore"]
+    rust = serve("--api-server-count", 2, VLLM_USE_RUST_FRONTEND="1", VLLM_RUST_FRONTEND_PATH="/opt/vllm/bin/vllm-rs",
+                 CUDA_VISIBLE_DEVICES="1")
+    rust.wait_ready()
+    launched = children(rust.pid)
+    frontend = [pid for pid in launched if title(pid).startswith("/opt/vllm/bin/vllm-rs")]
+    assert len(frontend) == 1 and comm(frontend[0]) == "vllm-rs", _titles(launched)
+    assert title(frontend[0]) == "/opt/vllm/bin/vllm-rs frontend --port %d" % rust.port
+    assert "VLLM::APIServer_0" not in _titles(launched)  # the Rust frontend ignores --api-server-count > 1
+
+
+def test_sigkill_of_the_launcher_leaves_api_servers_and_engines(node, serve):
+    server = serve("-dp", 2)
+    server.wait_ready()
+    launched = children(server.pid)
+    os.kill(server.pid, signal.SIGKILL)
+    server.process.wait()
+    assert_stays(lambda: all(alive(pid) for pid in launched), 1.0, "API servers, coordinator and engines survive")
+
+
+@pytest.fixture
+def raylet(node, tmp_path, fake_driver_dir):
+    """A simulated raylet (simvllm.raylet) on a unix socket; yields (Popen, socket path)."""
+    address = str(tmp_path / "raylet.sock")
+    env = {name: value for name, value in os.environ.items() if not name.startswith(("SIMVLLM_", "VLLM_", "CUDA_"))}
+    env.update(GPUSIM_RUN=str(node.run_dir), LD_LIBRARY_PATH=str(fake_driver_dir))
+    with open(tmp_path / "raylet.log", "wb") as log:
+        process = subprocess.Popen([sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
+                                    "from simvllm.raylet import main; sys.exit(main(sys.argv[2:]))", str(SIM_DIR), address],
+                                   env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    wait_for(lambda: os.path.exists(address), 10, "the raylet's socket")
+    yield process, address
+    for child in psutil.Process(process.pid).children(recursive=True):
+        child.kill()
+    process.kill()
+    process.wait()
+
+
+def test_ray_executor_workers_run_under_the_respawning_raylet(node, serve, raylet):
+    process, address = raylet
+    server = serve("-tp", 2, "--distributed-executor-backend", "ray", RAY_ADDRESS=address)
+    server.wait_ready()
+    actors = wait_for(lambda: children(process.pid) if len(children(process.pid)) == 2 else None, 10, "two actors")
+    assert [title(pid) for pid in actors] == ["ray::RayWorkerProc.run"] * 2
+    assert comm(process.pid) == "raylet" and "raylet --raylet_socket_name=" in title(process.pid)
+    assert sorted(rank for rank in range(2) for pid in actors if node.holds_gpu(pid, rank)) == [0, 1]
+    engine = next(pid for pid in children(server.pid) if title(pid) == "VLLM::EngineCore")
+    assert not children(engine)  # no worker under EngineCore: a stop by session or tree misses the actors
+
+    os.kill(actors[0], signal.SIGTERM)  # the raylet starts an ended actor again (1 s later) while its job lives
+    wait_for(lambda: not alive(actors[0]), 2, "the actor to exit")
+    (node.contexts_dir / str(actors[0])).unlink()  # the driver's release of its context (done by a node's init)
+    respawned = wait_for(lambda: [pid for pid in children(process.pid) if pid not in actors and node.context(pid)],
+                         10, "the actor restarted")
+    assert len(respawned) == 1 and health(server.port) == 200
+
+    server.process.send_signal(signal.SIGTERM)  # the job ends: the raylet ends its actors, and lives on
+    assert server.process.wait(timeout=5) == 0
+    wait_for(lambda: not children(process.pid), 6, "the job's actors to end")
+    assert process.poll() is None

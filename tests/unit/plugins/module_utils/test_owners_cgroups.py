@@ -391,3 +391,15 @@ def test_module_is_python39_compatible():
     ast.parse(source, feature_version=(3, 9))
     assert "print(" not in source
     assert sys.version_info >= (3, 9)
+
+
+def test_a_ray_actor_names_its_raylet_and_how_to_stop_it():
+    """vLLM's Ray executor: workers are actors of the raylet (vllm/v1/executor/ray_executor_v2.py)."""
+    from ansible_collections.gpuops.nvidia.plugins.module_utils import _owners
+
+    owner = dict(_owners.empty_owner(), agent={"pid": 812, "comm": "raylet", "cmdline": "raylet", "kind": "ray"})
+    note = _owners.restart_note(owner)
+    assert "raylet PID 812" in note and "stop the vLLM instance" in note and "`ray stop`" in note
+    assert _owners.stop_command(owner) == "ray stop"
+    vllm = dict(_owners.empty_owner(), agent={"pid": 9, "comm": "vllm", "cmdline": "vllm serve m", "kind": "vllm"})
+    assert _owners.restart_note(vllm) is None and _owners.stop_command(vllm) is None

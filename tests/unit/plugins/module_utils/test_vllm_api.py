@@ -135,3 +135,46 @@ def test_wait_ready_while_nothing_listens_and_when_the_server_process_exits():
             server.wait()
         result = _vllm_api.wait_ready(client, "served", timeout=30, process=(0, 0))
         assert result["process_exited"] and result["attempts"] == 0 and result["msg"] == "no server process is running"
+
+
+class _Listing:
+    """A client stub whose GET /v1/models lists `names` (None: the listing fails)."""
+
+    def __init__(self, names):
+        self.names = names
+        self.asked = 0
+
+    def json(self, path):
+        assert path == "/v1/models"
+        self.asked += 1
+        if self.names is None:
+            raise _vllm_api.VllmApiError("GET /v1/models: HTTP 401", 401)
+        return {"object": "list", "data": [{"id": name} for name in self.names]}
+
+
+GAUGES = [("vllm:num_requests_running", {"engine": "0", "model_name": "first"}, 3.0),
+          ("vllm:num_requests_waiting", {"engine": "0", "model_name": "first"}, 1.0)]
+
+
+def test_metrics_of_another_served_name_are_read_under_the_first():
+    """vLLM 0.33 labels metrics with the first served name only (vllm/config/model.py get_served_model_name)."""
+    client = _Listing(["first", "alias"])
+    label, note = _vllm_api.metric_model_name(client, "alias", GAUGES)
+    assert label == "first" and "another name of this server" in note
+    assert _vllm_api.server_load(GAUGES, label) == (3, 1)
+    assert _vllm_api.metric_model_name(client, "first", GAUGES) == ("first", None) and client.asked == 1
+
+
+def test_a_name_the_server_does_not_serve_is_refused_not_taken_for_disabled_stats():
+    with pytest.raises(_vllm_api.VllmApiError, match="does not serve 'other'.*lists \\['first', 'alias'\\]"):
+        _vllm_api.metric_model_name(_Listing(["first", "alias"]), "other", GAUGES)
+    # no listing (e.g. a wrong API key): the one label /metrics carries is the server's first name
+    assert _vllm_api.metric_model_name(_Listing(None), "alias", GAUGES)[0] == "first"
+    two = GAUGES + [("vllm:num_requests_running", {"engine": "1", "model_name": "second"}, 0.0)]
+    with pytest.raises(_vllm_api.VllmApiError, match="no listing"):
+        _vllm_api.metric_model_name(_Listing(None), "alias", two)
+
+
+def test_no_gauge_message_tells_disabled_stats_from_another_label():
+    assert "--disable-log-stats" in _vllm_api._no_gauge([("python_info", {}, 1.0)], "x")
+    assert "none labelled model_name='x'" in _vllm_api._no_gauge(GAUGES, "x")

@@ -1,0 +1,369 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) 2026, gpuops.nvidia contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Per-method checks of a speculative config against its drafter: EAGLE, EAGLE-3, MTP, ngram, token budget.
+
+The results go into a _Report (one entry per field); DFlash has its own module, _speculative_dflash.
+"""
+from __future__ import annotations
+
+
+from ansible_collections.gpuops.nvidia.plugins.module_utils._speculative_vllm import (
+    VLLM_VERSION,
+    V2_RUNNER_ENV,
+    BATCH_DEFAULTS,
+)
+from ansible_collections.gpuops.nvidia.plugins.module_utils._speculative_parse import (
+    SpeculativeConfigError,
+    _text,
+)
+
+
+_COLLAPSE = "no error is raised, acceptance collapses"
+
+
+class _Report:
+    """Per-field results collected while checking: checks, mismatches, warnings, filled fields, environment."""
+
+    def __init__(self):
+        self.checks = []
+        self.mismatches = []
+        self.warnings = []
+        self.filled = []
+        self.environment = {}
+
+    def _check(self, field, status, requested, drafter, detail):
+        self.checks.append({"field": field, "status": status, "requested": requested, "drafter": drafter, "detail": detail})
+
+    def ok(self, field, requested, drafter, detail=""):
+        self._check(field, "ok", requested, drafter, detail)
+
+    def from_drafter(self, field, drafter, detail=""):
+        self._check(field, "from_drafter", None, drafter, detail)
+
+    def fill(self, spec, field, value, detail):
+        spec[field] = value
+        self.filled.append(field)
+        self._check(field, "filled", None, value, detail)
+
+    def warn(self, field, requested, drafter, detail):
+        self.warnings.append("%s: %s" % (field, detail))
+        self._check(field, "warning", requested, drafter, detail)
+
+    def mismatch(self, field, requested, drafter, explanation):
+        self.mismatches.append({"field": field, "requested": requested, "drafter": drafter, "explanation": explanation,
+                                "source": "drafter"})
+        self._check(field, "mismatch", requested, drafter, explanation)
+
+    def refuse(self, field, requested, expected, explanation):
+        """A value vLLM itself refuses at start (not a drafter mismatch): ``expected`` is what vLLM accepts."""
+        self.mismatches.append({"field": field, "requested": requested, "drafter": expected, "explanation": explanation,
+                                "source": "vllm"})
+        self._check(field, "mismatch", requested, expected, explanation)
+
+    def compare(self, field, requested, drafter, explanation, detail=""):
+        """Record requested vs drafter: from_drafter when not requested, ok when equal, else a mismatch."""
+        if requested is None:
+            self.from_drafter(field, drafter, detail)
+        elif requested == drafter:
+            self.ok(field, requested, drafter, detail)
+        else:
+            self.mismatch(field, requested, drafter, explanation)
+
+
+def _layout_text(per_layer):
+    """'4 x sliding_attention + 1 x full_attention' for a per-layer list (runs of equal values)."""
+    runs = []
+    for value in per_layer:
+        if runs and runs[-1][1] == value:
+            runs[-1][0] += 1
+        else:
+            runs.append([1, value])
+    return " + ".join("%d x %s" % (count, value) for count, value in runs)
+
+
+def format_mismatches(mismatches):
+    """One line per mismatch: '- field: requested X, drafter Y: explanation'."""
+    lines = []
+    for item in mismatches:
+        requested, drafter = item["requested"], item["drafter"]
+        if item["field"] == "layer_types":
+            requested = _layout_text(requested) if isinstance(requested, list) else requested
+            drafter = _layout_text(drafter) if isinstance(drafter, list) else drafter
+        if item.get("source") == "vllm":
+            lines.append("- %s: %s; vLLM %s expects %s: %s" % (
+                item["field"], _text(requested), VLLM_VERSION, _text(drafter), item["explanation"]))
+        else:
+            lines.append("- %s: requested %s, drafter %s: %s" % (
+                item["field"], _text(requested), _text(drafter), item["explanation"]))
+    return "\n".join(lines)
+
+
+def _architectures(config):
+    names = config.get("architectures") or []
+    return [name for name in names if isinstance(name, str)] if isinstance(names, list) else []
+
+
+def _text_config_value(config, name):
+    """``config[name]``, else ``config["text_config"][name]`` (multimodal checkpoints nest the text model)."""
+    if config.get(name) is not None:
+        return config[name]
+    text_config = config.get("text_config")
+    return text_config.get(name) if isinstance(text_config, dict) else None
+
+
+def _mtp_layers(config):
+    """(number of MTP layers, key it came from) declared by a checkpoint, or (None, None)."""
+    for key in ("n_predict", "num_nextn_predict_layers", "mtp_num_hidden_layers"):
+        value = _text_config_value(config, key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value, key
+    return None, None
+
+
+def _speculators_tokens(config):
+    """num_speculative_tokens a speculators-format checkpoint declares (speculators_config.proposal_methods), or None."""
+    speculators = config.get("speculators_config")
+    methods = speculators.get("proposal_methods") if isinstance(speculators, dict) else None
+    for proposal in methods if isinstance(methods, list) else []:
+        if isinstance(proposal, dict) and isinstance(proposal.get("speculative_tokens"), int):
+            return proposal["speculative_tokens"]
+    return None
+
+
+def drafter_kind(config):
+    """What kind of drafter a config.json describes: 'dflash', 'eagle3', 'eagle', 'mtp', 'causal_lm' or None.
+
+    'causal_lm' is a plain *ForCausalLM checkpoint without any marker: EAGLE-1 heads ship that way.
+    EAGLE-3 is recognised by an Eagle3 architecture name, the speculators algorithm, or draft_vocab_size
+    (EAGLE-3 heads predict over a reduced vocabulary).
+    """
+    architectures = _architectures(config)
+    names = [name.lower() for name in architectures + [str(config.get("model_type") or "")]]
+    speculators = config.get("speculators_config")
+    algorithm = str((speculators.get("algorithm") if isinstance(speculators, dict) else None)
+                    or config.get("speculators_model_type") or "").lower()
+    if "dflash_config" in config or algorithm in ("dflash", "dflash2") or any("dflash" in name for name in names):
+        return "dflash"
+    if algorithm == "eagle3" or any("eagle3" in name for name in names):
+        return "eagle3"
+    if algorithm == "eagle" or any("eagle" in name for name in names):
+        return "eagle"
+    if _mtp_layers(config)[0] or any("mtp" in name for name in names):
+        return "mtp"
+    if any(name.endswith("ForCausalLM") for name in architectures):
+        return "eagle3" if "draft_vocab_size" in config else "causal_lm"
+    return None
+
+
+def _check_drafter_kind(report, method, config):
+    """Record whether the checkpoint's kind fits ``method``; return False when it does not (further checks are moot)."""
+    kind = drafter_kind(config)
+    architectures = _architectures(config)
+    if kind == method:
+        report.ok("method", method, architectures, "config.json describes a %s drafter" % method)
+        return True
+    if kind == "causal_lm" and method in ("eagle", "eagle3"):
+        if method == "eagle3":
+            report.warn("method", method, architectures, "architecture carries no EAGLE-3 marker (Eagle3 name, speculators "
+                        "algorithm, draft_vocab_size); vLLM loads it as an EAGLE-3 head: make sure it was trained as one")
+        else:
+            report.ok("method", method, architectures, "plain *ForCausalLM architecture: EAGLE-1 heads ship that way")
+        return True
+    if kind is None:
+        explanation = ("config.json names no architecture vLLM could use as a %s drafter; vLLM fails to build or load it"
+                       % method)
+    elif method == "mtp":
+        explanation = ("config.json declares no MTP layers (num_nextn_predict_layers, mtp_num_hidden_layers, n_predict) "
+                       "and looks like a %s drafter; vLLM's mtp method needs a checkpoint that carries MTP weights" % kind)
+    else:
+        explanation = ("config.json describes a %s drafter; vLLM builds a %s drafter from it: weights fail to load or the "
+                       "drafts are all rejected" % (kind, method))
+    report.mismatch("method", method, kind or architectures, explanation)
+    return False
+
+
+def _target_layer_count(report, config, target_num_layers):
+    """Number of target layers to check tap ids against: the option, else the drafter's num_target_layers."""
+    trained_for = config.get("num_target_layers")
+    if not isinstance(trained_for, int) or isinstance(trained_for, bool):
+        trained_for = None
+    if trained_for is not None:
+        report.compare("target_num_layers", target_num_layers, trained_for,
+                       "the drafter was trained on a %s-layer target; on a %s-layer target its hidden-state taps sit at "
+                       "other depths (or it is another model): %s" % (trained_for, target_num_layers, _COLLAPSE),
+                       "num_target_layers in config.json")
+    return target_num_layers if target_num_layers is not None else trained_for
+
+
+def _untappable(layer_ids, num_layers):
+    """DFlash ids whose output vLLM cannot tap on a target of ``num_layers`` layers (tap id + 1 must be <= num_layers)."""
+    return [layer_id for layer_id in layer_ids if layer_id + 1 > num_layers]
+
+
+def _tap_explanation(layer_ids, num_layers):
+    bad = _untappable(layer_ids, num_layers)
+    if not bad:
+        return ""
+    return (" Layer(s) %s: vLLM would tap hidden state(s) %s, but on a %d-layer target vLLM captures only hidden "
+            "states 0..%d (state %d is the last layer's output, before the final norm): the drafter gets fewer "
+            "features than its input projection expects and vLLM fails ('target_layer_ids reference layers that do "
+            "not exist in the target model')." % (_text(bad), _text([layer_id + 1 for layer_id in bad]), num_layers,
+                                                  num_layers, num_layers))
+
+
+def _int_list(value):
+    """``value`` when it is a non-empty list of non-negative ints, else None."""
+    if isinstance(value, (list, tuple)) and value and all(
+            isinstance(item, int) and not isinstance(item, bool) and item >= 0 for item in value):
+        return list(value)
+    return None
+
+
+def v1_runner_forced(environment):
+    """(forced, problem): whether ``environment`` forces vLLM's V1 model runner (VLLM_USE_V2_MODEL_RUNNER=0).
+
+    vllm/envs.py reads the variable with ``bool(int(value))``: unset -> V2 (0.33's default), 0 -> V1, another
+    integer -> V2; a value that is no integer makes vLLM fail at start (``problem`` says so).
+    """
+    value = (environment or {}).get(V2_RUNNER_ENV)
+    if value is None:
+        return False, None
+    try:
+        return int(str(value).strip()) == 0, None
+    except ValueError:
+        return False, ("%s=%s: vLLM reads it with int(), so this value makes the server fail at start; use 1 (V2 model "
+                       "runner, the default) or 0 (V1)" % (V2_RUNNER_ENV, value))
+
+
+def _check_eagle(report, spec, method, config, target_num_layers):
+    """EAGLE / EAGLE-3: architecture, num_speculative_tokens default, EAGLE-3 aux layer ids within the target."""
+    if not _check_drafter_kind(report, method, config):
+        return
+    declared = _speculators_tokens(config)
+    if declared is None and isinstance(config.get("n_predict"), int):
+        declared = config["n_predict"]
+    if spec.get("num_speculative_tokens") is None:
+        if declared is None:
+            raise SpeculativeConfigError("num_speculative_tokens is not given and the drafter declares none "
+                                         "(speculators_config.proposal_methods[].speculative_tokens or n_predict)")
+        report.fill(spec, "num_speculative_tokens", declared, "declared by the drafter's config.json")
+    else:
+        report.ok("num_speculative_tokens", spec["num_speculative_tokens"], declared)
+    aux_ids = config.get("eagle_aux_hidden_state_layer_ids")
+    if method == "eagle3" and isinstance(aux_ids, list):
+        num_layers = target_num_layers if target_num_layers is not None else config.get("num_target_layers")
+        beyond = [layer_id for layer_id in aux_ids if isinstance(num_layers, int) and layer_id > num_layers]
+        if beyond:
+            report.mismatch("eagle_aux_hidden_state_layer_ids", None, aux_ids,
+                            "vLLM captures hidden state j after target layer j - 1 and only for j = 0..%d (state %d is "
+                            "the last layer's output, before the final norm) on a %d-layer target, so %s are never "
+                            "captured: the head gets fewer features than it was trained on and vLLM fails"
+                            % (num_layers, num_layers, num_layers, _text(beyond)))
+        else:
+            report.from_drafter("eagle_aux_hidden_state_layer_ids", aux_ids,
+                                "hidden states vLLM taps (j = output of target layer j - 1; valid up to the layer count)")
+
+
+def _check_mtp(report, spec, config):
+    """MTP: the checkpoint declares MTP layers; num_speculative_tokens defaults to, and must be a multiple of, their number."""
+    if not _check_drafter_kind(report, "mtp", config):
+        return
+    n_predict, key = _mtp_layers(config)
+    requested = spec.get("num_speculative_tokens")
+    if n_predict is None:
+        if requested is None:
+            raise SpeculativeConfigError("num_speculative_tokens is not given and the checkpoint declares no number "
+                                         "of MTP layers (num_nextn_predict_layers, mtp_num_hidden_layers, n_predict)")
+        report.ok("num_speculative_tokens", requested, None)
+    elif requested is None:
+        report.fill(spec, "num_speculative_tokens", n_predict, "%s in config.json" % key)
+    elif requested > n_predict and requested % n_predict:
+        report.mismatch("num_speculative_tokens", requested, "%d or a multiple of it (%s)" % (n_predict, key),
+                        "vLLM reuses the %d MTP layer(s) in turn and refuses to start unless num_speculative_tokens is "
+                        "at most %d or a multiple of it" % (n_predict, n_predict))
+    elif requested > n_predict:
+        report.warn("num_speculative_tokens", requested, n_predict,
+                    "more tokens than MTP layers (%d): vLLM runs the same layers again for the later positions, "
+                    "their acceptance is usually low" % n_predict)
+    else:
+        report.ok("num_speculative_tokens", requested, n_predict)
+
+
+def _check_ngram(report, spec):
+    if spec.get("num_speculative_tokens") is None:
+        raise SpeculativeConfigError("ngram needs num_speculative_tokens: there is no drafter to take it from")
+    low, high = spec.get("prompt_lookup_min"), spec.get("prompt_lookup_max")
+    if low is not None and high is not None and low > high:
+        raise SpeculativeConfigError("prompt_lookup_min (%d) must be <= prompt_lookup_max (%d)" % (low, high))
+    report.ok("num_speculative_tokens", spec["num_speculative_tokens"], None, "ngram drafts from the prompt, no drafter model")
+
+
+def disable_log_stats_message():
+    """Why ``--disable-log-stats`` and an acceptance gate cannot go together (for the role and vllm_acceptance)."""
+    return ("--disable-log-stats makes vLLM %s create no stat loggers (vllm/v1/engine/async_llm.py: no "
+            "StatLoggerManager without log_stats), so /metrics has no vllm:spec_decode_* counters at all: the "
+            "acceptance of the drafter cannot be measured. Remove --disable-log-stats from the server's arguments, or "
+            "configure no acceptance gate" % VLLM_VERSION)
+
+
+def _lookahead(method, tokens):
+    """vllm/config/vllm.py num_lookahead_tokens: K + 1 for DFlash (a bonus query plus K mask queries), K for the
+    EAGLE family, MTP and draft models, 0 for the methods that need no drafter forward."""
+    if method == "dflash":
+        return tokens + 1
+    if method in ("eagle", "eagle3", "mtp", "draft_model"):
+        return tokens
+    return 0
+
+
+def _check_budget(report, method, tokens, server):
+    """vLLM 0.33's start-up checks of the token budget against num_speculative_tokens (vllm-project/vllm#50708).
+
+    vllm/config/vllm.py _set_max_num_scheduled_tokens: max_num_batched_tokens <= num_lookahead_tokens fails at start;
+    for DFlash, max_num_batched_tokens // (K + 1) below max_num_seqs lowers the number of requests served at once
+    (a warning). vllm/engine/arg_utils.py: with --enable-lora, max_num_batched_tokens < max_num_seqs x (K + 1) fails.
+    A value not given takes vLLM's default for the GPU class, which this module does not know: a check fails when it
+    fails for every class, and warns when it fails for some.
+    """
+    lookahead = _lookahead(method, tokens)
+    if not lookahead:
+        return
+    given_tokens, given_seqs = server["max_num_batched_tokens"], server["max_num_seqs"]
+    cases = [(label, given_tokens or batched, given_seqs or seqs, label if not (given_tokens and given_seqs) else None)
+             for label, batched, seqs in BATCH_DEFAULTS]
+    if given_tokens and given_seqs:
+        cases = cases[:1]
+
+    def where(case):
+        return "" if case[3] is None else " (vLLM's default for %s)" % case[3]
+
+    def judge(field, failing, message, warning_only=False):
+        if not failing:
+            return
+        if len(failing) == len(cases) and not warning_only:
+            expected, explanation = message(failing[0]).split(": ", 1)
+            report.refuse(field, tokens, expected, explanation)
+        else:
+            report.warn(field, tokens, None, "; ".join(message(case) for case in failing))
+
+    judge("num_speculative_tokens", [case for case in cases if case[1] <= lookahead], lambda case: (
+        "at most %d with max_num_batched_tokens %d%s: %s drafts K%s = %d query tokens per request and vLLM %s refuses "
+        "to start when max_num_batched_tokens <= %d ('VllmConfig does not have enough slots to schedule a token and "
+        "support the speculative decoding settings'); raise --max-num-batched-tokens above %d or lower "
+        "num_speculative_tokens" % (case[1] - (lookahead - tokens) - 1, case[1], where(case), method,
+                                    " + 1" if method == "dflash" else "", lookahead, VLLM_VERSION, lookahead, lookahead)))
+    if server["enable_lora"]:
+        judge("num_speculative_tokens", [case for case in cases if case[1] < case[2] * (tokens + 1)], lambda case: (
+            "at most %d with --enable-lora, max_num_batched_tokens %d and max_num_seqs %d%s: vLLM %s refuses to start "
+            "when max_num_batched_tokens < max_num_seqs x (K + 1) = %d x %d = %d ('Consider increasing "
+            "max_num_batched_tokens or decreasing num_speculative_tokens')" % (
+                case[1] // case[2] - 1, case[1], case[2], where(case), VLLM_VERSION, case[2], tokens + 1,
+                case[2] * (tokens + 1))))
+    if method == "dflash" and (given_tokens or given_seqs):
+        judge("num_speculative_tokens", [case for case in cases if case[1] // lookahead < case[2]], lambda case: (
+            "max_num_batched_tokens %d // (K + 1 = %d) = %d < max_num_seqs %d%s: vLLM %s starts but serves at most %d "
+            "requests at once (it lowers max_num_active_seqs; the DFlash draft pass needs K + 1 query tokens per "
+            "request)" % (case[1], lookahead, case[1] // lookahead, case[2], where(case), VLLM_VERSION,
+                          case[1] // lookahead)), warning_only=True)
