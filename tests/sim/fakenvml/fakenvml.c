@@ -1177,7 +1177,8 @@ static int held_by_another(const struct context *ctx, const struct context_line 
  * number in the caller's namespace (gpu_rmapi.c _gpuConvertPid -> os-interface.c os_find_ns_pid ->
  * pid_vnr) and skip a client that has none there (NV_ERR_OBJECT_NOT_FOUND). Here the struct pid is
  * <run>/released/<T>.pid, "<inode> <levels> <ns>:<nr> ...", one pair per level from proc_dir's
- * namespace down, written the first time a call sees the creator alive. */
+ * namespace down (level 0's namespace is proc_dir's own, recorded as 0), written the first time a
+ * call sees the creator alive. */
 #define MAX_PID_LEVELS 8
 
 struct pid_record {
@@ -1248,7 +1249,6 @@ static int creator_record(const struct context *ctx, struct pid_record *rec)
         return 0;
     memset(rec->ns, 0, sizeof rec->ns);
     rec->ns[rec->levels - 1] = pid_ns_inode(who);
-    rec->ns[0] = pid_ns_inode("1");
     for (int hops = 0; ppid > 0 && hops < 64; hops++) {
         unsigned long nr[MAX_PID_LEVELS], next;
         snprintf(who, sizeof who, "%lu", ppid);
@@ -1259,7 +1259,7 @@ static int creator_record(const struct context *ctx, struct pid_record *rec)
             rec->ns[levels - 1] = pid_ns_inode(who);
         ppid = next;
     }
-    return rec->ns[rec->levels - 1] != 0;
+    return rec->levels == 1 || rec->ns[rec->levels - 1] != 0;
 }
 
 /* Records the creator's struct pid the first time it is seen alive (a no-op once recorded). */
@@ -1298,7 +1298,7 @@ static void creator_pid(const struct context *ctx, struct pid_record *rec)
     }
     if (rec->levels == 0) {
         rec->levels = 1;
-        rec->ns[0] = pid_ns_inode("1");
+        rec->ns[0] = 0;
         rec->nr[0] = ctx->token;
     }
 }
@@ -1333,7 +1333,7 @@ static unsigned long listed_pid(const struct context *ctx, const struct caller_n
 {
     struct pid_record rec;
     creator_pid(ctx, &rec);
-    if (caller->init_numbers)
+    if (caller->init_numbers || caller->level == 0) /* level 0: proc_dir's own namespace, every process has a number */
         return rec.nr[0];
     if (caller->level >= rec.levels || rec.ns[caller->level] != caller->ns)
         return 0;
