@@ -154,6 +154,10 @@ def _process_lists(pynvml, handle, versions):
             versions.pop(0)
 
 
+_UNSUPPORTED_MEMORY = {"total_mib": None, "used_mib": None, "free_mib": None, "reserved_mib": None, "source": None,
+                       "used_includes_reserved": None, "used_excluding_reserved_mib": None, "supported": False}
+
+
 def _memory(pynvml, handle):
     """Memory of one GPU (or MIG device) in MiB: NVML memory info v2 (reserved separate), v1 where v2 is missing.
 
@@ -168,7 +172,12 @@ def _memory(pynvml, handle):
     # A driver without nvmlDeviceGetMemoryInfo_v2 (FunctionNotFound), or one that does not know the v2 struct
     # version (ArgumentVersionMismatch).
     except (pynvml.NVMLError_FunctionNotFound, pynvml.NVMLError_NotSupported, pynvml.NVMLError_ArgumentVersionMismatch):
-        info = pynvml.nvmlDeviceGetMemoryInfo(handle)
+        try:
+            info = pynvml.nvmlDeviceGetMemoryInfo(handle)
+        except pynvml.NVMLError_NotSupported:
+            # A unified-memory GPU (NVIDIA GB10) reports no memory, v1 and v2 alike, while its process lists answer
+            # (XuehaiPan/nvitop PR 208): not an error of the GPU; it is judged by its lists and device files.
+            return dict(_UNSUPPORTED_MEMORY)
         # v1 `used` includes reserved memory; v1 cannot tell them apart.
         return {"total_mib": info.total // MIB, "used_mib": info.used // MIB, "free_mib": info.free // MIB,
                 "reserved_mib": None, "source": "nvmlDeviceGetMemoryInfo",
