@@ -189,11 +189,9 @@ def merge(driver, table, scan, processes, tolerance_mib=256, exclude_pids=(), ca
     Returns a dict (the keys of each shape are in _shapes; gpu_facts' RETURN says what each means):
       gpus: [dicts with _shapes.GPU_KEYS]: "driver_processes" ([_shapes.DRIVER_PROCESS_KEYS]), "explained_mib" (what
             the lists say), "unexplained_mib" (used minus listed, None when unknown), "memory_unexplained" (beyond
-            tolerance_mib, or unknown), "foreign" ([_shapes.FOREIGN_KEYS]: listed PIDs that may be another PID
-            namespace's: drivers before 535.113.01 seen from a container), "exited" ([_shapes.FOREIGN_KEYS] with
-            reason "exited" or "reused": listed creators that are gone or whose number another process has; their
-            contexts are held by the device-file holders), "memory_supported" (False where NVML does not report
-            memory: judged by the lists and device files), "unexplained_cause" (see unexplained_cause),
+            tolerance_mib, or unknown), "foreign" ([_shapes.FOREIGN_KEYS]: listed PIDs maybe another namespace's),
+            "exited" (the same shape, reason "exited"/"reused": creators gone, their contexts held by device-file
+            holders), "memory_supported", "unexplained_cause" (see unexplained_cause),
             "suspects" (PIDs of NVML-only clients holding the device file where memory is unexplained and no CUDA
             user does), "mig_devices" ([_shapes.MIG_DEVICE_KEYS], [] unless MIG is enabled).
       holders: [dicts with _shapes.HOLDER_KEYS]: process details plus "gpus" (indices held), "memory_mib"
