@@ -183,8 +183,7 @@ def merge(driver, table, scan, processes, tolerance_mib=256, exclude_pids=(), ca
         exclude_pids: PIDs that are ours (this module, its NVML worker): never holders or users.
         caps: _procscan.cap_map() ({cap minor: (GPU minor, GPU instance id, compute instance id or None)}), or None
             for the driver's fixed numbering (mig_cap).
-        initial_pidns: True when /proc is the initial PID namespace's (_gpus.initial_pid_namespace): there, on a
-            driver that translates PIDs, memory outside the lists can only be leaked.
+        initial_pidns: True when /proc is the initial PID namespace's (_gpus.initial_pid_namespace).
 
     Returns a dict (the keys of each shape are in _shapes; gpu_facts' RETURN says what each means):
       gpus: [dicts with _shapes.GPU_KEYS]: "driver_processes" ([_shapes.DRIVER_PROCESS_KEYS]), "explained_mib" (what
