@@ -180,19 +180,18 @@ def merge(driver, table, scan, processes, tolerance_mib=256, exclude_pids=(), ca
         tolerance_mib: used memory the driver's lists may leave unexplained before device-file
             users become holders (the idle floor that max_used_mib allows; docs/attribution.md); plus
             reserved_allowance() where used memory includes reserved memory (NVML memory info v1).
-        exclude_pids: PIDs that are ours (this module, its NVML worker): never holders or users.
+        exclude_pids: PIDs that are ours (this module, its NVML worker).
         caps: _procscan.cap_map() ({cap minor: (GPU minor, GPU instance id, compute instance id or None)}), or None
             for the driver's fixed numbering (mig_cap).
-        initial_pidns: True when /proc is the initial PID namespace's (_gpus.initial_pid_namespace).
+        initial_pidns: /proc is the initial PID namespace's (_gpus.initial_pid_namespace).
 
     Returns a dict (the keys of each shape are in _shapes; gpu_facts' RETURN says what each means):
       gpus: [dicts with _shapes.GPU_KEYS]: "driver_processes" ([_shapes.DRIVER_PROCESS_KEYS]), "explained_mib" (what
             the lists say), "unexplained_mib" (used minus listed, None when unknown), "memory_unexplained" (beyond
             tolerance_mib, or unknown), "foreign" ([_shapes.FOREIGN_KEYS]: listed PIDs maybe another namespace's),
             "exited" (the same shape, reason "exited"/"reused": creators gone, their contexts held by device-file
-            holders), "memory_supported", "unexplained_cause" (see unexplained_cause),
-            "suspects" (PIDs of NVML-only clients holding the device file where memory is unexplained and no CUDA
-            user does), "mig_devices" ([_shapes.MIG_DEVICE_KEYS], [] unless MIG is enabled).
+            holders), "memory_supported", "unexplained_cause" (see unexplained_cause), "suspects" (NVML-only
+            clients of the device file where no CUDA user holds it), "mig_devices" ([_shapes.MIG_DEVICE_KEYS]).
       holders: [dicts with _shapes.HOLDER_KEYS]: process details plus "gpus" (indices held), "memory_mib"
                ({"<index>": MiB or None}), "attribution" ({"<index>": "driver" or "device_file"}), "mig"
                ({"<index>": [MIG UUIDs]}), "control_only" (listed while holding no device file: an MPS client).
