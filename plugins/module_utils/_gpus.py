@@ -171,8 +171,8 @@ class Inspector:
         """NVML reading (see _nvml.read_driver) with the driver's state as a dict; never raises on driver trouble."""
         try:
             return self._query.read(self.driver_timeout if timeout is None else min(timeout, self.driver_timeout))
-        except _nvml.NvmlTimeout as exc:
-            return {"available": False, "error": str(exc), "timed_out": True, "gpus": [],
+        except (_nvml.NvmlTimeout, _nvml.NvmlWorkerError) as exc:
+            return {"available": False, "error": str(exc), "timed_out": isinstance(exc, _nvml.NvmlTimeout), "gpus": [],
                     "driver_version": None, "nvml_version": None, "cuda_driver_version": None}
 
     def snapshot(self, timeout=None, scope="full", indices=None, tolerance_mib=DEFAULT_TOLERANCE_MIB, owners=None):
@@ -215,8 +215,9 @@ class Inspector:
 
     def _merge(self, driver, table, own, listed, tolerance_mib):
         """Scan /proc (every process, or the `listed` PIDs) and merge it with the reading."""
+        problems = []
         if listed is None:
-            scan = _procscan.scan_holders(self.proc, skip_pids=own)
+            scan = _procscan.scan_holders(self.proc, skip_pids=own, problems=problems)
         else:
             scan = _procscan.scan_pids(sorted(listed - own), self.proc) if listed - own else {}
         wanted = set(scan) | {item["pid"] for gpu in driver.get("gpus", []) for item in gpu.get("processes", [])}
@@ -228,9 +229,13 @@ class Inspector:
             if details is not None:
                 processes[pid] = details
         mig = any((gpu.get("mig_mode") or {}).get("current") for gpu in driver.get("gpus", []))
-        return _holders.merge(driver, table, scan, processes, tolerance_mib, exclude_pids=own,
+        view = _holders.merge(driver, table, scan, processes, tolerance_mib, exclude_pids=own,
                               caps=_procscan.cap_map(self.proc) if mig else None,
                               initial_pidns=initial_pid_namespace(self.proc))
+        # Scan workers that did not finish (a process stuck in the driver), and NVML workers left behind.
+        view["scan_problems"] = problems + ["the NVML worker (PID %d) was left behind, stuck in the driver" % pid
+                                            for pid in self._query.left_behind]
+        return view
 
     def close(self):
         return self._query.close()

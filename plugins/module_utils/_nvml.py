@@ -63,10 +63,22 @@ class _ProcessInfoV2(ctypes.Structure):  # pylint: disable=too-few-public-method
 # How long close() lets the worker leave on its own (seconds): it exits as soon as it reads the end of its request
 # pipe, unless a driver call holds it.
 _WORKER_EXIT_S = 0.1
+# How long close() waits for a SIGKILLed worker to be reaped (seconds). A worker stuck in the driver sleeps
+# uninterruptibly (state D), where SIGKILL waits until the driver call returns: it is left behind and reported.
+KILLED_EXIT_S = 1.0
+# The deadline of the worker's first nvmlInit (seconds), apart from the reading's: with persistence mode off the
+# first client initializes every GPU, seconds on real hosts (NVIDIA/nvidia-container-toolkit#202), which is not a
+# hung driver. The reading that follows gets the caller's timeout.
+INIT_TIMEOUT_S = 30.0
+_INIT_DONE = b'{"initialized": true}'
 
 
 class NvmlTimeout(Exception):
     """An NVML query did not answer within its deadline (the worker was killed)."""
+
+
+class NvmlWorkerError(Exception):
+    """The NVML worker failed with a Python error, or exited on its own: a defect, not a driver that did not answer."""
 
 
 def _text(value):
@@ -323,8 +335,18 @@ def _worker(pynvml, requests, replies):
     initialized = False
     with os.fdopen(requests, "rb", 0) as req, os.fdopen(replies, "wb", 0) as rep:
         while req.readline():
-            reading = read_driver(pynvml, initialized)
-            initialized = initialized or reading["available"]
+            try:
+                if not initialized:
+                    try:
+                        pynvml.nvmlInit()
+                        initialized = True
+                    except pynvml.NVMLError:
+                        pass  # read_driver tries again and reports the error
+                    rep.write(_INIT_DONE + b"\n")
+                reading = read_driver(pynvml, initialized)
+            except Exception as exc:  # pylint: disable=broad-except
+                rep.write(json.dumps({"worker_error": "%s: %s" % (type(exc).__name__, exc)}).encode("utf-8") + b"\n")
+                return
             rep.write(json.dumps(reading).encode("utf-8") + b"\n")
 
 
@@ -367,6 +389,9 @@ class DriverQuery:
         self._req = self._rep = None
         self._buffer = b""
         self.timed_out = None  # the first failure's text, once NVML stopped answering
+        self.failed = None  # the worker's Python error, once it had one
+        self.left_behind = []  # workers that SIGKILL did not end within KILLED_EXIT_S (stuck in the driver)
+        self._initialized = False  # the worker has answered its nvmlInit
 
     def _start(self):
         req_r, req_w = os.pipe()
@@ -375,37 +400,60 @@ class DriverQuery:
         os.close(req_r)
         os.close(rep_w)
         self.pid, self._req, self._rep = pid, req_w, rep_r
+        self._initialized = False
 
     def read(self, timeout):
-        """One reading (see read_driver), or NvmlTimeout after `timeout` seconds."""
+        """One reading (see read_driver), or NvmlTimeout after `timeout` seconds (the worker's first nvmlInit has
+        INIT_TIMEOUT_S of its own)."""
         if self.timed_out:
             raise NvmlTimeout("%s; not asked again in this run" % self.timed_out)
+        if self.failed:
+            raise NvmlWorkerError(self.failed)
         if self.pid is None:
             self._start()
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + (timeout if self._initialized else max(timeout, INIT_TIMEOUT_S))
         try:
             os.write(self._req, b"r\n")
-            while b"\n" not in self._buffer:
-                left = deadline - time.monotonic()
-                if left <= 0 or not select.select([self._rep], [], [], left)[0]:
-                    raise NvmlTimeout("an NVML call did not return within %.1f s (driver hung?)" % timeout)
-                chunk = os.read(self._rep, 65536)
-                if not chunk:
-                    raise NvmlTimeout("the NVML worker exited unexpectedly")
-                self._buffer += chunk
-        except (NvmlTimeout, OSError) as exc:
-            self.close()
+            while True:
+                while b"\n" not in self._buffer:
+                    left = deadline - time.monotonic()
+                    if left <= 0 or not select.select([self._rep], [], [], left)[0]:
+                        raise NvmlTimeout(
+                            "an NVML call did not return within %.1f s (driver hung?)" % timeout if self._initialized
+                            else "nvmlInit did not return within %.1f s (a first initialization with persistence mode "
+                                 "off takes seconds; this long: driver hung?)" % max(timeout, INIT_TIMEOUT_S))
+                    chunk = os.read(self._rep, 65536)
+                    if not chunk:
+                        raise NvmlWorkerError("the NVML worker exited unexpectedly (a defect, not a driver that hung)")
+                    self._buffer += chunk
+                if self._buffer.startswith(_INIT_DONE + b"\n"):
+                    self._buffer = self._buffer[len(_INIT_DONE) + 1:]
+                    self._initialized = True
+                    deadline = time.monotonic() + timeout
+                    continue
+                break
+        except (NvmlTimeout, NvmlWorkerError, OSError) as exc:
+            left = self.close()
+            if isinstance(exc, NvmlWorkerError):
+                self.failed = str(exc)
+                raise
             if not isinstance(exc, NvmlTimeout):
                 exc = NvmlTimeout("the NVML worker failed: %s" % exc)
-            self.timed_out = str(exc)
-            raise exc
+            self.timed_out = str(exc) + _left_behind_text(left)
+            raise NvmlTimeout(self.timed_out)
         line, _newline, self._buffer = self._buffer.partition(b"\n")
-        return json.loads(line.decode("utf-8"))
+        reading = json.loads(line.decode("utf-8"))
+        if "worker_error" in reading:
+            self.close()
+            self.failed = "the NVML worker failed with a Python error: %s" % reading["worker_error"]
+            raise NvmlWorkerError(self.failed)
+        return reading
 
     def close(self):
-        """End the worker (SIGKILL if it does not leave at once, e.g. stuck in a driver call)."""
+        """End the worker (SIGKILL if it does not leave at once, e.g. stuck in a driver call). Returns the worker's PID
+        when it was left behind (not reaped within KILLED_EXIT_S of SIGKILL: stuck in the driver), else None."""
         if self.pid is None:
-            return
+            return None
         for fd in (self._req, self._rep):
             try:
                 os.close(fd)
@@ -413,9 +461,19 @@ class DriverQuery:
                 pass
         pid, self.pid = self.pid, None
         if _exited_within(pid, _WORKER_EXIT_S):
-            return
+            return None
         try:
             os.kill(pid, signal.SIGKILL)  # our own forked child
         except OSError:
             pass
-        os.waitpid(pid, 0)
+        if _exited_within(pid, KILLED_EXIT_S):
+            return None
+        self.left_behind.append(pid)
+        return pid
+
+
+def _left_behind_text(pid):
+    if pid is None:
+        return ""
+    return ("; the NVML worker (PID %d) did not end within %.1f s of SIGKILL (uninterruptible sleep in the driver) "
+            "and was left behind" % (pid, KILLED_EXIT_S))

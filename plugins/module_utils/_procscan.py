@@ -24,7 +24,10 @@ import functools
 import json
 import os
 import re
+import select
+import signal
 import stat
+import time
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils import _proc
 
@@ -417,7 +420,7 @@ def scan_process(pid, proc="/proc"):
     return handles
 
 
-def scan_holders(proc="/proc", skip_pids=(), workers=None):
+def scan_holders(proc="/proc", skip_pids=(), workers=None, problems=None):
     """Every process holding an NVIDIA device file: {pid: DeviceHandles}.
 
     Args:
@@ -425,13 +428,14 @@ def scan_holders(proc="/proc", skip_pids=(), workers=None):
         skip_pids: PIDs not to scan (for example our own process and its NVML worker).
         workers: processes sharing the scan; None picks one per PIDS_PER_WORKER processes, at most
             one per CPU we may run on and MAX_WORKERS (1 where we are multi-threaded: see _scan_parallel).
+        problems: a list that gets one sentence per worker that did not finish (see _scan_parallel).
     """
     skip = set(skip_pids)
     pids = [pid for pid in _proc.list_pids(proc) if pid not in skip]
     if workers is None:
         workers = _worker_count(len(pids))
     if workers > 1:
-        return _scan_parallel(pids, proc, workers)
+        return _scan_parallel(pids, proc, workers, problems if problems is not None else [])
     return _scan_pids(pids, proc)
 
 
@@ -439,6 +443,10 @@ def scan_holders(proc="/proc", skip_pids=(), workers=None):
 # per mapping, which spreads over CPUs; below a few hundred processes a fork costs more than it saves.
 PIDS_PER_WORKER = 250
 MAX_WORKERS = 8
+# How long a scan worker may take to send its share (seconds), and to be reaped after SIGKILL. A worker reading the
+# maps of a process stuck in the driver sleeps uninterruptibly (state D), where SIGKILL waits: it is left behind.
+WORKER_REPLY_S = 20.0
+KILLED_EXIT_S = 1.0
 
 
 def _worker_count(pid_count):
@@ -458,13 +466,15 @@ def _scan_pids(pids, proc):
     return holders
 
 
-def _scan_parallel(pids, proc, workers):
+def _scan_parallel(pids, proc, workers, problems):
     """scan_holders' result for `pids`, read by `workers` processes: this one and forked children.
 
-    Each child scans every workers-th PID and sends its holders as JSON through a pipe. A child
-    that fails (or a fork that fails) leaves its share to this process, so the result is the same
-    as a serial scan's. A multi-threaded process scans alone: a fork copies only the calling
-    thread, and a lock held by another thread would stay locked in the child.
+    Each child scans every workers-th PID and sends its holders as JSON through a pipe. A child that fails (or a
+    fork that fails) leaves its share to this process, so the result is the same as a serial scan's. A child that
+    sends nothing within WORKER_REPLY_S is killed; its share is not scanned again (what held it would hold this
+    process too) and a sentence in `problems` says so, as for a child that SIGKILL does not end in time (left
+    behind). A multi-threaded process scans alone: a fork copies only the calling thread, and a lock held by
+    another thread would stay locked in the child.
     """
     if not _proc.single_threaded():
         return _scan_pids(pids, proc)
@@ -479,12 +489,18 @@ def _scan_parallel(pids, proc, workers):
         children.append((share, child, read_end))
     done = len(children) + 1
     holders = _scan_pids(pids[0::workers], proc)
+    deadline = time.monotonic() + WORKER_REPLY_S
     for share, child, read_end in children:
-        with os.fdopen(read_end, "rb") as reply:
-            data = reply.read()
-        _pid, status = os.waitpid(child, 0)
+        data = _read_until(read_end, deadline)
+        status = _reap(child, data is not None)
+        if data is None:
+            problems.append("a /proc scan worker (PID %d) did not answer within %.0f s (a process stuck in the driver?); "
+                            "%d processes were not scanned%s" % (
+                                child, WORKER_REPLY_S, len(pids[share::workers]),
+                                "" if status is not None else "; the worker was left behind (not ended by SIGKILL)"))
+            continue
         try:
-            found = json.loads(data.decode("utf-8")) if status == 0 else None
+            found = json.loads(data.decode("utf-8")) if status in (0, None) else None
         except ValueError:
             found = None
         if found is None:
@@ -495,6 +511,40 @@ def _scan_parallel(pids, proc, workers):
     for share in range(done, workers):  # forks that failed: scan their shares here
         holders.update(_scan_pids(pids[share::workers], proc))
     return holders
+
+
+def _read_until(fd, deadline):
+    """Everything from pipe `fd` until its end, or None when `deadline` (monotonic) passes first; `fd` is closed."""
+    chunks = []
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                return None
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+
+
+def _reap(child, answered):
+    """Reap our worker `child`: its exit status, or None when it is left behind. One that did not answer is
+    SIGKILLed first; each wait is bounded (KILLED_EXIT_S after SIGKILL, WORKER_REPLY_S after an answer)."""
+    if not answered:
+        try:
+            os.kill(child, signal.SIGKILL)
+        except OSError:
+            pass
+    deadline = time.monotonic() + (KILLED_EXIT_S if not answered else WORKER_REPLY_S)
+    while True:
+        pid, status = os.waitpid(child, os.WNOHANG)
+        if pid:
+            return os.waitstatus_to_exitcode(status) if hasattr(os, "waitstatus_to_exitcode") else status
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.005)
 
 
 def _send_scan(pids, proc, write_end):

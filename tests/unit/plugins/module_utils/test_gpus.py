@@ -290,7 +290,7 @@ def inspector_on(monkeypatch):
     made = []
 
     def install(reading, found):
-        def scan_holders(proc="/proc", skip_pids=()):
+        def scan_holders(proc="/proc", skip_pids=(), problems=None):
             calls.append(("full", set(skip_pids)))
             return {pid: h for pid, h in found.items() if pid not in set(skip_pids)}
 

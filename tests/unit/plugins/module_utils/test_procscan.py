@@ -311,3 +311,47 @@ def test_character_device_of_major_195_is_an_nvidia_device_by_its_numbers():
     assert _procscan._canonical("/somewhere/nvidiactl", Info(255)) == "/dev/nvidiactl"
     assert _procscan._canonical("/somewhere/nvidia-caps/nvidia-cap66", None) == "/dev/nvidia-caps/nvidia-cap66"
     assert _procscan._canonical("/home/me/nvidia-notes", None) is None
+
+
+def test_parallel_scan_leaves_behind_a_worker_that_cannot_be_reaped(monkeypatch):
+    """A worker reading the maps of a process stuck in the driver sleeps in state D, where SIGKILL waits. Modelled by a
+    worker that never answers and a SIGKILL that does not arrive: the scan returns within its bounds, scans the other
+    shares, and says which processes it could not scan and that the worker was left behind."""
+    import time
+    stuck = []
+
+    def never_answers(pids, proc, write_end):
+        time.sleep(60)
+
+    monkeypatch.setattr(_procscan, "_send_scan", never_answers)
+    monkeypatch.setattr(_procscan, "WORKER_REPLY_S", 0.3)
+    monkeypatch.setattr(_procscan, "KILLED_EXIT_S", 0.2)
+    monkeypatch.setattr(_proc, "single_threaded", lambda: True)
+    real_kill = os.kill
+    monkeypatch.setattr(os, "kill", lambda pid, sig: stuck.append(pid))
+    problems = []
+    pids = [os.getpid(), 1]
+    started = time.monotonic()
+    try:
+        found = _procscan._scan_parallel(pids, "/proc", 2, problems)
+        assert time.monotonic() - started < 1.5
+    finally:
+        for pid in stuck:
+            real_kill(pid, 9)
+            os.waitpid(pid, 0)
+    assert len(stuck) == 1 and set(found) <= {os.getpid()}
+    (problem,) = problems
+    assert "did not answer within" in problem
+    assert "1 processes were not scanned" in problem and "left behind" in problem
+
+
+def test_parallel_scan_worker_with_a_python_error_leaves_its_share_to_the_caller(monkeypatch):
+    def fails(pids, proc, write_end):
+        raise RuntimeError("a defect in the worker")
+
+    monkeypatch.setattr(_procscan, "_send_scan", fails)
+    monkeypatch.setattr(_proc, "single_threaded", lambda: True)
+    problems = []
+    serial = _procscan._scan_pids([os.getpid()], "/proc")
+    assert _procscan._scan_parallel([1, os.getpid()], "/proc", 2, problems).keys() == serial.keys()
+    assert problems == []
