@@ -87,9 +87,14 @@ def next_step(gpu):
         return ("%s; run the check on the host (outside this PID namespace) to see and end that process"
                 % "; ".join(describe_foreign(item, index) for item in gpu["foreign"]))
     if gpu["memory_checked"]:
-        text = ("memory is used that no process explains (a leaked context, or memory still being released): "
-                "wait longer, or reset the GPU (nvidia-smi --gpu-reset -i %s, needs no client on the device, "
-                "nvidia-persistenced included) or reboot" % index)
+        # Drivers from 535.113.01 list only the processes of the caller's PID namespace (docs/attribution.md): memory
+        # no entry explains is another namespace's, or leaked. A listed creator that exited is named by the holders
+        # of its context (gpu_facts), which are ended first: a reset is never the next step while they live.
+        text = ("memory is used that no process listed in this PID namespace explains: it belongs to a process in "
+                "another PID namespace (another container, or the host: the driver lists only the caller's "
+                "namespace; run the check there), or it is leaked or still being released (wait longer, then reset "
+                "the GPU: nvidia-smi --gpu-reset -i %s, needs no client on the device, nvidia-persistenced included, "
+                "or reboot)" % index)
         if gpu.get("suspects"):
             text += ("; only NVML clients hold its device file (PIDs %s), and they hold no memory"
                      % ", ".join(str(p) for p in gpu["suspects"]))
@@ -103,6 +108,11 @@ def describe_foreign(item, index):
     if item["reason"] == "absent":
         return ("the driver lists PID %s (%s) on GPU %s; no such process holds it in this PID namespace (a container?)"
                 % (item["pid"], mib, index))
+    if item["reason"] in ("exited", "reused"):
+        return ("the driver lists PID %s (%s) on GPU %s: the context of PID %s, which has exited%s"
+                % (item["pid"], mib, index, item["pid"],
+                   "" if item["reason"] == "exited" else " (PID %s here, %s, is another process that got its number)"
+                   % (item["pid"], item["comm"])))
     return ("the driver lists PID %s (%s) on GPU %s; PID %s here (%s) does not hold that GPU: it is another process "
             "in this PID namespace (a container?)" % (item["pid"], mib, index, item["pid"], item["comm"]))
 
