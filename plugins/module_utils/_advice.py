@@ -90,7 +90,7 @@ def next_step(gpu):
         # Drivers from 535.113.01 list only the processes of the caller's PID namespace (docs/attribution.md): memory
         # no entry explains is another namespace's, or leaked. A listed creator that exited is named by the holders
         # of its context (gpu_facts), which are ended first: a reset is never the next step while they live.
-        text = ("memory is used that no process listed in this PID namespace explains: it belongs to a process in "
+        text = ("memory is used that no process explains in this PID namespace: it belongs to a process in "
                 "another PID namespace (another container, or the host: the driver lists only the caller's "
                 "namespace; run the check there), or it is leaked or still being released (wait longer, then reset "
                 "the GPU: nvidia-smi --gpu-reset -i %s, needs no client on the device, nvidia-persistenced included, "

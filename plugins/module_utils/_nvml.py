@@ -60,6 +60,34 @@ class _ProcessInfoV2(ctypes.Structure):  # pylint: disable=too-few-public-method
                 ("gpuInstanceId", ctypes.c_uint), ("computeInstanceId", ctypes.c_uint)]
 
 
+class _ProcessInfoV3Legacy(ctypes.Structure):  # pylint: disable=too-few-public-methods
+    """The _v3 entry of early R535 drivers (535.43.02-535.86.05): nvmlProcessInfo_v2_t plus usedGpuCcProtectedMemory,
+    32 bytes. nvidia-ml-py 12.535.108+ reads it as 24 bytes and garbles every entry after the first (nvitop#75)."""
+    _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong),
+                ("gpuInstanceId", ctypes.c_uint), ("computeInstanceId", ctypes.c_uint),
+                ("usedGpuCcProtectedMemory", ctypes.c_ulonglong)]
+
+
+_V3_SYMBOLS = ("nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetGraphicsRunningProcesses_v3",
+               "nvmlDeviceGetMPSComputeRunningProcesses_v3")
+
+
+def _has_symbol(pynvml, symbol):
+    try:
+        pynvml._nvmlGetFunctionPointer(symbol)  # pylint: disable=protected-access
+    except Exception:  # pylint: disable=broad-except
+        return False
+    return True
+
+
+def _legacy_v3(pynvml):
+    """Whether the library writes 32-byte _v3 entries: nvitop 1.7.2's probe (api/libnvml.py): early R535 libraries
+    have nvmlDeviceGetConfComputeMemSizeInfo and not yet nvmlDeviceGetRunningProcessDetailList, which came when the
+    _v3 layout went back to 24 bytes."""
+    return (_has_symbol(pynvml, "nvmlDeviceGetConfComputeMemSizeInfo")
+            and not _has_symbol(pynvml, "nvmlDeviceGetRunningProcessDetailList"))
+
+
 # How long close() lets the worker leave on its own (seconds): it exits as soon as it reads the end of its request
 # pipe, unless a driver call holds it.
 _WORKER_EXIT_S = 0.1
@@ -146,7 +174,11 @@ def _process_lists(pynvml, handle, versions):
     while True:
         version = versions[0]
         try:
-            if version == "v3":
+            if version == "v3" and _legacy_v3(pynvml):
+                versions[0] = version = "v3-32"
+            if version == "v3-32":
+                functions = tuple(_raw_list(pynvml, symbol, _ProcessInfoV3Legacy) for symbol in _V3_SYMBOLS)
+            elif version == "v3":
                 functions = (pynvml.nvmlDeviceGetComputeRunningProcesses, pynvml.nvmlDeviceGetGraphicsRunningProcesses,
                              pynvml.nvmlDeviceGetMPSComputeRunningProcesses)
             else:
@@ -251,7 +283,7 @@ def read_gpu(pynvml, index, list_versions=None):
     used_excluding_reserved_mib (None with v1)},
     "processes": [{"pid", "used_mib" (None when NVML reports it as not available), "type" (compute, graphics
     or mps), "gpu_instance_id", "compute_instance_id" (None when not MIG)}],
-    "process_list_version" ("v3", "v2", "v1"; None when no list was read),
+    "process_list_version" ("v3", "v3-32" (early R535 32-byte entries), "v2", "v1"; None when no list was read),
     "processes_error" (None, or why the lists are partial: the aggregate lists of a MIG-enabled GPU need
     privileges; not a GPU error),
     "mig_mode" ({"current": bool, "pending": bool}; None when the GPU or driver has no MIG),
