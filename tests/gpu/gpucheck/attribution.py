@@ -107,7 +107,8 @@ def by_rule(record, memory, minors, translating=True):
     if not attribution and record["kind"] == "cuda":
         for index in sorted(files):
             gpu = memory.get(index, {})
-            if gpu.get("exited") or (gpu.get("unexplained") and (not translating or gpu.get("used_mib") is None)):
+            unknown = "used_mib" in gpu and gpu["used_mib"] is None
+            if gpu.get("exited") or (gpu.get("unexplained") and (not translating or unknown)):
                 attribution[str(index)] = "device_file"
     if attribution:
         role = "holder"
