@@ -330,8 +330,10 @@ def _judge_memory(gpu, listed, listed_unknown, tolerance_mib, driver, cause=None
     gpu["explained_mib"] = listed
     gpu["tolerance_mib"] = tolerance_mib + gpu["reserved_allowance_mib"]
     if gpu["memory_supported"] is False and not gpu["error"]:
-        # NVML reports no memory for this GPU (unified memory, a GB10): the lists and device files decide.
-        gpu["unexplained_mib"], gpu["memory_unexplained"] = None, False
+        # NVML reports no memory for this GPU (unified memory, a GB10): the lists and device files decide. Its used
+        # memory is what the lists charge (memory_source "process_lists"), so a wait releases it once they are empty.
+        gpu["memory_used_mib"], gpu["memory_source"] = listed, "process_lists"
+        gpu["unexplained_mib"], gpu["memory_unexplained"] = 0, False
     else:
         gpu["unexplained_mib"], gpu["memory_unexplained"] = _memory_unexplained(
             gpu["memory_used_mib"], listed, listed_unknown, gpu["tolerance_mib"])

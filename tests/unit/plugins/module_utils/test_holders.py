@@ -355,6 +355,8 @@ def test_memory_not_supported_gpu_is_judged_by_its_lists_and_device_files():
                            20: handles(20, minors=[0])})
     gpu = view["gpus"][0]
     assert gpu["memory_supported"] is False and gpu["error"] is None
-    assert (gpu["unexplained_mib"], gpu["memory_unexplained"], gpu["unexplained_cause"]) == (None, False, None)
+    # Its used memory is what the lists charge: a wait releases it once no listed holder is left.
+    assert (gpu["memory_used_mib"], gpu["memory_source"]) == (60043, "process_lists")
+    assert (gpu["unexplained_mib"], gpu["memory_unexplained"], gpu["unexplained_cause"]) == (0, False, None)
     assert sorted(h["pid"] for h in view["holders"]) == [10, 11] and [u["pid"] for u in view["device_users"]] == [20]
     assert _holders.lists_explain(reading["gpus"][0], reading, 256) is True
