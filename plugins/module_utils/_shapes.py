@@ -17,7 +17,7 @@ PROCESS_KEYS = ("pid", "ppid", "pgid", "sid", "comm", "state", "start_ticks", "k
 # A process with NVIDIA device files open that holds no GPU's memory (_holders.merge).
 DEVICE_USER_KEYS = PROCESS_KEYS + ("device_gpus", "minors", "kind", "seen_in", "thread_only")
 # A process holding a GPU's memory (_holders.merge); the snapshot adds "parent".
-HOLDER_KEYS = DEVICE_USER_KEYS + ("gpus", "memory_mib", "attribution", "control_only", "mig")
+HOLDER_KEYS = DEVICE_USER_KEYS + ("gpus", "memory_mib", "attribution", "control_only", "mig", "contexts_of")
 SNAPSHOT_HOLDER_KEYS = HOLDER_KEYS + ("parent",)
 # Added to holders and device users where the snapshot reads owners (_owners.owner_of; its keys: _owners.OWNER_KEYS).
 OWNER = "owner"
@@ -29,19 +29,20 @@ GPU_KEYS = GPU_TABLE_KEYS + (
     "memory_total_mib", "memory_used_mib", "memory_free_mib", "memory_reserved_mib", "memory_source", "error",
     "driver_processes", "foreign", "suspects", "tolerance_mib", "mig_mode", "process_list_version", "processes_error",
     "memory_used_includes_reserved", "memory_used_excluding_reserved_mib", "reserved_allowance_mib", "mig_devices",
-    "explained_mib", "unexplained_mib", "memory_unexplained", "holder_pids", "device_user_pids")
+    "explained_mib", "unexplained_mib", "memory_unexplained", "holder_pids", "device_user_pids",
+    "exited", "memory_supported", "unexplained_cause")
 # One entry of a GPU's driver_processes: the driver's list entry (_nvml) and whether /proc confirms it.
 DRIVER_PROCESS_KEYS = ("pid", "used_mib", "type", "gpu_instance_id", "compute_instance_id", "verified")
-# A PID the driver lists that no process here confirms.
+# A PID the driver lists that no process here confirms (foreign; exited, with reason "exited" or "reused").
 FOREIGN_KEYS = ("pid", "used_mib", "type", "reason", "comm")
 # One MIG instance of a GPU: _nvml's MIG device, then its holders as for a GPU (_holders.merge).
 MIG_DEVICE_KEYS = ("index", "uuid", "gpu_instance_id", "compute_instance_id", "name", "profile", "memory_total_mib",
                    "memory_used_mib", "memory_free_mib", "memory_source", "listed_mib", "foreign", "holder_pids",
-                   "reserved_allowance_mib", "tolerance_mib", "unexplained_mib", "memory_unexplained")
+                   "reserved_allowance_mib", "tolerance_mib", "unexplained_mib", "memory_unexplained", "exited")
 # The state of the NVIDIA driver library in a snapshot (_gpus.Inspector.snapshot).
 DRIVER_KEYS = ("available", "error", "driver_version", "nvml_version", "cuda_driver_version", "timed_out")
 # What the snapshot returns (gpu_facts' ansible_facts.nvidia; gpu_kill's before and after).
-VIEW_KEYS = ("gpus", "holders", "device_users", "unmapped_minors", "index_source", "scan", "driver")
+VIEW_KEYS = ("gpus", "holders", "device_users", "unmapped_minors", "index_source", "scan", "driver", "scan_problems")
 
 # A holder in a wait report (_select.brief), and a left-alone one (with its reason).
 BRIEF_HOLDER_KEYS = ("pid", "comm", "state", "cmdline", "user", "memory_mib", "attribution", "parent")
