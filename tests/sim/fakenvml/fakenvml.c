@@ -2016,3 +2016,248 @@ EXPORT nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t mi
         rc = NVML_ERROR_NOT_SUPPORTED;
     return leave(rc != NVML_SUCCESS ? rc : handle_for(i, device));
 }
+
+/* ---- what monitoring clients ask (nvitop 1.7.2, gpustat 1.1.1) ------------------------------- */
+/* Plausible values of an H100 SXM (nvidia-smi -q of one: no fan, 700 W limit, P0 under load), busy where a context
+ * holds memory; each call's documented errors for a bad handle or argument (nvml.h). */
+
+typedef struct {
+    unsigned int gpu;
+    unsigned int memory;
+} nvmlUtilization_t;
+
+typedef struct {
+    unsigned int pid;
+    unsigned long long timeStamp;
+    unsigned int smUtil, memUtil, encUtil, decUtil;
+} nvmlProcessUtilizationSample_t;
+
+_Static_assert(sizeof(nvmlProcessUtilizationSample_t) == 32, "nvmlProcessUtilizationSample_t layout");
+
+/* MiB held by contexts on GPU i (g_lock held). */
+static unsigned long long context_mib(unsigned int i)
+{
+    struct counted_on sum = {-1, 0};
+    for_each_context_line(i, add_counted_mib_on, &sum);
+    return sum.mib;
+}
+
+/* A uint answer of GPU `device`: busy or idle value. */
+static nvmlReturn_t busy_value(const char *symbol, nvmlDevice_t device, unsigned int *out, unsigned int idle,
+                               unsigned int busy)
+{
+    unsigned int i;
+    nvmlReturn_t rc = enter_device(symbol, device, &i);
+    if (rc == NVML_SUCCESS && !out)
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (rc == NVML_SUCCESS)
+        *out = context_mib(i) ? busy : idle;
+    return leave(rc);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t *utilization)
+{
+    unsigned int i;
+    nvmlReturn_t rc = enter_device(__func__, device, &i);
+    if (rc == NVML_SUCCESS && !utilization)
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (rc == NVML_SUCCESS) {
+        int busy = context_mib(i) > 0;
+        utilization->gpu = busy ? 87 : 0;
+        utilization->memory = busy ? 41 : 0;
+    }
+    return leave(rc);
+}
+
+struct samples {
+    unsigned int count;
+    unsigned int pids[1024];
+};
+
+static void add_sample_pid(const struct context *ctx, const struct context_line *line, void *arg)
+{
+    struct samples *s = arg;
+    (void)line;
+    struct caller_ns caller;
+    caller_namespace(&caller);
+    unsigned long pid = line->listed ? listed_pid(ctx, &caller) : 0;
+    if (pid && s->count < 1024)
+        s->pids[s->count++] = (unsigned int)pid;
+}
+
+/* nvml.h: utilization NULL (or too small) gives the count and NVML_ERROR_INSUFFICIENT_SIZE; no sample since
+ * lastSeenTimeStamp gives NVML_ERROR_NOT_FOUND. */
+EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvmlProcessUtilizationSample_t *utilization,
+                                                    unsigned int *processSamplesCount, unsigned long long lastSeenTimeStamp)
+{
+    static struct samples found;
+    unsigned int i;
+    (void)lastSeenTimeStamp;
+    nvmlReturn_t rc = enter_device(__func__, device, &i);
+    if (rc == NVML_SUCCESS && !processSamplesCount)
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (rc != NVML_SUCCESS)
+        return leave(rc);
+    found.count = 0;
+    for_each_context_line(i, add_sample_pid, &found);
+    if (found.count == 0)
+        return leave(NVML_ERROR_NOT_FOUND);
+    if (!utilization || *processSamplesCount < found.count) {
+        *processSamplesCount = found.count;
+        return leave(NVML_ERROR_INSUFFICIENT_SIZE);
+    }
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    for (unsigned int k = 0; k < found.count; k++)
+        utilization[k] = (nvmlProcessUtilizationSample_t){
+            found.pids[k], (unsigned long long)now.tv_sec * 1000000ULL + (unsigned long long)now.tv_nsec / 1000, 85, 40, 0, 0};
+    *processSamplesCount = found.count;
+    return leave(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t device, unsigned int sensorType, unsigned int *temp)
+{
+    if (sensorType != 0) { /* NVML_TEMPERATURE_GPU is the only sensor */
+        nvmlReturn_t rc = enter(__func__, NEEDS_INIT);
+        return leave(rc != NVML_SUCCESS ? rc : NVML_ERROR_INVALID_ARGUMENT);
+    }
+    return busy_value(__func__, device, temp, 31, 58);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t device, unsigned int *power)
+{
+    return busy_value(__func__, device, power, 71000, 540000); /* milliwatts */
+}
+
+static nvmlReturn_t power_limit(const char *symbol, nvmlDevice_t device, unsigned int *limit)
+{
+    return busy_value(symbol, device, limit, 700000, 700000);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetEnforcedPowerLimit(nvmlDevice_t device, unsigned int *limit)
+{
+    return power_limit(__func__, device, limit);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetPowerManagementLimit(nvmlDevice_t device, unsigned int *limit)
+{
+    return power_limit(__func__, device, limit);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetPerformanceState(nvmlDevice_t device, unsigned int *pState)
+{
+    return busy_value(__func__, device, pState, 0, 0); /* NVML_PSTATE_0: an H100 stays in P0 */
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetComputeMode(nvmlDevice_t device, unsigned int *mode)
+{
+    return busy_value(__func__, device, mode, 0, 0); /* NVML_COMPUTEMODE_DEFAULT */
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetDisplayActive(nvmlDevice_t device, unsigned int *isActive)
+{
+    return busy_value(__func__, device, isActive, 0, 0);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetDisplayMode(nvmlDevice_t device, unsigned int *display)
+{
+    return busy_value(__func__, device, display, 0, 0);
+}
+
+/* An SXM GPU has no fan of its own: NVML_ERROR_NOT_SUPPORTED (nvidia-smi prints N/A). */
+EXPORT nvmlReturn_t nvmlDeviceGetFanSpeed(nvmlDevice_t device, unsigned int *speed)
+{
+    unsigned int i;
+    nvmlReturn_t rc = enter_device(__func__, device, &i);
+    if (rc == NVML_SUCCESS)
+        rc = speed ? NVML_ERROR_NOT_SUPPORTED : NVML_ERROR_INVALID_ARGUMENT;
+    return leave(rc);
+}
+
+static nvmlReturn_t codec_utilization(const char *symbol, nvmlDevice_t device, unsigned int *utilization,
+                                      unsigned int *samplingPeriodUs)
+{
+    unsigned int i;
+    nvmlReturn_t rc = enter_device(symbol, device, &i);
+    if (rc == NVML_SUCCESS && (!utilization || !samplingPeriodUs))
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (rc == NVML_SUCCESS) {
+        *utilization = 0;
+        *samplingPeriodUs = 167000;
+    }
+    return leave(rc);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetEncoderUtilization(nvmlDevice_t device, unsigned int *utilization,
+                                                    unsigned int *samplingPeriodUs)
+{
+    return codec_utilization(__func__, device, utilization, samplingPeriodUs);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetDecoderUtilization(nvmlDevice_t device, unsigned int *utilization,
+                                                    unsigned int *samplingPeriodUs)
+{
+    return codec_utilization(__func__, device, utilization, samplingPeriodUs);
+}
+
+/* clockType: 0 graphics, 1 SM, 2 memory, 3 video (MHz, an H100 SXM's base/boost and HBM3 clocks). */
+static nvmlReturn_t clock_info(const char *symbol, nvmlDevice_t device, unsigned int type, unsigned int *clock, int max)
+{
+    static const unsigned int idle[] = {345, 345, 2619, 765}, top[] = {1980, 1980, 2619, 1755};
+    unsigned int i;
+    nvmlReturn_t rc = enter_device(symbol, device, &i);
+    if (rc == NVML_SUCCESS && (!clock || type > 3))
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (rc == NVML_SUCCESS)
+        *clock = max || context_mib(i) ? top[type] : idle[type];
+    return leave(rc);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetClockInfo(nvmlDevice_t device, unsigned int type, unsigned int *clock)
+{
+    return clock_info(__func__, device, type, clock, 0);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMaxClockInfo(nvmlDevice_t device, unsigned int type, unsigned int *clock)
+{
+    return clock_info(__func__, device, type, clock, 1);
+}
+
+/* ECC is on, with no error counted (nvidia-smi -q of a healthy H100). */
+EXPORT nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t device, unsigned int errorType, unsigned int counterType,
+                                                unsigned long long *eccCounts)
+{
+    unsigned int i;
+    nvmlReturn_t rc = enter_device(__func__, device, &i);
+    if (rc == NVML_SUCCESS && (!eccCounts || errorType > 1 || counterType > 1))
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (rc == NVML_SUCCESS)
+        *eccCounts = 0;
+    return leave(rc);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetEccMode(nvmlDevice_t device, unsigned int *current, unsigned int *pending)
+{
+    unsigned int i;
+    nvmlReturn_t rc = enter_device(__func__, device, &i);
+    if (rc == NVML_SUCCESS && (!current || !pending))
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (rc == NVML_SUCCESS)
+        *current = *pending = NVML_FEATURE_ENABLED;
+    return leave(rc);
+}
+
+/* The driver model is a Windows notion (WDDM/TCC): Linux drivers answer NOT_SUPPORTED. */
+EXPORT nvmlReturn_t nvmlDeviceGetDriverModel(nvmlDevice_t device, unsigned int *current, unsigned int *pending)
+{
+    unsigned int i;
+    nvmlReturn_t rc = enter_device(__func__, device, &i);
+    if (rc == NVML_SUCCESS)
+        rc = current && pending ? NVML_ERROR_NOT_SUPPORTED : NVML_ERROR_INVALID_ARGUMENT;
+    return leave(rc);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetDriverModel_v2(nvmlDevice_t device, unsigned int *current, unsigned int *pending)
+{
+    return nvmlDeviceGetDriverModel(device, current, pending);
+}
