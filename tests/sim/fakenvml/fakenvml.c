@@ -14,14 +14,17 @@
  *
  * - A context is a file <run>/contexts/<T>, lines "<index> <MiB> [compute|graphics|mps]",
  *   written by process T (T = its PID in the namespace of proc_dir). A handle with token T on
- *   GPU i is an fd of any thread (<proc>/PID/task/TID/fd) linking to <dev_dir>/nvidia<minor i>
- *   whose file position is T, or a mapping of that file at offset T*4096 (<proc>/PID/maps).
+ *   GPU i is an fd of any thread (<proc>/PID/task/TID/fd) of the file <dev_dir>/nvidia<minor i>
+ *   (matched by device and inode, not by path: a bind mount elsewhere is the same file) whose
+ *   file position is T, or a mapping of that file at offset T*4096 (<proc>/PID/maps).
  *   For an "mps" line (an MPS client: it opens no /dev/nvidiaN) the handle is an fd (or
  *   mapping) of <dev_dir>/nvidiactl at position T instead; the line is listed by
  *   nvmlDeviceGetMPSComputeRunningProcesses_v3.
  *   Each (context, GPU) line is in one of these states:
- *     held       some process holds a handle with token T: memory counted; the line is listed
- *                (pid T) when process T itself holds one;
+ *     held       some process holds a handle with token T: memory counted and the line listed
+ *                under the creator's PID, as the caller's PID namespace numbers it (dropped
+ *                where it has none; pid_namespace=init: proc_dir's numbers), also after the
+ *                creator's exit (the real driver: tests/sim/README.md "The driver model");
  *     releasing  no handle left: still counted until release_latency seconds after the first
  *                call that saw it gone; that moment is kept in <run>/released/<T>.<i>, so all
  *                processes agree. A release is never undone (as in the driver): to create
@@ -58,7 +61,12 @@
  *
  * - Process lists: _v3 and _v2 (nvmlProcessInfo_v2_t, 24 bytes) and the unversioned v1 symbols
  *   (nvmlProcessInfo_v1_t, 16 bytes). Built with -DFAKENVML_NO_V3 (build.sh: build/no-v3/) the
- *   library has no _v3 process-list symbols at all, like drivers older than the _v3 API.
+ *   library has no _v3 process-list symbols at all, like drivers older than the _v3 API; with
+ *   -DFAKENVML_V3_LEGACY (build/v3-32/) its _v3 entries are the 32-byte ones of early R535.
+ *
+ * - Other keys: memory_info=unsupported (memory v1/v2 NOT_SUPPORTED, a GB10), init_seconds (a
+ *   process's first nvmlInit with persistence_mode=0), context word managed=<MiB> (charged to the
+ *   GPU, not to the list entry).
  *
  * Calls are serialized by one mutex. Struct layouts are those of nvml.h (LP64, with padding).
  */
