@@ -471,6 +471,11 @@ class CheckRun:
         self.check(scenario, "the holder runs in a nested PID namespace", len(scenario["nspid"]) >= 2 and info["pid"] != host,
                    scenario["nspid"])
         self.check(scenario, "gpu_facts finds the holder under its host PID", holder["found_by_facts"], holder["seen_in"])
+        # What the driver lists to a caller inside the namespace (535.113.01+: the namespace's numbers, gpu_rmapi.c
+        # _gpuConvertPid -> os_find_ns_pid -> pid_vnr; older drivers: the host's).
+        inside = scenario["lists_from_namespace"] = self.lists_seen_from(host)
+        scenario["driver_pid_in_namespace"] = ("error" if "error" in inside else "namespace" if str(info["pid"]) in inside["pids"]
+                                               else "host" if str(host) in inside["pids"] else "none")
         before = self.used_mib()
         play = self.ansible.playbook(os.path.join(REPO, "playbooks", "reset_gpus.yml"), {
             "reset_gpus_hosts": "localhost", "reset_gpus_gpus": [self.index], "reset_gpus_pids": [host],
@@ -484,6 +489,24 @@ class CheckRun:
         after = self.settle(10)
         scenario["memory"] = {"baseline_mib": baseline, "before_kill_mib": before, "after_mib": after, "freed_mib": before - after}
         self.check(scenario, "memory back at its level before the holder", after <= baseline + self.args.tolerance_mib, after)
+
+    def lists_seen_from(self, host_pid):
+        """The compute list of the GPU under test as NVML answers a process in `host_pid`'s PID and mount namespaces:
+        {"pids": {"<pid>": MiB}} or {"error": text} (recorded, never a failed check: it is an observation)."""
+        code = ("import json, pynvml as n; n.nvmlInit(); h = n.nvmlDeviceGetHandleByIndex(%d); "
+                "print(json.dumps({str(p.pid): (p.usedGpuMemory or 0) >> 20 for p in n.nvmlDeviceGetComputeRunningProcesses(h)}))"
+                % self.index)
+        try:
+            done = subprocess.run(["nsenter", "--target", str(host_pid), "--pid", "--mount", "--", sys.executable, "-c", code],
+                                  capture_output=True, text=True, timeout=self.deadline.cap(30), check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return {"error": str(exc)}
+        if done.returncode != 0:
+            return {"error": (done.stderr or done.stdout).strip()[-500:]}
+        try:
+            return {"pids": json.loads(done.stdout.strip().splitlines()[-1])}
+        except (ValueError, IndexError):
+            return {"error": done.stdout[-500:]}
 
     def scenario_release_latency(self, scenario):
         scenario["sizes"] = {}

@@ -39,7 +39,7 @@ def test_check_passes_on_a_default_simulated_node_and_finds_no_difference(simnod
     assert result["differences"] == [] and len(result["comparisons"]) == len(result["observations"])
     assert result["gpu"] == {"index": 0, "name": "NVIDIA H100 80GB HBM3", "uuid": result["gpu"]["uuid"], "minor": 3,
                              "all_minors": [3, 5], "pci_bus_id": "00000000:18:00.0", "memory_total_mib": 81559,
-                             "persistence_mode": 1, "compute_mode": None, "gpu_count": 2,
+                             "persistence_mode": 1, "compute_mode": 0, "gpu_count": 2,
                              "mig_mode": {"current": 0, "pending": 0, "error": None}}
 
     attribution = scenarios["attribution"]
@@ -81,6 +81,8 @@ def test_check_passes_on_a_default_simulated_node_and_finds_no_difference(simnod
     assert inherited["memory"]["freed_mib"] == 1024
     nested = scenarios["nested_pidns"]
     assert nested["driver_pid"] == "host" and len(nested["nspid"]) == 2 and nested["holders"]["nested"]["ns_pid"] == 2
+    # Seen from inside its namespace, a translating driver lists the holder under its namespace PID.
+    assert nested["driver_pid_in_namespace"] == "namespace", nested["lists_from_namespace"]
     assert nested["playbook"]["rc"] == 0 and nested["playbook"]["recap"]["changed"] == 1
     for gib, size in scenarios["release_latency"]["sizes"].items():
         assert size["allocated_mib"] == size["listed_mib"] == int(gib) * 1024
