@@ -124,3 +124,25 @@ def describe_unread(result):
              else "GPU %s" % ", ".join(str(gpu["index"]) for gpu in unread))
     return ("used memory of %s not read (NVIDIA driver library not usable: %s); no process holds %s (/proc scan)"
             % (which, result["driver"].get("error") or "no error given", "them" if which == "every GPU" or len(unread) > 1 else "it"))
+
+
+def exited_notes(view):
+    """Sentences naming, per GPU, the listed creators that have exited and who holds their contexts (a snapshot view,
+    _gpus.Inspector.snapshot): "GPU 0: PID 4321, 4322 hold the context of PID 4300 (6000 MiB), which has exited"."""
+    notes = []
+    for gpu in view.get("gpus") or ():
+        for item in gpu.get("exited") or ():
+            holders = sorted(h["pid"] for h in view.get("holders") or ()
+                             if item["pid"] in (h.get("contexts_of") or {}).get(str(gpu["index"]), ()))
+            mib = "memory not reported" if item["used_mib"] is None else "%s MiB" % item["used_mib"]
+            whose = "the context of PID %s (%s), which has exited" % (item["pid"], mib)
+            if item["reason"] == "reused":
+                whose += "; PID %s here (%s) is another process that got its number and is left alone" % (
+                    item["pid"], item["comm"])
+            if holders:
+                notes.append("GPU %s: PID %s hold%s %s" % (gpu["index"], ", ".join(str(p) for p in holders),
+                                                           "s" if len(holders) == 1 else "", whose))
+            else:
+                notes.append("GPU %s: no process in this PID namespace holds %s (its holder runs elsewhere, or "
+                             "cannot be read)" % (gpu["index"], whose))
+    return notes

@@ -266,7 +266,7 @@ ansible_facts:
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _gpus, _options
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _advice, _gpus, _options
 
 
 def main():
@@ -286,6 +286,8 @@ def main():
         view = inspector.snapshot(tolerance_mib=module.params["max_used_mib"])
     finally:
         inspector.close()
+    for note in _advice.exited_notes(view) + view["scan_problems"]:
+        module.warn(note)
     if not view["driver"]["available"]:
         module.warn("NVIDIA driver library not usable (%s): GPU memory is unknown; holders are the CUDA processes "
                     "holding device files, from the /proc scan alone" % view["driver"]["error"])

@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 import time
 
-from ansible_run import REPO, module, only, playbook
+import ansible_api
+from ansible_run import REPO, VENV_BIN, module, only, playbook
 from nodetools import (NVML_MONITOR, _await_ready, _launch, _ready_file, alive, driver_lists,
                        node_python, start_cuda_process, start_holder, start_nvml_monitor, wait_for)
 from simnode import inventory_file
@@ -132,6 +133,11 @@ def test_trainer_sigkilled_stays_listed_and_the_reset_ends_its_dataloader_worker
     assert gpu["exited"] == [{"pid": trainer, "used_mib": 6000, "type": "compute", "reason": "exited", "comm": None}]
     assert gpu["foreign"] == [] and gpu["memory_unexplained"] is False and sorted(gpu["holder_pids"]) == sorted(workers)
     assert all(h["contexts_of"] == {"0": [trainer]} for h in view["holders"])
+    run = ansible_api.run(inventory, REPO, module="gpuops.nvidia.gpu_facts",
+                          envvars=ansible_api.environment(VENV_BIN, REPO / "ansible.cfg"), timeout=120)
+    # The warning an operator reads: who holds the dead trainer's context.
+    assert "GPU 0: PID %s hold the context of PID %d (6000 MiB), which has exited" % (
+        ", ".join(str(p) for p in sorted(workers)), trainer) in " ".join(run.output.split()), run.output
     assert [u["pid"] for u in view["device_users"]] == [exporter]
 
     rc, out, recap = playbook(inventory, RESET, *extra(reset_gpus_timeout=15))

@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _gpus, _holders, _proc, _procscan
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _advice, _gpus, _holders, _proc, _procscan
 from polling import wait_for
 
 # A PID no process can have (above the kernel's maximum pid_max, 2**22).
@@ -302,6 +302,8 @@ def test_exited_creator_is_named_and_the_cuda_users_of_its_gpu_hold_its_context(
     assert all(h["attribution"] == {"0": "device_file"} and h["contexts_of"] == {"0": [NO_SUCH_PID]}
                for h in holders.values())
     assert sorted(u["pid"] for u in view["device_users"]) == [30, 40]
+    assert _advice.exited_notes(view) == [
+        "GPU 0: PID 21, 22 hold the context of PID %d (6000 MiB), which has exited" % NO_SUCH_PID]
 
 
 def test_reused_pid_of_an_nvml_client_is_never_confirmed():
@@ -314,6 +316,9 @@ def test_reused_pid_of_an_nvml_client_is_never_confirmed():
     assert gpu["driver_processes"][0]["verified"] is False
     assert [h["pid"] for h in view["holders"]] == [21] and view["holders"][0]["contexts_of"] == {"0": [30]}
     assert [u["pid"] for u in view["device_users"]] == [30]
+    assert _advice.exited_notes(view) == [
+        "GPU 0: PID 21 holds the context of PID 30 (5000 MiB), which has exited; PID 30 here (exporter) is another "
+        "process that got its number and is left alone"]
 
 
 def test_exited_creator_with_no_cuda_user_here_names_the_nvml_clients_as_suspects_only():
