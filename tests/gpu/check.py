@@ -65,6 +65,8 @@ def translates(driver_version):
     if not all(part.isdigit() for part in parts) or not parts[0]:
         return True
     return tuple(int(part) for part in (parts + ["0", "0"])[:3]) >= (535, 113, 1)
+
+
 # (scenario, seconds it needs at least): skipped when less time is left.
 SCENARIOS = (("idle", 10), ("attribution", 45), ("vllm_tree", 40), ("inherited", 40), ("sigterm_ignored", 30), ("nested_pidns", 40),
              ("release_latency", 30))

@@ -47,7 +47,7 @@ def test_start_holder_keeps_its_signature_and_sees_only_its_gpus(simnode):
     assert lists[0]["used"] == 200 and mib == 200 and lists[1]["compute"] == {pid: 100}
     assert parent != child
     assert node.exec("sh", "-c", "test -d /proc/%d && echo alive || echo gone" % parent).stdout.strip() == "gone"
-    assert [(path, pos) for path, pos in device_fds(node, child)] == sorted([(CTL, 0), (UVM, 0), (dev(0), parent)])
+    assert device_fds(node, child) == sorted([(CTL, 0), (UVM, 0), (dev(0), parent)])
 
 
 def test_nccl_like_process_holds_every_device_file_and_is_listed_on_its_gpu_only(simnode):

@@ -517,17 +517,18 @@ def test_device_file_is_matched_by_identity_not_path(node, tmp_path):
     other.mkdir()
     os.link(node.device(2), other / "gpu-two")
     (other / "nvidia3").touch()  # a regular file with a device's name: not the device
-    alias = node.hold([(2, 700, "compute")])
-    alias_lines = [[str(other / "gpu-two"), 2, 700, "compute"]]
-    via_link, _ = node._start_holder([sys.executable, "-c", HOLDER, str(node.run_dir), "fd", json.dumps(alias_lines)])
-    fake, _ = node._start_holder([sys.executable, "-c", HOLDER, str(node.run_dir), "fd",
-                                  json.dumps([[str(other / "nvidia3"), 0, 900, "compute"]])])
+    direct = node.hold([(2, 700, "compute")])
+    link_lines = [[str(other / "gpu-two"), 2, 700, "compute"]]
+    via_link = node._start_holder([sys.executable, "-c", HOLDER, str(node.run_dir), "fd", json.dumps(link_lines)])[0]
+    fake = node._start_holder([sys.executable, "-c", HOLDER, str(node.run_dir), "fd",
+                               json.dumps([[str(other / "nvidia3"), 0, 900, "compute"]])])[0]
     result = node.nvml("""
         N.nvmlInit()
         emit({"2": [used_v2(2), sorted(compute_pids(2))], "0": [used_v2(0), compute_pids(0)]})
     """)
     # The look-alike holds no handle: never listed, its context released after release_latency.
-    assert result["2"] == [1400, sorted([alias.token, via_link.token])] and result["0"][1] == []
+    assert result["2"] == [1400, sorted([direct.token, via_link.token])]
+    assert fake.token not in result["0"][1] and result["0"][1] == []
     assert node.nvml("""
         N.nvmlInit()
         time.sleep(0.5)
