@@ -87,9 +87,14 @@ def next_step(gpu):
         return ("%s; run the check on the host (outside this PID namespace) to see and end that process"
                 % "; ".join(describe_foreign(item, index) for item in gpu["foreign"]))
     if gpu["memory_checked"]:
-        text = ("memory is used that no process explains (a leaked context, or memory still being released): "
-                "wait longer, or reset the GPU (nvidia-smi --gpu-reset -i %s, needs no client on the device, "
-                "nvidia-persistenced included) or reboot" % index)
+        # Drivers from 535.113.01 list only the processes of the caller's PID namespace (docs/attribution.md): memory
+        # no entry explains is another namespace's, or leaked. A listed creator that exited is named by the holders
+        # of its context (gpu_facts), which are ended first: a reset is never the next step while they live.
+        text = ("memory is used that no process explains in this PID namespace: it belongs to a process in "
+                "another PID namespace (another container, or the host: the driver lists only the caller's "
+                "namespace; run the check there), or it is leaked or still being released (wait longer, then reset "
+                "the GPU: nvidia-smi --gpu-reset -i %s, needs no client on the device, nvidia-persistenced included, "
+                "or reboot)" % index)
         if gpu.get("suspects"):
             text += ("; only NVML clients hold its device file (PIDs %s), and they hold no memory"
                      % ", ".join(str(p) for p in gpu["suspects"]))
@@ -103,6 +108,11 @@ def describe_foreign(item, index):
     if item["reason"] == "absent":
         return ("the driver lists PID %s (%s) on GPU %s; no such process holds it in this PID namespace (a container?)"
                 % (item["pid"], mib, index))
+    if item["reason"] in ("exited", "reused"):
+        return ("the driver lists PID %s (%s) on GPU %s: the context of PID %s, which has exited%s"
+                % (item["pid"], mib, index, item["pid"],
+                   "" if item["reason"] == "exited" else " (PID %s here, %s, is another process that got its number)"
+                   % (item["pid"], item["comm"])))
     return ("the driver lists PID %s (%s) on GPU %s; PID %s here (%s) does not hold that GPU: it is another process "
             "in this PID namespace (a container?)" % (item["pid"], mib, index, item["pid"], item["comm"]))
 
@@ -114,3 +124,25 @@ def describe_unread(result):
              else "GPU %s" % ", ".join(str(gpu["index"]) for gpu in unread))
     return ("used memory of %s not read (NVIDIA driver library not usable: %s); no process holds %s (/proc scan)"
             % (which, result["driver"].get("error") or "no error given", "them" if which == "every GPU" or len(unread) > 1 else "it"))
+
+
+def exited_notes(view):
+    """Sentences naming, per GPU, the listed creators that have exited and who holds their contexts (a snapshot view,
+    _gpus.Inspector.snapshot): "GPU 0: PID 4321, 4322 hold the context of PID 4300 (6000 MiB), which has exited"."""
+    notes = []
+    for gpu in view.get("gpus") or ():
+        for item in gpu.get("exited") or ():
+            holders = sorted(h["pid"] for h in view.get("holders") or ()
+                             if item["pid"] in (h.get("contexts_of") or {}).get(str(gpu["index"]), ()))
+            mib = "memory not reported" if item["used_mib"] is None else "%s MiB" % item["used_mib"]
+            whose = "the context of PID %s (%s), which has exited" % (item["pid"], mib)
+            if item["reason"] == "reused":
+                whose += "; PID %s here (%s) is another process that got its number and is left alone" % (
+                    item["pid"], item["comm"])
+            if holders:
+                notes.append("GPU %s: PID %s hold%s %s" % (gpu["index"], ", ".join(str(p) for p in holders),
+                                                           "s" if len(holders) == 1 else "", whose))
+            else:
+                notes.append("GPU %s: no process in this PID namespace holds %s (its holder runs elsewhere, or "
+                             "cannot be read)" % (gpu["index"], whose))
+    return notes

@@ -39,6 +39,17 @@ SELECTION_ARGS = dict(
 # Used memory (MiB) that the driver's lists may leave unexplained on a GPU before processes that only hold its
 # device file count as its holders: the same idle floor as gpu_wait's max_used_mib default (docs/attribution.md).
 DEFAULT_TOLERANCE_MIB = 256
+# The inode of the initial PID namespace: fixed by the kernel (include/linux/proc_ns.h PROC_PID_INIT_INO).
+PROC_PID_INIT_INO = 0xEFFFFFFC
+
+
+def initial_pid_namespace(proc="/proc"):
+    """True when the processes of `proc` see the initial PID namespace (the host's, not a container's):
+    stat of PROC/self/ns/pid gives the namespace's inode."""
+    try:
+        return os.stat(os.path.join(proc, "self", "ns", "pid")).st_ino == PROC_PID_INIT_INO
+    except OSError:
+        return False
 
 
 def missing_libraries():
@@ -160,8 +171,8 @@ class Inspector:
         """NVML reading (see _nvml.read_driver) with the driver's state as a dict; never raises on driver trouble."""
         try:
             return self._query.read(self.driver_timeout if timeout is None else min(timeout, self.driver_timeout))
-        except _nvml.NvmlTimeout as exc:
-            return {"available": False, "error": str(exc), "timed_out": True, "gpus": [],
+        except (_nvml.NvmlTimeout, _nvml.NvmlWorkerError) as exc:
+            return {"available": False, "error": str(exc), "timed_out": isinstance(exc, _nvml.NvmlTimeout), "gpus": [],
                     "driver_version": None, "nvml_version": None, "cuda_driver_version": None}
 
     def snapshot(self, timeout=None, scope="full", indices=None, tolerance_mib=DEFAULT_TOLERANCE_MIB, owners=None):
@@ -178,21 +189,11 @@ class Inspector:
         table, index_source = minor_map(driver, self.proc)
         own = self.own_pids()
         listed = _listed_pids(driver, indices, tolerance_mib) if scope == "listed" else None
-        if listed is None:
-            scan = _procscan.scan_holders(self.proc, skip_pids=own)
-        else:
-            scan = _procscan.scan_pids(sorted(listed - own), self.proc) if listed - own else {}
-        wanted = set(scan) | {item["pid"] for gpu in driver.get("gpus", []) for item in gpu.get("processes", [])}
-        processes = {}
-        if wanted - own:
-            import psutil
-        for pid in sorted(wanted - own):
-            details = process_details(psutil, pid, self.proc)
-            if details is not None:
-                processes[pid] = details
-        mig = any((gpu.get("mig_mode") or {}).get("current") for gpu in driver.get("gpus", []))
-        view = _holders.merge(driver, table, scan, processes, tolerance_mib, exclude_pids=own,
-                              caps=_procscan.cap_map(self.proc) if mig else None)
+        view = self._merge(driver, table, own, listed, tolerance_mib)
+        if listed is not None and any(gpu["exited"] for gpu in view["gpus"]):
+            # A listed creator has exited (or its number was reused): its context's holders are found by a full scan.
+            listed = None
+            view = self._merge(driver, table, own, None, tolerance_mib)
         if owners or (owners is None and listed is None):
             # Imported here: a look without owners (every poll of a wait, check_gpus) spares the module the
             # compilation of _owners, which Ansible ships as source.
@@ -212,8 +213,32 @@ class Inspector:
         view["driver"]["timed_out"] = bool(driver.get("timed_out"))
         return view
 
+    def _merge(self, driver, table, own, listed, tolerance_mib):
+        """Scan /proc (every process, or the `listed` PIDs) and merge it with the reading."""
+        problems = []
+        if listed is None:
+            scan = _procscan.scan_holders(self.proc, skip_pids=own, problems=problems)
+        else:
+            scan = _procscan.scan_pids(sorted(listed - own), self.proc) if listed - own else {}
+        wanted = set(scan) | {item["pid"] for gpu in driver.get("gpus", []) for item in gpu.get("processes", [])}
+        processes = {}
+        if wanted - own:
+            import psutil
+        for pid in sorted(wanted - own):
+            details = process_details(psutil, pid, self.proc)
+            if details is not None:
+                processes[pid] = details
+        mig = any((gpu.get("mig_mode") or {}).get("current") for gpu in driver.get("gpus", []))
+        view = _holders.merge(driver, table, scan, processes, tolerance_mib, exclude_pids=own,
+                              caps=_procscan.cap_map(self.proc) if mig else None,
+                              initial_pidns=initial_pid_namespace(self.proc))
+        # Scan workers that did not finish (a process stuck in the driver), and NVML workers left behind.
+        view["scan_problems"] = problems + ["the NVML worker (PID %d) was left behind, stuck in the driver" % pid
+                                            for pid in self._query.left_behind]
+        return view
+
     def close(self):
-        self._query.close()
+        return self._query.close()
 
 
 def _listed_pids(driver, indices, tolerance_mib):

@@ -4,14 +4,17 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Merging what the driver says (NVML) and what the kernel says (/proc) into holders.
 
-Holding a GPU means holding its memory (docs/attribution.md). A holder of GPU i is either a
-process the driver lists on GPU i (compute, graphics, MPS) and that this PID namespace confirms
-(it holds GPU i's device file; an MPS client: /dev/nvidiactl), or, only where GPU i has memory the
-driver's lists do not explain, a CUDA user that holds GPU i's device file without being listed
-(an inherited handle, a zombie leader's thread, a mapping). Every other process with NVIDIA
-device files open is a device user: NVML clients and NCCL workers open every /dev/nvidiaN of the
-host with no context there. GPUs are matched through the minor number -> NVML index map; minor ==
-index is never assumed. `merge` is pure: the snapshot (module_utils/_gpus.py) reads /proc and psutil.
+Holding a GPU means holding its memory (docs/attribution.md). The driver lists a context under its
+creator's PID until the last process holding its file closes it, also after the creator has exited,
+and (535.113.01 and later) gives that PID in the caller's PID namespace, leaving out creators it has
+no number for. A holder of GPU i is then either a process the driver lists on GPU i (compute,
+graphics, MPS) that shows a context there (a CUDA user holding GPU i's device file; an MPS client:
+/dev/nvidiactl), or a CUDA user of GPU i's device file that the lists leave out where GPU i carries
+the context of a listed PID that has exited (or whose number another process now has): it holds
+that context's handles. Every other process with NVIDIA device files open is a device user: NVML
+clients and NCCL workers open every /dev/nvidiaN of the host with no context there. GPUs are matched
+through the minor number -> NVML index map; minor == index is never assumed. `merge` is pure: the
+snapshot (module_utils/_gpus.py) reads /proc and psutil.
 
 On a MIG-enabled GPU every instance (MIG device) gets the same view: a listed process belongs to the instance
 whose GPU/compute instance ids its list entry carries; a process the driver lists nowhere is tied to an instance
@@ -33,6 +36,10 @@ _RESERVED_IN_V1_SINCE = 510
 # access file and 8 compute instances C each: gpu<m>/gi<G>/access = 3 + 135m + 9G, gpu<m>/gi<G>/ci<C>/access
 # = that + 1 + C (the guide's table ends with gpu31/gi14/ci7/access 4322).
 _CAP_FIRST = 3
+# Drivers from 535.113.01 report each PID in the caller's PID namespace and leave out clients whose creator has no
+# number there (open-gpu-kernel-modules gpu_rmapi.c _gpuConvertPid -> os-interface.c os_find_ns_pid -> pid_vnr);
+# earlier drivers report the initial namespace's number to every caller.
+_TRANSLATING_SINCE = (535, 113, 1)
 _CAPS_PER_GPU = 135
 _CAPS_PER_GI = 9
 
@@ -46,6 +53,27 @@ def mig_cap(cap_minor):
     gpu_minor, rest = divmod(cap_minor - _CAP_FIRST, _CAPS_PER_GPU)
     gi, slot = divmod(rest, _CAPS_PER_GI)
     return (gpu_minor, gi, None if slot == 0 else slot - 1)
+
+
+def translates_pids(driver):
+    """True when the driver gives PIDs in the caller's PID namespace (535.113.01+); None when the version is unknown."""
+    version = str((driver or {}).get("driver_version") or "")
+    parts = version.split(".")
+    if not version or not all(part.isdigit() for part in parts):
+        return None
+    numbers = tuple(int(part) for part in parts) + (0, 0)
+    return numbers[:3] >= _TRANSLATING_SINCE
+
+
+def unexplained_cause(translating, initial_pidns):
+    """What memory that no listed entry explains is, on this driver and in this PID namespace:
+    "leaked" (a translating driver seen from the initial PID namespace: every creator has a number here),
+    "other_namespace_or_leaked" (a translating driver seen from another namespace: a creator outside it is left out
+    of the lists, or nobody), "unlisted" (older drivers list every client, so memory outside the lists is leaked too;
+    kept as the device-file rule of docs/attribution.md, rule 5)."""
+    if translating:
+        return "leaked" if initial_pidns else "other_namespace_or_leaked"
+    return "unlisted"
 
 
 def _memory_unexplained(used, listed, listed_unknown, tolerance_mib):
@@ -97,6 +125,10 @@ def lists_explain(nvml_gpu, driver, tolerance_mib):
     GPU is always looked at with a full scan."""
     memory = nvml_gpu.get("memory") or {}
     items = nvml_gpu.get("processes", [])
+    if memory.get("supported") is False and not nvml_gpu.get("error"):
+        # No memory figures (a unified-memory GPU): the lists are all there is; the snapshot rescans in full where a
+        # listed PID shows no context here.
+        return True
     if nvml_gpu.get("error") or memory.get("used_mib") is None or any(item["used_mib"] is None for item in items):
         return False
     parts = [(memory, items)] + [(device, [item for item in items if _instance_of(item, [device]) is device])
@@ -137,7 +169,7 @@ def _instance_of(item, instances):
     return None
 
 
-def merge(driver, table, scan, processes, tolerance_mib=256, exclude_pids=(), caps=None):
+def merge(driver, table, scan, processes, tolerance_mib=256, exclude_pids=(), caps=None, initial_pidns=False):
     """Build the per-GPU view, the holders and the device users from one NVML reading and one /proc scan.
 
     Args:
@@ -148,16 +180,18 @@ def merge(driver, table, scan, processes, tolerance_mib=256, exclude_pids=(), ca
         tolerance_mib: used memory the driver's lists may leave unexplained before device-file
             users become holders (the idle floor that max_used_mib allows; docs/attribution.md); plus
             reserved_allowance() where used memory includes reserved memory (NVML memory info v1).
-        exclude_pids: PIDs that are ours (this module, its NVML worker): never holders or users.
+        exclude_pids: PIDs that are ours (this module, its NVML worker).
         caps: _procscan.cap_map() ({cap minor: (GPU minor, GPU instance id, compute instance id or None)}), or None
             for the driver's fixed numbering (mig_cap).
+        initial_pidns: /proc is the initial PID namespace's (_gpus.initial_pid_namespace).
 
     Returns a dict (the keys of each shape are in _shapes; gpu_facts' RETURN says what each means):
       gpus: [dicts with _shapes.GPU_KEYS]: "driver_processes" ([_shapes.DRIVER_PROCESS_KEYS]), "explained_mib" (what
             the lists say), "unexplained_mib" (used minus listed, None when unknown), "memory_unexplained" (beyond
-            tolerance_mib, or unknown), "foreign" ([_shapes.FOREIGN_KEYS]: listed PIDs that no process here confirms),
-            "suspects" (PIDs of NVML-only clients holding the device file where memory is unexplained and no CUDA
-            user does), "mig_devices" ([_shapes.MIG_DEVICE_KEYS], [] unless MIG is enabled).
+            tolerance_mib, or unknown), "foreign" ([_shapes.FOREIGN_KEYS]: listed PIDs maybe another namespace's),
+            "exited" (the same shape, reason "exited"/"reused": creators gone, their contexts held by device-file
+            holders), "memory_supported", "unexplained_cause" (see unexplained_cause), "suspects" (NVML-only
+            clients of the device file where no CUDA user holds it), "mig_devices" ([_shapes.MIG_DEVICE_KEYS]).
       holders: [dicts with _shapes.HOLDER_KEYS]: process details plus "gpus" (indices held), "memory_mib"
                ({"<index>": MiB or None}), "attribution" ({"<index>": "driver" or "device_file"}), "mig"
                ({"<index>": [MIG UUIDs]}), "control_only" (listed while holding no device file: an MPS client).
@@ -170,13 +204,13 @@ def merge(driver, table, scan, processes, tolerance_mib=256, exclude_pids=(), ca
     unmapped = set()
     files = {pid: _file_indices(handles, by_minor, unmapped) for pid, handles in scan.items() if pid not in exclude}
     held = _Held()
-    context = {"scan": scan, "files": files, "processes": processes, "exclude": exclude, "held": held}
+    context = _context(driver, initial_pidns, scan=scan, files=files, processes=processes, exclude=exclude, held=held)
     gpus = []
     for entry in table:
         nvml_gpu = nvml_gpus.get(entry["index"], {})
         gpu = _gpu_entry(entry, nvml_gpu, driver, tolerance_mib)
         listed, listed_unknown = _read_lists(gpu, nvml_gpu, context)
-        _judge_memory(gpu, listed, listed_unknown, tolerance_mib, driver)
+        _judge_memory(gpu, listed, listed_unknown, tolerance_mib, driver, context["cause"])
         gpus.append(gpu)
     lookup = mig_cap if caps is None else caps.get
     listed_here = set(held.pids)
@@ -196,6 +230,15 @@ def merge(driver, table, scan, processes, tolerance_mib=256, exclude_pids=(), ca
     return {"gpus": gpus, "holders": holders, "device_users": users, "unmapped_minors": sorted(unmapped)}
 
 
+def _context(driver, initial_pidns, **parts):
+    """What one merge shares: `parts` plus how this driver numbers PIDs here."""
+    translating = translates_pids(driver)
+    # A listed PID absent here is an exited creator where the driver numbers PIDs in this namespace, or where this is
+    # the initial namespace (older drivers number every PID there).
+    parts.update(creators_here=bool(translating) or initial_pidns, cause=unexplained_cause(translating, initial_pidns))
+    return parts
+
+
 class _Held:
     """What each holder holds: {pid: {"memory": {index: MiB or None}, "attribution": {index: how}, "mig": {index: {uuid}}}}."""
 
@@ -203,11 +246,14 @@ class _Held:
         self.pids = {}
 
     def entry(self, pid):
-        return self.pids.setdefault(pid, {"memory": {}, "attribution": {}, "mig": {}})
+        return self.pids.setdefault(pid, {"memory": {}, "attribution": {}, "mig": {}, "contexts_of": {}})
 
-    def hold(self, pid, index, mib, how, instances=()):
-        """PID holds GPU `index`: `mib` more MiB there (None: not reported), attributed `how`, in MIG `instances`."""
+    def hold(self, pid, index, mib, how, instances=(), contexts_of=()):
+        """PID holds GPU `index`: `mib` more MiB there (None: not reported), attributed `how`, in MIG `instances`;
+        `contexts_of`: the exited creators whose contexts it holds there."""
         entry = self.entry(pid)
+        if contexts_of:
+            entry["contexts_of"].setdefault(index, set()).update(contexts_of)
         previous = entry["memory"].get(index)
         entry["memory"][index] = mib if previous is None else previous + (mib or 0)
         entry["attribution"].setdefault(index, how)
@@ -223,13 +269,14 @@ def _gpu_entry(entry, nvml_gpu, driver, tolerance_mib):
         "memory_total_mib": memory.get("total_mib"), "memory_used_mib": memory.get("used_mib"),
         "memory_free_mib": memory.get("free_mib"), "memory_reserved_mib": memory.get("reserved_mib"),
         "memory_source": memory.get("source"), "error": nvml_gpu.get("error"), "driver_processes": [],
-        "foreign": [], "suspects": [], "tolerance_mib": tolerance_mib,
+        "foreign": [], "exited": [], "suspects": [], "tolerance_mib": tolerance_mib,
+        "memory_supported": None if not memory else memory.get("supported", True),
         "mig_mode": nvml_gpu.get("mig_mode"), "process_list_version": nvml_gpu.get("process_list_version"),
         "processes_error": nvml_gpu.get("processes_error"),
         "memory_used_includes_reserved": _reserved_in_used(memory, driver) if memory else None,
         "memory_used_excluding_reserved_mib": memory.get("used_excluding_reserved_mib"),
         "reserved_allowance_mib": reserved_allowance(memory.get("total_mib"), memory, driver),
-        "mig_devices": [dict(device, listed_mib=0, listed_unknown=False, foreign=[], holder_pids=[])
+        "mig_devices": [dict(device, listed_mib=0, listed_unknown=False, foreign=[], exited=[], holder_pids=[])
                         for device in nvml_gpu.get("mig_devices") or ()],
     })
     return gpu
@@ -247,7 +294,9 @@ def _read_lists(gpu, nvml_gpu, context):
         if item["type"] == "mps":
             verified = handles is not None and handles.ctl
         else:
-            verified = handles is not None and index in files.get(pid, ())
+            # A context needs CUDA: /dev/nvidia-uvm open or a mapping of a device, besides this GPU's device file. An
+            # NVML client holds every device file with no context: with a listed number it is a reused PID.
+            verified = handles is not None and index in files.get(pid, ()) and handles.cuda
         verified = verified and pid in processes and pid not in exclude
         gpu["driver_processes"].append(dict(item, verified=verified))
         instance = _instance_of(item, gpu["mig_devices"])
@@ -262,20 +311,33 @@ def _read_lists(gpu, nvml_gpu, context):
             context["held"].hold(pid, index, item["used_mib"], "driver", [instance] if instance else ())
         elif pid not in exclude:
             present = processes.get(pid)
+            if context["creators_here"] and item["type"] != "mps":
+                # The creator has exited (its number is free here) or another process has its number now: the context
+                # lives on in whoever holds its handles.
+                key, reason = "exited", "reused" if present else "exited"
+            else:
+                key, reason = "foreign", "not_holding" if present else "absent"
             foreign = {"pid": pid, "used_mib": item["used_mib"], "type": item["type"],
-                       "reason": "not_holding" if present else "absent", "comm": present["comm"] if present else None}
-            gpu["foreign"].append(foreign)
+                       "reason": reason, "comm": present["comm"] if present else None}
+            gpu[key].append(foreign)
             if instance is not None:
-                instance["foreign"].append(foreign)
+                instance[key].append(foreign)
     return listed, listed_unknown
 
 
-def _judge_memory(gpu, listed, listed_unknown, tolerance_mib, driver):
+def _judge_memory(gpu, listed, listed_unknown, tolerance_mib, driver, cause=None):
     """Explained and unexplained memory of a GPU and of each of its MIG instances, against the tolerance."""
     gpu["explained_mib"] = listed
     gpu["tolerance_mib"] = tolerance_mib + gpu["reserved_allowance_mib"]
-    gpu["unexplained_mib"], gpu["memory_unexplained"] = _memory_unexplained(
-        gpu["memory_used_mib"], listed, listed_unknown, gpu["tolerance_mib"])
+    if gpu["memory_supported"] is False and not gpu["error"]:
+        # NVML reports no memory for this GPU (unified memory, a GB10): the lists and device files decide. Its used
+        # memory is what the lists charge (memory_source "process_lists"), so a wait releases it once they are empty.
+        gpu["memory_used_mib"], gpu["memory_source"] = listed, "process_lists"
+        gpu["unexplained_mib"], gpu["memory_unexplained"] = 0, False
+    else:
+        gpu["unexplained_mib"], gpu["memory_unexplained"] = _memory_unexplained(
+            gpu["memory_used_mib"], listed, listed_unknown, gpu["tolerance_mib"])
+    gpu["unexplained_cause"] = cause if gpu["memory_unexplained"] and gpu["memory_used_mib"] is not None else None
     for instance in gpu["mig_devices"]:
         instance["reserved_allowance_mib"] = reserved_allowance(instance.get("memory_total_mib"), instance, driver)
         instance["tolerance_mib"] = tolerance_mib + instance["reserved_allowance_mib"]
@@ -284,12 +346,28 @@ def _judge_memory(gpu, listed, listed_unknown, tolerance_mib, driver):
             instance["tolerance_mib"])
 
 
+def _needs_holders(part, context, unknown):
+    """Whether the CUDA users of a GPU's (or MIG instance's) device file hold it: it carries the context of an exited
+    creator, or memory outside the lists that this namespace's processes may hold (memory unknown; drivers before
+    535.113.01). On a translating driver memory outside the lists is another namespace's or leaked: never theirs."""
+    if part.get("exited"):
+        return True
+    if not part.get("memory_unexplained"):
+        return False
+    return unknown or context["cause"] == "unlisted"
+
+
 def _device_file_holders(gpu, listed_here, lookup, context):
-    """Where a GPU (or one of its MIG instances) has unexplained memory, the CUDA users of its device file that the
-    driver lists nowhere hold it; with none, the NVML-only clients there are its suspects."""
+    """Where a GPU (or one of its MIG instances) carries the context of an exited creator, or memory that its
+    processes may hold (_needs_holders), the CUDA users of its device file that the driver lists nowhere hold it;
+    with none, the NVML-only clients there are its suspects."""
     instances = gpu["mig_devices"]
-    if not gpu["memory_unexplained"] and not any(d["memory_unexplained"] for d in instances):
+    unknown = gpu["memory_used_mib"] is None and gpu["memory_supported"] is not False
+    whole = _needs_holders(gpu, context, unknown)
+    wanted = {d["uuid"] for d in instances if _needs_holders(d, context, d.get("memory_used_mib") is None)}
+    if not whole and not wanted:
         return
+    exited = sorted({item["pid"] for item in gpu["exited"]})
     index, scan, files = gpu["index"], context["scan"], context["files"]
     candidates = [pid for pid in sorted(files)
                   if index in files[pid] and pid not in listed_here and pid in context["processes"]]
@@ -300,14 +378,15 @@ def _device_file_holders(gpu, listed_here, lookup, context):
         # On a MIG GPU, a process holding capability files of instances is judged by those instances' memory.
         mine = _instances_held(scan[pid].caps, gpu["minor"], instances, lookup) if instances else []
         if mine:
-            mine = [d for d in mine if d["memory_unexplained"]]
+            mine = [d for d in mine if d["uuid"] in wanted]
             if mine:
-                context["held"].hold(pid, index, None, "device_file", mine)
+                context["held"].hold(pid, index, None, "device_file", mine,
+                                     sorted({item["pid"] for d in mine for item in d["exited"]}))
                 held_here = True
-        elif gpu["memory_unexplained"]:
-            context["held"].hold(pid, index, None, "device_file")
+        elif whole:
+            context["held"].hold(pid, index, None, "device_file", (), exited)
             held_here = True
-    if not held_here and gpu["memory_unexplained"]:
+    if not held_here and whole:
         gpu["suspects"] = [pid for pid in candidates if not scan[pid].cuda]
 
 
@@ -334,6 +413,8 @@ def _processes(context):
             "attribution": {str(i): how for i, how in sorted(held[pid]["attribution"].items())},
             "control_only": not files.get(pid),
             "mig": {str(i): sorted(uuids) for i, uuids in sorted(held[pid]["mig"].items())},
+            # {"<index>": [PID, ...]}: the listed creators, exited (or their number reused), whose contexts it holds.
+            "contexts_of": {str(i): sorted(pids) for i, pids in sorted(held[pid]["contexts_of"].items())},
         })
         if "driver" in details["attribution"].values():
             details["seen_in"] = sorted(set(details["seen_in"]) | {"driver"})

@@ -60,13 +60,53 @@ class _ProcessInfoV2(ctypes.Structure):  # pylint: disable=too-few-public-method
                 ("gpuInstanceId", ctypes.c_uint), ("computeInstanceId", ctypes.c_uint)]
 
 
+class _ProcessInfoV3Legacy(ctypes.Structure):  # pylint: disable=too-few-public-methods
+    """The _v3 entry of early R535 drivers (535.43.02-535.86.05): nvmlProcessInfo_v2_t plus usedGpuCcProtectedMemory,
+    32 bytes. nvidia-ml-py 12.535.108+ reads it as 24 bytes and garbles every entry after the first (nvitop#75)."""
+    _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong),
+                ("gpuInstanceId", ctypes.c_uint), ("computeInstanceId", ctypes.c_uint),
+                ("usedGpuCcProtectedMemory", ctypes.c_ulonglong)]
+
+
+_V3_SYMBOLS = ("nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetGraphicsRunningProcesses_v3",
+               "nvmlDeviceGetMPSComputeRunningProcesses_v3")
+
+
+def _has_symbol(pynvml, symbol):
+    try:
+        pynvml._nvmlGetFunctionPointer(symbol)  # pylint: disable=protected-access
+    except Exception:  # pylint: disable=broad-except
+        return False
+    return True
+
+
+def _legacy_v3(pynvml):
+    """Whether the library writes 32-byte _v3 entries: nvitop 1.7.2's probe (api/libnvml.py): early R535 libraries
+    have nvmlDeviceGetConfComputeMemSizeInfo and not yet nvmlDeviceGetRunningProcessDetailList, which came when the
+    _v3 layout went back to 24 bytes."""
+    return (_has_symbol(pynvml, "nvmlDeviceGetConfComputeMemSizeInfo")
+            and not _has_symbol(pynvml, "nvmlDeviceGetRunningProcessDetailList"))
+
+
 # How long close() lets the worker leave on its own (seconds): it exits as soon as it reads the end of its request
 # pipe, unless a driver call holds it.
 _WORKER_EXIT_S = 0.1
+# How long close() waits for a SIGKILLed worker to be reaped (seconds). A worker stuck in the driver sleeps
+# uninterruptibly (state D), where SIGKILL waits until the driver call returns: it is left behind and reported.
+KILLED_EXIT_S = 1.0
+# The deadline of the worker's first nvmlInit (seconds), apart from the reading's: with persistence mode off the
+# first client initializes every GPU, seconds on real hosts (NVIDIA/nvidia-container-toolkit#202), which is not a
+# hung driver. The reading that follows gets the caller's timeout.
+INIT_TIMEOUT_S = 30.0
+_INIT_DONE = b'{"initialized": true}'
 
 
 class NvmlTimeout(Exception):
     """An NVML query did not answer within its deadline (the worker was killed)."""
+
+
+class NvmlWorkerError(Exception):
+    """The NVML worker failed with a Python error, or exited on its own: a defect, not a driver that did not answer."""
 
 
 def _text(value):
@@ -134,7 +174,11 @@ def _process_lists(pynvml, handle, versions):
     while True:
         version = versions[0]
         try:
-            if version == "v3":
+            if version == "v3" and _legacy_v3(pynvml):
+                versions[0] = version = "v3-32"
+            if version == "v3-32":
+                functions = tuple(_raw_list(pynvml, symbol, _ProcessInfoV3Legacy) for symbol in _V3_SYMBOLS)
+            elif version == "v3":
                 functions = (pynvml.nvmlDeviceGetComputeRunningProcesses, pynvml.nvmlDeviceGetGraphicsRunningProcesses,
                              pynvml.nvmlDeviceGetMPSComputeRunningProcesses)
             else:
@@ -154,6 +198,10 @@ def _process_lists(pynvml, handle, versions):
             versions.pop(0)
 
 
+_UNSUPPORTED_MEMORY = {"total_mib": None, "used_mib": None, "free_mib": None, "reserved_mib": None, "source": None,
+                       "used_includes_reserved": None, "used_excluding_reserved_mib": None, "supported": False}
+
+
 def _memory(pynvml, handle):
     """Memory of one GPU (or MIG device) in MiB: NVML memory info v2 (reserved separate), v1 where v2 is missing.
 
@@ -168,7 +216,12 @@ def _memory(pynvml, handle):
     # A driver without nvmlDeviceGetMemoryInfo_v2 (FunctionNotFound), or one that does not know the v2 struct
     # version (ArgumentVersionMismatch).
     except (pynvml.NVMLError_FunctionNotFound, pynvml.NVMLError_NotSupported, pynvml.NVMLError_ArgumentVersionMismatch):
-        info = pynvml.nvmlDeviceGetMemoryInfo(handle)
+        try:
+            info = pynvml.nvmlDeviceGetMemoryInfo(handle)
+        except pynvml.NVMLError_NotSupported:
+            # A unified-memory GPU (NVIDIA GB10) reports no memory, v1 and v2 alike, while its process lists answer
+            # (XuehaiPan/nvitop PR 208): not an error of the GPU; it is judged by its lists and device files.
+            return dict(_UNSUPPORTED_MEMORY)
         # v1 `used` includes reserved memory; v1 cannot tell them apart.
         return {"total_mib": info.total // MIB, "used_mib": info.used // MIB, "free_mib": info.free // MIB,
                 "reserved_mib": None, "source": "nvmlDeviceGetMemoryInfo",
@@ -230,7 +283,7 @@ def read_gpu(pynvml, index, list_versions=None):
     used_excluding_reserved_mib (None with v1)},
     "processes": [{"pid", "used_mib" (None when NVML reports it as not available), "type" (compute, graphics
     or mps), "gpu_instance_id", "compute_instance_id" (None when not MIG)}],
-    "process_list_version" ("v3", "v2", "v1"; None when no list was read),
+    "process_list_version" ("v3", "v3-32" (early R535 32-byte entries), "v2", "v1"; None when no list was read),
     "processes_error" (None, or why the lists are partial: the aggregate lists of a MIG-enabled GPU need
     privileges; not a GPU error),
     "mig_mode" ({"current": bool, "pending": bool}; None when the GPU or driver has no MIG),
@@ -314,8 +367,18 @@ def _worker(pynvml, requests, replies):
     initialized = False
     with os.fdopen(requests, "rb", 0) as req, os.fdopen(replies, "wb", 0) as rep:
         while req.readline():
-            reading = read_driver(pynvml, initialized)
-            initialized = initialized or reading["available"]
+            try:
+                if not initialized:
+                    try:
+                        pynvml.nvmlInit()
+                        initialized = True
+                    except pynvml.NVMLError:
+                        pass  # read_driver tries again and reports the error
+                    rep.write(_INIT_DONE + b"\n")
+                reading = read_driver(pynvml, initialized)
+            except Exception as exc:  # pylint: disable=broad-except
+                rep.write(json.dumps({"worker_error": "%s: %s" % (type(exc).__name__, exc)}).encode("utf-8") + b"\n")
+                return
             rep.write(json.dumps(reading).encode("utf-8") + b"\n")
 
 
@@ -358,6 +421,9 @@ class DriverQuery:
         self._req = self._rep = None
         self._buffer = b""
         self.timed_out = None  # the first failure's text, once NVML stopped answering
+        self.failed = None  # the worker's Python error, once it had one
+        self.left_behind = []  # workers that SIGKILL did not end within KILLED_EXIT_S (stuck in the driver)
+        self._initialized = False  # the worker has answered its nvmlInit
 
     def _start(self):
         req_r, req_w = os.pipe()
@@ -366,37 +432,60 @@ class DriverQuery:
         os.close(req_r)
         os.close(rep_w)
         self.pid, self._req, self._rep = pid, req_w, rep_r
+        self._initialized = False
 
     def read(self, timeout):
-        """One reading (see read_driver), or NvmlTimeout after `timeout` seconds."""
+        """One reading (see read_driver), or NvmlTimeout after `timeout` seconds (the worker's first nvmlInit has
+        INIT_TIMEOUT_S of its own)."""
         if self.timed_out:
             raise NvmlTimeout("%s; not asked again in this run" % self.timed_out)
+        if self.failed:
+            raise NvmlWorkerError(self.failed)
         if self.pid is None:
             self._start()
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + (timeout if self._initialized else max(timeout, INIT_TIMEOUT_S))
         try:
             os.write(self._req, b"r\n")
-            while b"\n" not in self._buffer:
-                left = deadline - time.monotonic()
-                if left <= 0 or not select.select([self._rep], [], [], left)[0]:
-                    raise NvmlTimeout("an NVML call did not return within %.1f s (driver hung?)" % timeout)
-                chunk = os.read(self._rep, 65536)
-                if not chunk:
-                    raise NvmlTimeout("the NVML worker exited unexpectedly")
-                self._buffer += chunk
-        except (NvmlTimeout, OSError) as exc:
-            self.close()
+            while True:
+                while b"\n" not in self._buffer:
+                    left = deadline - time.monotonic()
+                    if left <= 0 or not select.select([self._rep], [], [], left)[0]:
+                        raise NvmlTimeout(
+                            "an NVML call did not return within %.1f s (driver hung?)" % timeout if self._initialized
+                            else "nvmlInit did not return within %.1f s (a first initialization with persistence mode "
+                                 "off takes seconds; this long: driver hung?)" % max(timeout, INIT_TIMEOUT_S))
+                    chunk = os.read(self._rep, 65536)
+                    if not chunk:
+                        raise NvmlWorkerError("the NVML worker exited unexpectedly (a defect, not a driver that hung)")
+                    self._buffer += chunk
+                if self._buffer.startswith(_INIT_DONE + b"\n"):
+                    self._buffer = self._buffer[len(_INIT_DONE) + 1:]
+                    self._initialized = True
+                    deadline = time.monotonic() + timeout
+                    continue
+                break
+        except (NvmlTimeout, NvmlWorkerError, OSError) as exc:
+            left = self.close()
+            if isinstance(exc, NvmlWorkerError):
+                self.failed = str(exc)
+                raise
             if not isinstance(exc, NvmlTimeout):
                 exc = NvmlTimeout("the NVML worker failed: %s" % exc)
-            self.timed_out = str(exc)
-            raise exc
+            self.timed_out = str(exc) + _left_behind_text(left)
+            raise NvmlTimeout(self.timed_out)
         line, _newline, self._buffer = self._buffer.partition(b"\n")
-        return json.loads(line.decode("utf-8"))
+        reading = json.loads(line.decode("utf-8"))
+        if "worker_error" in reading:
+            self.close()
+            self.failed = "the NVML worker failed with a Python error: %s" % reading["worker_error"]
+            raise NvmlWorkerError(self.failed)
+        return reading
 
     def close(self):
-        """End the worker (SIGKILL if it does not leave at once, e.g. stuck in a driver call)."""
+        """End the worker (SIGKILL if it does not leave at once, e.g. stuck in a driver call). Returns the worker's PID
+        when it was left behind (not reaped within KILLED_EXIT_S of SIGKILL: stuck in the driver), else None."""
         if self.pid is None:
-            return
+            return None
         for fd in (self._req, self._rep):
             try:
                 os.close(fd)
@@ -404,9 +493,19 @@ class DriverQuery:
                 pass
         pid, self.pid = self.pid, None
         if _exited_within(pid, _WORKER_EXIT_S):
-            return
+            return None
         try:
             os.kill(pid, signal.SIGKILL)  # our own forked child
         except OSError:
             pass
-        os.waitpid(pid, 0)
+        if _exited_within(pid, KILLED_EXIT_S):
+            return None
+        self.left_behind.append(pid)
+        return pid
+
+
+def _left_behind_text(pid):
+    if pid is None:
+        return ""
+    return ("; the NVML worker (PID %d) did not end within %.1f s of SIGKILL (uninterruptible sleep in the driver) "
+            "and was left behind" % (pid, KILLED_EXIT_S))

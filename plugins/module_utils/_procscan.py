@@ -6,7 +6,11 @@
 
 A fuser-style scan of /proc: for every process, the fds of every thread
 (/proc/PID/task/TID/fd) and its memory mappings (/proc/PID/maps), matched
-against the NVIDIA device paths. psutil cannot do this (Process.open_files()
+against the NVIDIA device files. A file is an NVIDIA device by its identity, not its path: a character device of
+major 195 (the minor is the GPU's; 255 is nvidiactl, 254 nvidia-modeset), or the same file as one of /dev/nvidia*
+(a bind mount elsewhere: /run/nvidia/driver/dev/nvidia0 under the GPU Operator's driver container), or by name for
+nvidia-uvm* and nvidia-caps/* (their major is dynamic). Paths outside /dev are looked at when their name contains
+"nvidia". psutil cannot do this (Process.open_files()
 lists regular files only and never shows /dev/nvidia*), so we read /proc
 ourselves. The cost is one readlink per fd and one read of every maps file:
 fds are read by number where the fd directory's size gives their count (no
@@ -20,13 +24,27 @@ import functools
 import json
 import os
 import re
+import select
+import signal
+import stat
+import time
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils import _proc
 
 # /dev/nvidia<minor> (195:<minor>), the control and UVM devices, and MIG capabilities.
 _DEVICE_RE = re.compile(r"^/dev/nvidia(?:(?P<minor>\d+)|ctl|-uvm|-uvm-tools|-modeset|-caps/(?:nvidia-cap(?P<cap>\d+))?.*)$")
 _DEVICE_PREFIX = "/dev/nvidia"
-_MAPS_MARK = b"/dev/nvidia"
+# Any path that may name an NVIDIA device file (under /dev or bound elsewhere).
+_NAME_MARK = "nvidia"
+_MAPS_MARK = b"nvidia"
+# The character major of /dev/nvidia<minor>, /dev/nvidiactl (255) and /dev/nvidia-modeset (254) (kernel-open/nvidia
+# nv.c: NV_MAJOR_DEVICE_NUMBER 195, NV_MINOR_DEVICE_NUMBER_CONTROL_DEVICE 255).
+_NVIDIA_MAJOR = 195
+_CONTROL_MINORS = {255: "/dev/nvidiactl", 254: "/dev/nvidia-modeset"}
+# nvidia-uvm and the MIG capability files have dynamic majors: they are known by name wherever they are.
+_NAMED_RE = re.compile(r"/(nvidia-uvm(?:-tools)?|nvidia-caps/nvidia-cap\d+)$")
+# {(st_dev, st_ino): /dev path} of the device files under /dev, read once per process (see _known_files).
+_KNOWN = {}
 # Per proc root: does st_size of PROC/PID/fd count the open fds? (see _size_counts_fds)
 _SIZE_COUNTS_FDS = {}
 # "0", "1", "2"...: fd numbers as names, grown on demand (see _fd_names)
@@ -250,14 +268,59 @@ def _fd_table(fd_dir, size_counts_fds):
         os.close(dir_fd)
 
 
-def _record_fds(targets, handles):
-    """Record the NVIDIA device files among fd `targets` in `handles`; True if there was one."""
+def _known_files(dev="/dev"):
+    """{(st_dev, st_ino): path} of DEV/nvidia* and DEV/nvidia-caps/*: the files a bind mount elsewhere is the same as."""
+    if dev not in _KNOWN:
+        known = {}
+        for directory in (dev, os.path.join(dev, "nvidia-caps")):
+            for name in _listdir(directory) or ():
+                if name.startswith("nvidia"):
+                    path = os.path.join(directory, name)
+                    try:
+                        info = os.stat(path)
+                    except OSError:
+                        continue
+                    known[(info.st_dev, info.st_ino)] = "/dev/" + os.path.relpath(path, dev)
+        _KNOWN[dev] = known
+    return _KNOWN[dev]
+
+
+def _canonical(path, info):
+    """The /dev path an NVIDIA device file outside /dev stands for (`info`: its stat), or None when it is none."""
+    named = _NAMED_RE.search(path)
+    if named:
+        return "/dev/" + named.group(1)
+    if info is None:
+        return None
+    if stat.S_ISCHR(info.st_mode) and os.major(info.st_rdev) == _NVIDIA_MAJOR:
+        minor = os.minor(info.st_rdev)
+        return _CONTROL_MINORS.get(minor, "/dev/nvidia%d" % minor)
+    return _known_files().get((info.st_dev, info.st_ino))
+
+
+def _stat(path):
+    try:
+        return os.stat(path)
+    except OSError:
+        return None
+
+
+def _record_fds(targets, handles, fd_dir=None, names=()):
+    """Record the NVIDIA device files among fd `targets` (of `names` in `fd_dir`) in `handles`; True if there was one."""
     # One search of all targets joined (in C) first: nearly every process holds none.
-    if _DEVICE_PREFIX not in "\n".join(targets):
+    if _NAME_MARK not in "\n".join(targets):
         return False
     found = False
-    for target in targets:
-        if target.startswith(_DEVICE_PREFIX) and handles.add(target, "fd"):
+    for position, target in enumerate(targets):
+        if _NAME_MARK not in target:
+            continue
+        if not target.startswith(_DEVICE_PREFIX):
+            # Outside /dev: the file itself says what it is (the fd's stat follows it in the holder's mount namespace).
+            name = names[position] if fd_dir and position < len(names) else None
+            target = _canonical(target, _stat("%s/%s" % (fd_dir, name)) if name else None)
+            if target is None:
+                continue
+        if handles.add(target, "fd"):
             found = True
     return found
 
@@ -290,8 +353,32 @@ def _scan_maps(proc, pid, handles):
         if _MAPS_MARK in line:
             # address perms offset dev inode pathname
             fields = line.split(None, 5)
-            if len(fields) == 6:
-                handles.add(fields[5].decode("utf-8", "replace"), "mapping")
+            if len(fields) != 6:
+                continue
+            path = fields[5].decode("utf-8", "replace")
+            if not path.startswith(_DEVICE_PREFIX):
+                path = _canonical(path, _maps_identity(fields[3], fields[4]) or _stat(path))
+                if path is None:
+                    continue
+            handles.add(path, "mapping")
+
+
+class _Identity:  # pylint: disable=too-few-public-methods
+    """The (st_dev, st_ino) of a maps line, shaped like a stat result for _canonical (never a character device)."""
+    st_mode = stat.S_IFREG
+
+    def __init__(self, dev, ino):
+        self.st_dev, self.st_ino = dev, ino
+
+
+def _maps_identity(dev, inode):
+    """The identity of the file a maps line names ("fd:01", "1234"), when it is one of the known device files."""
+    try:
+        major, minor = (int(part, 16) for part in dev.split(b":"))
+        identity = _Identity(os.makedev(major, minor), int(inode))
+    except ValueError:
+        return None
+    return identity if (identity.st_dev, identity.st_ino) in _known_files() else None
 
 
 def scan_process(pid, proc="/proc"):
@@ -306,7 +393,7 @@ def scan_process(pid, proc="/proc"):
     base = "%s/%d/" % (proc, pid)
     size_counts_fds = _size_counts_fds(proc)
     leader = _fd_table(base + "fd", size_counts_fds)
-    leader_holds = leader is not None and _record_fds(leader[1], handles)
+    leader_holds = leader is not None and _record_fds(leader[1], handles, base + "fd", leader[0])
     if _maybe_other_threads(base):
         leader_names = leader[0] if leader else []
         leader_set = None
@@ -325,7 +412,7 @@ def scan_process(pid, proc="/proc"):
             if set(names) == leader_set:
                 continue
             table = _fd_table(task_fd, False)
-            if table is not None and _record_fds(table[1], handles) and not leader_holds:
+            if table is not None and _record_fds(table[1], handles, task_fd, table[0]) and not leader_holds:
                 handles.thread_only = True
     _scan_maps(proc, pid, handles)
     if not handles.seen_in:
@@ -333,7 +420,7 @@ def scan_process(pid, proc="/proc"):
     return handles
 
 
-def scan_holders(proc="/proc", skip_pids=(), workers=None):
+def scan_holders(proc="/proc", skip_pids=(), workers=None, problems=None):
     """Every process holding an NVIDIA device file: {pid: DeviceHandles}.
 
     Args:
@@ -341,13 +428,14 @@ def scan_holders(proc="/proc", skip_pids=(), workers=None):
         skip_pids: PIDs not to scan (for example our own process and its NVML worker).
         workers: processes sharing the scan; None picks one per PIDS_PER_WORKER processes, at most
             one per CPU we may run on and MAX_WORKERS (1 where we are multi-threaded: see _scan_parallel).
+        problems: a list that gets one sentence per worker that did not finish (see _scan_parallel).
     """
     skip = set(skip_pids)
     pids = [pid for pid in _proc.list_pids(proc) if pid not in skip]
     if workers is None:
         workers = _worker_count(len(pids))
     if workers > 1:
-        return _scan_parallel(pids, proc, workers)
+        return _scan_parallel(pids, proc, workers, problems if problems is not None else [])
     return _scan_pids(pids, proc)
 
 
@@ -355,6 +443,10 @@ def scan_holders(proc="/proc", skip_pids=(), workers=None):
 # per mapping, which spreads over CPUs; below a few hundred processes a fork costs more than it saves.
 PIDS_PER_WORKER = 250
 MAX_WORKERS = 8
+# How long a scan worker may take to send its share (seconds), and to be reaped after SIGKILL. A worker reading the
+# maps of a process stuck in the driver sleeps uninterruptibly (state D), where SIGKILL waits: it is left behind.
+WORKER_REPLY_S = 20.0
+KILLED_EXIT_S = 1.0
 
 
 def _worker_count(pid_count):
@@ -374,13 +466,15 @@ def _scan_pids(pids, proc):
     return holders
 
 
-def _scan_parallel(pids, proc, workers):
+def _scan_parallel(pids, proc, workers, problems):
     """scan_holders' result for `pids`, read by `workers` processes: this one and forked children.
 
-    Each child scans every workers-th PID and sends its holders as JSON through a pipe. A child
-    that fails (or a fork that fails) leaves its share to this process, so the result is the same
-    as a serial scan's. A multi-threaded process scans alone: a fork copies only the calling
-    thread, and a lock held by another thread would stay locked in the child.
+    Each child scans every workers-th PID and sends its holders as JSON through a pipe. A child that fails (or a
+    fork that fails) leaves its share to this process, so the result is the same as a serial scan's. A child that
+    sends nothing within WORKER_REPLY_S is killed; its share is not scanned again (what held it would hold this
+    process too) and a sentence in `problems` says so, as for a child that SIGKILL does not end in time (left
+    behind). A multi-threaded process scans alone: a fork copies only the calling thread, and a lock held by
+    another thread would stay locked in the child.
     """
     if not _proc.single_threaded():
         return _scan_pids(pids, proc)
@@ -395,12 +489,18 @@ def _scan_parallel(pids, proc, workers):
         children.append((share, child, read_end))
     done = len(children) + 1
     holders = _scan_pids(pids[0::workers], proc)
+    deadline = time.monotonic() + WORKER_REPLY_S
     for share, child, read_end in children:
-        with os.fdopen(read_end, "rb") as reply:
-            data = reply.read()
-        _pid, status = os.waitpid(child, 0)
+        data = _read_until(read_end, deadline)
+        status = _reap(child, data is not None)
+        if data is None:
+            problems.append("a /proc scan worker (PID %d) did not answer within %.0f s (a process stuck in the driver?); "
+                            "%d processes were not scanned%s" % (
+                                child, WORKER_REPLY_S, len(pids[share::workers]),
+                                "" if status is not None else "; the worker was left behind (not ended by SIGKILL)"))
+            continue
         try:
-            found = json.loads(data.decode("utf-8")) if status == 0 else None
+            found = json.loads(data.decode("utf-8")) if status in (0, None) else None
         except ValueError:
             found = None
         if found is None:
@@ -411,6 +511,40 @@ def _scan_parallel(pids, proc, workers):
     for share in range(done, workers):  # forks that failed: scan their shares here
         holders.update(_scan_pids(pids[share::workers], proc))
     return holders
+
+
+def _read_until(fd, deadline):
+    """Everything from pipe `fd` until its end, or None when `deadline` (monotonic) passes first; `fd` is closed."""
+    chunks = []
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                return None
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+
+
+def _reap(child, answered):
+    """Reap our worker `child`: its exit status, or None when it is left behind. One that did not answer is
+    SIGKILLed first; each wait is bounded (KILLED_EXIT_S after SIGKILL, WORKER_REPLY_S after an answer)."""
+    if not answered:
+        try:
+            os.kill(child, signal.SIGKILL)
+        except OSError:
+            pass
+    deadline = time.monotonic() + (KILLED_EXIT_S if not answered else WORKER_REPLY_S)
+    while True:
+        pid, status = os.waitpid(child, os.WNOHANG)
+        if pid:
+            return os.waitstatus_to_exitcode(status) if hasattr(os, "waitstatus_to_exitcode") else status
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.005)
 
 
 def _send_scan(pids, proc, write_end):

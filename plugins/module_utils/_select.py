@@ -27,6 +27,9 @@ PROTECTED_NAMES = (
     "nvidia-persistenced", "nv-hostengine", "dcgm-exporter", "nv-fabricmanager", "nvidia-fabricmanager",
     "nvidia-cuda-mps-control", "nvidia-cuda-mps-server", "Xorg", "Xwayland", "X",
     "nvidia-device-plugin", "gpu-feature-discovery", "nvidia-mig-manager", "nvidia-smi",
+    # Display servers and compositors (docs/attribution.md, "Protected by default"): a desktop's graphics contexts.
+    "gnome-shell", "mutter", "kwin_wayland", "kwin_x11", "plasmashell", "sway", "weston",
+    "gdm", "gdm-wayland-session", "gdm-x-session", "sddm", "sddm-helper", "sddm-greeter",
 )
 
 # Options shared by every module that selects holders (gpu_kill, gpu_wait), beside `gpus`.

@@ -47,6 +47,7 @@ class Holder(DeviceUser):
     attribution: Dict[str, str]
     control_only: bool
     mig: Dict[str, List[str]]
+    contexts_of: Dict[str, List[int]]
 
 
 class SnapshotHolder(Holder):
@@ -87,6 +88,9 @@ class Gpu(GpuTable):
     memory_unexplained: Optional[bool]
     holder_pids: List[int]
     device_user_pids: List[int]
+    exited: List[dict]
+    memory_supported: Optional[bool]
+    unexplained_cause: Optional[str]
 
 
 class DriverProcess(TypedDict):
@@ -100,7 +104,7 @@ class DriverProcess(TypedDict):
 
 
 class Foreign(TypedDict):
-    """A PID the driver lists that no process here confirms."""
+    """A PID the driver lists that no process here confirms (foreign; exited, with reason "exited" or "reused")."""
     pid: int
     used_mib: Optional[int]
     type: str
@@ -127,6 +131,7 @@ class MigDevice(TypedDict):
     tolerance_mib: int
     unexplained_mib: Optional[int]
     memory_unexplained: Optional[bool]
+    exited: List[dict]
 
 
 class Driver(TypedDict):
@@ -148,6 +153,7 @@ class Snapshot(TypedDict):
     index_source: Optional[str]
     scan: str
     driver: Driver
+    scan_problems: List[str]
 
 
 class BriefHolder(TypedDict):

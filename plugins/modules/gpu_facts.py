@@ -15,18 +15,29 @@ description:
     C(nvmlDeviceGetMemoryInfo) v1 where v2 is missing, whose used memory includes reserved memory).
   - Holding a GPU means holding its memory (docs/attribution.md). A PID in GPU i's process lists
     (C(nvmlDeviceGetComputeRunningProcesses_v3), C(..Graphics..), C(..MPSCompute..)) holds GPU i, with the listed
-    memory, once C(/proc) confirms it (that process holds GPU i's device file or, for an MPS client, C(/dev/nvidiactl)).
-    A listed PID that is absent or holds something else here (inside containers NVML reports host PIDs) is never a
-    holder; it is reported in C(foreign) per GPU, and its memory is explained.
-  - A fuser-style scan of C(/proc) (the fds of every thread in C(/proc/PID/task/TID/fd), and C(/proc/PID/maps)) for
-    C(/dev/nvidia*) finds the processes the driver does not list. Such a process holds GPU i only where GPU i's used
-    memory minus what the driver lists exceeds O(max_used_mib) (C(memory_unexplained)), as with forked children that only
-    inherited a handle, a zombie leader's thread, a mapping. Among them CUDA users (C(/dev/nvidia-uvm) open, or a
-    device mapping) come first; NVML-only clients are only named as C(suspects). Every other process with device
-    files open (NVML exporters and tools, NCCL workers with every GPU's file open) is a device user.
+    memory, once C(/proc) shows it has a context there (a CUDA user holding GPU i's device file; for an MPS client,
+    C(/dev/nvidiactl)).
+  - The driver lists a context under its creator's PID until the last process holding its handles closes them, and
+    (535.113.01 and later) in the caller's PID namespace. A listed PID that is absent here is a creator that has
+    exited, one held by a process without a context a reused number (C(exited), reason C(exited) or C(reused)); the
+    CUDA users of GPU i's device file that the lists leave out hold its context (C(contexts_of)); the process with
+    the reused number is never a holder. On older drivers seen from a container, such a PID may be a host process
+    (C(foreign)), never a holder, its memory explained.
+  - A fuser-style scan of C(/proc) (the fds of every thread in C(/proc/PID/task/TID/fd), and C(/proc/PID/maps)) finds
+    the NVIDIA device files by identity (character major 195, the same file as C(/dev/nvidia*) wherever it is
+    mounted, C(nvidia-uvm) and C(nvidia-caps) by name). Memory no listed entry explains (C(memory_unexplained), beyond
+    O(max_used_mib)) belongs, on a driver that gives PIDs in the caller's namespace, to another namespace or to
+    nobody (C(unexplained_cause)); on older drivers and where memory is unknown the CUDA users of the device file
+    hold it. Among them CUDA users (C(/dev/nvidia-uvm) open, or a device mapping) come first; NVML-only clients are
+    only named as C(suspects). Every other process with device files open (NVML exporters and tools, NCCL workers
+    with every GPU's file open) is a device user.
+  - A GPU whose memory NVML does not report (NVML_ERROR_NOT_SUPPORTED, a unified-memory GB10) is judged by its lists
+    and device files (C(memory_supported) false, C(memory_source) C(process_lists)).
   - GPUs are matched through the minor number of C(/dev/nvidiaN) (C(nvmlDeviceGetMinorNumber)), never assuming
     minor equals index.
-  - NVML runs in a child process bounded by O(driver_timeout), so a wedged driver cannot hang the module.
+  - NVML runs in a child process bounded by O(driver_timeout), so a wedged driver cannot hang the module. Its first
+    C(nvmlInit) has 30 seconds of its own (with persistence mode off it initializes every GPU, seconds on real
+    hosts). A child that SIGKILL cannot end (stuck in the driver) is left behind and named in C(scan_problems).
   - Without the NVIDIA driver library the facts say so in C(driver.available) and C(driver.error); memory is
     unknown, so the CUDA users holding a GPU's device file are its holders, from the C(/proc) scan alone.
 author: gpuops maintainers (@gpuops)
@@ -105,10 +116,17 @@ ansible_facts:
               explains (null when unknown; for example memory kept by an inherited handle, a leaked context, or
               idle usage of a few MiB); C(memory_unexplained) is true when it exceeds C(tolerance_mib)
               (O(max_used_mib)) or memory is unknown.
-            - C(foreign) are the listed PIDs that no process here confirms (C(pid), C(used_mib), C(type), C(reason)
-              C(absent) or C(not_holding), C(comm) of the unrelated process with that PID, else null).
-              C(suspects) are the PIDs of NVML-only clients holding the device file where memory is unexplained and
-              no CUDA user does (never holders).
+            - C(foreign) are the listed PIDs that no process here confirms and that may be another PID namespace's
+              (drivers before 535.113.01 seen from a container; C(pid), C(used_mib), C(type), C(reason) C(absent) or
+              C(not_holding), C(comm) of the unrelated process with that PID, else null). C(exited) are listed creators
+              that have exited (the same keys, C(reason) C(exited), or C(reused) when another process has the number);
+              their contexts are held by the device-file holders of the GPU. C(suspects) are the PIDs of NVML-only
+              clients holding the device file where a holder is looked for and no CUDA user holds it (never holders).
+            - C(unexplained_cause) says what memory outside the lists is where it counts, C(other_namespace_or_leaked)
+              (a driver that lists the caller's PID namespace only, seen from a container), C(leaked) (the same, from
+              the initial PID namespace), C(unlisted) (older drivers); null where nothing counts.
+            - C(memory_supported) is false where NVML answers NVML_ERROR_NOT_SUPPORTED for memory (a unified-memory
+              GPU), and then C(memory_source) is C(process_lists) and C(memory_used_mib) is what the lists charge.
             - C(error) is the NVML error for this GPU (for example a lost GPU), else null.
             - C(process_list_version) is the version of the process-list calls that answered (C(v3), C(v2) or
               C(v1) on drivers without the C(_v3) calls), C(processes_error) why the lists are partial (the aggregate
@@ -121,7 +139,7 @@ ansible_facts:
               C(mig_devices), one per MIG instance with C(index), C(uuid) (C(MIG-...)), C(gpu_instance_id),
               C(compute_instance_id), C(name), C(profile), C(memory_total_mib), C(memory_used_mib), C(memory_free_mib),
               C(memory_source), and its holders as for a GPU (C(holder_pids), C(listed_mib), C(unexplained_mib),
-              C(memory_unexplained), C(tolerance_mib), C(reserved_allowance_mib), C(foreign)). C(driver_processes)
+              C(memory_unexplained), C(tolerance_mib), C(reserved_allowance_mib), C(foreign), C(exited)). C(driver_processes)
               carry C(gpu_instance_id) and C(compute_instance_id) (null without MIG).
           returned: always
           type: list
@@ -143,7 +161,10 @@ ansible_facts:
               memory_unexplained: false
               tolerance_mib: 256
               foreign: []
+              exited: []
               suspects: []
+              unexplained_cause: null
+              memory_supported: true
               holder_pids: [4242]
               device_user_pids: [4242, 5120]
               error: null
@@ -156,7 +177,8 @@ ansible_facts:
             - C(gpus) are the NVML indices of the GPUs it holds memory on, C(device_gpus) those whose device file it
               has open, C(minors) the C(/dev/nvidiaN) numbers, C(memory_mib) the memory per GPU index where the driver
               reports it (null where not), C(attribution) per GPU index C(driver) (listed by the driver) or
-              C(device_file) (holds the device file where memory is unexplained), C(seen_in) where the process was
+              C(device_file) (holds the device file of a GPU that carries an exited creator's context, or memory it
+              may hold), C(contexts_of) per GPU index the listed PIDs, exited, whose contexts it holds, C(seen_in) where the process was
               seen (C(driver), C(fd), C(mapping)), C(kind) C(cuda) (C(/dev/nvidia-uvm) or a device mapping) or
               C(nvml), C(parent) (C(pid), C(comm) of its parent, null under init), C(mig) the MIG instances it holds
               per GPU index (a dict of GPU index to a list of MIG UUIDs).
@@ -220,6 +242,14 @@ ansible_facts:
           description: C(full) (every process was scanned) or C(listed) (only the PIDs the driver lists).
           returned: always
           type: str
+        scan_problems:
+          description:
+            - One sentence per worker process that did not finish (a /proc scan worker or the NVML worker stuck in
+              the driver, left behind after SIGKILL); the processes a scan worker did not read are named. Empty
+              normally.
+          returned: always
+          type: list
+          elements: str
         unmapped_minors:
           description: Minor numbers held by some process that no GPU known to NVML has.
           returned: always
@@ -236,7 +266,7 @@ ansible_facts:
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _gpus, _options
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _advice, _gpus, _options
 
 
 def main():
@@ -256,6 +286,8 @@ def main():
         view = inspector.snapshot(tolerance_mib=module.params["max_used_mib"])
     finally:
         inspector.close()
+    for note in _advice.exited_notes(view) + view["scan_problems"]:
+        module.warn(note)
     if not view["driver"]["available"]:
         module.warn("NVIDIA driver library not usable (%s): GPU memory is unknown; holders are the CUDA processes "
                     "holding device files, from the /proc scan alone" % view["driver"]["error"])

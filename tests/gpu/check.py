@@ -57,6 +57,16 @@ MIN_ANSIBLE = (2, 17)
 MIB = 1 << 20
 # gpu_facts' max_used_mib in the attribution scenario: its default, the tolerance of docs/attribution.md rule 3.
 ATTRIBUTION_TOLERANCE_MIB = 256
+
+
+def translates(driver_version):
+    """Whether the driver gives PIDs in the caller's PID namespace: 535.113.01 and later (docs/attribution.md)."""
+    parts = str(driver_version or "").split(".")
+    if not all(part.isdigit() for part in parts) or not parts[0]:
+        return True
+    return tuple(int(part) for part in (parts + ["0", "0"])[:3]) >= (535, 113, 1)
+
+
 # (scenario, seconds it needs at least): skipped when less time is left.
 SCENARIOS = (("idle", 10), ("attribution", 45), ("vllm_tree", 40), ("inherited", 40), ("sigterm_ignored", 30), ("nested_pidns", 40),
              ("release_latency", 30))
@@ -300,7 +310,8 @@ class CheckRun:
         the driver's lists of every GPU, the rule applied to them, gpu_facts' view (through ansible-playbook), and
         the checks comparing them (gpucheck/attribution.py). Returns {case: {"record", "rule", "facts", "meets"}}."""
         lists = self.gpu.all_processes()
-        memory = attribution.gpu_memory(lists, self.gpu.all_used_mib(), ATTRIBUTION_TOLERANCE_MIB)
+        memory = attribution.gpu_memory(lists, self.gpu.all_used_mib(), ATTRIBUTION_TOLERANCE_MIB,
+                                        alive=lambda pid: os.path.exists("/proc/%d" % pid))
         records = {}
         for case, pid in pids.items():
             maps = procs.device_mappings(pid)
@@ -310,7 +321,7 @@ class CheckRun:
         expected = {name: spec for name, _what, _phase, spec in attribution.CASES}
         reading = {}
         for case, record in records.items():
-            rule = attribution.by_rule(record, memory, minors)
+            rule = attribution.by_rule(record, memory, minors, translating=translates(self.result["driver"]["driver_version"]))
             view = attribution.facts_view(record["pid"], facts)
             for name, ok, detail in attribution.judge(case, phase, record, rule, view, self.index):
                 self.check(scenario, name, ok, detail)
@@ -343,8 +354,13 @@ class CheckRun:
         self.workloads.kill("attr.inherit")
         gone = poll_until(lambda: not self.workloads.alive("attr.inherit"), self.deadline.cap(10))
         self.check(scenario, "the inherited child's parent is gone after SIGKILL", gone)
-        unlisted = poll_until(lambda: parent not in self.gpu.processes(), self.deadline.cap(5))
-        scenario["inherit_parent"] = {"pid": parent, "unlisted_after_exit": bool(unlisted)}
+        # The driver keeps listing a context under its creator's PID while the child holds its handles
+        # (open-gpu-kernel-modules gpu_rmapi.c gpuGetProcWithObject_IMPL): recorded, what the child holds too.
+        listed = self.gpu.processes()
+        scenario["inherit_parent"] = {"pid": parent, "listed_after_exit": parent in listed,
+                                      "parent_lists": (listed.get(parent) or {}).get("lists", []),
+                                      "child_lists": (listed.get(child) or {}).get("lists", []),
+                                      "child_device_files": sorted(procs.device_files(child))}
         pids["inherited_child"] = scenario["pids"]["inherited_child"] = child
         scenario["readings"]["unexplained"] = self.attribution_reading(scenario, "unexplained", pids)
         scenario["table"] = attribution.table_rows(scenario, self.result["gpu"]["all_minors"])
@@ -457,6 +473,11 @@ class CheckRun:
         self.check(scenario, "the holder runs in a nested PID namespace", len(scenario["nspid"]) >= 2 and info["pid"] != host,
                    scenario["nspid"])
         self.check(scenario, "gpu_facts finds the holder under its host PID", holder["found_by_facts"], holder["seen_in"])
+        # What the driver lists to a caller inside the namespace (535.113.01+: the namespace's numbers, gpu_rmapi.c
+        # _gpuConvertPid -> os_find_ns_pid -> pid_vnr; older drivers: the host's).
+        inside = scenario["lists_from_namespace"] = self.lists_seen_from(host)
+        scenario["driver_pid_in_namespace"] = ("error" if "error" in inside else "namespace" if str(info["pid"]) in inside["pids"]
+                                               else "host" if str(host) in inside["pids"] else "none")
         before = self.used_mib()
         play = self.ansible.playbook(os.path.join(REPO, "playbooks", "reset_gpus.yml"), {
             "reset_gpus_hosts": "localhost", "reset_gpus_gpus": [self.index], "reset_gpus_pids": [host],
@@ -470,6 +491,24 @@ class CheckRun:
         after = self.settle(10)
         scenario["memory"] = {"baseline_mib": baseline, "before_kill_mib": before, "after_mib": after, "freed_mib": before - after}
         self.check(scenario, "memory back at its level before the holder", after <= baseline + self.args.tolerance_mib, after)
+
+    def lists_seen_from(self, host_pid):
+        """The compute list of the GPU under test as NVML answers a process in `host_pid`'s PID and mount namespaces:
+        {"pids": {"<pid>": MiB}} or {"error": text} (recorded, never a failed check: it is an observation)."""
+        code = ("import json, pynvml as n; n.nvmlInit(); h = n.nvmlDeviceGetHandleByIndex(%d); "
+                "print(json.dumps({str(p.pid): (p.usedGpuMemory or 0) >> 20 for p in n.nvmlDeviceGetComputeRunningProcesses(h)}))"
+                % self.index)
+        try:
+            done = subprocess.run(["nsenter", "--target", str(host_pid), "--pid", "--mount", "--", sys.executable, "-c", code],
+                                  capture_output=True, text=True, timeout=self.deadline.cap(30), check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return {"error": str(exc)}
+        if done.returncode != 0:
+            return {"error": (done.stderr or done.stdout).strip()[-500:]}
+        try:
+            return {"pids": json.loads(done.stdout.strip().splitlines()[-1])}
+        except (ValueError, IndexError):
+            return {"error": done.stdout[-500:]}
 
     def scenario_release_latency(self, scenario):
         scenario["sizes"] = {}

@@ -98,13 +98,16 @@ def test_filtered_reset_does_not_wait_for_what_it_leaves_alone(simnode, tmp_path
     assert driver_lists(node)[0] == {"used": 3072, "compute": {left: 3072}, "mps": {}}
 
 
-def test_reset_inside_a_container_spares_its_job_whose_pid_the_driver_lists_elsewhere(simnode, tmp_path):
-    """Defect 4: the driver lists node (host) PIDs; inside a container PID N is another process."""
+@pytest.mark.parametrize("driver_version", ["580.95.05", "535.104.05"])
+def test_reset_inside_a_container_spares_its_job_whose_pid_the_driver_lists_elsewhere(simnode, tmp_path, driver_version):
+    """Defect 4: inside a container PID N is another process than the node's PID N. 580.95.05: the container sees
+    its own numbers and not the node's job (gpu_rmapi.c _gpuConvertPid); 535.104.05: it sees the node's numbers."""
     node = simnode(gpus=2, release_latency=0.1)
+    node.set(driver_version=driver_version)
     host_job = start_holder(node, [0], mib=5000)
     container = Container(node, tmp_path)
     job = start_cuda_process(node, [1], mib=4000, visible=[1], container=container, pid=host_job)
-    assert job == host_job  # container PID == the node PID the driver lists on GPU 0
+    assert job == host_job  # container PID == the node PID of the job on GPU 0
 
     status, result = only(module(container.inventory(tmp_path), "gpuops.nvidia.gpu_kill",
                                  {"gpus": [0], "grace_period": 2}))
@@ -116,9 +119,29 @@ def test_reset_inside_a_container_spares_its_job_whose_pid_the_driver_lists_else
     assert [gpu["used"] for gpu in driver_lists(node)] == [5000, 4000]
 
 
-def test_driver_listed_pid_absent_here_is_named_and_no_gpu_reset_is_advised(simnode, tmp_path):
-    """Defect 5: a PID with 6000 MiB that does not exist in the module's PID namespace."""
+def test_other_namespaces_memory_is_named_in_a_container_on_a_translating_driver(simnode, tmp_path):
+    """580.95.05 lists only the caller's namespace: from the container, the node's 6000 MiB on GPU 1 are listed
+    nowhere. The check names another PID namespace (or a leak) and ends nothing of the container for it."""
     node = simnode(gpus=2, release_latency=0.1)
+    container = Container(node, tmp_path)
+    bystander = container.launch(["sleep", "600"])
+    holder = start_cuda_process(node, [1], mib=6000, visible=[1], pid=4242)
+    assert holder == 4242 and holder not in container.processes()
+
+    rc, out, _recap = playbook(container.inventory(tmp_path), CHECK)
+
+    assert rc != 0, out
+    assert "6000 MiB that no listed process explains" in out, out
+    assert "another PID namespace" in out and "run the check there" in out and "leaked" in out, out
+    assert "the driver lists PID" not in out, out
+    assert alive(node, holder) and bystander in container.processes()
+
+
+def test_driver_listed_pid_absent_here_is_named_and_no_gpu_reset_is_advised_before_535_113(simnode, tmp_path):
+    """Defect 5, on a driver before 535.113.01 (init-namespace numbers): a listed PID with 6000 MiB that does not exist
+    in the container's PID namespace is a host process: named, the next step is the host, never a GPU reset."""
+    node = simnode(gpus=2, release_latency=0.1)
+    node.set(driver_version="535.104.05")
     container = Container(node, tmp_path)
     holder = start_cuda_process(node, [1], mib=6000, visible=[1], pid=4242)
     assert holder == 4242 and holder not in container.processes()

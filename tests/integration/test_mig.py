@@ -21,7 +21,7 @@ CHECK = REPO / "playbooks" / "check_gpus.yml"
 # /dev/nvidia<minor> seeked to its token (its context), the GPU instance's and compute instance's capability
 # files (the driver installs both in a CUDA process on a MIG device: nv-caps.c nv_cap_validate_and_dup_fd), and
 # the context line "<index> <MiB> compute gi=<G> ci=<C>". mode "inherit": a forked child keeps every handle and the
-# parent exits, so the driver lists nobody while the memory stays (an orphaned holder only /proc can find).
+# parent exits; the driver still lists the parent's PID with the memory (its context lives in the child).
 MIG_PROCESS = r"""
 import json, os, signal, sys, time
 spec = json.loads(sys.argv[1])
@@ -77,13 +77,15 @@ def test_facts_per_instance_with_listed_and_orphaned_holders(simnode, tmp_path):
         "v3", "nvmlDeviceGetMemoryInfo_v2", False)
     by_gi = instances_by_gi(view)
     assert {gi: (d["profile"], d["memory_used_mib"], d["listed_mib"], d["holder_pids"]) for gi, d in by_gi.items()} == {
-        2: ("3g.40gb", 0, 0, []), 4: ("2g.20gb", 5000, 0, [orphan]), 7: ("1g.10gb", 3000, 3000, [listed])}
-    assert by_gi[4]["memory_unexplained"] and not by_gi[7]["memory_unexplained"]
+        2: ("3g.40gb", 0, 0, []), 4: ("2g.20gb", 5000, 5000, [orphan]), 7: ("1g.10gb", 3000, 3000, [listed])}
+    # The orphan's parent exited: the driver still lists it on instance 4 (gpu_rmapi.c gpuGetProcWithObject_IMPL).
+    assert [e["reason"] for e in by_gi[4]["exited"]] == ["exited"] and not by_gi[4]["memory_unexplained"]
     assert all(d["uuid"].startswith("MIG-") for d in by_gi.values())
     holders = {h["pid"]: h for h in view["holders"]}
     assert sorted(holders) == sorted([listed, orphan, plain])
     assert holders[listed]["mig"] == {"0": [by_gi[7]["uuid"]]} and holders[listed]["attribution"] == {"0": "driver"}
     assert holders[orphan]["mig"] == {"0": [by_gi[4]["uuid"]]} and holders[orphan]["attribution"] == {"0": "device_file"}
+    assert holders[orphan]["contexts_of"] == {"0": [by_gi[4]["exited"][0]["pid"]]}
     assert holders[plain]["mig"] == {} and view["gpus"][1]["mig_devices"] == [] and view["gpus"][1]["mig_mode"] == {"current": False, "pending": False}
     entry = next(p for p in gpu["driver_processes"] if p["pid"] == listed)
     assert (entry["gpu_instance_id"], entry["compute_instance_id"]) == (7, 0)
@@ -92,8 +94,8 @@ def test_facts_per_instance_with_listed_and_orphaned_holders(simnode, tmp_path):
 def test_reset_of_one_instance_ends_only_its_holder_check_mode_and_idempotence(simnode, tmp_path):
     node = simnode(gpus=1, mig="0", release_latency=0.1)
     layout = {i["gi"]: i for i in node.info["mig"]["0"]}
-    # An orphaned holder on each instance: one the driver lists (its parent is gone), two that only inherited the
-    # handles (the driver lists nobody there).
+    # An orphaned holder on each instance: one the driver lists (its parent is gone), two that inherited the handles
+    # of a creator that exited (the driver lists the dead creator's PID there).
     holders = {2: start_on_instance(node, layout[2], 7000), 4: start_on_instance(node, layout[4], 5000, mode="inherit"),
                7: start_on_instance(node, layout[7], 3000, mode="inherit")}
     inventory = inventory_file(tmp_path, node)

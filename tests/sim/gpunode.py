@@ -35,6 +35,9 @@ FAKENVML_BUILD_SCRIPT = FAKENVML_DIR / "build.sh"
 DRIVER_LIBRARY = BUILD_DIR / "libnvidia-ml.so.1"
 # The variant without the _v3 process-list symbols (up --no-v3; built by fakenvml/build.sh).
 DRIVER_LIBRARY_NO_V3 = BUILD_DIR / "no-v3" / "libnvidia-ml.so.1"
+# The early-R535 variant whose _v3 process lists have 32-byte entries (up --v3-32).
+DRIVER_LIBRARY_V3_32 = BUILD_DIR / "v3-32" / "libnvidia-ml.so.1"
+DRIVER_VARIANTS = {"no-v3": DRIVER_LIBRARY_NO_V3, "v3-32": DRIVER_LIBRARY_V3_32}
 VENV_PYTHON = REPO / ".venv" / "bin" / "python"
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_.-]+")
@@ -65,6 +68,9 @@ CONF_DEFAULTS = {
     "mig_pending": "",
     "mig_privileged": "",
     "memory_info_v2": "",
+    "memory_info": "",
+    "pid_namespace": "",
+    "init_seconds": "",
     "driver_variant": "",
 }
 # The device files under /dev (and /dev/nvidia-caps) and the driver library are made at `up`: these keys
@@ -257,7 +263,10 @@ def validate_conf(conf: dict[str, str]) -> dict[str, str]:
         "mig_pending": lambda text: _mig_pending(text, gpus),
         "mig_privileged": lambda text: _matching("mig_privileged", text, r"auto|0|1"),
         "memory_info_v2": lambda text: _matching("memory_info_v2", text, r"0|1"),
-        "driver_variant": lambda text: _matching("driver_variant", text, r"no-v3"),
+        "memory_info": lambda text: _matching("memory_info", text, r"supported|unsupported"),
+        "pid_namespace": lambda text: _matching("pid_namespace", text, r"auto|caller|init"),
+        "init_seconds": lambda text: _seconds("init_seconds", text),
+        "driver_variant": lambda text: _matching("driver_variant", text, r"no-v3|v3-32"),
     }
     normalised = {}
     for key in CONF_DEFAULTS:
@@ -275,6 +284,16 @@ def validate_conf(conf: dict[str, str]) -> dict[str, str]:
 def _matching(key: str, text: str, pattern: str) -> str:
     if not re.fullmatch(pattern, text):
         raise GpunodeError(f"{key}: {text!r} does not match {pattern}")
+    return text
+
+
+def _seconds(key: str, text: str) -> str:
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise GpunodeError(f"{key}: {text!r} is not a number of seconds") from None
+    if not math.isfinite(seconds) or seconds < 0 or seconds > 600:
+        raise GpunodeError(f"{key}: must be between 0 and 600")
     return text
 
 
@@ -343,9 +362,9 @@ def build_driver(force: bool = False) -> Path:
         sources = [path for path in FAKENVML_DIR.iterdir() if path.is_file()]
         if force or _stale(DRIVER_LIBRARY, sources):
             _run_build(["bash", str(FAKENVML_BUILD_SCRIPT)], "fake driver")
-        if force or _stale(DRIVER_LIBRARY_NO_V3, sources):
+        if force or any(_stale(library, sources) for library in DRIVER_VARIANTS.values()):
             _run_build(["bash", str(FAKENVML_BUILD_SCRIPT)], "fake driver")
-        for library in (DRIVER_LIBRARY, DRIVER_LIBRARY_NO_V3):
+        for library in (DRIVER_LIBRARY, *DRIVER_VARIANTS.values()):
             if not library.exists():
                 raise GpunodeError(f"fake driver not built: {FAKENVML_BUILD_SCRIPT} made no {library}")
     return DRIVER_LIBRARY
@@ -753,7 +772,7 @@ def _populate_and_start(name: str, state: Path, conf: dict[str, str], driver: bo
         shared.chmod(0o1777)
     write_conf(run_dir / "node.conf", conf)
     if driver:
-        library = DRIVER_LIBRARY_NO_V3 if conf.get("driver_variant") == "no-v3" else DRIVER_LIBRARY
+        library = DRIVER_VARIANTS.get(conf.get("driver_variant") or "", DRIVER_LIBRARY)
         shutil.copy2(library, lib_dir / DRIVER_LIBRARY.name)
     _write_ld_cache(lib_dir, driver)
     python = node_python()
@@ -1119,8 +1138,10 @@ def _up(args: argparse.Namespace) -> int:
         "uuids": ",".join(default_uuid(args.name, index) for index in range(gpus)),
         "pci_bus_ids": ",".join(default_pci_bus_id(index) for index in range(gpus)),
         "mig": ";".join(args.mig or []),
-        "driver_variant": "no-v3" if args.no_v3 else "",
+        "driver_variant": "no-v3" if args.no_v3 else "v3-32" if args.v3_32 else "",
     })
+    if args.no_v3 and args.v3_32:
+        raise GpunodeError("--no-v3 and --v3-32 exclude each other")
     info = create_node(args.name, conf, driver=not args.no_driver, reap=not args.no_reap, ssh=args.ssh)
     print(json.dumps(info, indent=2))
     return 0
@@ -1209,6 +1230,8 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--mig", action="append", metavar="INDEX[:PROFILE,...]",
                     help="MIG on GPU INDEX with these instances (INDEX alone: 1g.10gb,2g.20gb,3g.40gb); repeatable")
     up.add_argument("--no-v3", action="store_true", help="driver library without the _v3 process-list functions")
+    up.add_argument("--v3-32", action="store_true",
+                    help="driver library of early R535 (535.43.02-535.86.05): 32-byte _v3 process-list entries")
     up.set_defaults(handler=_up)
 
     exec_ = commands.add_parser("exec", help="run a command inside a node")

@@ -20,7 +20,8 @@ _MINOR_RE = re.compile(r"^/dev/nvidia(\d+)$")
 # The four processes, what each is, and what docs/attribution.md says gpu_facts must make of it.
 # expected: {"role": "holder" | "device_user", "attribution": "driver" | "device_file" (holders, on the GPU
 # under test), "kind": "cuda" | "nvml" (device users)}. phase: the reading that decides the case
-# ("explained": only listed holders keep memory; "unexplained": an inherited handle keeps memory).
+# ("explained": only listed holders keep memory; "unexplained": after the parent's exit its forked child keeps the
+# parent's context, which the driver lists under the dead parent's PID (docs/attribution.md rule 2)).
 CASES = (
     ("context", "a CUDA context on one GPU (cuMemAlloc / torch tensor)", "explained",
      {"role": "holder", "attribution": "driver"}),
@@ -61,8 +62,9 @@ def raw_record(pid, device_fds, mapping_lines, mapped, lists_by_gpu):
             "driver": driver, "kind": raw_kind(device_fds, mapped)}
 
 
-def gpu_memory(lists_by_gpu, used_mib_by_gpu, tolerance_mib):
-    """{index: {"used_mib", "listed_mib", "unexplained_mib", "unexplained" (counts, as docs/attribution.md rule 3)}}.
+def gpu_memory(lists_by_gpu, used_mib_by_gpu, tolerance_mib, alive=None):
+    """{index: {"used_mib", "listed_mib", "unexplained_mib", "unexplained" (counts, as docs/attribution.md rule 4),
+    "exited" (listed PIDs for which alive(pid) is false: creators that exited)}}.
 
     used_mib_by_gpu: {index: NVML used MiB (v2 where present) or None}.
     """
@@ -78,16 +80,18 @@ def gpu_memory(lists_by_gpu, used_mib_by_gpu, tolerance_mib):
         else:
             unexplained = max(0, used - total)
             counts = unexplained > tolerance_mib
-        gpus[index] = {"used_mib": used, "listed_mib": total, "unexplained_mib": unexplained, "unexplained": counts}
+        gpus[index] = {"used_mib": used, "listed_mib": total, "unexplained_mib": unexplained, "unexplained": counts,
+                       "exited": sorted(pid for pid in listed if alive is not None and not alive(pid))}
     return gpus
 
 
-def by_rule(record, memory, minors):
+def by_rule(record, memory, minors, translating=True):
     """docs/attribution.md applied to one raw record: {"role": "holder" | "device_user" | None, "attribution"
     ({"<index>": "driver" | "device_file"}), "foreign" (indices whose lists show it while it holds no file of
     theirs), "kind"}.
 
-    memory: gpu_memory(); minors: the minor number of each GPU, in NVML index order.
+    memory: gpu_memory(); minors: the minor number of each GPU, in NVML index order; translating: the driver gives
+    PIDs in the caller's namespace (535.113.01+), where memory outside the lists is nobody's here (rule 4).
     """
     index_of = {minor: index for index, minor in enumerate(minors)}
     files = {index_of[m] for m in (minor_of(p) for p in record["device_fds"] + record["mapped"]) if m in index_of}
@@ -95,14 +99,16 @@ def by_rule(record, memory, minors):
     attribution, foreign = {}, []
     for key, entry in record["driver"].items():
         index = int(key)
-        confirmed = ctl if entry["lists"] == ["mps"] else index in files
+        confirmed = ctl if entry["lists"] == ["mps"] else index in files and record["kind"] == "cuda"
         if confirmed:
             attribution[key] = "driver"
         else:
             foreign.append(index)
     if not attribution and record["kind"] == "cuda":
         for index in sorted(files):
-            if memory.get(index, {}).get("unexplained"):
+            gpu = memory.get(index, {})
+            unknown = "used_mib" in gpu and gpu["used_mib"] is None
+            if gpu.get("exited") or (gpu.get("unexplained") and (not translating or unknown)):
                 attribution[str(index)] = "device_file"
     if attribution:
         role = "holder"

@@ -35,7 +35,7 @@ SIMULATOR = {
     "inherited_driver_lists_child": (False, None, "a child that only inherited the handles is listed"),
     "inherited_memory_kept_after_parent_exit": (True, None, "the inherited handles keep the memory after the parent is SIGKILLed"),
     "inherited_driver_lists_child_after_parent_exit": (False, None, "the inheriting child is listed once the parent is gone"),
-    "inherited_driver_lists_dead_parent": (False, None, "the dead parent's PID stays listed while the child keeps the memory"),
+    "inherited_driver_lists_dead_parent": (True, None, "the dead parent's PID stays listed while the child keeps the memory"),
     "attribution_device_files": ({
         "context": ["/dev/nvidia-uvm", "/dev/nvidia" + MINOR, "/dev/nvidiactl"],
         "nvml_only": ["/dev/nvidia" + MINOR, "/dev/nvidiactl"],

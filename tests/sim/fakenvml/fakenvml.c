@@ -14,14 +14,17 @@
  *
  * - A context is a file <run>/contexts/<T>, lines "<index> <MiB> [compute|graphics|mps]",
  *   written by process T (T = its PID in the namespace of proc_dir). A handle with token T on
- *   GPU i is an fd of any thread (<proc>/PID/task/TID/fd) linking to <dev_dir>/nvidia<minor i>
- *   whose file position is T, or a mapping of that file at offset T*4096 (<proc>/PID/maps).
+ *   GPU i is an fd of any thread (<proc>/PID/task/TID/fd) of the file <dev_dir>/nvidia<minor i>
+ *   (matched by device and inode, not by path: a bind mount elsewhere is the same file) whose
+ *   file position is T, or a mapping of that file at offset T*4096 (<proc>/PID/maps).
  *   For an "mps" line (an MPS client: it opens no /dev/nvidiaN) the handle is an fd (or
  *   mapping) of <dev_dir>/nvidiactl at position T instead; the line is listed by
  *   nvmlDeviceGetMPSComputeRunningProcesses_v3.
  *   Each (context, GPU) line is in one of these states:
- *     held       some process holds a handle with token T: memory counted; the line is listed
- *                (pid T) when process T itself holds one;
+ *     held       some process holds a handle with token T: memory counted and the line listed
+ *                under the creator's PID, as the caller's PID namespace numbers it (dropped
+ *                where it has none; pid_namespace=init: proc_dir's numbers), also after the
+ *                creator's exit (the real driver: tests/sim/README.md "The driver model");
  *     releasing  no handle left: still counted until release_latency seconds after the first
  *                call that saw it gone; that moment is kept in <run>/released/<T>.<i>, so all
  *                processes agree. A release is never undone (as in the driver): to create
@@ -58,7 +61,12 @@
  *
  * - Process lists: _v3 and _v2 (nvmlProcessInfo_v2_t, 24 bytes) and the unversioned v1 symbols
  *   (nvmlProcessInfo_v1_t, 16 bytes). Built with -DFAKENVML_NO_V3 (build.sh: build/no-v3/) the
- *   library has no _v3 process-list symbols at all, like drivers older than the _v3 API.
+ *   library has no _v3 process-list symbols at all, like drivers older than the _v3 API; with
+ *   -DFAKENVML_V3_LEGACY (build/v3-32/) its _v3 entries are the 32-byte ones of early R535.
+ *
+ * - Other keys: memory_info=unsupported (memory v1/v2 NOT_SUPPORTED, a GB10), init_seconds (a
+ *   process's first nvmlInit with persistence_mode=0), context word managed=<MiB> (charged to the
+ *   GPU, not to the list entry).
  *
  * Calls are serialized by one mutex. Struct layouts are those of nvml.h (LP64, with padding).
  */
@@ -76,6 +84,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -140,6 +149,31 @@ typedef struct {
     unsigned long long usedGpuMemory;
 } nvmlProcessInfo_v1_t; /* the unversioned (legacy) process-list calls */
 
+/* The _v3 entry of early R535 drivers (535.43.02-535.86.05, nvml.h of those tags): the v2 fields and
+ * usedGpuCcProtectedMemory, 32 bytes; later drivers went back to 24 bytes and moved the field to
+ * nvmlProcessDetail_v1_t (nvmlDeviceGetRunningProcessDetailList), which has this layout. */
+typedef struct {
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+    unsigned int gpuInstanceId;
+    unsigned int computeInstanceId;
+    unsigned long long usedGpuCcProtectedMemory;
+} nvmlProcessInfo_v3_legacy_t;
+
+typedef struct {
+    unsigned int version;
+    unsigned int mode; /* 0 compute, 1 graphics, 2 MPS */
+    unsigned int numProcArrayEntries;
+    nvmlProcessInfo_v3_legacy_t *procArray; /* nvmlProcessDetail_v1_t */
+} nvmlProcessDetailList_t;
+
+typedef struct {
+    unsigned long long protectedMemSizeKib;
+    unsigned long long unprotectedMemSizeKib;
+} nvmlConfComputeMemSizeInfo_t;
+
+#define NVML_PROCESS_DETAIL_LIST_V1 ((unsigned int)(sizeof(nvmlProcessDetailList_t) | (1 << 24)))
+
 typedef struct {
     char busIdLegacy[16];
     unsigned int domain;
@@ -156,6 +190,8 @@ _Static_assert(NVML_MEMORY_V2_VERSION == 0x02000028, "nvmlMemory_v2 version");
 _Static_assert(sizeof(nvmlProcessInfo_t) == 24, "nvmlProcessInfo_t layout");
 _Static_assert(offsetof(nvmlProcessInfo_t, usedGpuMemory) == 8, "nvmlProcessInfo_t padding");
 _Static_assert(sizeof(nvmlProcessInfo_v1_t) == 16, "nvmlProcessInfo_v1_t layout");
+_Static_assert(sizeof(nvmlProcessInfo_v3_legacy_t) == 32, "early R535 _v3 layout");
+_Static_assert(NVML_PROCESS_DETAIL_LIST_V1 == 0x1000018, "nvmlProcessDetailList_v1 version");
 _Static_assert(sizeof(nvmlPciInfo_t) == 68, "nvmlPciInfo_t layout");
 
 #define NO_INSTANCE_ID 0xFFFFFFFFu
@@ -203,6 +239,7 @@ struct mig_instance {
 };
 
 enum context_type { CONTEXT_COMPUTE, CONTEXT_GRAPHICS, CONTEXT_MPS };
+enum { PIDNS_AUTO, PIDNS_CALLER, PIDNS_INIT };
 
 struct gpu_config {
     unsigned int minor;
@@ -232,6 +269,9 @@ struct node_config {
     int persistence_mode;
     int mig_privileged; /* -1: privileged when euid is 0 */
     int memory_info_v2; /* 0: nvmlDeviceGetMemoryInfo_v2 answers FUNCTION_NOT_FOUND (only v1 memory info) */
+    int memory_unsupported; /* memory_info=unsupported: v1 and v2 answer NOT_SUPPORTED (a GB10) */
+    int pid_namespace; /* PIDNS_CALLER (535.113.01+), PIDNS_INIT (older), PIDNS_AUTO: by driver_version */
+    double init_seconds; /* the first nvmlInit of a process takes this long when persistence mode is off */
     struct gpu_config gpu[MAX_GPUS];
 };
 
@@ -369,6 +409,9 @@ static void apply_defaults(struct node_config *cfg)
     cfg->persistence_mode = 1;
     cfg->mig_privileged = -1;
     cfg->memory_info_v2 = 1;
+    cfg->memory_unsupported = 0;
+    cfg->pid_namespace = PIDNS_AUTO;
+    cfg->init_seconds = 0;
     copy_text(cfg->dev_dir, sizeof cfg->dev_dir, "/dev");
     cfg->proc_dir[0] = '\0';
     memset(cfg->gpu, 0, sizeof cfg->gpu);
@@ -429,6 +472,12 @@ static void set_key(struct node_config *cfg, struct raw_lists *raw, const char *
         cfg->mig_privileged = !strcmp(value, "auto") ? -1 : strtol(value, NULL, 10) != 0;
     } else if (!strcmp(key, "memory_info_v2")) {
         cfg->memory_info_v2 = strtol(value, NULL, 10) != 0;
+    } else if (!strcmp(key, "memory_info")) {
+        cfg->memory_unsupported = !strcmp(value, "unsupported");
+    } else if (!strcmp(key, "pid_namespace")) {
+        cfg->pid_namespace = !strcmp(value, "init") ? PIDNS_INIT : !strcmp(value, "caller") ? PIDNS_CALLER : PIDNS_AUTO;
+    } else if (!strcmp(key, "init_seconds")) {
+        cfg->init_seconds = strtod(value, NULL);
     }
 }
 
@@ -759,39 +808,58 @@ static void handle_set_add(struct handle_set *set, unsigned int minor, unsigned 
     set->items[set->count++] = (struct handle){minor, token, pid};
 }
 
-/* What a holder's link or mapping must name: "<dev_dir>/nvidia" followed by the minor. */
-struct device_prefix {
-    char text[PATH_MAX + 16];
-    size_t len;
+/* The device files, identified by the file (device and inode), not by the path: a bind mount of
+ * <dev_dir>/nvidia0 elsewhere, or an fd opened through another path, is the same device (the kernel
+ * finds the driver through the inode, never the name: kernel-open/nvidia/nv.c nvidia_open takes the
+ * minor from the inode). nvidiactl is CTL_MINOR. */
+struct device_ids {
+    unsigned int count;
+    struct {
+        unsigned long long dev, ino;
+        unsigned int minor;
+    } items[MAX_GPUS + 1];
+    char key[PATH_MAX + 64]; /* what the identities were taken from (cache key) */
 };
 
-static void make_device_prefix(struct device_prefix *prefix, const char *dev_dir)
+static void add_device_id(struct device_ids *ids, const char *name, unsigned int minor)
 {
-    char resolved[PATH_MAX];
-    const char *dir = realpath(dev_dir, resolved) ? resolved : dev_dir;
-    snprintf(prefix->text, sizeof prefix->text, "%s/nvidia", strcmp(dir, "/") ? dir : "");
-    prefix->len = strlen(prefix->text);
+    char path[PATH_MAX + 32];
+    struct stat st;
+    path_join(path, sizeof path, g_cfg.dev_dir, name);
+    if (stat(path, &st) != 0 || ids->count > MAX_GPUS)
+        return;
+    ids->items[ids->count].dev = (unsigned long long)st.st_dev;
+    ids->items[ids->count].ino = (unsigned long long)st.st_ino;
+    ids->items[ids->count].minor = minor;
+    ids->count++;
 }
 
-/* Parses "<prefix><digits>" (the whole of [path, end)) into a minor number; "<prefix>ctl"
- * (/dev/nvidiactl, the handle of an MPS client's context) gives CTL_MINOR. */
-static int parse_device_path(const struct device_prefix *prefix, const char *path, const char *end,
-                             unsigned int *minor)
+static void make_device_ids(struct device_ids *ids)
 {
-    if ((size_t)(end - path) <= prefix->len || memcmp(path, prefix->text, prefix->len))
-        return 0;
-    if ((size_t)(end - path) == prefix->len + 3 && !memcmp(path + prefix->len, "ctl", 3)) {
-        *minor = CTL_MINOR;
-        return 1;
+    char name[32];
+    ids->count = 0;
+    add_device_id(ids, "nvidiactl", CTL_MINOR);
+    for (unsigned int i = 0; i < g_cfg.gpus; i++) {
+        snprintf(name, sizeof name, "nvidia%u", g_cfg.gpu[i].minor);
+        add_device_id(ids, name, g_cfg.gpu[i].minor);
     }
-    unsigned int value = 0;
-    for (const char *c = path + prefix->len; c < end; c++) {
-        if (!isdigit((unsigned char)*c) || value > 1000000)
-            return 0;
-        value = value * 10 + (unsigned int)(*c - '0');
+    snprintf(ids->key, sizeof ids->key, "%s", g_cfg.dev_dir);
+    for (unsigned int k = 0; k < ids->count; k++) {
+        size_t len = strlen(ids->key);
+        snprintf(ids->key + len, sizeof ids->key - len, ":%llx.%llx", ids->items[k].dev, ids->items[k].ino);
     }
-    *minor = value;
-    return 1;
+}
+
+/* The minor of the device file (dev, ino), or 0 when it is none of them. */
+static int device_minor(const struct device_ids *ids, unsigned long long dev, unsigned long long ino,
+                        unsigned int *minor)
+{
+    for (unsigned int k = 0; k < ids->count; k++)
+        if (ids->items[k].ino == ino && ids->items[k].dev == dev) {
+            *minor = ids->items[k].minor;
+            return 1;
+        }
+    return 0;
 }
 
 static int is_number(const char *name)
@@ -804,11 +872,11 @@ static int is_number(const char *name)
     return 1;
 }
 
-/* Adds the device fds (position > 0) of one thread. */
+/* Adds the device fds (position > 0) of one thread: each fd is matched by the file it points to. */
 static void scan_thread_fds(int task_dir, const char *tid, unsigned long pid,
-                            const struct device_prefix *prefix, struct handle_set *out)
+                            const struct device_ids *ids, struct handle_set *out)
 {
-    char path[NAME_MAX * 2 + 16], link[PATH_MAX], info[256];
+    char path[NAME_MAX * 2 + 16], info[256];
     snprintf(path, sizeof path, "%s/fd", tid);
     int fd_dir = openat(task_dir, path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd_dir < 0)
@@ -819,12 +887,11 @@ static void scan_thread_fds(int task_dir, const char *tid, unsigned long pid,
         return;
     }
     struct dirent *entry;
+    struct stat st;
     while ((entry = readdir(dir))) {
-        if (!is_number(entry->d_name))
-            continue;
-        ssize_t n = readlinkat(fd_dir, entry->d_name, link, sizeof link - 1);
         unsigned int minor;
-        if (n <= 0 || !parse_device_path(prefix, link, link + n, &minor))
+        if (!is_number(entry->d_name) || fstatat(fd_dir, entry->d_name, &st, 0) != 0 ||
+            !device_minor(ids, (unsigned long long)st.st_dev, (unsigned long long)st.st_ino, &minor))
             continue;
         snprintf(path, sizeof path, "%s/fdinfo/%s", tid, entry->d_name);
         if (read_small_file(task_dir, path, info, sizeof info, NULL) < 0 || strncmp(info, "pos:", 4))
@@ -839,7 +906,7 @@ static void scan_thread_fds(int task_dir, const char *tid, unsigned long pid,
 /* Adds the device mappings of one thread's address space. Returns 0 when its maps are empty
  * (kernel thread, or a thread-group leader that has exited). */
 static int scan_thread_maps(int task_dir, const char *tid, unsigned long pid,
-                            const struct device_prefix *prefix, struct handle_set *out)
+                            const struct device_ids *ids, struct handle_set *out)
 {
     static char *buf;
     static size_t capacity;
@@ -870,28 +937,25 @@ static int scan_thread_maps(int task_dir, const char *tid, unsigned long pid,
         return 0;
     buf[len] = '\0';
 
-    /* line: start-end perms offset dev inode path */
-    for (char *hit = memmem(buf, len, prefix->text, prefix->len); hit;
-         hit = memmem(hit + 1, len - (size_t)(hit + 1 - buf), prefix->text, prefix->len)) {
-        char *line_end = memchr(hit, '\n', len - (size_t)(hit - buf));
-        char *line = hit;
-        while (line > buf && line[-1] != '\n')
-            line--;
-        unsigned long long offset;
-        unsigned int minor;
+    /* line: start-end perms offset dev inode path; the mapped file is (dev, inode) */
+    for (char *line = buf; line < buf + len;) {
+        char *line_end = memchr(line, '\n', len - (size_t)(line - buf));
         if (!line_end)
             line_end = buf + len;
-        if (hit == buf || hit[-1] != ' ' || !parse_device_path(prefix, hit, line_end, &minor) ||
-            sscanf(line, "%*x-%*x %*s %llx", &offset) != 1)
-            continue;
-        if (offset % PAGE_BYTES == 0 && offset > 0)
+        *line_end = '\0';
+        unsigned long long offset, ino;
+        unsigned int major_nr, minor_nr, minor;
+        if (sscanf(line, "%*x-%*x %*s %llx %x:%x %llu", &offset, &major_nr, &minor_nr, &ino) == 4 && ino != 0 &&
+            device_minor(ids, (unsigned long long)makedev(major_nr, minor_nr), ino, &minor) &&
+            offset % PAGE_BYTES == 0 && offset > 0)
             handle_set_add(out, minor, offset / PAGE_BYTES, pid);
+        line = line_end + 1;
     }
     return 1;
 }
 
 /* Adds every device handle held by process pid (all threads; its address space once). */
-static void scan_process(int proc_dir, unsigned long pid, const struct device_prefix *prefix,
+static void scan_process(int proc_dir, unsigned long pid, const struct device_ids *ids,
                          struct handle_set *out)
 {
     char path[64];
@@ -909,31 +973,31 @@ static void scan_process(int proc_dir, unsigned long pid, const struct device_pr
     while ((entry = readdir(tasks))) {
         if (!is_number(entry->d_name))
             continue;
-        scan_thread_fds(task_dir, entry->d_name, pid, prefix, out);
+        scan_thread_fds(task_dir, entry->d_name, pid, ids, out);
         if (!maps_seen)
-            maps_seen = scan_thread_maps(task_dir, entry->d_name, pid, prefix, out);
+            maps_seen = scan_thread_maps(task_dir, entry->d_name, pid, ids, out);
     }
     closedir(tasks);
 }
 
 /* Handles held by process pid alone. The caller frees out->items. */
-static void process_handles(unsigned long pid, const struct device_prefix *prefix, struct handle_set *out)
+static void process_handles(unsigned long pid, const struct device_ids *ids, struct handle_set *out)
 {
     int proc_dir = open(g_cfg.proc_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (proc_dir < 0)
         return;
-    scan_process(proc_dir, pid, prefix, out);
+    scan_process(proc_dir, pid, ids, out);
     close(proc_dir);
 }
 
 /* Handles held by any process of proc_dir; one scan is reused for SCAN_REUSE_SECONDS. */
-static const struct handle_set *all_handles(const struct device_prefix *prefix)
+static const struct handle_set *all_handles(const struct device_ids *ids)
 {
     static struct handle_set scan;
     static double taken_at = -1;
-    static char taken_for[2 * PATH_MAX + 32];
+    static char taken_for[2 * PATH_MAX + 128];
     char key[sizeof taken_for];
-    snprintf(key, sizeof key, "%s\n%s", g_cfg.proc_dir, prefix->text);
+    snprintf(key, sizeof key, "%s\n%s", g_cfg.proc_dir, ids->key);
     double now = monotonic_seconds();
     if (taken_at >= 0 && now - taken_at < SCAN_REUSE_SECONDS && !strcmp(key, taken_for))
         return &scan;
@@ -946,7 +1010,7 @@ static const struct handle_set *all_handles(const struct device_prefix *prefix)
             struct dirent *entry;
             while ((entry = readdir(dir)))
                 if (is_number(entry->d_name))
-                    scan_process(proc_dir, strtoul(entry->d_name, NULL, 10), prefix, &scan);
+                    scan_process(proc_dir, strtoul(entry->d_name, NULL, 10), ids, &scan);
             closedir(dir);
         } else {
             close(proc_dir);
@@ -962,10 +1026,11 @@ static const struct handle_set *all_handles(const struct device_prefix *prefix)
 struct context_line {
     unsigned int gpu;
     unsigned long long mib;
+    unsigned long long managed_mib; /* "managed=M": cudaMallocManaged memory charged to the GPU, not to the list */
     enum context_type type;
     unsigned int gi, ci; /* MIG instance ("gi=G ci=C"); NO_INSTANCE_ID when not given */
     int counted; /* memory still allocated (held or releasing) */
-    int listed;  /* shown in the process list: process T holds it itself */
+    int listed;  /* shown in the process lists: some process (the creator or not) holds a handle */
 };
 
 struct context {
@@ -990,7 +1055,7 @@ static int parse_context(const char *text, struct context *ctx)
     for (char *line = strtok_r(copy, "\n", &save); line && ctx->count < MAX_GPUS;
          line = strtok_r(NULL, "\n", &save)) {
         unsigned int gpu, gi = NO_INSTANCE_ID, ci = NO_INSTANCE_ID;
-        unsigned long long mib;
+        unsigned long long mib, managed = 0;
         char type[16] = "compute", *word_save = NULL;
         int words = 0, bad = 0;
         /* "<index> <MiB> [type] [gi=<G> ci=<C>]": the type and the instance ids in any order */
@@ -1004,6 +1069,8 @@ static int parse_context(const char *text, struct context *ctx)
                 gi = (unsigned int)strtoul(word + 3, NULL, 10);
             else if (!strncmp(word, "ci=", 3))
                 ci = (unsigned int)strtoul(word + 3, NULL, 10);
+            else if (!strncmp(word, "managed=", 8))
+                managed = strtoull(word + 8, NULL, 10);
             else
                 copy_text(type, sizeof type, word);
         }
@@ -1024,6 +1091,7 @@ static int parse_context(const char *text, struct context *ctx)
             continue;
         l->gpu = gpu;
         l->mib = mib;
+        l->managed_mib = managed;
         ctx->count++;
     }
     return ctx->count > 0;
@@ -1087,7 +1155,7 @@ static double release_start(const struct context *ctx, unsigned int gpu, double 
 /* Whether some process holds a handle with ctx's token on GPU gpu: the last holder seen
  * first, then a scan of every process (which records the holder it finds). */
 static int held_by_another(const struct context *ctx, const struct context_line *line,
-                           const struct device_prefix *prefix)
+                           const struct device_ids *ids)
 {
     char path[PATH_MAX + 64], value[32];
     unsigned int gpu = line->gpu, minor = handle_minor(line);
@@ -1095,13 +1163,13 @@ static int held_by_another(const struct context *ctx, const struct context_line 
     state_path(path, sizeof path, ctx, gpu, ".holder");
     if (read_state(path, ctx, &pid)) {
         struct handle_set set = {0};
-        process_handles((unsigned long)pid, prefix, &set);
+        process_handles((unsigned long)pid, ids, &set);
         int holds = handle_set_find(&set, minor, ctx->token) != NULL;
         free(set.items);
         if (holds)
             return 1;
     }
-    const struct handle *found = handle_set_find(all_handles(prefix), minor, ctx->token);
+    const struct handle *found = handle_set_find(all_handles(ids), minor, ctx->token);
     if (!found)
         return 0;
     snprintf(value, sizeof value, "%lu", found->pid);
@@ -1109,12 +1177,184 @@ static int held_by_another(const struct context *ctx, const struct context_line 
     return 1;
 }
 
+/* ---- PIDs as the driver reports them ------------------------------------------------------- */
+
+/* A driver client keeps a reference to its creator's struct pid (rmapi/client.c rmclientConstruct:
+ * pOsPidInfo = osGetPidInfo(), os-interface.c os_get_pid_info: get_task_pid(current, PIDTYPE_TGID)),
+ * which keeps the creator's number in every PID namespace it had, alive or dead. The lists give the
+ * number in the caller's namespace (gpu_rmapi.c _gpuConvertPid -> os-interface.c os_find_ns_pid ->
+ * pid_vnr) and skip a client that has none there (NV_ERR_OBJECT_NOT_FOUND). Here the struct pid is
+ * <run>/released/<T>.pid, "<inode> <levels> <ns>:<nr> ...", one pair per level from proc_dir's
+ * namespace down (level 0's namespace is proc_dir's own, recorded as 0), written the first time a
+ * call sees the creator alive. */
+#define MAX_PID_LEVELS 8
+
+struct pid_record {
+    unsigned int levels;
+    unsigned long long ns[MAX_PID_LEVELS];
+    unsigned long nr[MAX_PID_LEVELS];
+};
+
+/* The inode of <proc>/<who>/ns/pid ("pid:[4026531836]"), 0 when it cannot be read. */
+static unsigned long long pid_ns_inode(const char *who)
+{
+    char path[PATH_MAX + 64], link[64];
+    snprintf(path, sizeof path, "%s/%s/ns/pid", g_cfg.proc_dir, who);
+    ssize_t n = readlink(path, link, sizeof link - 1);
+    if (n <= 0)
+        return 0;
+    link[n] = '\0';
+    const char *open = strchr(link, '[');
+    return open ? strtoull(open + 1, NULL, 10) : 0;
+}
+
+/* NSpid of <proc>/<who> into nr (at most max; returns the count, 0 when unreadable) and its PPid. */
+static unsigned int read_nspid(const char *who, unsigned long *nr, unsigned int max, unsigned long *ppid)
+{
+    char path[PATH_MAX + 64], text[4096];
+    snprintf(path, sizeof path, "%s/%s/status", g_cfg.proc_dir, who);
+    if (read_small_file(AT_FDCWD, path, text, sizeof text, NULL) <= 0)
+        return 0;
+    const char *p = strstr(text, "\nPPid:");
+    if (ppid)
+        *ppid = p ? strtoul(p + 6, NULL, 10) : 0;
+    p = strstr(text, "\nNSpid:");
+    if (!p)
+        return 0;
+    p += 7;
+    unsigned int count = 0;
+    while (count < max) {
+        char *end;
+        unsigned long value = strtoul(p, &end, 10);
+        if (end == p)
+            break;
+        nr[count++] = value;
+        p = end;
+        while (*p == ' ' || *p == '\t')
+            p++;
+        if (*p == '\n' || !*p)
+            break;
+    }
+    return count;
+}
+
+static void pid_record_path(char *out, size_t size, const struct context *ctx)
+{
+    char dir[PATH_MAX];
+    path_join(dir, sizeof dir, g_cfg.run_dir, "released");
+    snprintf(out, size, "%s/%lu.pid", dir, ctx->token);
+}
+
+/* The creator's numbers and namespaces while it lives: its NSpid, its own namespace, the namespaces
+ * above from its ancestors (a process's parent is in its namespace or the parent namespace). */
+static int creator_record(const struct context *ctx, struct pid_record *rec)
+{
+    char who[32];
+    unsigned long ppid;
+    snprintf(who, sizeof who, "%lu", ctx->token);
+    rec->levels = read_nspid(who, rec->nr, MAX_PID_LEVELS, &ppid);
+    if (rec->levels == 0)
+        return 0;
+    memset(rec->ns, 0, sizeof rec->ns);
+    rec->ns[rec->levels - 1] = pid_ns_inode(who);
+    for (int hops = 0; ppid > 0 && hops < 64; hops++) {
+        unsigned long nr[MAX_PID_LEVELS], next;
+        snprintf(who, sizeof who, "%lu", ppid);
+        unsigned int levels = read_nspid(who, nr, MAX_PID_LEVELS, &next);
+        if (levels == 0)
+            break;
+        if (levels <= rec->levels && !rec->ns[levels - 1])
+            rec->ns[levels - 1] = pid_ns_inode(who);
+        ppid = next;
+    }
+    return rec->levels == 1 || rec->ns[rec->levels - 1] != 0;
+}
+
+/* Records the creator's struct pid the first time it is seen alive (a no-op once recorded). */
+static void remember_creator(const struct context *ctx)
+{
+    char path[PATH_MAX + 64], value[MAX_PID_LEVELS * 48 + 16];
+    double levels;
+    struct pid_record rec;
+    pid_record_path(path, sizeof path, ctx);
+    if (read_state(path, ctx, &levels) || !creator_record(ctx, &rec))
+        return;
+    int len = snprintf(value, sizeof value, "%u", rec.levels);
+    for (unsigned int k = 0; k < rec.levels && len < (int)sizeof value; k++)
+        len += snprintf(value + len, sizeof value - (size_t)len, " %llu:%lu", rec.ns[k], rec.nr[k]);
+    write_state(path, ctx, value, 0);
+}
+
+/* The creator's struct pid: recorded, or (never seen alive) the number in proc_dir's namespace. */
+static void creator_pid(const struct context *ctx, struct pid_record *rec)
+{
+    char path[PATH_MAX + 64], text[MAX_PID_LEVELS * 48 + 64];
+    pid_record_path(path, sizeof path, ctx);
+    rec->levels = 0;
+    unsigned long long inode;
+    int used;
+    if (read_small_file(AT_FDCWD, path, text, sizeof text, NULL) > 0 &&
+        sscanf(text, "%llu %u%n", &inode, &rec->levels, &used) == 2 && inode == ctx->inode) {
+        const char *p = text + used;
+        unsigned int k = 0;
+        int n;
+        while (k < rec->levels && k < MAX_PID_LEVELS && sscanf(p, " %llu:%lu%n", &rec->ns[k], &rec->nr[k], &n) == 2) {
+            p += n;
+            k++;
+        }
+        rec->levels = k;
+    }
+    if (rec->levels == 0) {
+        rec->levels = 1;
+        rec->ns[0] = 0;
+        rec->nr[0] = ctx->token;
+    }
+}
+
+/* The caller's PID namespace: its level below proc_dir's and its inode. */
+struct caller_ns {
+    unsigned int level;
+    unsigned long long ns;
+    int init_numbers; /* drivers before 535.113.01: init-namespace numbers for every caller */
+};
+
+static int driver_translates(void)
+{
+    if (g_cfg.pid_namespace != PIDNS_AUTO)
+        return g_cfg.pid_namespace == PIDNS_CALLER;
+    unsigned int major = 0, minor = 0, patch = 0;
+    sscanf(g_cfg.driver_version, "%u.%u.%u", &major, &minor, &patch);
+    return major > 535 || (major == 535 && minor >= 113);
+}
+
+static void caller_namespace(struct caller_ns *caller)
+{
+    unsigned long nr[MAX_PID_LEVELS];
+    unsigned int levels = read_nspid("self", nr, MAX_PID_LEVELS, NULL);
+    caller->level = levels ? levels - 1 : 0;
+    caller->ns = pid_ns_inode("self");
+    caller->init_numbers = !driver_translates();
+}
+
+/* The creator's number as the caller sees it (pid_vnr); 0 when it has none in the caller's namespace. */
+static unsigned long listed_pid(const struct context *ctx, const struct caller_ns *caller)
+{
+    struct pid_record rec;
+    creator_pid(ctx, &rec);
+    if (caller->init_numbers || caller->level == 0) /* level 0: proc_dir's own namespace, every process has a number */
+        return rec.nr[0];
+    if (caller->level >= rec.levels || rec.ns[caller->level] != caller->ns)
+        return 0;
+    return rec.nr[caller->level];
+}
+
 /* Decides counted/listed for every line of ctx; removes the context once all is freed. */
-static void evaluate_context(struct context *ctx, const char *ctx_path, const struct device_prefix *prefix)
+static void evaluate_context(struct context *ctx, const char *ctx_path, const struct device_ids *ids)
 {
     char path[PATH_MAX + 64];
     struct handle_set own = {0};
-    process_handles(ctx->token, prefix, &own);
+    process_handles(ctx->token, ids, &own);
+    remember_creator(ctx);
     double now = monotonic_seconds(), start;
     int any_counted = 0;
     for (unsigned int k = 0; k < ctx->count; k++) {
@@ -1124,9 +1364,11 @@ static void evaluate_context(struct context *ctx, const char *ctx_path, const st
         if (read_state(path, ctx, &start)) {
             l->counted = now < start + g_cfg.release_latency;
         } else {
-            l->listed = handle_set_find(&own, handle_minor(l), ctx->token) != NULL;
-            l->counted = l->listed || held_by_another(ctx, l, prefix) ||
-                         now < release_start(ctx, l->gpu, now) + g_cfg.release_latency;
+            /* The driver client lives, listed under its creator's PID, while any process holds the file it
+             * was made on (the creator or a process that inherited the fd): gpu_rmapi.c gpuGetProcWithObject
+             * walks the live clients, osapi.c RmFreeUnusedClients frees them at the file's last close. */
+            l->listed = handle_set_find(&own, handle_minor(l), ctx->token) != NULL || held_by_another(ctx, l, ids);
+            l->counted = l->listed || now < release_start(ctx, l->gpu, now) + g_cfg.release_latency;
         }
         any_counted |= l->counted;
     }
@@ -1142,6 +1384,8 @@ static void evaluate_context(struct context *ctx, const char *ctx_path, const st
         state_path(path, sizeof path, ctx, ctx->lines[k].gpu, ".holder");
         unlink(path);
     }
+    pid_record_path(path, sizeof path, ctx);
+    unlink(path);
 }
 
 /* Calls visit(ctx line) for every line on GPU gpu of every context that has one, after
@@ -1150,13 +1394,13 @@ static void for_each_context_line(unsigned int gpu, void (*visit)(const struct c
                                   void *arg)
 {
     char dir_path[PATH_MAX], ctx_path[PATH_MAX + 32], text[8192];
-    struct device_prefix prefix;
+    static struct device_ids ids;
     struct context ctx;
     path_join(dir_path, sizeof dir_path, g_cfg.run_dir, "contexts");
     DIR *dir = opendir(dir_path);
     if (!dir)
         return;
-    make_device_prefix(&prefix, g_cfg.dev_dir);
+    make_device_ids(&ids);
     struct dirent *entry;
     while ((entry = readdir(dir))) {
         if (!is_number(entry->d_name))
@@ -1172,7 +1416,7 @@ static void for_each_context_line(unsigned int gpu, void (*visit)(const struct c
             on_gpu |= ctx.lines[k].gpu == gpu;
         if (!on_gpu)
             continue;
-        evaluate_context(&ctx, ctx_path, &prefix);
+        evaluate_context(&ctx, ctx_path, &ids);
         for (unsigned int k = 0; k < ctx.count; k++)
             if (ctx.lines[k].gpu == gpu)
                 visit(&ctx, &ctx.lines[k], arg);
@@ -1201,6 +1445,7 @@ static int line_on(const struct context_line *line, int mig)
 struct process_list {
     enum context_type type;
     int mig; /* -1: the GPU's aggregate list; else the MIG device's */
+    struct caller_ns caller;
     unsigned int count;
     nvmlProcessInfo_t items[1024];
 };
@@ -1210,9 +1455,12 @@ static void add_listed_process(const struct context *ctx, const struct context_l
     struct process_list *list = arg;
     if (!line->listed || line->type != list->type || list->count >= 1024 || !line_on(line, list->mig))
         return;
+    unsigned long pid = listed_pid(ctx, &list->caller);
+    if (pid == 0)
+        return; /* no number in the caller's PID namespace: the driver skips the entry */
     const struct mig_instance *instance = line_instance(line);
     list->items[list->count++] = (nvmlProcessInfo_t){
-        .pid = (unsigned int)ctx->token,
+        .pid = (unsigned int)pid,
         .usedGpuMemory = line->mib * MIB,
         .gpuInstanceId = instance ? instance->gi : NO_INSTANCE_ID,
         .computeInstanceId = instance ? instance->ci : NO_INSTANCE_ID,
@@ -1229,7 +1477,7 @@ static void add_counted_mib_on(const struct context *ctx, const struct context_l
     struct counted_on *sum = arg;
     (void)ctx;
     if (line->counted && line_on(line, sum->mig))
-        sum->mib += line->mib;
+        sum->mib += line->mib + line->managed_mib;
 }
 
 struct memory_state {
@@ -1302,6 +1550,14 @@ EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags)
         return leave(NVML_ERROR_DRIVER_NOT_LOADED);
     g_held_fds[0] = ctl;
     g_held_count = 1;
+    /* Persistence mode off: the first client initializes every GPU, seconds on real hosts
+     * (NVIDIA/nvidia-container-toolkit#202). Modelled per process; other threads wait on the lock. */
+    if (!g_cfg.persistence_mode && g_cfg.init_seconds > 0) {
+        struct timespec pause = {(time_t)g_cfg.init_seconds,
+                                 (long)((g_cfg.init_seconds - (double)(time_t)g_cfg.init_seconds) * 1e9)};
+        while (nanosleep(&pause, &pause) != 0 && errno == EINTR)
+            ;
+    }
     for (unsigned int i = 0; i < g_cfg.gpus; i++) {
         snprintf(name, sizeof name, "nvidia%u", g_cfg.gpu[i].minor);
         path_join(path, sizeof path, g_cfg.dev_dir, name);
@@ -1539,6 +1795,9 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *m
     unsigned int i;
     int mig;
     nvmlReturn_t rc = enter_any_device(__func__, device, &i, &mig);
+    /* memory_info=unsupported: a unified-memory GPU (GB10) answers NOT_SUPPORTED for v1 and v2 */
+    if (rc == NVML_SUCCESS && g_cfg.memory_unsupported)
+        rc = NVML_ERROR_NOT_SUPPORTED;
     if (rc == NVML_SUCCESS && !memory)
         rc = NVML_ERROR_INVALID_ARGUMENT;
     if (rc == NVML_SUCCESS)
@@ -1558,6 +1817,8 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v
     unsigned int i;
     int mig;
     nvmlReturn_t rc = enter_any_device(__func__, device, &i, &mig);
+    if (rc == NVML_SUCCESS && g_cfg.memory_unsupported)
+        rc = NVML_ERROR_NOT_SUPPORTED;
     /* memory_info_v2=0: a driver without a working v2 memory call. Driver 510.39.01 answered it with
      * NVML_ERROR_FUNCTION_NOT_FOUND (NVIDIA/nvidia-settings#78); older drivers lack the symbol, for which
      * pynvml raises the same NVMLError_FunctionNotFound. */
@@ -1598,6 +1859,7 @@ static nvmlReturn_t running_processes(const char *symbol, enum context_type type
     list.type = type;
     list.mig = mig;
     list.count = 0;
+    caller_namespace(&list.caller);
     for_each_context_line(i, add_listed_process, &list);
     if (*count < list.count) {
         *count = list.count;
@@ -1609,6 +1871,10 @@ static nvmlReturn_t running_processes(const char *symbol, enum context_type type
         if (entry_size == sizeof(nvmlProcessInfo_v1_t)) {
             nvmlProcessInfo_v1_t *entry = (nvmlProcessInfo_v1_t *)infos + k;
             *entry = (nvmlProcessInfo_v1_t){list.items[k].pid, list.items[k].usedGpuMemory};
+        } else if (entry_size == sizeof(nvmlProcessInfo_v3_legacy_t)) {
+            ((nvmlProcessInfo_v3_legacy_t *)infos)[k] = (nvmlProcessInfo_v3_legacy_t){
+                list.items[k].pid, list.items[k].usedGpuMemory, list.items[k].gpuInstanceId,
+                list.items[k].computeInstanceId, 0};
         } else {
             ((nvmlProcessInfo_t *)infos)[k] = list.items[k];
         }
@@ -1623,10 +1889,43 @@ static nvmlReturn_t running_processes(const char *symbol, enum context_type type
         return running_processes(#name, type, device, infoCount, infos, sizeof(struct_type));         \
     }
 
-#ifndef FAKENVML_NO_V3
+#if defined(FAKENVML_V3_LEGACY)
+/* Early R535 (build/v3-32/): 32-byte _v3 entries; nvmlDeviceGetConfComputeMemSizeInfo exists and
+ * nvmlDeviceGetRunningProcessDetailList does not, the signature nvitop's libnvml.py probes for. */
+PROCESS_LIST_CALL(nvmlDeviceGetComputeRunningProcesses_v3, CONTEXT_COMPUTE, nvmlProcessInfo_v3_legacy_t)
+PROCESS_LIST_CALL(nvmlDeviceGetGraphicsRunningProcesses_v3, CONTEXT_GRAPHICS, nvmlProcessInfo_v3_legacy_t)
+PROCESS_LIST_CALL(nvmlDeviceGetMPSComputeRunningProcesses_v3, CONTEXT_MPS, nvmlProcessInfo_v3_legacy_t)
+#elif !defined(FAKENVML_NO_V3)
 PROCESS_LIST_CALL(nvmlDeviceGetComputeRunningProcesses_v3, CONTEXT_COMPUTE, nvmlProcessInfo_t)
 PROCESS_LIST_CALL(nvmlDeviceGetGraphicsRunningProcesses_v3, CONTEXT_GRAPHICS, nvmlProcessInfo_t)
 PROCESS_LIST_CALL(nvmlDeviceGetMPSComputeRunningProcesses_v3, CONTEXT_MPS, nvmlProcessInfo_t)
+
+/* nvml.h (R550+): every process of one list with its confidential-compute memory, 32-byte entries. */
+EXPORT nvmlReturn_t nvmlDeviceGetRunningProcessDetailList(nvmlDevice_t device, nvmlProcessDetailList_t *plist)
+{
+    static const enum context_type types[] = {CONTEXT_COMPUTE, CONTEXT_GRAPHICS, CONTEXT_MPS};
+    if (!plist || plist->version != NVML_PROCESS_DETAIL_LIST_V1)
+        return !plist ? NVML_ERROR_INVALID_ARGUMENT : NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    if (plist->mode > 2)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    unsigned int count = plist->procArray ? plist->numProcArrayEntries : 0;
+    nvmlReturn_t rc = running_processes(__func__, types[plist->mode], device, &count, plist->procArray,
+                                        sizeof(nvmlProcessInfo_v3_legacy_t));
+    plist->numProcArrayEntries = count;
+    return rc;
+}
+#endif
+
+#ifndef FAKENVML_NO_V3
+/* Confidential computing is off on these GPUs: the call exists (R535+) and answers NOT_SUPPORTED. */
+EXPORT nvmlReturn_t nvmlDeviceGetConfComputeMemSizeInfo(nvmlDevice_t device, nvmlConfComputeMemSizeInfo_t *info)
+{
+    unsigned int i;
+    nvmlReturn_t rc = enter_device(__func__, device, &i);
+    if (rc == NVML_SUCCESS)
+        rc = info ? NVML_ERROR_NOT_SUPPORTED : NVML_ERROR_INVALID_ARGUMENT;
+    return leave(rc);
+}
 #endif
 PROCESS_LIST_CALL(nvmlDeviceGetComputeRunningProcesses_v2, CONTEXT_COMPUTE, nvmlProcessInfo_t)
 PROCESS_LIST_CALL(nvmlDeviceGetGraphicsRunningProcesses_v2, CONTEXT_GRAPHICS, nvmlProcessInfo_t)
@@ -1724,4 +2023,249 @@ EXPORT nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t mi
     if (rc == NVML_SUCCESS && mig < 0)
         rc = NVML_ERROR_NOT_SUPPORTED;
     return leave(rc != NVML_SUCCESS ? rc : handle_for(i, device));
+}
+
+/* ---- what monitoring clients ask (nvitop 1.7.2, gpustat 1.1.1) ------------------------------- */
+/* Plausible values of an H100 SXM (nvidia-smi -q of one: no fan, 700 W limit, P0 under load), busy where a context
+ * holds memory; each call's documented errors for a bad handle or argument (nvml.h). */
+
+typedef struct {
+    unsigned int gpu;
+    unsigned int memory;
+} nvmlUtilization_t;
+
+typedef struct {
+    unsigned int pid;
+    unsigned long long timeStamp;
+    unsigned int smUtil, memUtil, encUtil, decUtil;
+} nvmlProcessUtilizationSample_t;
+
+_Static_assert(sizeof(nvmlProcessUtilizationSample_t) == 32, "nvmlProcessUtilizationSample_t layout");
+
+/* MiB held by contexts on GPU i (g_lock held). */
+static unsigned long long context_mib(unsigned int i)
+{
+    struct counted_on sum = {-1, 0};
+    for_each_context_line(i, add_counted_mib_on, &sum);
+    return sum.mib;
+}
+
+/* A uint answer of GPU `device`: busy or idle value. */
+static nvmlReturn_t busy_value(const char *symbol, nvmlDevice_t device, unsigned int *out, unsigned int idle,
+                               unsigned int busy)
+{
+    unsigned int i;
+    nvmlReturn_t rc = enter_device(symbol, device, &i);
+    if (rc == NVML_SUCCESS && !out)
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (rc == NVML_SUCCESS)
+        *out = context_mib(i) ? busy : idle;
+    return leave(rc);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t *utilization)
+{
+    unsigned int i;
+    nvmlReturn_t rc = enter_device(__func__, device, &i);
+    if (rc == NVML_SUCCESS && !utilization)
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (rc == NVML_SUCCESS) {
+        int busy = context_mib(i) > 0;
+        utilization->gpu = busy ? 87 : 0;
+        utilization->memory = busy ? 41 : 0;
+    }
+    return leave(rc);
+}
+
+struct samples {
+    unsigned int count;
+    unsigned int pids[1024];
+};
+
+static void add_sample_pid(const struct context *ctx, const struct context_line *line, void *arg)
+{
+    struct samples *s = arg;
+    (void)line;
+    struct caller_ns caller;
+    caller_namespace(&caller);
+    unsigned long pid = line->listed ? listed_pid(ctx, &caller) : 0;
+    if (pid && s->count < 1024)
+        s->pids[s->count++] = (unsigned int)pid;
+}
+
+/* nvml.h: utilization NULL (or too small) gives the count and NVML_ERROR_INSUFFICIENT_SIZE; no sample since
+ * lastSeenTimeStamp gives NVML_ERROR_NOT_FOUND. */
+EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvmlProcessUtilizationSample_t *utilization,
+                                                    unsigned int *processSamplesCount, unsigned long long lastSeenTimeStamp)
+{
+    static struct samples found;
+    unsigned int i;
+    (void)lastSeenTimeStamp;
+    nvmlReturn_t rc = enter_device(__func__, device, &i);
+    if (rc == NVML_SUCCESS && !processSamplesCount)
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (rc != NVML_SUCCESS)
+        return leave(rc);
+    found.count = 0;
+    for_each_context_line(i, add_sample_pid, &found);
+    if (found.count == 0)
+        return leave(NVML_ERROR_NOT_FOUND);
+    if (!utilization || *processSamplesCount < found.count) {
+        *processSamplesCount = found.count;
+        return leave(NVML_ERROR_INSUFFICIENT_SIZE);
+    }
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    for (unsigned int k = 0; k < found.count; k++)
+        utilization[k] = (nvmlProcessUtilizationSample_t){
+            found.pids[k], (unsigned long long)now.tv_sec * 1000000ULL + (unsigned long long)now.tv_nsec / 1000, 85, 40, 0, 0};
+    *processSamplesCount = found.count;
+    return leave(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t device, unsigned int sensorType, unsigned int *temp)
+{
+    if (sensorType != 0) { /* NVML_TEMPERATURE_GPU is the only sensor */
+        nvmlReturn_t rc = enter(__func__, NEEDS_INIT);
+        return leave(rc != NVML_SUCCESS ? rc : NVML_ERROR_INVALID_ARGUMENT);
+    }
+    return busy_value(__func__, device, temp, 31, 58);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t device, unsigned int *power)
+{
+    return busy_value(__func__, device, power, 71000, 540000); /* milliwatts */
+}
+
+static nvmlReturn_t power_limit(const char *symbol, nvmlDevice_t device, unsigned int *limit)
+{
+    return busy_value(symbol, device, limit, 700000, 700000);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetEnforcedPowerLimit(nvmlDevice_t device, unsigned int *limit)
+{
+    return power_limit(__func__, device, limit);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetPowerManagementLimit(nvmlDevice_t device, unsigned int *limit)
+{
+    return power_limit(__func__, device, limit);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetPerformanceState(nvmlDevice_t device, unsigned int *pState)
+{
+    return busy_value(__func__, device, pState, 0, 0); /* NVML_PSTATE_0: an H100 stays in P0 */
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetComputeMode(nvmlDevice_t device, unsigned int *mode)
+{
+    return busy_value(__func__, device, mode, 0, 0); /* NVML_COMPUTEMODE_DEFAULT */
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetDisplayActive(nvmlDevice_t device, unsigned int *isActive)
+{
+    return busy_value(__func__, device, isActive, 0, 0);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetDisplayMode(nvmlDevice_t device, unsigned int *display)
+{
+    return busy_value(__func__, device, display, 0, 0);
+}
+
+/* An SXM GPU has no fan of its own: NVML_ERROR_NOT_SUPPORTED (nvidia-smi prints N/A). */
+EXPORT nvmlReturn_t nvmlDeviceGetFanSpeed(nvmlDevice_t device, unsigned int *speed)
+{
+    unsigned int i;
+    nvmlReturn_t rc = enter_device(__func__, device, &i);
+    if (rc == NVML_SUCCESS)
+        rc = speed ? NVML_ERROR_NOT_SUPPORTED : NVML_ERROR_INVALID_ARGUMENT;
+    return leave(rc);
+}
+
+static nvmlReturn_t codec_utilization(const char *symbol, nvmlDevice_t device, unsigned int *utilization,
+                                      unsigned int *samplingPeriodUs)
+{
+    unsigned int i;
+    nvmlReturn_t rc = enter_device(symbol, device, &i);
+    if (rc == NVML_SUCCESS && (!utilization || !samplingPeriodUs))
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (rc == NVML_SUCCESS) {
+        *utilization = 0;
+        *samplingPeriodUs = 167000;
+    }
+    return leave(rc);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetEncoderUtilization(nvmlDevice_t device, unsigned int *utilization,
+                                                    unsigned int *samplingPeriodUs)
+{
+    return codec_utilization(__func__, device, utilization, samplingPeriodUs);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetDecoderUtilization(nvmlDevice_t device, unsigned int *utilization,
+                                                    unsigned int *samplingPeriodUs)
+{
+    return codec_utilization(__func__, device, utilization, samplingPeriodUs);
+}
+
+/* clockType: 0 graphics, 1 SM, 2 memory, 3 video (MHz, an H100 SXM's base/boost and HBM3 clocks). */
+static nvmlReturn_t clock_info(const char *symbol, nvmlDevice_t device, unsigned int type, unsigned int *clock, int max)
+{
+    static const unsigned int idle[] = {345, 345, 2619, 765}, top[] = {1980, 1980, 2619, 1755};
+    unsigned int i;
+    nvmlReturn_t rc = enter_device(symbol, device, &i);
+    if (rc == NVML_SUCCESS && (!clock || type > 3))
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (rc == NVML_SUCCESS)
+        *clock = max || context_mib(i) ? top[type] : idle[type];
+    return leave(rc);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetClockInfo(nvmlDevice_t device, unsigned int type, unsigned int *clock)
+{
+    return clock_info(__func__, device, type, clock, 0);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMaxClockInfo(nvmlDevice_t device, unsigned int type, unsigned int *clock)
+{
+    return clock_info(__func__, device, type, clock, 1);
+}
+
+/* ECC is on, with no error counted (nvidia-smi -q of a healthy H100). */
+EXPORT nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t device, unsigned int errorType, unsigned int counterType,
+                                                unsigned long long *eccCounts)
+{
+    unsigned int i;
+    nvmlReturn_t rc = enter_device(__func__, device, &i);
+    if (rc == NVML_SUCCESS && (!eccCounts || errorType > 1 || counterType > 1))
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (rc == NVML_SUCCESS)
+        *eccCounts = 0;
+    return leave(rc);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetEccMode(nvmlDevice_t device, unsigned int *current, unsigned int *pending)
+{
+    unsigned int i;
+    nvmlReturn_t rc = enter_device(__func__, device, &i);
+    if (rc == NVML_SUCCESS && (!current || !pending))
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (rc == NVML_SUCCESS)
+        *current = *pending = NVML_FEATURE_ENABLED;
+    return leave(rc);
+}
+
+/* The driver model is a Windows notion (WDDM/TCC): Linux drivers answer NOT_SUPPORTED. */
+EXPORT nvmlReturn_t nvmlDeviceGetDriverModel(nvmlDevice_t device, unsigned int *current, unsigned int *pending)
+{
+    unsigned int i;
+    nvmlReturn_t rc = enter_device(__func__, device, &i);
+    if (rc == NVML_SUCCESS)
+        rc = current && pending ? NVML_ERROR_NOT_SUPPORTED : NVML_ERROR_INVALID_ARGUMENT;
+    return leave(rc);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetDriverModel_v2(nvmlDevice_t device, unsigned int *current, unsigned int *pending)
+{
+    return nvmlDeviceGetDriverModel(device, current, pending);
 }

@@ -42,9 +42,12 @@ def test_start_holder_keeps_its_signature_and_sees_only_its_gpus(simnode):
     assert device_fds(node, pid) == sorted([(CTL, 0), (UVM, 0), (dev(1), pid)])
     assert "trainer" in node.exec("cat", "/proc/%d/cmdline" % pid).stdout
     lists = driver_lists(node)
-    # The forked child holds its dead parent's handle: memory kept, nobody listed.
-    assert lists[0] == {"used": 200, "compute": {}, "mps": {}} and lists[1]["compute"] == {pid: 100}
-    assert [path for path, _pos in device_fds(node, child)] == sorted([CTL, UVM, dev(0)])
+    # The forked child holds its dead parent's handle: memory kept, listed under the parent's PID (its token).
+    ((parent, mib),) = lists[0]["compute"].items()
+    assert lists[0]["used"] == 200 and mib == 200 and lists[1]["compute"] == {pid: 100}
+    assert parent != child
+    assert node.exec("sh", "-c", "test -d /proc/%d && echo alive || echo gone" % parent).stdout.strip() == "gone"
+    assert device_fds(node, child) == sorted([(CTL, 0), (UVM, 0), (dev(0), parent)])
 
 
 def test_nccl_like_process_holds_every_device_file_and_is_listed_on_its_gpu_only(simnode):
@@ -122,7 +125,23 @@ def test_proc_driver_nvidia_describes_each_gpu_inside_the_node_only(simnode):
     assert not os.path.exists("/proc/driver/nvidia")  # the host's /proc is untouched
 
 
-def test_container_process_gets_the_asked_pid_and_the_driver_lists_its_node_pid(simnode, tmp_path):
+CONTAINER_LISTS = r"""
+import json, pynvml as n
+n.nvmlInit()
+print(json.dumps([sorted(p.pid for p in n.nvmlDeviceGetComputeRunningProcesses(n.nvmlDeviceGetHandleByIndex(i)))
+                  for i in range(n.nvmlDeviceGetCount())]))
+"""
+
+
+def container_lists(container):
+    """The compute lists' PIDs per GPU as NVML answers a caller inside `container`."""
+    return json.loads(subprocess.run([str(container.python), "-c", CONTAINER_LISTS], capture_output=True, text=True,
+                                     timeout=30, check=True).stdout)
+
+
+def test_container_process_gets_the_asked_pid_and_the_driver_lists_in_the_callers_namespace(simnode, tmp_path):
+    """535.113.01+: lists in the caller's PID namespace (gpu_rmapi.c _gpuConvertPid -> os_find_ns_pid -> pid_vnr);
+    a creator with no number there is left out. Older drivers (pid_namespace=init): node-root numbers to all."""
     node = simnode(gpus=2)
     host_side = start_holder(node, [0], mib=600)
     container = Container(node, tmp_path)
@@ -134,7 +153,14 @@ def test_container_process_gets_the_asked_pid_and_the_driver_lists_its_node_pid(
     lists = driver_lists(node)
     assert list(lists[0]["compute"]) == [host_side]
     (listed,) = lists[1]["compute"]
-    assert listed != job and listed not in inside
+    assert listed != job and listed not in inside  # the node sees the container process by its node number
+    assert container_lists(container) == [[], [job]]  # the container sees its own number, not the node's process
+    node.set(pid_namespace="init")
+    assert container_lists(container) == [[host_side], [listed]]
+    node.set(driver_version="535.104.05", pid_namespace=None)  # auto: a driver before 535.113.01
+    assert container_lists(container) == [[host_side], [listed]]
+    node.set(driver_version="535.113.01")
+    assert container_lists(container) == [[], [job]]
     # The wrapper runs Python inside the container: it sees the container's PIDs.
     out = subprocess.run([str(container.python), "-c", "import json, os; print(json.dumps(sorted(int(p) for p in os.listdir('/proc') if p.isdigit())))"],
                          capture_output=True, text=True, timeout=30, check=True).stdout

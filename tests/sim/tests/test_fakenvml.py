@@ -481,7 +481,9 @@ def test_init_holds_device_files_at_position_zero(node):
     assert result == [{}, expected, expected, {}]
 
 
-def test_inherited_handle_keeps_memory_unlisted(node):
+def test_inherited_handle_keeps_the_dead_creator_listed(node):
+    """The driver lists a context under its creator's PID while any process holds its file (gpu_rmapi.c
+    gpuGetProcWithObject_IMPL walks live clients; osapi.c RmFreeUnusedClients frees them at the last close)."""
     holder = node.hold([(1, 2048, "compute")], hold="fork")
     holder.proc.wait(10)  # the creator has exited; its forked child still has the fd
     node.set(release_latency=0.3)
@@ -495,17 +497,117 @@ def test_inherited_handle_keeps_memory_unlisted(node):
         emit(samples)
     """)
     assert len(result) >= 5
-    assert all(sample == [2048, []] for sample in result), result
+    assert all(sample == [2048, [holder.token]] for sample in result), result
     holder.end()
     freed = node.nvml("""
         N.nvmlInit()
         start = time.monotonic()
         while used_v2(1) != 0 and time.monotonic() - start < 10:
             time.sleep(0.02)
-        emit(used_v2(1))
+        emit([used_v2(1), compute_pids(1)])
     """)
-    assert freed == 0
+    assert freed == [0, []]
     assert not (node.contexts_dir / str(holder.token)).exists()
+
+
+def test_device_file_is_matched_by_identity_not_path(node, tmp_path):
+    """A handle opened through another name of the same file (a hard link here, a bind mount in a node) is a
+    handle of that GPU; a different file named like a device file is none."""
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    os.link(node.device(2), other / "gpu-two")
+    (other / "nvidia3").touch()  # a regular file with a device's name: not the device
+    direct = node.hold([(2, 700, "compute")])
+    link_lines = [[str(other / "gpu-two"), 2, 700, "compute"]]
+    via_link = node._start_holder([sys.executable, "-c", HOLDER, str(node.run_dir), "fd", json.dumps(link_lines)])[0]
+    fake = node._start_holder([sys.executable, "-c", HOLDER, str(node.run_dir), "fd",
+                               json.dumps([[str(other / "nvidia3"), 0, 900, "compute"]])])[0]
+    result = node.nvml("""
+        N.nvmlInit()
+        emit({"2": [used_v2(2), sorted(compute_pids(2))], "0": [used_v2(0), compute_pids(0)]})
+    """)
+    # The look-alike holds no handle: never listed, its context released after release_latency.
+    assert result["2"] == [1400, sorted([direct.token, via_link.token])]
+    assert fake.token not in result["0"][1] and result["0"][1] == []
+    assert node.nvml("""
+        N.nvmlInit()
+        time.sleep(0.5)
+        emit(used_v2(0))
+    """) == 0
+
+
+def test_memory_info_unsupported_lists_still_answer(node):
+    """memory_info=unsupported (a GB10): memory v1 and v2 answer NOT_SUPPORTED, the lists report each process."""
+    holder = node.hold([(0, 1500, "compute"), (0, 40, "graphics")])
+    node.set(memory_info="unsupported")
+    result = node.nvml("""
+        N.nvmlInit()
+        handle = N.nvmlDeviceGetHandleByIndex(0)
+        answers = []
+        for call in (lambda: N.nvmlDeviceGetMemoryInfo(handle),
+                     lambda: N.nvmlDeviceGetMemoryInfo(handle, version=N.nvmlMemory_v2)):
+            try:
+                call()
+                answers.append("answered")
+            except N.NVMLError_NotSupported:
+                answers.append("NotSupported")
+        emit({"memory": answers,
+              "compute": [[p.pid, p.usedGpuMemory // MIB] for p in N.nvmlDeviceGetComputeRunningProcesses(handle)],
+              "graphics": [[p.pid, p.usedGpuMemory // MIB] for p in N.nvmlDeviceGetGraphicsRunningProcesses(handle)]})
+    """)
+    assert result == {"memory": ["NotSupported", "NotSupported"], "compute": [[holder.token, 1500]],
+                      "graphics": [[holder.token, 40]]}
+
+
+def test_slow_first_init_without_persistence_mode(node):
+    """init_seconds counts only with persistence mode off, and only for a process's first nvmlInit."""
+    node.set(init_seconds=0.6)
+    timing = """
+        start = time.monotonic(); N.nvmlInit(); first = time.monotonic() - start
+        N.nvmlShutdown()
+        start = time.monotonic(); N.nvmlInit(); again = time.monotonic() - start
+        emit([first, again])
+    """
+    fast = node.nvml(timing)
+    node.set(persistence_mode=0)
+    slow = node.nvml(timing)
+    assert fast[0] < 0.3 and slow[0] >= 0.6 and slow[1] >= 0.6, (fast, slow)
+    kept = node.nvml("""
+        N.nvmlInit()
+        start = time.monotonic(); N.nvmlInit(); nested = time.monotonic() - start
+        emit(nested)
+    """)
+    assert kept < 0.3  # reference counted: an init while initialized is immediate
+
+
+def test_managed_memory_is_under_charged_by_the_lists(node):
+    """A line's managed=K adds K MiB to the GPU's used memory and nothing to the list entry (pynvml#63)."""
+    holder = node._start_holder([sys.executable, "-c", HOLDER, str(node.run_dir), "fd",
+                                 json.dumps([[node.device(3), 3, "1000", "compute managed=3000"]])])[0]
+    result = node.nvml("""
+        N.nvmlInit()
+        handle = N.nvmlDeviceGetHandleByIndex(3)
+        emit([used_v2(3), [[p.pid, p.usedGpuMemory // MIB] for p in N.nvmlDeviceGetComputeRunningProcesses(handle)]])
+    """)
+    assert result == [4000, [[holder.token, 1000]]]
+
+
+def test_detail_list_and_conf_compute_symbols(node):
+    """The default library is a current driver: nvmlDeviceGetRunningProcessDetailList (32-byte entries) and
+    nvmlDeviceGetConfComputeMemSizeInfo (NOT_SUPPORTED) exist, so nvitop's probe picks 24-byte _v3 entries."""
+    holder = node.hold([(5, 256, "compute")])
+    result = node.nvml("""
+        N.nvmlInit()
+        handle = N.nvmlDeviceGetHandleByIndex(5)
+        details = N.nvmlDeviceGetRunningProcessDetailList(handle, N.nvmlProcessDetailList_v1, 0)
+        try:
+            N.nvmlDeviceGetConfComputeMemSizeInfo(handle)
+            cc = "answered"
+        except N.NVMLError_NotSupported:
+            cc = "NotSupported"
+        emit({"details": [[d.pid, d.usedGpuMemory // MIB, d.usedGpuCcProtectedMemory] for d in details], "cc": cc})
+    """)
+    assert result == {"details": [[holder.token, 256, 0]], "cc": "NotSupported"}
 
 
 def test_memory_freed_after_release_latency_not_before(node):
@@ -903,3 +1005,34 @@ def test_memory_info_v2_knob_leaves_only_v1(node):
     """)
     assert result == {"v2": "FunctionNotFound",
                       "v1": [TOTAL_MIB * MIB, (TOTAL_MIB - RESERVED_MIB) * MIB, RESERVED_MIB * MIB]}
+
+
+def test_v3_32_library_writes_32_byte_entries(tmp_path, library_dir):
+    """The early-R535 variant (build/v3-32): 32-byte _v3 entries, which nvidia-ml-py's 24-byte struct garbles after
+    the first entry; read with the 32-byte layout every PID is right. nvitop's probe: ConfComputeMemSizeInfo
+    present, RunningProcessDetailList absent."""
+    fake = FakeNode(tmp_path, library_dir / "v3-32")
+    try:
+        holders = [fake.hold([(1, 1000 + 100 * k, "compute")]) for k in range(3)]
+        result = fake.nvml("""
+            N.nvmlInit()
+            handle = N.nvmlDeviceGetHandleByIndex(1)
+            lib = ctypes.CDLL("libnvidia-ml.so.1")
+            class Legacy(ctypes.Structure):
+                _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong),
+                            ("gpuInstanceId", ctypes.c_uint), ("computeInstanceId", ctypes.c_uint),
+                            ("usedGpuCcProtectedMemory", ctypes.c_ulonglong)]
+            count = ctypes.c_uint(8)
+            entries = (Legacy * 8)()
+            assert lib.nvmlDeviceGetComputeRunningProcesses_v3(handle, ctypes.byref(count), entries) == 0
+            right = sorted([e.pid, e.usedGpuMemory // MIB] for e in entries[:count.value])
+            garbled = [[p.pid, (p.usedGpuMemory or 0) // MIB] for p in N.nvmlDeviceGetComputeRunningProcesses(handle)]
+            emit({"right": right, "garbled": garbled,
+                  "symbols": [hasattr(lib, "nvmlDeviceGetConfComputeMemSizeInfo"),
+                              hasattr(lib, "nvmlDeviceGetRunningProcessDetailList")]})
+        """)
+        assert result["right"] == sorted([h.token, 1000 + 100 * k] for k, h in enumerate(holders))
+        assert result["garbled"][0] in result["right"] and sorted(result["garbled"]) != result["right"]
+        assert result["symbols"] == [True, False]
+    finally:
+        fake.end_holders()

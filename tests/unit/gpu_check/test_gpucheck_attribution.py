@@ -42,14 +42,19 @@ def test_memory_is_unexplained_beyond_the_tolerance_and_when_unknown():
     lists = {0: {10: {"lists": ["compute"], "used_mib": 1024}}, 1: {11: {"lists": ["compute"], "used_mib": None}},
              2: {}, 3: {}}
     memory = attribution.gpu_memory(lists, {0: 1024 + 256, 1: 9000, 2: 257, 3: None}, 256)
-    assert memory[0] == {"used_mib": 1280, "listed_mib": 1024, "unexplained_mib": 256, "unexplained": False}
+    assert memory[0] == {"used_mib": 1280, "listed_mib": 1024, "unexplained_mib": 256, "unexplained": False, "exited": []}
     assert memory[1]["unexplained"] is False and memory[1]["unexplained_mib"] is None  # an N/A entry explains it
-    assert memory[2] == {"used_mib": 257, "listed_mib": 0, "unexplained_mib": 257, "unexplained": True}
+    assert memory[2] == {"used_mib": 257, "listed_mib": 0, "unexplained_mib": 257, "unexplained": True, "exited": []}
     assert memory[3]["unexplained"] is True  # used unknown: nothing explains it
+    # A listed PID that no longer exists is a creator that exited.
+    assert attribution.gpu_memory(lists, {0: 1024}, 256, alive=lambda pid: pid != 10)[0]["exited"] == [10]
 
 
-EXPLAINED = {0: {"unexplained": False}, 1: {"unexplained": False}}
-UNEXPLAINED = {0: {"unexplained": True}, 1: {"unexplained": False}}
+EXPLAINED = {0: {"unexplained": False, "used_mib": 1024, "exited": []}, 1: {"unexplained": False, "used_mib": 0, "exited": []}}
+# After the parent's exit: the driver lists the dead parent (PID 99) with the memory on GPU 0.
+UNEXPLAINED = {0: {"unexplained": False, "used_mib": 2048, "exited": [99]}, 1: {"unexplained": False, "used_mib": 0, "exited": []}}
+# Memory outside the lists (no exited creator): rule 5 on drivers before 535.113.01 only.
+OUTSIDE = {0: {"unexplained": True, "used_mib": 3072, "exited": []}, 1: {"unexplained": False, "used_mib": 0, "exited": []}}
 LISTED = {0: {10: {"lists": ["compute"], "used_mib": 1024}}, 1: {}}
 
 
@@ -69,6 +74,9 @@ def test_the_four_cases_by_the_rule():
     # Unexplained memory on GPU 0 makes any unlisted CUDA user of its file a holder: the rule cannot tell
     # a cuInit-only process from the inheriting child.
     assert attribution.by_rule(cuinit, UNEXPLAINED, MINORS)["attribution"] == {"0": "device_file"}
+    # Memory outside the lists: another namespace's or leaked on a translating driver; rule 5 on older ones.
+    assert attribution.by_rule(child, OUTSIDE, MINORS)["attribution"] == {}
+    assert attribution.by_rule(child, OUTSIDE, MINORS, translating=False)["attribution"] == {"0": "device_file"}
     # A listed process is a driver holder only: never a device-file holder of another GPU.
     both = record(10, [CTL, UVM, "/dev/nvidia3", "/dev/nvidia5"], LISTED)
     assert attribution.by_rule(both, {0: {"unexplained": True}, 1: {"unexplained": True}}, MINORS)["attribution"] == {

@@ -30,7 +30,9 @@ def attribution_scenario(minor=3, others=(5,), maps=False, cuinit_fds=None):
     readings = {}
     for phase, unexplained in (("explained", False), ("unexplained", True)):
         lists = {0: {10: {"lists": ["compute"], "used_mib": 1024}}, 1: {}}
-        memory = {0: {"unexplained": unexplained}, 1: {"unexplained": False}}
+        # After the parent's exit the driver lists the dead parent (PID 99) with the memory (docs/attribution.md rule 2).
+        memory = {0: {"unexplained": False, "used_mib": 1024, "exited": [99] if unexplained else []},
+                  1: {"unexplained": False, "used_mib": 0, "exited": []}}
         readings[phase] = {}
         for case, pid in pids.items():
             if case == "inherited_child" and phase == "explained":
@@ -64,7 +66,7 @@ def sim_like_result():
                 "gpu_kill": {"elapsed_s": 0.07}, "gpu_wait": {"elapsed_s": 0.01}},
             "inherited": {"status": "ok", "holders": {
                 "inherit": holder(), "inherit.child": holder(lists=(), nbytes=0, listed_mib=None, seen_in=("fd",), role="inherited")},
-                "after_parent_exit": {"memory_kept": True, "child_lists": [], "parent_lists": []}},
+                "after_parent_exit": {"memory_kept": True, "child_lists": [], "parent_lists": ["compute"]}},
             "sigterm_ignored": {"status": "ok", "holders": {"stubborn": holder()}},
             "attribution": attribution_scenario(),
             "nested_pidns": {"status": "ok", "holders": {"nested": holder()}, "driver_pid": "host"},
@@ -91,7 +93,7 @@ def real_like_result():
             if item["listed_mib"]:
                 item["listed_mib"] = 1024 + 510
                 item["seen_in"] = ["driver", "fd", "mapping"]
-    scenarios["inherited"]["after_parent_exit"]["parent_lists"] = ["compute"]
+    scenarios["inherited"]["after_parent_exit"]["parent_lists"] = ["compute"]  # as the simulator (the driver's source)
     scenarios["release_latency"]["sizes"] = {"1": latency(0.62, exited=0.6), "10": latency(1.9, exited=1.8),
                                              "50": {"status": "skipped", "reason": "does not fit"}}
     return result
@@ -109,7 +111,7 @@ def test_differences_name_what_the_real_driver_did():
     obs = report.observations(real_like_result())
     differing = {row["item"]: row for row in report.compare(obs) if not row["same"]}
     assert set(differing) == {"idle_used_mib", "reserved_mib", "context_overhead_mib", "holder_seen_in", "holder_device_files",
-                              "inherited_driver_lists_dead_parent", "release_s_10gib", "attribution_device_files",
+                              "release_s_10gib", "attribution_device_files",
                               "attribution_maps_device", "attribution_gpu_facts"}
     assert differing["attribution_maps_device"]["real"] == {"context": True, "nvml_only": False, "inherited_child": True,
                                                             "cuda_init": False}
@@ -166,7 +168,7 @@ def test_markdown_table_has_one_row_per_result_and_lists_differences():
     assert all(row.count("|") == len(report.COLUMNS) + 1 for row in rows)
     assert "| 2026-11-29 | NVIDIA H100 80GB HBM3 (81559 MiB) | 580.95.05 (CUDA 13000) | sim | 0 / 529 | 0 | 5/6 · 6/6 | " \
            "not listed / kept | 4/4 | 0.51 / 0.50 / 0.51 | 0.07 + 0.01 | 0 (ok) |" == rows[0]
-    assert "| 40 / 1012 | 510 |" in rows[1] and "| 0.62 / 1.90 / – |" in rows[1] and "| 3/4 | 0.62 / 1.90 / – |" in rows[1] and "| 10 (ok) |" in rows[1]
+    assert "| 40 / 1012 | 510 |" in rows[1] and "| 0.62 / 1.90 / – |" in rows[1] and "| 3/4 | 0.62 / 1.90 / – |" in rows[1] and "| 9 (ok) |" in rows[1]
     assert "- none" in lines[lines.index("Differences from the simulator, NVIDIA H100 80GB HBM3, 2026-11-29:") + 1]
     assert "- `reserved_mib`: real 1012, simulator 529" in text
     assert "reserved_mib=1012" in text

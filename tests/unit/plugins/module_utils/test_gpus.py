@@ -61,8 +61,8 @@ def nvml_gpu(index, used_mib=3, processes=(), minor=None, error=None):
             "processes": [{"pid": pid, "used_mib": mib, "type": kind} for pid, mib, kind in processes], "error": error}
 
 
-def driver(*gpus):
-    return {"available": True, "error": None, "driver_version": "580.95.05", "nvml_version": "13.580.95.05",
+def driver(*gpus, version="580.95.05"):
+    return {"available": True, "error": None, "driver_version": version, "nvml_version": "13.580.95.05",
             "cuda_driver_version": 13000, "gpus": list(gpus)}
 
 
@@ -290,7 +290,7 @@ def inspector_on(monkeypatch):
     made = []
 
     def install(reading, found):
-        def scan_holders(proc="/proc", skip_pids=()):
+        def scan_holders(proc="/proc", skip_pids=(), problems=None):
             calls.append(("full", set(skip_pids)))
             return {pid: h for pid, h in found.items() if pid not in set(skip_pids)}
 
@@ -310,9 +310,12 @@ def inspector_on(monkeypatch):
         inspector.close()
 
 
-def test_listed_scope_scans_only_the_listed_pids_when_their_memory_explains_the_gpus(spawn, inspector_on):
+def test_listed_scope_scans_only_the_listed_pids_when_their_memory_explains_the_gpus(spawn, inspector_on, monkeypatch):
     engine, exporter = spawn(["sleep", "60"], wait=True), spawn(["sleep", "61"], wait=True)
-    reading = driver(nvml_gpu(0, 70003, [(engine.pid, 70000, "compute")]), nvml_gpu(1, 503, [(NO_SUCH_PID, 500, "compute")]))
+    # A driver before 535.113.01 seen from a container: the absent listed PID may be a host process (foreign).
+    monkeypatch.setattr(_gpus, "initial_pid_namespace", lambda proc="/proc": False)
+    reading = driver(nvml_gpu(0, 70003, [(engine.pid, 70000, "compute")]), nvml_gpu(1, 503, [(NO_SUCH_PID, 500, "compute")]),
+                     version="535.104.05")
     inspector, calls = inspector_on(reading, {engine.pid: handles(engine.pid, [0]),
                                               exporter.pid: handles(exporter.pid, [0, 1], uvm=False)})
     view = inspector.snapshot(scope="listed")
@@ -327,8 +330,40 @@ def test_listed_scope_scans_only_the_listed_pids_when_their_memory_explains_the_
     foreign = view["gpus"][1]["foreign"]
     assert foreign == [{"pid": NO_SUCH_PID, "used_mib": 500, "type": "compute", "reason": "absent", "comm": None}]
     assert view["index_source"] == "nvml"
-    assert view["driver"] == {"available": True, "error": None, "driver_version": "580.95.05",
+    assert view["driver"] == {"available": True, "error": None, "driver_version": "535.104.05",
                               "nvml_version": "13.580.95.05", "cuda_driver_version": 13000, "timed_out": False}
+
+
+def test_listed_scope_rescans_in_full_when_a_listed_creator_has_exited(spawn, inspector_on):
+    """535.113.01+: an absent listed PID is a creator that has exited; whoever holds its context is found by a full
+    scan (the worker that inherited the handles), and the exporter is left a device user."""
+    engine, worker, exporter = (spawn(["sleep", "60"], wait=True), spawn(["sleep", "62"], wait=True),
+                                spawn(["sleep", "61"], wait=True))
+    reading = driver(nvml_gpu(0, 70003, [(engine.pid, 70000, "compute")]), nvml_gpu(1, 5003, [(NO_SUCH_PID, 5000, "compute")]))
+    inspector, calls = inspector_on(reading, {engine.pid: handles(engine.pid, [0]), worker.pid: handles(worker.pid, [1]),
+                                              exporter.pid: handles(exporter.pid, [0, 1], uvm=False)})
+    view = inspector.snapshot(scope="listed")
+    assert calls == [("listed", sorted([engine.pid, NO_SUCH_PID])), ("full", {os.getpid()})] and view["scan"] == "full"
+    by_pid = {h["pid"]: h for h in view["holders"]}
+    assert sorted(by_pid) == sorted([engine.pid, worker.pid]) and by_pid[worker.pid]["contexts_of"] == {"1": [NO_SUCH_PID]}
+    assert view["gpus"][1]["exited"][0]["reason"] == "exited" and view["gpus"][1]["foreign"] == []
+
+
+def test_initial_pid_namespace_is_read_from_the_kernels_fixed_inode(tmp_path, monkeypatch):
+    """/proc/self/ns/pid of the initial namespace has inode 0xEFFFFFFC (PROC_PID_INIT_INO); anything else is not."""
+    (tmp_path / "self" / "ns").mkdir(parents=True)
+    (tmp_path / "self" / "ns" / "pid").touch()
+    real_stat = os.stat
+
+    def fake_stat(path, *args, **kwargs):
+        result = real_stat(path, *args, **kwargs)
+        if str(path) == str(tmp_path / "self" / "ns" / "pid"):
+            return os.stat_result((result.st_mode, 0xEFFFFFFC) + tuple(result)[2:])
+        return result
+    assert _gpus.initial_pid_namespace(str(tmp_path)) is False  # a file's own inode
+    monkeypatch.setattr(os, "stat", fake_stat)
+    assert _gpus.initial_pid_namespace(str(tmp_path)) is True
+    assert _gpus.initial_pid_namespace("/nonexistent") is False
 
 
 def test_full_scope_reports_device_users_and_never_makes_them_holders(spawn, inspector_on):
@@ -345,7 +380,8 @@ def test_full_scope_reports_device_users_and_never_makes_them_holders(spawn, ins
 
 def test_listed_scope_falls_back_to_a_full_scan_for_unexplained_memory(spawn, inspector_on):
     engine, orphan = spawn(["sleep", "60"], wait=True), spawn(["sleep", "62"], wait=True)
-    reading = driver(nvml_gpu(0, 70003, [(engine.pid, 70000, "compute")]), nvml_gpu(1, 30003))
+    # The device-file rule for memory outside the lists holds on drivers before 535.113.01 (docs/attribution.md).
+    reading = driver(nvml_gpu(0, 70003, [(engine.pid, 70000, "compute")]), nvml_gpu(1, 30003), version="535.104.05")
     found = {engine.pid: handles(engine.pid, [0]), orphan.pid: handles(orphan.pid, [1])}
     inspector, calls = inspector_on(reading, found)
     view = inspector.snapshot(scope="listed", tolerance_mib=256)

@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _gpus, _holders, _proc, _procscan
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _advice, _gpus, _holders, _proc, _procscan
 from polling import wait_for
 
 # A PID no process can have (above the kernel's maximum pid_max, 2**22).
@@ -66,8 +66,12 @@ def gpu_reading(index, minor, used_mib, processes=(), error=None):
             "processes": [{"pid": p[0], "used_mib": p[1], "type": p[2] if len(p) > 2 else "compute"} for p in processes]}
 
 
-def driver(*gpus):
-    return {"available": True, "error": None, "driver_version": "580.95.05", "nvml_version": None,
+# A driver before 535.113.01: it numbers every PID in the initial PID namespace, whatever the caller's.
+OLD_DRIVER = "535.104.05"
+
+
+def driver(*gpus, version="580.95.05"):
+    return {"available": True, "error": None, "driver_version": version, "nvml_version": None,
             "cuda_driver_version": None, "gpus": list(gpus)}
 
 
@@ -128,10 +132,10 @@ def test_nvml_client_is_a_device_user_never_a_holder():
     assert [g["holder_pids"] for g in view["gpus"]] == [[10], []]
 
 
-def test_unlisted_cuda_user_holds_a_gpu_only_where_memory_is_unexplained():
-    """An inherited handle (the creator is gone, the driver lists nobody) keeps 3000 MiB: the child holds GPU 0.
-    On GPU 1 the lists explain everything: the same kind of process there is a device user."""
-    reading = driver(gpu_reading(0, 0, 3000), gpu_reading(1, 1, 5000, processes=[(30, 5000)]))
+def test_unlisted_cuda_user_holds_a_gpu_only_where_memory_is_unexplained_on_older_drivers():
+    """Before 535.113.01 (docs/attribution.md rule 5): 3000 MiB outside the lists make the CUDA user of GPU 0's file its
+    holder. On GPU 1 the lists explain everything: the same kind of process there is a device user."""
+    reading = driver(gpu_reading(0, 0, 3000), gpu_reading(1, 1, 5000, processes=[(30, 5000)]), version=OLD_DRIVER)
     scan = {20: handles(20, minors=[0]), 21: handles(21, minors=[1]), 30: handles(30, minors=[1])}
     view = merge(reading, scan)
     holders = by_pid(view["holders"])
@@ -143,7 +147,7 @@ def test_unlisted_cuda_user_holds_a_gpu_only_where_memory_is_unexplained():
 
 
 def test_unexplained_memory_within_the_tolerance_makes_no_holder():
-    reading = driver(gpu_reading(0, 0, 256))
+    reading = driver(gpu_reading(0, 0, 256), version=OLD_DRIVER)
     view = merge(reading, {20: handles(20, minors=[0])})
     assert view["holders"] == [] and view["gpus"][0]["memory_unexplained"] is False
     view = merge(reading, {20: handles(20, minors=[0])}, tolerance_mib=255)
@@ -152,26 +156,27 @@ def test_unexplained_memory_within_the_tolerance_makes_no_holder():
 
 
 def test_cuda_users_come_before_nvml_clients_which_are_only_suspects():
-    reading = driver(gpu_reading(0, 0, 3000), gpu_reading(1, 1, 3000))
+    reading = driver(gpu_reading(0, 0, 3000), gpu_reading(1, 1, 3000), version=OLD_DRIVER)
     scan = {20: handles(20, minors=[0]), 21: nvml_client(21, [0, 1]), 22: handles(22, minors=[], uvm=False, mapped=[1])}
     view = merge(reading, scan)
     holders = by_pid(view["holders"])
     assert sorted(holders) == [20, 22]          # 22 maps GPU 1's device: a CUDA user
     assert view["gpus"][0]["suspects"] == [] and view["gpus"][1]["suspects"] == []
-    view = merge(driver(gpu_reading(0, 0, 3000)), {21: nvml_client(21, [0])})
+    view = merge(driver(gpu_reading(0, 0, 3000), version=OLD_DRIVER), {21: nvml_client(21, [0])})
     assert view["holders"] == [] and view["gpus"][0]["suspects"] == [21]
     assert [u["pid"] for u in view["device_users"]] == [21]
 
 
 def test_listed_process_is_no_candidate_for_other_gpus_unexplained_memory():
-    reading = driver(gpu_reading(0, 0, 5000, processes=[(10, 5000)]), gpu_reading(1, 1, 3000))
+    reading = driver(gpu_reading(0, 0, 5000, processes=[(10, 5000)]), gpu_reading(1, 1, 3000), version=OLD_DRIVER)
     view = merge(reading, {10: handles(10, minors=[0, 1]), 20: handles(20, minors=[1])})
     holders = by_pid(view["holders"])
     assert holders[10]["gpus"] == [0] and holders[20]["gpus"] == [1]
 
 
-def test_absent_listed_pid_is_foreign_and_its_memory_is_explained():
-    reading = driver(gpu_reading(0, 0, 6000, processes=[(NO_SUCH_PID, 6000)]))
+def test_absent_listed_pid_is_foreign_and_its_memory_is_explained_on_older_drivers_in_a_container():
+    """Before 535.113.01 a container sees the host's numbers: an absent listed PID may be a host process."""
+    reading = driver(gpu_reading(0, 0, 6000, processes=[(NO_SUCH_PID, 6000)]), version=OLD_DRIVER)
     view = merge(reading, {20: handles(20, minors=[0])})
     gpu = view["gpus"][0]
     assert view["holders"] == [] and gpu["holder_pids"] == []
@@ -180,9 +185,11 @@ def test_absent_listed_pid_is_foreign_and_its_memory_is_explained():
     assert (gpu["unexplained_mib"], gpu["memory_unexplained"]) == (0, False)
 
 
-def test_listed_pid_present_here_but_holding_another_gpu_is_foreign():
-    """Inside a container the driver's host PID 7 on GPU 0 may be the container's own PID 7, which computes on GPU 1."""
-    reading = driver(gpu_reading(0, 0, 4000, processes=[(7, 4000)]), gpu_reading(1, 1, 2000, processes=[(900007, 2000)]))
+def test_listed_pid_present_here_but_holding_another_gpu_is_foreign_on_older_drivers_in_a_container():
+    """Before 535.113.01, inside a container the driver's host PID 7 on GPU 0 may be the container's own PID 7, which
+    computes on GPU 1."""
+    reading = driver(gpu_reading(0, 0, 4000, processes=[(7, 4000)]), gpu_reading(1, 1, 2000, processes=[(900007, 2000)]),
+                     version=OLD_DRIVER)
     view = merge(reading, {7: handles(7, minors=[1])})
     assert view["holders"] == []
     assert view["gpus"][0]["foreign"] == [{"pid": 7, "used_mib": 4000, "type": "compute", "reason": "not_holding",
@@ -273,3 +280,88 @@ def test_without_nvml_the_map_comes_from_proc_driver(tmp_path):
 
 def test_without_nvml_and_kernel_module_there_is_no_map(tmp_path):
     assert _gpus.minor_map(None, str(tmp_path)) == ([], None)
+
+
+# ---- the driver as its source says (docs/attribution.md; tests/sim/README.md "The driver model") ----
+
+
+def test_exited_creator_is_named_and_the_cuda_users_of_its_gpu_hold_its_context():
+    """A trainer forked DataLoader workers and was SIGKILLed: the driver still lists its PID with 6000 MiB. The CUDA
+    users of GPU 0's file that the lists leave out hold that context; the NVML exporter does not; GPU 1's CUDA user
+    (nothing exited there) is a device user."""
+    reading = driver(gpu_reading(0, 0, 6003, processes=[(NO_SUCH_PID, 6000)]), gpu_reading(1, 1, 3))
+    scan = {21: handles(21, minors=[0]), 22: handles(22, minors=[0]), 30: nvml_client(30, [0, 1]),
+            40: handles(40, minors=[1])}
+    view = merge(reading, scan)
+    gpu = view["gpus"][0]
+    assert gpu["foreign"] == [] and gpu["exited"] == [
+        {"pid": NO_SUCH_PID, "used_mib": 6000, "type": "compute", "reason": "exited", "comm": None}]
+    assert (gpu["explained_mib"], gpu["unexplained_mib"], gpu["memory_unexplained"]) == (6000, 3, False)
+    holders = by_pid(view["holders"])
+    assert sorted(holders) == [21, 22] and gpu["holder_pids"] == [21, 22]
+    assert all(h["attribution"] == {"0": "device_file"} and h["contexts_of"] == {"0": [NO_SUCH_PID]}
+               for h in holders.values())
+    assert sorted(u["pid"] for u in view["device_users"]) == [30, 40]
+    assert _advice.exited_notes(view) == [
+        "GPU 0: PID 21, 22 hold the context of PID %d (6000 MiB), which has exited" % NO_SUCH_PID]
+
+
+def test_reused_pid_of_an_nvml_client_is_never_confirmed():
+    """The exporter started later got the dead trainer's number: it holds every device file and no context. It is named
+    (reason reused), never a holder; the worker that holds the context is."""
+    reading = driver(gpu_reading(0, 0, 5000, processes=[(30, 5000)]))
+    view = merge(reading, {30: nvml_client(30, [0]), 21: handles(21, minors=[0])}, details(30, 21, comm="exporter"))
+    gpu = view["gpus"][0]
+    assert gpu["exited"] == [{"pid": 30, "used_mib": 5000, "type": "compute", "reason": "reused", "comm": "exporter"}]
+    assert gpu["driver_processes"][0]["verified"] is False
+    assert [h["pid"] for h in view["holders"]] == [21] and view["holders"][0]["contexts_of"] == {"0": [30]}
+    assert [u["pid"] for u in view["device_users"]] == [30]
+    assert _advice.exited_notes(view) == [
+        "GPU 0: PID 21 holds the context of PID 30 (5000 MiB), which has exited; PID 30 here (exporter) is another "
+        "process that got its number and is left alone"]
+
+
+def test_exited_creator_with_no_cuda_user_here_names_the_nvml_clients_as_suspects_only():
+    reading = driver(gpu_reading(0, 0, 5000, processes=[(NO_SUCH_PID, 5000)]))
+    view = merge(reading, {30: nvml_client(30, [0])})
+    assert view["holders"] == [] and view["gpus"][0]["suspects"] == [30]
+
+
+@pytest.mark.parametrize("initial, cause", [(False, "other_namespace_or_leaked"), (True, "leaked")])
+def test_memory_outside_the_lists_of_a_translating_driver_is_nobody_here(initial, cause):
+    """535.113.01+: the lists leave out creators that have no number in this PID namespace. Memory outside them is
+    another namespace's or leaked (only leaked in the initial namespace): never this namespace's CUDA users."""
+    reading = driver(gpu_reading(0, 0, 8000, processes=[(10, 2000)]))
+    view = merge(reading, {10: handles(10, minors=[0]), 20: handles(20, minors=[0])}, initial_pidns=initial)
+    gpu = view["gpus"][0]
+    assert [h["pid"] for h in view["holders"]] == [10] and [u["pid"] for u in view["device_users"]] == [20]
+    assert (gpu["unexplained_mib"], gpu["memory_unexplained"], gpu["unexplained_cause"]) == (6000, True, cause)
+
+
+def test_older_driver_in_the_initial_namespace_takes_absent_pids_as_exited():
+    """Before 535.113.01 every PID is the initial namespace's: seen from there, an absent one has exited."""
+    reading = driver(gpu_reading(0, 0, 3000, processes=[(NO_SUCH_PID, 3000)]), version=OLD_DRIVER)
+    view = merge(reading, {21: handles(21, minors=[0])}, initial_pidns=True)
+    assert view["gpus"][0]["exited"][0]["reason"] == "exited" and view["gpus"][0]["foreign"] == []
+    assert [h["pid"] for h in view["holders"]] == [21]
+    assert _holders.translates_pids({"driver_version": "535.113.01"}) is True
+    assert _holders.translates_pids({"driver_version": "535.104.05"}) is False
+    assert _holders.translates_pids({"driver_version": None}) is None
+
+
+def test_memory_not_supported_gpu_is_judged_by_its_lists_and_device_files():
+    """A GB10: no memory figures. The listed compositor and EngineCore hold it; the CUDA tool without a context is a
+    device user; nothing is unexplained, nothing is an error."""
+    reading = driver(gpu_reading(0, 0, None, processes=[(10, 60000), (11, 43, "graphics")]))
+    reading["gpus"][0]["memory"] = {"total_mib": None, "used_mib": None, "free_mib": None, "reserved_mib": None,
+                                    "source": None, "used_includes_reserved": None, "used_excluding_reserved_mib": None,
+                                    "supported": False}
+    view = merge(reading, {10: handles(10, minors=[0]), 11: handles(11, minors=[0], uvm=False, mapped=[0]),
+                           20: handles(20, minors=[0])})
+    gpu = view["gpus"][0]
+    assert gpu["memory_supported"] is False and gpu["error"] is None
+    # Its used memory is what the lists charge: a wait releases it once no listed holder is left.
+    assert (gpu["memory_used_mib"], gpu["memory_source"]) == (60043, "process_lists")
+    assert (gpu["unexplained_mib"], gpu["memory_unexplained"], gpu["unexplained_cause"]) == (0, False, None)
+    assert sorted(h["pid"] for h in view["holders"]) == [10, 11] and [u["pid"] for u in view["device_users"]] == [20]
+    assert _holders.lists_explain(reading["gpus"][0], reading, 256) is True

@@ -58,7 +58,12 @@ def cuda(pid, minors, caps=()):
     return handles
 
 
-def view_of(gpus, scan, driver_version="580.95.05", **kwargs):
+# Most tests here model memory outside the lists as the device-file rule of drivers before 535.113.01 does
+# (docs/attribution.md, rule 5); test_exited_creator_on_an_instance... is the current driver.
+OLD_DRIVER = "535.104.05"
+
+
+def view_of(gpus, scan, driver_version=OLD_DRIVER, **kwargs):
     reading = {"available": True, "error": None, "driver_version": driver_version, "nvml_version": None,
                "cuda_driver_version": None, "gpus": list(gpus)}
     processes = {pid: {"pid": pid, "ppid": 1, "pgid": pid, "sid": pid, "comm": "python3", "state": "S",
@@ -180,3 +185,17 @@ def test_scan_records_capability_files(tmp_path):
     handles = _procscan.scan_process(4242, str(tmp_path))
     assert (sorted(handles.caps), sorted(handles.minors)) == ([66, 67], [0])
     assert _procscan.DeviceHandles.from_dict(handles.as_dict()).caps == {66, 67}
+
+
+def test_exited_creator_on_an_instance_is_held_by_the_cuda_user_with_that_instances_capabilities():
+    """535.113.01+: the driver lists the dead creator's PID on instance 4 (its ids in the entry). The CUDA user holding
+    instance 4's capability files holds that context; the one on instance 7 (nothing listed, 3000 MiB outside the
+    lists: another namespace's or leaked) is a device user."""
+    view = view_of([mig_gpu(0, {4: 5000, 7: 3000}, processes=[(5000001, 5000, 4)])],
+                   [cuda(11, [0], cap_minors(0, 4)), cuda(12, [0], cap_minors(0, 7))], driver_version="580.95.05")
+    by_gi = instances(view)
+    assert [e["pid"] for e in by_gi[4]["exited"]] == [5000001] and by_gi[4]["holder_pids"] == [11]
+    assert by_gi[7]["holder_pids"] == [] and by_gi[7]["memory_unexplained"] is True
+    (holder,) = view["holders"]
+    assert holder["pid"] == 11 and holder["contexts_of"] == {"0": [5000001]} and holder["mig"] == {"0": ["MIG-0-4"]}
+    assert [u["pid"] for u in view["device_users"]] == [12]

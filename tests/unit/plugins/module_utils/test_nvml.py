@@ -341,9 +341,43 @@ def test_driver_query_worker_that_dies_is_reported():
     query = _nvml.DriverQuery(Crashing(two_gpus()))
     query._start()  # pylint: disable=protected-access
     pid = query.pid
-    with pytest.raises(_nvml.NvmlTimeout, match="exited unexpectedly"):
+    started = time.monotonic()
+    with pytest.raises(_nvml.NvmlWorkerError, match="Python error: RuntimeError: not an NVML error"):
         query.read(timeout=5)
-    assert gone(pid)
+    assert time.monotonic() - started < 2  # at once: not waited for as a hung driver
+    assert gone(pid) and query.timed_out is None
+    with pytest.raises(_nvml.NvmlWorkerError, match="Python error"):
+        query.read(timeout=5)
+
+
+def test_driver_query_worker_that_exits_on_its_own_is_a_worker_error_not_a_hang():
+    class Exiting(FakeNvml):
+        def nvmlDeviceGetCount(self):
+            os._exit(3)
+
+    query = _nvml.DriverQuery(Exiting(two_gpus()))
+    with pytest.raises(_nvml.NvmlWorkerError, match="exited unexpectedly"):
+        query.read(timeout=5)
+    assert query.timed_out is None
+
+
+def test_driver_query_leaves_behind_a_worker_that_cannot_be_reaped_in_time(monkeypatch):
+    """A worker stuck in the driver sleeps in state D, where SIGKILL does nothing until the call returns. Modelled by a
+    SIGKILL that does not arrive: close() gives up after KILLED_EXIT_S, reports the worker, and the read says so."""
+    query = _nvml.DriverQuery(FakeNvml(two_gpus(), count_delay=60))
+    query._start()  # pylint: disable=protected-access
+    pid = query.pid
+    monkeypatch.setattr(_nvml, "KILLED_EXIT_S", 0.3)
+    real_kill = os.kill
+    monkeypatch.setattr(os, "kill", lambda target, sig: None if target == pid else real_kill(target, sig))
+    started = time.monotonic()
+    try:
+        with pytest.raises(_nvml.NvmlTimeout, match=r"PID %d\) did not end within 0.3 s of SIGKILL" % pid):
+            query.read(timeout=0.3)
+        assert time.monotonic() - started < 1.5 and query.left_behind == [pid] and query.pid is None
+    finally:
+        real_kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
 
 
 # ---- process-list versions: _v3 -> _v2 -> v1 ------------------------------------------------------
@@ -460,3 +494,30 @@ def test_exited_within_reaps_a_worker_that_leaves_and_gives_up_on_one_that_stays
     finally:
         os.kill(staying, signal.SIGKILL)  # our own forked child
         os.waitpid(staying, 0)
+
+
+def test_slow_first_init_has_its_own_deadline_and_is_not_a_hang(monkeypatch):
+    """Persistence mode off: the first nvmlInit initializes every GPU (seconds). It gets INIT_TIMEOUT_S; the reading
+    after it gets the caller's timeout; an init past its own deadline is reported as such."""
+    class SlowInit(FakeNvml):
+        init_seconds = 1.0
+
+        def nvmlInit(self):
+            time.sleep(self.init_seconds)
+            return super().nvmlInit()
+
+    monkeypatch.setattr(_nvml, "INIT_TIMEOUT_S", 5.0)
+    query = _nvml.DriverQuery(SlowInit(two_gpus()))
+    try:
+        started = time.monotonic()
+        reading = query.read(timeout=0.3)
+        assert reading["available"] is True and time.monotonic() - started >= 1.0
+        started = time.monotonic()
+        assert query.read(timeout=0.3)["available"] is True and time.monotonic() - started < 0.3
+    finally:
+        query.close()
+    monkeypatch.setattr(_nvml, "INIT_TIMEOUT_S", 0.4)
+    SlowInit.init_seconds = 5.0
+    query = _nvml.DriverQuery(SlowInit(two_gpus()))
+    with pytest.raises(_nvml.NvmlTimeout, match="nvmlInit did not return within 0.4 s"):
+        query.read(timeout=0.2)

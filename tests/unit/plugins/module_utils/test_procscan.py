@@ -266,3 +266,92 @@ def test_a_failing_scan_worker_leaves_its_share_to_the_caller(proc, monkeypatch)
     assert holders[105].minors == {1}
     # The caller scanned its own third, then the two thirds of the failed workers: every PID once.
     assert sorted(scanned_by_caller) == list(range(100, 112))
+
+
+def test_device_files_are_known_by_identity_wherever_they_are_mounted(tmp_path, monkeypatch):
+    """A file that is /dev/nvidia3 (same device and inode: a bind mount, here a hard link) under another path is
+    /dev/nvidia3, by fd and by mapping; nvidia-uvm is known by name; a look-alike named nvidia0 is no device."""
+    import mmap
+    real = tmp_path / "dev-nvidia3"
+    real.write_bytes(b"\0" * 4096)
+    bound = tmp_path / "run" / "nvidia" / "driver" / "dev" / "nvidia3"
+    bound.parent.mkdir(parents=True)
+    os.link(real, bound)
+    (tmp_path / "run" / "nvidia" / "driver" / "dev" / "nvidia-uvm").touch()
+    (tmp_path / "nvidia0").touch()
+    info = os.stat(real)
+    monkeypatch.setitem(_procscan._KNOWN, "/dev", {(info.st_dev, info.st_ino): "/dev/nvidia3"})
+    fds = [os.open(str(bound), os.O_RDWR), os.open(str(bound.parent / "nvidia-uvm"), os.O_RDONLY),
+           os.open(str(tmp_path / "nvidia0"), os.O_RDONLY)]
+    try:
+        handles = _procscan.scan_process(os.getpid())
+        assert handles.minors == {3} and handles.uvm and handles.mapped == set() and handles.seen_in == {"fd"}
+        os.close(fds.pop(0))
+        with open(str(bound), "r+b") as mapped_file:
+            mapping = mmap.mmap(mapped_file.fileno(), 4096)
+        try:
+            handles = _procscan.scan_process(os.getpid())
+            assert handles.mapped == {3} and handles.minors == {3} and "mapping" in handles.seen_in
+        finally:
+            mapping.close()
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def test_character_device_of_major_195_is_an_nvidia_device_by_its_numbers():
+    """The kernel's numbers name the device: 195:N is /dev/nvidiaN, 195:255 nvidiactl (no such node exists here)."""
+    class Info:  # pylint: disable=too-few-public-methods
+        st_mode = 0o20666
+        st_dev = st_ino = 0
+
+        def __init__(self, minor):
+            self.st_rdev = os.makedev(195, minor)
+    assert _procscan._canonical("/run/nvidia/driver/dev/nvidia2", Info(2)) == "/dev/nvidia2"
+    assert _procscan._canonical("/somewhere/nvidiactl", Info(255)) == "/dev/nvidiactl"
+    assert _procscan._canonical("/somewhere/nvidia-caps/nvidia-cap66", None) == "/dev/nvidia-caps/nvidia-cap66"
+    assert _procscan._canonical("/home/me/nvidia-notes", None) is None
+
+
+def test_parallel_scan_leaves_behind_a_worker_that_cannot_be_reaped(monkeypatch):
+    """A worker reading the maps of a process stuck in the driver sleeps in state D, where SIGKILL waits. Modelled by a
+    worker that never answers and a SIGKILL that does not arrive: the scan returns within its bounds, scans the other
+    shares, and says which processes it could not scan and that the worker was left behind."""
+    import time
+    stuck = []
+
+    def never_answers(pids, proc, write_end):
+        time.sleep(60)
+
+    monkeypatch.setattr(_procscan, "_send_scan", never_answers)
+    monkeypatch.setattr(_procscan, "WORKER_REPLY_S", 0.3)
+    monkeypatch.setattr(_procscan, "KILLED_EXIT_S", 0.2)
+    monkeypatch.setattr(_proc, "single_threaded", lambda: True)
+    real_kill = os.kill
+    monkeypatch.setattr(os, "kill", lambda pid, sig: stuck.append(pid))
+    problems = []
+    pids = [os.getpid(), 1]
+    started = time.monotonic()
+    try:
+        found = _procscan._scan_parallel(pids, "/proc", 2, problems)
+        assert time.monotonic() - started < 1.5
+    finally:
+        for pid in stuck:
+            real_kill(pid, 9)
+            os.waitpid(pid, 0)
+    assert len(stuck) == 1 and set(found) <= {os.getpid()}
+    (problem,) = problems
+    assert "did not answer within" in problem
+    assert "1 processes were not scanned" in problem and "left behind" in problem
+
+
+def test_parallel_scan_worker_with_a_python_error_leaves_its_share_to_the_caller(monkeypatch):
+    def fails(pids, proc, write_end):
+        raise RuntimeError("a defect in the worker")
+
+    monkeypatch.setattr(_procscan, "_send_scan", fails)
+    monkeypatch.setattr(_proc, "single_threaded", lambda: True)
+    problems = []
+    serial = _procscan._scan_pids([os.getpid()], "/proc")
+    assert _procscan._scan_parallel([1, os.getpid()], "/proc", 2, problems).keys() == serial.keys()
+    assert problems == []

@@ -1,0 +1,243 @@
+"""The driver as its source says (tests/sim/README.md, "The driver model"; docs/attribution.md), end to end on
+simulated nodes: dead creators stay listed while their handles live, PID numbers are reused, GPUs without memory
+figures, device files bound outside /dev, the 32-byte _v3 layout of early R535, a slow first nvmlInit.
+
+Each test asserts what an operator sees: which processes are alive afterwards, the memory per GPU, the module
+results and the play output.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import ansible_api
+from ansible_run import REPO, VENV_BIN, module, only, playbook
+from nodetools import (NVML_MONITOR, _await_ready, _launch, _ready_file, alive, driver_lists,
+                       node_python, start_cuda_process, start_holder, start_nvml_monitor, wait_for)
+from simnode import inventory_file
+
+RESET = REPO / "playbooks" / "reset_gpus.yml"
+CHECK = REPO / "playbooks" / "check_gpus.yml"
+
+# A CUDA process that forks workers which inherit its handles (a trainer and its DataLoader workers), as the
+# contract says (tests/sim/README.md, "Creating a CUDA context"). argv[1]: {"device" (the path it opens: the GPU's
+# /dev/nvidiaN or a bind mount of it), "index", "mib", "kind" (compute | graphics), "workers", "title", "map"
+# (hold the context by a mapping instead of the fd's position), "ready"}. Reports "<its PID> <worker PIDs...>".
+TRAINER = r"""
+import json, os, sys, time
+spec = json.loads(sys.argv[1])
+if spec.get("title"):
+    import setproctitle
+    setproctitle.setproctitle(spec["title"])
+token = os.getpid()
+files = [os.open("/dev/nvidiactl", os.O_RDWR)]
+if not spec.get("map"):
+    files.append(os.open("/dev/nvidia-uvm", os.O_RDWR))
+fd = os.open(spec["device"], os.O_RDWR)
+if spec.get("map"):  # mmap(2) itself: Python's mmap refuses an offset past the (empty) file's end
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    if libc.mmap(None, 4096, 1, 1, fd, token * 4096) == ctypes.c_void_p(-1).value:
+        sys.exit("mmap failed")
+else:
+    os.lseek(fd, token, os.SEEK_SET)
+tmp = "/run/gpusim/contexts/.%d.tmp" % token
+with open(tmp, "w") as f:
+    f.write("%d %d %s\n" % (spec["index"], spec["mib"], spec.get("kind", "compute")))
+os.rename(tmp, "/run/gpusim/contexts/%d" % token)
+workers = []
+for _ in range(spec["workers"]):
+    pid = os.fork()
+    if pid == 0:
+        while True:
+            time.sleep(1)
+    workers.append(pid)
+with open(spec["ready"] + ".tmp", "w") as f:
+    f.write(" ".join(str(p) for p in [token] + workers) + "\n")
+os.rename(spec["ready"] + ".tmp", spec["ready"])
+while True:
+    time.sleep(1)
+"""
+
+
+# Start argv[2:] detached with PID argv[1] in the node's PID namespace (ns_last_pid); other processes of the node
+# may take the number between the write and the fork: retried, a started process with another number is ended.
+# "PID:group" keeps the launcher's session and process group: the kernel keeps a number in use while it names a
+# live process group or session, so a trainer whose workers share its own group could never be reused (a trainer
+# started by torchrun or a job runner is no group leader).
+LAUNCH_AS = r"""
+import os, signal, subprocess, sys, time
+number, _sep, mode = sys.argv[1].partition(":")
+want = int(number)
+for _attempt in range(50):
+    with open("/proc/sys/kernel/ns_last_pid", "w") as f:
+        f.write(str(want - 1))
+    child = subprocess.Popen(sys.argv[2:], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, start_new_session=mode != "group")
+    if child.pid == want:
+        break
+    child.kill()
+    child.wait()
+    time.sleep(0.05)
+print(child.pid)
+"""
+
+
+def start_trainer(node, index=0, mib=6000, workers=2, device=None, kind="compute", title="python3 train.py",
+                  mapped=False, pid=0):
+    """Start TRAINER (with PID `pid` when given); return (its PID, [worker PIDs]) in the node."""
+    path, host_path = _ready_file(node, "trainer")
+    spec = {"device": device or "/dev/nvidia%d" % node.info["gpus"][index]["minor"], "index": index, "mib": mib,
+            "kind": kind, "workers": workers, "title": title, "map": mapped, "ready": path}
+    if pid:
+        node.exec(node_python(), "-c", LAUNCH_AS, "%d:group" % pid, node_python(), "-c", TRAINER, json.dumps(spec))
+    else:
+        _launch(node, [node_python(), "-c", TRAINER, json.dumps(spec)])
+    pids = _await_ready(host_path, "trainer %s" % spec)
+    return pids[0], list(pids[1:])
+
+
+def facts(inventory, **args):
+    status, result = only(module(inventory, "gpuops.nvidia.gpu_facts", args))
+    assert status == "SUCCESS", result
+    return result["ansible_facts"]["nvidia"]
+
+
+def kill_and_wait(node, pid):
+    """SIGKILL `pid` and wait until the node's init has reaped it (its number is free)."""
+    node.exec("kill", "-9", str(pid))
+    wait_for(lambda: node.exec("sh", "-c", "test -e /proc/%d || echo gone" % pid).stdout.strip() == "gone", 10,
+             what="PID %d reaped" % pid)
+
+
+def extra(**variables):
+    return ["-e", json.dumps(variables)]
+
+
+def test_trainer_sigkilled_stays_listed_and_the_reset_ends_its_dataloader_workers(simnode, tmp_path):
+    node = simnode(gpus=2, release_latency=0.2)
+    trainer, workers = start_trainer(node, 0, 6000, workers=2)
+    exporter = start_nvml_monitor(node)
+    assert driver_lists(node)[0]["compute"] == {trainer: 6000}  # the driver sees the creator alive once
+    kill_and_wait(node, trainer)
+
+    # The workers hold the trainer's context: the driver lists the dead PID with its memory.
+    lists = driver_lists(node)
+    assert lists[0] == {"used": 6000, "compute": {trainer: 6000}, "mps": {}}
+    inventory = inventory_file(tmp_path, node)
+    view = facts(inventory)
+    gpu = view["gpus"][0]
+    assert gpu["exited"] == [{"pid": trainer, "used_mib": 6000, "type": "compute", "reason": "exited", "comm": None}]
+    assert gpu["foreign"] == [] and gpu["memory_unexplained"] is False and sorted(gpu["holder_pids"]) == sorted(workers)
+    assert all(h["contexts_of"] == {"0": [trainer]} for h in view["holders"])
+    run = ansible_api.run(inventory, REPO, module="gpuops.nvidia.gpu_facts",
+                          envvars=ansible_api.environment(VENV_BIN, REPO / "ansible.cfg"), timeout=120)
+    # The warning an operator reads: who holds the dead trainer's context.
+    assert "GPU 0: PID %s hold the context of PID %d (6000 MiB), which has exited" % (
+        ", ".join(str(p) for p in sorted(workers)), trainer) in " ".join(run.output.split()), run.output
+    assert [u["pid"] for u in view["device_users"]] == [exporter]
+
+    rc, out, recap = playbook(inventory, RESET, *extra(reset_gpus_timeout=15))
+    assert rc == 0 and recap[node.name]["changed"] == 1, out
+    assert "run on the host" not in out and "--gpu-reset" not in out, out
+    assert not any(alive(node, pid) for pid in workers) and alive(node, exporter)
+    assert driver_lists(node)[0] == {"used": 0, "compute": {}, "mps": {}}
+
+
+def test_dead_trainers_number_reused_by_an_nvml_exporter_which_survives(simnode, tmp_path):
+    node = simnode(gpus=1, release_latency=0.2)
+    trainer, workers = start_trainer(node, 0, 5000, workers=1, pid=4321)
+    assert trainer == 4321 and driver_lists(node)[0]["compute"] == {trainer: 5000}
+    kill_and_wait(node, trainer)
+    # An NVML exporter started later gets the dead trainer's number (ns_last_pid), while the driver still lists it.
+    path, host_path = _ready_file(node, "exporter")
+    node.exec(node_python(), "-c", LAUNCH_AS, str(trainer), node_python(), "-c", NVML_MONITOR,
+              "nvidia_gpu_exporter", path)
+    exporter = _await_ready(host_path, "exporter at PID %d" % trainer)[0]
+    assert exporter == trainer and driver_lists(node)[0]["compute"] == {trainer: 5000}
+
+    inventory = inventory_file(tmp_path, node)
+    view = facts(inventory)
+    gpu = view["gpus"][0]
+    assert gpu["exited"][0]["reason"] == "reused" and gpu["exited"][0]["comm"].startswith("nvidia_gpu_expo")
+    assert gpu["driver_processes"][0]["verified"] is False and gpu["holder_pids"] == workers
+    assert [u["pid"] for u in view["device_users"]] == [exporter]
+
+    rc, out, recap = playbook(inventory, RESET, *extra(reset_gpus_timeout=15))
+    assert rc == 0 and recap[node.name]["changed"] == 1, out
+    assert alive(node, exporter) and not alive(node, workers[0])
+    assert driver_lists(node)[0] == {"used": 0, "compute": {}, "mps": {}}
+
+
+def test_gb10_without_memory_figures_resets_the_orphan_only_and_spares_the_desktop(simnode, tmp_path):
+    """NVIDIA GB10: memory info v1 and v2 answer NOT_SUPPORTED, the lists answer. The compositor's graphics context
+    is protected, the CUDA tool without a context is a device user, the orphaned EngineCore is ended."""
+    node = simnode(gpus=1, model_name="NVIDIA GB10", release_latency=0.2)
+    node.set(memory_info="unsupported")
+    compositor, _none = start_trainer(node, 0, 43, workers=0, kind="graphics", title="gnome-shell", mapped=True)
+    engine = start_holder(node, [0], mib=60000, title="VLLM::EngineCore")
+    tool = start_cuda_process(node, [], mib=0, visible=[0])
+    inventory = inventory_file(tmp_path, node)
+
+    view = facts(inventory)
+    gpu = view["gpus"][0]
+    assert gpu["memory_supported"] is False and gpu["error"] is None
+    assert (gpu["memory_source"], gpu["memory_used_mib"]) == ("process_lists", 60043)  # what the lists charge
+    assert gpu["memory_unexplained"] is False and sorted(gpu["holder_pids"]) == sorted([compositor, engine])
+    assert [u["pid"] for u in view["device_users"]] == [tool]
+
+    rc, out, recap = playbook(inventory, RESET, *extra(reset_gpus_timeout=15))
+    assert rc == 0 and recap[node.name]["changed"] == 1, out
+    assert not alive(node, engine) and alive(node, compositor) and alive(node, tool), out
+    assert "lost" not in out.lower(), out
+    rc, out, recap = playbook(inventory, RESET, *extra(reset_gpus_timeout=15))
+    assert rc == 0 and recap[node.name]["changed"] == 0, out
+    rc, out, _recap = playbook(inventory, CHECK)
+    assert rc == 0, out
+    assert alive(node, compositor)
+
+
+def test_device_file_bound_outside_dev_is_found(simnode, tmp_path):
+    """The GPU Operator's driver container gives the host /run/nvidia/driver/dev/nvidia0: the same device."""
+    node = simnode(gpus=2, release_latency=0.2)
+    node.exec("sh", "-c", "mkdir -p /run/nvidia/driver/dev && touch /run/nvidia/driver/dev/nvidia1 && "
+                          "mount --bind /dev/nvidia1 /run/nvidia/driver/dev/nvidia1")
+    trainer, _none = start_trainer(node, 1, 3000, workers=0, device="/run/nvidia/driver/dev/nvidia1")
+    assert driver_lists(node)[1]["compute"] == {trainer: 3000}  # the fake driver knows the file, not the path
+    inventory = inventory_file(tmp_path, node)
+
+    view = facts(inventory)
+    (holder,) = view["holders"]
+    assert holder["pid"] == trainer and holder["attribution"] == {"1": "driver"} and holder["minors"] == [1]
+    assert view["gpus"][1]["holder_pids"] == [trainer] and view["gpus"][1]["memory_unexplained"] is False
+
+    rc, out, _recap = playbook(inventory, RESET, *extra(reset_gpus_timeout=15))
+    assert rc == 0, out
+    assert not alive(node, trainer)
+    assert driver_lists(node)[1]["used"] == 0
+
+
+def test_early_r535_32_byte_v3_entries_give_the_right_pids(simnode, tmp_path):
+    node = simnode(gpus=1, v3_32=True, release_latency=0.2)
+    node.set(driver_version="535.54.03")
+    holders = {start_holder(node, [0], mib=1000 + 100 * k): 1000 + 100 * k for k in range(3)}
+    view = facts(inventory_file(tmp_path, node))
+    gpu = view["gpus"][0]
+    assert gpu["process_list_version"] == "v3-32"
+    assert {p["pid"]: p["used_mib"] for p in gpu["driver_processes"]} == holders
+    assert all(p["verified"] for p in gpu["driver_processes"]) and sorted(gpu["holder_pids"]) == sorted(holders)
+    assert gpu["memory_unexplained"] is False
+
+
+def test_slow_first_init_without_persistence_mode_is_not_a_hung_driver(simnode, tmp_path):
+    node = simnode(gpus=1, release_latency=0.2)
+    node.set(persistence_mode=0, init_seconds=3)
+    holder = start_holder(node, [0], mib=2000)
+    started = time.monotonic()
+    view = facts(inventory_file(tmp_path, node), driver_timeout=1)
+    assert time.monotonic() - started >= 3
+    assert view["driver"]["available"] is True and view["driver"]["timed_out"] is False, view["driver"]
+    assert view["gpus"][0]["holder_pids"] == [holder]
