@@ -104,7 +104,8 @@ def _entries(value):
         text = value.strip()
         if text.startswith("[") and text.endswith("]"):
             text = text[1:-1]
-        return [part.strip().strip("'\"").strip() for part in text.split(",") if part.strip().strip("'\"").strip()]
+        parts = (part.strip().strip("'\"").strip() for part in text.split(","))
+        return [part for part in parts if part]
     return [value]
 
 
@@ -255,7 +256,10 @@ def _reset_gpus_options(given, spec):
     group.update(exclude=_names("reset_gpus_exclude", given.get("reset_gpus_exclude")),
                  include_protected=_flag("reset_gpus_include_protected", given.get("reset_gpus_include_protected", False)),
                  max_used_mib=values["reset_gpus_max_used_mib"], driver_timeout=values["reset_gpus_driver_timeout"])
-    kill = dict(group, signal=_text(given.get("reset_gpus_signal", "SIGTERM")), grace_period=values["reset_gpus_grace_period"],
+    signal = given.get("reset_gpus_signal", "SIGTERM")
+    if _blank(signal):
+        raise Refused("reset_gpus_signal must name a signal (SIGTERM, SIGINT, ...), not %r" % signal)
+    kill = dict(group, signal=_text(signal).strip(), grace_period=values["reset_gpus_grace_period"],
                 kill_wait=values["reset_gpus_kill_wait"], stop_owners=_flag("reset_gpus_stop_owners", given.get("reset_gpus_stop_owners", False)),
                 wait_timeout=min(values["reset_gpus_progress_interval"], values["reset_gpus_timeout"]))
     # false is gpu_kill's default: passed only when asked for.

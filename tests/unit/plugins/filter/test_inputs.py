@@ -74,7 +74,8 @@ def test_defaults_and_numbers_as_given():
                          ({"reset_gpus_max_used_mib": "lots"}, "reset_gpus_max_used_mib must be a whole number, not 'lots'"),
                          ({"reset_gpus_max_used_mib": 2.5}, "reset_gpus_max_used_mib must be a whole number, not 2.5"),
                          ({"reset_gpus_stop_owners": "maybe"}, "reset_gpus_stop_owners must be true or false, not 'maybe'"),
-                         ({"reset_gpus_exclude": [None]}, "reset_gpus_exclude has a null entry")):
+                         ({"reset_gpus_exclude": [None]}, "reset_gpus_exclude has a null entry"),
+                         ({"reset_gpus_signal": None}, "reset_gpus_signal must name a signal")):
         refusal = inputs.reset_gpus_plan(given, SPEC)["refusal"]
         assert refusal.startswith("nothing was signalled: " + words), refusal
 
