@@ -104,11 +104,10 @@ def _left_out(result):
         if mib <= 0:
             continue
         total += mib
-        held = ", ".join("PID %s %s (%s)%s" % (h["pid"], h["comm"], h["reason"],
-                                              ", %s MiB" % h["memory_mib"] if h.get("memory_mib") else "")
+        held = ", ".join("PID %s %s (%s)%s" % (h["pid"], h["comm"], h["reason"], ", %s MiB" % h["memory_mib"] if h.get("memory_mib") else "")
                          for h in gpu.get("left_alone", []))
-        parts.append("GPU %s: %d MiB held by %s" % ("?" if gpu.get("index") is None else gpu["index"], mib,
-                                                     held or "no process named"))
+        index = "?" if gpu.get("index") is None else gpu["index"]
+        parts.append("GPU %s: %d MiB held by %s" % (index, mib, held or "no process named"))
     return "; ".join(parts), total
 
 

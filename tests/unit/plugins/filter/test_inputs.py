@@ -56,8 +56,8 @@ def test_pids_users_and_owner_filters():
                                    "reset_gpus_pods": "ml/vllm-0", "reset_gpus_match": 12}, SPEC)
     assert plan["refusal"] is None, plan
     kill = plan["kill"]
-    assert (kill["pids"], kill["users"], kill["units"], kill["pods"], kill["match"]) == ([12, 13], ["0", "vllm"], ["vllm@a"],
-                                                                                       ["ml/vllm-0"], "12")
+    expected = ([12, 13], ["0", "vllm"], ["vllm@a"], ["ml/vllm-0"], "12")
+    assert (kill["pids"], kill["users"], kill["units"], kill["pods"], kill["match"]) == expected
     for bad in ("abc", [0], [True], [-3]):
         refusal = inputs.reset_gpus_plan({"reset_gpus_pids": bad}, SPEC)["refusal"]
         assert refusal.startswith("nothing was signalled: reset_gpus_pids must list PIDs, positive whole numbers"), refusal
