@@ -152,10 +152,10 @@ def check_gpus_lines(hostvars, all_hosts, options):
         found.append((host,) + check_gpus_status(result, allow, threshold))
     parts = []
     for status, label in CHECK_LABELS:
-        names = [host for host, got, _ in found if got == status]
+        names = [host for host, got, _words in found if got == status]
         if names:
             parts.append("%d %s%s" % (len(names), label, "" if status == "free" else " (%s)" % ", ".join(names)))
-    return (["check_gpus %s: %s" % (host, words) for host, _, words in found]
+    return (["check_gpus %s: %s" % (host, words) for host, _status, words in found]
             + ["check_gpus summary: %d host(s): %s" % (len(found), ", ".join(parts))])
 
 
