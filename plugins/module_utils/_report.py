@@ -2,23 +2,25 @@
 # Copyright (c) 2026, gpuops.nvidia contributors
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""The per-host summary of a reset, in words, built where the data is (the module) rather than in a template
-rendered on the controller for every host. Never prints None: unknown memory, names and GPUs are said in words.
-The reset_gpus role prints these lines on its common path (roles/reset_gpus/templates/summary.j2 says the same
-after a long wait). The owner of each holder is said in the words of owner_words; where ending the PID alone will
-not last, the owner's note and the command that stops it follow on the next line (owner_line)."""
+"""The per-host summary of a reset, in words. Never prints None: unknown memory, names and GPUs are said in words.
+gpu_kill builds it where its run finishes the reset; the reset_gpus role builds it with the same functions on the
+controller after a longer wait, a failed kill or in check mode (plugins/filter/reports.py). The owner of each holder
+is said in the words of owner_words; where ending the PID alone will not last, the owner's note and the command that
+stops it follow on the next line (owner_line)."""
 from __future__ import annotations
+
+import re
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils import _owners
 
-# Jinja's truncate(80, true), which the role's template uses: strings up to 80 + 5 (leeway) are kept.
+# Command lines in the summary are cut to this many characters, "..." included.
 _CMDLINE_WIDTH = 80
-_CMDLINE_LEEWAY = 5
+_NOT_RELEASED = re.compile(r"^not released after [0-9.]+ s")
 
 
 def _cut(text):
     text = text or ""
-    return text if len(text) <= _CMDLINE_WIDTH + _CMDLINE_LEEWAY else text[:_CMDLINE_WIDTH - 3] + "..."
+    return text if len(text) <= _CMDLINE_WIDTH else text[:_CMDLINE_WIDTH - 3] + "..."
 
 
 def where(process):
@@ -91,7 +93,8 @@ def _mib(value):
 
 
 def outcome(kill, wait, check_mode, waited_s):
-    """What the run came to, in one sentence (the summary's line and the JSON report's message)."""
+    """What the run came to, in one sentence (the summary's line and the JSON report's message), with the whole time
+    waited `waited_s` (seconds, all slices of the wait: a failed wait's message counts its last slice only)."""
     if check_mode:
         if kill.get("failed"):
             return "FAILED (check mode): %s" % kill.get("msg", "gpu_kill did not run")
@@ -102,7 +105,7 @@ def outcome(kill, wait, check_mode, waited_s):
         if wait.get("memory_checked", True):
             return "memory released after %.2f s more" % waited_s
         return "no holder left after %.2f s more; used memory not checked (NVIDIA driver library not usable)" % waited_s
-    return "FAILED: %s" % wait.get("msg", "the wait did not run")
+    return "FAILED: %s" % _NOT_RELEASED.sub("not released after %.1f s" % waited_s, wait.get("msg", "the wait did not run"))
 
 
 def summary_lines(kill, before, after, check_mode, message):

@@ -73,22 +73,38 @@ def test_report_dir_is_created_and_report_failure_never_hides_the_reset(simnode,
     assert rc == 0 and not alive(node, holder), out
     assert stat.S_IMODE(reports.stat().st_mode) == 0o755
     assert json.loads((reports / ("%s.json" % node.name)).read_text())["outcome"] == "released"
-    # A report directory that cannot be made (a file is in the way): said, the reset still succeeds.
+    # Destinations that cannot be written are refused before anything is signalled: a report directory that cannot
+    # be made (a file is in the way), a textfile whose directory does not exist or is a file, a relative textfile.
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     textfile.unlink()
     holder = start_holder(node, [1], mib=600)
-    extra["reset_gpus_report_dir"] = str(blocker / "reports")
+    for bad, words in (({"reset_gpus_report_dir": str(blocker / "reports")},
+                        "reset_gpus_report_dir %s cannot hold the report: %s is not a directory" % (blocker / "reports", blocker)),
+                       ({"reset_gpus_textfile": str(tmp_path / "none" / "x.prom")},
+                        "reset_gpus_textfile %s cannot be written on the host: %s does not exist" % (tmp_path / "none" / "x.prom",
+                                                                                                     tmp_path / "none")),
+                       ({"reset_gpus_textfile": str(blocker / "x.prom")}, "%s is not a directory" % blocker),
+                       ({"reset_gpus_textfile": "x.prom"}, "reset_gpus_textfile must be an absolute path on the host")):
+        for check in ((), ("--check",)):
+            rc, out, recap = playbook(inventory, RESET, "-e", json.dumps(dict(extra, **bad)), *check)
+            assert rc != 0 and "nothing was signalled: reset_gpus_" in out and words in out, (bad, check, out)
+            assert alive(node, holder), (bad, check)
+            assert "would signal" not in out, out
+    assert not textfile.exists()
+    # A textfile that passes that check and still cannot be written (the path is a directory) is said; the reset's
+    # outcome stands and the JSON report is written.
+    textfile.mkdir()
+    extra["reset_gpus_textfile"] = str(textfile)
     rc, out, recap = playbook(inventory, RESET, "-e", json.dumps(extra))
     assert rc == 0 and recap[node.name]["failed"] == 0 and not alive(node, holder), out
-    assert "report not written to %s" % (blocker / "reports") in out
-    assert "gpuops_nvidia_reset_success 1\n" in textfile.read_text()
-    # A failed reset stays failed when its report cannot be written either.
+    assert "textfile not written to %s" % textfile in out
+    assert json.loads((reports / ("%s.json" % node.name)).read_text())["outcome"] == "released"
+    # A failed reset stays failed when its textfile cannot be written either, and its report is written.
     node.set(stray_mib={1: 5000})
-    textfile.unlink()
     rc, out, recap = playbook(inventory, RESET, "-e", json.dumps(dict(extra, reset_gpus_timeout=0.5)))
-    assert rc != 0 and recap[node.name]["failed"] == 1 and "report not written" in out, out
-    assert "gpuops_nvidia_reset_success 0\n" in textfile.read_text()
+    assert rc != 0 and recap[node.name]["failed"] == 1 and "textfile not written" in out, out
+    assert json.loads((reports / ("%s.json" % node.name)).read_text())["outcome"] == "failed"
 
 
 def _timestamps(value):

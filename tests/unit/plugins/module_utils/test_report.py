@@ -2,19 +2,15 @@
 # Copyright (c) 2026, gpuops.nvidia contributors
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""_report: owners in the reset summary, and the role's summary.j2 saying the same lines as summary_lines."""
+"""_report: owners in the reset summary, its lines and its outcome sentence."""
 from __future__ import annotations
 
 import copy
-import re
-from pathlib import Path
 
-import jinja2
 import pytest
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils import _owners, _report
 
-SUMMARY_J2 = Path(__file__).resolve().parents[4] / "roles" / "reset_gpus" / "templates" / "summary.j2"
 CID = "4f1c3a9e0b7d2c6e8a5f1b3d9c7e2a4b6d8f0e1c3a5b7d9f2e4c6a8b0d1f3e5a"
 UID = "0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d"
 
@@ -130,31 +126,22 @@ def test_run_summary_names_stopped_units_and_holders_they_ended():
     ]
 
 
-def render_summary(kill, before, after, check_mode, message):
-    """roles/reset_gpus/templates/summary.j2 as the role's template lookup renders it (trim_blocks, Ansible's
-    filters), then `| trim | split('\\n')` as the role's summary task does."""
-    env = jinja2.Environment(trim_blocks=True, undefined=jinja2.StrictUndefined)
-    # The two Ansible filters the template uses, as ansible.builtin documents them. Ansible's filter plugins are not
-    # imported: loading them sets up the controller's display, and later module tests' warnings go there instead.
-    env.filters["regex_replace"] = lambda value, pattern, replacement: re.sub(pattern, replacement, value)
-    env.filters["zip"] = lambda first, *others: list(zip(first, *others))
-    text = env.from_string(SUMMARY_J2.read_text()).render(
-        reset_gpus_kill=kill, _reset_gpus_last_wait={} if check_mode else {"released": True},
-        _reset_gpus_views={"before": before, "after": after}, ansible_check_mode=check_mode,
-        _reset_gpus_message=message)
-    return text.strip().split("\n")
+def test_long_command_lines_are_cut_to_80_characters():
+    kill = check_kill()
+    kill["would_signal"][0]["cmdline"] = "python3 -m vllm.entrypoints.openai.api_server " + "x" * 80
+    before, _after = views([9, 10, 11])
+    line = _report.summary_lines(kill, before, before, True, "m")[1]
+    assert line.endswith("...") and len(line.split("): ", 1)[1]) == 80, line
+    assert _report._cut("y" * 80) == "y" * 80 and _report._cut(None) == ""
 
 
-@pytest.mark.parametrize("check_mode", [True, False])
-def test_template_says_the_same_lines_as_the_module(check_mode):
-    kill = check_kill() if check_mode else run_kill()
-    before, after = views([9, 10, 11] if check_mode else [9, 10, 14])
-    if check_mode:
-        after = before
-    message = _report.outcome(kill, {}, True, 0) if check_mode else "memory released after 0.40 s more"
-    expected = _report.summary_lines(kill, before, after, check_mode, message)
-    assert any("ending it alone will not last" in line for line in expected)
-    assert render_summary(kill, before, after, check_mode, message) == expected
+def test_failed_wait_counts_the_whole_time_waited():
+    wait = {"released": False, "msg": "not released after 0.4 s: GPU 1: 5000 MiB used"}
+    assert _report.outcome({}, wait, False, 12.34) == "FAILED: not released after 12.3 s: GPU 1: 5000 MiB used"
+    assert _report.outcome({}, {"released": False}, False, 1) == "FAILED: the wait did not run"
+    assert _report.outcome({}, {"released": True, "memory_checked": False}, False, 1.5) == (
+        "no holder left after 1.50 s more; used memory not checked (NVIDIA driver library not usable)")
+    assert _report.outcome({"failed": True, "msg": "bad"}, {}, False, 0) == "FAILED to end the holders: bad"
 
 
 def test_check_mode_outcome_of_a_failed_check_says_so():

@@ -1,0 +1,305 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) 2026, gpuops.nvidia contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""The operator's variables of the playbooks and the reset_gpus role, checked on the controller before anything runs.
+
+Each filter takes the variables as given (a dict of name -> value, only the names that are defined) and says what is
+wrong in the operator's words: the variable's name and the value as given. Nothing here reads the GPUs.
+
+- refuse_unknown_vars: variables with a playbook's prefix that it does not know (a typo) are refused by name.
+- reset_gpus_plan: the reset_gpus role's variables as gpu_kill's and gpu_wait's options, or the refusal.
+- check_gpus_plan: check_gpus.yml's variables as gpu_wait's options, or the refusal.
+
+A selection variable that is unset (not defined) means "any". One that is set but selects nothing (null, as a vars
+file whose entries are all commented out gives; blank text; a template that rendered null or nothing; an empty list;
+a list with a null or blank entry) is refused: it must not widen a reset to every GPU.
+"""
+from __future__ import annotations
+
+import functools
+import os
+
+from ansible.errors import AnsibleFilterError
+from ansible.module_utils.parsing.convert_bool import boolean
+
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _options
+
+import yaml
+
+try:
+    from yaml import CSafeLoader as _Loader
+except ImportError:  # pragma: no cover - PyYAML without libyaml
+    from yaml import SafeLoader as _Loader
+
+# The selection variables of the reset_gpus role (the part after the prefix = the module option), with what "unset"
+# selects and what an entry is, in the words of the messages.
+SELECTIONS = {
+    "gpus": ("every GPU", "GPU indices or UUIDs"),
+    "match": ("any command line", "a regex"),
+    "pids": ("any PID", "PIDs"),
+    "users": ("any user", "user names or UIDs"),
+    "units": ("any unit", "systemd units"),
+    "containers": ("any container", "container ids"),
+    "pods": ("any pod", "pods"),
+    "slurm_jobs": ("any Slurm job", "Slurm job ids"),
+}
+# Results the role and the playbooks register under their prefix: known, never the operator's.
+RESET_RESULTS = ("reset_gpus_kill", "reset_gpus_wait", "reset_gpus_after")
+CHECK_GPUS_KNOWN = ("check_gpus_hosts", "check_gpus_gpus", "check_gpus_wait", "check_gpus_max_used_mib", "check_gpus_exclude",
+                    "check_gpus_driver_timeout", "check_gpus_allow_proc_only")
+CHECK_GPUS_RESULTS = ("check_gpus_result",)
+
+
+class Refused(ValueError):
+    """A variable that is refused before anything is signalled or checked; the message names it."""
+
+
+@functools.lru_cache(maxsize=8)
+def _spec_options(path, mtime):
+    with open(path) as handle:
+        spec = yaml.load(handle, Loader=_Loader)
+    return tuple(sorted(spec["argument_specs"]["main"]["options"]))
+
+
+def spec_options(path):
+    """The option names of the main entry point of a role's meta/argument_specs.yml (parsed once per change)."""
+    return _spec_options(path, os.stat(path).st_mtime)
+
+
+def unknown_vars_message(names, known, subject="the playbook"):
+    """The refusal of the names in `names` not in `known` ("" when none): "unknown variable(s) x_gpuss (a typo?);
+    the playbook knows x_a, x_b"."""
+    unknown = sorted(set(names) - set(known))
+    if not unknown:
+        return ""
+    return "unknown variable(s) %s (a typo?); %s knows %s" % (", ".join(unknown), subject, ", ".join(sorted(known)))
+
+
+def refuse_unknown_vars(names, known=(), spec=None, subject="the playbook", results=()):
+    """Filter: True, or AnsibleFilterError naming each of `names` (from query('ansible.builtin.varnames', '^prefix_'))
+    that is neither in `known` nor an option of the argument spec at path `spec`. `results` are names the play
+    registers: accepted, not listed as known.
+
+    Example, one line in a play's first task: that: query('ansible.builtin.varnames', '^check_vllm_')
+    | gpuops.nvidia.refuse_unknown_vars(['check_vllm_hosts', 'check_vllm_window'])
+    """
+    known = set(known) | set(spec_options(spec) if spec else ())
+    message = unknown_vars_message(set(names) - set(results), known, subject)
+    if message:
+        raise AnsibleFilterError(message)
+    return True
+
+
+def _text(value):
+    return value if isinstance(value, str) else str(value)
+
+
+def _entries(value):
+    """A list variable's entries, however it was given: a YAML list, one value (0, "GPU-..."), or text from
+    `-e name=0,1` or `-e name=[0,1]` (split at commas, brackets, quotes and blanks around each entry dropped)."""
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("[") and text.endswith("]"):
+            text = text[1:-1]
+        parts = (part.strip().strip("'\"").strip() for part in text.split(","))
+        return [part for part in parts if part]
+    return [value]
+
+
+def _blank(value):
+    return value is None or (isinstance(value, str) and not value.strip())
+
+
+def selection(name, value, kind):
+    """The module's value of selection variable `name` (given, so never "any"), or Refused: null, blank text, an
+    empty list, a list with a null or blank entry, a PID that is not a whole number."""
+    anything, what = SELECTIONS[kind]
+    if value is None:
+        why = ("%s is null: it is set to nothing (a vars file whose entries are all commented out, or a template that "
+               "rendered null)" % name)
+    elif isinstance(value, str) and not value.strip():
+        why = "%s is %s (%r)" % (name, "empty" if value == "" else "blank", value)
+    elif kind == "match":
+        return _text(value)
+    elif isinstance(value, dict) or isinstance(value, bool):
+        why = "%s must list %s, not %r" % (name, what, value)
+    else:
+        entries = _entries(value)
+        if not entries:
+            why = "%s is empty (%r): an empty selection selects nothing" % (name, value)
+        elif any(_blank(entry) for entry in entries):
+            why = "%s has a null or blank entry (%r)" % (name, value)
+        elif kind == "pids":
+            bad = [entry for entry in entries if isinstance(entry, bool) or not _text(entry).strip().isdigit()
+                   or int(_text(entry)) <= 0]
+            if bad:
+                raise Refused("%s must list PIDs, positive whole numbers, not %s" % (name, ", ".join(repr(b) for b in bad)))
+            return [int(_text(entry)) for entry in entries]
+        else:
+            return [entry if isinstance(entry, int) and kind == "gpus" else _text(entry).strip() for entry in entries]
+    raise Refused("%s; list %s, or leave %s unset (omit it) to select %s" % (why, what, name, anything))
+
+
+def _number(name, value, whole=False):
+    """A number variable as given: numeric text ("-1", "2.5") becomes int or float, so a message prints it as given."""
+    if isinstance(value, bool) or value is None:
+        raise Refused("%s must be a %s, not %r" % (name, "whole number" if whole else "number", value))
+    if isinstance(value, str):
+        for kind in (int,) if whole else (int, float):
+            try:
+                return kind(value.strip())
+            except ValueError:
+                pass
+        raise Refused("%s must be a %s, not %r" % (name, "whole number" if whole else "number", value))
+    if whole and isinstance(value, float) and value != int(value):
+        raise Refused("%s must be a whole number, not %r" % (name, value))
+    return int(value) if whole else value
+
+
+def numbers(given, positive=(), whole=(), **defaults):
+    """{name: number} of the number variables named in `defaults` (given[name], else the default), checked: finite,
+    not negative, > 0 for names in `positive`, whole for names in `whole`; Refused names each bad one as given."""
+    values = {name: _number(name, given.get(name, default), name in whole) for name, default in defaults.items()}
+    try:
+        _options.check_numbers(positive=positive, **values)
+    except _options.OptionError as exc:
+        raise Refused(str(exc).replace("invalid option value: ", "invalid value: "))
+    return values
+
+
+def _flag(name, value):
+    try:
+        return boolean(value, strict=True)
+    except TypeError:
+        raise Refused("%s must be true or false, not %r" % (name, value))
+
+
+def _names(name, value):
+    """A list of text (exclude): entries as given, without blank ones; Refused for a dict or a null entry."""
+    if value is None:
+        return []
+    if isinstance(value, dict):
+        raise Refused("%s must list process names, not %r" % (name, value))
+    entries = _entries(value)
+    if any(entry is None for entry in entries):
+        raise Refused("%s has a null entry (%r)" % (name, value))
+    return [_text(entry).strip() for entry in entries if _text(entry).strip()]
+
+
+def _writable_dir(path):
+    """Why files cannot be written in directory `path` (created when missing), or None."""
+    probe = os.path.abspath(path)
+    while not os.path.exists(probe):
+        parent = os.path.dirname(probe)
+        if parent == probe:
+            break
+        probe = parent
+    if not os.path.isdir(probe):
+        return "%s is not a directory" % probe
+    if not os.access(probe, os.W_OK | os.X_OK):
+        return "%s is not writable" % probe
+    return None
+
+
+def _textfile_refusal(path, found):
+    """Why the textfile `path` cannot be written on the host, from ansible.builtin.stat's result `found` for its
+    directory (None or {} when not looked at), or None."""
+    if not path.startswith("/"):
+        return "reset_gpus_textfile must be an absolute path on the host, not %r" % path
+    found = (found or {}).get("stat")
+    if found is None:
+        return None
+    directory = os.path.dirname(path)
+    if not found.get("exists"):
+        why = "%s does not exist" % directory
+    elif not found.get("isdir"):
+        why = "%s is not a directory" % directory
+    elif not found.get("writeable") or not found.get("executable"):
+        why = "%s is not writable" % directory
+    else:
+        return None
+    return "reset_gpus_textfile %s cannot be written on the host: %s" % (path, why)
+
+
+def reset_gpus_plan(given, spec, textfile_dir=None):
+    """Filter: the reset_gpus role's variables `given` ({name: value} of every defined reset_gpus_ variable) as
+    {"refusal": None or the reason nothing was signalled, "kill": gpu_kill's options, "group": the options gpu_kill
+    and gpu_wait share (the later slices of the wait)}. `spec`: the path of the role's meta/argument_specs.yml;
+    `textfile_dir`: ansible.builtin.stat's result for the directory of reset_gpus_textfile on the host."""
+    try:
+        textfile = _text(given.get("reset_gpus_textfile") or "").strip()
+        why = _textfile_refusal(textfile, textfile_dir) if textfile else None
+        if why:
+            raise Refused(why)
+        return dict(refusal=None, **_reset_gpus_options(given, spec))
+    except Refused as exc:
+        return {"refusal": "nothing was signalled: %s" % exc, "kill": {}, "group": {}}
+
+
+def _reset_gpus_options(given, spec):
+    message = unknown_vars_message(set(given) - set(RESET_RESULTS), set(spec_options(spec)) | {"reset_gpus_hosts"}, "the role")
+    if message:
+        raise Refused(message)
+    group = {kind: selection("reset_gpus_" + kind, given["reset_gpus_" + kind], kind)
+             for kind in SELECTIONS if "reset_gpus_" + kind in given}
+    values = numbers(given, positive=("reset_gpus_driver_timeout", "reset_gpus_progress_interval"), whole=("reset_gpus_max_used_mib",),
+                     reset_gpus_grace_period=10, reset_gpus_kill_wait=5, reset_gpus_timeout=120, reset_gpus_max_used_mib=256,
+                     reset_gpus_driver_timeout=10, reset_gpus_progress_interval=15)
+    report_dir = _text(given.get("reset_gpus_report_dir") or "")
+    if report_dir.strip():
+        why = _writable_dir(report_dir)
+        if why:
+            raise Refused("reset_gpus_report_dir %s cannot hold the report: %s" % (report_dir, why))
+    group.update(exclude=_names("reset_gpus_exclude", given.get("reset_gpus_exclude")),
+                 include_protected=_flag("reset_gpus_include_protected", given.get("reset_gpus_include_protected", False)),
+                 max_used_mib=values["reset_gpus_max_used_mib"], driver_timeout=values["reset_gpus_driver_timeout"])
+    signal = given.get("reset_gpus_signal", "SIGTERM")
+    if _blank(signal):
+        raise Refused("reset_gpus_signal must name a signal (SIGTERM, SIGINT, ...), not %r" % signal)
+    kill = dict(group, signal=_text(signal).strip(), grace_period=values["reset_gpus_grace_period"],
+                kill_wait=values["reset_gpus_kill_wait"], stop_owners=_flag("reset_gpus_stop_owners", given.get("reset_gpus_stop_owners", False)),
+                wait_timeout=min(values["reset_gpus_progress_interval"], values["reset_gpus_timeout"]))
+    # false is gpu_kill's default: passed only when asked for.
+    if _flag("reset_gpus_stop_spanning_owners", given.get("reset_gpus_stop_spanning_owners", False)):
+        kill["stop_spanning_owners"] = True
+    return {"kill": kill, "group": group}
+
+
+def check_gpus_plan(given, hosts=None):
+    """Filter: check_gpus.yml's variables `given` ({name: value} of every defined check_gpus_ variable) as
+    {"refusal": None or why nothing was checked, "options": gpu_wait's options}. With `hosts` (the inventory hosts
+    that check_gpus_hosts matches), a pattern that matches none is refused too."""
+    try:
+        return {"refusal": None, "options": _check_gpus_options(given, hosts)}
+    except Refused as exc:
+        return {"refusal": "nothing was checked: %s" % exc, "options": {}}
+
+
+def _check_gpus_options(given, hosts):
+    message = unknown_vars_message(set(given) - set(CHECK_GPUS_RESULTS), CHECK_GPUS_KNOWN)
+    if message:
+        raise Refused(message)
+    if hosts is not None and not list(hosts):
+        if "check_gpus_hosts" in given:
+            raise Refused("check_gpus_hosts=%s matches no host of the inventory" % _text(given["check_gpus_hosts"]))
+        raise Refused("the inventory lists no host (did it parse? see Ansible's warnings above)")
+    values = numbers(given, positive=("check_gpus_driver_timeout",), whole=("check_gpus_max_used_mib",),
+                     check_gpus_wait=5, check_gpus_max_used_mib=256, check_gpus_driver_timeout=10)
+    options = dict(timeout=values["check_gpus_wait"], max_used_mib=values["check_gpus_max_used_mib"],
+                   driver_timeout=values["check_gpus_driver_timeout"],
+                   exclude=_names("check_gpus_exclude", given.get("check_gpus_exclude")),
+                   require_memory=not _flag("check_gpus_allow_proc_only", given.get("check_gpus_allow_proc_only", False)),
+                   return_after=False)
+    if "check_gpus_gpus" in given:
+        options["gpus"] = selection("check_gpus_gpus", given["check_gpus_gpus"], "gpus")
+    return options
+
+
+class FilterModule(object):
+    """The checks of the operator's variables."""
+
+    def filters(self):
+        return {"refuse_unknown_vars": refuse_unknown_vars, "reset_gpus_plan": reset_gpus_plan, "check_gpus_plan": check_gpus_plan}

@@ -1,0 +1,167 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) 2026, gpuops.nvidia contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""What a reset or a check came to, in words, on the controller: per host and for the whole play.
+
+- reset_gpus_result: one host's reset (the GPUs before and after, the outcome, its sentence, the summary lines of
+  _report.summary_lines, the same lines gpu_kill returns on the common path).
+- reset_gpus_fleet_summary: the lines playbooks/reset_gpus.yml prints once for every host.
+- check_gpus_lines: the lines playbooks/check_gpus.yml prints once for every host, each starting with "check_gpus ".
+
+Never prints None: unknown memory, names and GPUs are said in words.
+"""
+from __future__ import annotations
+
+import re
+
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _report
+
+
+def _failed(kill):
+    # A kill that did not run (no result) counts as failed: "gpu_kill did not run".
+    return not kill or bool(kill.get("failed"))
+
+
+def reset_gpus_result(kill, wait, facts, check_mode, waited_s, waited_more):
+    """Filter: one host's reset, from gpu_kill's registered result `kill`, the last slice of the wait `wait` (gpu_kill's
+    own or gpu_wait's, {} when none ran), gpu_facts' registered result `facts` ({} when not run), check mode, the
+    seconds waited in all slices and whether gpu_wait ran slices after gpu_kill's.
+
+    Returns {"before", "after"} (the GPUs in the shape of the nvidia facts: after as the wait last saw them, else as
+    gpu_facts read them, else as gpu_kill found them; before as gpu_kill found them, else as after), "memory_checked",
+    "outcome" (check, failed, released, no_holders), "message" (one sentence, _report.outcome) and "summary" (lines).
+    """
+    kill = dict(kill or {})
+    failed = _failed(kill)
+    kill["failed"] = failed
+    wait = wait or {}
+    after = wait.get("after") or (facts or {}).get("ansible_facts", {}).get("nvidia") or kill.get("before")
+    before = kill.get("before") or after
+    memory_checked = bool(((after or {}).get("driver") or {}).get("available"))
+    message = _report.outcome(kill, dict(wait, memory_checked=memory_checked), check_mode, waited_s)
+    if check_mode:
+        outcome = "check"
+    elif failed or not wait.get("released"):
+        outcome = "failed"
+    else:
+        outcome = "released" if memory_checked else "no_holders"
+    if kill.get("summary") and not waited_more:
+        lines = list(kill["summary"])
+    elif before and after:
+        kill.setdefault("left_alone", kill.get("protected", []))
+        lines = _report.summary_lines(kill, before, after, check_mode, message)
+    else:
+        lines = [message]
+    return {"before": before, "after": after, "memory_checked": memory_checked, "outcome": outcome, "message": message,
+            "summary": lines}
+
+
+def _var(hostvars, host, name, default=None):
+    try:
+        value = hostvars[host].get(name, default)
+    except KeyError:
+        return default
+    return default if value is None else value
+
+
+def reset_gpus_fleet_summary(hostvars, play_hosts, all_hosts, check_mode):
+    """Filter: the closing lines of playbooks/reset_gpus.yml. First, prefixed with the host's name, the summary lines
+    of each host whose gpu_kill run finished the reset (released in its first slice, no report or textfile: the role
+    printed nothing for it); then one line that sums up the play: hosts ok, failed or unreachable, on which holders
+    were (or would be) ended, and which summarized above (in the role)."""
+    lines, done, ended = [], [], []
+    for host in all_hosts:
+        kill = _var(hostvars, host, "reset_gpus_kill", {})
+        if kill.get("changed"):
+            ended.append(host)
+        own = _var(hostvars, host, "reset_gpus_textfile", "") or _var(hostvars, host, "reset_gpus_report_dir", "")
+        if host in play_hosts and kill.get("released") and not own:
+            done.append(host)
+            lines.extend("%s: %s" % (host, line) for line in kill.get("summary", []))
+    failed = [host for host in all_hosts if host not in play_hosts]
+    above = [host for host in play_hosts if host not in done]
+    verb = "would be ended" if check_mode else "ended"
+    lines.append("reset_gpus summary%s: %d host(s): %d ok%s; %s%s" % (
+        " (check mode: nothing was signalled)" if check_mode else "", len(all_hosts), len(play_hosts),
+        ", %d failed or unreachable (%s)" % (len(failed), ", ".join(failed)) if failed else "",
+        "holders %s on %d (%s)" % (verb, len(ended), ", ".join(ended)) if ended else "no holder %s" % verb,
+        "; %d summarized above (%s)" % (len(above), ", ".join(above)) if above else ""))
+    return lines
+
+
+# check_gpus' statuses, in the order of its summary line, with their words there.
+CHECK_LABELS = (("free", "free"), ("free_left_out", "free but for what was left out"),
+                ("no_holders", "without holders, memory not read"), ("not_free", "not free"), ("not_checked", "not checked"),
+                ("failed", "failed to check"))
+
+
+def _left_out(result):
+    """The left-alone holders that hold memory, per GPU, in words, and their MiB in all; ("", 0) when none."""
+    parts, total = [], 0
+    for gpu in result.get("gpus", []):
+        mib = gpu.get("left_alone_mib") or 0
+        if mib <= 0:
+            continue
+        total += mib
+        held = ", ".join("PID %s %s (%s)%s" % (h["pid"], h["comm"], h["reason"], ", %s MiB" % h["memory_mib"] if h.get("memory_mib") else "")
+                         for h in gpu.get("left_alone", []))
+        index = "?" if gpu.get("index") is None else gpu["index"]
+        parts.append("GPU %s: %d MiB held by %s" % (index, mib, held or "no process named"))
+    return "; ".join(parts), total
+
+
+def check_gpus_status(result, allow_proc_only, max_used_mib):
+    """(status, words) of one host's gpu_wait result: free, free_left_out (free once the memory of left-alone holders,
+    check_gpus_exclude's or the protected daemons', is left out: named with that memory), no_holders (memory not
+    read, accepted by check_gpus_allow_proc_only), not_free, not_checked (memory not read or the driver did not
+    answer), failed (the check itself failed or did not run)."""
+    if "gpus" not in result:
+        return "failed", "check failed: %s" % (result.get("msg") or "gpu_wait returned no result")
+    driver = result.get("driver") or {}
+    unread = [gpu for gpu in result["gpus"] if "memory_checked" in gpu and not gpu["memory_checked"]]
+    which = "every GPU" if any(gpu.get("index") is None for gpu in unread) else "%d GPU(s)" % len(unread)
+    not_read = ("used memory of %s not read (NVIDIA driver library not usable: %s); checked: no process holds them "
+                "(/proc scan)" % (which, driver.get("error") or "no error given"))
+    if driver.get("timed_out"):
+        return "not_checked", "not checked: %s" % result.get("msg", "")
+    if not result.get("released"):
+        return "not_free", "not free: %s" % re.sub(r"^not (free|released after [0-9.]+ s): ", "", result.get("msg", ""))
+    if not unread:
+        words, mib = _left_out(result)
+        if mib:
+            return "free_left_out", ("GPUs free (%d checked) but for what was left out: no other holder; used memory at "
+                                     "most %s MiB each besides %d MiB that left-alone processes hold (%s)"
+                                     % (len(result["gpus"]), max_used_mib, mib, words))
+        return "free", "GPUs free (%d checked): no holder, used memory at most %s MiB each" % (len(result["gpus"]), max_used_mib)
+    if allow_proc_only:
+        return "no_holders", "no holder on %s; %s; accepted by check_gpus_allow_proc_only" % (which, not_read)
+    return "not_checked", "not checked: %s; set check_gpus_allow_proc_only=true to accept a /proc-only check" % not_read
+
+
+def check_gpus_lines(hostvars, all_hosts, options):
+    """Filter: the closing lines of playbooks/check_gpus.yml: "check_gpus HOST: words" per host, then
+    "check_gpus summary: N host(s): ..." with the hosts of each status but free. `options`: gpu_wait's options from
+    check_gpus_plan (the threshold, require_memory)."""
+    options = options or {}
+    allow = not options.get("require_memory", True)
+    threshold = options.get("max_used_mib", 256)
+    found = []
+    for host in all_hosts:
+        result = _var(hostvars, host, "check_gpus_result", None) or {"msg": "no result: unreachable, or failed before the check"}
+        found.append((host,) + check_gpus_status(result, allow, threshold))
+    parts = []
+    for status, label in CHECK_LABELS:
+        names = [host for host, got, _words in found if got == status]
+        if names:
+            parts.append("%d %s%s" % (len(names), label, "" if status == "free" else " (%s)" % ", ".join(names)))
+    return (["check_gpus %s: %s" % (host, words) for host, _status, words in found]
+            + ["check_gpus summary: %d host(s): %s" % (len(found), ", ".join(parts))])
+
+
+class FilterModule(object):
+    """Reports of reset_gpus and check_gpus."""
+
+    def filters(self):
+        return {"reset_gpus_result": reset_gpus_result, "reset_gpus_fleet_summary": reset_gpus_fleet_summary,
+                "check_gpus_lines": check_gpus_lines}
