@@ -6,6 +6,7 @@
 
 vllm_server_check(instances, host, settings) -> {"problems": [...], "gpus": {name: [...]}}
 vllm_server_deployed(slurp_results) -> {name: configuration deployed by the role}
+vllm_server_failure(failed_result) -> what a failed task says, in one line
 """
 from __future__ import annotations
 
@@ -395,8 +396,22 @@ def vllm_server_deployed(results):
     return deployed
 
 
+def vllm_server_failure(result):
+    """What a failed task's result says, for the summary: its msg, the exit status of a command and the last lines it
+    wrote to stderr (a drain hook's "non-zero return code" alone says nothing)."""
+    result = result or {}
+    text = str(result.get("msg") or "failed").strip()
+    if result.get("rc") not in (None, 0) and "rc " not in text:
+        text += " (rc %s)" % result["rc"]
+    lines = [line.strip() for line in str(result.get("stderr") or result.get("stdout") or "").splitlines() if line.strip()]
+    if lines and result.get("rc") is not None:
+        text += ", %s: %s" % ("stderr" if result.get("stderr") else "stdout", " | ".join(lines[-3:]))
+    return text
+
+
 class FilterModule:
     """The vllm_server role's filters."""
 
     def filters(self):
-        return {"vllm_server_check": vllm_server_check, "vllm_server_deployed": vllm_server_deployed}
+        return {"vllm_server_check": vllm_server_check, "vllm_server_deployed": vllm_server_deployed,
+                "vllm_server_failure": vllm_server_failure}
