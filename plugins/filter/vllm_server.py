@@ -14,29 +14,7 @@ import base64
 import json
 import re
 
-DOCUMENTATION = r"""
-name: vllm_server_check
-short_description: The checks of the vllm_server role's validate phase
-description:
-  - Checks every instance of O(_input) against the host (GPUs from gpuops.nvidia.gpu_facts, systemd, the instances
-    the role deployed there) before anything is stopped, and resolves each instance's GPUs.
-  - Returns C(problems), one text per instance that fails a check (C(instance NAME: ...; ...)) and per host problem,
-    and C(gpus), each instance's GPUs as the role uses them (indices, MIG UUIDs).
-options:
-  _input:
-    description: vllm_server_instances.
-    type: list
-    required: true
-  host:
-    description: C(nvidia) (the gpu_facts facts), C(systemd) (whether the host runs systemd), C(deployed) (name to configuration).
-    type: dict
-    required: true
-  settings:
-    description: The role variables the checks read (C(vllm_server_*) without the prefix).
-    type: dict
-    required: true
-"""
-
+# Documentation: plugins/filter/vllm_server_check.yml, vllm_server_deployed.yml, vllm_server_failure.yml.
 NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 INDEX = re.compile(r"^[0-9]+$")
 MIG_ONLY = ('gpus %s: a MIG instance must be the only GPU of a vLLM instance: CUDA enumerates a single MIG device per '
@@ -322,8 +300,8 @@ def _belongs(holder, name, config, settings):
     agent = owner.get("agent") or {}
     words = str(agent.get("cmdline") or "").split()
     port = str(config.get("port"))
-    return agent.get("kind") == "vllm" and any(words[i:i + 2] == ["--port", port] or words[i] == "--port=" + port
-                                              for i in range(len(words)))
+    on_port = any(words[i:i + 2] == ["--port", port] or words[i] == "--port=" + port for i in range(len(words)))
+    return agent.get("kind") == "vllm" and on_port
 
 
 def held_problems(instance, resolved, instances, host, gpus, settings):
@@ -341,9 +319,12 @@ def held_problems(instance, resolved, instances, host, gpus, settings):
                       if _belongs(h, name, config, settings) and any(_holds(h, ref, gpus) for ref in resolved))
         if not pids:
             continue
-        where = ("it is listed after %s: list it first, so that it moves before %s takes its GPUs" % (instance["name"], instance["name"])
-                 if name in names else "it is not in vllm_server_instances: stop it first (its unit %s%s.service, or the "
-                 "session of the PID in %s/%s.pid), or choose other GPUs" % (settings["unit_prefix"], name, settings["state_dir"], name))
+        if name in names:
+            where = "it is listed after %s: list it first, so that it moves before %s takes its GPUs" % (
+                instance["name"], instance["name"])
+        else:
+            where = ("it is not in vllm_server_instances: stop it first (its unit %s%s.service, or the session of the PID "
+                     "in %s/%s.pid), or choose other GPUs" % (settings["unit_prefix"], name, settings["state_dir"], name))
         problems.append("GPUs %s are held by instance %s (deployed by this role on GPUs %s, PIDs %s), which the redeploy "
                         "would end: %s" % (_text(resolved), name, _text(config["gpus"]), _text(pids), where))
     return problems
