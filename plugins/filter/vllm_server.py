@@ -257,7 +257,7 @@ def _gpu_entry_problems(raw, gpus):
     return [], [int(entry) for entry in raw]
 
 
-def gpu_problems(instance, instances, gpus):
+def gpu_problems(instance, instances, gpus, render=False):
     """(problems, resolved GPUs or None) of an instance's gpus."""
     raw = instance.get("gpus")
     problems, resolved = _gpu_entry_problems(raw, gpus)
@@ -277,6 +277,8 @@ def gpu_problems(instance, instances, gpus):
         migs = [uuid for uuid, parent in sorted(gpus.migs.items()) if parent in whole]
         problems.append(WHOLE_MIG % (_text(raw), _text(whole), _text(migs) or "it has no MIG instance"))
     lost = _intersect([gpus.parent(ref) for ref in resolved if gpus.known and gpus.parent(ref) in gpus.errors], gpus.errors)
+    if render:  # files only: no server is stopped or started
+        lost = []
     for index in lost:
         problems.append("gpus: GPU %d answers NVML with an error (%s), as gpu_facts reports it: the running server would "
                         "be stopped and no new one could start there. Look at the GPU first (a GPU that fell off the bus "
@@ -342,9 +344,10 @@ def instance_problems(instance, instances, host, gpus, settings):
     problems += ports
     if not ports and [_number(other.get("port"), True) for other in instances].count(_number(instance["port"], True)) > 1:
         problems.append("port %s is used by another instance" % instance["port"])
-    found, resolved = gpu_problems(instance, instances, gpus)
+    render = settings.get("render", False)
+    found, resolved = gpu_problems(instance, instances, gpus, render)
     problems += found + number_problems(instance, settings) + other_problems(instance, settings)
-    if resolved is not None and not problems:
+    if resolved is not None and not problems and not render:
         problems += held_problems(instance, resolved, instances, host, gpus, settings)
     return problems, resolved
 
@@ -353,7 +356,7 @@ def vllm_server_check(instances, host, settings):
     """The checks of the validate phase; see DOCUMENTATION."""
     gpus = Gpus(host.get("nvidia"))
     problems, resolved = [], {}
-    if settings["service_manager"] == "systemd" and not host.get("systemd"):
+    if settings["service_manager"] == "systemd" and not host.get("systemd") and not settings.get("render"):
         problems.append("vllm_server_service_manager is systemd, but %s does not run systemd (there is no directory "
                         "/run/systemd/system, the test of sd_booted(3)): set vllm_server_service_manager to detached or "
                         "auto" % host.get("name"))

@@ -116,6 +116,8 @@ def test_systemd_without_systemd_is_refused():
     (found,) = problems(one(), host={"systemd": False}, service_manager="systemd")
     assert found.startswith("vllm_server_service_manager is systemd, but gpu07 does not run systemd"), found
     assert problems(one(), host={"systemd": False}, service_manager="auto") == []
+    # The render entry point writes files only (staging an image, systemd-analyze verify).
+    assert problems(one(), host={"systemd": False}, service_manager="systemd", render=True) == []
 
 
 def test_a_lost_gpu_is_refused():
@@ -123,6 +125,7 @@ def test_a_lost_gpu_is_refused():
     (found,) = problems(one(gpus=[0, 1]), host=host)
     assert "GPU 1 answers NVML with an error (GPU is lost)" in found, found
     assert problems(one(gpus=[2, 3]), host=host) == []
+    assert problems(one(gpus=[0, 1]), host=host, render=True) == []
 
 
 def test_legacy_messages_keep_their_words():
