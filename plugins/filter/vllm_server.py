@@ -113,6 +113,8 @@ def _number(value, integer):
 
 
 def port_problems(instance):
+    if instance.get("port") in (None, ""):
+        return ["port is not set: give the TCP port of the instance (1 to 65535)"]
     port = _number(instance.get("port"), True)
     if port is None:
         return ["port %r is not a TCP port number" % (instance.get("port"),)]
@@ -156,7 +158,7 @@ def other_problems(instance, settings):
         problems.append("vllm_executable must be an absolute path")
     rate = instance.get("min_acceptance_rate")
     rate = settings["min_acceptance_rate"] if rate is None else rate
-    gate = bool(instance.get("speculative_config")) and float(rate) > 0
+    gate = bool(instance.get("speculative_config")) and (_number(rate, False) or 0) > 0
     return problems + extra_args_problems(instance.get("extra_args"), gate)
 
 
@@ -201,7 +203,7 @@ class Gpus:
             for b in theirs:
                 if str(a) == str(b):
                     return True
-                if not self.known:
+                if not (self.known and self.known_entry(a) and self.known_entry(b)):
                     continue
                 whole_a, whole_b = str(a) not in self.migs, str(b) not in self.migs
                 if (whole_a or whole_b) and self.parent(a) == self.parent(b):

@@ -50,7 +50,7 @@ def test_a_good_instance_passes_and_its_gpus_resolve():
 
 @pytest.mark.parametrize("port, words", [(0, "port 0 is out of range"), (70000, "port 70000 is out of range"),
                                          (-1, "port -1 is out of range"), ("x", "port 'x' is not a TCP port number"),
-                                         (True, "is not a TCP port number")])
+                                         (True, "is not a TCP port number"), (None, "port is not set")])
 def test_ports_out_of_range_are_refused_as_such(port, words):
     (found,) = problems(one(port=port))
     assert found.startswith("instance a: ") and words in found and "already used" not in found, found
@@ -161,6 +161,9 @@ def test_gpus_held_by_another_instance_of_the_role():
     idle = dict(held, nvidia=nvidia(holders=[holder(50, [1])]))
     assert problems(one("new", 8000, [1, 2]), host=idle) == []
     assert problems(one("new", 8000, [2, 3]), host=held) == []
+    # A deployed configuration on a GPU the host no longer has is compared as written.
+    gone = dict(held, deployed={"old": {"name": "old", "port": 8100, "gpus": [7]}})
+    assert problems(one("new", 8000, [1, 2]), host=gone) == []
     # A systemd unit of the role.
     unit = dict(held, nvidia=nvidia(holders=[holder(43, [0], unit="vllm-old.service")]))
     assert "PIDs 43" in problems(one("new", 8000, [0]), host=unit)[0]
