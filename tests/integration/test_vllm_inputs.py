@@ -115,6 +115,13 @@ def test_check_mode_lists_the_processes_a_run_would_end(simnode, tmp_path):
     listed = sorted(int(line.split()[1]) for line in lines[-2:])
     assert listed == tree["workers"] and all("VLLM::Worker_TP" in line for line in lines[-2:]), lines
     assert server_tree(node, port) == tree
+    # Moved to other GPUs: nothing holds them; the running server on GPUs 0 and 1 is named.
+    rc, out, recap = run(inventory, "--check", "-e", json.dumps({"test_override": {"gpus": [2, 3]}}))
+    assert rc == 0, out
+    lines = summary(out, node)
+    assert lines[-2:] == ["  would end no process on its GPUs (none holds them now)",
+                          "  would also stop the running server on GPUs 0,1 (its whole session)"], lines
+    assert server_tree(node, port) == tree
 
 
 def test_a_port_change_reports_the_old_server_healthy_and_drained(simnode, tmp_path):
