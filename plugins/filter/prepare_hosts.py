@@ -6,8 +6,9 @@
 
 prepare_hosts_plan(probe, venv, requirements, wheels, wheels_dir, check_mode, verify): `probe` is the registered result
 of roles/prepare_hosts/files/probe.py; returns {"install", "remake" (remove a venv whose Python does not run first),
-"packages", "package_manager", "python", "ready", "line", "error"}. prepare_hosts_wheels(directory, requirements): the wheel files of a controller directory, refused with a
-clear error when a required project has none.
+"packages", "package_manager", "python", "ready", "line", "error"}.
+prepare_hosts_wheels(directory, requirements): the wheel files of a controller directory, refused with a clear error
+when a required project has none.
 """
 from __future__ import annotations
 

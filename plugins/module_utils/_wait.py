@@ -52,7 +52,8 @@ def wait_released(inspector, selection, timeout, max_used_mib=DEFAULT_MAX_USED_M
             snapshot, first = first, None
         else:
             snapshot = inspector.snapshot(timeout=max(0.0, deadline - clock()) + NVML_SLACK_S, scope="listed",
-                                      indices=selection.indices, tolerance_mib=max_used_mib, owners=bool(selection.owners))
+                                          indices=selection.indices, tolerance_mib=max_used_mib,
+                                          owners=bool(selection.owners))
         status = _release.gpu_status(selection, snapshot, max_used_mib)
         done = all(gpu["released"] for gpu in status)
         now = clock()

@@ -77,7 +77,9 @@ options:
       - Omitted, any; null, an empty or blank string is refused.
     type: str
   users:
-    description: Only holders owned by these users (names that exist on the host, or numeric UIDs). Omitted, any; null, an empty list or a blank entry is refused.
+    description:
+      - Only holders owned by these users (names that exist on the host, or numeric UIDs).
+      - Omitted, any; null, an empty list or a blank entry is refused.
     type: list
     elements: str
   signal:
@@ -139,12 +141,12 @@ options:
   stop_spanning_owners:
     description:
       - With O(stop_owners=true), also stop a unit whose processes hold GPUs outside the selection, or are left
-        alone by O(pids), O(match), O(users) or the protection rules. Stopping the unit ends them too; RV(msg) and
+        alone by O(pids), O(match), O(users) or the protection rules. Stopping the unit ends them too; the message and
         RV(owners_beyond_selection) name them and their GPUs.
       - When false (the default), such a unit is not stopped and nothing is signalled. The module fails, naming the
         unit, its processes beyond the selection and their GPUs; check mode fails the same way.
       - Containers and pods are never stopped (see O(stop_owners)); what their stop command would end beyond the
-        selection is named in RV(owners_beyond_selection) and RV(msg).
+        selection is named in RV(owners_beyond_selection) and the message.
     type: bool
     default: false
   wait:

@@ -69,7 +69,7 @@ def test_nvitop_and_gpustat_survive_a_full_reset_and_agree_with_gpu_facts(simnod
     assert [g["pids"] for g in expected] == [[holders[0]], [holders[1]]]
     for client, (pid, view) in watches.items():
         # Each client's own reading agrees with gpu_facts (memory in MiB from NVML, PIDs from the driver's lists).
-        latest = wait_for(lambda: view() if view()["gpus"] == expected else None, 10, what="%s agrees" % client)
+        latest = wait_for(lambda view=view: view() if view()["gpus"] == expected else None, 10, what="%s agrees" % client)
         assert latest["gpus"] == expected
         device_user = next(u for u in facts["device_users"] if u["pid"] == pid)
         assert device_user["kind"] == "nvml" and device_user["device_gpus"] == [0, 1]
@@ -80,7 +80,7 @@ def test_nvitop_and_gpustat_survive_a_full_reset_and_agree_with_gpu_facts(simnod
     for client, (pid, view) in watches.items():
         assert alive(node, pid), "%s was ended by the reset:\n%s" % (client, out)
         seen = view()["n"]
-        after = wait_for(lambda: view() if view()["n"] > seen and all(g["pids"] == [] for g in view()["gpus"]) else None,
+        after = wait_for(lambda view=view, seen=seen: view() if view()["n"] > seen and all(g["pids"] == [] for g in view()["gpus"]) else None,
                          10, what="%s still watching, seeing the GPUs free" % client)
         assert [g["used_mib"] for g in after["gpus"]] == [0, 0]
     assert [gpu["used"] for gpu in driver_lists(node)] == [0, 0]

@@ -26,7 +26,7 @@ def python(path, nvml=None, psutil=None, packaging=True, version="3.11.2"):
 
 
 def probe(venv=None, fallback=None, ensurepip=True, os_id="debian", id_like=(), version="3.11.2", rc=0, venv_dir=None):
-    found = {"venv_dir": venv_dir or {"exists": False},"python": {"executable": "/usr/bin/python3", "version": version, "ensurepip": ensurepip},
+    found = {"venv_dir": venv_dir or {"exists": False}, "python": {"executable": "/usr/bin/python3", "version": version, "ensurepip": ensurepip},
              "os": {"id": os_id, "id_like": list(id_like)},
              "venv": venv or {"path": VENV + "/bin/python", "exists": False},
              "interpreters": [fallback or python("/usr/bin/python3")]}

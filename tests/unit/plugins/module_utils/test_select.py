@@ -482,8 +482,8 @@ def test_without_any_map_there_is_one_entry_for_all_gpus():
 
 def test_brief():
     assert _release.brief(ENGINE, 1) == {"pid": 5000001, "comm": "VLLM::EngineCor", "state": "S",
-                                        "cmdline": "VLLM::EngineCore", "user": "svc-llm", "memory_mib": 500,
-                                        "attribution": "driver", "parent": {"pid": 4000, "comm": "bash"}}
+                                         "cmdline": "VLLM::EngineCore", "user": "svc-llm", "memory_mib": 500,
+                                         "attribution": "driver", "parent": {"pid": 4000, "comm": "bash"}}
     assert _release.brief(ENGINE, 2)["memory_mib"] is None and _release.brief(ENGINE, None)["attribution"] is None
 
 
