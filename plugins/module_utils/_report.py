@@ -83,8 +83,9 @@ def beyond_words(item, check_mode):
         what = "would stop" if check_mode else "stopped"
     else:
         what = "%s (reported, not run) would stop" % item["command"]
-    processes = ", ".join("PID %s (%s) on GPU%s %s" % (p["pid"], p["comm"], "s" if len(p["gpus"]) > 1 else "",
-                                                     ", ".join(str(g) for g in p["gpus"])) for p in item["processes"])
+    processes = ", ".join(
+        "PID %s (%s) on GPU%s %s" % (p["pid"], p["comm"], "s" if len(p["gpus"]) > 1 else "", ", ".join(str(g) for g in p["gpus"]))
+        for p in item["processes"])
     return "%s %s, and with it, beyond the selection: %s" % (what, item["owner"], processes)
 
 
