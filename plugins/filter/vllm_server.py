@@ -32,7 +32,8 @@ OWNED = {
     "--gpu-memory-utilization": "gpu_memory_utilization", "--max-model-len": "max_model_len",
     "--speculative-config": "speculative_config", "--shutdown-timeout": "shutdown_timeout",
     "--pipeline-parallel-size": "gpus (the role runs tensor parallelism over all of them)", "-pp": "gpus",
-    "--data-parallel-size": "gpus (one engine per instance: another instance for more replicas)", "-dp": "gpus",
+    "--data-parallel-size": "data_parallel_size (tensor_parallel_size x data_parallel_size must equal the number of gpus)",
+    "-dp": "data_parallel_size",
     "--uds": "host and port (the health checks and the drain reach the server there)",
     "--headless": "nothing: the role needs the API server for its health checks",
 }
@@ -126,10 +127,17 @@ def port_problems(instance):
 def number_problems(instance, settings):
     problems = []
     tp = instance.get("tensor_parallel_size")
+    dp = instance.get("data_parallel_size")
     gpus = instance.get("gpus")
     count = len(gpus) if isinstance(gpus, list) else None
-    if tp not in (None, "") and count is not None and _number(tp, True) != count:
-        problems.append("tensor_parallel_size %s does not match the %d GPUs %s" % (tp, count, gpus))
+    dp_number = 1 if dp in (None, "") else _number(dp, True)
+    if dp_number is None or dp_number < 1:
+        problems.append("data_parallel_size %r is not a whole number of 1 or more" % (dp,))
+    elif tp not in (None, "") and count is not None and (_number(tp, True) or 0) * dp_number != count:
+        problems.append("tensor_parallel_size %s%s does not match the %d GPUs %s" % (
+            tp, " x data_parallel_size %d" % dp_number if dp_number > 1 else "", count, gpus))
+    elif tp in (None, "") and count is not None and count % dp_number:
+        problems.append("data_parallel_size %d does not divide the %d GPUs %s" % (dp_number, count, gpus))
     memory = instance.get("gpu_memory_utilization")
     memory = 0.9 if memory in (None, "") else _number(memory, False)
     if memory is None or not 0 < memory <= 1:

@@ -178,6 +178,10 @@ if engine == 0:
         if worker == 0:
             setproctitle.setproctitle("VLLM::Worker_TP%d" % rank)
             pid = os.getpid()
+            # A CUDA process: /dev/nvidiactl and /dev/nvidia-uvm besides its GPU's device file (the driver
+            # confirms a listed PID only with such evidence of a context, docs/attribution.md).
+            os.open("/dev/nvidiactl", os.O_RDWR)
+            os.open("/dev/nvidia-uvm", os.O_RDWR)
             fd = os.open("/dev/nvidia%d" % minors[rank], os.O_RDWR)
             os.lseek(fd, pid, os.SEEK_SET)
             with open("/run/gpusim/contexts/.%d" % pid, "w") as context:

@@ -24,8 +24,8 @@ RESET = REPO / "playbooks" / "reset_gpus.yml"
 SIM_DIR = REPO / "tests" / "sim"
 MODES = {
     "api_servers": {"extra_args": ["--api-server-count", "2"]},
-    # The role gives --tensor-parallel-size = the number of GPUs; vLLM's parser keeps the last value given.
-    "data_parallel": {"extra_args": ["--tensor-parallel-size", "1", "--data-parallel-size", "2"]},
+    # Two engines of one GPU each: the role gives --tensor-parallel-size 1 --data-parallel-size 2.
+    "data_parallel": {"data_parallel_size": 2},
     "rust_frontend": {"environment": dict(SERVER_ENV, VLLM_USE_RUST_FRONTEND="1",
                                           VLLM_RUST_FRONTEND_PATH="/opt/vllm/bin/vllm-rs")},
     "ray": {"extra_args": ["--distributed-executor-backend", "ray"]},

@@ -173,3 +173,14 @@ def test_deployed_configurations_from_slurp():
     good = {"content": base64.b64encode(json.dumps({"name": "a", "port": 1}).encode()).decode()}
     assert f.vllm_server_deployed([good, {"failed": True, "msg": "no such file"}, {"content": "bm90IGpzb24="}]) == {
         "a": {"name": "a", "port": 1}}
+
+
+def test_data_parallel_size_times_tensor_parallel_size_must_be_the_gpu_count():
+    from ansible_collections.gpuops.nvidia.plugins.filter import vllm_server as plugin
+    assert plugin.number_problems({"gpus": [0, 1], "data_parallel_size": 2}, {}) == []
+    assert plugin.number_problems({"gpus": [0, 1, 2, 3], "tensor_parallel_size": 2, "data_parallel_size": 2}, {}) == []
+    assert plugin.number_problems({"gpus": [0, 1, 2, 3], "tensor_parallel_size": 2}, {}) == [
+        "tensor_parallel_size 2 does not match the 4 GPUs [0, 1, 2, 3]"]
+    assert plugin.number_problems({"gpus": [0, 1, 2], "data_parallel_size": 2}, {}) == [
+        "data_parallel_size 2 does not divide the 3 GPUs [0, 1, 2]"]
+    assert plugin.number_problems({"gpus": [0, 1], "data_parallel_size": 0}, {})[0].startswith("data_parallel_size 0 is not")
