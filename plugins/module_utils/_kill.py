@@ -52,8 +52,7 @@ def run(params, given=None, check_mode=False, run_command=None, which=None):
         except _select.SelectionError as exc:
             return refused(str(exc), driver=snapshot["driver"])
         warnings = driver_warnings(snapshot["driver"], params["driver_timeout"])
-        result = start_result(selection, snapshot)
-        targets = [_report.annotate(dict(target)) for target in result.pop("_targets")]
+        result, targets = start_result(selection, snapshot)
         beyond = owners_beyond(targets, snapshot, selection) if params["stop_owners"] else []
         result["owners_beyond_selection"] = beyond
         units_beyond = [item for item in beyond if item["kind"] == "unit"]
@@ -92,14 +91,14 @@ def driver_warnings(driver, driver_timeout):
 
 
 def start_result(selection, snapshot):
-    """The result before anything is done, with the targets under "_targets" (taken out by the caller)."""
+    """(the result before anything is done, the targets annotated with their owners' words)."""
     split = selection.split(snapshot)
     return dict(changed=False, gpus=None if selection.indices is None else list(selection.indices),
                 mig_instances={str(i): sorted(uuids) for i, uuids in sorted(selection.instances.items())},
                 driver=snapshot["driver"], would_signal=[], would_stop_units=[], signalled=[], exited=[], survived=[],
                 not_signalled=[], respawned=[], left_alone=split["left_alone"], protected=split["protected"],
                 not_holding=split["not_holding"], foreign=foreign(snapshot, selection), before=snapshot, stopped_units=[],
-                owner_commands=[], _targets=split["targets"])
+                owner_commands=[]), [_report.annotate(dict(target)) for target in split["targets"]]
 
 
 def _stoppable_unit(owner):

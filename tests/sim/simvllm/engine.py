@@ -103,6 +103,16 @@ def _create_context(config):
     return None
 
 
+def _wait_all(processes, seconds):
+    """Wait up to `seconds` in all for `processes` (subprocess.Popen) to exit."""
+    deadline = time.monotonic() + seconds
+    for process in processes:
+        try:
+            process.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+
+
 def _tear_down(teardown_seconds):
     logger.info("Shutting down (teardown %.1f s).", teardown_seconds)
     time.sleep(teardown_seconds)
@@ -324,21 +334,11 @@ class EngineCore:
                 pass
         value = os.environ.get(facts.WORKER_SHUTDOWN_TIMEOUT_ENV)
         grace = float(int(value)) if value not in (None, "") else facts.WORKER_SHUTDOWN_TIMEOUT_DEFAULT
-        deadline = time.monotonic() + grace
-        for process in processes:
-            try:
-                process.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
+        _wait_all(processes, grace)
         for process in processes:
             if process.poll() is None:
                 process.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + WORKER_TERMINATE_GRACE_S
-        for process in processes:
-            try:
-                process.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
+        _wait_all(processes, WORKER_TERMINATE_GRACE_S)
         for process in processes:
             if process.poll() is None:
                 logger.warning("Worker %d did not exit within %.0f s: SIGKILL.",
