@@ -76,10 +76,11 @@ def unknown_vars_message(names, known, subject="the playbook"):
     return "unknown variable(s) %s (a typo?); %s knows %s" % (", ".join(unknown), subject, ", ".join(sorted(known)))
 
 
-def refuse_unknown_vars(names, known=(), spec=None, subject="the playbook", results=()):
+def refuse_unknown_vars(names, known=(), spec=None, subject="the playbook", results=(), prefix=""):
     """Filter: True, or AnsibleFilterError naming each of `names` (from query('ansible.builtin.varnames', '^prefix_'))
     that is neither in `known` nor an option of the argument spec at path `spec`. `results` are names the play
-    registers: accepted, not listed as known.
+    registers (or loop variables): accepted, not listed as known. `prefix` starts the message ("nothing was
+    stopped: ").
 
     Example, one line in a play's first task: that: query('ansible.builtin.varnames', '^check_vllm_')
     | gpuops.nvidia.refuse_unknown_vars(['check_vllm_hosts', 'check_vllm_window'])
@@ -87,7 +88,7 @@ def refuse_unknown_vars(names, known=(), spec=None, subject="the playbook", resu
     known = set(known) | set(spec_options(spec) if spec else ())
     message = unknown_vars_message(set(names) - set(results), known, subject)
     if message:
-        raise AnsibleFilterError(message)
+        raise AnsibleFilterError(prefix + message)
     return True
 
 

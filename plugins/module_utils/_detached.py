@@ -134,7 +134,8 @@ def _spawn(argv, env, cwd, log_fd):
 
 
 def start(argv, log_file, environment=None, environment_files=(), cwd="/", inherit_environment=True, proc="/proc"):
-    """Start `argv` in a new session with stdio on /dev/null and `log_file` (appended); return (pid, start_ticks).
+    """Start `argv` in a new session with stdio on /dev/null and `log_file` (appended); return (pid, start_ticks,
+    log_offset), log_offset the size of the log before this start wrote to it (where its lines begin).
 
     The environment is this process's (when `inherit_environment`), then the variables of
     `environment_files`, then `environment`. A line naming the time and the command is appended to the
@@ -149,13 +150,14 @@ def start(argv, log_file, environment=None, environment_files=(), cwd="/", inher
     except OSError as exc:
         raise DetachedError("cannot open log file %s: %s" % (log_file, exc))
     try:
+        log_offset = os.fstat(log_fd).st_size
         command = " ".join(shlex.quote(arg) for arg in argv).replace("\n", "\\n")
         os.write(log_fd, ("=== %s detached_process: starting %s\n" % (time.strftime("%Y-%m-%dT%H:%M:%S%z"), command)).encode())
         pid = _spawn(argv, env, cwd, log_fd)
     finally:
         os.close(log_fd)
     # Not reaped before this process exits, so /proc/PID/stat exists even if the child died at once.
-    return pid, _proc.read_start_ticks(pid, proc)
+    return pid, _proc.read_start_ticks(pid, proc), log_offset
 
 
 def stop(pidfile, grace_period=30.0, kill_wait=10.0, check_mode=False, proc="/proc"):

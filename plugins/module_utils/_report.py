@@ -18,7 +18,7 @@ _CMDLINE_WIDTH = 80
 _NOT_RELEASED = re.compile(r"^not released after [0-9.]+ s")
 
 
-def _cut(text):
+def cut_cmdline(text):
     text = text or ""
     return text if len(text) <= _CMDLINE_WIDTH else text[:_CMDLINE_WIDTH - 3] + "..."
 
@@ -123,7 +123,7 @@ def summary_lines(kill, before, after, check_mode, message):
     if check_mode:
         lines.append(message)
         for p in kill.get("would_signal", []):
-            lines.append("  would signal PID %s %s (%s): %s" % (p["pid"], p["comm"], place(p), _cut(p.get("cmdline"))))
+            lines.append("  would signal PID %s %s (%s): %s" % (p["pid"], p["comm"], place(p), cut_cmdline(p.get("cmdline"))))
             add_owner_line(p)
         lines.extend("  would stop systemd unit %s first (stop_owners)" % unit for unit in kill.get("would_stop_units", []))
     else:

@@ -65,8 +65,14 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._speculative_dflash 
 )
 
 
+def read_drafter(model, drafter_config=None):
+    """(path, config dict) of the drafter's config.json on this host. Raises SpeculativeConfigError."""
+    path = drafter_config_path(model, drafter_config)
+    return path, load_drafter_config(path)
+
+
 def validate_speculative_config(requested, drafter_config=None, target_num_layers=None, allow_fields=(),
-                                extra_args=None, environment=None, acceptance_gate=False):
+                                extra_args=None, environment=None, acceptance_gate=False, reader=read_drafter):
     """Validate a requested vLLM speculative config against its drafter and vLLM 0.33; fill in what the drafter defines.
 
     ``requested``: dict as for ``--speculative-config`` plus, for dflash, DFLASH_DRAFTER_FIELDS (expectations
@@ -76,6 +82,8 @@ def validate_speculative_config(requested, drafter_config=None, target_num_layer
     ``extra_args``: further ``vllm serve`` arguments of the server (token budget, --enable-lora,
     --disable-log-stats); ``environment``: the server's environment (VLLM_USE_V2_MODEL_RUNNER);
     ``acceptance_gate``: an acceptance gate reads the server's spec-decode metrics (refuses --disable-log-stats).
+    ``reader(model, drafter_config)``: returns (path, config dict) of the drafter's config.json; the default reads
+    this host's disk. The vllm_server role validates on the controller with what vllm_server_host read on the host.
 
     Returns {"speculative_config" (dict for vLLM), "speculative_config_json" (compact JSON of it), "environment"
     (env vars the server needs), "filled" (fields taken from the drafter), "checks" (list of {"field", "status":
@@ -91,8 +99,8 @@ def validate_speculative_config(requested, drafter_config=None, target_num_layer
     report = _Report()
     for note in notes:
         report.warn(note.split(":", 1)[0], None, None, note.split(": ", 1)[1])
-    method, path = _method_of(report, spec, drafter_config)
-    path = _check_drafter(report, spec, method, drafter_config, target_num_layers, environment) or path
+    method, path = _method_of(report, spec, drafter_config, reader)
+    path = _check_drafter(report, spec, method, drafter_config, target_num_layers, environment, reader) or path
     if isinstance(spec.get("num_speculative_tokens"), int):
         _check_budget(report, method, spec["num_speculative_tokens"], server)
     if server["disable_log_stats"]:
@@ -119,7 +127,7 @@ def validate_speculative_config(requested, drafter_config=None, target_num_layer
     }
 
 
-def _method_of(report, spec, drafter_config):
+def _method_of(report, spec, drafter_config, reader):
     """(method, path of the config.json read or None): the requested one, or the one vLLM infers from the model
     (filled into `spec` and reported)."""
     method = spec.get("method")
@@ -127,8 +135,7 @@ def _method_of(report, spec, drafter_config):
     if method is None:
         method = infer_method(spec.get("model"))
         if method == "draft_model" and spec.get("model"):
-            path = drafter_config_path(spec["model"], drafter_config)
-            config = load_drafter_config(path)
+            path, config = reader(spec["model"], drafter_config)
             if str(config.get("model_type") or "") in MTP_METHODS:
                 method = "mtp"
         report.fill(spec, "method", method, "vLLM %s infers %s from model %s when method is not given"
@@ -136,7 +143,7 @@ def _method_of(report, spec, drafter_config):
     return method, path
 
 
-def _check_drafter(report, spec, method, drafter_config, target_num_layers, environment):
+def _check_drafter(report, spec, method, drafter_config, target_num_layers, environment, reader):
     """Check `spec` against its drafter's config.json for the methods with a drafter; return the path read (None for
     ngram and the methods this module checks no drafter for)."""
     if method == "ngram":
@@ -152,8 +159,7 @@ def _check_drafter(report, spec, method, drafter_config, target_num_layers, envi
             "model: not given; method %s needs the drafter directory%s" % (
                 method, "; for MTP layers inside the target checkpoint give drafter_config=<target>/config.json"
                 if method == "mtp" else ""))
-    path = drafter_config_path(model, drafter_config)
-    config = load_drafter_config(path)
+    path, config = reader(model, drafter_config)
     if method == "dflash":
         _check_dflash(report, spec, config, target_num_layers, environment)
     elif method == "mtp":

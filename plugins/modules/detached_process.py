@@ -120,6 +120,10 @@ start_ticks:
   description: Start time of RV(pid) in clock ticks since boot, as in the pidfile.
   returned: when O(state=started) and the process runs (not in check mode when it had to be started)
   type: int
+log_offset:
+  description: Size of O(log_file) in bytes before this start wrote to it, where the new process's lines begin.
+  returned: when the process was started (not in check mode)
+  type: int
 running_cmdline:
   description: Command line of the process that was already running (nothing was started).
   returned: when O(state=started) and the process was already running
@@ -174,10 +178,11 @@ def ensure_started(module):
                     msg="already running as PID %d" % record[0])
     if module.check_mode:
         return dict(changed=True, pid=None, msg="would start %s" % params["argv"][0])
-    pid, start_ticks = _detached.start(params["argv"], params["log_file"], params["environment"], params["environment_files"],
-                                       params["cwd"], params["inherit_environment"])
+    pid, start_ticks, log_offset = _detached.start(params["argv"], params["log_file"], params["environment"],
+                                                   params["environment_files"], params["cwd"], params["inherit_environment"])
     _detached.write_pidfile(params["pidfile"], pid, start_ticks)
-    return dict(changed=True, pid=pid, start_ticks=start_ticks, msg="started PID %d, log in %s" % (pid, params["log_file"]))
+    return dict(changed=True, pid=pid, start_ticks=start_ticks, log_offset=log_offset,
+                msg="started PID %d, log in %s" % (pid, params["log_file"]))
 
 
 def ensure_stopped(module):

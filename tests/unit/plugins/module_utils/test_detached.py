@@ -46,7 +46,7 @@ def started(tmp_path):
 
     def start(argv, **kwargs):
         pidfile = str(tmp_path / ("p%d.pid" % len(pids)))
-        pid, start_ticks = _detached.start(argv, str(tmp_path / "server.log"), **kwargs)
+        pid, start_ticks, _offset = _detached.start(argv, str(tmp_path / "server.log"), **kwargs)
         _detached.write_pidfile(pidfile, pid, start_ticks)
         pids.append(pid)
         return pid, start_ticks, pidfile
@@ -159,7 +159,7 @@ directory = sys.argv[1]
 pidfile, log = os.path.join(directory, "orphan.pid"), os.path.join(directory, "orphan.log")
 leader = ("import subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
           "print('CHILD=%d' % c.pid, flush=True); time.sleep(60)")
-pid, ticks = _detached.start([sys.executable, "-c", leader], log)
+pid, ticks, _offset = _detached.start([sys.executable, "-c", leader], log)
 _detached.write_pidfile(pidfile, pid, ticks)
 while "\nCHILD=" not in open(log).read():
     time.sleep(0.02)

@@ -132,7 +132,7 @@ def test_long_command_lines_are_cut_to_80_characters():
     before, _after = views([9, 10, 11])
     line = _report.summary_lines(kill, before, before, True, "m")[1]
     assert line.endswith("...") and len(line.split("): ", 1)[1]) == 80, line
-    assert _report._cut("y" * 80) == "y" * 80 and _report._cut(None) == ""
+    assert _report.cut_cmdline("y" * 80) == "y" * 80 and _report.cut_cmdline(None) == ""
 
 
 def test_failed_wait_counts_the_whole_time_waited():

@@ -2,15 +2,12 @@
 # Copyright (c) 2026, gpuops.nvidia contributors
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""plugins/filter/vllm_server.py: the vllm_server role's checks before anything is stopped."""
+"""plugins/plugin_utils/_vllm_checks.py: the vllm_server role's checks before anything is stopped."""
 from __future__ import annotations
-
-import base64
-import json
 
 import pytest
 
-from ansible_collections.gpuops.nvidia.plugins.filter import vllm_server as f
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils import _vllm_checks as f
 
 SETTINGS = {"service_manager": "detached", "vllm_executable": "/usr/local/bin/vllm", "stop_timeout": 60,
             "min_acceptance_rate": 0.1, "unit_prefix": "vllm-", "state_dir": "/var/lib/vllm"}
@@ -169,14 +166,8 @@ def test_gpus_held_by_another_instance_of_the_role():
     assert "PIDs 43" in problems(one("new", 8000, [0]), host=unit)[0]
 
 
-def test_deployed_configurations_from_slurp():
-    good = {"content": base64.b64encode(json.dumps({"name": "a", "port": 1}).encode()).decode()}
-    assert f.vllm_server_deployed([good, {"failed": True, "msg": "no such file"}, {"content": "bm90IGpzb24="}]) == {
-        "a": {"name": "a", "port": 1}}
-
-
 def test_data_parallel_size_times_tensor_parallel_size_must_be_the_gpu_count():
-    from ansible_collections.gpuops.nvidia.plugins.filter import vllm_server as plugin
+    plugin = f
     assert plugin.number_problems({"gpus": [0, 1], "data_parallel_size": 2}, {}) == []
     assert plugin.number_problems({"gpus": [0, 1, 2, 3], "tensor_parallel_size": 2, "data_parallel_size": 2}, {}) == []
     assert plugin.number_problems({"gpus": [0, 1, 2, 3], "tensor_parallel_size": 2}, {}) == [

@@ -1,0 +1,94 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) 2026, gpuops.nvidia contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""The files of one vllm_server instance: compared with what is on disk, and written atomically.
+
+files_of(params) -> [File]; compare(files) -> [File that differs]; write(file, set_owner) writes one.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import tempfile
+
+
+def _uid(owner):
+    """The UID of a user name (or of a number given as text)."""
+    try:
+        return pwd.getpwnam(owner).pw_uid
+    except KeyError:
+        return int(owner) if str(owner).isdigit() else -1
+
+
+class File:
+    """One file of an instance: `what` (its name in results), `path`, `content` (None: the file must not exist),
+    `mode`, `owner` (None: as it is), `secret` (never shown in a diff)."""
+
+    def __init__(self, what, path, content, mode=0o644, owner=None, secret=False):
+        self.what, self.path, self.content, self.mode, self.owner, self.secret = what, path, content, mode, owner, secret
+
+    def current(self):
+        """The file's content now, or None when it does not exist."""
+        try:
+            with open(self.path, "rb") as handle:
+                return handle.read().decode("utf-8", "replace")
+        except FileNotFoundError:
+            return None
+
+    def differs(self):
+        if self.current() != self.content:
+            return True
+        if self.content is None:
+            return False
+        status = os.stat(self.path)
+        return (status.st_mode & 0o7777) != self.mode or (self.owner is not None and status.st_uid != _uid(self.owner))
+
+    def diff(self):
+        """Ansible's diff shape for this file; a secret's content is not shown."""
+        before, after = self.current(), self.content
+        if self.secret:
+            before = None if before is None else "(secret)\n"
+            after = None if after is None else "(secret, changed)\n"
+        return {"before_header": self.path, "after_header": self.path, "before": before or "", "after": after or ""}
+
+
+def config_text(config):
+    """<name>.json as the role writes it: JSON, 2-space indent, sorted keys (as Ansible's to_nice_json)."""
+    return json.dumps(config, indent=2, sort_keys=True, separators=(",", ": ")) + "\n"
+
+
+def files_of(params):
+    """The files of the instance in the vllm_server_files parameters `params`."""
+    name, config_dir = params["name"], params["config_dir"]
+    files = [File("configuration", os.path.join(config_dir, "%s.json" % name), config_text(params["config"]))]
+    key = ("VLLM_API_KEY=%s\n" % params["api_key"]) if params["api_key"] else None
+    files.append(File("API key", os.path.join(config_dir, "%s.env" % name), key, 0o600, params["owner"], secret=True))
+    if params["unit_file"]:
+        files.append(File("systemd unit", params["unit_file"], params["unit"]))
+    return files
+
+
+def write(file, set_owner):
+    """Write (or remove) `file` atomically: a temporary file in its directory, then rename. `set_owner(path, owner)`
+    gives it its owner before the rename."""
+    if file.content is None:
+        try:
+            os.unlink(file.path)
+        except FileNotFoundError:
+            pass
+        return
+    directory = os.path.dirname(file.path) or "."
+    handle, temporary = tempfile.mkstemp(prefix=".%s." % os.path.basename(file.path), dir=directory)
+    try:
+        with os.fdopen(handle, "wb") as out:
+            out.write(file.content.encode("utf-8"))
+        os.chmod(temporary, file.mode)
+        if file.owner:
+            set_owner(temporary, file.owner)
+        os.rename(temporary, file.path)
+    except BaseException:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+        raise

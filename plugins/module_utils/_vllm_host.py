@@ -1,0 +1,127 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) 2026, gpuops.nvidia contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""What a host has for the vllm_server role, read in one pass: its checks then run on the controller.
+
+read_host(request, inspector, systemctl) -> dict; the keys are documented in plugins/modules/vllm_server_host.py.
+Every look here only reads: files, /proc, NVML (through `inspector`) and HTTP GETs to the servers.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _detached, _speculative, _speculative_parse, _vllm_api
+
+SYSTEMD_BOOTED = "/run/systemd/system"  # sd_booted(3): systemd runs when this directory exists
+
+
+def local_url(host, port):
+    """The URL a check on the host itself uses for a server bound to `host`: loopback for the wildcard addresses,
+    brackets for an IPv6 literal."""
+    host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(host or "", host)
+    return "http://%s:%s" % ("[%s]" % host if ":" in host else host, port)
+
+
+def read_deployed(config_dir):
+    """{name: configuration} of the <name>.json files the role wrote in `config_dir`; unreadable ones are left out."""
+    deployed = {}
+    try:
+        names = sorted(name for name in os.listdir(config_dir) if name.endswith(".json"))
+    except OSError:
+        return deployed
+    for name in names:
+        try:
+            with open(os.path.join(config_dir, name), "rb") as handle:
+                config = json.loads(handle.read().decode("utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(config, dict) and config.get("name"):
+            deployed[config["name"]] = config
+    return deployed
+
+
+def _api_key(path):
+    """The key of a <name>.env file the role wrote (VLLM_API_KEY=...), or None."""
+    try:
+        with open(path) as handle:
+            text = handle.read()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("VLLM_API_KEY="):
+            return line.split("=", 1)[1].strip() or None
+    return None
+
+
+def _server_process(name, config, request, systemctl):
+    """The running server's process as wait_ready takes it: a (PID, start_ticks) pair from the pidfile of a detached
+    server ((0, 0): none), or the MainPID of an active systemd unit (0: none)."""
+    if config.get("service_manager") == "systemd":
+        status = systemctl("%s%s.service" % (request["unit_prefix"], name))
+        return int(status.get("MainPID") or 0) if status.get("ActiveState") == "active" else 0
+    try:
+        return _detached.read_pidfile(os.path.join(request["state_dir"], "%s.pid" % name)) or (0, 0)
+    except _detached.DetachedError:
+        return (0, 0)
+
+
+def probe_running(name, config, request, systemctl):
+    """One look at the server of a deployed instance where its deployed configuration put it."""
+    process = _server_process(name, config, request, systemctl)
+    client = _vllm_api.Client(local_url(config.get("host"), config.get("port")),
+                              _api_key(os.path.join(request["config_dir"], "%s.env" % name)), request["request_timeout"])
+    result = _vllm_api.wait_ready(client, config.get("served_model_name") or name, 0, process=process,
+                                  completion_max_tokens=0)
+    pid = process[0] if isinstance(process, tuple) else process
+    return {"ready": result["ready"], "process_exited": result["process_exited"], "last_error": result["last_error"],
+            "pid": pid or 0}
+
+
+def probe_port(entry, request):
+    """What answers on the port an instance takes anew: None when the connection is refused (free), else what was
+    seen (a server that is not this instance)."""
+    client = _vllm_api.Client(local_url(entry.get("host"), entry["port"]), None, request["request_timeout"])
+    result = _vllm_api.wait_ready(client, entry.get("served_model_name") or entry["name"], 0, completion_max_tokens=0)
+    error = str(result["last_error"] or "")
+    return None if "Connection refused" in error else (error or "it answers /health")
+
+
+def _stat(path):
+    return {"exists": os.path.exists(path), "isdir": os.path.isdir(path),
+            "executable": os.path.isfile(path) and os.access(path, os.X_OK)}
+
+
+def read_drafter(entry):
+    """The drafter config.json that the speculative-config check reads for `entry` ({model, drafter_config})."""
+    found = dict(entry, path=None, config=None, error=None)
+    try:
+        found["path"], found["config"] = _speculative.read_drafter(entry.get("model"), entry.get("drafter_config"))
+    except _speculative_parse.SpeculativeConfigError as exc:
+        found["error"] = str(exc)
+    return found
+
+
+def read_host(request, inspector, systemctl):
+    """Everything the role's validate and compare phases need from the host, in one pass (see the module's RETURN).
+
+    `request`: the module's parameters. `inspector`: a _gpus.Inspector. `systemctl(unit)`: {LoadState, ActiveState,
+    MainPID} of a unit."""
+    deployed = read_deployed(request["config_dir"])
+    ports = {}
+    for entry in request["instances"]:
+        if str((deployed.get(entry["name"]) or {}).get("port")) != str(entry["port"]):
+            ports[entry["name"]] = probe_port(entry, request)
+    return {
+        "systemd": os.path.isdir(SYSTEMD_BOOTED),
+        "nvidia": inspector.snapshot(tolerance_mib=request["max_used_mib"]),
+        "deployed": deployed,
+        "running": {entry["name"]: probe_running(entry["name"], deployed[entry["name"]], request, systemctl)
+                    for entry in request["instances"] if entry["name"] in deployed},
+        "ports": ports,
+        "paths": {path: _stat(path) for path in request["paths"]},
+        "drafters": [read_drafter(entry) for entry in request["drafters"]],
+        "missing_dirs": [path for path in (request["config_dir"], request["state_dir"], request["log_dir"])
+                         if not os.path.isdir(path)],
+    }

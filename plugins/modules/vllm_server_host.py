@@ -1,0 +1,174 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) 2026, gpuops.nvidia contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: vllm_server_host
+short_description: Read in one pass what the vllm_server role checks on a host
+version_added: 0.2.0
+description:
+  - The validate phase of the M(gpuops.nvidia.vllm_server) role in one look at the host. The role checks what it
+    returns on the controller, before anything is stopped.
+  - It reads whether systemd runs (C(/run/systemd/system), the test of sd_booted(3)), the GPUs and their holders as
+    M(gpuops.nvidia.gpu_facts) does, the configurations the role deployed (C(<config_dir>/<name>.json)), whether
+    the given paths exist, and the drafter C(config.json) of each speculative config.
+  - It asks the running server of each deployed instance once whether it is healthy (C(GET /health), C(GET /v1/models))
+    at the address its deployed configuration gives, with its API key file. It asks once whether a server answers
+    on each port that an instance takes anew.
+  - It changes nothing.
+author: gpuops maintainers (@gpuops)
+requirements:
+  - nvidia-ml-py >= 12.535.108 and psutil on the managed host, as for M(gpuops.nvidia.gpu_facts)
+extends_documentation_fragment:
+  - gpuops.nvidia.attributes
+  - gpuops.nvidia.attributes.INFO_MODULE
+options:
+  instances:
+    description:
+      - The instances to deploy, each with C(name), C(port), and optionally C(host) and C(served_model_name).
+    type: list
+    elements: dict
+    required: true
+  paths:
+    description: Paths to look for (model directories, vLLM executables).
+    type: list
+    elements: path
+    default: []
+  drafters:
+    description: The C(model) and C(drafter_config) of each speculative config, whose drafter C(config.json) to read.
+    type: list
+    elements: dict
+    default: []
+  config_dir:
+    description: Where the role keeps the instance configurations and API key files.
+    type: path
+    required: true
+  state_dir:
+    description: Where the role keeps the pidfiles of detached servers.
+    type: path
+    required: true
+  log_dir:
+    description: Where the servers write their logs.
+    type: path
+    required: true
+  unit_prefix:
+    description: Prefix of the systemd unit names (C(<unit_prefix><name>.service)).
+    type: str
+    default: vllm-
+  request_timeout:
+    description: Seconds one HTTP request may take.
+    type: float
+    default: 5.0
+  max_used_mib:
+    description: Used MiB per GPU that the driver's lists may leave unexplained, as in M(gpuops.nvidia.gpu_facts).
+    type: int
+    default: 256
+  driver_timeout:
+    description: Seconds the NVML reading may take, as in M(gpuops.nvidia.gpu_facts).
+    type: float
+    default: 10.0
+seealso:
+  - module: gpuops.nvidia.gpu_facts
+  - module: gpuops.nvidia.vllm_ready
+"""
+
+EXAMPLES = r"""
+- name: Read what the vllm_server role checks
+  gpuops.nvidia.vllm_server_host:
+    instances: [{name: qwen, port: 8000}]
+    paths: [/models/Qwen3-8B, /usr/local/bin/vllm]
+    config_dir: /etc/vllm
+    state_dir: /var/lib/vllm
+    log_dir: /var/log/vllm
+  register: host
+"""
+
+RETURN = r"""
+systemd:
+  description: Whether systemd runs on the host.
+  returned: always
+  type: bool
+nvidia:
+  description: The GPUs and their holders, as C(ansible_facts.nvidia) of M(gpuops.nvidia.gpu_facts).
+  returned: always
+  type: dict
+deployed:
+  description: The configuration of each instance the role deployed, by name, as in C(<config_dir>/<name>.json).
+  returned: always
+  type: dict
+running:
+  description:
+    - For each instance of O(instances) that is deployed, one look at its server where its deployed configuration
+      put it.
+    - C(ready) (healthy and serving its name), C(process_exited) (no server process runs), C(last_error) (what was
+      seen, or null), C(pid) (the server's main PID, or 0).
+  returned: always
+  type: dict
+ports:
+  description:
+    - For each instance whose port differs from the deployed one (or that is not deployed), what answers there:
+      null when the connection is refused, else what was seen.
+  returned: always
+  type: dict
+paths:
+  description: For each path of O(paths), C(exists), C(isdir) and C(executable).
+  returned: always
+  type: dict
+drafters:
+  description:
+    - One entry per item of O(drafters), with C(path) (the C(config.json) read), C(config) (its content) and C(error)
+      (why it could not be read, or null).
+  returned: always
+  type: list
+  elements: dict
+missing_dirs:
+  description: Which of O(config_dir), O(state_dir) and O(log_dir) do not exist yet.
+  returned: always
+  type: list
+  elements: str
+"""
+
+from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _advice, _gpus, _vllm_host
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            instances=dict(type="list", elements="dict", required=True),
+            paths=dict(type="list", elements="path", default=[]),
+            drafters=dict(type="list", elements="dict", default=[]),
+            config_dir=dict(type="path", required=True),
+            state_dir=dict(type="path", required=True),
+            log_dir=dict(type="path", required=True),
+            unit_prefix=dict(type="str", default="vllm-"),
+            request_timeout=dict(type="float", default=5.0),
+            max_used_mib=dict(type="int", default=_gpus.DEFAULT_TOLERANCE_MIB),
+            driver_timeout=_gpus.SELECTION_ARGS["driver_timeout"],
+        ),
+        supports_check_mode=True,
+    )
+    _gpus.check_libraries(module, missing_required_lib)
+
+    def systemctl(unit):
+        binary = module.get_bin_path("systemctl")
+        if binary is None:
+            return {}
+        rc, out, _err = module.run_command([binary, "show", "--property=LoadState,ActiveState,MainPID", unit])
+        return dict(line.split("=", 1) for line in out.splitlines() if "=" in line) if rc == 0 else {}
+
+    inspector = _gpus.Inspector(driver_timeout=module.params["driver_timeout"])
+    try:
+        result = _vllm_host.read_host(module.params, inspector, systemctl)
+    finally:
+        inspector.close()
+    for note in _advice.exited_notes(result["nvidia"]) + result["nvidia"]["scan_problems"]:
+        module.warn(note)
+    module.exit_json(changed=False, **result)
+
+
+if __name__ == "__main__":
+    main()

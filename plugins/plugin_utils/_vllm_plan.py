@@ -1,0 +1,281 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) 2026, gpuops.nvidia contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""The vllm_server role's plan, on the controller: what it asks the host, and what it deploys.
+
+host_request(instances, settings) -> the parameters of gpuops.nvidia.vllm_server_host
+plan(instances, host, settings) -> {"problems", "warnings", "manager", "instances": {name: entry}}
+
+`host` is the vllm_server_host result with "name" (the inventory host) added. `settings` are the role variables
+without their vllm_server_ prefix (roles/vllm_server/tasks/validate.yml passes them). An entry holds the
+configuration written to <name>.json ("cfg", with "argv"), its systemd unit ("unit", or None), the URL the new server
+answers at ("url"), what is deployed now ("old", or None, and "old_url", "old_unit"), the acceptance gate ("gate",
+"min_rate") and what the look at the running server found ("probe": reasons to restart, "pid").
+"""
+from __future__ import annotations
+
+import json
+
+from ansible_collections.gpuops.nvidia.plugins.module_utils._speculative import validate_speculative_config
+from ansible_collections.gpuops.nvidia.plugins.module_utils._speculative_parse import SpeculativeConfigError
+from ansible_collections.gpuops.nvidia.plugins.module_utils._vllm_host import local_url
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils._vllm_checks import vllm_server_check
+
+UNIT_HEADER = "# Ansible managed: written by the gpuops.nvidia.vllm_server role"
+
+
+def _given(instance, key, default):
+    """The instance's value for key, or `default` where it is missing or empty (Jinja's default(x, true))."""
+    value = instance.get(key)
+    return value if value not in (None, "", [], {}) and value is not False else default
+
+
+def _executable(instance, settings):
+    return _given(instance, "vllm_executable", settings["vllm_executable"])
+
+
+def _min_rate(instance, settings):
+    rate = instance.get("min_acceptance_rate")
+    return float(settings["min_acceptance_rate"] if rate is None else rate)
+
+
+def _gate(instance, settings):
+    return bool(instance.get("speculative_config")) and _min_rate(instance, settings) > 0
+
+
+def host_request(instances, settings):
+    """What vllm_server_host reads: the instances' addresses, the model directories and executables to look for, and
+    the drafters of the speculative configs."""
+    instances = [instance for instance in instances or [] if isinstance(instance, dict)]
+    paths = [instance["model"] for instance in instances if str(instance.get("model") or "").startswith("/")]
+    paths += [_executable(instance, settings) for instance in instances]
+    drafters = [{"model": (instance["speculative_config"] or {}).get("model"), "drafter_config": instance.get("drafter_config")}
+                for instance in instances if isinstance(instance.get("speculative_config"), dict) and instance["speculative_config"]]
+    return {
+        "instances": [{"name": str(instance.get("name")), "host": str(_given(instance, "host", "0.0.0.0")),
+                       "port": str(instance.get("port")), "served_model_name": str(_given(instance, "served_model_name", instance.get("name")))}
+                      for instance in instances],
+        "paths": sorted(set(str(path) for path in paths)),
+        "drafters": drafters,
+        "config_dir": settings["config_dir"], "state_dir": settings["state_dir"], "log_dir": settings["log_dir"],
+        "unit_prefix": settings["unit_prefix"],
+    }
+
+
+def _reader(drafters):
+    """A drafter reader for validate_speculative_config over what vllm_server_host read on the host."""
+    def read(model, drafter_config):
+        for found in drafters or []:
+            if found.get("model") == model and found.get("drafter_config") == drafter_config:
+                if found.get("error"):
+                    raise SpeculativeConfigError(found["error"])
+                return found["path"], found["config"]
+        raise SpeculativeConfigError("the drafter config of %s was not read on the host" % model)
+    return read
+
+
+def _speculative(instance, settings, drafters):
+    """(validation result or None, problems) of the instance's speculative config."""
+    spec = instance.get("speculative_config")
+    if not spec:
+        return None, []
+    environment = instance.get("environment") or {}
+    try:
+        result = validate_speculative_config(spec, drafter_config=instance.get("drafter_config") or None,
+                                             target_num_layers=instance.get("target_num_layers") or None,
+                                             extra_args=instance.get("extra_args") or [], environment=environment,
+                                             acceptance_gate=_gate(instance, settings), reader=_reader(drafters))
+    except SpeculativeConfigError as exc:
+        return None, [str(exc)]
+    problems = ["environment sets %s=%s, but the speculative config needs %s=%s (vllm_speculative_config): remove it "
+                "from environment" % (key, environment[key], key, value)
+                for key, value in sorted(result["environment"].items())
+                if key in environment and str(environment[key]) != str(value)]
+    return result, problems
+
+
+def _path_problems(instance, settings, host):
+    paths = host.get("paths") or {}
+    problems = []
+    model = str(instance.get("model") or "")
+    if model.startswith("/") and not (paths.get(model) or {}).get("exists"):
+        problems.append("model %s does not exist on %s" % (model, host.get("name")))
+    executable = str(_executable(instance, settings))
+    found = paths.get(executable) or {}
+    if executable.startswith("/") and not found.get("executable"):
+        problems.append("%s %s on %s" % (executable, "is not executable" if found.get("exists") else "does not exist",
+                                         host.get("name")))
+    answer = (host.get("ports") or {}).get(str(instance.get("name")))
+    if answer:
+        problems.append("port %s is already used on %s by a server that is not this instance (%s): stop it or choose "
+                        "another port" % (instance.get("port"), host.get("name"), answer))
+    return problems
+
+
+def config_of(instance, gpus, spec, manager, settings):
+    """The configuration of an instance as deployed (<name>.json), with its command line."""
+    dp = int(_given(instance, "data_parallel_size", 1))
+    cfg = {
+        "name": instance["name"],
+        "model": instance["model"],
+        "served_model_name": _given(instance, "served_model_name", instance["name"]),
+        "host": _given(instance, "host", "0.0.0.0"),
+        "port": int(instance["port"]),
+        "gpus": gpus,
+        "data_parallel_size": dp,
+        "tensor_parallel_size": int(_given(instance, "tensor_parallel_size", len(instance["gpus"]) // dp)),
+        "gpu_memory_utilization": float(_given(instance, "gpu_memory_utilization", 0.9)),
+        "max_model_len": instance.get("max_model_len"),
+        "speculative_config": spec["speculative_config"] if spec else None,
+        "extra_args": _given(instance, "extra_args", []),
+        "environment": {"CUDA_VISIBLE_DEVICES": ",".join(str(gpu) for gpu in gpus), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"},
+        "api_key_file": ("%s/%s.env" % (settings["config_dir"], instance["name"])) if instance.get("api_key") else None,
+        "vllm_executable": _executable(instance, settings),
+        "service_manager": manager,
+        "user": settings["user"],
+        "log_file": "%s/%s.log" % (settings["log_dir"], instance["name"]),
+    }
+    cfg["environment"].update(spec["environment"] if spec else {})
+    cfg["environment"].update(instance.get("environment") or {})
+    argv = [cfg["vllm_executable"], "serve", cfg["model"], "--host", cfg["host"], "--port", str(cfg["port"]),
+            "--served-model-name", cfg["served_model_name"], "--tensor-parallel-size", str(cfg["tensor_parallel_size"]),
+            "--gpu-memory-utilization", str(cfg["gpu_memory_utilization"])]
+    if dp > 1:
+        argv += ["--data-parallel-size", str(dp)]
+    if cfg["max_model_len"]:
+        argv += ["--max-model-len", str(cfg["max_model_len"])]
+    if spec:
+        argv += ["--speculative-config", spec["speculative_config_json"]]
+    if instance.get("shutdown_timeout") is not None:
+        argv += ["--shutdown-timeout", str(int(instance["shutdown_timeout"]))]
+    cfg["argv"] = argv + list(cfg["extra_args"])
+    return cfg
+
+
+def _quote(word, exec_line=False):
+    """systemd quoting: a double-quoted word with \\ and " escaped, % doubled (specifiers), and in ExecStart= $ doubled
+    (variables). systemd.service(5) "Command lines", systemd.unit(5) "Specifiers"."""
+    word = str(word).replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%")
+    return '"%s"' % (word.replace("$", "$$") if exec_line else word)
+
+
+def unit_text(cfg, settings):
+    """The systemd unit of a configuration. Stopping ends the whole process tree (KillMode=control-group): SIGTERM to
+    every process of the unit (API server, EngineCore, TP workers) at once, SIGKILL to those left after
+    TimeoutStopSec; KillMode=process would leave EngineCore and the workers holding the GPUs."""
+    lines = [
+        UNIT_HEADER,
+        "# vLLM instance %s, written by the gpuops.nvidia.vllm_server role from %s/%s.json." % (
+            cfg["name"], settings["config_dir"], cfg["name"]),
+        "[Unit]",
+        "Description=vLLM %s: %s on GPUs %s, port %s" % (cfg["name"], str(cfg["served_model_name"]).replace("%", "%%"),
+                                                       ",".join(str(gpu) for gpu in cfg["gpus"]), cfg["port"]),
+        "Documentation=https://docs.vllm.ai/",
+        "After=network-online.target",
+        "Wants=network-online.target",
+        "StartLimitIntervalSec=600",
+        "StartLimitBurst=3",
+        "",
+        "[Service]",
+        "Type=exec",
+        "User=%s" % cfg["user"],
+        "WorkingDirectory=%s" % settings["state_dir"],
+    ]
+    lines += ["Environment=%s" % _quote("%s=%s" % (name, value)) for name, value in sorted(cfg["environment"].items())]
+    if cfg["api_key_file"]:
+        lines.append("EnvironmentFile=%s" % cfg["api_key_file"])
+    lines += [
+        "ExecStart=%s" % " ".join(_quote(word, exec_line=True) for word in cfg["argv"]),
+        "",
+        "KillMode=control-group",
+        "KillSignal=SIGTERM",
+        "SendSIGKILL=yes",
+        "TimeoutStopSec=%s" % settings["stop_timeout"],
+        "Restart=on-failure",
+        "RestartSec=30",
+        "StandardOutput=append:%s" % cfg["log_file"],
+        "StandardError=inherit",
+        "LimitNOFILE=65536",
+        "NoNewPrivileges=yes",
+        "PrivateTmp=yes",
+        "ProtectSystem=full",
+        "",
+        "[Install]",
+        "WantedBy=multi-user.target",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _probe_reasons(running):
+    """Reasons to restart from the look at the running server (None: not deployed, so not running)."""
+    if not running or running.get("process_exited"):
+        return ["not running"]
+    if not running.get("ready"):
+        return ["not healthy (%s)" % running.get("last_error")]
+    return []
+
+
+def _address(config):
+    """(host, port) where a check on the host reaches a server of `config`: loopback for the wildcard addresses."""
+    return [{"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(config.get("host") or "", config.get("host")),
+            config.get("port")]
+
+
+def _entry(instance, cfg, host, settings, spec):
+    name = instance["name"]
+    old = (host.get("deployed") or {}).get(name)
+    current = old or cfg
+    systemd = cfg["service_manager"] == "systemd"
+    running = (host.get("running") or {}).get(name)
+    return {
+        "name": name,
+        "cfg": cfg,
+        "unit": unit_text(cfg, settings) if systemd else None,
+        "url": local_url(cfg["host"], cfg["port"]),
+        "old": old,
+        "old_url": local_url(current.get("host"), current.get("port")),
+        "old_served_model_name": current.get("served_model_name") or name,
+        "old_unit": unit_text(old, settings) if old and systemd else None,
+        "gate": bool(spec) and _gate(instance, settings),
+        "min_rate": _min_rate(instance, settings),
+        "address": _address(cfg),
+        "old_address": _address(current),
+        "probe": _probe_reasons(running),
+        "running": bool(running) and not running.get("process_exited"),
+        "pid": (running or {}).get("pid", 0),
+    }
+
+
+def plan(instances, host, settings):
+    """The checks of every instance and, when all pass, what each deploys (see the module docstring)."""
+    manager = settings["service_manager"]
+    if manager == "auto":
+        manager = "systemd" if host.get("systemd") else "detached"
+    checks = vllm_server_check(instances, host, settings)
+    problems, warnings = list(checks["problems"]), []
+    specs = {}
+    nvidia = host.get("nvidia") or {}
+    if not (nvidia.get("driver") or {}).get("available"):
+        warnings.append("%s: the NVIDIA driver library did not answer (%s): GPU indices are not checked and GPU UUIDs "
+                        "cannot be used" % (host.get("name"), (nvidia.get("driver") or {}).get("error") or "no driver"))
+    for instance in instances or []:
+        found = _path_problems(instance, settings, host)
+        spec, spec_problems = _speculative(instance, settings, host.get("drafters"))
+        specs[instance.get("name")] = spec
+        warnings += ["instance %s: %s" % (instance.get("name"), warning) for warning in (spec or {}).get("warnings", [])]
+        found += spec_problems
+        if found:
+            problems.append("instance %s: %s" % (instance.get("name"), "; ".join(found)))
+    result = {"problems": problems, "warnings": warnings, "manager": manager, "instances": {}}
+    if problems:
+        return result
+    for instance in instances:
+        cfg = config_of(instance, checks["gpus"][instance["name"]], specs[instance["name"]], manager, settings)
+        result["instances"][instance["name"]] = _entry(instance, cfg, host, settings, specs[instance["name"]])
+    return result
+
+
+def to_json(value):
+    """JSON as the summary shows values (sorted keys)."""
+    return json.dumps(value, sort_keys=True)

@@ -1,0 +1,175 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) 2026, gpuops.nvidia contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""What the vllm_server role reports, on the controller: one entry per instance, the summary, the failure message.
+
+entry(planned, results) -> the report entry of one instance (its "action": unchanged, would redeploy, redeployed
+or FAILED); summary_lines(report, names) -> the host's summary; failures(report, host) -> why the host fails, or "";
+failure(result) -> what a failed task says, in one line.
+"""
+from __future__ import annotations
+
+import json
+
+from ansible_collections.gpuops.nvidia.plugins.module_utils._report import cut_cmdline
+
+NOTHING_STOPPED = "nothing was stopped: the running server is as it was (the restore hooks were not run)"
+
+
+def failure(result):
+    """What a failed task's result says, for the summary: its msg, the exit status of a command and the last lines it
+    wrote to stderr (a drain hook's "non-zero return code" alone says nothing)."""
+    result = result or {}
+    text = str(result.get("msg") or "failed").strip()
+    if result.get("rc") not in (None, 0) and "rc " not in text:
+        text += " (rc %s)" % result["rc"]
+    lines = [line.strip() for line in str(result.get("stderr") or result.get("stdout") or "").splitlines() if line.strip()]
+    if lines and result.get("rc") is not None:
+        text += ", %s: %s" % ("stderr" if result.get("stderr") else "stdout", " | ".join(lines[-3:]))
+    return text
+
+
+def _ran(result):
+    """Whether a registered result is of a task that ran (not skipped, not left unset)."""
+    return bool(result) and not result.get("skipped")
+
+
+def _drain(result):
+    """What the summary says about a vllm_drain result, or None when the drain did not run."""
+    if not _ran(result) or "drain_s" not in result:
+        return None
+    keys = ("drained", "drain_s", "running", "waiting", "running_at_start", "metrics", "reachable")
+    return dict({key: result.get(key) for key in keys}, stop_s=(result.get("stop") or {}).get("stop_s"))
+
+
+def entry(planned, results):
+    """The report entry of one instance. `planned`: its plan entry (_vllm_plan). `results`: "reasons", "check_mode",
+    and the registered results and notes of the run: "would_end", "hook_failure", "failure", "rollback", "drain",
+    "kill", "ready", "acceptance", "log_tail", "down_s", "log_lines"."""
+    reasons = results.get("reasons") or []
+    found = {"name": planned["name"], "gpus": planned["cfg"]["gpus"], "url": planned["url"], "old": planned["old"],
+             "new": planned["cfg"], "reasons": reasons}
+    if not reasons or results.get("check_mode"):
+        would_end = (results.get("would_end") or {}).get("would_signal") or []
+        return dict(found, action="would redeploy" if reasons else "unchanged", would_end=would_end)
+    if results.get("hook_failure"):
+        return dict(found, action="FAILED", before_stop=True, error=results["hook_failure"], rollback=NOTHING_STOPPED,
+                    log_tail=[])
+    acceptance = results.get("acceptance") or {}
+    found.update(leftovers=(results.get("kill") or {}).get("signalled") or [], drain=_drain(results.get("drain")))
+    if results.get("failure"):
+        lines = (results.get("log_tail") or {}).get("stdout_lines") or []
+        keep = int(results.get("log_lines") or 30)
+        return dict(found, action="FAILED", error=results["failure"], rollback=results.get("rollback") or "",
+                    acceptance=acceptance if "acceptance_rate" in acceptance else None,
+                    log_tail=lines[-keep:] if keep else [])
+    return dict(found, action="redeployed", healthy_after_s=(results.get("ready") or {}).get("healthy_after_s"),
+                down_s=round(float(results.get("down_s") or 0), 1),
+                acceptance=acceptance if _ran(acceptance) and "acceptance_rate" in acceptance else None)
+
+
+def _json(value):
+    return json.dumps(value, sort_keys=True)
+
+
+def _join(values, separator=","):
+    return separator.join(str(value) for value in values)
+
+
+def _change_lines(e):
+    if e["action"] == "unchanged":
+        return []
+    if e["old"] is None:
+        return ["  configuration: none deployed by this role -> speculative_config %s" % _json(e["new"]["speculative_config"])]
+    return ["  %s: %s -> %s" % (key, _json(e["old"].get(key)), _json(e["new"][key]))
+            for key in sorted(e["new"]) if key != "argv" and e["old"].get(key) != e["new"][key]]
+
+
+def _drain_lines(drain):
+    if not drain:
+        return []
+    if not drain["reachable"]:
+        return ["  drain: the running server did not answer /metrics, nothing to drain"]
+    if not drain["metrics"]:
+        return ["  drain: /metrics has no vllm:num_requests_running (--disable-log-stats?): in-flight requests unknown at the stop"]
+    stop = ", server exited %.1f s after SIGTERM" % drain["stop_s"] if drain.get("stop_s") is not None else ""
+    return ["  %s in %.1f s: %s request(s) running and %s waiting at the stop (%s running at the start)%s" % (
+        "drained" if drain["drained"] else "not drained", drain["drain_s"], drain["running"], drain["waiting"],
+        drain["running_at_start"], stop)]
+
+
+def _would_end_lines(e):
+    would_end = e.get("would_end") or []
+    lines = []
+    if would_end:
+        servers = []
+        for process in would_end:
+            agent = (process.get("owner") or {}).get("agent")
+            if agent and agent.get("pid") not in servers:
+                servers.append(agent.get("pid"))
+        lines.append("  would end %d process(es) on its GPUs%s:" % (
+            len(would_end), (", with their vLLM API server(s) " + _join(servers, ", ")) if servers else ""))
+        lines += ["    PID %s %s (GPUs %s): %s" % (p["pid"], p["comm"], _join(p["gpus"]), cut_cmdline(p.get("cmdline")))
+                  for p in would_end]
+    elif e["action"] == "would redeploy":
+        lines.append("  would end no process on its GPUs (none holds them now)")
+    old = e["old"]
+    if e["action"] == "would redeploy" and old and old.get("gpus") != e["new"]["gpus"]:
+        lines.append("  would also stop the running server on GPUs %s (its whole %s)" % (
+            _join(old.get("gpus") or []), "unit" if old.get("service_manager") == "systemd" else "session"))
+    return lines
+
+
+def _outcome_lines(e):
+    lines = []
+    if e.get("leftovers"):
+        lines.append("  ended %d process(es) left on its GPUs: %s" % (
+            len(e["leftovers"]), ", ".join("%s %s" % (p["pid"], p["comm"]) for p in e["leftovers"])))
+    if e.get("healthy_after_s") is not None:
+        lines.append("  healthy %.1f s after start, down %.1f s in all" % (e["healthy_after_s"], e["down_s"]))
+    acceptance = e.get("acceptance")
+    if acceptance:
+        lines.append("  acceptance rate %.1f%% (%s of %s draft tokens), mean acceptance length %.2f, %s tok/s over the warm-up" % (
+            100 * acceptance["acceptance_rate"], acceptance["accepted_tokens"], acceptance["draft_tokens"],
+            acceptance["mean_acceptance_length"], acceptance["tokens_per_s"]))
+    if "error" in e:
+        lines += ["  failed at %s" % e["error"], "  %s" % e["rollback"]]
+        if e["log_tail"]:
+            lines.append("  last lines the new server wrote to %s:" % e["new"]["log_file"])
+            lines += ["    %s" % line for line in e["log_tail"]]
+    return lines
+
+
+def summary_lines(report, names):
+    """The host's summary: a line per instance, then what changed, the drain, what was ended, health and gates."""
+    if not report:
+        return ["no instance was deployed: the checks above failed before anything was stopped"]
+    lines = []
+    for e in report:
+        lines.append("%s (GPUs %s, %s): %s%s" % (e["name"], _join(e["gpus"]), e["url"], e["action"],
+                                                  (" (%s)" % ", ".join(e["reasons"])) if e["reasons"] else ""))
+        lines += _change_lines(e) + _drain_lines(e.get("drain")) + _would_end_lines(e) + _outcome_lines(e)
+    reported = [e["name"] for e in report]
+    left = [name for name in names or [] if name not in reported]
+    if left:
+        lines.append("not attempted after the failure above: %s" % ", ".join(left))
+    return lines
+
+
+def failures(report, host):
+    """Why the host fails: a paragraph per FAILED instance, or "" when none failed."""
+    texts = []
+    for e in report or []:
+        if e["action"] != "FAILED":
+            continue
+        before = e.get("before_stop")
+        text = "vLLM instance %s on %s: %s %s -- %s." % (
+            e["name"], host, "failed before anything was stopped, at" if before else "the new configuration failed at",
+            e["error"], e["rollback"])
+        if e.get("log_tail"):
+            text += " Last lines the new server wrote to %s:\n%s" % (e["new"]["log_file"], "\n".join(e["log_tail"]))
+        elif not before:
+            text += " The new server wrote nothing to %s." % e["new"]["log_file"]
+        texts.append(text)
+    return "\n".join(texts)
