@@ -4,29 +4,54 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """The files of one vllm_server instance: compared with what is on disk, and written atomically.
 
-files_of(params) -> [File]; compare(files) -> [File that differs]; write(file, set_owner) writes one.
+files_of(params) -> [File]; File.differs(); write(file, set_owner) writes one. state(path) and differs(state, content,
+mode) are the one comparison: the module compares on the host, the role's plan on the controller with the states
+that vllm_server_host read.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
-import pwd
 import tempfile
 
+KEY_MODE = 0o600
+FILE_MODE = 0o644
 
-def _uid(owner):
-    """The UID of a user name (or of a number given as text)."""
+
+def key_text(api_key):
+    """<name>.env as the role writes it, or None for no API key."""
+    return ("VLLM_API_KEY=%s\n" % api_key) if api_key else None
+
+
+def digest(text):
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def state(path):
+    """What a file is now: None when it does not exist, else {"sha256", "mode"} (its content's SHA-256, its mode)."""
     try:
-        return pwd.getpwnam(owner).pw_uid
-    except KeyError:
-        return int(owner) if str(owner).isdigit() else -1
+        with open(path, "rb") as handle:
+            data = handle.read()
+        mode = os.stat(path).st_mode & 0o7777
+    except FileNotFoundError:
+        return None
+    return {"sha256": hashlib.sha256(data).hexdigest(), "mode": mode}
+
+
+def differs(found, content, mode):
+    """Whether a file in state `found` (see state()) must be written (or removed) to hold `content` with `mode`.
+    The owner is not compared: it follows the configuration's user, whose change is a configuration change."""
+    if found is None or content is None:
+        return (found is None) != (content is None)
+    return found["sha256"] != digest(content) or found["mode"] != mode
 
 
 class File:
     """One file of an instance: `what` (its name in results), `path`, `content` (None: the file must not exist),
     `mode`, `owner` (None: as it is), `secret` (never shown in a diff)."""
 
-    def __init__(self, what, path, content, mode=0o644, owner=None, secret=False):
+    def __init__(self, what, path, content, mode=FILE_MODE, owner=None, secret=False):
         self.what, self.path, self.content, self.mode, self.owner, self.secret = what, path, content, mode, owner, secret
 
     def current(self):
@@ -38,12 +63,7 @@ class File:
             return None
 
     def differs(self):
-        if self.current() != self.content:
-            return True
-        if self.content is None:
-            return False
-        status = os.stat(self.path)
-        return (status.st_mode & 0o7777) != self.mode or (self.owner is not None and status.st_uid != _uid(self.owner))
+        return differs(state(self.path), self.content, self.mode)
 
     def diff(self):
         """Ansible's diff shape for this file; a secret's content is not shown."""
@@ -63,8 +83,8 @@ def files_of(params):
     """The files of the instance in the vllm_server_files parameters `params`."""
     name, config_dir = params["name"], params["config_dir"]
     files = [File("configuration", os.path.join(config_dir, "%s.json" % name), config_text(params["config"]))]
-    key = ("VLLM_API_KEY=%s\n" % params["api_key"]) if params["api_key"] else None
-    files.append(File("API key", os.path.join(config_dir, "%s.env" % name), key, 0o600, params["owner"], secret=True))
+    files.append(File("API key", os.path.join(config_dir, "%s.env" % name), key_text(params["api_key"]), KEY_MODE,
+                      params["owner"], secret=True))
     if params["unit_file"]:
         files.append(File("systemd unit", params["unit_file"], params["unit"]))
     return files

@@ -12,7 +12,8 @@ from __future__ import annotations
 import json
 import os
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _detached, _speculative, _speculative_parse, _vllm_api
+from ansible_collections.gpuops.nvidia.plugins.module_utils import (
+    _detached, _speculative, _speculative_parse, _vllm_api, _vllm_files)
 
 SYSTEMD_BOOTED = "/run/systemd/system"  # sd_booted(3): systemd runs when this directory exists
 
@@ -57,10 +58,10 @@ def _api_key(path):
 
 def _server_process(name, config, request, systemctl):
     """The running server's process as wait_ready takes it: a (PID, start_ticks) pair from the pidfile of a detached
-    server ((0, 0): none), or the MainPID of an active systemd unit (0: none)."""
+    server, or the MainPID of an active systemd unit; (0, 0) when none runs."""
     if config.get("service_manager") == "systemd":
         status = systemctl("%s%s.service" % (request["unit_prefix"], name))
-        return int(status.get("MainPID") or 0) if status.get("ActiveState") == "active" else 0
+        return (int(status.get("MainPID") or 0) if status.get("ActiveState") == "active" else 0) or (0, 0)
     try:
         return _detached.read_pidfile(os.path.join(request["state_dir"], "%s.pid" % name)) or (0, 0)
     except _detached.DetachedError:
@@ -103,6 +104,13 @@ def read_drafter(entry):
     return found
 
 
+def file_states(name, request):
+    """The state (_vllm_files.state) of each file of instance `name`, by what it is."""
+    return {"configuration": _vllm_files.state(os.path.join(request["config_dir"], "%s.json" % name)),
+            "API key": _vllm_files.state(os.path.join(request["config_dir"], "%s.env" % name)),
+            "systemd unit": _vllm_files.state(os.path.join(request["systemd_dir"], "%s%s.service" % (request["unit_prefix"], name)))}
+
+
 def read_host(request, inspector, systemctl):
     """Everything the role's validate and compare phases need from the host, in one pass (see the module's RETURN).
 
@@ -120,6 +128,7 @@ def read_host(request, inspector, systemctl):
         "running": {entry["name"]: probe_running(entry["name"], deployed[entry["name"]], request, systemctl)
                     for entry in request["instances"] if entry["name"] in deployed},
         "ports": ports,
+        "files": {entry["name"]: file_states(entry["name"], request) for entry in request["instances"]},
         "paths": {path: _stat(path) for path in request["paths"]},
         "drafters": [read_drafter(entry) for entry in request["drafters"]],
         "missing_dirs": [path for path in (request["config_dir"], request["state_dir"], request["log_dir"])

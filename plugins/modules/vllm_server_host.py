@@ -14,6 +14,7 @@ description:
   - It reads whether systemd runs (C(/run/systemd/system), the test of sd_booted(3)), the GPUs and their holders as
     M(gpuops.nvidia.gpu_facts) does, the configurations the role deployed (C(<config_dir>/<name>.json)), whether
     the given paths exist, and the drafter C(config.json) of each speculative config.
+  - It reads the state of each instance's files (the SHA-256 of their content and their mode, never an API key).
   - It asks the running server of each deployed instance once whether it is healthy (C(GET /health), C(GET /v1/models))
     at the address its deployed configuration gives, with its API key file. It asks once whether a server answers
     on each port that an instance takes anew.
@@ -57,6 +58,10 @@ options:
     description: Prefix of the systemd unit names (C(<unit_prefix><name>.service)).
     type: str
     default: vllm-
+  systemd_dir:
+    description: Where the role writes the systemd units.
+    type: path
+    default: /etc/systemd/system
   request_timeout:
     description: Seconds one HTTP request may take.
     type: float
@@ -112,6 +117,13 @@ ports:
       null when the connection is refused, else what was seen.
   returned: always
   type: dict
+files:
+  description:
+    - For each instance of O(instances), the state of its files by what they are (C(configuration), C(API key),
+      C(systemd unit)) - null for a missing file, else C(sha256) (of the content) and C(mode). The role compares
+      them with what it would write (M(gpuops.nvidia.vllm_server_files) compares the same way).
+  returned: always
+  type: dict
 paths:
   description: For each path of O(paths), C(exists), C(isdir) and C(executable).
   returned: always
@@ -145,6 +157,7 @@ def main():
             state_dir=dict(type="path", required=True),
             log_dir=dict(type="path", required=True),
             unit_prefix=dict(type="str", default="vllm-"),
+            systemd_dir=dict(type="path", default="/etc/systemd/system"),
             request_timeout=dict(type="float", default=5.0),
             max_used_mib=dict(type="int", default=_gpus.DEFAULT_TOLERANCE_MIB),
             driver_timeout=_gpus.SELECTION_ARGS["driver_timeout"],

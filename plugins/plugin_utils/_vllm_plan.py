@@ -11,7 +11,8 @@ plan(instances, host, settings) -> {"problems", "warnings", "manager", "instance
 without their vllm_server_ prefix (roles/vllm_server/tasks/validate.yml passes them). An entry holds the
 configuration written to <name>.json ("cfg", with "argv"), its systemd unit ("unit", or None), the URL the new server
 answers at ("url"), what is deployed now ("old", or None, and "old_url", "old_unit"), the acceptance gate ("gate",
-"min_rate") and what the look at the running server found ("probe": reasons to restart, "pid").
+"min_rate"), which files differ ("changed") and the reasons to restart ("reasons": those files, and what the look at
+the running server found, "probe"; "running", "pid").
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import json
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._speculative import validate_speculative_config
 from ansible_collections.gpuops.nvidia.plugins.module_utils._speculative_parse import SpeculativeConfigError
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _vllm_files
 from ansible_collections.gpuops.nvidia.plugins.module_utils._vllm_host import local_url
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._vllm_checks import vllm_server_check
 
@@ -59,7 +61,7 @@ def host_request(instances, settings):
         "paths": sorted(set(str(path) for path in paths)),
         "drafters": drafters,
         "config_dir": settings["config_dir"], "state_dir": settings["state_dir"], "log_dir": settings["log_dir"],
-        "unit_prefix": settings["unit_prefix"],
+        "unit_prefix": settings["unit_prefix"], "systemd_dir": settings["systemd_dir"],
     }
 
 
@@ -222,16 +224,30 @@ def _address(config):
             config.get("port")]
 
 
+def changed_files(instance, cfg, unit, host):
+    """Which of the instance's files differ from what the host has (compared as vllm_server_files compares)."""
+    found = (host.get("files") or {}).get(instance["name"]) or {}
+    wanted = [("configuration", _vllm_files.config_text(cfg), _vllm_files.FILE_MODE),
+              ("API key", _vllm_files.key_text(instance.get("api_key")), _vllm_files.KEY_MODE)]
+    if unit is not None:
+        wanted.append(("systemd unit", unit, _vllm_files.FILE_MODE))
+    return [what for what, content, mode in wanted if _vllm_files.differs(found.get(what), content, mode)]
+
+
 def _entry(instance, cfg, host, settings, spec):
     name = instance["name"]
     old = (host.get("deployed") or {}).get(name)
     current = old or cfg
     systemd = cfg["service_manager"] == "systemd"
     running = (host.get("running") or {}).get(name)
+    unit = unit_text(cfg, settings) if systemd else None
+    changed = changed_files(instance, cfg, unit, host)
     return {
         "name": name,
         "cfg": cfg,
-        "unit": unit_text(cfg, settings) if systemd else None,
+        "unit": unit,
+        "changed": changed,
+        "reasons": ["%s changed" % what for what in changed] + _probe_reasons(running),
         "url": local_url(cfg["host"], cfg["port"]),
         "old": old,
         "old_url": local_url(current.get("host"), current.get("port")),

@@ -510,6 +510,7 @@ REDEPLOY_PHASES = (  # (phase, task name fragments), first match wins
     ("start", ("Start the detached server", "Start the systemd unit")),
     ("health", ("Wait until the server is healthy",)),
     ("acceptance gate", ("Acceptance gate",)),
+    ("restore", ("Put the instance back into routing",)),  # the operator's hook, as the drain hook
 )
 
 
