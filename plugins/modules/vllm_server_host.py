@@ -113,8 +113,8 @@ running:
   type: dict
 ports:
   description:
-    - For each instance whose port differs from the deployed one (or that is not deployed), what answers there:
-      null when the connection is refused, else what was seen.
+    - For each instance whose port differs from the deployed one (or that is not deployed), what answers there.
+      Null when the connection is refused, else what was seen.
   returned: always
   type: dict
 files:
