@@ -130,8 +130,8 @@ paths:
   type: dict
 drafters:
   description:
-    - One entry per item of O(drafters), with C(path) (the C(config.json) read), C(config) (its content) and C(error)
-      (why it could not be read, or null).
+    - One entry per item of O(drafters), its C(model) and C(drafter_config), with C(path) (the C(config.json) read),
+      C(config) (its content) and C(error) (why it could not be read, or null).
   returned: always
   type: list
   elements: dict

@@ -10,6 +10,7 @@ plugins/module_utils/_shapes.py, exactly.
 from __future__ import annotations
 
 import ast
+import json
 import re
 import sys
 
@@ -31,7 +32,9 @@ MODEL = str(REPO / "tests" / "fixtures" / "models" / "Qwen3.6-27B")
 COMMON = {"changed", "failed", "msg"}
 # Dicts whose keys are data, not names (an environment, a speculative config, a dict by GPU index or MIG UUID).
 FREE_FORM = {"environment", "speculative_config", "mig_instances", "memory_mib", "attribution", "mig", "requested",
-             "drafter"}
+             "drafter",
+             # vllm_server_host: by instance name or path; a drafter's config.json.
+             "deployed", "running", "ports", "paths", "files", "config"}
 
 
 def return_docs(name):
@@ -68,6 +71,7 @@ REFERENCES = {
     "gpu_wait:driver": FACTS + ".driver", "gpu_wait:after": FACTS,
     "detached_process:signalled": "detached_process:would_signal", "detached_process:exited": "detached_process:would_signal",
     "detached_process:survived": "detached_process:would_signal", "vllm_acceptance:after": "vllm_acceptance:before",
+    "vllm_server_host:nvidia": FACTS,
 }
 
 
@@ -200,6 +204,17 @@ def run_every_module(node, inventory, tmp_path):
     run("detached_process", server)
     run("detached_process", server)
     run("vllm_ready", dict(url, pidfile=server["pidfile"], timeout=60, poll_interval=0.2))
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    (etc / "m.json").write_text(json.dumps({"name": "m", "host": "127.0.0.1", "port": port, "served_model_name": "m",
+                                            "service_manager": "detached"}))
+    found = run("vllm_server_host", {"instances": [{"name": "m", "port": port}, {"name": "n", "port": free_port()}],
+                                     "paths": [MODEL], "drafters": [{"model": DRAFTER}], "config_dir": str(etc),
+                                     "state_dir": str(tmp_path), "log_dir": str(tmp_path / "log")})
+    assert found["running"]["m"]["ready"] and found["ports"] == {"n": None} and found["missing_dirs"] == [str(tmp_path / "log")]
+    files = {"name": "n", "config": {"name": "n", "port": 1}, "config_dir": str(etc), "api_key": "sk-contract"}
+    assert run("vllm_server_files", files, check=True)["changed_files"] == ["configuration", "API key"]
+    assert run("vllm_server_files", files)["changed_files"] == ["configuration", "API key"]
     run("vllm_acceptance", dict(url, max_tokens=16))
     run("vllm_acceptance", dict(url, window=0.5))
     run("vllm_drain", dict(url, timeout=5, poll_interval=0.2))
