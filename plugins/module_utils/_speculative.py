@@ -47,8 +47,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._speculative_parse i
     SpeculativeConfigError,
     infer_method,
     parse_requested,
-    drafter_config_path,
-    load_drafter_config,
+    read_drafter,
     parse_server_args,
 )
 from ansible_collections.gpuops.nvidia.plugins.module_utils._speculative_checks import (
@@ -63,12 +62,6 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._speculative_checks 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._speculative_dflash import (
     _check_dflash,
 )
-
-
-def read_drafter(model, drafter_config=None):
-    """(path, config dict) of the drafter's config.json on this host. Raises SpeculativeConfigError."""
-    path = drafter_config_path(model, drafter_config)
-    return path, load_drafter_config(path)
 
 
 def validate_speculative_config(requested, drafter_config=None, target_num_layers=None, allow_fields=(),

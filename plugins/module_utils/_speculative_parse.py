@@ -233,6 +233,12 @@ def load_drafter_config(path):
     return config
 
 
+def read_drafter(model, drafter_config=None):
+    """(path, config dict) of the drafter's config.json on this host. Raises SpeculativeConfigError."""
+    path = drafter_config_path(model, drafter_config)
+    return path, load_drafter_config(path)
+
+
 def _text(value):
     """Compact rendering of a value for messages."""
     if value is None:

@@ -13,7 +13,7 @@ import json
 import os
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils import (
-    _detached, _speculative, _speculative_parse, _vllm_api, _vllm_files)
+    _detached, _speculative_parse, _vllm_api, _vllm_files)
 
 SYSTEMD_BOOTED = "/run/systemd/system"  # sd_booted(3): systemd runs when this directory exists
 
@@ -98,7 +98,7 @@ def read_drafter(entry):
     """The drafter config.json that the speculative-config check reads for `entry` ({model, drafter_config})."""
     found = dict(entry, path=None, config=None, error=None)
     try:
-        found["path"], found["config"] = _speculative.read_drafter(entry.get("model"), entry.get("drafter_config"))
+        found["path"], found["config"] = _speculative_parse.read_drafter(entry.get("model"), entry.get("drafter_config"))
     except _speculative_parse.SpeculativeConfigError as exc:
         found["error"] = str(exc)
     return found

@@ -171,8 +171,9 @@ def unit_text(cfg, settings):
         "# vLLM instance %s, written by the gpuops.nvidia.vllm_server role from %s/%s.json." % (
             cfg["name"], settings["config_dir"], cfg["name"]),
         "[Unit]",
-        "Description=vLLM %s: %s on GPUs %s, port %s" % (cfg["name"], str(cfg["served_model_name"]).replace("%", "%%"),
-                                                       ",".join(str(gpu) for gpu in cfg["gpus"]), cfg["port"]),
+        "Description=vLLM %s: %s on GPUs %s, port %s" % (
+            cfg["name"], str(cfg["served_model_name"]).replace("%", "%%"), ",".join(str(gpu) for gpu in cfg["gpus"]),
+            cfg["port"]),
         "Documentation=https://docs.vllm.ai/",
         "After=network-online.target",
         "Wants=network-online.target",

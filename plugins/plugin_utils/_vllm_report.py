@@ -147,8 +147,8 @@ def summary_lines(report, names):
         return ["no instance was deployed: the checks above failed before anything was stopped"]
     lines = []
     for e in report:
-        lines.append("%s (GPUs %s, %s): %s%s" % (e["name"], _join(e["gpus"]), e["url"], e["action"],
-                                                  (" (%s)" % ", ".join(e["reasons"])) if e["reasons"] else ""))
+        reasons = (" (%s)" % ", ".join(e["reasons"])) if e["reasons"] else ""
+        lines.append("%s (GPUs %s, %s): %s%s" % (e["name"], _join(e["gpus"]), e["url"], e["action"], reasons))
         lines += _change_lines(e) + _drain_lines(e.get("drain")) + _would_end_lines(e) + _outcome_lines(e)
     reported = [e["name"] for e in report]
     left = [name for name in names or [] if name not in reported]

@@ -550,7 +550,9 @@ def redeploy_once(inventory: Path, override: dict, log_file: Path, workdir: Path
     return dict(phases, wall_s=result["wall_s"], cpu_s=result["cpu_s"],
                 running_at_stop=int(drained.group(3)) if drained else None, task_results=len(tasks),
                 task_s=sum(seconds for _name, seconds in tasks),
-                slowest_tasks=sorted(tasks, key=lambda task: -task[1])[:15])
+                slowest_tasks=sorted(tasks, key=lambda task: -task[1])[:15],
+                rest_tasks=[(name, seconds) for name, seconds in tasks
+                            if not any(fragment in name for _phase, fragments in REDEPLOY_PHASES for fragment in fragments)])
 
 
 def bench_redeploy(args, workdir: Path) -> dict:
