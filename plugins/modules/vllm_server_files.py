@@ -9,7 +9,7 @@ module: vllm_server_files
 short_description: Write the files of one vllm_server instance, or say which differ
 version_added: 0.2.0
 description:
-  - Writes the files of one instance of the M(gpuops.nvidia.vllm_server) role in one step, each atomically (a
+  - Writes the files of one instance of the gpuops.nvidia.vllm_server role in one step, each atomically (a
     temporary file in its directory, then a rename).
   - C(<config_dir>/<name>.json), the instance's configuration (mode 0644); C(<config_dir>/<name>.env), the API key as
     C(VLLM_API_KEY=...) (mode 0600, owned by O(owner)), removed when O(api_key) is empty; the systemd unit

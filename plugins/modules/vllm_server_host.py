@@ -9,7 +9,7 @@ module: vllm_server_host
 short_description: Read in one pass what the vllm_server role checks on a host
 version_added: 0.2.0
 description:
-  - The validate phase of the M(gpuops.nvidia.vllm_server) role in one look at the host. The role checks what it
+  - The validate phase of the gpuops.nvidia.vllm_server role in one look at the host. The role checks what it
     returns on the controller, before anything is stopped.
   - It reads whether systemd runs (C(/run/systemd/system), the test of sd_booted(3)), the GPUs and their holders as
     M(gpuops.nvidia.gpu_facts) does, the configurations the role deployed (C(<config_dir>/<name>.json)), whether
