@@ -13,6 +13,9 @@ import re
 # Documentation: plugins/filter/vllm_server_check.yml.
 NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 INDEX = re.compile(r"^[0-9]+$")
+# An API key is sent as a Bearer token and written as VLLM_API_KEY=<key> in an environment file that systemd and
+# detached_process read: RFC 6750 section 2.1 (b64token) keeps it to characters neither of them quotes or splits on.
+BEARER = re.compile(r"^[A-Za-z0-9._~+/-]+=*$")
 MIG_ONLY = ('gpus %s: a MIG instance must be the only GPU of a vLLM instance: CUDA enumerates a single MIG device per '
             'process and no other GPU beside it (MIG user guide, "CUDA Device Enumeration")')
 WHOLE_MIG = ("gpus %s: GPU %s is in MIG mode: CUDA would run on one of its MIG instances and stopping the instance would "
@@ -160,6 +163,10 @@ def other_problems(instance, settings):
     executable = instance.get("vllm_executable") or settings["vllm_executable"]
     if not str(executable).startswith("/"):
         problems.append("vllm_executable must be an absolute path")
+    key = instance.get("api_key")
+    if key not in (None, "") and not (isinstance(key, str) and BEARER.match(key)):
+        problems.append("api_key must be a bearer token (RFC 6750 b64token): letters, digits and - . _ ~ + /, with = only "
+                        "at the end, no space, quote or newline (its value is not shown)")
     rate = instance.get("min_acceptance_rate")
     rate = settings["min_acceptance_rate"] if rate is None else rate
     gate = bool(instance.get("speculative_config")) and (_number(rate, False) or 0) > 0

@@ -171,3 +171,25 @@ def test_check_vllm_refuses_a_window_that_is_not_a_number(simnode, tmp_path):
         rc, out, _recap = playbook(inventory, CHECK, "-e", "check_vllm_window=%s" % value)
         assert rc != 0 and "check_vllm_window=%s" % value in flat(out) and "window=0.0" not in out, out
         assert "seconds" in flat(out), out
+
+
+def test_no_instance_after_a_failed_one_is_touched(simnode, tmp_path):
+    # Both instances change; a's new configuration crashes. a is rolled back, b keeps its server and its file.
+    node = simnode(gpus=4, release_latency=0.2)
+    ports = free_ports(2)
+    inventory = inventory_file(tmp_path, node)
+    a, b = instance("a", ports[0], [0, 1]), instance("b", ports[1], [2, 3])
+    root = write_host_vars(tmp_path, node, [a, b])
+    rc, out, _recap = run(inventory)
+    assert rc == 0, out
+    before_a, before_b, file_b = server_tree(node, ports[0]), server_tree(node, ports[1]), (root / "etc" / "b.json").read_text()
+    crash = dict(a["environment"], SIMVLLM_CRASH="1")
+    write_host_vars(tmp_path, node, [dict(a, environment=crash), dict(b, gpu_memory_utilization=0.85)])
+    rc, out, recap = run(inventory)
+    assert rc != 0 and recap[node.name]["failed"] == 1, out
+    lines = summary(out, node)
+    assert lines[0].startswith("a (GPUs 0,1, ") and ": FAILED (configuration changed)" in lines[0], lines
+    assert "not attempted after the failure above: b" in lines and not any(line.startswith("b (") for line in lines), lines
+    assert server_tree(node, ports[1]) == before_b and (root / "etc" / "b.json").read_text() == file_b
+    assert server_tree(node, ports[0]) != before_a  # a was stopped, then rolled back to its previous configuration
+    assert "rolled back to the previous configuration" in out, out

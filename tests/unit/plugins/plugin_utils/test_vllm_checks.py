@@ -175,3 +175,14 @@ def test_data_parallel_size_times_tensor_parallel_size_must_be_the_gpu_count():
     assert plugin.number_problems({"gpus": [0, 1, 2], "data_parallel_size": 2}, {}) == [
         "data_parallel_size 2 does not divide the 3 GPUs [0, 1, 2]"]
     assert plugin.number_problems({"gpus": [0, 1], "data_parallel_size": 0}, {})[0].startswith("data_parallel_size 0 is not")
+
+
+@pytest.mark.parametrize("key", ['"quoted-key"', "abc\nLD_PRELOAD=/tmp/evil.so", "two words", "a=b", 42])
+def test_an_api_key_that_the_environment_file_would_change_is_refused(key):
+    found = check([one(api_key=key)])["problems"]
+    assert len(found) == 1 and "api_key must be a bearer token" in found[0], found
+    assert str(key) not in found[0]
+
+
+def test_a_bearer_token_api_key_passes():
+    assert check([one(api_key="sk-test_4f1c.9b2e~x+y/z==")])["problems"] == []

@@ -145,3 +145,12 @@ def test_files_are_compared_with_the_states_the_host_read():
     loose = dict(same, configuration=dict(same["configuration"], mode=0o666))
     assert p.plan([instance(api_key="sk-1")], host(files={"a": loose}, running=running), SETTINGS)["instances"]["a"]["changed"] == [
         "configuration"]
+
+
+def test_the_running_servers_manager_is_the_one_stopped():
+    old = dict(p.plan([instance()], host(systemd=True), dict(SETTINGS, service_manager="systemd"))["instances"]["a"]["cfg"])
+    entry = p.plan([instance()], host(systemd=True, deployed={"a": old}), SETTINGS)["instances"]["a"]
+    assert entry["cfg"]["service_manager"] == "detached" and entry["unit"] is None
+    assert entry["old_manager"] == "systemd" and "ExecStart=" in entry["old_unit"]  # a rollback starts the old unit again
+    first = p.plan([instance()], host(), SETTINGS)["instances"]["a"]
+    assert first["old_manager"] == "detached" and first["old_unit"] is None
