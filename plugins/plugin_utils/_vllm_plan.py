@@ -22,7 +22,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._speculative import 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._speculative_parse import SpeculativeConfigError
 from ansible_collections.gpuops.nvidia.plugins.module_utils import _vllm_files
 from ansible_collections.gpuops.nvidia.plugins.module_utils._vllm_host import local_url
-from ansible_collections.gpuops.nvidia.plugins.plugin_utils._vllm_checks import vllm_server_check
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils._vllm_checks import port_problems, vllm_server_check
 
 UNIT_HEADER = "# Ansible managed: written by the gpuops.nvidia.vllm_server role"
 
@@ -55,9 +55,10 @@ def host_request(instances, settings):
     drafters = [{"model": (instance["speculative_config"] or {}).get("model"), "drafter_config": instance.get("drafter_config")}
                 for instance in instances if isinstance(instance.get("speculative_config"), dict) and instance["speculative_config"]]
     return {
+        # An instance whose port is refused (plan) is not asked about: nothing is probed at port -1.
         "instances": [{"name": str(instance.get("name")), "host": str(_given(instance, "host", "0.0.0.0")),
                        "port": str(instance.get("port")), "served_model_name": str(_given(instance, "served_model_name", instance.get("name")))}
-                      for instance in instances],
+                      for instance in instances if not port_problems(instance)],
         "paths": sorted(set(str(path) for path in paths)),
         "drafters": drafters,
         "config_dir": settings["config_dir"], "state_dir": settings["state_dir"], "log_dir": settings["log_dir"],

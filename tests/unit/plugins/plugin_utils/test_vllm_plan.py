@@ -154,3 +154,8 @@ def test_the_running_servers_manager_is_the_one_stopped():
     assert entry["old_manager"] == "systemd" and "ExecStart=" in entry["old_unit"]  # a rollback starts the old unit again
     first = p.plan([instance()], host(), SETTINGS)["instances"]["a"]
     assert first["old_manager"] == "detached" and first["old_unit"] is None
+
+
+def test_an_instance_with_a_refused_port_is_not_probed():
+    request = p.host_request([instance(port=-1), instance(name="b", port=70000), instance(name="c", port=8001)], SETTINGS)
+    assert [entry["name"] for entry in request["instances"]] == ["c"]
