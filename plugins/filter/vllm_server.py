@@ -5,6 +5,7 @@
 """Filters of the vllm_server role. The logic is in plugins/plugin_utils: _vllm_checks (the checks), _vllm_plan
 (what to ask the host, what to deploy), _vllm_report (entries, summary, failures). Documentation: the .yml files
 beside this one."""
+
 from __future__ import annotations
 
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils import _vllm_checks, _vllm_plan, _vllm_report

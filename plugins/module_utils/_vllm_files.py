@@ -8,6 +8,7 @@ files_of(params) -> [File]; File.differs(); write(file, set_owner) writes one. s
 mode) are the one comparison: the module compares on the host, the role's plan on the controller with the states
 that vllm_server_host read.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -52,7 +53,14 @@ class File:
     `mode`, `owner` (None: as it is), `secret` (never shown in a diff)."""
 
     def __init__(self, what, path, content, mode=FILE_MODE, owner=None, secret=False):
-        self.what, self.path, self.content, self.mode, self.owner, self.secret = what, path, content, mode, owner, secret
+        self.what, self.path, self.content, self.mode, self.owner, self.secret = (
+            what,
+            path,
+            content,
+            mode,
+            owner,
+            secret,
+        )
 
     def current(self):
         """The file's content now, or None when it does not exist."""
@@ -83,8 +91,16 @@ def files_of(params):
     """The files of the instance in the vllm_server_files parameters `params`."""
     name, config_dir = params["name"], params["config_dir"]
     files = [File("configuration", os.path.join(config_dir, "%s.json" % name), config_text(params["config"]))]
-    files.append(File("API key", os.path.join(config_dir, "%s.env" % name), key_text(params["api_key"]), KEY_MODE,
-                      params["owner"], secret=True))
+    files.append(
+        File(
+            "API key",
+            os.path.join(config_dir, "%s.env" % name),
+            key_text(params["api_key"]),
+            KEY_MODE,
+            params["owner"],
+            secret=True,
+        )
+    )
     if params["unit_file"]:
         files.append(File("systemd unit", params["unit_file"], params["unit"]))
     return files

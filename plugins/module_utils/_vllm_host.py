@@ -7,13 +7,13 @@
 read_host(request, inspector, systemctl) -> dict; the keys are documented in plugins/modules/vllm_server_host.py.
 Every look here only reads: files, /proc, NVML (through `inspector`) and HTTP GETs to the servers.
 """
+
 from __future__ import annotations
 
 import json
 import os
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import (
-    _detached, _speculative_parse, _vllm_api, _vllm_files)
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _detached, _speculative_parse, _vllm_api, _vllm_files
 
 SYSTEMD_BOOTED = "/run/systemd/system"  # sd_booted(3): systemd runs when this directory exists
 
@@ -71,13 +71,21 @@ def _server_process(name, config, request, systemctl):
 def probe_running(name, config, request, systemctl):
     """One look at the server of a deployed instance where its deployed configuration put it."""
     process = _server_process(name, config, request, systemctl)
-    client = _vllm_api.Client(local_url(config.get("host"), config.get("port")),
-                              _api_key(os.path.join(request["config_dir"], "%s.env" % name)), request["request_timeout"])
-    result = _vllm_api.wait_ready(client, config.get("served_model_name") or name, 0, process=process,
-                                  completion_max_tokens=0)
+    client = _vllm_api.Client(
+        local_url(config.get("host"), config.get("port")),
+        _api_key(os.path.join(request["config_dir"], "%s.env" % name)),
+        request["request_timeout"],
+    )
+    result = _vllm_api.wait_ready(
+        client, config.get("served_model_name") or name, 0, process=process, completion_max_tokens=0
+    )
     pid = process[0] if isinstance(process, tuple) else process
-    return {"ready": result["ready"], "process_exited": result["process_exited"], "last_error": result["last_error"],
-            "pid": pid or 0}
+    return {
+        "ready": result["ready"],
+        "process_exited": result["process_exited"],
+        "last_error": result["last_error"],
+        "pid": pid or 0,
+    }
 
 
 def probe_port(entry, request):
@@ -90,15 +98,20 @@ def probe_port(entry, request):
 
 
 def _stat(path):
-    return {"exists": os.path.exists(path), "isdir": os.path.isdir(path),
-            "executable": os.path.isfile(path) and os.access(path, os.X_OK)}
+    return {
+        "exists": os.path.exists(path),
+        "isdir": os.path.isdir(path),
+        "executable": os.path.isfile(path) and os.access(path, os.X_OK),
+    }
 
 
 def read_drafter(entry):
     """The drafter config.json that the speculative-config check reads for `entry` ({model, drafter_config})."""
     found = dict(entry, path=None, config=None, error=None)
     try:
-        found["path"], found["config"] = _speculative_parse.read_drafter(entry.get("model"), entry.get("drafter_config"))
+        found["path"], found["config"] = _speculative_parse.read_drafter(
+            entry.get("model"), entry.get("drafter_config")
+        )
     except _speculative_parse.SpeculativeConfigError as exc:
         found["error"] = str(exc)
     return found
@@ -106,9 +119,13 @@ def read_drafter(entry):
 
 def file_states(name, request):
     """The state (_vllm_files.state) of each file of instance `name`, by what it is."""
-    return {"configuration": _vllm_files.state(os.path.join(request["config_dir"], "%s.json" % name)),
-            "API key": _vllm_files.state(os.path.join(request["config_dir"], "%s.env" % name)),
-            "systemd unit": _vllm_files.state(os.path.join(request["systemd_dir"], "%s%s.service" % (request["unit_prefix"], name)))}
+    return {
+        "configuration": _vllm_files.state(os.path.join(request["config_dir"], "%s.json" % name)),
+        "API key": _vllm_files.state(os.path.join(request["config_dir"], "%s.env" % name)),
+        "systemd unit": _vllm_files.state(
+            os.path.join(request["systemd_dir"], "%s%s.service" % (request["unit_prefix"], name))
+        ),
+    }
 
 
 def read_host(request, inspector, systemctl):
@@ -125,12 +142,18 @@ def read_host(request, inspector, systemctl):
         "systemd": os.path.isdir(SYSTEMD_BOOTED),
         "nvidia": inspector.snapshot(tolerance_mib=request["max_used_mib"]),
         "deployed": deployed,
-        "running": {entry["name"]: probe_running(entry["name"], deployed[entry["name"]], request, systemctl)
-                    for entry in request["instances"] if entry["name"] in deployed},
+        "running": {
+            entry["name"]: probe_running(entry["name"], deployed[entry["name"]], request, systemctl)
+            for entry in request["instances"]
+            if entry["name"] in deployed
+        },
         "ports": ports,
         "files": {entry["name"]: file_states(entry["name"], request) for entry in request["instances"]},
         "paths": {path: _stat(path) for path in request["paths"]},
         "drafters": [read_drafter(entry) for entry in request["drafters"]],
-        "missing_dirs": [path for path in (request["config_dir"], request["state_dir"], request["log_dir"])
-                         if not os.path.isdir(path)],
+        "missing_dirs": [
+            path
+            for path in (request["config_dir"], request["state_dir"], request["log_dir"])
+            if not os.path.isdir(path)
+        ],
     }

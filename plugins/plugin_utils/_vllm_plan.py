@@ -14,6 +14,7 @@ answers at ("url"), what is deployed now ("old", or None, and "old_url", "old_un
 "min_rate"), which files differ ("changed") and the reasons to restart ("reasons": those files, and what the look at
 the running server found, "probe"; "running", "pid").
 """
+
 from __future__ import annotations
 
 import json
@@ -52,22 +53,36 @@ def host_request(instances, settings):
     instances = [instance for instance in instances or [] if isinstance(instance, dict)]
     paths = [instance["model"] for instance in instances if str(instance.get("model") or "").startswith("/")]
     paths += [_executable(instance, settings) for instance in instances]
-    drafters = [{"model": (instance["speculative_config"] or {}).get("model"), "drafter_config": instance.get("drafter_config")}
-                for instance in instances if isinstance(instance.get("speculative_config"), dict) and instance["speculative_config"]]
+    drafters = [
+        {"model": (instance["speculative_config"] or {}).get("model"), "drafter_config": instance.get("drafter_config")}
+        for instance in instances
+        if isinstance(instance.get("speculative_config"), dict) and instance["speculative_config"]
+    ]
     return {
         # An instance whose port is refused (plan) is not asked about: nothing is probed at port -1.
-        "instances": [{"name": str(instance.get("name")), "host": str(_given(instance, "host", "0.0.0.0")),
-                       "port": str(instance.get("port")), "served_model_name": str(_given(instance, "served_model_name", instance.get("name")))}
-                      for instance in instances if not port_problems(instance)],
+        "instances": [
+            {
+                "name": str(instance.get("name")),
+                "host": str(_given(instance, "host", "0.0.0.0")),
+                "port": str(instance.get("port")),
+                "served_model_name": str(_given(instance, "served_model_name", instance.get("name"))),
+            }
+            for instance in instances
+            if not port_problems(instance)
+        ],
         "paths": sorted(set(str(path) for path in paths)),
         "drafters": drafters,
-        "config_dir": settings["config_dir"], "state_dir": settings["state_dir"], "log_dir": settings["log_dir"],
-        "unit_prefix": settings["unit_prefix"], "systemd_dir": settings["systemd_dir"],
+        "config_dir": settings["config_dir"],
+        "state_dir": settings["state_dir"],
+        "log_dir": settings["log_dir"],
+        "unit_prefix": settings["unit_prefix"],
+        "systemd_dir": settings["systemd_dir"],
     }
 
 
 def _reader(drafters):
     """A drafter reader for validate_speculative_config over what vllm_server_host read on the host."""
+
     def read(model, drafter_config):
         for found in drafters or []:
             if found.get("model") == model and found.get("drafter_config") == drafter_config:
@@ -75,6 +90,7 @@ def _reader(drafters):
                     raise SpeculativeConfigError(found["error"])
                 return found["path"], found["config"]
         raise SpeculativeConfigError("the drafter config of %s was not read on the host" % model)
+
     return read
 
 
@@ -85,16 +101,23 @@ def _speculative(instance, settings, drafters):
         return None, []
     environment = instance.get("environment") or {}
     try:
-        result = validate_speculative_config(spec, drafter_config=instance.get("drafter_config") or None,
-                                             target_num_layers=instance.get("target_num_layers") or None,
-                                             extra_args=instance.get("extra_args") or [], environment=environment,
-                                             acceptance_gate=_gate(instance, settings), reader=_reader(drafters))
+        result = validate_speculative_config(
+            spec,
+            drafter_config=instance.get("drafter_config") or None,
+            target_num_layers=instance.get("target_num_layers") or None,
+            extra_args=instance.get("extra_args") or [],
+            environment=environment,
+            acceptance_gate=_gate(instance, settings),
+            reader=_reader(drafters),
+        )
     except SpeculativeConfigError as exc:
         return None, [str(exc)]
-    problems = ["environment sets %s=%s, but the speculative config needs %s=%s (vllm_speculative_config): remove it "
-                "from environment" % (key, environment[key], key, value)
-                for key, value in sorted(result["environment"].items())
-                if key in environment and str(environment[key]) != str(value)]
+    problems = [
+        "environment sets %s=%s, but the speculative config needs %s=%s (vllm_speculative_config): remove it "
+        "from environment" % (key, environment[key], key, value)
+        for key, value in sorted(result["environment"].items())
+        if key in environment and str(environment[key]) != str(value)
+    ]
     return result, problems
 
 
@@ -107,12 +130,16 @@ def _path_problems(instance, settings, host):
     executable = str(_executable(instance, settings))
     found = paths.get(executable) or {}
     if executable.startswith("/") and not found.get("executable"):
-        problems.append("%s %s on %s" % (executable, "is not executable" if found.get("exists") else "does not exist",
-                                         host.get("name")))
+        problems.append(
+            "%s %s on %s"
+            % (executable, "is not executable" if found.get("exists") else "does not exist", host.get("name"))
+        )
     answer = (host.get("ports") or {}).get(str(instance.get("name")))
     if answer:
-        problems.append("port %s is already used on %s by a server that is not this instance (%s): stop it or choose "
-                        "another port" % (instance.get("port"), host.get("name"), answer))
+        problems.append(
+            "port %s is already used on %s by a server that is not this instance (%s): stop it or choose "
+            "another port" % (instance.get("port"), host.get("name"), answer)
+        )
     return problems
 
 
@@ -141,9 +168,21 @@ def config_of(instance, gpus, spec, manager, settings):
     }
     cfg["environment"].update(spec["environment"] if spec else {})
     cfg["environment"].update(instance.get("environment") or {})
-    argv = [cfg["vllm_executable"], "serve", cfg["model"], "--host", cfg["host"], "--port", str(cfg["port"]),
-            "--served-model-name", cfg["served_model_name"], "--tensor-parallel-size", str(cfg["tensor_parallel_size"]),
-            "--gpu-memory-utilization", str(cfg["gpu_memory_utilization"])]
+    argv = [
+        cfg["vllm_executable"],
+        "serve",
+        cfg["model"],
+        "--host",
+        cfg["host"],
+        "--port",
+        str(cfg["port"]),
+        "--served-model-name",
+        cfg["served_model_name"],
+        "--tensor-parallel-size",
+        str(cfg["tensor_parallel_size"]),
+        "--gpu-memory-utilization",
+        str(cfg["gpu_memory_utilization"]),
+    ]
     if dp > 1:
         argv += ["--data-parallel-size", str(dp)]
     if cfg["max_model_len"]:
@@ -169,12 +208,16 @@ def unit_text(cfg, settings):
     TimeoutStopSec; KillMode=process would leave EngineCore and the workers holding the GPUs."""
     lines = [
         UNIT_HEADER,
-        "# vLLM instance %s, written by the gpuops.nvidia.vllm_server role from %s/%s.json." % (
-            cfg["name"], settings["config_dir"], cfg["name"]),
+        "# vLLM instance %s, written by the gpuops.nvidia.vllm_server role from %s/%s.json."
+        % (cfg["name"], settings["config_dir"], cfg["name"]),
         "[Unit]",
-        "Description=vLLM %s: %s on GPUs %s, port %s" % (
-            cfg["name"], str(cfg["served_model_name"]).replace("%", "%%"), ",".join(str(gpu) for gpu in cfg["gpus"]),
-            cfg["port"]),
+        "Description=vLLM %s: %s on GPUs %s, port %s"
+        % (
+            cfg["name"],
+            str(cfg["served_model_name"]).replace("%", "%%"),
+            ",".join(str(gpu) for gpu in cfg["gpus"]),
+            cfg["port"],
+        ),
         "Documentation=https://docs.vllm.ai/",
         "After=network-online.target",
         "Wants=network-online.target",
@@ -222,15 +265,19 @@ def _probe_reasons(running):
 
 def _address(config):
     """(host, port) where a check on the host reaches a server of `config`: loopback for the wildcard addresses."""
-    return [{"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(config.get("host") or "", config.get("host")),
-            config.get("port")]
+    return [
+        {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(config.get("host") or "", config.get("host")),
+        config.get("port"),
+    ]
 
 
 def changed_files(instance, cfg, unit, host):
     """Which of the instance's files differ from what the host has (compared as vllm_server_files compares)."""
     found = (host.get("files") or {}).get(instance["name"]) or {}
-    wanted = [("configuration", _vllm_files.config_text(cfg), _vllm_files.FILE_MODE),
-              ("API key", _vllm_files.key_text(instance.get("api_key")), _vllm_files.KEY_MODE)]
+    wanted = [
+        ("configuration", _vllm_files.config_text(cfg), _vllm_files.FILE_MODE),
+        ("API key", _vllm_files.key_text(instance.get("api_key")), _vllm_files.KEY_MODE),
+    ]
     if unit is not None:
         wanted.append(("systemd unit", unit, _vllm_files.FILE_MODE))
     return [what for what, content, mode in wanted if _vllm_files.differs(found.get(what), content, mode)]
@@ -276,13 +323,17 @@ def plan(instances, host, settings):
     specs = {}
     nvidia = host.get("nvidia") or {}
     if not (nvidia.get("driver") or {}).get("available"):
-        warnings.append("%s: the NVIDIA driver library did not answer (%s): GPU indices are not checked and GPU UUIDs "
-                        "cannot be used" % (host.get("name"), (nvidia.get("driver") or {}).get("error") or "no driver"))
+        warnings.append(
+            "%s: the NVIDIA driver library did not answer (%s): GPU indices are not checked and GPU UUIDs "
+            "cannot be used" % (host.get("name"), (nvidia.get("driver") or {}).get("error") or "no driver")
+        )
     for instance in instances or []:
         found = _path_problems(instance, settings, host)
         spec, spec_problems = _speculative(instance, settings, host.get("drafters"))
         specs[instance.get("name")] = spec
-        warnings += ["instance %s: %s" % (instance.get("name"), warning) for warning in (spec or {}).get("warnings", [])]
+        warnings += [
+            "instance %s: %s" % (instance.get("name"), warning) for warning in (spec or {}).get("warnings", [])
+        ]
         found += spec_problems
         if found:
             problems.append("instance %s: %s" % (instance.get("name"), "; ".join(found)))

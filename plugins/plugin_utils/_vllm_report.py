@@ -8,6 +8,7 @@ entry(planned, results) -> the report entry of one instance (its "action": uncha
 or FAILED); summary_lines(report, names) -> the host's summary; failures(report, host) -> why the host fails, or "";
 failure(result) -> what a failed task says, in one line.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,7 +25,9 @@ def failure(result):
     text = str(result.get("msg") or "failed").strip()
     if result.get("rc") not in (None, 0) and "rc " not in text:
         text += " (rc %s)" % result["rc"]
-    lines = [line.strip() for line in str(result.get("stderr") or result.get("stdout") or "").splitlines() if line.strip()]
+    lines = [
+        line.strip() for line in str(result.get("stderr") or result.get("stdout") or "").splitlines() if line.strip()
+    ]
     if lines and result.get("rc") is not None:
         text += ", %s: %s" % ("stderr" if result.get("stderr") else "stdout", " | ".join(lines[-3:]))
     return text
@@ -48,25 +51,46 @@ def entry(planned, results):
     and the registered results and notes of the run: "would_end", "hook_failure", "failure", "rollback", "drain",
     "kill", "ready", "acceptance", "log_tail", "down_s", "log_lines"."""
     reasons = results.get("reasons") or []
-    found = {"name": planned["name"], "gpus": planned["cfg"]["gpus"], "url": planned["url"], "old": planned["old"],
-             "new": planned["cfg"], "reasons": reasons}
+    found = {
+        "name": planned["name"],
+        "gpus": planned["cfg"]["gpus"],
+        "url": planned["url"],
+        "old": planned["old"],
+        "new": planned["cfg"],
+        "reasons": reasons,
+    }
     if not reasons or results.get("check_mode"):
         would_end = (results.get("would_end") or {}).get("would_signal") or []
         return dict(found, action="would redeploy" if reasons else "unchanged", would_end=would_end)
     if results.get("hook_failure"):
-        return dict(found, action="FAILED", before_stop=True, error=results["hook_failure"], rollback=NOTHING_STOPPED,
-                    log_tail=[])
+        return dict(
+            found,
+            action="FAILED",
+            before_stop=True,
+            error=results["hook_failure"],
+            rollback=NOTHING_STOPPED,
+            log_tail=[],
+        )
     acceptance = results.get("acceptance") or {}
     found.update(leftovers=(results.get("kill") or {}).get("signalled") or [], drain=_drain(results.get("drain")))
     if results.get("failure"):
         lines = (results.get("log_tail") or {}).get("stdout_lines") or []
         keep = int(results.get("log_lines") or 30)
-        return dict(found, action="FAILED", error=results["failure"], rollback=results.get("rollback") or "",
-                    acceptance=acceptance if "acceptance_rate" in acceptance else None,
-                    log_tail=lines[-keep:] if keep else [])
-    return dict(found, action="redeployed", healthy_after_s=(results.get("ready") or {}).get("healthy_after_s"),
-                down_s=round(float(results.get("down_s") or 0), 1),
-                acceptance=acceptance if _ran(acceptance) and "acceptance_rate" in acceptance else None)
+        return dict(
+            found,
+            action="FAILED",
+            error=results["failure"],
+            rollback=results.get("rollback") or "",
+            acceptance=acceptance if "acceptance_rate" in acceptance else None,
+            log_tail=lines[-keep:] if keep else [],
+        )
+    return dict(
+        found,
+        action="redeployed",
+        healthy_after_s=(results.get("ready") or {}).get("healthy_after_s"),
+        down_s=round(float(results.get("down_s") or 0), 1),
+        acceptance=acceptance if _ran(acceptance) and "acceptance_rate" in acceptance else None,
+    )
 
 
 def _json(value):
@@ -81,9 +105,15 @@ def _change_lines(e):
     if e["action"] == "unchanged":
         return []
     if e["old"] is None:
-        return ["  configuration: none deployed by this role -> speculative_config %s" % _json(e["new"]["speculative_config"])]
-    return ["  %s: %s -> %s" % (key, _json(e["old"].get(key)), _json(e["new"][key]))
-            for key in sorted(e["new"]) if key != "argv" and e["old"].get(key) != e["new"][key]]
+        return [
+            "  configuration: none deployed by this role -> speculative_config %s"
+            % _json(e["new"]["speculative_config"])
+        ]
+    return [
+        "  %s: %s -> %s" % (key, _json(e["old"].get(key)), _json(e["new"][key]))
+        for key in sorted(e["new"])
+        if key != "argv" and e["old"].get(key) != e["new"][key]
+    ]
 
 
 def _drain_lines(drain):
@@ -92,11 +122,21 @@ def _drain_lines(drain):
     if not drain["reachable"]:
         return ["  drain: the running server did not answer /metrics, nothing to drain"]
     if not drain["metrics"]:
-        return ["  drain: /metrics has no vllm:num_requests_running (--disable-log-stats?): in-flight requests unknown at the stop"]
+        return [
+            "  drain: /metrics has no vllm:num_requests_running (--disable-log-stats?): in-flight requests unknown at the stop"
+        ]
     stop = ", server exited %.1f s after SIGTERM" % drain["stop_s"] if drain.get("stop_s") is not None else ""
-    return ["  %s in %.1f s: %s request(s) running and %s waiting at the stop (%s running at the start)%s" % (
-        "drained" if drain["drained"] else "not drained", drain["drain_s"], drain["running"], drain["waiting"],
-        drain["running_at_start"], stop)]
+    return [
+        "  %s in %.1f s: %s request(s) running and %s waiting at the stop (%s running at the start)%s"
+        % (
+            "drained" if drain["drained"] else "not drained",
+            drain["drain_s"],
+            drain["running"],
+            drain["waiting"],
+            drain["running_at_start"],
+            stop,
+        )
+    ]
 
 
 def _would_end_lines(e):
@@ -108,31 +148,46 @@ def _would_end_lines(e):
             agent = (process.get("owner") or {}).get("agent")
             if agent and agent.get("pid") not in servers:
                 servers.append(agent.get("pid"))
-        lines.append("  would end %d process(es) on its GPUs%s:" % (
-            len(would_end), (", with their vLLM API server(s) " + _join(servers, ", ")) if servers else ""))
-        lines += ["    PID %s %s (GPUs %s): %s" % (p["pid"], p["comm"], _join(p["gpus"]), cut_cmdline(p.get("cmdline")))
-                  for p in would_end]
+        lines.append(
+            "  would end %d process(es) on its GPUs%s:"
+            % (len(would_end), (", with their vLLM API server(s) " + _join(servers, ", ")) if servers else "")
+        )
+        lines += [
+            "    PID %s %s (GPUs %s): %s" % (p["pid"], p["comm"], _join(p["gpus"]), cut_cmdline(p.get("cmdline")))
+            for p in would_end
+        ]
     elif e["action"] == "would redeploy":
         lines.append("  would end no process on its GPUs (none holds them now)")
     old = e["old"]
     if e["action"] == "would redeploy" and old and old.get("gpus") != e["new"]["gpus"]:
-        lines.append("  would also stop the running server on GPUs %s (its whole %s)" % (
-            _join(old.get("gpus") or []), "unit" if old.get("service_manager") == "systemd" else "session"))
+        lines.append(
+            "  would also stop the running server on GPUs %s (its whole %s)"
+            % (_join(old.get("gpus") or []), "unit" if old.get("service_manager") == "systemd" else "session")
+        )
     return lines
 
 
 def _outcome_lines(e):
     lines = []
     if e.get("leftovers"):
-        lines.append("  ended %d process(es) left on its GPUs: %s" % (
-            len(e["leftovers"]), ", ".join("%s %s" % (p["pid"], p["comm"]) for p in e["leftovers"])))
+        lines.append(
+            "  ended %d process(es) left on its GPUs: %s"
+            % (len(e["leftovers"]), ", ".join("%s %s" % (p["pid"], p["comm"]) for p in e["leftovers"]))
+        )
     if e.get("healthy_after_s") is not None:
         lines.append("  healthy %.1f s after start, down %.1f s in all" % (e["healthy_after_s"], e["down_s"]))
     acceptance = e.get("acceptance")
     if acceptance:
-        lines.append("  acceptance rate %.1f%% (%s of %s draft tokens), mean acceptance length %.2f, %s tok/s over the warm-up" % (
-            100 * acceptance["acceptance_rate"], acceptance["accepted_tokens"], acceptance["draft_tokens"],
-            acceptance["mean_acceptance_length"], acceptance["tokens_per_s"]))
+        lines.append(
+            "  acceptance rate %.1f%% (%s of %s draft tokens), mean acceptance length %.2f, %s tok/s over the warm-up"
+            % (
+                100 * acceptance["acceptance_rate"],
+                acceptance["accepted_tokens"],
+                acceptance["draft_tokens"],
+                acceptance["mean_acceptance_length"],
+                acceptance["tokens_per_s"],
+            )
+        )
     if "error" in e:
         lines += ["  failed at %s" % e["error"], "  %s" % e["rollback"]]
         if e["log_tail"]:
@@ -165,8 +220,12 @@ def failures(report, host):
             continue
         before = e.get("before_stop")
         text = "vLLM instance %s on %s: %s %s -- %s." % (
-            e["name"], host, "failed before anything was stopped, at" if before else "the new configuration failed at",
-            e["error"], e["rollback"])
+            e["name"],
+            host,
+            "failed before anything was stopped, at" if before else "the new configuration failed at",
+            e["error"],
+            e["rollback"],
+        )
         if e.get("log_tail"):
             text += " Last lines the new server wrote to %s:\n%s" % (e["new"]["log_file"], "\n".join(e["log_tail"]))
         elif not before:

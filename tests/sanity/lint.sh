@@ -25,9 +25,16 @@ if [[ ! -e $collection_link ]]; then
     ln -sfn ../../.. "$collection_link"
 fi
 
-# Files that `ruff format --check` holds to ruff.toml's format. The rest of the tree is not
-# formatted yet: one `ruff format .` commit will add it and empty this list.
-FORMATTED=(tests/integration/test_controller_matrix.py tests/sanity/get_pip_from_wheel.py)
+# Files that `ruff format --check` holds to ruff.toml's format: the files written since ruff came in.
+# The rest of the tree is not formatted: `ruff format .` adds about 2,000 lines (one argument a line) and pushes
+# 11 functions of plugins/ past tests/unit/test_function_length.py's 60 lines; that is left to be revisited.
+FORMATTED=(tests/integration/test_controller_matrix.py tests/sanity/get_pip_from_wheel.py
+           plugins/module_utils/_vllm_host.py plugins/module_utils/_vllm_files.py
+           plugins/modules/vllm_server_host.py plugins/modules/vllm_server_files.py
+           plugins/plugin_utils/_vllm_plan.py plugins/plugin_utils/_vllm_report.py plugins/filter/vllm_server.py
+           plugins/action/vllm_server_host.py plugins/action/vllm_server_files.py
+           tests/unit/plugins/plugin_utils/test_vllm_plan.py tests/unit/plugins/plugin_utils/test_vllm_report.py
+           tests/unit/plugins/module_utils/test_vllm_host.py tests/unit/plugins/module_utils/test_vllm_files.py)
 
 cd "$REPO"
 # All of them run; the script fails when any does.

@@ -3,6 +3,7 @@
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 """plugins/module_utils/_vllm_host.py: what the vllm_server role reads on a host, in one pass."""
+
 from __future__ import annotations
 
 import json
@@ -18,7 +19,13 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils import _detached, _v
 
 class Inspector:
     def snapshot(self, tolerance_mib):
-        return {"driver": {"available": True}, "gpus": [], "holders": [], "scan_problems": [], "tolerance": tolerance_mib}
+        return {
+            "driver": {"available": True},
+            "gpus": [],
+            "holders": [],
+            "scan_problems": [],
+            "tolerance": tolerance_mib,
+        }
 
 
 class Health(BaseHTTPRequestHandler):
@@ -48,22 +55,46 @@ def closed_port():
 
 
 def request(tmp_path, instances, **extra):
-    return dict({"instances": instances, "paths": [], "drafters": [], "config_dir": str(tmp_path / "etc"),
-                 "state_dir": str(tmp_path / "state"), "log_dir": str(tmp_path / "log"), "unit_prefix": "vllm-",
-                 "systemd_dir": str(tmp_path / "units"),
-                 "request_timeout": 2.0, "max_used_mib": 256}, **extra)
+    return dict(
+        {
+            "instances": instances,
+            "paths": [],
+            "drafters": [],
+            "config_dir": str(tmp_path / "etc"),
+            "state_dir": str(tmp_path / "state"),
+            "log_dir": str(tmp_path / "log"),
+            "unit_prefix": "vllm-",
+            "systemd_dir": str(tmp_path / "units"),
+            "request_timeout": 2.0,
+            "max_used_mib": 256,
+        },
+        **extra,
+    )
 
 
 def test_local_url():
-    assert _vllm_host.local_url("0.0.0.0", 1) == "http://127.0.0.1:1" and _vllm_host.local_url("::", 2) == "http://[::1]:2"
-    assert _vllm_host.local_url("10.0.0.5", 3) == "http://10.0.0.5:3" and _vllm_host.local_url(None, 4) == "http://127.0.0.1:4"
+    assert (
+        _vllm_host.local_url("0.0.0.0", 1) == "http://127.0.0.1:1" and _vllm_host.local_url("::", 2) == "http://[::1]:2"
+    )
+    assert (
+        _vllm_host.local_url("10.0.0.5", 3) == "http://10.0.0.5:3"
+        and _vllm_host.local_url(None, 4) == "http://127.0.0.1:4"
+    )
 
 
 def test_a_first_deployment(tmp_path):
     (tmp_path / "models").mkdir()
     free = closed_port()
-    found = _vllm_host.read_host(request(tmp_path, [{"name": "a", "port": str(free)}], paths=[str(tmp_path / "models"), "/none"],
-                                         drafters=[{"model": str(tmp_path / "models")}]), Inspector(), lambda unit: {})
+    found = _vllm_host.read_host(
+        request(
+            tmp_path,
+            [{"name": "a", "port": str(free)}],
+            paths=[str(tmp_path / "models"), "/none"],
+            drafters=[{"model": str(tmp_path / "models")}],
+        ),
+        Inspector(),
+        lambda unit: {},
+    )
     assert found["deployed"] == {} and found["running"] == {} and found["ports"] == {"a": None}
     assert found["paths"][str(tmp_path / "models")] == {"exists": True, "isdir": True, "executable": False}
     assert found["paths"]["/none"]["exists"] is False
@@ -77,14 +108,26 @@ def test_a_deployed_server_is_asked_with_its_key_where_it_was_deployed(tmp_path,
     etc, state = tmp_path / "etc", tmp_path / "state"
     etc.mkdir()
     state.mkdir()
-    (etc / "a.json").write_text(json.dumps({"name": "a", "host": "0.0.0.0", "port": server, "served_model_name": "served-a",
-                                            "service_manager": "detached"}))
+    (etc / "a.json").write_text(
+        json.dumps(
+            {
+                "name": "a",
+                "host": "0.0.0.0",
+                "port": server,
+                "served_model_name": "served-a",
+                "service_manager": "detached",
+            }
+        )
+    )
     (etc / "a.env").write_text("VLLM_API_KEY=sk-a\n")
     (etc / "broken.json").write_text("{")
     _detached.write_pidfile(str(state / "a.pid"), os.getpid(), _detached._proc.read_start_ticks(os.getpid()))
     # The new configuration moves a to another port: a server answering there is reported.
-    found = _vllm_host.read_host(request(tmp_path, [{"name": "a", "port": str(server + 1 if server < 65535 else server - 1)}]),
-                                 Inspector(), lambda unit: {})
+    found = _vllm_host.read_host(
+        request(tmp_path, [{"name": "a", "port": str(server + 1 if server < 65535 else server - 1)}]),
+        Inspector(),
+        lambda unit: {},
+    )
     assert list(found["deployed"]) == ["a"]
     assert found["files"]["a"]["API key"]["sha256"] == _vllm_files.digest("VLLM_API_KEY=sk-a\n")
     assert "sk-a" not in json.dumps(found)  # the key is used to ask the server, never returned
@@ -105,6 +148,9 @@ def test_a_systemd_instance_is_watched_by_its_main_pid(tmp_path):
     etc.mkdir()
     (etc / "a.json").write_text(json.dumps({"name": "a", "port": closed_port(), "service_manager": "systemd"}))
     units = []
-    found = _vllm_host.read_host(request(tmp_path, [{"name": "a", "port": "1"}]), Inspector(),
-                                 lambda unit: units.append(unit) or {"ActiveState": "inactive", "MainPID": "0"})
+    found = _vllm_host.read_host(
+        request(tmp_path, [{"name": "a", "port": "1"}]),
+        Inspector(),
+        lambda unit: units.append(unit) or {"ActiveState": "inactive", "MainPID": "0"},
+    )
     assert units == ["vllm-a.service"] and found["running"]["a"]["process_exited"] is True

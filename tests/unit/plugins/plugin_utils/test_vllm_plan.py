@@ -3,6 +3,7 @@
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 """plugins/plugin_utils/_vllm_plan.py: what the vllm_server role asks the host and what it deploys."""
+
 from __future__ import annotations
 
 import json
@@ -11,19 +12,40 @@ from pathlib import Path
 
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils import _vllm_plan as p
 
-SETTINGS = {"service_manager": "detached", "vllm_executable": "/usr/local/bin/vllm", "stop_timeout": 60,
-            "min_acceptance_rate": 0.1, "unit_prefix": "vllm-", "state_dir": "/var/lib/vllm", "config_dir": "/etc/vllm",
-            "log_dir": "/var/log/vllm", "user": "vllm", "systemd_dir": "/etc/systemd/system"}
+SETTINGS = {
+    "service_manager": "detached",
+    "vllm_executable": "/usr/local/bin/vllm",
+    "stop_timeout": 60,
+    "min_acceptance_rate": 0.1,
+    "unit_prefix": "vllm-",
+    "state_dir": "/var/lib/vllm",
+    "config_dir": "/etc/vllm",
+    "log_dir": "/var/log/vllm",
+    "user": "vllm",
+    "systemd_dir": "/etc/systemd/system",
+}
 FIXTURE = Path(__file__).parents[3] / "fixtures" / "drafters" / "dflash-qwen3"
 DRAFTER = json.loads((FIXTURE / "config.json").read_text())  # sliding-window layers: the V2 model runner is needed
 
 
 def host(**extra):
-    found = {"name": "gpu07", "systemd": False, "deployed": {}, "running": {}, "ports": {}, "drafters": [],
-             "paths": {"/models/q": {"exists": True, "isdir": True, "executable": False},
-                       "/usr/local/bin/vllm": {"exists": True, "isdir": False, "executable": True}},
-             "nvidia": {"driver": {"available": True}, "gpus": [{"index": i, "uuid": "GPU-%d" % i} for i in range(4)],
-                        "holders": []}}
+    found = {
+        "name": "gpu07",
+        "systemd": False,
+        "deployed": {},
+        "running": {},
+        "ports": {},
+        "drafters": [],
+        "paths": {
+            "/models/q": {"exists": True, "isdir": True, "executable": False},
+            "/usr/local/bin/vllm": {"exists": True, "isdir": False, "executable": True},
+        },
+        "nvidia": {
+            "driver": {"available": True},
+            "gpus": [{"index": i, "uuid": "GPU-%d" % i} for i in range(4)],
+            "holders": [],
+        },
+    }
     found.update(extra)
     return found
 
@@ -33,27 +55,66 @@ def instance(**extra):
 
 
 def test_host_request_names_what_the_host_must_read():
-    request = p.host_request([instance(speculative_config={"method": "dflash", "model": "/models/d"}, drafter_config="/x"),
-                              instance(name="b", model="Qwen/Qwen3-8B", vllm_executable="/opt/vllm", host="::")], SETTINGS)
+    request = p.host_request(
+        [
+            instance(speculative_config={"method": "dflash", "model": "/models/d"}, drafter_config="/x"),
+            instance(name="b", model="Qwen/Qwen3-8B", vllm_executable="/opt/vllm", host="::"),
+        ],
+        SETTINGS,
+    )
     assert request["paths"] == ["/models/q", "/opt/vllm", "/usr/local/bin/vllm"]
     assert request["drafters"] == [{"model": "/models/d", "drafter_config": "/x"}]
     assert request["instances"][1] == {"name": "b", "host": "::", "port": "8000", "served_model_name": "b"}
 
 
 def test_configuration_command_line_and_urls():
-    planned = p.plan([instance(host="::", data_parallel_size=2, max_model_len=4096, shutdown_timeout=5,
-                               extra_args=["--enable-prefix-caching"], environment={"HF_HOME": "/srv/hf"}, api_key="sk-secret-4711")],
-                     host(), SETTINGS)
+    planned = p.plan(
+        [
+            instance(
+                host="::",
+                data_parallel_size=2,
+                max_model_len=4096,
+                shutdown_timeout=5,
+                extra_args=["--enable-prefix-caching"],
+                environment={"HF_HOME": "/srv/hf"},
+                api_key="sk-secret-4711",
+            )
+        ],
+        host(),
+        SETTINGS,
+    )
     assert planned["problems"] == [] and planned["manager"] == "detached"
     entry = planned["instances"]["a"]
     cfg = entry["cfg"]
     assert cfg["tensor_parallel_size"] == 1 and cfg["data_parallel_size"] == 2 and cfg["served_model_name"] == "a"
-    assert cfg["environment"] == {"CUDA_VISIBLE_DEVICES": "0,1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID", "HF_HOME": "/srv/hf"}
+    assert cfg["environment"] == {
+        "CUDA_VISIBLE_DEVICES": "0,1",
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        "HF_HOME": "/srv/hf",
+    }
     assert cfg["api_key_file"] == "/etc/vllm/a.env" and "sk-secret-4711" not in json.dumps(cfg)
-    assert cfg["argv"] == ["/usr/local/bin/vllm", "serve", "/models/q", "--host", "::", "--port", "8000",
-                           "--served-model-name", "a", "--tensor-parallel-size", "1", "--gpu-memory-utilization", "0.9",
-                           "--data-parallel-size", "2", "--max-model-len", "4096", "--shutdown-timeout", "5",
-                           "--enable-prefix-caching"]
+    assert cfg["argv"] == [
+        "/usr/local/bin/vllm",
+        "serve",
+        "/models/q",
+        "--host",
+        "::",
+        "--port",
+        "8000",
+        "--served-model-name",
+        "a",
+        "--tensor-parallel-size",
+        "1",
+        "--gpu-memory-utilization",
+        "0.9",
+        "--data-parallel-size",
+        "2",
+        "--max-model-len",
+        "4096",
+        "--shutdown-timeout",
+        "5",
+        "--enable-prefix-caching",
+    ]
     assert entry["url"] == "http://[::1]:8000" and entry["address"] == ["::1", 8000]
     assert entry["old"] is None and entry["probe"] == ["not running"] and entry["running"] is False
     assert entry["unit"] is None and entry["gate"] is False
@@ -63,7 +124,9 @@ def test_running_server_and_its_deployed_address():
     old = dict(p.plan([instance(port=9000)], host(), SETTINGS)["instances"]["a"]["cfg"])
     running = {"a": {"ready": False, "process_exited": False, "last_error": "GET /health: HTTP 503", "pid": 41}}
     entry = p.plan([instance()], host(deployed={"a": old}, running=running), SETTINGS)["instances"]["a"]
-    assert entry["old"] == old and entry["old_url"] == "http://127.0.0.1:9000" and entry["url"] == "http://127.0.0.1:8000"
+    assert (
+        entry["old"] == old and entry["old_url"] == "http://127.0.0.1:9000" and entry["url"] == "http://127.0.0.1:8000"
+    )
     assert entry["old_address"] == ["127.0.0.1", 9000] and entry["running"] and entry["pid"] == 41
     assert entry["probe"] == ["not healthy (GET /health: HTTP 503)"]
     running["a"].update(ready=True, last_error=None)
@@ -71,28 +134,46 @@ def test_running_server_and_its_deployed_address():
 
 
 def test_host_answers_become_problems_by_instance():
-    answers = host(paths={"/models/q": {"exists": False}, "/usr/local/bin/vllm": {"exists": True, "executable": False}},
-                   ports={"a": "GET /health: HTTP 404"})
+    answers = host(
+        paths={"/models/q": {"exists": False}, "/usr/local/bin/vllm": {"exists": True, "executable": False}},
+        ports={"a": "GET /health: HTTP 404"},
+    )
     planned = p.plan([instance()], answers, SETTINGS)
     assert planned["instances"] == {}
     assert planned["problems"] == [
         "instance a: model /models/q does not exist on gpu07; /usr/local/bin/vllm is not executable on gpu07; port 8000 "
         "is already used on gpu07 by a server that is not this instance (GET /health: HTTP 404): stop it or choose "
-        "another port"]
+        "another port"
+    ]
 
 
 def test_speculative_config_is_checked_with_the_drafter_the_host_read():
     spec = {"method": "dflash", "model": "/models/d", "num_speculative_tokens": 15}
-    drafters = [{"model": "/models/d", "drafter_config": None, "path": "/models/d/config.json", "config": DRAFTER, "error": None}]
+    drafters = [
+        {
+            "model": "/models/d",
+            "drafter_config": None,
+            "path": "/models/d/config.json",
+            "config": DRAFTER,
+            "error": None,
+        }
+    ]
     planned = p.plan([instance(speculative_config=spec)], host(drafters=drafters), SETTINGS)
     assert planned["problems"] == [], planned
     entry = planned["instances"]["a"]
     assert entry["gate"] and entry["min_rate"] == 0.1 and entry["cfg"]["speculative_config"]["method"] == "dflash"
-    assert json.loads(entry["cfg"]["argv"][entry["cfg"]["argv"].index("--speculative-config") + 1]) == entry["cfg"]["speculative_config"]
+    assert (
+        json.loads(entry["cfg"]["argv"][entry["cfg"]["argv"].index("--speculative-config") + 1])
+        == entry["cfg"]["speculative_config"]
+    )
     wrong = dict(DRAFTER, dflash_config=dict(DRAFTER["dflash_config"], mask_token_id=1))
     spec_wrong = dict(spec, mask_token_id=248070)
-    planned = p.plan([instance(speculative_config=spec_wrong)], host(drafters=[dict(drafters[0], config=wrong)]), SETTINGS)
-    assert planned["problems"][0].startswith("instance a: speculative_config does not match the drafter (/models/d/config.json)")
+    planned = p.plan(
+        [instance(speculative_config=spec_wrong)], host(drafters=[dict(drafters[0], config=wrong)]), SETTINGS
+    )
+    assert planned["problems"][0].startswith(
+        "instance a: speculative_config does not match the drafter (/models/d/config.json)"
+    )
     missing = [dict(drafters[0], config=None, error="drafter config /models/d/config.json not found on this host")]
     planned = p.plan([instance(speculative_config=spec)], host(drafters=missing), SETTINGS)
     assert planned["problems"] == ["instance a: drafter config /models/d/config.json not found on this host"]
@@ -100,62 +181,97 @@ def test_speculative_config_is_checked_with_the_drafter_the_host_read():
 
 def test_environment_must_keep_what_the_speculative_config_needs():
     spec = {"method": "dflash", "model": "/models/d", "num_speculative_tokens": 15}
-    drafters = [{"model": "/models/d", "drafter_config": None, "path": "/models/d/config.json", "config": DRAFTER, "error": None}]
-    needed = p.plan([instance(speculative_config=spec)], host(drafters=drafters), SETTINGS)["instances"]["a"]["cfg"]["environment"]
+    drafters = [
+        {
+            "model": "/models/d",
+            "drafter_config": None,
+            "path": "/models/d/config.json",
+            "config": DRAFTER,
+            "error": None,
+        }
+    ]
+    needed = p.plan([instance(speculative_config=spec)], host(drafters=drafters), SETTINGS)["instances"]["a"]["cfg"][
+        "environment"
+    ]
     extra = {key: value for key, value in needed.items() if not key.startswith("CUDA_")}
     assert extra, needed  # the V2 model runner DFlash needs in vLLM 0.33
     key, value = sorted(extra.items())[0]
-    planned = p.plan([instance(speculative_config=spec, environment={key: value + "0"})], host(drafters=drafters), SETTINGS)
-    assert "environment sets %s=%s0, but the speculative config needs %s=%s" % (key, value, key, value) in planned["problems"][0]
+    planned = p.plan(
+        [instance(speculative_config=spec, environment={key: value + "0"})], host(drafters=drafters), SETTINGS
+    )
+    assert (
+        "environment sets %s=%s0, but the speculative config needs %s=%s" % (key, value, key, value)
+        in planned["problems"][0]
+    )
 
 
 def test_systemd_unit_quotes_and_ends_the_whole_tree():
     settings = dict(SETTINGS, service_manager="auto", stop_timeout=10)
-    planned = p.plan([instance(environment={"NOTE": "100% $HOME"}, extra_args=["--chat-template", 'say "$x"'], api_key="k")],
-                     host(systemd=True), settings)
+    planned = p.plan(
+        [instance(environment={"NOTE": "100% $HOME"}, extra_args=["--chat-template", 'say "$x"'], api_key="k")],
+        host(systemd=True),
+        settings,
+    )
     assert planned["manager"] == "systemd"
     unit = planned["instances"]["a"]["unit"]
     assert 'Environment="NOTE=100%% $HOME"' in unit and "EnvironmentFile=/etc/vllm/a.env" in unit
     assert "KillMode=control-group" in unit and "TimeoutStopSec=10" in unit and "User=vllm" in unit
-    exec_start = [line for line in unit.splitlines() if line.startswith("ExecStart=")][0][len("ExecStart="):]
+    exec_start = [line for line in unit.splitlines() if line.startswith("ExecStart=")][0][len("ExecStart=") :]
     words = [word.replace("$$", "$").replace("%%", "%") for word in shlex.split(exec_start)]
     assert words == planned["instances"]["a"]["cfg"]["argv"]
 
 
 def test_plan_without_driver_warns_and_resolves_indices_only():
-    answers = host(nvidia={"driver": {"available": False, "error": "libnvidia-ml.so.1 not found"}, "gpus": [], "holders": []})
+    answers = host(
+        nvidia={"driver": {"available": False, "error": "libnvidia-ml.so.1 not found"}, "gpus": [], "holders": []}
+    )
     planned = p.plan([instance()], answers, SETTINGS)
     assert planned["problems"] == [] and planned["instances"]["a"]["cfg"]["gpus"] == [0, 1]
-    assert planned["warnings"] == ["gpu07: the NVIDIA driver library did not answer (libnvidia-ml.so.1 not found): GPU "
-                                   "indices are not checked and GPU UUIDs cannot be used"]
+    assert planned["warnings"] == [
+        "gpu07: the NVIDIA driver library did not answer (libnvidia-ml.so.1 not found): GPU "
+        "indices are not checked and GPU UUIDs cannot be used"
+    ]
 
 
 def test_files_are_compared_with_the_states_the_host_read():
     from ansible_collections.gpuops.nvidia.plugins.module_utils import _vllm_files
+
     first = p.plan([instance(api_key="sk-1")], host(), SETTINGS)["instances"]["a"]
     assert first["changed"] == ["configuration", "API key"] and first["reasons"] == [
-        "configuration changed", "API key changed", "not running"]
-    same = {"configuration": {"sha256": _vllm_files.digest(_vllm_files.config_text(first["cfg"])), "mode": 0o644},
-            "API key": {"sha256": _vllm_files.digest("VLLM_API_KEY=sk-1\n"), "mode": 0o600}}
+        "configuration changed",
+        "API key changed",
+        "not running",
+    ]
+    same = {
+        "configuration": {"sha256": _vllm_files.digest(_vllm_files.config_text(first["cfg"])), "mode": 0o644},
+        "API key": {"sha256": _vllm_files.digest("VLLM_API_KEY=sk-1\n"), "mode": 0o600},
+    }
     running = {"a": {"ready": True, "process_exited": False, "last_error": None, "pid": 7}}
     entry = p.plan([instance(api_key="sk-1")], host(files={"a": same}, running=running), SETTINGS)["instances"]["a"]
     assert entry["changed"] == [] and entry["reasons"] == []
     entry = p.plan([instance(api_key="sk-2")], host(files={"a": same}, running=running), SETTINGS)["instances"]["a"]
     assert entry["reasons"] == ["API key changed"]
     loose = dict(same, configuration=dict(same["configuration"], mode=0o666))
-    assert p.plan([instance(api_key="sk-1")], host(files={"a": loose}, running=running), SETTINGS)["instances"]["a"]["changed"] == [
-        "configuration"]
+    assert p.plan([instance(api_key="sk-1")], host(files={"a": loose}, running=running), SETTINGS)["instances"]["a"][
+        "changed"
+    ] == ["configuration"]
 
 
 def test_the_running_servers_manager_is_the_one_stopped():
-    old = dict(p.plan([instance()], host(systemd=True), dict(SETTINGS, service_manager="systemd"))["instances"]["a"]["cfg"])
+    old = dict(
+        p.plan([instance()], host(systemd=True), dict(SETTINGS, service_manager="systemd"))["instances"]["a"]["cfg"]
+    )
     entry = p.plan([instance()], host(systemd=True, deployed={"a": old}), SETTINGS)["instances"]["a"]
     assert entry["cfg"]["service_manager"] == "detached" and entry["unit"] is None
-    assert entry["old_manager"] == "systemd" and "ExecStart=" in entry["old_unit"]  # a rollback starts the old unit again
+    assert (
+        entry["old_manager"] == "systemd" and "ExecStart=" in entry["old_unit"]
+    )  # a rollback starts the old unit again
     first = p.plan([instance()], host(), SETTINGS)["instances"]["a"]
     assert first["old_manager"] == "detached" and first["old_unit"] is None
 
 
 def test_an_instance_with_a_refused_port_is_not_probed():
-    request = p.host_request([instance(port=-1), instance(name="b", port=70000), instance(name="c", port=8001)], SETTINGS)
+    request = p.host_request(
+        [instance(port=-1), instance(name="b", port=70000), instance(name="c", port=8001)], SETTINGS
+    )
     assert [entry["name"] for entry in request["instances"]] == ["c"]
