@@ -18,8 +18,12 @@ step "ansible-lint" tests/sanity/lint.sh
 [ ${#failed[@]} -gt 0 ] && echo "FAILED so far: ${failed[*]} (pytest runs anyway)"
 # pytest last, so that its summary line closes the output.
 echo "== pytest (unit, simulator, integration on simulated GPU nodes)"
-.venv/bin/pytest -q
+# In PYTEST_WORKERS pytest-xdist workers (default 3; 0 runs the tests in this process): most integration tests wait on
+# simulated nodes and ansible-playbook runs, so 3 workers fit 2 cores. Every test makes its own nodes and ports.
+t0=$SECONDS
+.venv/bin/pytest -q -n "${PYTEST_WORKERS:-3}"
 rc=$?
+echo "== pytest: rc $rc ($((SECONDS - t0)) s)"
 left=$(tests/sim/gpunode list)
 [ -n "$left" ] && echo "warning: simulated nodes left running: $left" >&2
 [ $rc -eq 0 ] && [ ${#failed[@]} -eq 0 ]

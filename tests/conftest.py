@@ -13,6 +13,21 @@ from simnode import Node, up
 
 _node_numbers = itertools.count()
 
+# Files whose every test runs the vllm_server role or a vLLM server on a node (one redeploy: 20 s or more): their
+# tests are slow without a mark of their own.
+SLOW_FILES = "tests/integration/test_vllm_"
+
+
+def pytest_collection_modifyitems(items):
+    """Slow tests first (pytest.ini's `slow` marker; every test of SLOW_FILES), the order otherwise kept.
+
+    Under pytest-xdist (scripts/test.sh) the workers then take the long tests first and the short ones fill in at
+    the end, so they finish together rather than one running a 100 s test while the others wait."""
+    for item in items:
+        if item.nodeid.startswith(SLOW_FILES):
+            item.add_marker(pytest.mark.slow)
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
 
 @functools.lru_cache(maxsize=None)
 def _namespaces_refused() -> str | None:

@@ -10,12 +10,12 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
-import socket
 
 import pytest
 
 from ansible_run import REPO, playbook
 from nodetools import alive, gpu_memory, start_holder, start_vllm, vllm_tree, wait_for
+from ports import free_ports
 from simnode import inventory_file
 
 EXAMPLES = REPO / "docs" / "examples"
@@ -67,10 +67,8 @@ def assert_ended(node, engine, workers):
 
 
 def free_port():
-    """A TCP port free on the loopback interface right now (nodes share the host's network)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A TCP port free on the loopback interface, reserved for this test process (nodes share the host's network)."""
+    return free_ports(1)[0]
 
 
 def test_every_example_is_run_by_a_test():

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from ansible_run import REPO
 from nodetools import processes
 from simnode import VENV_PYTHON
@@ -28,6 +30,7 @@ def run_check(node, out_dir, *args, timeout=400):
     return proc, result
 
 
+@pytest.mark.slow
 def test_check_passes_on_a_default_simulated_node_and_finds_no_difference(simnode, tmp_path):
     node = simnode(gpus=2, minors=[3, 5])
     proc, result = run_check(node, tmp_path)

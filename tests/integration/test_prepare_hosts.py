@@ -9,7 +9,9 @@ and the node has no network to the package index: the wheels come from a directo
 
 from __future__ import annotations
 
+import fcntl
 import re
+import shutil
 import subprocess
 
 import pytest
@@ -36,16 +38,25 @@ def system_python_version() -> str:
 
 @pytest.fixture(scope="module")
 def wheels():
-    """Directory of wheels of requirements.txt for the system Python (pip download, once; reused across runs)."""
+    """Directory of wheels of requirements.txt for the system Python (pip download, once; reused across runs).
+
+    A lock serializes test processes (pytest-xdist workers) that need it at once; a stamp written last marks a
+    complete download, so one that was interrupted, or is still running in another process, is never used."""
     version = system_python_version()
     directory = WHEELS / ("py" + version)
-    if not sorted(directory.glob("*.whl")):
-        directory.mkdir(parents=True, exist_ok=True)
-        result = subprocess.run([str(VENV_BIN / "pip"), "download", "--quiet", "--disable-pip-version-check", "--only-binary=:all:",
-                                 "--python-version", version, "--platform", "manylinux2014_x86_64", "--platform",
-                                 "manylinux_2_28_x86_64", "-d", str(directory), *REQUIREMENTS],
-                                capture_output=True, text=True, timeout=300, check=False)
-        assert result.returncode == 0, "pip download of %s failed:\n%s" % (REQUIREMENTS, result.stderr)
+    stamp = directory / "gpuops-wheels.stamp"
+    WHEELS.mkdir(parents=True, exist_ok=True)
+    with open(WHEELS / ("py%s.lock" % version), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not stamp.is_file() or stamp.read_text() != "\n".join(REQUIREMENTS):
+            shutil.rmtree(directory, ignore_errors=True)
+            directory.mkdir()
+            result = subprocess.run([str(VENV_BIN / "pip"), "download", "--quiet", "--disable-pip-version-check", "--only-binary=:all:",
+                                     "--python-version", version, "--platform", "manylinux2014_x86_64", "--platform",
+                                     "manylinux_2_28_x86_64", "-d", str(directory), *REQUIREMENTS],
+                                    capture_output=True, text=True, timeout=300, check=False)
+            assert result.returncode == 0, "pip download of %s failed:\n%s" % (REQUIREMENTS, result.stderr)
+            stamp.write_text("\n".join(REQUIREMENTS))
     return directory
 
 

@@ -11,6 +11,7 @@ import re
 import stat
 import subprocess
 
+import pytest
 import yaml
 
 from ansible_run import REPO, VENV_BIN, module, only, playbook
@@ -63,6 +64,7 @@ def test_empty_selection_is_refused_and_omitted_selects_all(simnode, tmp_path):
     assert rc == 0 and not any(alive(node, pid) for pid in holders), out
 
 
+@pytest.mark.slow
 def test_report_dir_is_created_and_report_failure_never_hides_the_reset(simnode, tmp_path):
     node = simnode(gpus=2, release_latency=0.1)
     holder = start_holder(node, [0], mib=500)

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
+
 from ansible_run import playbook
 from nodetools import alive, start_holder
 from simnode import inventory_file
@@ -24,6 +26,7 @@ def _refused(node, holders, inventory, variable, words, *args):
     assert all(alive(node, pid) for pid in holders), (variable, args)
 
 
+@pytest.mark.slow
 def test_null_selection_through_each_channel_is_refused_and_nothing_is_signalled(simnode, tmp_path):
     node = simnode(gpus=2, release_latency=0.1)
     holders = [start_holder(node, [0], mib=3000), start_holder(node, [1], mib=3000)]

@@ -10,12 +10,12 @@ import json
 import os
 import re
 import shlex
-import socket
 import subprocess
 import textwrap
 
 from ansible_run import REPO, module, only, playbook
 from nodetools import alive, gpu_memory, processes, start_vllm, vllm_tree, wait_for
+from ports import free_ports  # noqa: F401  (reserved per test process; the other test_vllm_* files import it from here)
 from simnode import inventory_file
 
 PLAYBOOK = REPO / "playbooks" / "redeploy_vllm.yml"
@@ -32,18 +32,6 @@ CORRECTED = {"method": "dflash", "model": DRAFTER, "target_layer_ids": [1, 16, 3
 API_KEY = "sk-test-4f1c9b2e-do-not-log"
 SERVER_ENV = {"SIMVLLM_LOAD_SECONDS": "0.3"}
 WARMUP = ["the GPU holds a context while vLLM serves tokens", "operators poll every handle"]
-
-
-def free_ports(count):
-    """`count` distinct TCP ports free on the loopback interface right now."""
-    sockets = [socket.socket() for _number in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 def instance(name, port, gpus, speculative_config=None, **extra):

@@ -262,16 +262,23 @@ def thread_holder(tmp_path_factory):
     return program
 
 
-def test_build_is_idempotent_and_rebuilds_newer_source(library_dir):
-    library = library_dir / "libnvidia-ml.so.1"
+def test_build_is_idempotent_and_rebuilds_newer_source(tmp_path):
+    # On a copy of tests/sim/fakenvml/, which builds into the copy's own build/: the shared tests/sim/build/ is
+    # what running nodes and other test processes load and rebuild (gpunode's build lock), and its mtimes are not
+    # this test's to move.
+    source_dir = tmp_path / "sim" / "fakenvml"
+    shutil.copytree(BUILD_SCRIPT.parent, source_dir)
+    script = source_dir / BUILD_SCRIPT.name
+    library = tmp_path / "sim" / "build" / "libnvidia-ml.so.1"
 
     def build(*args):
-        subprocess.run([str(BUILD_SCRIPT), *args], check=True, capture_output=True)
+        result = subprocess.run([str(script), *args], check=True, capture_output=True, text=True)
+        assert result.stdout.strip() == str(library), result.stdout
         return library.stat().st_mtime_ns
 
-    before = library.stat().st_mtime_ns
+    before = build()
     assert build() == before
-    source_mtime = (BUILD_SCRIPT.parent / "fakenvml.c").stat().st_mtime_ns
+    source_mtime = (source_dir / "fakenvml.c").stat().st_mtime_ns
     os.utime(library, ns=(source_mtime - 10**9, source_mtime - 10**9))  # source now newer
     assert build() >= source_mtime
     future = time.time_ns() + 3600 * 10**9

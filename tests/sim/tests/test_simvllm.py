@@ -22,6 +22,7 @@ import psutil
 import pytest
 
 import polling
+from ports import free_ports
 
 SIM_DIR = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(SIM_DIR))
@@ -94,9 +95,7 @@ def children(pid):
 
 
 def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    return free_ports(1)[0]
 
 
 def refused(port):
