@@ -17,12 +17,11 @@ the running server found, "probe"; "running", "pid").
 
 from __future__ import annotations
 
-import json
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._speculative import validate_speculative_config
 from ansible_collections.gpuops.nvidia.plugins.module_utils._speculative_parse import SpeculativeConfigError
 from ansible_collections.gpuops.nvidia.plugins.module_utils import _vllm_files
-from ansible_collections.gpuops.nvidia.plugins.module_utils._vllm_host import local_url
+from ansible_collections.gpuops.nvidia.plugins.module_utils._vllm_host import local_host, local_url
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._vllm_checks import port_problems, vllm_server_check
 
 UNIT_HEADER = "# Ansible managed: written by the gpuops.nvidia.vllm_server role"
@@ -265,10 +264,7 @@ def _probe_reasons(running):
 
 def _address(config):
     """(host, port) where a check on the host reaches a server of `config`: loopback for the wildcard addresses."""
-    return [
-        {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(config.get("host") or "", config.get("host")),
-        config.get("port"),
-    ]
+    return [local_host(config.get("host")), config.get("port")]
 
 
 def changed_files(instance, cfg, unit, host):
@@ -344,8 +340,3 @@ def plan(instances, host, settings):
         cfg = config_of(instance, checks["gpus"][instance["name"]], specs[instance["name"]], manager, settings)
         result["instances"][instance["name"]] = _entry(instance, cfg, host, settings, specs[instance["name"]])
     return result
-
-
-def to_json(value):
-    """JSON as the summary shows values (sorted keys)."""
-    return json.dumps(value, sort_keys=True)

@@ -28,6 +28,13 @@ FIXTURE = Path(__file__).parents[3] / "fixtures" / "drafters" / "dflash-qwen3"
 DRAFTER = json.loads((FIXTURE / "config.json").read_text())  # sliding-window layers: the V2 model runner is needed
 
 
+SPEC = {"method": "dflash", "model": "/models/d", "num_speculative_tokens": 15}
+# What vllm_server_host returns for SPEC's drafter.
+DRAFTERS = [
+    {"model": "/models/d", "drafter_config": None, "path": "/models/d/config.json", "config": DRAFTER, "error": None}
+]
+
+
 def host(**extra):
     found = {
         "name": "gpu07",
@@ -148,16 +155,7 @@ def test_host_answers_become_problems_by_instance():
 
 
 def test_speculative_config_is_checked_with_the_drafter_the_host_read():
-    spec = {"method": "dflash", "model": "/models/d", "num_speculative_tokens": 15}
-    drafters = [
-        {
-            "model": "/models/d",
-            "drafter_config": None,
-            "path": "/models/d/config.json",
-            "config": DRAFTER,
-            "error": None,
-        }
-    ]
+    spec, drafters = SPEC, DRAFTERS
     planned = p.plan([instance(speculative_config=spec)], host(drafters=drafters), SETTINGS)
     assert planned["problems"] == [], planned
     entry = planned["instances"]["a"]
@@ -180,16 +178,7 @@ def test_speculative_config_is_checked_with_the_drafter_the_host_read():
 
 
 def test_environment_must_keep_what_the_speculative_config_needs():
-    spec = {"method": "dflash", "model": "/models/d", "num_speculative_tokens": 15}
-    drafters = [
-        {
-            "model": "/models/d",
-            "drafter_config": None,
-            "path": "/models/d/config.json",
-            "config": DRAFTER,
-            "error": None,
-        }
-    ]
+    spec, drafters = SPEC, DRAFTERS
     needed = p.plan([instance(speculative_config=spec)], host(drafters=drafters), SETTINGS)["instances"]["a"]["cfg"][
         "environment"
     ]
