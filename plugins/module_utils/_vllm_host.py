@@ -14,19 +14,9 @@ import json
 import os
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils import _detached, _speculative_parse, _vllm_api, _vllm_files
+from ansible_collections.gpuops.nvidia.plugins.module_utils._vllm_address import local_url
 
 SYSTEMD_BOOTED = "/run/systemd/system"  # sd_booted(3): systemd runs when this directory exists
-
-
-def local_host(host):
-    """The address a check on the host itself uses for a server bound to `host`: loopback for the wildcard addresses."""
-    return {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(host or "", host)
-
-
-def local_url(host, port):
-    """The URL of local_host(host) and `port`, with brackets for an IPv6 literal."""
-    host = local_host(host)
-    return "http://%s:%s" % ("[%s]" % host if ":" in host else host, port)
 
 
 def read_deployed(config_dir):

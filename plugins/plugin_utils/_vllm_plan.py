@@ -21,7 +21,7 @@ from __future__ import annotations
 from ansible_collections.gpuops.nvidia.plugins.module_utils._speculative import validate_speculative_config
 from ansible_collections.gpuops.nvidia.plugins.module_utils._speculative_parse import SpeculativeConfigError
 from ansible_collections.gpuops.nvidia.plugins.module_utils import _vllm_files
-from ansible_collections.gpuops.nvidia.plugins.module_utils._vllm_host import local_host, local_url
+from ansible_collections.gpuops.nvidia.plugins.module_utils._vllm_address import local_host, local_url
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._vllm_checks import port_problems, vllm_server_check
 
 UNIT_HEADER = "# Ansible managed: written by the gpuops.nvidia.vllm_server role"

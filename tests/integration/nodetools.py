@@ -317,7 +317,9 @@ class Container:
 
     def inventory(self, tmp_path, name="container"):
         path = tmp_path / ("%s.ini" % name)
-        path.write_text("[gpunodes]\n%s ansible_connection=local ansible_python_interpreter=%s\n" % (name, self.python))
+        # gpuops_nvidia_venv none: the modules run through the wrapper, inside the container (tests/sim/gpunode.py).
+        path.write_text("[gpunodes]\n%s ansible_connection=local ansible_python_interpreter=%s gpuops_nvidia_venv=none\n"
+                        % (name, self.python))
         return path
 
 

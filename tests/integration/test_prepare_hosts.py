@@ -69,6 +69,7 @@ def ssh_node(simnode, tmp_path):
     node = simnode(ssh=True, gpus=2, release_latency=0.2)
     inventory = inventory_file(tmp_path, node)
     text = re.sub(r"ansible_python_interpreter=\S+", "ansible_python_interpreter=%s" % SYSTEM_PYTHON, inventory.read_text())
+    text = re.sub(r" gpuops_nvidia_venv=\S+", "", text)
     venv = tmp_path / "gpuops-nvidia" / "venv"
     header, host_line = text.splitlines()
     inventory.write_text("%s\n%s gpuops_nvidia_venv=%s\n" % (header, host_line, venv))

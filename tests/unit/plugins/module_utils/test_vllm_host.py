@@ -72,16 +72,6 @@ def request(tmp_path, instances, **extra):
     )
 
 
-def test_local_url():
-    assert (
-        _vllm_host.local_url("0.0.0.0", 1) == "http://127.0.0.1:1" and _vllm_host.local_url("::", 2) == "http://[::1]:2"
-    )
-    assert (
-        _vllm_host.local_url("10.0.0.5", 3) == "http://10.0.0.5:3"
-        and _vllm_host.local_url(None, 4) == "http://127.0.0.1:4"
-    )
-
-
 def test_a_first_deployment(tmp_path):
     (tmp_path / "models").mkdir()
     free = closed_port()

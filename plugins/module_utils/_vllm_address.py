@@ -1,0 +1,23 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) 2026, gpuops.nvidia contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Where a vLLM server is reached from its own host: the one loopback rule of the host's reads and the role's plan.
+
+Apart from _vllm_host, so that the controller's plan (plugins/plugin_utils/_vllm_plan.py) does not import the host's
+HTTP client: every task that uses a filter of the collection imports every filter file and what it imports
+(docs/architecture.md, "Filters").
+"""
+
+from __future__ import annotations
+
+
+def local_host(host):
+    """The address a check on the host itself uses for a server bound to `host`: loopback for the wildcard addresses."""
+    return {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(host or "", host)
+
+
+def local_url(host, port):
+    """The URL of local_host(host) and `port`, with brackets for an IPv6 literal."""
+    host = local_host(host)
+    return "http://%s:%s" % ("[%s]" % host if ":" in host else host, port)
