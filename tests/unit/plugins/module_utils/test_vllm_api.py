@@ -97,6 +97,17 @@ def test_wait_ready_checks_health_models_and_one_completion(fake_vllm):
     assert result["healthy_after_s"] is not None and result["last_error"] is None
 
 
+def test_a_client_makes_one_tls_context_for_all_its_requests(fake_vllm, monkeypatch):
+    made = []
+    real = _vllm_api.make_context
+    monkeypatch.setattr(_vllm_api, "make_context", lambda **kwargs: made.append(kwargs) or real(**kwargs))
+    client = _vllm_api.Client(fake_vllm.url, timeout=5, validate_certs=False)
+    result = _vllm_api.wait_ready(client, "served", timeout=5, poll_interval=0.05)
+    assert result["ready"] and client.request("/health")[0] == 200
+    # health, models and a completion, then /health again: four requests, one context, made with the client's setting.
+    assert made == [{"validate_certs": False}]
+
+
 @pytest.mark.parametrize("change, stage, seen", [
     ({"health_status": 503}, "health", "GET /health: HTTP 503"),
     ({"models": ["other"]}, "models", "GET /v1/models lists ['other'], not 'served'"),
