@@ -8,8 +8,8 @@ import time
 
 # drafter, fake_driver_dir, node and serve are pytest fixtures of test_simvllm, used here by name (serve needs
 # fake_driver_dir: a fixture's own fixtures must be importable here too).
-from test_simvllm import (drafter, fake_driver_dir, http, metric, metric_samples, node, refused, serve,  # noqa: F401  # pylint: disable=unused-import
-                          wait_for)
+from test_simvllm import drafter, fake_driver_dir, node, serve  # noqa: F401  # pylint: disable=unused-import
+from test_simvllm import http, metric, metric_samples, refused, wait_for
 
 V2_RUNNER = {"VLLM_USE_V2_MODEL_RUNNER": "1"}
 
