@@ -124,6 +124,54 @@ def _install_line(venv, python, manager, packages, lacking_text, source, check_m
     return "prepare_hosts%s: %s" % (" (check mode)" if check_mode else "", "; ".join(steps))
 
 
+def _verified(plan, venv, in_venv, lacking, requirements):
+    """`plan` after the install: ready when the venv lacks nothing, else an error that says what it still lacks."""
+    plan["ready"] = not lacking
+    plan["line"] = "prepare_hosts: %s ready: %s" % (venv, _has(in_venv, requirements))
+    if lacking:
+        plan["error"] = "after the install %s still lacks %s: %s" % (
+            in_venv["path"],
+            ", ".join(lacking),
+            in_venv.get("error", _has(in_venv, requirements)),
+        )
+    return plan
+
+
+def _nothing_to_do(venv, in_venv, lacking, fallback, requirements):
+    """The line of a host whose venv (or, while there is none, whose Python) has every requirement; else None."""
+    if in_venv.get("exists") and not lacking:
+        return "prepare_hosts: nothing to do: %s has %s" % (venv, _has(in_venv, requirements))
+    if not in_venv.get("exists") and not _lacking(fallback, requirements):
+        return "prepare_hosts: nothing to do: %s has %s (the modules use it while %s does not exist)" % (
+            fallback["path"],
+            _has(fallback, requirements),
+            venv,
+        )
+    return None
+
+
+def _venv_dir(venv, directory, in_venv):
+    """(remake, error) for the venv's directory: remake a venv whose Python no longer runs, refuse a non-venv."""
+    if directory.get("exists") and "version" not in in_venv:  # its bin/python is missing or does not run
+        if directory.get("pyvenv_cfg"):
+            return True, None  # a venv whose Python no longer runs (its base Python was upgraded or removed)
+        if set(directory.get("entries") or []) - {"wheels"}:
+            return False, (
+                "%s exists and is not a venv (no pyvenv.cfg; it holds %s): set gpuops_nvidia_venv to a new "
+                "path" % (venv, ", ".join(directory["entries"]))
+            )
+    return False, None
+
+
+def _install_reason(in_venv, lacking, fallback, requirements, remake):
+    """Why the venv is installed: what the venv (or the host's Python) lacks, or that the venv is made again."""
+    if remake:
+        return "%s does not run: the venv is made again" % in_venv["path"]
+    if in_venv.get("exists"):
+        return "%s lacks %s" % (in_venv["path"], ", ".join(lacking))
+    return "%s lacks %s" % (fallback.get("path", "the host's Python"), ", ".join(_lacking(fallback, requirements)))
+
+
 def prepare_hosts_plan(probe, venv, requirements, wheels=None, wheels_dir="", check_mode=False, verify=False):
     """What the role does on this host; see the module docstring."""
     requirements = _requirements(requirements)
@@ -144,36 +192,15 @@ def prepare_hosts_plan(probe, venv, requirements, wheels=None, wheels_dir="", ch
     plan["python"] = this["executable"]
     lacking = _lacking(in_venv, requirements)
     if verify:
-        plan["ready"] = not lacking
-        plan["line"] = "prepare_hosts: %s ready: %s" % (venv, _has(in_venv, requirements))
-        if lacking:
-            plan["error"] = "after the install %s still lacks %s: %s" % (
-                in_venv["path"],
-                ", ".join(lacking),
-                in_venv.get("error", _has(in_venv, requirements)),
-            )
-        return plan
+        return _verified(plan, venv, in_venv, lacking, requirements)
     fallback = (found.get("interpreters") or [{}])[0]
-    if in_venv.get("exists") and not lacking:
-        plan.update(ready=True, line="prepare_hosts: nothing to do: %s has %s" % (venv, _has(in_venv, requirements)))
+    ready_line = _nothing_to_do(venv, in_venv, lacking, fallback, requirements)
+    if ready_line is not None:
+        plan.update(ready=True, line=ready_line)
         return plan
-    if not in_venv.get("exists") and not _lacking(fallback, requirements):
-        plan.update(
-            ready=True,
-            line="prepare_hosts: nothing to do: %s has %s (the modules use it while %s does not exist)"
-            % (fallback["path"], _has(fallback, requirements), venv),
-        )
+    plan["remake"], plan["error"] = _venv_dir(venv, found.get("venv_dir") or {}, in_venv)
+    if plan["error"] is not None:
         return plan
-    directory = found.get("venv_dir") or {}
-    if directory.get("exists") and "version" not in in_venv:  # its bin/python is missing or does not run
-        if directory.get("pyvenv_cfg"):
-            plan["remake"] = True  # a venv whose Python no longer runs (its base Python was upgraded or removed)
-        elif set(directory.get("entries") or []) - {"wheels"}:
-            plan["error"] = (
-                "%s exists and is not a venv (no pyvenv.cfg; it holds %s): set gpuops_nvidia_venv to a new "
-                "path" % (venv, ", ".join(directory["entries"]))
-            )
-            return plan
     if tuple(int(part) for part in this["version"].split(".")[:2]) < MIN_PYTHON:
         plan["error"] = "%s is Python %s; the modules need %d.%d or newer: set prepare_hosts_python to a newer one" % (
             this["executable"],
@@ -183,26 +210,11 @@ def prepare_hosts_plan(probe, venv, requirements, wheels=None, wheels_dir="", ch
         return plan
     plan["package_manager"], plan["packages"], plan["error"] = _packages(found, fallback)
     source = "from the %d wheel(s) of %s" % (len(wheels or []), wheels_dir) if wheels_dir else "from the package index"
-    reason = (
-        "%s lacks %s" % (in_venv["path"], ", ".join(lacking))
-        if in_venv.get("exists")
-        else "%s lacks %s" % (fallback.get("path", "the host's Python"), ", ".join(_lacking(fallback, requirements)))
-    )
-    if plan["remake"]:
-        reason = "%s does not run: the venv is made again" % in_venv["path"]
+    requirements_text = ", ".join(str(requirement) for requirement in requirements)
     plan["install"] = plan["error"] is None
-    plan["line"] = (
-        _install_line(
-            venv,
-            this["executable"],
-            plan["package_manager"],
-            plan["packages"],
-            ", ".join(str(requirement) for requirement in requirements),
-            source,
-            check_mode,
-        )
-        + " (%s)" % reason
-    )
+    plan["line"] = _install_line(
+        venv, this["executable"], plan["package_manager"], plan["packages"], requirements_text, source, check_mode
+    ) + " (%s)" % _install_reason(in_venv, lacking, fallback, requirements, plan["remake"])
     return plan
 
 

@@ -235,6 +235,13 @@ def merge(driver, table, scan, processes, tolerance_mib=256, exclude_pids=(), ca
             if scan[pid].cuda and scan[pid].minors and pid in processes:
                 held.entry(pid)
     holders, users = _processes(context)
+    _name_pids(gpus, holders, users)
+    return {"gpus": gpus, "holders": holders, "device_users": users, "unmapped_minors": sorted(unmapped)}
+
+
+def _name_pids(gpus, holders, users):
+    """Give each GPU and each of its MIG devices the PIDs of its holders ("holder_pids"), and each GPU the PIDs of its
+    device users ("device_user_pids")."""
     for gpu in gpus:
         gpu["holder_pids"] = [h["pid"] for h in holders if gpu["index"] in h["gpus"]]
         gpu["device_user_pids"] = [u["pid"] for u in users if gpu["index"] in u["device_gpus"]]
@@ -242,7 +249,6 @@ def merge(driver, table, scan, processes, tolerance_mib=256, exclude_pids=(), ca
             instance["holder_pids"] = [
                 h["pid"] for h in holders if instance["uuid"] in h["mig"].get(str(gpu["index"]), ())
             ]
-    return {"gpus": gpus, "holders": holders, "device_users": users, "unmapped_minors": sorted(unmapped)}
 
 
 def _context(driver, initial_pidns, **parts):

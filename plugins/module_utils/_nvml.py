@@ -384,33 +384,46 @@ def read_gpu(pynvml, index, list_versions=None):
         gpu["mig_mode"] = _mig_mode(pynvml, handle)
         migs = _mig_devices(pynvml, handle) if gpu["mig_mode"] and gpu["mig_mode"]["current"] else []
         gpu["mig_devices"] = [description for _mig, description in migs]
-        try:
-            gpu["memory"] = _memory(pynvml, handle)
-        except pynvml.NVMLError as exc:
-            if not (migs and _no_permission(pynvml, exc)):
-                raise
-            # nvml.h: on a MIG-enabled GPU the aggregate needs privileges; per-instance figures do not.
-            gpu["memory"] = {
-                "total_mib": sum(m["memory_total_mib"] for m in gpu["mig_devices"]),
-                "used_mib": sum(m["memory_used_mib"] for m in gpu["mig_devices"]),
-                "free_mib": sum(m["memory_free_mib"] for m in gpu["mig_devices"]),
-                "reserved_mib": None,
-                "source": "mig_devices",
-                "used_includes_reserved": False,
-                "used_excluding_reserved_mib": sum(m["memory_used_mib"] for m in gpu["mig_devices"]),
-            }
-        try:
-            gpu["processes"], gpu["process_list_version"] = _process_lists(pynvml, handle, versions)
-        except pynvml.NVMLError as exc:
-            if not (migs and _no_permission(pynvml, exc)):
-                raise
-            gpu["processes_error"] = _NO_PERMISSION_TEXT
-            for mig, _description in migs:
-                entries, gpu["process_list_version"] = _process_lists(pynvml, mig, versions)
-                gpu["processes"].extend(entries)
+        gpu["memory"] = _gpu_memory(pynvml, handle, migs)
+        _read_processes(pynvml, handle, migs, versions, gpu)
     except _errors(pynvml) as exc:
         gpu["error"] = str(exc)
     return gpu
+
+
+def _gpu_memory(pynvml, handle, migs):
+    """read_gpu's "memory" of GPU `handle`: NVML's aggregate, or on a MIG-enabled GPU that refuses it for lack of
+    privileges, the sum of its MIG devices (`migs`: _mig_devices' (handle, description) pairs)."""
+    try:
+        return _memory(pynvml, handle)
+    except pynvml.NVMLError as exc:
+        if not (migs and _no_permission(pynvml, exc)):
+            raise
+    # nvml.h: on a MIG-enabled GPU the aggregate needs privileges; per-instance figures do not.
+    mig_devices = [description for _mig, description in migs]
+    return {
+        "total_mib": sum(m["memory_total_mib"] for m in mig_devices),
+        "used_mib": sum(m["memory_used_mib"] for m in mig_devices),
+        "free_mib": sum(m["memory_free_mib"] for m in mig_devices),
+        "reserved_mib": None,
+        "source": "mig_devices",
+        "used_includes_reserved": False,
+        "used_excluding_reserved_mib": sum(m["memory_used_mib"] for m in mig_devices),
+    }
+
+
+def _read_processes(pynvml, handle, migs, versions, gpu):
+    """Set read_gpu's "processes" and "process_list_version" of `gpu`: the GPU's lists, or on a MIG-enabled GPU that
+    refuses them for lack of privileges, its MIG devices' lists, with "processes_error" saying why."""
+    try:
+        gpu["processes"], gpu["process_list_version"] = _process_lists(pynvml, handle, versions)
+    except pynvml.NVMLError as exc:
+        if not (migs and _no_permission(pynvml, exc)):
+            raise
+        gpu["processes_error"] = _NO_PERMISSION_TEXT
+        for mig, _description in migs:
+            entries, gpu["process_list_version"] = _process_lists(pynvml, mig, versions)
+            gpu["processes"].extend(entries)
 
 
 def _errors(pynvml):

@@ -168,7 +168,13 @@ def summary_lines(kill, before, after, check_mode, message):
             "NVIDIA driver library not usable (%s): holders from the /proc scan alone; used memory not checked"
             % (before["driver"].get("error") or "no error given")
         )
-    selected = kill.get("gpus")
+    lines.extend(_gpu_lines(kill.get("gpus"), before, after))
+    return lines
+
+
+def _gpu_lines(selected, before, after):
+    """Per GPU of `selected` (None: every GPU), its used memory and holder count before -> after."""
+    lines = []
     after_by_index = {gpu["index"]: gpu for gpu in after["gpus"]}
     for gpu in before["gpus"]:
         if selected is not None and gpu["index"] not in selected:

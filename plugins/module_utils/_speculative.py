@@ -104,28 +104,9 @@ def validate_speculative_config(
     if isinstance(spec.get("num_speculative_tokens"), int):
         _check_budget(report, method, spec["num_speculative_tokens"], server)
     if server["disable_log_stats"]:
-        if acceptance_gate:
-            report.refuse(
-                "extra_args",
-                DISABLE_LOG_STATS,
-                "no %s with an acceptance gate" % DISABLE_LOG_STATS,
-                disable_log_stats_message(),
-            )
-        else:
-            report.warn(
-                "extra_args",
-                DISABLE_LOG_STATS,
-                None,
-                disable_log_stats_message().split(": the", 1)[0] + ": the drafter's acceptance cannot be watched",
-            )
+        _check_log_stats(report, acceptance_gate)
     if report.mismatches:
-        drafter_problems = any(item.get("source") != "vllm" for item in report.mismatches)
-        header = (
-            "speculative_config does not match the drafter%s" % (" (%s)" % path if path else "")
-            if drafter_problems
-            else "speculative_config is refused: vLLM %s would fail or misbehave" % VLLM_VERSION
-        )
-        raise SpeculativeConfigError("%s:\n%s" % (header, format_mismatches(report.mismatches)), report.mismatches)
+        _raise_mismatches(report.mismatches, path)
     vllm_config = dict(
         (name, value) for name, value in spec.items() if not (method == "dflash" and name in DFLASH_DRAFTER_FIELDS)
     )
@@ -138,6 +119,37 @@ def validate_speculative_config(
         "warnings": report.warnings,
         "drafter_config": path,
     }
+
+
+def _check_log_stats(report, acceptance_gate):
+    """A server started with --disable-log-stats: refused with an acceptance gate (it reads the spec-decode metrics),
+    else a warning that the drafter's acceptance cannot be watched."""
+    if acceptance_gate:
+        report.refuse(
+            "extra_args",
+            DISABLE_LOG_STATS,
+            "no %s with an acceptance gate" % DISABLE_LOG_STATS,
+            disable_log_stats_message(),
+        )
+    else:
+        report.warn(
+            "extra_args",
+            DISABLE_LOG_STATS,
+            None,
+            disable_log_stats_message().split(": the", 1)[0] + ": the drafter's acceptance cannot be watched",
+        )
+
+
+def _raise_mismatches(mismatches, path):
+    """Raise SpeculativeConfigError with every mismatch and refusal, under a header that blames the drafter (at
+    `path`, the config.json read) or vLLM."""
+    drafter_problems = any(item.get("source") != "vllm" for item in mismatches)
+    header = (
+        "speculative_config does not match the drafter%s" % (" (%s)" % path if path else "")
+        if drafter_problems
+        else "speculative_config is refused: vLLM %s would fail or misbehave" % VLLM_VERSION
+    )
+    raise SpeculativeConfigError("%s:\n%s" % (header, format_mismatches(mismatches)), mismatches)
 
 
 def _method_of(report, spec, drafter_config, reader):

@@ -377,6 +377,61 @@ def _lookahead(method, tokens):
     return 0
 
 
+def _where(case):
+    """The words that say a budget case takes vLLM's default for a GPU class; none for the server's own values."""
+    return "" if case[3] is None else " (vLLM's default for %s)" % case[3]
+
+
+def _slots_message(case, method, tokens, lookahead):
+    """A budget case whose max_num_batched_tokens leaves no slot beyond the `lookahead` query tokens: vLLM fails."""
+    return (
+        "at most %d with max_num_batched_tokens %d%s: %s drafts K%s = %d query tokens per request and vLLM %s refuses "
+        "to start when max_num_batched_tokens <= %d ('VllmConfig does not have enough slots to schedule a token and "
+        "support the speculative decoding settings'); raise --max-num-batched-tokens above %d or lower "
+        "num_speculative_tokens"
+        % (
+            case[1] - (lookahead - tokens) - 1,
+            case[1],
+            _where(case),
+            method,
+            " + 1" if method == "dflash" else "",
+            lookahead,
+            VLLM_VERSION,
+            lookahead,
+            lookahead,
+        )
+    )
+
+
+def _lora_message(case, tokens):
+    """A budget case below max_num_seqs x (K + 1) with --enable-lora: vLLM fails."""
+    return (
+        "at most %d with --enable-lora, max_num_batched_tokens %d and max_num_seqs %d%s: vLLM %s refuses to start "
+        "when max_num_batched_tokens < max_num_seqs x (K + 1) = %d x %d = %d ('Consider increasing "
+        "max_num_batched_tokens or decreasing num_speculative_tokens')"
+        % (
+            case[1] // case[2] - 1,
+            case[1],
+            case[2],
+            _where(case),
+            VLLM_VERSION,
+            case[2],
+            tokens + 1,
+            case[2] * (tokens + 1),
+        )
+    )
+
+
+def _dflash_seqs_message(case, lookahead):
+    """A DFlash budget case whose max_num_batched_tokens // (K + 1) is below max_num_seqs: vLLM serves fewer at once."""
+    return (
+        "max_num_batched_tokens %d // (K + 1 = %d) = %d < max_num_seqs %d%s: vLLM %s starts but serves at most %d "
+        "requests at once (it lowers max_num_active_seqs; the DFlash draft pass needs K + 1 query tokens per "
+        "request)"
+        % (case[1], lookahead, case[1] // lookahead, case[2], _where(case), VLLM_VERSION, case[1] // lookahead)
+    )
+
+
 def _check_budget(report, method, tokens, server):
     """vLLM 0.33's start-up checks of the token budget against num_speculative_tokens (vllm-project/vllm#50708).
 
@@ -390,6 +445,7 @@ def _check_budget(report, method, tokens, server):
     if not lookahead:
         return
     given_tokens, given_seqs = server["max_num_batched_tokens"], server["max_num_seqs"]
+    # (label, max_num_batched_tokens, max_num_seqs, GPU class whose defaults it takes or None)
     cases = [
         (label, given_tokens or batched, given_seqs or seqs, label if not (given_tokens and given_seqs) else None)
         for label, batched, seqs in BATCH_DEFAULTS
@@ -397,68 +453,23 @@ def _check_budget(report, method, tokens, server):
     if given_tokens and given_seqs:
         cases = cases[:1]
 
-    def where(case):
-        return "" if case[3] is None else " (vLLM's default for %s)" % case[3]
-
-    def judge(field, failing, message, warning_only=False):
+    def judge(failing, message, warning_only=False):
         if not failing:
             return
         if len(failing) == len(cases) and not warning_only:
             expected, explanation = message(failing[0]).split(": ", 1)
-            report.refuse(field, tokens, expected, explanation)
+            report.refuse("num_speculative_tokens", tokens, expected, explanation)
         else:
-            report.warn(field, tokens, None, "; ".join(message(case) for case in failing))
+            report.warn("num_speculative_tokens", tokens, None, "; ".join(message(case) for case in failing))
 
     judge(
-        "num_speculative_tokens",
-        [case for case in cases if case[1] <= lookahead],
-        lambda case: (
-            "at most %d with max_num_batched_tokens %d%s: %s drafts K%s = %d query tokens per request and vLLM %s refuses "
-            "to start when max_num_batched_tokens <= %d ('VllmConfig does not have enough slots to schedule a token and "
-            "support the speculative decoding settings'); raise --max-num-batched-tokens above %d or lower "
-            "num_speculative_tokens"
-            % (
-                case[1] - (lookahead - tokens) - 1,
-                case[1],
-                where(case),
-                method,
-                " + 1" if method == "dflash" else "",
-                lookahead,
-                VLLM_VERSION,
-                lookahead,
-                lookahead,
-            )
-        ),
+        [case for case in cases if case[1] <= lookahead], lambda case: _slots_message(case, method, tokens, lookahead)
     )
     if server["enable_lora"]:
-        judge(
-            "num_speculative_tokens",
-            [case for case in cases if case[1] < case[2] * (tokens + 1)],
-            lambda case: (
-                "at most %d with --enable-lora, max_num_batched_tokens %d and max_num_seqs %d%s: vLLM %s refuses to start "
-                "when max_num_batched_tokens < max_num_seqs x (K + 1) = %d x %d = %d ('Consider increasing "
-                "max_num_batched_tokens or decreasing num_speculative_tokens')"
-                % (
-                    case[1] // case[2] - 1,
-                    case[1],
-                    case[2],
-                    where(case),
-                    VLLM_VERSION,
-                    case[2],
-                    tokens + 1,
-                    case[2] * (tokens + 1),
-                )
-            ),
-        )
+        judge([case for case in cases if case[1] < case[2] * (tokens + 1)], lambda case: _lora_message(case, tokens))
     if method == "dflash" and (given_tokens or given_seqs):
         judge(
-            "num_speculative_tokens",
             [case for case in cases if case[1] // lookahead < case[2]],
-            lambda case: (
-                "max_num_batched_tokens %d // (K + 1 = %d) = %d < max_num_seqs %d%s: vLLM %s starts but serves at most %d "
-                "requests at once (it lowers max_num_active_seqs; the DFlash draft pass needs K + 1 query tokens per "
-                "request)"
-                % (case[1], lookahead, case[1] // lookahead, case[2], where(case), VLLM_VERSION, case[1] // lookahead)
-            ),
+            lambda case: _dflash_seqs_message(case, lookahead),
             warning_only=True,
         )

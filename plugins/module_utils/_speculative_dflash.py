@@ -241,20 +241,7 @@ def _check_dflash_layout(report, spec, config, dflash_config, environment):
         "layers %s; causality %s" % (layout, causal_text),
     )
     if "is_causal" in dflash_config:
-        stated = [bool(dflash_config["is_causal"])] * len(types)
-        explanation = (
-            "vLLM %s does not read dflash_config.is_causal (it reads the top-level is_causal, then "
-            "dflash_config.causal): the layers run %s" % (VLLM_VERSION, causal_text)
-        )
-        if stated == causal:
-            report.warn("dflash_config.is_causal", dflash_config["is_causal"], None, explanation + ", as stated anyway")
-        else:
-            report.mismatch(
-                "dflash_config.is_causal",
-                dflash_config["is_causal"],
-                causal_text,
-                explanation + ", not as stated: rename it to dflash_config.causal; %s" % _COLLAPSE,
-            )
+        _check_is_causal(report, dflash_config["is_causal"], len(types), causal, causal_text)
     if window is not None:
         report.compare(
             "sliding_window",
@@ -272,29 +259,86 @@ def _check_dflash_layout(report, spec, config, dflash_config, environment):
         )
     num_sliding = types.count(SLIDING)
     if 0 < num_sliding < len(types):
-        forced_v1, _problem = v1_runner_forced(environment)
-        if forced_v1:
-            report.refuse(
-                V2_RUNNER_ENV,
-                str(environment[V2_RUNNER_ENV]),
-                "unset or 1",
-                "%s=0 forces vLLM's V1 model runner, and vLLM %s refuses a DFlash drafter with mixed sliding "
-                "and full attention layers (%s) on it at start ('Model Runner V1 does not support: mixed "
-                "sliding/full dflash drafts'): such a drafter needs several KV-cache groups, which only the "
-                "V2 runner supports. Remove the variable (V2 is the default) or set it to 1"
-                % (V2_RUNNER_ENV, VLLM_VERSION, layout),
+        _check_mixed_layout_runner(report, environment, layout)
+
+
+def _check_is_causal(report, is_causal, num_layers, causal, causal_text):
+    """dflash_config.is_causal, which vLLM does not read: a warning where all `num_layers` layers run as it states
+    (`causal`: one flag a layer, in words `causal_text`), a mismatch where they do not."""
+    stated = [bool(is_causal)] * num_layers
+    explanation = (
+        "vLLM %s does not read dflash_config.is_causal (it reads the top-level is_causal, then "
+        "dflash_config.causal): the layers run %s" % (VLLM_VERSION, causal_text)
+    )
+    if stated == causal:
+        report.warn("dflash_config.is_causal", is_causal, None, explanation + ", as stated anyway")
+    else:
+        report.mismatch(
+            "dflash_config.is_causal",
+            is_causal,
+            causal_text,
+            explanation + ", not as stated: rename it to dflash_config.causal; %s" % _COLLAPSE,
+        )
+
+
+def _check_mixed_layout_runner(report, environment, layout):
+    """A drafter with mixed sliding and full layers (`layout`, in words) needs vLLM's V2 model runner: refused where
+    `environment` forces V1, else VLLM_USE_V2_MODEL_RUNNER=1 is set for the server."""
+    forced_v1, _problem = v1_runner_forced(environment)
+    if forced_v1:
+        report.refuse(
+            V2_RUNNER_ENV,
+            str(environment[V2_RUNNER_ENV]),
+            "unset or 1",
+            "%s=0 forces vLLM's V1 model runner, and vLLM %s refuses a DFlash drafter with mixed sliding "
+            "and full attention layers (%s) on it at start ('Model Runner V1 does not support: mixed "
+            "sliding/full dflash drafts'): such a drafter needs several KV-cache groups, which only the "
+            "V2 runner supports. Remove the variable (V2 is the default) or set it to 1"
+            % (V2_RUNNER_ENV, VLLM_VERSION, layout),
+        )
+    else:
+        report.environment[V2_RUNNER_ENV] = "1"
+        report.ok(
+            V2_RUNNER_ENV,
+            (environment or {}).get(V2_RUNNER_ENV),
+            "1",
+            "mixed sliding/full drafter layers need several KV-cache groups, which only vLLM's V2 model runner "
+            "has; V2 is vLLM %s's default, and with V1 forced (%s=0) vLLM refuses this drafter at start. Set "
+            "to 1 so that vLLM fails with the reason instead of falling back to V1 when another option needs "
+            "V1" % (VLLM_VERSION, V2_RUNNER_ENV),
+        )
+
+
+def _no_block_size(report, spec, requested_tokens, speculators_tokens):
+    """_check_block_size for a drafter that defines no usable block size: a requested block_size is a mismatch, and
+    num_speculative_tokens comes from speculators_config or must be given (it cannot be checked then)."""
+    if spec.get("block_size") is not None:
+        report.mismatch(
+            "block_size",
+            spec["block_size"],
+            None,
+            "config.json defines no block_size (dflash_config.block_size or block_size): the trained block is unknown",
+        )
+    if requested_tokens is None:
+        if speculators_tokens is not None:
+            report.fill(
+                spec,
+                "num_speculative_tokens",
+                speculators_tokens,
+                "speculators_config.proposal_methods[0].speculative_tokens in config.json",
             )
-        else:
-            report.environment[V2_RUNNER_ENV] = "1"
-            report.ok(
-                V2_RUNNER_ENV,
-                (environment or {}).get(V2_RUNNER_ENV),
-                "1",
-                "mixed sliding/full drafter layers need several KV-cache groups, which only vLLM's V2 model runner "
-                "has; V2 is vLLM %s's default, and with V1 forced (%s=0) vLLM refuses this drafter at start. Set "
-                "to 1 so that vLLM fails with the reason instead of falling back to V1 when another option needs "
-                "V1" % (VLLM_VERSION, V2_RUNNER_ENV),
-            )
+            return
+        raise SpeculativeConfigError(
+            "num_speculative_tokens: not given, and the drafter defines no block_size (dflash_config.block_size or "
+            "block_size) to derive it from; vLLM needs it ('A speculative model was provided, but "
+            "num_speculative_tokens was not provided')"
+        )
+    report.warn(
+        "num_speculative_tokens",
+        requested_tokens,
+        None,
+        "the drafter defines no block_size: cannot check num_speculative_tokens <= block_size - 1",
+    )
 
 
 def _check_block_size(report, spec, config, dflash_config, speculators_tokens=None):
@@ -306,34 +350,7 @@ def _check_block_size(report, spec, config, dflash_config, speculators_tokens=No
     block_size = dflash_config.get("block_size", config.get("block_size"))
     requested_tokens = spec.get("num_speculative_tokens")
     if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 2:
-        if spec.get("block_size") is not None:
-            report.mismatch(
-                "block_size",
-                spec["block_size"],
-                None,
-                "config.json defines no block_size "
-                "(dflash_config.block_size or block_size): the trained block is unknown",
-            )
-        if requested_tokens is None:
-            if speculators_tokens is not None:
-                report.fill(
-                    spec,
-                    "num_speculative_tokens",
-                    speculators_tokens,
-                    "speculators_config.proposal_methods[0].speculative_tokens in config.json",
-                )
-                return
-            raise SpeculativeConfigError(
-                "num_speculative_tokens: not given, and the drafter defines no block_size (dflash_config.block_size or "
-                "block_size) to derive it from; vLLM needs it ('A speculative model was provided, but "
-                "num_speculative_tokens was not provided')"
-            )
-        report.warn(
-            "num_speculative_tokens",
-            requested_tokens,
-            None,
-            "the drafter defines no block_size: cannot check num_speculative_tokens <= block_size - 1",
-        )
+        _no_block_size(report, spec, requested_tokens, speculators_tokens)
         return
     report.compare(
         "block_size",

@@ -291,6 +291,18 @@ def _process_id(process, proc="/proc"):
     return _proc.ProcessId(*process)
 
 
+def _not_running_msg(pid, attempts, started, last_error):
+    """wait_ready's message when the server process `pid` (0: none) does not run: it exited after `attempts` looks
+    since `started` (time.monotonic()), or before the first one."""
+    if attempts:
+        return "the server process (PID %d) exited after %.1f s, before it was ready (last: %s)" % (
+            pid,
+            time.monotonic() - started,
+            last_error or "no answer yet",
+        )
+    return "the server process (PID %d) is not running" % pid if pid else "no server process is running"
+
+
 def wait_ready(
     client, served_model_name, timeout, poll_interval=2.0, process=None, completion_max_tokens=4, proc="/proc"
 ):
@@ -318,18 +330,7 @@ def wait_ready(
     while True:
         if process is not None and not process.alive(proc):
             result["process_exited"] = True
-            result["msg"] = (
-                (
-                    "the server process (PID %d) exited after %.1f s, before it was ready (last: %s)"
-                    % (process[0], time.monotonic() - started, result["last_error"] or "no answer yet")
-                )
-                if result["attempts"]
-                else (
-                    "the server process (PID %d) is not running" % process[0]
-                    if process[0]
-                    else "no server process is running"
-                )
-            )
+            result["msg"] = _not_running_msg(process[0], result["attempts"], started, result["last_error"])
             break
         result["attempts"] += 1
         try:
@@ -524,24 +525,31 @@ def drain(client, served_model_name, timeout, poll_interval=1.0, sleep=time.slee
         if result["running_at_start"] is None:
             result["running_at_start"], result["waiting_at_start"] = load
         elapsed = time.monotonic() - started
-        if load == (0, 0):
-            result.update(
-                drained=True,
-                msg="drained after %.1f s: no request running or waiting (%s running, %s waiting at the start)"
-                % (elapsed, result["running_at_start"], result["waiting_at_start"]),
-            )
-            break
-        if elapsed >= timeout:
-            result["msg"] = (
-                "not drained within %.0f s: %s request(s) running, %s waiting at the stop (%s and %s at the start)"
-                % (timeout, load[0], load[1], result["running_at_start"], result["waiting_at_start"])
-            )
+        stop = _drain_stop(load, elapsed, timeout, (result["running_at_start"], result["waiting_at_start"]))
+        if stop is not None:
+            result["drained"], result["msg"] = stop
             break
         sleep(min(poll_interval, max(0.0, timeout - elapsed)))
     result["drain_s"] = round(time.monotonic() - started, 3)
     if note:
         result["msg"] += " (%s)" % note
     return result
+
+
+def _drain_stop(load, elapsed, timeout, at_start):
+    """(drained, msg) when a drain stops at this (running, waiting) `load`, `elapsed` seconds in: no request is left,
+    or `timeout` has passed; None to poll again. `at_start`: (running, waiting) at the first reading."""
+    if load == (0, 0):
+        return True, "drained after %.1f s: no request running or waiting (%s running, %s waiting at the start)" % (
+            elapsed,
+            *at_start,
+        )
+    if elapsed >= timeout:
+        return False, (
+            "not drained within %.0f s: %s request(s) running, %s waiting at the stop (%s and %s at the start)"
+            % (timeout, load[0], load[1], *at_start)
+        )
+    return None
 
 
 def _no_gauge(samples, label):

@@ -155,6 +155,21 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpuops.nvidia.plugins.module_utils import _detached, _options, _proc, _vllm_api
 
 
+def _main_process(module):
+    """The (PID, start_ticks) of the server's main process from O(pidfile) or O(pid); None when neither is given or
+    the PID does not run. Fails the module when the pidfile cannot be read."""
+    params = module.params
+    if params["pidfile"]:
+        try:
+            return _detached.read_pidfile(params["pidfile"])
+        except _detached.DetachedError as exc:
+            module.fail_json(msg=str(exc))
+    elif params["pid"]:
+        ticks = _proc.read_start_ticks(params["pid"])
+        return (params["pid"], ticks) if ticks is not None else None
+    return None
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
@@ -182,15 +197,7 @@ def main():
         )
     except _options.OptionError as exc:
         module.fail_json(msg=str(exc))
-    record = None
-    if params["pidfile"]:
-        try:
-            record = _detached.read_pidfile(params["pidfile"])
-        except _detached.DetachedError as exc:
-            module.fail_json(msg=str(exc))
-    elif params["pid"]:
-        ticks = _proc.read_start_ticks(params["pid"])
-        record = (params["pid"], ticks) if ticks is not None else None
+    record = _main_process(module)
     client = _vllm_api.Client(params["url"], params["api_key"], params["request_timeout"], params["validate_certs"])
     try:
         result = _vllm_api.drain(
