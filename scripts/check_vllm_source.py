@@ -15,6 +15,7 @@ The wheel is downloaded once with `pip download --no-deps vllm==VERSION` into th
 (default: $GPUOPS_WHEEL_CACHE, else ~/.cache/gpuops-nvidia/wheels). Exit status 0 when every fact
 agrees, 1 when one does not, 2 when the wheel cannot be had.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,8 +40,17 @@ def fetch_wheel(version, cache):
     found = sorted(glob.glob(pattern))
     if not found:
         os.makedirs(cache, exist_ok=True)
-        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-                   "vllm==%s" % version, "-d", cache]
+        command = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "vllm==%s" % version,
+            "-d",
+            cache,
+        ]
         print("downloading: %s" % " ".join(command), flush=True)
         subprocess.run(command, check=False)
         found = sorted(glob.glob(pattern))
@@ -139,8 +149,9 @@ def speculative_fields(wheel):
             continue  # filled by the engine (target_model_config & co.)
         bounds = {}
         if isinstance(node.value, ast.Call) and ast.unparse(node.value.func) == "Field":
-            bounds = dict((k.arg, ast.literal_eval(k.value)) for k in node.value.keywords
-                          if k.arg in ("gt", "ge", "le", "lt"))
+            bounds = dict(
+                (k.arg, ast.literal_eval(k.value)) for k in node.value.keywords if k.arg in ("gt", "ge", "le", "lt")
+            )
         fields[node.target.id] = (annotation, bounds)
     return fields
 
@@ -168,8 +179,12 @@ def inferred_by_name(wheel):
         if not isinstance(node, ast.If):
             continue
         compare = node.test.values[0] if isinstance(node.test, ast.BoolOp) else node.test
-        if not (isinstance(compare, ast.Compare) and isinstance(compare.ops[0], ast.In)
-                and isinstance(compare.left, ast.Constant) and ast.unparse(compare.comparators[0]).endswith(".lower()")):
+        if not (
+            isinstance(compare, ast.Compare)
+            and isinstance(compare.ops[0], ast.In)
+            and isinstance(compare.left, ast.Constant)
+            and ast.unparse(compare.comparators[0]).endswith(".lower()")
+        ):
             continue
         assign = node.body[0]
         if isinstance(assign, ast.Assign) and ast.unparse(assign.targets[0]) == "self.method":
@@ -185,8 +200,11 @@ def batch_defaults(wheel):
         if isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict):
             target = ast.unparse(node.targets[0])
             for key, value in zip(node.value.keys, node.value.values):
-                if target in values and ast.unparse(key).endswith("OPENAI_API_SERVER") \
-                        and isinstance(value, ast.Constant):
+                if (
+                    target in values
+                    and ast.unparse(key).endswith("OPENAI_API_SERVER")
+                    and isinstance(value, ast.Constant)
+                ):
                     values[target].append((node.lineno, value.value))
     tokens = [v for _l, v in sorted(values["default_max_num_batched_tokens"])]
     seqs = [v for _l, v in sorted(values["default_max_num_seqs"])]
@@ -229,16 +247,21 @@ def worker_second_wait(wheel):
     """multiproc_executor.py: seconds between the workers' SIGTERM and SIGKILL (`wait_for_termination(..., N)`)."""
     tree = wheel.tree("vllm/v1/executor/multiproc_executor.py")
     for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and ast.unparse(node.func) == "wait_for_termination" \
-                and len(node.args) == 2 and isinstance(node.args[1], ast.Constant):
+        if (
+            isinstance(node, ast.Call)
+            and ast.unparse(node.func) == "wait_for_termination"
+            and len(node.args) == 2
+            and isinstance(node.args[1], ast.Constant)
+        ):
             return node.args[1].value
     raise LookupError("no wait_for_termination(..., N) in multiproc_executor.py")
 
 
 def worker_title_parts(wheel):
     """("Worker", ["DP", "PP", ...]): the worker title's base and suffixes in order (setup_proc_title_and_log_prefix)."""
-    body = find(wheel.tree("vllm/v1/executor/multiproc_executor.py"), ast.FunctionDef,
-                "setup_proc_title_and_log_prefix")
+    body = find(
+        wheel.tree("vllm/v1/executor/multiproc_executor.py"), ast.FunctionDef, "setup_proc_title_and_log_prefix"
+    )
     base = None
     for node in ast.walk(body):
         if isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) == "process_name":
@@ -258,8 +281,12 @@ def titles(wheel):
                 found["engine_core_dp"] = node.value.values[0].value
     for path, key in (("vllm/v1/engine/coordinator.py", "dp_coordinator"), ("vllm/v1/utils.py", "api_server")):
         for node in ast.walk(wheel.tree(path)):
-            if isinstance(node, ast.Call) and ast.unparse(node.func) == "set_process_title" and node.args \
-                    and isinstance(node.args[0], ast.Constant):
+            if (
+                isinstance(node, ast.Call)
+                and ast.unparse(node.func) == "set_process_title"
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+            ):
                 found[key] = node.args[0].value
                 if key == "api_server":
                     found["api_server_indexed"] = len(node.args) > 1  # set_process_title(name, suffix): name_suffix
@@ -291,8 +318,11 @@ def metric_types(wheel):
 def metric_labels(wheel):
     """The label names of the per-engine stat metrics (PrometheusStatLogger: labelnames = [...])."""
     for node in ast.walk(wheel.tree("vllm/v1/metrics/loggers.py")):
-        if isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) == "labelnames" \
-                and isinstance(node.value, ast.List):
+        if (
+            isinstance(node, ast.Assign)
+            and ast.unparse(node.targets[0]) == "labelnames"
+            and isinstance(node.value, ast.List)
+        ):
             return [item.value for item in node.value.elts]
     raise LookupError("no labelnames in loggers.py")
 
@@ -341,9 +371,15 @@ class Report:
             table = set(table)
             extra, missing = sorted(table - wheel_value), sorted(wheel_value - table)
             if extra or missing:
-                self.problems.append("%s (%s): %s%s" % (
-                    what, source, "not in the wheel: %s" % ", ".join(extra) if extra else "",
-                    ("; " if extra and missing else "") + ("missing: %s" % ", ".join(missing) if missing else "")))
+                self.problems.append(
+                    "%s (%s): %s%s"
+                    % (
+                        what,
+                        source,
+                        "not in the wheel: %s" % ", ".join(extra) if extra else "",
+                        ("; " if extra and missing else "") + ("missing: %s" % ", ".join(missing) if missing else ""),
+                    )
+                )
         elif table != wheel_value:
             self.problems.append("%s (%s): table %r, wheel %r" % (what, source, table, wheel_value))
 
@@ -357,42 +393,82 @@ def check(wheel, tables):
     refused_by_verify = set(verify_args_refuses(wheel))
     src = SPECULATIVE + " SpeculativeConfig"
     same("validator VLLM_FIELDS", validator.VLLM_FIELDS, names - refused_by_verify, src + " fields less _verify_args'")
-    same("validator REFUSED_FIELDS that are fields", set(validator.REFUSED_FIELDS) & names, refused_by_verify,
-         src + "._verify_args")
+    same(
+        "validator REFUSED_FIELDS that are fields",
+        set(validator.REFUSED_FIELDS) & names,
+        refused_by_verify,
+        src + "._verify_args",
+    )
     for name in validator.REFUSED_FIELDS:
         if name not in names and name not in refused_by_verify:
             report.checked += 1  # refused as no field at all: it must indeed be none
-    same("validator fields refused as gone", {n for n in validator.REFUSED_FIELDS if n not in refused_by_verify} & names,
-         set(), src + " fields")
+    same(
+        "validator fields refused as gone",
+        {n for n in validator.REFUSED_FIELDS if n not in refused_by_verify} & names,
+        set(),
+        src + " fields",
+    )
     same("simulator FIELDS", simspec.FIELDS, names, src + " fields")
     for name, kind in sorted(parse._FIELD_KINDS.items()):
         if name not in names:
             continue
         annotation, bounds = fields[name]
         if kind == "positive_int":
-            same("validator %s: a positive integer" % name, True,
-                 annotation.startswith("int") and (bounds.get("gt") == 0 or bounds.get("ge") == 1), src + "." + name)
+            same(
+                "validator %s: a positive integer" % name,
+                True,
+                annotation.startswith("int") and (bounds.get("gt") == 0 or bounds.get("ge") == 1),
+                src + "." + name,
+            )
         elif kind == "bool":
             same("validator %s: a boolean" % name, True, annotation.split(" ")[0] == "bool", src + "." + name)
     methods = set(speculative_literal(wheel, "SpeculativeMethod"))
     mtp = set(speculative_literal(wheel, "MTPModelTypes"))
     same("validator VLLM_METHODS", validator.VLLM_METHODS, methods, SPECULATIVE + " SpeculativeMethod")
     same("validator MTP_METHODS (less mtp)", validator.MTP_METHODS, mtp - {"mtp"}, SPECULATIVE + " MTPModelTypes")
-    same("validator SUPPORTED_METHODS within vLLM's", set(validator.SUPPORTED_METHODS) - methods, set(),
-         SPECULATIVE + " SpeculativeMethod")
-    same("validator REMOVED_METHODS still methods", set(validator.REMOVED_METHODS) & methods, set(),
-         SPECULATIVE + " SpeculativeMethod")
-    same("simulator methods", simspec.METHODS_WITH_DRAFTER | simspec.METHODS_WITHOUT_DRAFTER | simspec.MTP_METHODS,
-         methods, SPECULATIVE + " SpeculativeMethod")
+    same(
+        "validator SUPPORTED_METHODS within vLLM's",
+        set(validator.SUPPORTED_METHODS) - methods,
+        set(),
+        SPECULATIVE + " SpeculativeMethod",
+    )
+    same(
+        "validator REMOVED_METHODS still methods",
+        set(validator.REMOVED_METHODS) & methods,
+        set(),
+        SPECULATIVE + " SpeculativeMethod",
+    )
+    same(
+        "simulator methods",
+        simspec.METHODS_WITH_DRAFTER | simspec.METHODS_WITHOUT_DRAFTER | simspec.MTP_METHODS,
+        methods,
+        SPECULATIVE + " SpeculativeMethod",
+    )
     same("simulator MTP_METHODS", simspec.MTP_METHODS, mtp, SPECULATIVE + " MTPModelTypes")
-    same("simulator LEGACY_METHODS still methods", simspec.LEGACY_METHODS & methods, set(),
-         SPECULATIVE + " SpeculativeMethod")
-    same("validator DRAFT_SAMPLE_METHODS", validator.DRAFT_SAMPLE_METHODS,
-         tuple(speculative_literal(wheel, "DraftSampleMethod")), SPECULATIVE + " DraftSampleMethod")
-    same("validator INFERRED_BY_NAME", list(validator.INFERRED_BY_NAME), inferred_by_name(wheel),
-         SPECULATIVE + " SpeculativeConfig.__post_init__")
-    same("validator BATCH_DEFAULTS", [row[1:] for row in validator.BATCH_DEFAULTS], batch_defaults(wheel)[::-1],
-         "vllm/engine/arg_utils.py get_batch_defaults (OPENAI_API_SERVER, small to large GPUs)")
+    same(
+        "simulator LEGACY_METHODS still methods",
+        simspec.LEGACY_METHODS & methods,
+        set(),
+        SPECULATIVE + " SpeculativeMethod",
+    )
+    same(
+        "validator DRAFT_SAMPLE_METHODS",
+        validator.DRAFT_SAMPLE_METHODS,
+        tuple(speculative_literal(wheel, "DraftSampleMethod")),
+        SPECULATIVE + " DraftSampleMethod",
+    )
+    same(
+        "validator INFERRED_BY_NAME",
+        list(validator.INFERRED_BY_NAME),
+        inferred_by_name(wheel),
+        SPECULATIVE + " SpeculativeConfig.__post_init__",
+    )
+    same(
+        "validator BATCH_DEFAULTS",
+        [row[1:] for row in validator.BATCH_DEFAULTS],
+        batch_defaults(wheel)[::-1],
+        "vllm/engine/arg_utils.py get_batch_defaults (OPENAI_API_SERVER, small to large GPUs)",
+    )
     check_process_facts(report, wheel, simulator)
     check_metrics(report, wheel, simulator, product)
     return report
@@ -410,39 +486,83 @@ def check_process_facts(report, wheel, simulator):
     same = report.same
     import simvllm
 
-    same("simulator __version__ (vllm --version, /version)", simvllm.__version__, wheel_version(wheel),
-         "vllm/_version.py")
-    same("simulator SHUTDOWN_TIMEOUT_DEFAULT", simulator.SHUTDOWN_TIMEOUT_DEFAULT,
-         class_default(wheel, "vllm/engine/arg_utils.py", "EngineArgs", "shutdown_timeout"),
-         "vllm/engine/arg_utils.py EngineArgs.shutdown_timeout")
-    same("simulator SHUTDOWN_TIMEOUT_DEFAULT", simulator.SHUTDOWN_TIMEOUT_DEFAULT,
-         class_default(wheel, "vllm/config/vllm.py", "VllmConfig", "shutdown_timeout"),
-         "vllm/config/vllm.py VllmConfig.shutdown_timeout")
-    same("simulator WORKER_SHUTDOWN_TIMEOUT_DEFAULT", simulator.WORKER_SHUTDOWN_TIMEOUT_DEFAULT,
-         float(env_default(wheel, "VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS")),
-         "vllm/envs.py VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS")
-    same("simulator BEST_EFFORT_WINDOW", simulator.BEST_EFFORT_WINDOW, best_effort_window(wheel),
-         "vllm/v1/utils.py shutdown")
-    same("simulator WORKER_SIGTERM_WAIT", simulator.WORKER_SIGTERM_WAIT, float(worker_second_wait(wheel)),
-         "vllm/v1/executor/multiproc_executor.py MultiprocExecutor._ensure_worker_termination")
-    same("simulator GPU_MEMORY_UTILIZATION_DEFAULT", simulator.GPU_MEMORY_UTILIZATION_DEFAULT,
-         class_default(wheel, "vllm/config/cache.py", "CacheConfig", "gpu_memory_utilization"),
-         "vllm/config/cache.py CacheConfig.gpu_memory_utilization")
-    same("simulator PROCESS_NAME_PREFIX", simulator.PROCESS_NAME_PREFIX, env_default(wheel, "VLLM_PROCESS_NAME_PREFIX"),
-         "vllm/envs.py VLLM_PROCESS_NAME_PREFIX")
+    same(
+        "simulator __version__ (vllm --version, /version)",
+        simvllm.__version__,
+        wheel_version(wheel),
+        "vllm/_version.py",
+    )
+    same(
+        "simulator SHUTDOWN_TIMEOUT_DEFAULT",
+        simulator.SHUTDOWN_TIMEOUT_DEFAULT,
+        class_default(wheel, "vllm/engine/arg_utils.py", "EngineArgs", "shutdown_timeout"),
+        "vllm/engine/arg_utils.py EngineArgs.shutdown_timeout",
+    )
+    same(
+        "simulator SHUTDOWN_TIMEOUT_DEFAULT",
+        simulator.SHUTDOWN_TIMEOUT_DEFAULT,
+        class_default(wheel, "vllm/config/vllm.py", "VllmConfig", "shutdown_timeout"),
+        "vllm/config/vllm.py VllmConfig.shutdown_timeout",
+    )
+    same(
+        "simulator WORKER_SHUTDOWN_TIMEOUT_DEFAULT",
+        simulator.WORKER_SHUTDOWN_TIMEOUT_DEFAULT,
+        float(env_default(wheel, "VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS")),
+        "vllm/envs.py VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS",
+    )
+    same(
+        "simulator BEST_EFFORT_WINDOW",
+        simulator.BEST_EFFORT_WINDOW,
+        best_effort_window(wheel),
+        "vllm/v1/utils.py shutdown",
+    )
+    same(
+        "simulator WORKER_SIGTERM_WAIT",
+        simulator.WORKER_SIGTERM_WAIT,
+        float(worker_second_wait(wheel)),
+        "vllm/v1/executor/multiproc_executor.py MultiprocExecutor._ensure_worker_termination",
+    )
+    same(
+        "simulator GPU_MEMORY_UTILIZATION_DEFAULT",
+        simulator.GPU_MEMORY_UTILIZATION_DEFAULT,
+        class_default(wheel, "vllm/config/cache.py", "CacheConfig", "gpu_memory_utilization"),
+        "vllm/config/cache.py CacheConfig.gpu_memory_utilization",
+    )
+    same(
+        "simulator PROCESS_NAME_PREFIX",
+        simulator.PROCESS_NAME_PREFIX,
+        env_default(wheel, "VLLM_PROCESS_NAME_PREFIX"),
+        "vllm/envs.py VLLM_PROCESS_NAME_PREFIX",
+    )
     base, parts = worker_title_parts(wheel)
     source = "vllm/v1/executor/multiproc_executor.py setup_proc_title_and_log_prefix"
     same("simulator WORKER_TITLE", simulator.WORKER_TITLE, base, source)
     same("simulator WORKER_TITLE_PARTS", list(simulator.WORKER_TITLE_PARTS), parts, source)
     found = titles(wheel)
-    same("simulator ENGINE_CORE_TITLE", simulator.ENGINE_CORE_TITLE, found["engine_core"],
-         "vllm/v1/engine/core.py EngineCoreProc.run_engine_core")
-    same("simulator ENGINE_CORE_DP_TITLE", simulator.ENGINE_CORE_DP_TITLE, found["engine_core_dp"],
-         "vllm/v1/engine/core.py EngineCoreProc.run_engine_core")
-    same("simulator DP_COORDINATOR_TITLE", simulator.DP_COORDINATOR_TITLE, found["dp_coordinator"],
-         "vllm/v1/engine/coordinator.py DPCoordinatorProc")
-    same("simulator API_SERVER_TITLE", simulator.API_SERVER_TITLE, found["api_server"] + "_",
-         "vllm/v1/utils.py run_api_server_worker_proc (set_process_title(name, index): name_index)")
+    same(
+        "simulator ENGINE_CORE_TITLE",
+        simulator.ENGINE_CORE_TITLE,
+        found["engine_core"],
+        "vllm/v1/engine/core.py EngineCoreProc.run_engine_core",
+    )
+    same(
+        "simulator ENGINE_CORE_DP_TITLE",
+        simulator.ENGINE_CORE_DP_TITLE,
+        found["engine_core_dp"],
+        "vllm/v1/engine/core.py EngineCoreProc.run_engine_core",
+    )
+    same(
+        "simulator DP_COORDINATOR_TITLE",
+        simulator.DP_COORDINATOR_TITLE,
+        found["dp_coordinator"],
+        "vllm/v1/engine/coordinator.py DPCoordinatorProc",
+    )
+    same(
+        "simulator API_SERVER_TITLE",
+        simulator.API_SERVER_TITLE,
+        found["api_server"] + "_",
+        "vllm/v1/utils.py run_api_server_worker_proc (set_process_title(name, index): name_index)",
+    )
 
 
 def check_metrics(report, wheel, simulator, product):
@@ -453,25 +573,43 @@ def check_metrics(report, wheel, simulator, product):
         same("simulator metric %s" % name, kind, types.get(name, "absent"), source)
     for constant in ("RUNNING", "WAITING", "DRAFTS", "DRAFT_TOKENS", "ACCEPTED_TOKENS", "ACCEPTED_PER_POSITION"):
         exported = getattr(product, constant)
-        base = exported[:-len("_total")] if exported.endswith("_total") else exported
+        base = exported[: -len("_total")] if exported.endswith("_total") else exported
         kind = types.get(base, "absent")
-        same("_vllm_api %s = %s" % (constant, exported), exported,
-             base + "_total" if kind == "counter" else (base if kind == "gauge" else "absent"),
-             source + " (prometheus_client adds _total to a counter)")
-    same("simulator METRIC_LABELS", list(simulator.METRIC_LABELS), metric_labels(wheel),
-         "vllm/v1/metrics/loggers.py PrometheusStatLogger labelnames")
-    same("simulator METRIC_MODEL_NAME", simulator.METRIC_MODEL_NAME, served_name_rule(wheel),
-         "vllm/config/model.py get_served_model_name")
-    same("_vllm_api METRIC_MODEL_NAME", product.METRIC_MODEL_NAME, served_name_rule(wheel),
-         "vllm/config/model.py get_served_model_name")
+        same(
+            "_vllm_api %s = %s" % (constant, exported),
+            exported,
+            base + "_total" if kind == "counter" else (base if kind == "gauge" else "absent"),
+            source + " (prometheus_client adds _total to a counter)",
+        )
+    same(
+        "simulator METRIC_LABELS",
+        list(simulator.METRIC_LABELS),
+        metric_labels(wheel),
+        "vllm/v1/metrics/loggers.py PrometheusStatLogger labelnames",
+    )
+    same(
+        "simulator METRIC_MODEL_NAME",
+        simulator.METRIC_MODEL_NAME,
+        served_name_rule(wheel),
+        "vllm/config/model.py get_served_model_name",
+    )
+    same(
+        "_vllm_api METRIC_MODEL_NAME",
+        product.METRIC_MODEL_NAME,
+        served_name_rule(wheel),
+        "vllm/config/model.py get_served_model_name",
+    )
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
     parser.add_argument("--version", default="0.33.0")
     parser.add_argument("--wheel", help="a vllm wheel already on disk (no download)")
-    parser.add_argument("--cache", default=os.environ.get("GPUOPS_WHEEL_CACHE")
-                        or os.path.join(os.path.expanduser("~"), ".cache", "gpuops-nvidia", "wheels"))
+    parser.add_argument(
+        "--cache",
+        default=os.environ.get("GPUOPS_WHEEL_CACHE")
+        or os.path.join(os.path.expanduser("~"), ".cache", "gpuops-nvidia", "wheels"),
+    )
     args = parser.parse_args(argv)
     path = args.wheel or fetch_wheel(args.version, args.cache)
     print("wheel: %s" % os.path.basename(path))
@@ -484,13 +622,17 @@ def main(argv=None):
         report = check(Wheel(path), tables)
     except (LookupError, KeyError, AttributeError) as error:
         where = traceback.extract_tb(error.__traceback__)[-1]
-        print("WRONG: the wheel's source no longer has the shape this script reads (%s, line %d): %r"
-              % (where.name, where.lineno, error))
+        print(
+            "WRONG: the wheel's source no longer has the shape this script reads (%s, line %d): %r"
+            % (where.name, where.lineno, error)
+        )
         return 1
     for problem in report.problems:
         print("WRONG: %s" % problem)
-    print("%d fact(s) checked against vllm %s: %s" % (
-        report.checked, args.version, "%d wrong" % len(report.problems) if report.problems else "all agree"))
+    print(
+        "%d fact(s) checked against vllm %s: %s"
+        % (report.checked, args.version, "%d wrong" % len(report.problems) if report.problems else "all agree")
+    )
     return 1 if report.problems else 0
 
 

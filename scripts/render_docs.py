@@ -114,7 +114,9 @@ def markdown(text, fqcn: str, plugin_type: str = "module", separator: str = "\n\
         return ""
     plugin = dom.PluginIdentifier(fqcn=fqcn, type=plugin_type)
     paragraphs = parse(text if isinstance(text, list) else [text], Context(current_plugin=plugin))
-    return to_md(paragraphs, formatter=_PlainMarkdown(), link_provider=_Links(), current_plugin=plugin, par_sep=separator)
+    return to_md(
+        paragraphs, formatter=_PlainMarkdown(), link_provider=_Links(), current_plugin=plugin, par_sep=separator
+    )
 
 
 def cell(text, fqcn: str, plugin_type: str = "module") -> str:
@@ -172,15 +174,26 @@ def examples_section(name: str) -> list[str]:
     files = example_files(name)
     if not files:
         return []
-    lines = ["## Examples", "",
-             "Each example is a file under [`docs/examples/%s/`](examples/%s/) that "
-             "`tests/integration/test_docs_examples.py` runs against a simulated GPU node." % (name, name), ""]
+    lines = [
+        "## Examples",
+        "",
+        "Each example is a file under [`docs/examples/%s/`](examples/%s/) that "
+        "`tests/integration/test_docs_examples.py` runs against a simulated GPU node." % (name, name),
+        "",
+    ]
     for path in files:
         text = path.read_text()
         plays = yaml.safe_load(text)
-        lines += ["### %s" % escape(plays[0]["name"]), "",
-                  "[`%s`](%s)" % (path.relative_to(REPO), path.relative_to(DOCS)), "",
-                  "```yaml", text.rstrip("\n"), "```", ""]
+        lines += [
+            "### %s" % escape(plays[0]["name"]),
+            "",
+            "[`%s`](%s)" % (path.relative_to(REPO), path.relative_to(DOCS)),
+            "",
+            "```yaml",
+            text.rstrip("\n"),
+            "```",
+            "",
+        ]
     return lines
 
 
@@ -192,19 +205,27 @@ def table(header: str, rows: list[str]) -> list[str]:
 def render_module(name: str, data: dict) -> str:
     """The page of module `name` from its `ansible-doc --json` entry."""
     doc, fqcn = data["doc"], "%s.%s" % (COLLECTION, name)
-    lines = [GENERATED_MARKER,
-             "<!-- Sources: plugins/modules/%s.py (DOCUMENTATION, RETURN), docs/examples/%s/*.yml. -->" % (name, name), "",
-             "# %s — %s" % (fqcn, markdown(doc["short_description"], fqcn)), "",
-             "Module of the `%s` collection, added in version %s." % (COLLECTION, doc["version_added"]), "",
-             markdown(doc["description"], fqcn), ""]
+    lines = [
+        GENERATED_MARKER,
+        "<!-- Sources: plugins/modules/%s.py (DOCUMENTATION, RETURN), docs/examples/%s/*.yml. -->" % (name, name),
+        "",
+        "# %s — %s" % (fqcn, markdown(doc["short_description"], fqcn)),
+        "",
+        "Module of the `%s` collection, added in version %s." % (COLLECTION, doc["version_added"]),
+        "",
+        markdown(doc["description"], fqcn),
+        "",
+    ]
     if doc.get("requirements"):
         lines += ["Requirements:", ""]
         lines += ["- %s" % markdown(requirement, fqcn) for requirement in doc["requirements"]] + [""]
     lines += ["## Options", ""]
     lines += table("| option | type | default | description |", option_rows(doc.get("options") or {}, fqcn, "module"))
     if doc.get("attributes"):
-        rows = ["| %s | %s | %s |" % (attribute, spec["support"], cell(attribute_details(spec), fqcn))
-                for attribute, spec in sorted(doc["attributes"].items())]
+        rows = [
+            "| %s | %s | %s |" % (attribute, spec["support"], cell(attribute_details(spec), fqcn))
+            for attribute, spec in sorted(doc["attributes"].items())
+        ]
         lines += ["## Attributes", ""] + table("| attribute | support | details |", rows)
     lines += ["## Return values", ""]
     lines += table("| key | type | returned | description |", return_rows(data.get("return") or {}, fqcn))
@@ -237,32 +258,64 @@ def render_role(name: str, data: dict) -> str:
     fqcn = "%s.%s" % (COLLECTION, name)
     entry_points = data["entry_points"]
     main = entry_points["main"]
-    lines = [GENERATED_MARKER,
-             "<!-- Sources: roles/%s/meta/argument_specs.yml, docs/examples/%s/*.yml. -->" % (name, name), "",
-             "# %s — %s" % (fqcn, markdown(main["short_description"], fqcn, "role")), "",
-             "Role of the `%s` collection. Use it with `roles: [%s]` or `ansible.builtin.include_role`." % (COLLECTION, fqcn), "",
-             markdown(main.get("description"), fqcn, "role"), ""]
+    lines = [
+        GENERATED_MARKER,
+        "<!-- Sources: roles/%s/meta/argument_specs.yml, docs/examples/%s/*.yml. -->" % (name, name),
+        "",
+        "# %s — %s" % (fqcn, markdown(main["short_description"], fqcn, "role")),
+        "",
+        "Role of the `%s` collection. Use it with `roles: [%s]` or `ansible.builtin.include_role`."
+        % (COLLECTION, fqcn),
+        "",
+        markdown(main.get("description"), fqcn, "role"),
+        "",
+    ]
     for entry_point, spec in sorted(entry_points.items()):
         lines += ["## Variables%s" % ("" if entry_point == "main" else " of entry point `%s`" % entry_point), ""]
-        lines += table("| variable | type | default | description |", option_rows(spec.get("options") or {}, fqcn, "role"))
+        lines += table(
+            "| variable | type | default | description |", option_rows(spec.get("options") or {}, fqcn, "role")
+        )
     lines += examples_section(name)
     return "\n".join(lines)
 
 
 def render_index(modules: dict, roles: dict) -> str:
     """docs/README.md: every module and role with its summary and page, then the other pages of docs/."""
-    lines = [GENERATED_MARKER, "<!-- Sources: the modules' DOCUMENTATION, the roles' meta/argument_specs.yml. -->", "",
-             "# gpuops.nvidia documentation", "",
-             "One page per module and role: what it is for, its options, what it returns, and examples that the "
-             "tests run against a simulated GPU node. The same reference is in `ansible-doc %s.<module>` and "
-             "`ansible-doc -t role %s.<role>`." % (COLLECTION, COLLECTION), "",
-             "## Modules", ""]
-    lines += table("| module | what it does |", ["| [%s.%s](%s.md) | %s |" % (
-        COLLECTION, name, name, cell(data["doc"]["short_description"], COLLECTION + "." + name)) for name, data in modules.items()])
+    lines = [
+        GENERATED_MARKER,
+        "<!-- Sources: the modules' DOCUMENTATION, the roles' meta/argument_specs.yml. -->",
+        "",
+        "# gpuops.nvidia documentation",
+        "",
+        "One page per module and role: what it is for, its options, what it returns, and examples that the "
+        "tests run against a simulated GPU node. The same reference is in `ansible-doc %s.<module>` and "
+        "`ansible-doc -t role %s.<role>`." % (COLLECTION, COLLECTION),
+        "",
+        "## Modules",
+        "",
+    ]
+    lines += table(
+        "| module | what it does |",
+        [
+            "| [%s.%s](%s.md) | %s |"
+            % (COLLECTION, name, name, cell(data["doc"]["short_description"], COLLECTION + "." + name))
+            for name, data in modules.items()
+        ],
+    )
     lines += ["## Roles", ""]
-    lines += table("| role | what it does |", ["| [%s.%s](%s.md) | %s |" % (
-        COLLECTION, name, name, cell(data["entry_points"]["main"]["short_description"], COLLECTION + "." + name, "role"))
-        for name, data in roles.items()])
+    lines += table(
+        "| role | what it does |",
+        [
+            "| [%s.%s](%s.md) | %s |"
+            % (
+                COLLECTION,
+                name,
+                name,
+                cell(data["entry_points"]["main"]["short_description"], COLLECTION + "." + name, "role"),
+            )
+            for name, data in roles.items()
+        ],
+    )
     guides = sorted(path for path in DOCS.glob("*.md") if path.stem not in set(modules) | set(roles) | {"README"})
     if guides:
         lines += ["## Other pages", ""]
@@ -292,8 +345,9 @@ def ansible_doc(plugin_type: str, names: list[str]) -> dict:
         link.symlink_to("../../..")
     env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(collections), ANSIBLE_NOCOLOR="1")
     command = [str(Path(sys.executable).parent / "ansible-doc"), "--json", "-t", plugin_type]
-    result = subprocess.run(command + ["%s.%s" % (COLLECTION, name) for name in names],
-                            capture_output=True, text=True, env=env, check=False)
+    result = subprocess.run(
+        command + ["%s.%s" % (COLLECTION, name) for name in names], capture_output=True, text=True, env=env, check=False
+    )
     if result.returncode != 0:
         raise RuntimeError("ansible-doc failed:\n%s" % result.stderr)
     return {fqcn.split(".", 2)[2]: data for fqcn, data in json.loads(result.stdout).items()}
@@ -310,8 +364,16 @@ def pages() -> dict[Path, str]:
     """{page path: text} of every generated page: the index and each module's and role's not in HAND_WRITTEN."""
     modules, roles = collection_contents()
     texts = {DOCS / "README.md": render_index(modules, roles)}
-    texts.update({DOCS / ("%s.md" % name): render_module(name, data) for name, data in modules.items() if name not in HAND_WRITTEN})
-    texts.update({DOCS / ("%s.md" % name): render_role(name, data) for name, data in roles.items() if name not in HAND_WRITTEN})
+    texts.update(
+        {
+            DOCS / ("%s.md" % name): render_module(name, data)
+            for name, data in modules.items()
+            if name not in HAND_WRITTEN
+        }
+    )
+    texts.update(
+        {DOCS / ("%s.md" % name): render_role(name, data) for name, data in roles.items() if name not in HAND_WRITTEN}
+    )
     return texts
 
 
@@ -319,19 +381,28 @@ def problems(rendered: dict[Path, str] | None = None) -> list[str]:
     """What is out of date: generated pages that differ from a fresh rendering, hand-written pages that are
     missing or do not quote each of their example files verbatim, example directories of no page."""
     rendered = pages() if rendered is None else rendered
-    found = ["%s is out of date" % path.relative_to(REPO) for path, text in rendered.items()
-             if not path.exists() or path.read_text() != text]
+    found = [
+        "%s is out of date" % path.relative_to(REPO)
+        for path, text in rendered.items()
+        if not path.exists() or path.read_text() != text
+    ]
     for name in sorted(HAND_WRITTEN):
         page = DOCS / ("%s.md" % name)
         if not page.exists():
             found.append("%s (written by hand) is missing" % page.relative_to(REPO))
             continue
         page_text = page.read_text()
-        found += ["%s does not quote %s verbatim" % (page.relative_to(REPO), example.relative_to(REPO))
-                  for example in example_files(name) if example.read_text().rstrip("\n") not in page_text]
+        found += [
+            "%s does not quote %s verbatim" % (page.relative_to(REPO), example.relative_to(REPO))
+            for example in example_files(name)
+            if example.read_text().rstrip("\n") not in page_text
+        ]
     pages_named = {path.stem for path in rendered} | HAND_WRITTEN
-    found += ["%s belongs to no page" % directory.relative_to(REPO)
-              for directory in sorted(EXAMPLES.glob("*")) if directory.is_dir() and directory.name not in pages_named]
+    found += [
+        "%s belongs to no page" % directory.relative_to(REPO)
+        for directory in sorted(EXAMPLES.glob("*"))
+        if directory.is_dir() and directory.name not in pages_named
+    ]
     return found
 
 

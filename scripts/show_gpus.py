@@ -1,5 +1,6 @@
 #!/usr/bin/env python
 """Print ansible_facts.nvidia from `ansible -o -m gpuops.nvidia.gpu_facts` (one line per host on stdin) as a table."""
+
 import json
 import sys
 
@@ -15,11 +16,22 @@ def show(host, result):
     print("  GPU  minor  used MiB / total MiB  reserved  holders")
     for gpu in facts["gpus"]:
         names = ", ".join("%d %s" % (pid, holders[pid]["comm"]) for pid in gpu["holder_pids"] if pid in holders)
-        print("  %3s  %5s  %8s / %-9s  %8s  %s" % (
-            gpu["index"], gpu["minor"], gpu["memory_used_mib"], gpu["memory_total_mib"], gpu["memory_reserved_mib"], names or "-"))
+        print(
+            "  %3s  %5s  %8s / %-9s  %8s  %s"
+            % (
+                gpu["index"],
+                gpu["minor"],
+                gpu["memory_used_mib"],
+                gpu["memory_total_mib"],
+                gpu["memory_reserved_mib"],
+                names or "-",
+            )
+        )
     for holder in facts["holders"]:
-        print("  holder PID %-6d ppid %-6d state %s  %-16s %s" % (
-            holder["pid"], holder["ppid"], holder["state"], holder["comm"], (holder["cmdline"] or "")[:70]))
+        print(
+            "  holder PID %-6d ppid %-6d state %s  %-16s %s"
+            % (holder["pid"], holder["ppid"], holder["state"], holder["comm"], (holder["cmdline"] or "")[:70])
+        )
 
 
 def main():

@@ -25,8 +25,15 @@ _RESULT_EVENTS = {"runner_on_ok": None, "runner_on_failed": "FAILED!", "runner_o
 # verbosity 0): the callback shows warnings and exceptions separately. Keys starting with _ansible are left out too.
 _NOT_PRINTED = ("exception", "warnings", "deprecations", "invocation", "diff")
 # PLAY RECAP's counters and the stats keys ansible-runner gives them under.
-_RECAP_KEYS = {"ok": "ok", "changed": "changed", "unreachable": "dark", "failed": "failures", "skipped": "skipped",
-               "rescued": "rescued", "ignored": "ignored"}
+_RECAP_KEYS = {
+    "ok": "ok",
+    "changed": "changed",
+    "unreachable": "dark",
+    "failed": "failures",
+    "skipped": "skipped",
+    "rescued": "rescued",
+    "ignored": "ignored",
+}
 
 
 class Run:
@@ -46,8 +53,10 @@ class Run:
         hosts = set(self.stats.get("processed") or {})
         for key in _RECAP_KEYS.values():
             hosts.update(self.stats.get(key) or {})
-        return {host: {name: (self.stats.get(key) or {}).get(host, 0) for name, key in _RECAP_KEYS.items()}
-                for host in sorted(hosts)}
+        return {
+            host: {name: (self.stats.get(key) or {}).get(host, 0) for name, key in _RECAP_KEYS.items()}
+            for host in sorted(hosts)
+        }
 
     def results(self):
         """{host: (status, result)} of the last task result per host: status SUCCESS, CHANGED, FAILED! or
@@ -58,15 +67,20 @@ class Run:
             if status == "":
                 continue
             data = event["event_data"]
-            result = {key: value for key, value in data.get("res", {}).items()
-                      if key not in _NOT_PRINTED and not key.startswith("_ansible")}
+            result = {
+                key: value
+                for key, value in data.get("res", {}).items()
+                if key not in _NOT_PRINTED and not key.startswith("_ansible")
+            }
             if status is None:
                 status = "CHANGED" if result.get("changed") else "SUCCESS"
             found[data["host"]] = (status, result)
         return found
 
 
-def run(inventory, cwd, playbook=None, module=None, module_args=None, pattern="all", args=(), envvars=None, timeout=None):
+def run(
+    inventory, cwd, playbook=None, module=None, module_args=None, pattern="all", args=(), envvars=None, timeout=None
+):
     """Run `playbook` (a path), or `module` ad hoc on `pattern`, with `inventory` and the extra command-line `args`.
 
     `envvars` are added to this process's environment (its PATH chooses the ansible-playbook or ansible that
@@ -74,8 +88,15 @@ def run(inventory, cwd, playbook=None, module=None, module_args=None, pattern="a
     a Run. The runner's private directory is a temporary one, removed afterwards.
     """
     private = tempfile.mkdtemp(prefix="ansible-runner-")
-    kwargs = dict(private_data_dir=private, project_dir=str(cwd), inventory=str(inventory), envvars=dict(envvars or {}),
-                  quiet=True, cmdline=" ".join(shlex.quote(str(arg)) for arg in args) or None, timeout=timeout)
+    kwargs = dict(
+        private_data_dir=private,
+        project_dir=str(cwd),
+        inventory=str(inventory),
+        envvars=dict(envvars or {}),
+        quiet=True,
+        cmdline=" ".join(shlex.quote(str(arg)) for arg in args) or None,
+        timeout=timeout,
+    )
     if playbook is not None:
         kwargs["playbook"] = str(playbook)
     else:
@@ -91,8 +112,12 @@ def run(inventory, cwd, playbook=None, module=None, module_args=None, pattern="a
 def environment(bin_dir, config):
     """Variables for a run with the ansible of `bin_dir` first on PATH and `config` as ansible.cfg, without colour
     and with the stdout callback that ansible.cfg names (ansible-runner wraps it)."""
-    env = {"PATH": "%s:%s" % (bin_dir, os.environ.get("PATH", "")), "ANSIBLE_CONFIG": str(config), "ANSIBLE_NOCOLOR": "1",
-           "ANSIBLE_FORCE_COLOR": "0"}
+    env = {
+        "PATH": "%s:%s" % (bin_dir, os.environ.get("PATH", "")),
+        "ANSIBLE_CONFIG": str(config),
+        "ANSIBLE_NOCOLOR": "1",
+        "ANSIBLE_FORCE_COLOR": "0",
+    }
     if not any(os.environ.get(name) for name in ("LC_ALL", "LANG")):
         env["LANG"] = "C.UTF-8"  # ansible-core refuses a non-UTF-8 locale
     return env

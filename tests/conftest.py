@@ -34,8 +34,13 @@ def _namespaces_refused() -> str | None:
     """Why this process cannot create a node's namespaces, or None if it can."""
     user = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
     try:
-        result = subprocess.run(["unshare", *user, "--pid", "--mount", "--fork", "true"],
-                                capture_output=True, text=True, timeout=30, check=False)
+        result = subprocess.run(
+            ["unshare", *user, "--pid", "--mount", "--fork", "true"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
     except OSError as error:
         return f"cannot run unshare: {error}"
     if result.returncode != 0:

@@ -56,10 +56,12 @@ def wait_for(predicate, timeout=30.0, interval=0.1, what="condition", log=None):
 def wait_exec(pid, argv0, timeout=5.0):
     """Until process `pid` runs `argv0`: right after a fork, and within exec, /proc/PID/cmdline is the parent's or
     empty. Fails the test after `timeout` seconds."""
+
     def running():
         try:
             with open("/proc/%d/cmdline" % pid, "rb") as cmdline:
                 return cmdline.read().startswith(argv0.encode() + b"\0")
         except FileNotFoundError:
             return False
+
     wait_for(running, timeout, 0.005, "PID %d to run %s" % (pid, argv0))

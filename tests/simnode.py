@@ -69,8 +69,15 @@ def _run_gpunode(args: list[str], root: Path | None = None) -> subprocess.Comple
     if root is not None:
         environment["GPUNODE_ROOT"] = str(root)
     command = [str(GPUNODE), *args]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=CLI_TIMEOUT_S,
-                            stdin=subprocess.DEVNULL, env=environment, check=False)
+    result = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        timeout=CLI_TIMEOUT_S,
+        stdin=subprocess.DEVNULL,
+        env=environment,
+        check=False,
+    )
     if result.returncode != 0:
         raise NodeCommandError(result.returncode, command, result.stdout, result.stderr)
     return result
@@ -88,8 +95,9 @@ class Node:
     def __repr__(self) -> str:
         return f"Node({self.name!r}, init_pid={self.info['init_pid']})"
 
-    def exec(self, *command, input: str | None = None, timeout: float = 60,
-             check: bool = True, cgroup: str | None = None) -> subprocess.CompletedProcess:
+    def exec(
+        self, *command, input: str | None = None, timeout: float = 60, check: bool = True, cgroup: str | None = None
+    ) -> subprocess.CompletedProcess:
         """Run `command` inside the node (text mode, output captured); with `cgroup` (a path as the
         node shows it, e.g. "/system.slice/vllm@a.service"), in that cgroup of the node.
 
@@ -98,9 +106,16 @@ class Node:
         then gets SIGTERM through its parent-death signal).
         """
         argv, environment = gpunode.enter_command(self.info, [str(part) for part in command], cgroup)
-        result = subprocess.run(argv, input=input, capture_output=True, text=True,
-                                timeout=timeout, env=environment, check=False,
-                                stdin=None if input is not None else subprocess.DEVNULL)
+        result = subprocess.run(
+            argv,
+            input=input,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=environment,
+            check=False,
+            stdin=None if input is not None else subprocess.DEVNULL,
+        )
         if check and result.returncode != 0:
             raise NodeCommandError(result.returncode, argv, result.stdout, result.stderr)
         return result
@@ -168,6 +183,5 @@ def up(name: str, root: Path | None = None, **knobs) -> Node:
 def inventory_file(tmp_path: Path, *nodes: Node) -> Path:
     """Write an Ansible INI inventory of `nodes` (group `gpunodes`) under tmp_path; return it."""
     path = tmp_path / "gpunodes.ini"
-    path.write_text(_run_gpunode(["inventory", *(node.name for node in nodes)],
-                                 nodes[0].state_dir.parent).stdout)
+    path.write_text(_run_gpunode(["inventory", *(node.name for node in nodes)], nodes[0].state_dir.parent).stdout)
     return path

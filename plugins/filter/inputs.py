@@ -15,6 +15,7 @@ A selection variable that is unset (not defined) means "any". One that is set bu
 file whose entries are all commented out gives; blank text; a template that rendered null or nothing; an empty list;
 a list with a null or blank entry) is refused: it must not widen a reset to every GPU.
 """
+
 from __future__ import annotations
 
 import functools
@@ -46,8 +47,15 @@ SELECTIONS = {
 }
 # Results the role and the playbooks register under their prefix: known, never the operator's.
 RESET_RESULTS = ("reset_gpus_kill", "reset_gpus_wait", "reset_gpus_after")
-CHECK_GPUS_KNOWN = ("check_gpus_hosts", "check_gpus_gpus", "check_gpus_wait", "check_gpus_max_used_mib", "check_gpus_exclude",
-                    "check_gpus_driver_timeout", "check_gpus_allow_proc_only")
+CHECK_GPUS_KNOWN = (
+    "check_gpus_hosts",
+    "check_gpus_gpus",
+    "check_gpus_wait",
+    "check_gpus_max_used_mib",
+    "check_gpus_exclude",
+    "check_gpus_driver_timeout",
+    "check_gpus_allow_proc_only",
+)
 CHECK_GPUS_RESULTS = ("check_gpus_result",)
 
 
@@ -119,8 +127,10 @@ def selection(name, value, kind):
     empty list, a list with a null or blank entry, a PID that is not a whole number."""
     anything, what = SELECTIONS[kind]
     if value is None:
-        why = ("%s is null: it is set to nothing (a vars file whose entries are all commented out, or a template that "
-               "rendered null)" % name)
+        why = (
+            "%s is null: it is set to nothing (a vars file whose entries are all commented out, or a template that "
+            "rendered null)" % name
+        )
     elif isinstance(value, str) and not value.strip():
         why = "%s is %s (%r)" % (name, "empty" if value == "" else "blank", value)
     elif kind == "match":
@@ -134,10 +144,15 @@ def selection(name, value, kind):
         elif any(_blank(entry) for entry in entries):
             why = "%s has a null or blank entry (%r)" % (name, value)
         elif kind == "pids":
-            bad = [entry for entry in entries if isinstance(entry, bool) or not _text(entry).strip().isdigit()
-                   or int(_text(entry)) <= 0]
+            bad = [
+                entry
+                for entry in entries
+                if isinstance(entry, bool) or not _text(entry).strip().isdigit() or int(_text(entry)) <= 0
+            ]
             if bad:
-                raise Refused("%s must list PIDs, positive whole numbers, not %s" % (name, ", ".join(repr(b) for b in bad)))
+                raise Refused(
+                    "%s must list PIDs, positive whole numbers, not %s" % (name, ", ".join(repr(b) for b in bad))
+                )
             return [int(_text(entry)) for entry in entries]
         else:
             return [entry if isinstance(entry, int) and kind == "gpus" else _text(entry).strip() for entry in entries]
@@ -241,28 +256,49 @@ def reset_gpus_plan(given, spec, textfile_dir=None):
 
 
 def _reset_gpus_options(given, spec):
-    message = unknown_vars_message(set(given) - set(RESET_RESULTS), set(spec_options(spec)) | {"reset_gpus_hosts"}, "the role")
+    message = unknown_vars_message(
+        set(given) - set(RESET_RESULTS), set(spec_options(spec)) | {"reset_gpus_hosts"}, "the role"
+    )
     if message:
         raise Refused(message)
-    group = {kind: selection("reset_gpus_" + kind, given["reset_gpus_" + kind], kind)
-             for kind in SELECTIONS if "reset_gpus_" + kind in given}
-    values = numbers(given, positive=("reset_gpus_driver_timeout", "reset_gpus_progress_interval"), whole=("reset_gpus_max_used_mib",),
-                     reset_gpus_grace_period=10, reset_gpus_kill_wait=5, reset_gpus_timeout=120, reset_gpus_max_used_mib=256,
-                     reset_gpus_driver_timeout=10, reset_gpus_progress_interval=15)
+    group = {
+        kind: selection("reset_gpus_" + kind, given["reset_gpus_" + kind], kind)
+        for kind in SELECTIONS
+        if "reset_gpus_" + kind in given
+    }
+    values = numbers(
+        given,
+        positive=("reset_gpus_driver_timeout", "reset_gpus_progress_interval"),
+        whole=("reset_gpus_max_used_mib",),
+        reset_gpus_grace_period=10,
+        reset_gpus_kill_wait=5,
+        reset_gpus_timeout=120,
+        reset_gpus_max_used_mib=256,
+        reset_gpus_driver_timeout=10,
+        reset_gpus_progress_interval=15,
+    )
     report_dir = _text(given.get("reset_gpus_report_dir") or "")
     if report_dir.strip():
         why = _writable_dir(report_dir)
         if why:
             raise Refused("reset_gpus_report_dir %s cannot hold the report: %s" % (report_dir, why))
-    group.update(exclude=_names("reset_gpus_exclude", given.get("reset_gpus_exclude")),
-                 include_protected=_flag("reset_gpus_include_protected", given.get("reset_gpus_include_protected", False)),
-                 max_used_mib=values["reset_gpus_max_used_mib"], driver_timeout=values["reset_gpus_driver_timeout"])
+    group.update(
+        exclude=_names("reset_gpus_exclude", given.get("reset_gpus_exclude")),
+        include_protected=_flag("reset_gpus_include_protected", given.get("reset_gpus_include_protected", False)),
+        max_used_mib=values["reset_gpus_max_used_mib"],
+        driver_timeout=values["reset_gpus_driver_timeout"],
+    )
     signal = given.get("reset_gpus_signal", "SIGTERM")
     if _blank(signal):
         raise Refused("reset_gpus_signal must name a signal (SIGTERM, SIGINT, ...), not %r" % signal)
-    kill = dict(group, signal=_text(signal).strip(), grace_period=values["reset_gpus_grace_period"],
-                kill_wait=values["reset_gpus_kill_wait"], stop_owners=_flag("reset_gpus_stop_owners", given.get("reset_gpus_stop_owners", False)),
-                wait_timeout=min(values["reset_gpus_progress_interval"], values["reset_gpus_timeout"]))
+    kill = dict(
+        group,
+        signal=_text(signal).strip(),
+        grace_period=values["reset_gpus_grace_period"],
+        kill_wait=values["reset_gpus_kill_wait"],
+        stop_owners=_flag("reset_gpus_stop_owners", given.get("reset_gpus_stop_owners", False)),
+        wait_timeout=min(values["reset_gpus_progress_interval"], values["reset_gpus_timeout"]),
+    )
     # false is gpu_kill's default: passed only when asked for.
     if _flag("reset_gpus_stop_spanning_owners", given.get("reset_gpus_stop_spanning_owners", False)):
         kill["stop_spanning_owners"] = True
@@ -287,13 +323,22 @@ def _check_gpus_options(given, hosts):
         if "check_gpus_hosts" in given:
             raise Refused("check_gpus_hosts=%s matches no host of the inventory" % _text(given["check_gpus_hosts"]))
         raise Refused("the inventory lists no host (did it parse? see Ansible's warnings above)")
-    values = numbers(given, positive=("check_gpus_driver_timeout",), whole=("check_gpus_max_used_mib",),
-                     check_gpus_wait=5, check_gpus_max_used_mib=256, check_gpus_driver_timeout=10)
-    options = dict(timeout=values["check_gpus_wait"], max_used_mib=values["check_gpus_max_used_mib"],
-                   driver_timeout=values["check_gpus_driver_timeout"],
-                   exclude=_names("check_gpus_exclude", given.get("check_gpus_exclude")),
-                   require_memory=not _flag("check_gpus_allow_proc_only", given.get("check_gpus_allow_proc_only", False)),
-                   return_after=False)
+    values = numbers(
+        given,
+        positive=("check_gpus_driver_timeout",),
+        whole=("check_gpus_max_used_mib",),
+        check_gpus_wait=5,
+        check_gpus_max_used_mib=256,
+        check_gpus_driver_timeout=10,
+    )
+    options = dict(
+        timeout=values["check_gpus_wait"],
+        max_used_mib=values["check_gpus_max_used_mib"],
+        driver_timeout=values["check_gpus_driver_timeout"],
+        exclude=_names("check_gpus_exclude", given.get("check_gpus_exclude")),
+        require_memory=not _flag("check_gpus_allow_proc_only", given.get("check_gpus_allow_proc_only", False)),
+        return_after=False,
+    )
     if "check_gpus_gpus" in given:
         options["gpus"] = selection("check_gpus_gpus", given["check_gpus_gpus"], "gpus")
     return options
@@ -303,4 +348,8 @@ class FilterModule(object):
     """The checks of the operator's variables."""
 
     def filters(self):
-        return {"refuse_unknown_vars": refuse_unknown_vars, "reset_gpus_plan": reset_gpus_plan, "check_gpus_plan": check_gpus_plan}
+        return {
+            "refuse_unknown_vars": refuse_unknown_vars,
+            "reset_gpus_plan": reset_gpus_plan,
+            "check_gpus_plan": check_gpus_plan,
+        }

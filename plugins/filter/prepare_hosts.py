@@ -10,6 +10,7 @@ of roles/prepare_hosts/files/probe.py; returns {"install", "remake" (remove a ve
 prepare_hosts_wheels(directory, requirements): the wheel files of a controller directory, refused with a clear error
 when a required project has none.
 """
+
 from __future__ import annotations
 
 import json
@@ -41,7 +42,9 @@ FAMILIES = {"apt": ("debian", "ubuntu"), "dnf": ("rhel", "fedora", "centos")}
 
 def _requirements(requirements):
     if PACKAGING_ERROR is not None:
-        raise AnsibleFilterError("prepare_hosts needs the Python library packaging on the controller: %s" % PACKAGING_ERROR)
+        raise AnsibleFilterError(
+            "prepare_hosts needs the Python library packaging on the controller: %s" % PACKAGING_ERROR
+        )
     try:
         return [Requirement(text) for text in requirements]
     except InvalidRequirement as error:
@@ -61,7 +64,9 @@ def _lacking(found, requirements):
 
 
 def _has(found, requirements):
-    return ", ".join("%s %s" % (requirement.name, found.get(canonicalize_name(requirement.name))) for requirement in requirements)
+    return ", ".join(
+        "%s %s" % (requirement.name, found.get(canonicalize_name(requirement.name))) for requirement in requirements
+    )
 
 
 def _package_manager(os_release):
@@ -77,8 +82,10 @@ def _read_probe(probe):
     command = " ".join(str(part) for part in (probe.get("cmd") or [])[:1]) or "python3"
     if probe.get("rc") != 0:
         said = (probe.get("stderr") or probe.get("msg") or "").strip().splitlines()
-        return None, ("could not run %s on the host (%s): install the distribution's python3 (%d.%d or newer) or set "
-                      "prepare_hosts_python to one" % (command, said[-1] if said else "rc %s" % probe.get("rc"), *MIN_PYTHON))
+        return None, (
+            "could not run %s on the host (%s): install the distribution's python3 (%d.%d or newer) or set "
+            "prepare_hosts_python to one" % (command, said[-1] if said else "rc %s" % probe.get("rc"), *MIN_PYTHON)
+        )
     try:
         return json.loads(probe["stdout"].strip().splitlines()[-1]), None
     except (KeyError, IndexError, ValueError):
@@ -87,29 +94,97 @@ def _read_probe(probe):
 
 def _packages(found, fallback):
     """(package manager, [packages], error) that the host needs before the venv can be made."""
-    needs = [need for need, missing in (("ensurepip", not found["python"]["ensurepip"]),
-                                        ("packaging", not fallback.get("packaging"))) if missing]
+    needs = [
+        need
+        for need, missing in (
+            ("ensurepip", not found["python"]["ensurepip"]),
+            ("packaging", not fallback.get("packaging")),
+        )
+        if missing
+    ]
     if not needs:
         return None, [], None
     manager = _package_manager(found.get("os") or {})
     if manager is None:
-        return None, [], ("%s lacks %s and /etc/os-release names no Debian or Red Hat family: install the distribution's "
-                          "package for it, then run prepare_hosts again" % (found["python"]["executable"], " and ".join(needs)))
+        return (
+            None,
+            [],
+            (
+                "%s lacks %s and /etc/os-release names no Debian or Red Hat family: install the distribution's "
+                "package for it, then run prepare_hosts again" % (found["python"]["executable"], " and ".join(needs))
+            ),
+        )
     return manager, [package for need in needs for package in OS_PACKAGES[manager][need]], None
 
 
 def _install_line(venv, python, manager, packages, lacking_text, source, check_mode):
     would = "would " if check_mode else ""
-    steps = (["%sinstall %s (%s)" % (would, ", ".join(packages), manager)] if packages else [])
+    steps = ["%sinstall %s (%s)" % (would, ", ".join(packages), manager)] if packages else []
     steps += ["%smake %s with %s -m venv" % (would, venv, python), "%sinstall %s %s" % (would, lacking_text, source)]
     return "prepare_hosts%s: %s" % (" (check mode)" if check_mode else "", "; ".join(steps))
+
+
+def _verified(plan, venv, in_venv, lacking, requirements):
+    """`plan` after the install: ready when the venv lacks nothing, else an error that says what it still lacks."""
+    plan["ready"] = not lacking
+    plan["line"] = "prepare_hosts: %s ready: %s" % (venv, _has(in_venv, requirements))
+    if lacking:
+        plan["error"] = "after the install %s still lacks %s: %s" % (
+            in_venv["path"],
+            ", ".join(lacking),
+            in_venv.get("error", _has(in_venv, requirements)),
+        )
+    return plan
+
+
+def _nothing_to_do(venv, in_venv, lacking, fallback, requirements):
+    """The line of a host whose venv (or, while there is none, whose Python) has every requirement; else None."""
+    if in_venv.get("exists") and not lacking:
+        return "prepare_hosts: nothing to do: %s has %s" % (venv, _has(in_venv, requirements))
+    if not in_venv.get("exists") and not _lacking(fallback, requirements):
+        return "prepare_hosts: nothing to do: %s has %s (the modules use it while %s does not exist)" % (
+            fallback["path"],
+            _has(fallback, requirements),
+            venv,
+        )
+    return None
+
+
+def _venv_dir(venv, directory, in_venv):
+    """(remake, error) for the venv's directory: remake a venv whose Python no longer runs, refuse a non-venv."""
+    if directory.get("exists") and "version" not in in_venv:  # its bin/python is missing or does not run
+        if directory.get("pyvenv_cfg"):
+            return True, None  # a venv whose Python no longer runs (its base Python was upgraded or removed)
+        if set(directory.get("entries") or []) - {"wheels"}:
+            return False, (
+                "%s exists and is not a venv (no pyvenv.cfg; it holds %s): set gpuops_nvidia_venv to a new "
+                "path" % (venv, ", ".join(directory["entries"]))
+            )
+    return False, None
+
+
+def _install_reason(in_venv, lacking, fallback, requirements, remake):
+    """Why the venv is installed: what the venv (or the host's Python) lacks, or that the venv is made again."""
+    if remake:
+        return "%s does not run: the venv is made again" % in_venv["path"]
+    if in_venv.get("exists"):
+        return "%s lacks %s" % (in_venv["path"], ", ".join(lacking))
+    return "%s lacks %s" % (fallback.get("path", "the host's Python"), ", ".join(_lacking(fallback, requirements)))
 
 
 def prepare_hosts_plan(probe, venv, requirements, wheels=None, wheels_dir="", check_mode=False, verify=False):
     """What the role does on this host; see the module docstring."""
     requirements = _requirements(requirements)
-    plan = {"install": False, "remake": False, "packages": [], "package_manager": None, "python": None, "ready": False, "line": "",
-            "error": None}
+    plan = {
+        "install": False,
+        "remake": False,
+        "packages": [],
+        "package_manager": None,
+        "python": None,
+        "ready": False,
+        "line": "",
+        "error": None,
+    }
     found, plan["error"] = _read_probe(probe)
     if found is None:
         return plan
@@ -117,41 +192,29 @@ def prepare_hosts_plan(probe, venv, requirements, wheels=None, wheels_dir="", ch
     plan["python"] = this["executable"]
     lacking = _lacking(in_venv, requirements)
     if verify:
-        plan["ready"] = not lacking
-        plan["line"] = "prepare_hosts: %s ready: %s" % (venv, _has(in_venv, requirements))
-        if lacking:
-            plan["error"] = "after the install %s still lacks %s: %s" % (
-                in_venv["path"], ", ".join(lacking), in_venv.get("error", _has(in_venv, requirements)))
-        return plan
+        return _verified(plan, venv, in_venv, lacking, requirements)
     fallback = (found.get("interpreters") or [{}])[0]
-    if in_venv.get("exists") and not lacking:
-        plan.update(ready=True, line="prepare_hosts: nothing to do: %s has %s" % (venv, _has(in_venv, requirements)))
+    ready_line = _nothing_to_do(venv, in_venv, lacking, fallback, requirements)
+    if ready_line is not None:
+        plan.update(ready=True, line=ready_line)
         return plan
-    if not in_venv.get("exists") and not _lacking(fallback, requirements):
-        plan.update(ready=True, line="prepare_hosts: nothing to do: %s has %s (the modules use it while %s does not exist)"
-                    % (fallback["path"], _has(fallback, requirements), venv))
+    plan["remake"], plan["error"] = _venv_dir(venv, found.get("venv_dir") or {}, in_venv)
+    if plan["error"] is not None:
         return plan
-    directory = found.get("venv_dir") or {}
-    if directory.get("exists") and "version" not in in_venv:  # its bin/python is missing or does not run
-        if directory.get("pyvenv_cfg"):
-            plan["remake"] = True  # a venv whose Python no longer runs (its base Python was upgraded or removed)
-        elif set(directory.get("entries") or []) - {"wheels"}:
-            plan["error"] = ("%s exists and is not a venv (no pyvenv.cfg; it holds %s): set gpuops_nvidia_venv to a new "
-                             "path" % (venv, ", ".join(directory["entries"])))
-            return plan
     if tuple(int(part) for part in this["version"].split(".")[:2]) < MIN_PYTHON:
-        plan["error"] = ("%s is Python %s; the modules need %d.%d or newer: set prepare_hosts_python to a newer one"
-                         % (this["executable"], this["version"], *MIN_PYTHON))
+        plan["error"] = "%s is Python %s; the modules need %d.%d or newer: set prepare_hosts_python to a newer one" % (
+            this["executable"],
+            this["version"],
+            *MIN_PYTHON,
+        )
         return plan
     plan["package_manager"], plan["packages"], plan["error"] = _packages(found, fallback)
     source = "from the %d wheel(s) of %s" % (len(wheels or []), wheels_dir) if wheels_dir else "from the package index"
-    reason = "%s lacks %s" % (in_venv["path"], ", ".join(lacking)) if in_venv.get("exists") else \
-        "%s lacks %s" % (fallback.get("path", "the host's Python"), ", ".join(_lacking(fallback, requirements)))
-    if plan["remake"]:
-        reason = "%s does not run: the venv is made again" % in_venv["path"]
+    requirements_text = ", ".join(str(requirement) for requirement in requirements)
     plan["install"] = plan["error"] is None
-    plan["line"] = _install_line(venv, this["executable"], plan["package_manager"], plan["packages"],
-                                 ", ".join(str(requirement) for requirement in requirements), source, check_mode) + " (%s)" % reason
+    plan["line"] = _install_line(
+        venv, this["executable"], plan["package_manager"], plan["packages"], requirements_text, source, check_mode
+    ) + " (%s)" % _install_reason(in_venv, lacking, fallback, requirements, plan["remake"])
     return plan
 
 
@@ -167,11 +230,17 @@ def prepare_hosts_wheels(directory, requirements):
             except InvalidWheelFilename:
                 raise AnsibleFilterError("prepare_hosts_wheels_dir: %s is not a wheel file name" % name)
             wheels.append(os.path.join(os.path.abspath(str(directory)), name))
-    missing = [requirement.name for requirement in _requirements(requirements) if canonicalize_name(requirement.name) not in projects]
+    missing = [
+        requirement.name
+        for requirement in _requirements(requirements)
+        if canonicalize_name(requirement.name) not in projects
+    ]
     if missing:
-        raise AnsibleFilterError("prepare_hosts_wheels_dir: %s has no wheel of %s (make them with: python3 -m pip download "
-                                 "--only-binary=:all: --python-version X.Y -d %s %s)"
-                                 % (directory, ", ".join(missing), directory, " ".join("'%s'" % text for text in requirements)))
+        raise AnsibleFilterError(
+            "prepare_hosts_wheels_dir: %s has no wheel of %s (make them with: python3 -m pip download "
+            "--only-binary=:all: --python-version X.Y -d %s %s)"
+            % (directory, ", ".join(missing), directory, " ".join("'%s'" % text for text in requirements))
+        )
     return wheels
 
 

@@ -11,6 +11,7 @@
 
 Never prints None: unknown memory, names and GPUs are said in words.
 """
+
 from __future__ import annotations
 
 import re
@@ -53,8 +54,14 @@ def reset_gpus_result(kill, wait, facts, check_mode, waited_s, waited_more):
         lines = _report.summary_lines(kill, before, after, check_mode, message)
     else:
         lines = [message]
-    return {"before": before, "after": after, "memory_checked": memory_checked, "outcome": outcome, "message": message,
-            "summary": lines}
+    return {
+        "before": before,
+        "after": after,
+        "memory_checked": memory_checked,
+        "outcome": outcome,
+        "message": message,
+        "summary": lines,
+    }
 
 
 def _var(hostvars, host, name, default=None):
@@ -82,18 +89,29 @@ def reset_gpus_fleet_summary(hostvars, play_hosts, all_hosts, check_mode):
     failed = [host for host in all_hosts if host not in play_hosts]
     above = [host for host in play_hosts if host not in done]
     verb = "would be ended" if check_mode else "ended"
-    lines.append("reset_gpus summary%s: %d host(s): %d ok%s; %s%s" % (
-        " (check mode: nothing was signalled)" if check_mode else "", len(all_hosts), len(play_hosts),
-        ", %d failed or unreachable (%s)" % (len(failed), ", ".join(failed)) if failed else "",
-        "holders %s on %d (%s)" % (verb, len(ended), ", ".join(ended)) if ended else "no holder %s" % verb,
-        "; %d summarized above (%s)" % (len(above), ", ".join(above)) if above else ""))
+    lines.append(
+        "reset_gpus summary%s: %d host(s): %d ok%s; %s%s"
+        % (
+            " (check mode: nothing was signalled)" if check_mode else "",
+            len(all_hosts),
+            len(play_hosts),
+            ", %d failed or unreachable (%s)" % (len(failed), ", ".join(failed)) if failed else "",
+            "holders %s on %d (%s)" % (verb, len(ended), ", ".join(ended)) if ended else "no holder %s" % verb,
+            "; %d summarized above (%s)" % (len(above), ", ".join(above)) if above else "",
+        )
+    )
     return lines
 
 
 # check_gpus' statuses, in the order of its summary line, with their words there.
-CHECK_LABELS = (("free", "free"), ("free_left_out", "free but for what was left out"),
-                ("no_holders", "without holders, memory not read"), ("not_free", "not free"), ("not_checked", "not checked"),
-                ("failed", "failed to check"))
+CHECK_LABELS = (
+    ("free", "free"),
+    ("free_left_out", "free but for what was left out"),
+    ("no_holders", "without holders, memory not read"),
+    ("not_free", "not free"),
+    ("not_checked", "not checked"),
+    ("failed", "failed to check"),
+)
 
 
 def _left_out(result):
@@ -104,8 +122,11 @@ def _left_out(result):
         if mib <= 0:
             continue
         total += mib
-        held = ", ".join("PID %s %s (%s)%s" % (h["pid"], h["comm"], h["reason"], ", %s MiB" % h["memory_mib"] if h.get("memory_mib") else "")
-                         for h in gpu.get("left_alone", []))
+        held = ", ".join(
+            "PID %s %s (%s)%s"
+            % (h["pid"], h["comm"], h["reason"], ", %s MiB" % h["memory_mib"] if h.get("memory_mib") else "")
+            for h in gpu.get("left_alone", [])
+        )
         index = "?" if gpu.get("index") is None else gpu["index"]
         parts.append("GPU %s: %d MiB held by %s" % (index, mib, held or "no process named"))
     return "; ".join(parts), total
@@ -121,8 +142,10 @@ def check_gpus_status(result, allow_proc_only, max_used_mib):
     driver = result.get("driver") or {}
     unread = [gpu for gpu in result["gpus"] if "memory_checked" in gpu and not gpu["memory_checked"]]
     which = "every GPU" if any(gpu.get("index") is None for gpu in unread) else "%d GPU(s)" % len(unread)
-    not_read = ("used memory of %s not read (NVIDIA driver library not usable: %s); checked: no process holds them "
-                "(/proc scan)" % (which, driver.get("error") or "no error given"))
+    not_read = (
+        "used memory of %s not read (NVIDIA driver library not usable: %s); checked: no process holds them "
+        "(/proc scan)" % (which, driver.get("error") or "no error given")
+    )
     if driver.get("timed_out"):
         return "not_checked", "not checked: %s" % result.get("msg", "")
     if not result.get("released"):
@@ -130,10 +153,15 @@ def check_gpus_status(result, allow_proc_only, max_used_mib):
     if not unread:
         words, mib = _left_out(result)
         if mib:
-            return "free_left_out", ("GPUs free (%d checked) but for what was left out: no other holder; used memory at "
-                                     "most %s MiB each besides %d MiB that left-alone processes hold (%s)"
-                                     % (len(result["gpus"]), max_used_mib, mib, words))
-        return "free", "GPUs free (%d checked): no holder, used memory at most %s MiB each" % (len(result["gpus"]), max_used_mib)
+            return "free_left_out", (
+                "GPUs free (%d checked) but for what was left out: no other holder; used memory at "
+                "most %s MiB each besides %d MiB that left-alone processes hold (%s)"
+                % (len(result["gpus"]), max_used_mib, mib, words)
+            )
+        return "free", "GPUs free (%d checked): no holder, used memory at most %s MiB each" % (
+            len(result["gpus"]),
+            max_used_mib,
+        )
     if allow_proc_only:
         return "no_holders", "no holder on %s; %s; accepted by check_gpus_allow_proc_only" % (which, not_read)
     return "not_checked", "not checked: %s; set check_gpus_allow_proc_only=true to accept a /proc-only check" % not_read
@@ -148,20 +176,26 @@ def check_gpus_lines(hostvars, all_hosts, options):
     threshold = options.get("max_used_mib", 256)
     found = []
     for host in all_hosts:
-        result = _var(hostvars, host, "check_gpus_result", None) or {"msg": "no result: unreachable, or failed before the check"}
+        result = _var(hostvars, host, "check_gpus_result", None) or {
+            "msg": "no result: unreachable, or failed before the check"
+        }
         found.append((host,) + check_gpus_status(result, allow, threshold))
     parts = []
     for status, label in CHECK_LABELS:
         names = [host for host, got, _words in found if got == status]
         if names:
             parts.append("%d %s%s" % (len(names), label, "" if status == "free" else " (%s)" % ", ".join(names)))
-    return (["check_gpus %s: %s" % (host, words) for host, _status, words in found]
-            + ["check_gpus summary: %d host(s): %s" % (len(found), ", ".join(parts))])
+    return ["check_gpus %s: %s" % (host, words) for host, _status, words in found] + [
+        "check_gpus summary: %d host(s): %s" % (len(found), ", ".join(parts))
+    ]
 
 
 class FilterModule(object):
     """Reports of reset_gpus and check_gpus."""
 
     def filters(self):
-        return {"reset_gpus_result": reset_gpus_result, "reset_gpus_fleet_summary": reset_gpus_fleet_summary,
-                "check_gpus_lines": check_gpus_lines}
+        return {
+            "reset_gpus_result": reset_gpus_result,
+            "reset_gpus_fleet_summary": reset_gpus_fleet_summary,
+            "check_gpus_lines": check_gpus_lines,
+        }

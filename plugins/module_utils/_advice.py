@@ -8,6 +8,7 @@ The messages of a wait that did not end with its GPUs free (gpu_wait, gpu_kill w
 verification, check_gpus): one line per GPU, never None or empty lists. Imported only where such a message is
 written (_wait.conclude, gpu_wait's require_memory), so the common free case does not compile it.
 """
+
 from __future__ import annotations
 
 
@@ -39,12 +40,24 @@ def describe(gpu):
     if gpu.get("memory_note"):
         parts.append(gpu["memory_note"])
     if gpu.get("mig_in_use"):
-        parts.append("MIG instances in use: %s" % "; ".join(
-            "GPU %s MIG instance %s (%s): %s, %s" % (
-                gpu["index"], device["uuid"], device["profile"],
-                "memory unknown" if device["memory_used_mib"] is None else "%s MiB used" % device["memory_used_mib"],
-                "held by PID %s" % ", ".join(str(pid) for pid in device["holder_pids"]) if device["holder_pids"]
-                else "no holder found") for device in gpu["mig_in_use"]))
+        parts.append(
+            "MIG instances in use: %s"
+            % "; ".join(
+                "GPU %s MIG instance %s (%s): %s, %s"
+                % (
+                    gpu["index"],
+                    device["uuid"],
+                    device["profile"],
+                    "memory unknown"
+                    if device["memory_used_mib"] is None
+                    else "%s MiB used" % device["memory_used_mib"],
+                    "held by PID %s" % ", ".join(str(pid) for pid in device["holder_pids"])
+                    if device["holder_pids"]
+                    else "no holder found",
+                )
+                for device in gpu["mig_in_use"]
+            )
+        )
     return "%s: %s; next: %s" % (name, ", ".join(parts), gpu["next_step"])
 
 
@@ -52,8 +65,11 @@ def found_by_scan(gpus):
     """The holders that the /proc scan alone found on `gpus` (gpu_status entries of a wait whose driver did not
     answer), as a clause for the message ("" when it found none): a process that still holds a GPU is named, even
     where its memory could not be read."""
-    held = ["%s: %s" % ("GPUs" if gpu["index"] is None else "GPU %s" % gpu["index"], _named(gpu["holders"]))
-            for gpu in gpus if gpu["holders"]]
+    held = [
+        "%s: %s" % ("GPUs" if gpu["index"] is None else "GPU %s" % gpu["index"], _named(gpu["holders"]))
+        for gpu in gpus
+        if gpu["holders"]
+    ]
     return "; holders found by the /proc scan alone: %s" % "; ".join(held) if held else ""
 
 
@@ -66,38 +82,51 @@ def next_step(gpu):
         first = ""
         if gpu["holders"]:
             first = "end PID %s, which still hold%s it (gpuops.nvidia.gpu_kill), then " % (
-                ", ".join(str(h["pid"]) for h in gpu["holders"]), "s" if len(gpu["holders"]) == 1 else "")
-        return ("NVML answers %s with an error (%s): it may have fallen off the bus; look for Xid errors in the kernel "
-                "log (dmesg | grep -i xid), then %sreset it (nvidia-smi --gpu-reset -i %s) or reboot the host"
-                % (which, gpu["error"], first, index))
+                ", ".join(str(h["pid"]) for h in gpu["holders"]),
+                "s" if len(gpu["holders"]) == 1 else "",
+            )
+        return (
+            "NVML answers %s with an error (%s): it may have fallen off the bus; look for Xid errors in the kernel "
+            "log (dmesg | grep -i xid), then %sreset it (nvidia-smi --gpu-reset -i %s) or reboot the host"
+            % (which, gpu["error"], first, index)
+        )
     stuck = [h for h in gpu["holders"] if h["state"] == "D"]
     if stuck:
-        return ("PID %s (%s) is in uninterruptible sleep (D), stuck in the driver: SIGKILL cannot end it; %s"
-                % (stuck[0]["pid"], stuck[0]["comm"],
-                   "reboot the host" if index is None else
-                   "reset the GPU (nvidia-smi --gpu-reset -i %s) or reboot the host" % index))
+        return "PID %s (%s) is in uninterruptible sleep (D), stuck in the driver: SIGKILL cannot end it; %s" % (
+            stuck[0]["pid"],
+            stuck[0]["comm"],
+            "reboot the host"
+            if index is None
+            else "reset the GPU (nvidia-smi --gpu-reset -i %s) or reboot the host" % index,
+        )
     if gpu["holders"]:
         parents = ["PID %s (%s)" % (h["parent"]["pid"], h["parent"]["comm"]) for h in gpu["holders"] if h.get("parent")]
         text = "processes still hold %s: end them with gpuops.nvidia.gpu_kill" % which
         if parents:
-            text += ("; if they come back after being ended, stop their parent (%s: for example a torchrun or Ray agent, "
-                     "or a systemd unit) first" % ", ".join(sorted(set(parents))))
+            text += (
+                "; if they come back after being ended, stop their parent (%s: for example a torchrun or Ray agent, "
+                "or a systemd unit) first" % ", ".join(sorted(set(parents)))
+            )
         return text
     if gpu.get("foreign"):
-        return ("%s; run the check on the host (outside this PID namespace) to see and end that process"
-                % "; ".join(describe_foreign(item, index) for item in gpu["foreign"]))
+        return "%s; run the check on the host (outside this PID namespace) to see and end that process" % "; ".join(
+            describe_foreign(item, index) for item in gpu["foreign"]
+        )
     if gpu["memory_checked"]:
         # Drivers from 535.113.01 list only the processes of the caller's PID namespace (docs/attribution.md): memory
         # no entry explains is another namespace's, or leaked. A listed creator that exited is named by the holders
         # of its context (gpu_facts), which are ended first: a reset is never the next step while they live.
-        text = ("memory is used that no process explains in this PID namespace: it belongs to a process in "
-                "another PID namespace (another container, or the host: the driver lists only the caller's "
-                "namespace; run the check there), or it is leaked or still being released (wait longer, then reset "
-                "the GPU: nvidia-smi --gpu-reset -i %s, needs no client on the device, nvidia-persistenced included, "
-                "or reboot)" % index)
+        text = (
+            "memory is used that no process explains in this PID namespace: it belongs to a process in "
+            "another PID namespace (another container, or the host: the driver lists only the caller's "
+            "namespace; run the check there), or it is leaked or still being released (wait longer, then reset "
+            "the GPU: nvidia-smi --gpu-reset -i %s, needs no client on the device, nvidia-persistenced included, "
+            "or reboot)" % index
+        )
         if gpu.get("suspects"):
-            text += ("; only NVML clients hold its device file (PIDs %s), and they hold no memory"
-                     % ", ".join(str(p) for p in gpu["suspects"]))
+            text += "; only NVML clients hold its device file (PIDs %s), and they hold no memory" % ", ".join(
+                str(p) for p in gpu["suspects"]
+            )
         return text
     return "the driver did not report memory for %s: check the NVIDIA driver (nvidia-smi)" % which
 
@@ -106,24 +135,39 @@ def describe_foreign(item, index):
     """One driver-listed PID that no process here confirms, in words."""
     mib = "memory not reported" if item["used_mib"] is None else "%s MiB" % item["used_mib"]
     if item["reason"] == "absent":
-        return ("the driver lists PID %s (%s) on GPU %s; no such process holds it in this PID namespace (a container?)"
-                % (item["pid"], mib, index))
+        return (
+            "the driver lists PID %s (%s) on GPU %s; no such process holds it in this PID namespace (a container?)"
+            % (item["pid"], mib, index)
+        )
     if item["reason"] in ("exited", "reused"):
-        return ("the driver lists PID %s (%s) on GPU %s: the context of PID %s, which has exited%s"
-                % (item["pid"], mib, index, item["pid"],
-                   "" if item["reason"] == "exited" else " (PID %s here, %s, is another process that got its number)"
-                   % (item["pid"], item["comm"])))
-    return ("the driver lists PID %s (%s) on GPU %s; PID %s here (%s) does not hold that GPU: it is another process "
-            "in this PID namespace (a container?)" % (item["pid"], mib, index, item["pid"], item["comm"]))
+        return "the driver lists PID %s (%s) on GPU %s: the context of PID %s, which has exited%s" % (
+            item["pid"],
+            mib,
+            index,
+            item["pid"],
+            ""
+            if item["reason"] == "exited"
+            else " (PID %s here, %s, is another process that got its number)" % (item["pid"], item["comm"]),
+        )
+    return (
+        "the driver lists PID %s (%s) on GPU %s; PID %s here (%s) does not hold that GPU: it is another process "
+        "in this PID namespace (a container?)" % (item["pid"], mib, index, item["pid"], item["comm"])
+    )
 
 
 def describe_unread(result):
     """The selected GPUs whose used memory was not read (a wait_released() result completed by conclude()), in words."""
     unread = [gpu for gpu in result["gpus"] if not gpu["memory_checked"]]
-    which = ("every GPU" if any(gpu["index"] is None for gpu in unread)
-             else "GPU %s" % ", ".join(str(gpu["index"]) for gpu in unread))
-    return ("used memory of %s not read (NVIDIA driver library not usable: %s); no process holds %s (/proc scan)"
-            % (which, result["driver"].get("error") or "no error given", "them" if which == "every GPU" or len(unread) > 1 else "it"))
+    which = (
+        "every GPU"
+        if any(gpu["index"] is None for gpu in unread)
+        else "GPU %s" % ", ".join(str(gpu["index"]) for gpu in unread)
+    )
+    return "used memory of %s not read (NVIDIA driver library not usable: %s); no process holds %s (/proc scan)" % (
+        which,
+        result["driver"].get("error") or "no error given",
+        "them" if which == "every GPU" or len(unread) > 1 else "it",
+    )
 
 
 def exited_notes(view):
@@ -132,17 +176,26 @@ def exited_notes(view):
     notes = []
     for gpu in view.get("gpus") or ():
         for item in gpu.get("exited") or ():
-            holders = sorted(h["pid"] for h in view.get("holders") or ()
-                             if item["pid"] in (h.get("contexts_of") or {}).get(str(gpu["index"]), ()))
+            holders = sorted(
+                h["pid"]
+                for h in view.get("holders") or ()
+                if item["pid"] in (h.get("contexts_of") or {}).get(str(gpu["index"]), ())
+            )
             mib = "memory not reported" if item["used_mib"] is None else "%s MiB" % item["used_mib"]
             whose = "the context of PID %s (%s), which has exited" % (item["pid"], mib)
             if item["reason"] == "reused":
                 whose += "; PID %s here (%s) is another process that got its number and is left alone" % (
-                    item["pid"], item["comm"])
+                    item["pid"],
+                    item["comm"],
+                )
             if holders:
-                notes.append("GPU %s: PID %s hold%s %s" % (gpu["index"], ", ".join(str(p) for p in holders),
-                                                           "s" if len(holders) == 1 else "", whose))
+                notes.append(
+                    "GPU %s: PID %s hold%s %s"
+                    % (gpu["index"], ", ".join(str(p) for p in holders), "s" if len(holders) == 1 else "", whose)
+                )
             else:
-                notes.append("GPU %s: no process in this PID namespace holds %s (its holder runs elsewhere, or "
-                             "cannot be read)" % (gpu["index"], whose))
+                notes.append(
+                    "GPU %s: no process in this PID namespace holds %s (its holder runs elsewhere, or "
+                    "cannot be read)" % (gpu["index"], whose)
+                )
     return notes

@@ -16,6 +16,7 @@ Linux does not hand out a PID while it is still in use as a session ID, so the m
 the leader's descendants. Processes are signalled through _terminate (pidfd-pinned, SIGTERM, wait,
 SIGKILL). Processes that left the session (setsid again) are not found here.
 """
+
 from __future__ import annotations
 
 import os
@@ -80,8 +81,15 @@ def session_members(record, proc="/proc"):
         stat = _proc.read_stat(pid, proc)
         if stat is None or stat["sid"] != sid or stat["start_ticks"] < leader_ticks or stat["state"] in ("Z", "X"):
             continue
-        members.append({"pid": pid, "ppid": stat["ppid"], "comm": stat["comm"], "cmdline": _proc.read_cmdline(pid, proc),
-                        "start_ticks": stat["start_ticks"]})
+        members.append(
+            {
+                "pid": pid,
+                "ppid": stat["ppid"],
+                "comm": stat["comm"],
+                "cmdline": _proc.read_cmdline(pid, proc),
+                "start_ticks": stat["start_ticks"],
+            }
+        )
     return sorted(members, key=lambda member: member["pid"])
 
 
@@ -125,8 +133,16 @@ def _spawn(argv, env, cwd, log_fd):
     """
     # Not AnsibleModule.run_command: it waits for the command to end, and a detached server runs on after the module.
     try:
-        process = subprocess.Popen(argv, start_new_session=True, stdin=subprocess.DEVNULL,  # pylint: disable=ansible-bad-function
-                                   stdout=log_fd, stderr=log_fd, close_fds=True, cwd=cwd, env=env)
+        process = subprocess.Popen(  # pylint: disable=ansible-bad-function
+            argv,
+            start_new_session=True,
+            stdin=subprocess.DEVNULL,
+            stdout=log_fd,
+            stderr=log_fd,
+            close_fds=True,
+            cwd=cwd,
+            env=env,
+        )
     except OSError as exc:
         raise DetachedError("cannot execute %s: %s" % (argv[0], exc.strerror or exc))
     _STARTED.append(process)
@@ -152,7 +168,10 @@ def start(argv, log_file, environment=None, environment_files=(), cwd="/", inher
     try:
         log_offset = os.fstat(log_fd).st_size
         command = " ".join(shlex.quote(arg) for arg in argv).replace("\n", "\\n")
-        os.write(log_fd, ("=== %s detached_process: starting %s\n" % (time.strftime("%Y-%m-%dT%H:%M:%S%z"), command)).encode())
+        os.write(
+            log_fd,
+            ("=== %s detached_process: starting %s\n" % (time.strftime("%Y-%m-%dT%H:%M:%S%z"), command)).encode(),
+        )
         pid = _spawn(argv, env, cwd, log_fd)
     finally:
         os.close(log_fd)
@@ -167,8 +186,15 @@ def stop(pidfile, grace_period=30.0, kill_wait=10.0, check_mode=False, proc="/pr
     once nothing survived. Returns {"changed", "pid" (leader PID or None), "would_signal", "signalled",
     "exited", "survived", "not_signalled"} (lists of member dicts as in _terminate.end_processes).
     """
-    result = {"changed": False, "pid": None, "would_signal": [], "signalled": [], "exited": [], "survived": [],
-              "not_signalled": []}
+    result = {
+        "changed": False,
+        "pid": None,
+        "would_signal": [],
+        "signalled": [],
+        "exited": [],
+        "survived": [],
+        "not_signalled": [],
+    }
     record = read_pidfile(pidfile)
     if record is None:
         return result
@@ -178,8 +204,9 @@ def stop(pidfile, grace_period=30.0, kill_wait=10.0, check_mode=False, proc="/pr
     if check_mode:
         result["would_signal"] = members
         return result
-    outcome = _terminate.end_until_gone(lambda _first: session_members(record, proc), members, signal.SIGTERM,
-                                        grace_period, kill_wait, proc=proc)
+    outcome = _terminate.end_until_gone(
+        lambda _first: session_members(record, proc), members, signal.SIGTERM, grace_period, kill_wait, proc=proc
+    )
     for key in ("signalled", "exited", "survived", "not_signalled"):
         result[key].extend(outcome[key])
     if outcome["survived"]:

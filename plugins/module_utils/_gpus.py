@@ -9,6 +9,7 @@ deadline), scans /proc (all of it, or only the PIDs the driver lists where their
 the GPUs), reads the identity of the processes found, and hands everything to the pure
 `_holders.merge`. What is selected among the holders is decided in `_select`.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -32,10 +33,7 @@ else:
     PYNVML_IMPORT_ERROR = None
 
 # Options shared by every module that selects GPUs and asks the driver.
-SELECTION_ARGS = dict(
-    gpus=dict(type="list", elements="raw"),
-    driver_timeout=dict(type="float", default=10.0),
-)
+SELECTION_ARGS = dict(gpus=dict(type="list", elements="raw"), driver_timeout=dict(type="float", default=10.0))
 # Used memory (MiB) that the driver's lists may leave unexplained on a GPU before processes that only hold its
 # device file count as its holders: the same idle floor as gpu_wait's max_used_mib default (docs/attribution.md).
 DEFAULT_TOLERANCE_MIB = 256
@@ -66,9 +64,12 @@ def check_libraries(module, missing_required_lib):
     """Fail the module with Ansible's missing-library message, naming this host's interpreter."""
     import socket
     import sys
+
     for package, trace in missing_libraries():
-        module.fail_json(msg="%s (host %s, interpreter %s)" % (missing_required_lib(package), socket.gethostname(), sys.executable),
-                         exception=trace)
+        module.fail_json(
+            msg="%s (host %s, interpreter %s)" % (missing_required_lib(package), socket.gethostname(), sys.executable),
+            exception=trace,
+        )
 
 
 def minor_map(driver, proc="/proc"):
@@ -138,7 +139,9 @@ def process_details(psutil, pid, proc="/proc"):
         with process.oneshot():
             details["uid"] = process.uids().real
             details["user"] = _user(details["uid"])
-            details["start_time"] = datetime.datetime.fromtimestamp(process.create_time(), datetime.timezone.utc).isoformat()
+            details["start_time"] = datetime.datetime.fromtimestamp(
+                process.create_time(), datetime.timezone.utc
+            ).isoformat()
         try:
             # rstrip: setproctitle (vLLM's VLLM::* titles) pads the argv area with spaces.
             details["cmdline"] = " ".join(process.cmdline()).rstrip()
@@ -172,8 +175,15 @@ class Inspector:
         try:
             return self._query.read(self.driver_timeout if timeout is None else min(timeout, self.driver_timeout))
         except (_nvml.NvmlTimeout, _nvml.NvmlWorkerError) as exc:
-            return {"available": False, "error": str(exc), "timed_out": isinstance(exc, _nvml.NvmlTimeout), "gpus": [],
-                    "driver_version": None, "nvml_version": None, "cuda_driver_version": None}
+            return {
+                "available": False,
+                "error": str(exc),
+                "timed_out": isinstance(exc, _nvml.NvmlTimeout),
+                "gpus": [],
+                "driver_version": None,
+                "nvml_version": None,
+                "cuda_driver_version": None,
+            }
 
     def snapshot(self, timeout=None, scope="full", indices=None, tolerance_mib=DEFAULT_TOLERANCE_MIB, owners=None):
         """Ask NVML, scan /proc, merge (see _holders.merge), with "driver", "index_source" and "scan" added.
@@ -198,6 +208,7 @@ class Inspector:
             # Imported here: a look without owners (every poll of a wait, check_gpus) spares the module the
             # compilation of _owners, which Ansible ships as source.
             from ansible_collections.gpuops.nvidia.plugins.module_utils._owners import owner_of
+
             cache = {}
             for process in view["holders"] + view["device_users"]:
                 process["owner"] = owner_of(process["pid"], self.proc, cache=cache)
@@ -229,12 +240,20 @@ class Inspector:
             if details is not None:
                 processes[pid] = details
         mig = any((gpu.get("mig_mode") or {}).get("current") for gpu in driver.get("gpus", []))
-        view = _holders.merge(driver, table, scan, processes, tolerance_mib, exclude_pids=own,
-                              caps=_procscan.cap_map(self.proc) if mig else None,
-                              initial_pidns=initial_pid_namespace(self.proc))
+        view = _holders.merge(
+            driver,
+            table,
+            scan,
+            processes,
+            tolerance_mib,
+            exclude_pids=own,
+            caps=_procscan.cap_map(self.proc) if mig else None,
+            initial_pidns=initial_pid_namespace(self.proc),
+        )
         # Scan workers that did not finish (a process stuck in the driver), and NVML workers left behind.
-        view["scan_problems"] = problems + ["the NVML worker (PID %d) was left behind, stuck in the driver" % pid
-                                            for pid in self._query.left_behind]
+        view["scan_problems"] = problems + [
+            "the NVML worker (PID %d) was left behind, stuck in the driver" % pid for pid in self._query.left_behind
+        ]
         return view
 
     def close(self):

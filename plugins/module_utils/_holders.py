@@ -20,6 +20,7 @@ On a MIG-enabled GPU every instance (MIG device) gets the same view: a listed pr
 whose GPU/compute instance ids its list entry carries; a process the driver lists nowhere is tied to an instance
 by the MIG capability files it holds (/dev/nvidia-caps/nvidia-capN of its GPU and compute instance, docs/mig.md).
 """
+
 from __future__ import annotations
 
 # NVML memory info v1 `used` includes the reserved memory since driver R510 (the release that added
@@ -104,7 +105,10 @@ def _file_indices(handles, by_minor, unmapped):
 def _reserved_in_used(memory, driver):
     """True when `memory` (an _nvml memory dict, or a MIG device's) comes from NVML memory info v1 of a driver whose
     v1 `used` includes reserved memory (R510 and later, or an unknown version)."""
-    if memory.get("used_includes_reserved") is False or memory.get("source", memory.get("memory_source")) != "nvmlDeviceGetMemoryInfo":
+    if (
+        memory.get("used_includes_reserved") is False
+        or memory.get("source", memory.get("memory_source")) != "nvmlDeviceGetMemoryInfo"
+    ):
         return False
     major = str((driver or {}).get("driver_version") or "").split(".", 1)[0]
     return not (major.isdigit() and int(major) < _RESERVED_IN_V1_SINCE)
@@ -131,8 +135,10 @@ def lists_explain(nvml_gpu, driver, tolerance_mib):
         return True
     if nvml_gpu.get("error") or memory.get("used_mib") is None or any(item["used_mib"] is None for item in items):
         return False
-    parts = [(memory, items)] + [(device, [item for item in items if _instance_of(item, [device]) is device])
-                                 for device in nvml_gpu.get("mig_devices") or ()]
+    parts = [(memory, items)] + [
+        (device, [item for item in items if _instance_of(item, [device]) is device])
+        for device in nvml_gpu.get("mig_devices") or ()
+    ]
     for part, listed in parts:
         total = part.get("total_mib", part.get("memory_total_mib"))
         used = part.get("used_mib", part.get("memory_used_mib"))
@@ -156,15 +162,22 @@ def _instances_held(cap_minors, gpu_minor, instances, lookup):
         else:
             cis.add((granted[1], granted[2]))
     ci_gis = {gi for gi, _ci in cis}
-    return [d for d in instances if (d["gpu_instance_id"], d["compute_instance_id"]) in cis
-            or (d["gpu_instance_id"] in gis and d["gpu_instance_id"] not in ci_gis)]
+    return [
+        d
+        for d in instances
+        if (d["gpu_instance_id"], d["compute_instance_id"]) in cis
+        or (d["gpu_instance_id"] in gis and d["gpu_instance_id"] not in ci_gis)
+    ]
 
 
 def _instance_of(item, instances):
     """The MIG device whose ids a process-list entry carries, or None (no ids: not MIG, or a v1 list)."""
     for device in instances:
-        if (item.get("gpu_instance_id") is not None and item.get("gpu_instance_id") == device["gpu_instance_id"]
-                and item.get("compute_instance_id") == device["compute_instance_id"]):
+        if (
+            item.get("gpu_instance_id") is not None
+            and item.get("gpu_instance_id") == device["gpu_instance_id"]
+            and item.get("compute_instance_id") == device["compute_instance_id"]
+        ):
             return device
     return None
 
@@ -222,12 +235,20 @@ def merge(driver, table, scan, processes, tolerance_mib=256, exclude_pids=(), ca
             if scan[pid].cuda and scan[pid].minors and pid in processes:
                 held.entry(pid)
     holders, users = _processes(context)
+    _name_pids(gpus, holders, users)
+    return {"gpus": gpus, "holders": holders, "device_users": users, "unmapped_minors": sorted(unmapped)}
+
+
+def _name_pids(gpus, holders, users):
+    """Give each GPU and each of its MIG devices the PIDs of its holders ("holder_pids"), and each GPU the PIDs of its
+    device users ("device_user_pids")."""
     for gpu in gpus:
         gpu["holder_pids"] = [h["pid"] for h in holders if gpu["index"] in h["gpus"]]
         gpu["device_user_pids"] = [u["pid"] for u in users if gpu["index"] in u["device_gpus"]]
         for instance in gpu["mig_devices"]:
-            instance["holder_pids"] = [h["pid"] for h in holders if instance["uuid"] in h["mig"].get(str(gpu["index"]), ())]
-    return {"gpus": gpus, "holders": holders, "device_users": users, "unmapped_minors": sorted(unmapped)}
+            instance["holder_pids"] = [
+                h["pid"] for h in holders if instance["uuid"] in h["mig"].get(str(gpu["index"]), ())
+            ]
 
 
 def _context(driver, initial_pidns, **parts):
@@ -265,28 +286,45 @@ def _gpu_entry(entry, nvml_gpu, driver, tolerance_mib):
     """A GPU of the view from its table entry and its NVML reading, before the lists are read."""
     memory = nvml_gpu.get("memory") or {}
     gpu = dict(entry)
-    gpu.update({
-        "memory_total_mib": memory.get("total_mib"), "memory_used_mib": memory.get("used_mib"),
-        "memory_free_mib": memory.get("free_mib"), "memory_reserved_mib": memory.get("reserved_mib"),
-        "memory_source": memory.get("source"), "error": nvml_gpu.get("error"), "driver_processes": [],
-        "foreign": [], "exited": [], "suspects": [], "tolerance_mib": tolerance_mib,
-        "memory_supported": None if not memory else memory.get("supported", True),
-        "mig_mode": nvml_gpu.get("mig_mode"), "process_list_version": nvml_gpu.get("process_list_version"),
-        "processes_error": nvml_gpu.get("processes_error"),
-        "memory_used_includes_reserved": _reserved_in_used(memory, driver) if memory else None,
-        "memory_used_excluding_reserved_mib": memory.get("used_excluding_reserved_mib"),
-        "reserved_allowance_mib": reserved_allowance(memory.get("total_mib"), memory, driver),
-        "mig_devices": [dict(device, listed_mib=0, listed_unknown=False, foreign=[], exited=[], holder_pids=[])
-                        for device in nvml_gpu.get("mig_devices") or ()],
-    })
+    gpu.update(
+        {
+            "memory_total_mib": memory.get("total_mib"),
+            "memory_used_mib": memory.get("used_mib"),
+            "memory_free_mib": memory.get("free_mib"),
+            "memory_reserved_mib": memory.get("reserved_mib"),
+            "memory_source": memory.get("source"),
+            "error": nvml_gpu.get("error"),
+            "driver_processes": [],
+            "foreign": [],
+            "exited": [],
+            "suspects": [],
+            "tolerance_mib": tolerance_mib,
+            "memory_supported": None if not memory else memory.get("supported", True),
+            "mig_mode": nvml_gpu.get("mig_mode"),
+            "process_list_version": nvml_gpu.get("process_list_version"),
+            "processes_error": nvml_gpu.get("processes_error"),
+            "memory_used_includes_reserved": _reserved_in_used(memory, driver) if memory else None,
+            "memory_used_excluding_reserved_mib": memory.get("used_excluding_reserved_mib"),
+            "reserved_allowance_mib": reserved_allowance(memory.get("total_mib"), memory, driver),
+            "mig_devices": [
+                dict(device, listed_mib=0, listed_unknown=False, foreign=[], exited=[], holder_pids=[])
+                for device in nvml_gpu.get("mig_devices") or ()
+            ],
+        }
+    )
     return gpu
 
 
 def _read_lists(gpu, nvml_gpu, context):
     """The driver's process lists of one GPU: listed processes that /proc confirms hold it, the others are foreign.
     Returns (MiB listed, whether some entry has no figure)."""
-    index, scan, files, processes, exclude = (gpu["index"], context["scan"], context["files"], context["processes"],
-                                              context["exclude"])
+    index, scan, files, processes, exclude = (
+        gpu["index"],
+        context["scan"],
+        context["files"],
+        context["processes"],
+        context["exclude"],
+    )
     listed, listed_unknown = 0, False
     for item in nvml_gpu.get("processes", []):
         pid = item["pid"]
@@ -317,8 +355,13 @@ def _read_lists(gpu, nvml_gpu, context):
                 key, reason = "exited", "reused" if present else "exited"
             else:
                 key, reason = "foreign", "not_holding" if present else "absent"
-            foreign = {"pid": pid, "used_mib": item["used_mib"], "type": item["type"],
-                       "reason": reason, "comm": present["comm"] if present else None}
+            foreign = {
+                "pid": pid,
+                "used_mib": item["used_mib"],
+                "type": item["type"],
+                "reason": reason,
+                "comm": present["comm"] if present else None,
+            }
             gpu[key].append(foreign)
             if instance is not None:
                 instance[key].append(foreign)
@@ -336,14 +379,18 @@ def _judge_memory(gpu, listed, listed_unknown, tolerance_mib, driver, cause=None
         gpu["unexplained_mib"], gpu["memory_unexplained"] = 0, False
     else:
         gpu["unexplained_mib"], gpu["memory_unexplained"] = _memory_unexplained(
-            gpu["memory_used_mib"], listed, listed_unknown, gpu["tolerance_mib"])
+            gpu["memory_used_mib"], listed, listed_unknown, gpu["tolerance_mib"]
+        )
     gpu["unexplained_cause"] = cause if gpu["memory_unexplained"] and gpu["memory_used_mib"] is not None else None
     for instance in gpu["mig_devices"]:
         instance["reserved_allowance_mib"] = reserved_allowance(instance.get("memory_total_mib"), instance, driver)
         instance["tolerance_mib"] = tolerance_mib + instance["reserved_allowance_mib"]
         instance["unexplained_mib"], instance["memory_unexplained"] = _memory_unexplained(
-            instance.get("memory_used_mib"), instance["listed_mib"], instance.pop("listed_unknown"),
-            instance["tolerance_mib"])
+            instance.get("memory_used_mib"),
+            instance["listed_mib"],
+            instance.pop("listed_unknown"),
+            instance["tolerance_mib"],
+        )
 
 
 def _needs_holders(part, context, unknown):
@@ -369,8 +416,9 @@ def _device_file_holders(gpu, listed_here, lookup, context):
         return
     exited = sorted({item["pid"] for item in gpu["exited"]})
     index, scan, files = gpu["index"], context["scan"], context["files"]
-    candidates = [pid for pid in sorted(files)
-                  if index in files[pid] and pid not in listed_here and pid in context["processes"]]
+    candidates = [
+        pid for pid in sorted(files) if index in files[pid] and pid not in listed_here and pid in context["processes"]
+    ]
     held_here = False
     for pid in candidates:
         if not scan[pid].cuda:
@@ -380,8 +428,9 @@ def _device_file_holders(gpu, listed_here, lookup, context):
         if mine:
             mine = [d for d in mine if d["uuid"] in wanted]
             if mine:
-                context["held"].hold(pid, index, None, "device_file", mine,
-                                     sorted({item["pid"] for d in mine for item in d["exited"]}))
+                context["held"].hold(
+                    pid, index, None, "device_file", mine, sorted({item["pid"] for d in mine for item in d["exited"]})
+                )
                 held_here = True
         elif whole:
             context["held"].hold(pid, index, None, "device_file", (), exited)
@@ -399,23 +448,30 @@ def _processes(context):
             continue
         handles = scan.get(pid)
         details = dict(processes[pid])
-        details.update({
-            "device_gpus": sorted(files.get(pid, ())), "minors": sorted(handles.minors) if handles else [],
-            "kind": "cuda" if handles is not None and handles.cuda else "nvml",
-            "seen_in": sorted(handles.seen_in) if handles else [], "thread_only": bool(handles and handles.thread_only),
-        })
+        details.update(
+            {
+                "device_gpus": sorted(files.get(pid, ())),
+                "minors": sorted(handles.minors) if handles else [],
+                "kind": "cuda" if handles is not None and handles.cuda else "nvml",
+                "seen_in": sorted(handles.seen_in) if handles else [],
+                "thread_only": bool(handles and handles.thread_only),
+            }
+        )
         if pid not in held:
             users.append(details)
             continue
         memory = held[pid]["memory"]
-        details.update({
-            "gpus": sorted(memory), "memory_mib": {str(i): memory[i] for i in sorted(memory)},
-            "attribution": {str(i): how for i, how in sorted(held[pid]["attribution"].items())},
-            "control_only": not files.get(pid),
-            "mig": {str(i): sorted(uuids) for i, uuids in sorted(held[pid]["mig"].items())},
-            # {"<index>": [PID, ...]}: the listed creators, exited (or their number reused), whose contexts it holds.
-            "contexts_of": {str(i): sorted(pids) for i, pids in sorted(held[pid]["contexts_of"].items())},
-        })
+        details.update(
+            {
+                "gpus": sorted(memory),
+                "memory_mib": {str(i): memory[i] for i in sorted(memory)},
+                "attribution": {str(i): how for i, how in sorted(held[pid]["attribution"].items())},
+                "control_only": not files.get(pid),
+                "mig": {str(i): sorted(uuids) for i, uuids in sorted(held[pid]["mig"].items())},
+                # {"<index>": [PID, ...]}: the listed creators, exited (or their number reused), whose contexts it holds.
+                "contexts_of": {str(i): sorted(pids) for i, pids in sorted(held[pid]["contexts_of"].items())},
+            }
+        )
         if "driver" in details["attribution"].values():
             details["seen_in"] = sorted(set(details["seen_in"]) | {"driver"})
         holders.append(details)

@@ -9,11 +9,21 @@ returns an Outcome: the result dict, whether the run failed, and the warnings. N
 exit_json or fail_json. The parts are the other module_utils: _select chooses the targets, _terminate
 ends them, _wait and _release wait for the release, _report and _owners word the result.
 """
+
 from __future__ import annotations
 
 import time
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _gpus, _options, _owners, _release, _report, _select, _terminate, _wait
+from ansible_collections.gpuops.nvidia.plugins.module_utils import (
+    _gpus,
+    _options,
+    _owners,
+    _release,
+    _report,
+    _select,
+    _terminate,
+    _wait,
+)
 
 
 class Outcome:
@@ -36,10 +46,15 @@ def run(params, given=None, check_mode=False, run_command=None, which=None):
     for stop_owners."""
     started = time.monotonic()
     try:
-        _options.check_numbers(positive=("driver_timeout",), grace_period=params["grace_period"],
-                               kill_wait=params["kill_wait"], driver_timeout=params["driver_timeout"],
-                               wait_timeout=params["wait_timeout"], max_used_mib=params["max_used_mib"],
-                               poll_interval=params["poll_interval"])
+        _options.check_numbers(
+            positive=("driver_timeout",),
+            grace_period=params["grace_period"],
+            kill_wait=params["kill_wait"],
+            driver_timeout=params["driver_timeout"],
+            wait_timeout=params["wait_timeout"],
+            max_used_mib=params["max_used_mib"],
+            poll_interval=params["poll_interval"],
+        )
         sig = _terminate.parse_signal(params["signal"])
         checked = _select.check_options(params, given)
     except ValueError as exc:  # OptionError, SelectionError and unknown signals
@@ -81,24 +96,42 @@ def run(params, given=None, check_mode=False, run_command=None, which=None):
 def driver_warnings(driver, driver_timeout):
     """Warnings for a driver that did not answer or a library that is not usable."""
     if driver["timed_out"]:
-        return ["NVML did not answer within driver_timeout (%s s): the driver may be hung (look for Xid errors in the "
-                "kernel log); GPU memory is unknown, so holders are the CUDA processes holding device files, from the "
-                "/proc scan alone" % driver_timeout]
+        return [
+            "NVML did not answer within driver_timeout (%s s): the driver may be hung (look for Xid errors in the "
+            "kernel log); GPU memory is unknown, so holders are the CUDA processes holding device files, from the "
+            "/proc scan alone" % driver_timeout
+        ]
     if not driver["available"]:
-        return ["NVIDIA driver library not usable (%s): GPU memory is unknown, so holders are the CUDA processes "
-                "holding device files, from the /proc scan alone" % driver["error"]]
+        return [
+            "NVIDIA driver library not usable (%s): GPU memory is unknown, so holders are the CUDA processes "
+            "holding device files, from the /proc scan alone" % driver["error"]
+        ]
     return []
 
 
 def start_result(selection, snapshot):
     """(the result before anything is done, the targets annotated with their owners' words)."""
     split = selection.split(snapshot)
-    return dict(changed=False, gpus=None if selection.indices is None else list(selection.indices),
-                mig_instances={str(i): sorted(uuids) for i, uuids in sorted(selection.instances.items())},
-                driver=snapshot["driver"], would_signal=[], would_stop_units=[], signalled=[], exited=[], survived=[],
-                not_signalled=[], respawned=[], left_alone=split["left_alone"], protected=split["protected"],
-                not_holding=split["not_holding"], foreign=foreign(snapshot, selection), before=snapshot, stopped_units=[],
-                owner_commands=[]), [_report.annotate(dict(target)) for target in split["targets"]]
+    return dict(
+        changed=False,
+        gpus=None if selection.indices is None else list(selection.indices),
+        mig_instances={str(i): sorted(uuids) for i, uuids in sorted(selection.instances.items())},
+        driver=snapshot["driver"],
+        would_signal=[],
+        would_stop_units=[],
+        signalled=[],
+        exited=[],
+        survived=[],
+        not_signalled=[],
+        respawned=[],
+        left_alone=split["left_alone"],
+        protected=split["protected"],
+        not_holding=split["not_holding"],
+        foreign=foreign(snapshot, selection),
+        before=snapshot,
+        stopped_units=[],
+        owner_commands=[],
+    ), [_report.annotate(dict(target)) for target in split["targets"]]
 
 
 def _stoppable_unit(owner):
@@ -146,28 +179,44 @@ def owners_beyond(targets, snapshot, selection):
         for holder in snapshot["holders"]:
             if holder["pid"] in target_pids or _owner_key(holder.get("owner")) != key:
                 continue
-            reason = "outside the selection" if not selection.covers(holder) else "not selected (%s)" % (
-                selection.narrowing_reason(holder) or "protected or excluded")
-            others.append({"pid": holder["pid"], "comm": holder["comm"], "gpus": sorted(holder["gpus"]), "reason": reason})
+            reason = (
+                "outside the selection"
+                if not selection.covers(holder)
+                else "not selected (%s)" % (selection.narrowing_reason(holder) or "protected or excluded")
+            )
+            others.append(
+                {"pid": holder["pid"], "comm": holder["comm"], "gpus": sorted(holder["gpus"]), "reason": reason}
+            )
         if others:
             words = "systemd unit %s" % key[1] if key[0] == "unit" else _report.owner_words(owner)
-            found.append({"kind": key[0], "owner": words, "command": _owners.stop_command(owner),
-                          "processes": others})
+            found.append({"kind": key[0], "owner": words, "command": _owners.stop_command(owner), "processes": others})
     return found
 
 
 def _beyond_words(item):
-    return "%s, whose %s" % (item["owner"], ", ".join(
-        "PID %s (%s) holds GPU%s %s, %s" % (p["pid"], p["comm"], "s" if len(p["gpus"]) > 1 else "",
-                                            ", ".join(str(g) for g in p["gpus"]), p["reason"])
-        for p in item["processes"]))
+    return "%s, whose %s" % (
+        item["owner"],
+        ", ".join(
+            "PID %s (%s) holds GPU%s %s, %s"
+            % (
+                p["pid"],
+                p["comm"],
+                "s" if len(p["gpus"]) > 1 else "",
+                ", ".join(str(g) for g in p["gpus"]),
+                p["reason"],
+            )
+            for p in item["processes"]
+        ),
+    )
 
 
 def spanning_refusal(beyond):
     """Why stop_owners refuses owners that reach beyond the selection, and what the operator can do."""
-    return ("stop_owners would stop %s; stopping an owner ends all its processes. Select those GPUs and processes too, "
-            "set stop_spanning_owners=true (role: reset_gpus_stop_spanning_owners: true) to stop the owner anyway, or "
-            "leave stop_owners off to end only the selected PIDs" % "; and ".join(_beyond_words(item) for item in beyond))
+    return (
+        "stop_owners would stop %s; stopping an owner ends all its processes. Select those GPUs and processes too, "
+        "set stop_spanning_owners=true (role: reset_gpus_stop_spanning_owners: true) to stop the owner anyway, or "
+        "leave stop_owners off to end only the selected PIDs" % "; and ".join(_beyond_words(item) for item in beyond)
+    )
 
 
 def stop_units(targets, result, run_command, which):
@@ -178,15 +227,25 @@ def stop_units(targets, result, run_command, which):
     systemctl = which("systemctl") if units else None
     if units and not systemctl:
         return "stop_owners: systemctl is not on this host, so units %s cannot be stopped; nothing was signalled" % (
-            ", ".join(units))
+            ", ".join(units)
+        )
     for unit in units:
         rc, _out, err = run_command([systemctl, "stop", unit])
         if rc != 0:
-            return "systemctl stop %s failed (rc %s): %s; nothing was signalled" % (unit, rc, err.strip() or "no error text")
+            return "systemctl stop %s failed (rc %s): %s; nothing was signalled" % (
+                unit,
+                rc,
+                err.strip() or "no error text",
+            )
         result["stopped_units"].append(unit)
     result["changed"] = bool(units)
-    result["owner_commands"] = sorted({_owners.stop_command(t["owner"]) for t in targets
-                                       if (t.get("owner") or {}).get("container_id") or (t.get("owner") or {}).get("pod_uid")})
+    result["owner_commands"] = sorted(
+        {
+            _owners.stop_command(t["owner"])
+            for t in targets
+            if (t.get("owner") or {}).get("container_id") or (t.get("owner") or {}).get("pod_uid")
+        }
+    )
     return None
 
 
@@ -194,9 +253,14 @@ def end(inspector, selection, targets, sig, params, result):
     """End the targets, three rounds at most (processes may appear while others die)."""
 
     def choose(_first):
-        return [_report.annotate(t) for t in
-                selection.split(inspector.snapshot(scope="listed", indices=selection.indices, owners=True,
-                                                   tolerance_mib=params["max_used_mib"]))["targets"]]
+        return [
+            _report.annotate(t)
+            for t in selection.split(
+                inspector.snapshot(
+                    scope="listed", indices=selection.indices, owners=True, tolerance_mib=params["max_used_mib"]
+                )
+            )["targets"]
+        ]
 
     outcome = _terminate.end_until_gone(choose, targets, sig, params["grace_period"], params["kill_wait"])
     result.update(outcome)
@@ -211,16 +275,20 @@ def would_fail(selection, snapshot, params):
     stuck = [gpu for gpu in status if gpu["error"] or snapshot["driver"]["timed_out"]]
     if not stuck:
         return None
-    return _wait.conclude({"gpus": stuck, "driver": snapshot["driver"], "released": False, "elapsed_s": 0.0},
-                          params["driver_timeout"], single_look=True)
+    return _wait.conclude(
+        {"gpus": stuck, "driver": snapshot["driver"], "released": False, "elapsed_s": 0.0},
+        params["driver_timeout"],
+        single_look=True,
+    )
 
 
 def wait(inspector, selection, first, params, result):
     """wait=true: wait for the release as gpu_wait does (`first`: the snapshot just taken when nothing was ended),
     and add "released", "wait_timed_out", "wait" ({"elapsed_s", "polls", "msg", "gpus" with next steps,
     "memory_checked", "driver"}) and "after"."""
-    waited = _wait.wait_released(inspector, selection, params["wait_timeout"], params["max_used_mib"],
-                                 params["poll_interval"], first=first)
+    waited = _wait.wait_released(
+        inspector, selection, params["wait_timeout"], params["max_used_mib"], params["poll_interval"], first=first
+    )
     waited["msg"] = _wait.conclude(waited, params["driver_timeout"])
     result["after"] = waited.pop("snapshot")
     result["released"] = waited["released"]
@@ -249,8 +317,10 @@ def finish(result, failure, check_mode, waited, warnings):
     (check mode, wait=true) `failure` says why the wait would fail whatever was ended; with wait=true the result
     carries the summary lines of the reset_gpus role."""
     if result["survived"]:
-        result["msg"] = "%d selected process(es) survived SIGKILL: %s" % (len(result["survived"]), "; ".join(
-            "PID %s (%s): %s" % (s["pid"], s["comm"], s["reason"]) for s in result["survived"]))
+        result["msg"] = "%d selected process(es) survived SIGKILL: %s" % (
+            len(result["survived"]),
+            "; ".join("PID %s (%s): %s" % (s["pid"], s["comm"], s["reason"]) for s in result["survived"]),
+        )
         return Outcome(result, failed=True, warnings=warnings)
     result["msg"] = message(result, check_mode)
     if failure:
@@ -260,8 +330,9 @@ def finish(result, failure, check_mode, waited, warnings):
     if waited:
         wait_report = dict(result.get("wait", {"elapsed_s": 0.0}), released=result.get("released"))
         outcome = _report.outcome(dict(result, failed=failed), wait_report, check_mode, wait_report["elapsed_s"])
-        result["summary"] = _report.summary_lines(result, result["before"], result.get("after", result["before"]),
-                                                  check_mode, outcome)
+        result["summary"] = _report.summary_lines(
+            result, result["before"], result.get("after", result["before"]), check_mode, outcome
+        )
         if result.get("wait_timed_out"):
             result["msg"] = "%s; %s" % (result["msg"], wait_report["msg"])
             failed = True
@@ -275,8 +346,10 @@ def _names(processes):
 def message(result, check_mode):
     """What was done (or would be) and what was left, in one line."""
     if check_mode:
-        msg = "would signal %d process(es)%s" % (len(result["would_signal"]),
-                                                 ": " + _names(result["would_signal"]) if result["would_signal"] else "")
+        msg = "would signal %d process(es)%s" % (
+            len(result["would_signal"]),
+            ": " + _names(result["would_signal"]) if result["would_signal"] else "",
+        )
         if result["would_stop_units"]:
             msg += "; would stop systemd unit(s) %s first" % ", ".join(result["would_stop_units"])
     else:
@@ -284,13 +357,19 @@ def message(result, check_mode):
     if result["driver"]["timed_out"]:
         msg += "; NVML did not answer within driver_timeout (the driver may be hung): holders from the /proc scan alone"
     if result["left_alone"]:
-        msg += "; left alone: %s" % "; ".join("PID %s (%s): %s" % (h["pid"], h["comm"], h["reason"]) for h in result["left_alone"])
+        msg += "; left alone: %s" % "; ".join(
+            "PID %s (%s): %s" % (h["pid"], h["comm"], h["reason"]) for h in result["left_alone"]
+        )
     if result["not_holding"]:
         msg += "; PID(s) %s from pids hold none of the selected GPUs (or do not exist): nothing to do for them" % (
-            ", ".join(str(pid) for pid in result["not_holding"]))
+            ", ".join(str(pid) for pid in result["not_holding"])
+        )
     for item in result["foreign"]:
         msg += "; the driver lists PID %s (%s) on GPU %s, which no process here holds (a container?): not signalled" % (
-            item["pid"], "memory not reported" if item["used_mib"] is None else "%s MiB" % item["used_mib"], item["gpu"])
+            item["pid"],
+            "memory not reported" if item["used_mib"] is None else "%s MiB" % item["used_mib"],
+            item["gpu"],
+        )
     if result["stopped_units"]:
         msg += "; stopped systemd unit(s) %s first" % ", ".join(result["stopped_units"])
     for item in result["owners_beyond_selection"]:
@@ -307,13 +386,25 @@ def owner_warnings(result, check_mode):
     for process in result["would_signal"] if check_mode else result["signalled"]:
         command = _owners.stop_command(process.get("owner"))
         if process.get("owner_note") and command not in stopped:
-            warnings.append("PID %s (%s): %s; ending the PID alone will not last%s" % (
-                process["pid"], process["comm"], process["owner_note"],
-                ": stop the owner (%s), or run with stop_owners=true" % command if command else ""))
+            warnings.append(
+                "PID %s (%s): %s; ending the PID alone will not last%s"
+                % (
+                    process["pid"],
+                    process["comm"],
+                    process["owner_note"],
+                    ": stop the owner (%s), or run with stop_owners=true" % command if command else "",
+                )
+            )
     for item in result["respawned"]:
         parent = item.get("parent")
-        warnings.append("PID %s (%s) came back as PID %s%s: stop that parent first (for example a torchrun or Ray agent, "
-                        "or a systemd unit), or the GPU will be held again" % (
-                            item["replaces"], item["replaces_comm"], item["pid"],
-                            ", started by PID %s (%s)" % (parent["pid"], parent["comm"]) if parent else ""))
+        warnings.append(
+            "PID %s (%s) came back as PID %s%s: stop that parent first (for example a torchrun or Ray agent, "
+            "or a systemd unit), or the GPU will be held again"
+            % (
+                item["replaces"],
+                item["replaces_comm"],
+                item["pid"],
+                ", started by PID %s (%s)" % (parent["pid"], parent["comm"]) if parent else "",
+            )
+        )
     return warnings

@@ -10,6 +10,7 @@ kills it when the deadline passes. The worker keeps NVML initialized between que
 (nvmlInit is slow on real machines), which means it holds /dev/nvidiactl and every
 /dev/nvidiaN open like any NVML client: callers exclude its PID from holder scans.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -33,8 +34,10 @@ _LIST_RETRIES = 5
 _NO_INSTANCE_ID = 0xFFFFFFFF
 _NVML_DEVICE_MIG_ENABLE = 1
 # The aggregate memory and process lists of a MIG-enabled GPU need privileges (nvml.h).
-_NO_PERMISSION_TEXT = ("NVML answered Insufficient Permissions for the aggregate process lists of this MIG-enabled GPU "
-                       "(they need root or the mig/monitor capability); the per-MIG-device lists were used instead")
+_NO_PERMISSION_TEXT = (
+    "NVML answered Insufficient Permissions for the aggregate process lists of this MIG-enabled GPU "
+    "(they need root or the mig/monitor capability); the per-MIG-device lists were used instead"
+)
 
 # The process lists, newest first: (version, compute/graphics/MPS symbols). The _v3 ones are reached through
 # pynvml's public functions (which pin _v3 since nvidia-ml-py 12.535.108); the older ones pynvml does not
@@ -42,34 +45,60 @@ _NO_PERMISSION_TEXT = ("NVML answered Insufficient Permissions for the aggregate
 # calls them by name through pynvml's own symbol lookup, with the struct nvml.h gives each.
 _LIST_KINDS = ("compute", "graphics", "mps")
 _OLDER_LISTS = (
-    ("v2", ("nvmlDeviceGetComputeRunningProcesses_v2", "nvmlDeviceGetGraphicsRunningProcesses_v2",
-            "nvmlDeviceGetMPSComputeRunningProcesses_v2")),
-    ("v1", ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses",
-            "nvmlDeviceGetMPSComputeRunningProcesses")),
+    (
+        "v2",
+        (
+            "nvmlDeviceGetComputeRunningProcesses_v2",
+            "nvmlDeviceGetGraphicsRunningProcesses_v2",
+            "nvmlDeviceGetMPSComputeRunningProcesses_v2",
+        ),
+    ),
+    (
+        "v1",
+        (
+            "nvmlDeviceGetComputeRunningProcesses",
+            "nvmlDeviceGetGraphicsRunningProcesses",
+            "nvmlDeviceGetMPSComputeRunningProcesses",
+        ),
+    ),
 )
 
 
 class _ProcessInfoV1(ctypes.Structure):  # pylint: disable=too-few-public-methods
     """nvmlProcessInfo_v1_t (nvml.h): the entries of the unversioned process-list symbols, 16 bytes."""
+
     _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong)]
 
 
 class _ProcessInfoV2(ctypes.Structure):  # pylint: disable=too-few-public-methods
     """nvmlProcessInfo_v2_t (nvml.h): the entries of the _v2 and _v3 symbols, 24 bytes (with padding)."""
-    _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong),
-                ("gpuInstanceId", ctypes.c_uint), ("computeInstanceId", ctypes.c_uint)]
+
+    _fields_ = [
+        ("pid", ctypes.c_uint),
+        ("usedGpuMemory", ctypes.c_ulonglong),
+        ("gpuInstanceId", ctypes.c_uint),
+        ("computeInstanceId", ctypes.c_uint),
+    ]
 
 
 class _ProcessInfoV3Legacy(ctypes.Structure):  # pylint: disable=too-few-public-methods
     """The _v3 entry of early R535 drivers (535.43.02-535.86.05): nvmlProcessInfo_v2_t plus usedGpuCcProtectedMemory,
     32 bytes. nvidia-ml-py 12.535.108+ reads it as 24 bytes and garbles every entry after the first (nvitop#75)."""
-    _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong),
-                ("gpuInstanceId", ctypes.c_uint), ("computeInstanceId", ctypes.c_uint),
-                ("usedGpuCcProtectedMemory", ctypes.c_ulonglong)]
+
+    _fields_ = [
+        ("pid", ctypes.c_uint),
+        ("usedGpuMemory", ctypes.c_ulonglong),
+        ("gpuInstanceId", ctypes.c_uint),
+        ("computeInstanceId", ctypes.c_uint),
+        ("usedGpuCcProtectedMemory", ctypes.c_ulonglong),
+    ]
 
 
-_V3_SYMBOLS = ("nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetGraphicsRunningProcesses_v3",
-               "nvmlDeviceGetMPSComputeRunningProcesses_v3")
+_V3_SYMBOLS = (
+    "nvmlDeviceGetComputeRunningProcesses_v3",
+    "nvmlDeviceGetGraphicsRunningProcesses_v3",
+    "nvmlDeviceGetMPSComputeRunningProcesses_v3",
+)
 
 
 def _has_symbol(pynvml, symbol):
@@ -84,8 +113,9 @@ def _legacy_v3(pynvml):
     """Whether the library writes 32-byte _v3 entries: nvitop 1.7.2's probe (api/libnvml.py): early R535 libraries
     have nvmlDeviceGetConfComputeMemSizeInfo and not yet nvmlDeviceGetRunningProcessDetailList, which came when the
     _v3 layout went back to 24 bytes."""
-    return (_has_symbol(pynvml, "nvmlDeviceGetConfComputeMemSizeInfo")
-            and not _has_symbol(pynvml, "nvmlDeviceGetRunningProcessDetailList"))
+    return _has_symbol(pynvml, "nvmlDeviceGetConfComputeMemSizeInfo") and not _has_symbol(
+        pynvml, "nvmlDeviceGetRunningProcessDetailList"
+    )
 
 
 # How long close() lets the worker leave on its own (seconds): it exits as soon as it reads the end of its request
@@ -141,7 +171,8 @@ def _raw_list(pynvml, symbol, entry_type):
         ret = function(handle, ctypes.byref(count), entries)
         if ret != _NVML_SUCCESS:
             raise pynvml.NVMLError(ret)
-        return list(entries[:count.value])
+        return list(entries[: count.value])
+
     return call
 
 
@@ -162,9 +193,13 @@ def _entry(proc, kind):
     used = getattr(proc, "usedGpuMemory", None)
     if used is not None and used >= (1 << 64) - 1:  # NVML_VALUE_NOT_AVAILABLE (pynvml maps it to None itself)
         used = None
-    return {"pid": int(proc.pid), "used_mib": None if used is None else used // MIB, "type": kind,
-            "gpu_instance_id": _instance_id(getattr(proc, "gpuInstanceId", None)),
-            "compute_instance_id": _instance_id(getattr(proc, "computeInstanceId", None))}
+    return {
+        "pid": int(proc.pid),
+        "used_mib": None if used is None else used // MIB,
+        "type": kind,
+        "gpu_instance_id": _instance_id(getattr(proc, "gpuInstanceId", None)),
+        "compute_instance_id": _instance_id(getattr(proc, "computeInstanceId", None)),
+    }
 
 
 def _process_lists(pynvml, handle, versions):
@@ -179,8 +214,11 @@ def _process_lists(pynvml, handle, versions):
             if version == "v3-32":
                 functions = tuple(_raw_list(pynvml, symbol, _ProcessInfoV3Legacy) for symbol in _V3_SYMBOLS)
             elif version == "v3":
-                functions = (pynvml.nvmlDeviceGetComputeRunningProcesses, pynvml.nvmlDeviceGetGraphicsRunningProcesses,
-                             pynvml.nvmlDeviceGetMPSComputeRunningProcesses)
+                functions = (
+                    pynvml.nvmlDeviceGetComputeRunningProcesses,
+                    pynvml.nvmlDeviceGetGraphicsRunningProcesses,
+                    pynvml.nvmlDeviceGetMPSComputeRunningProcesses,
+                )
             else:
                 entry_type = _ProcessInfoV2 if version == "v2" else _ProcessInfoV1
                 functions = tuple(_raw_list(pynvml, symbol, entry_type) for symbol in dict(_OLDER_LISTS)[version])
@@ -198,8 +236,16 @@ def _process_lists(pynvml, handle, versions):
             versions.pop(0)
 
 
-_UNSUPPORTED_MEMORY = {"total_mib": None, "used_mib": None, "free_mib": None, "reserved_mib": None, "source": None,
-                       "used_includes_reserved": None, "used_excluding_reserved_mib": None, "supported": False}
+_UNSUPPORTED_MEMORY = {
+    "total_mib": None,
+    "used_mib": None,
+    "free_mib": None,
+    "reserved_mib": None,
+    "source": None,
+    "used_includes_reserved": None,
+    "used_excluding_reserved_mib": None,
+    "supported": False,
+}
 
 
 def _memory(pynvml, handle):
@@ -210,9 +256,15 @@ def _memory(pynvml, handle):
     on current drivers (`used_includes_reserved`) and cannot be split."""
     try:
         info = pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2)
-        return {"total_mib": info.total // MIB, "used_mib": info.used // MIB, "free_mib": info.free // MIB,
-                "reserved_mib": info.reserved // MIB, "source": "nvmlDeviceGetMemoryInfo_v2",
-                "used_includes_reserved": False, "used_excluding_reserved_mib": info.used // MIB}
+        return {
+            "total_mib": info.total // MIB,
+            "used_mib": info.used // MIB,
+            "free_mib": info.free // MIB,
+            "reserved_mib": info.reserved // MIB,
+            "source": "nvmlDeviceGetMemoryInfo_v2",
+            "used_includes_reserved": False,
+            "used_excluding_reserved_mib": info.used // MIB,
+        }
     # A driver without nvmlDeviceGetMemoryInfo_v2 (FunctionNotFound), or one that does not know the v2 struct
     # version (ArgumentVersionMismatch).
     except (pynvml.NVMLError_FunctionNotFound, pynvml.NVMLError_NotSupported, pynvml.NVMLError_ArgumentVersionMismatch):
@@ -223,13 +275,19 @@ def _memory(pynvml, handle):
             # (XuehaiPan/nvitop PR 208): not an error of the GPU; it is judged by its lists and device files.
             return dict(_UNSUPPORTED_MEMORY)
         # v1 `used` includes reserved memory; v1 cannot tell them apart.
-        return {"total_mib": info.total // MIB, "used_mib": info.used // MIB, "free_mib": info.free // MIB,
-                "reserved_mib": None, "source": "nvmlDeviceGetMemoryInfo",
-                "used_includes_reserved": True, "used_excluding_reserved_mib": None}
+        return {
+            "total_mib": info.total // MIB,
+            "used_mib": info.used // MIB,
+            "free_mib": info.free // MIB,
+            "reserved_mib": None,
+            "source": "nvmlDeviceGetMemoryInfo",
+            "used_includes_reserved": True,
+            "used_excluding_reserved_mib": None,
+        }
 
 
 def _mig_name_profile(name):
-    """"NVIDIA H100 80GB HBM3 MIG 1g.10gb" -> "1g.10gb" (the MIG device name ends with its profile)."""
+    """ "NVIDIA H100 80GB HBM3 MIG 1g.10gb" -> "1g.10gb" (the MIG device name ends with its profile)."""
     head, sep, profile = name.rpartition(" MIG ")
     return profile if sep and head else None
 
@@ -244,13 +302,23 @@ def _mig_devices(pynvml, handle):
             continue
         name = _text(pynvml.nvmlDeviceGetName(mig))
         memory = _memory(pynvml, mig)
-        devices.append((mig, {
-            "index": position, "uuid": _text(pynvml.nvmlDeviceGetUUID(mig)),
-            "gpu_instance_id": pynvml.nvmlDeviceGetGpuInstanceId(mig),
-            "compute_instance_id": pynvml.nvmlDeviceGetComputeInstanceId(mig),
-            "name": name, "profile": _mig_name_profile(name),
-            "memory_total_mib": memory["total_mib"], "memory_used_mib": memory["used_mib"],
-            "memory_free_mib": memory["free_mib"], "memory_source": memory["source"]}))
+        devices.append(
+            (
+                mig,
+                {
+                    "index": position,
+                    "uuid": _text(pynvml.nvmlDeviceGetUUID(mig)),
+                    "gpu_instance_id": pynvml.nvmlDeviceGetGpuInstanceId(mig),
+                    "compute_instance_id": pynvml.nvmlDeviceGetComputeInstanceId(mig),
+                    "name": name,
+                    "profile": _mig_name_profile(name),
+                    "memory_total_mib": memory["total_mib"],
+                    "memory_used_mib": memory["used_mib"],
+                    "memory_free_mib": memory["free_mib"],
+                    "memory_source": memory["source"],
+                },
+            )
+        )
     return devices
 
 
@@ -293,9 +361,20 @@ def read_gpu(pynvml, index, list_versions=None):
     `list_versions` (shared by the GPUs of one reading) is the process-list versions still worth trying.
     """
     versions = list_versions if list_versions is not None else ["v3", "v2", "v1"]
-    gpu = {"index": index, "minor": None, "uuid": None, "name": None, "pci_bus_id": None,
-           "memory": None, "processes": [], "process_list_version": None, "processes_error": None,
-           "mig_mode": None, "mig_devices": [], "error": None}
+    gpu = {
+        "index": index,
+        "minor": None,
+        "uuid": None,
+        "name": None,
+        "pci_bus_id": None,
+        "memory": None,
+        "processes": [],
+        "process_list_version": None,
+        "processes_error": None,
+        "mig_mode": None,
+        "mig_devices": [],
+        "error": None,
+    }
     try:
         handle = pynvml.nvmlDeviceGetHandleByIndex(index)
         gpu["minor"] = pynvml.nvmlDeviceGetMinorNumber(handle)
@@ -305,36 +384,54 @@ def read_gpu(pynvml, index, list_versions=None):
         gpu["mig_mode"] = _mig_mode(pynvml, handle)
         migs = _mig_devices(pynvml, handle) if gpu["mig_mode"] and gpu["mig_mode"]["current"] else []
         gpu["mig_devices"] = [description for _mig, description in migs]
-        try:
-            gpu["memory"] = _memory(pynvml, handle)
-        except pynvml.NVMLError as exc:
-            if not (migs and _no_permission(pynvml, exc)):
-                raise
-            # nvml.h: on a MIG-enabled GPU the aggregate needs privileges; per-instance figures do not.
-            gpu["memory"] = {"total_mib": sum(m["memory_total_mib"] for m in gpu["mig_devices"]),
-                             "used_mib": sum(m["memory_used_mib"] for m in gpu["mig_devices"]),
-                             "free_mib": sum(m["memory_free_mib"] for m in gpu["mig_devices"]),
-                             "reserved_mib": None, "source": "mig_devices", "used_includes_reserved": False,
-                             "used_excluding_reserved_mib": sum(m["memory_used_mib"] for m in gpu["mig_devices"])}
-        try:
-            gpu["processes"], gpu["process_list_version"] = _process_lists(pynvml, handle, versions)
-        except pynvml.NVMLError as exc:
-            if not (migs and _no_permission(pynvml, exc)):
-                raise
-            gpu["processes_error"] = _NO_PERMISSION_TEXT
-            for mig, _description in migs:
-                entries, gpu["process_list_version"] = _process_lists(pynvml, mig, versions)
-                gpu["processes"].extend(entries)
+        gpu["memory"] = _gpu_memory(pynvml, handle, migs)
+        _read_processes(pynvml, handle, migs, versions, gpu)
     except _errors(pynvml) as exc:
         gpu["error"] = str(exc)
     return gpu
+
+
+def _gpu_memory(pynvml, handle, migs):
+    """read_gpu's "memory" of GPU `handle`: NVML's aggregate, or on a MIG-enabled GPU that refuses it for lack of
+    privileges, the sum of its MIG devices (`migs`: _mig_devices' (handle, description) pairs)."""
+    try:
+        return _memory(pynvml, handle)
+    except pynvml.NVMLError as exc:
+        if not (migs and _no_permission(pynvml, exc)):
+            raise
+    # nvml.h: on a MIG-enabled GPU the aggregate needs privileges; per-instance figures do not.
+    mig_devices = [description for _mig, description in migs]
+    return {
+        "total_mib": sum(m["memory_total_mib"] for m in mig_devices),
+        "used_mib": sum(m["memory_used_mib"] for m in mig_devices),
+        "free_mib": sum(m["memory_free_mib"] for m in mig_devices),
+        "reserved_mib": None,
+        "source": "mig_devices",
+        "used_includes_reserved": False,
+        "used_excluding_reserved_mib": sum(m["memory_used_mib"] for m in mig_devices),
+    }
+
+
+def _read_processes(pynvml, handle, migs, versions, gpu):
+    """Set read_gpu's "processes" and "process_list_version" of `gpu`: the GPU's lists, or on a MIG-enabled GPU that
+    refuses them for lack of privileges, its MIG devices' lists, with "processes_error" saying why."""
+    try:
+        gpu["processes"], gpu["process_list_version"] = _process_lists(pynvml, handle, versions)
+    except pynvml.NVMLError as exc:
+        if not (migs and _no_permission(pynvml, exc)):
+            raise
+        gpu["processes_error"] = _NO_PERMISSION_TEXT
+        for mig, _description in migs:
+            entries, gpu["process_list_version"] = _process_lists(pynvml, mig, versions)
+            gpu["processes"].extend(entries)
 
 
 def _errors(pynvml):
     """Exceptions that mean "the driver said no": NVML errors, and pynvml's NVMLLibraryMismatchError
     (a driver library without the _v3 process-list functions; not an NVMLError subclass)."""
     return (pynvml.NVMLError,) + tuple(
-        cls for cls in (getattr(pynvml, "NVMLLibraryMismatchError", None),) if isinstance(cls, type))
+        cls for cls in (getattr(pynvml, "NVMLLibraryMismatchError", None),) if isinstance(cls, type)
+    )
 
 
 def read_driver(pynvml, initialized=False):
@@ -344,8 +441,14 @@ def read_driver(pynvml, initialized=False):
     "cuda_driver_version", "gpus": [read_gpu(...)]}. A missing library or driver gives
     available=False with the NVML error text; it never raises NVMLError.
     """
-    reading = {"available": False, "error": None, "driver_version": None, "nvml_version": None,
-               "cuda_driver_version": None, "gpus": []}
+    reading = {
+        "available": False,
+        "error": None,
+        "driver_version": None,
+        "nvml_version": None,
+        "cuda_driver_version": None,
+        "gpus": [],
+    }
     try:
         if not initialized:
             pynvml.nvmlInit()
@@ -451,15 +554,17 @@ class DriverQuery:
                     left = deadline - time.monotonic()
                     if left <= 0 or not select.select([self._rep], [], [], left)[0]:
                         raise NvmlTimeout(
-                            "an NVML call did not return within %.1f s (driver hung?)" % timeout if self._initialized
+                            "an NVML call did not return within %.1f s (driver hung?)" % timeout
+                            if self._initialized
                             else "nvmlInit did not return within %.1f s (a first initialization with persistence mode "
-                                 "off takes seconds; this long: driver hung?)" % max(timeout, INIT_TIMEOUT_S))
+                            "off takes seconds; this long: driver hung?)" % max(timeout, INIT_TIMEOUT_S)
+                        )
                     chunk = os.read(self._rep, 65536)
                     if not chunk:
                         raise NvmlWorkerError("the NVML worker exited unexpectedly (a defect, not a driver that hung)")
                     self._buffer += chunk
                 if self._buffer.startswith(_INIT_DONE + b"\n"):
-                    self._buffer = self._buffer[len(_INIT_DONE) + 1:]
+                    self._buffer = self._buffer[len(_INIT_DONE) + 1 :]
                     self._initialized = True
                     deadline = time.monotonic() + timeout
                     continue
@@ -507,5 +612,7 @@ class DriverQuery:
 def _left_behind_text(pid):
     if pid is None:
         return ""
-    return ("; the NVML worker (PID %d) did not end within %.1f s of SIGKILL (uninterruptible sleep in the driver) "
-            "and was left behind" % (pid, KILLED_EXIT_S))
+    return (
+        "; the NVML worker (PID %d) did not end within %.1f s of SIGKILL (uninterruptible sleep in the driver) "
+        "and was left behind" % (pid, KILLED_EXIT_S)
+    )

@@ -8,6 +8,7 @@ Ansible's `type: float` accepts "nan" and "inf" (Python's float() does): a grace
 never ends, a timeout of inf never returns. Every module refuses them, and negative values, with
 this helper before it signals or waits for anything.
 """
+
 from __future__ import annotations
 
 import math

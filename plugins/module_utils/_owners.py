@@ -27,6 +27,7 @@ docs/owners.md; in short (`<id>` is a 64-hex container id):
   cgroup/v2 `/system.slice/slurmstepd.scope/job_<job>/step_<step>/user/task_<n>`
   (`<node>_slurmstepd.scope` with several slurmd per host).
 """
+
 from __future__ import annotations
 
 import os
@@ -35,8 +36,17 @@ import subprocess
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils import _proc
 
-OWNER_KEYS = ("systemd_unit", "unit_restart", "container_id", "runtime", "pod_uid", "pod_namespace",
-              "pod_name", "slurm_job", "agent")
+OWNER_KEYS = (
+    "systemd_unit",
+    "unit_restart",
+    "container_id",
+    "runtime",
+    "pod_uid",
+    "pod_namespace",
+    "pod_name",
+    "slurm_job",
+    "agent",
+)
 CGROUP_KEYS = ("systemd_unit", "container_id", "runtime", "pod_uid", "slurm_job")
 SYSTEMCTL_TIMEOUT_S = 5
 CONTAINER_PREFIX_MIN = 12
@@ -91,6 +101,7 @@ def _cgroup_lines(text):
         if "name=systemd" in entry[1].split(","):
             return 1
         return 2
+
     return sorted(lines, key=rank)
 
 
@@ -193,7 +204,7 @@ def pod_names(pod_uid, pods_log_dir="/var/log/pods"):
         return None, None
     for entry in sorted(entries):
         if entry.endswith(suffix):
-            parts = entry[:-len(suffix)].split("_")
+            parts = entry[: -len(suffix)].split("_")
             if len(parts) == 2 and all(parts):
                 return parts[0], parts[1]
     return None, None
@@ -204,8 +215,14 @@ def _run_systemctl(argv):
     # Not AnsibleModule.run_command: it has no timeout, and a systemctl stuck on D-Bus must not hang a reset; and
     # module_utils here run without the module object (the snapshot also runs in benchmarks and tests).
     try:
-        result = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,  # pylint: disable=ansible-bad-function
-                                stderr=subprocess.PIPE, timeout=SYSTEMCTL_TIMEOUT_S, check=False)
+        result = subprocess.run(  # pylint: disable=ansible-bad-function
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            timeout=SYSTEMCTL_TIMEOUT_S,
+            check=False,
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return result.returncode, result.stdout.decode("utf-8", "replace")
@@ -246,8 +263,9 @@ def agent_kind(comm, cmdline):
             return "torchrun"
     if comm == "raylet" or "raylet" in names[:1] or (args and args[0].startswith("ray::")):
         return "ray"
-    if comm in ("mpirun", "mpiexec", "orted", "prted", "prterun", "hydra_pmi_proxy") or \
-            (names and names[0] in ("mpirun", "mpiexec", "orted", "prted", "prterun", "hydra_pmi_proxy")):
+    if comm in ("mpirun", "mpiexec", "orted", "prted", "prterun", "hydra_pmi_proxy") or (
+        names and names[0] in ("mpirun", "mpiexec", "orted", "prted", "prterun", "hydra_pmi_proxy")
+    ):
         return "mpi"
     if comm == "supervisord" or "supervisord" in names[:2]:
         return "supervisord"
@@ -339,8 +357,10 @@ def container_ref_errors(refs, known_ids=()):
     for ref in refs:
         text = str(ref).strip().lower()
         if not _HEX_RE.match(text) or not CONTAINER_PREFIX_MIN <= len(text) <= 64:
-            errors.append("container %r: give the full 64-hex id or a prefix of %d or more hex characters"
-                          % (ref, CONTAINER_PREFIX_MIN))
+            errors.append(
+                "container %r: give the full 64-hex id or a prefix of %d or more hex characters"
+                % (ref, CONTAINER_PREFIX_MIN)
+            )
             continue
         matching = sorted(set(cid for cid in known if cid.startswith(text)))
         if len(matching) > 1:
@@ -399,8 +419,10 @@ def restart_note(owner):
         name = "%s/%s" % (owner["pod_namespace"], owner["pod_name"]) if owner.get("pod_name") else owner["pod_uid"]
         notes.append("it belongs to Kubernetes pod %s, whose kubelet restarts its containers" % name)
     elif owner.get("container_id"):
-        notes.append("it belongs to %s container %s, whose runtime may restart it"
-                     % (owner.get("runtime") or "a", owner["container_id"][:12]))
+        notes.append(
+            "it belongs to %s container %s, whose runtime may restart it"
+            % (owner.get("runtime") or "a", owner["container_id"][:12])
+        )
     if owner.get("systemd_unit") and owner.get("unit_restart") not in (None, "no"):
         notes.append("systemd unit %s restarts it (Restart=%s)" % (owner["systemd_unit"], owner["unit_restart"]))
     agent = owner.get("agent")
@@ -409,11 +431,15 @@ def restart_note(owner):
     if agent and agent["kind"] == "ray":
         # vLLM's Ray executor (vllm/v1/executor/ray_executor_v2.py) runs its workers as actors: processes of the node's
         # raylet, not of the vLLM instance, so ending the instance's session or tree leaves them to the raylet.
-        notes.append("its parent raylet PID %s owns it as a Ray actor and may start it again while the actor's job "
-                     "lives: stop the vLLM instance that created it (its EngineCore is the job's driver; Ray then ends "
-                     "the job's actors), or run `ray stop`, which ends every Ray process on this host" % agent["pid"])
+        notes.append(
+            "its parent raylet PID %s owns it as a Ray actor and may start it again while the actor's job "
+            "lives: stop the vLLM instance that created it (its EngineCore is the job's driver; Ray then ends "
+            "the job's actors), or run `ray stop`, which ends every Ray process on this host" % agent["pid"]
+        )
     elif agent and agent["kind"] != "vllm":
-        notes.append("its parent agent PID %s (%s, %s) may start it again" % (agent["pid"], agent["comm"], agent["kind"]))
+        notes.append(
+            "its parent agent PID %s (%s, %s) may start it again" % (agent["pid"], agent["comm"], agent["kind"])
+        )
     return "; ".join(notes) or None
 
 
@@ -425,7 +451,9 @@ def stop_command(owner):
             return "kubectl delete pod -n %s %s" % (owner["pod_namespace"], owner["pod_name"])
         return "kubectl delete pod (the pod with UID %s)" % owner["pod_uid"]
     if owner.get("container_id"):
-        tool = {"docker": "docker", "podman": "podman", "containerd": "nerdctl", "cri-o": "crictl"}.get(owner.get("runtime"))
+        tool = {"docker": "docker", "podman": "podman", "containerd": "nerdctl", "cri-o": "crictl"}.get(
+            owner.get("runtime")
+        )
         return "%s stop %s" % (tool or "docker", owner["container_id"][:12])
     if owner.get("systemd_unit") and owner.get("unit_restart") not in (None, "no"):
         return "systemctl stop %s" % owner["systemd_unit"]

@@ -9,6 +9,7 @@
 on every run, by modules that run without psutil too. Which processes hold NVIDIA device files is `_procscan`'s
 job (the fd and maps scan), which the modules import only when they scan.
 """
+
 from __future__ import annotations
 
 import collections
@@ -47,10 +48,16 @@ def read_stat(pid, proc="/proc"):
         raise
     # comm (field 2) may contain spaces and parentheses: split after the last ')'.
     close = data.rindex(b")")
-    fields = data[close + 2:].split()
-    return {"comm": data[data.index(b"(") + 1:close].decode("utf-8", "replace"), "state": fields[0].decode(),
-            "ppid": int(fields[1]), "pgid": int(fields[2]), "sid": int(fields[3]), "start_ticks": int(fields[19]),
-            "kernel_thread": bool(int(fields[6]) & _PF_KTHREAD)}
+    fields = data[close + 2 :].split()
+    return {
+        "comm": data[data.index(b"(") + 1 : close].decode("utf-8", "replace"),
+        "state": fields[0].decode(),
+        "ppid": int(fields[1]),
+        "pgid": int(fields[2]),
+        "sid": int(fields[3]),
+        "start_ticks": int(fields[19]),
+        "kernel_thread": bool(int(fields[6]) & _PF_KTHREAD),
+    }
 
 
 class ProcessId(collections.namedtuple("ProcessId", ("pid", "start_ticks"))):

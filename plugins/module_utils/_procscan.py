@@ -18,6 +18,7 @@ listing), and large scans are shared by forked worker processes. Also the kernel
 (/proc/driver/nvidia/gpus, /proc/driver/nvidia-caps/mig-minors). What one process is (stat, argv, identity) is
 `_proc`'s; this module is imported only by a look that scans (`_gpus`).
 """
+
 from __future__ import annotations
 
 import functools
@@ -32,7 +33,9 @@ import time
 from ansible_collections.gpuops.nvidia.plugins.module_utils import _proc
 
 # /dev/nvidia<minor> (195:<minor>), the control and UVM devices, and MIG capabilities.
-_DEVICE_RE = re.compile(r"^/dev/nvidia(?:(?P<minor>\d+)|ctl|-uvm|-uvm-tools|-modeset|-caps/(?:nvidia-cap(?P<cap>\d+))?.*)$")
+_DEVICE_RE = re.compile(
+    r"^/dev/nvidia(?:(?P<minor>\d+)|ctl|-uvm|-uvm-tools|-modeset|-caps/(?:nvidia-cap(?P<cap>\d+))?.*)$"
+)
 _DEVICE_PREFIX = "/dev/nvidia"
 # Any path that may name an NVIDIA device file (under /dev or bound elsewhere).
 _NAME_MARK = "nvidia"
@@ -194,7 +197,7 @@ def _probe_fds(dir_fd, count):
     names, targets = [], []
     start = holes = 0
     while len(targets) < count:
-        run = numbers[start:start + count - len(targets)]
+        run = numbers[start : start + count - len(targets)]
         try:
             read = [readlink(name, dir_fd=dir_fd) for name in run]
         except OSError as exc:
@@ -365,6 +368,7 @@ def _scan_maps(proc, pid, handles):
 
 class _Identity:  # pylint: disable=too-few-public-methods
     """The (st_dev, st_ino) of a maps line, shaped like a stat result for _canonical (never a character device)."""
+
     st_mode = stat.S_IFREG
 
     def __init__(self, dev, ino):
@@ -482,7 +486,9 @@ def _scan_parallel(pids, proc, workers, problems):
     for share in range(1, workers):
         try:
             read_end, write_end = os.pipe()
-            child = _proc.fork_worker(functools.partial(_send_scan, pids[share::workers], proc, write_end), close=(read_end,))
+            child = _proc.fork_worker(
+                functools.partial(_send_scan, pids[share::workers], proc, write_end), close=(read_end,)
+            )
         except OSError:
             break
         os.close(write_end)
@@ -494,10 +500,16 @@ def _scan_parallel(pids, proc, workers, problems):
         data = _read_until(read_end, deadline)
         status = _reap(child, data is not None)
         if data is None:
-            problems.append("a /proc scan worker (PID %d) did not answer within %.0f s (a process stuck in the driver?); "
-                            "%d processes were not scanned%s" % (
-                                child, WORKER_REPLY_S, len(pids[share::workers]),
-                                "" if status is not None else "; the worker was left behind (not ended by SIGKILL)"))
+            problems.append(
+                "a /proc scan worker (PID %d) did not answer within %.0f s (a process stuck in the driver?); "
+                "%d processes were not scanned%s"
+                % (
+                    child,
+                    WORKER_REPLY_S,
+                    len(pids[share::workers]),
+                    "" if status is not None else "; the worker was left behind (not ended by SIGKILL)",
+                )
+            )
             continue
         try:
             found = json.loads(data.decode("utf-8")) if status in (0, None) else None

@@ -11,6 +11,7 @@ role's gates) call `gpu_status`. A GPU, or a selected MIG instance, is released 
 - its used memory (MiB), less what the left-alone holders hold there, is at most max_used_mib
   (plus the reserved-memory allowance of NVML memory info v1), or the memory is not reported.
 """
+
 from __future__ import annotations
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils import _shapes
@@ -44,10 +45,19 @@ def gpu_status(selection, snapshot, max_used_mib):
     """
     split = selection.split(snapshot)
     if not snapshot["gpus"]:
-        return [_shapes.entry(_shapes.WAIT_GPU_KEYS, holders=[brief(h, None) for h in split["targets"]],
-                              left_alone=[dict(brief(h, None), reason=h["reason"]) for h in split["left_alone"]],
-                              left_alone_mib=0, foreign=[], suspects=[], memory_checked=False,
-                              reserved_allowance_mib=0, released=not split["targets"])]
+        return [
+            _shapes.entry(
+                _shapes.WAIT_GPU_KEYS,
+                holders=[brief(h, None) for h in split["targets"]],
+                left_alone=[dict(brief(h, None), reason=h["reason"]) for h in split["left_alone"]],
+                left_alone_mib=0,
+                foreign=[],
+                suspects=[],
+                memory_checked=False,
+                reserved_allowance_mib=0,
+                released=not split["targets"],
+            )
+        ]
     # A hung driver leaves memory unknown: no GPU is released then, whatever /proc shows.
     timed_out = bool((snapshot.get("driver") or {}).get("timed_out"))
     status = []
@@ -58,15 +68,24 @@ def gpu_status(selection, snapshot, max_used_mib):
         if index not in selection.instances:
             entry = _entry(gpu, gpu, None, split, lambda h, i=index: i in h["gpus"], timed_out, max_used_mib)
             if not entry["released"] and gpu.get("mig_devices"):
-                entry["mig_in_use"] = [{key: device.get(key) for key in ("uuid", "profile", "memory_used_mib", "holder_pids")}
-                                       for device in gpu["mig_devices"]
-                                       if device.get("holder_pids") or (device.get("memory_used_mib") or 0) > max_used_mib]
+                entry["mig_in_use"] = [
+                    {key: device.get(key) for key in ("uuid", "profile", "memory_used_mib", "holder_pids")}
+                    for device in gpu["mig_devices"]
+                    if device.get("holder_pids") or (device.get("memory_used_mib") or 0) > max_used_mib
+                ]
             status.append(entry)
             continue
         devices = {device["uuid"]: device for device in gpu.get("mig_devices") or ()}
         for uuid in sorted(selection.instances[index]):
-            entry = _entry(gpu, devices.get(uuid) or {}, uuid, split,
-                           lambda h, u=uuid, k=str(index): u in (h.get("mig") or {}).get(k, ()), timed_out, max_used_mib)
+            entry = _entry(
+                gpu,
+                devices.get(uuid) or {},
+                uuid,
+                split,
+                lambda h, u=uuid, k=str(index): u in (h.get("mig") or {}).get(k, ()),
+                timed_out,
+                max_used_mib,
+            )
             entry["mig_profile"] = (devices.get(uuid) or {}).get("profile")
             status.append(entry)
     return status
@@ -85,26 +104,47 @@ def _entry(gpu, figures, mig_uuid, split, holds, timed_out, max_used_mib):
     allowance = figures.get("reserved_allowance_mib") or 0
     left_mib = left_alone_mib(left, figures)
     return _shapes.entry(
-        _shapes.WAIT_GPU_KEYS, index=index, uuid=gpu.get("uuid"), mig_uuid=mig_uuid, memory_used_mib=used,
+        _shapes.WAIT_GPU_KEYS,
+        index=index,
+        uuid=gpu.get("uuid"),
+        mig_uuid=mig_uuid,
+        memory_used_mib=used,
         memory_reserved_mib=gpu.get("memory_reserved_mib") if mig_uuid is None else None,
-        unexplained_mib=figures.get("unexplained_mib"), memory_unexplained=figures.get("memory_unexplained"),
-        holders=holders, left_alone=left, left_alone_mib=left_mib, foreign=figures.get("foreign", []),
-        suspects=gpu["suspects"], memory_checked=used is not None, error=error, reserved_allowance_mib=allowance,
+        unexplained_mib=figures.get("unexplained_mib"),
+        memory_unexplained=figures.get("memory_unexplained"),
+        holders=holders,
+        left_alone=left,
+        left_alone_mib=left_mib,
+        foreign=figures.get("foreign", []),
+        suspects=gpu["suspects"],
+        memory_checked=used is not None,
+        error=error,
+        reserved_allowance_mib=allowance,
         memory_note=_v1_note(allowance),
-        released=is_released(holders, error, timed_out, used, left_mib, max_used_mib, allowance))
+        released=is_released(holders, error, timed_out, used, left_mib, max_used_mib, allowance),
+    )
 
 
 def _v1_note(allowance):
     """What a GPU whose used memory includes reserved memory (NVML memory info v1) is held against, or None."""
     if not allowance:
         return None
-    return ("reserved memory cannot be told apart on this driver (NVML memory info v1, whose used memory includes it): "
-            "up to %d MiB (5%% of the memory) more counts as idle" % allowance)
+    return (
+        "reserved memory cannot be told apart on this driver (NVML memory info v1, whose used memory includes it): "
+        "up to %d MiB (5%% of the memory) more counts as idle" % allowance
+    )
 
 
 def brief(holder, index):
     """The fields of a holder that a wait report needs, with its memory on GPU `index` and its parent."""
     key = None if index is None else str(index)
-    return {"pid": holder["pid"], "comm": holder["comm"], "state": holder["state"], "cmdline": holder["cmdline"],
-            "user": holder["user"], "memory_mib": holder["memory_mib"].get(key) if key else None,
-            "attribution": holder.get("attribution", {}).get(key) if key else None, "parent": holder.get("parent")}
+    return {
+        "pid": holder["pid"],
+        "comm": holder["comm"],
+        "state": holder["state"],
+        "cmdline": holder["cmdline"],
+        "user": holder["user"],
+        "memory_mib": holder["memory_mib"].get(key) if key else None,
+        "attribution": holder.get("attribution", {}).get(key) if key else None,
+        "parent": holder.get("parent"),
+    }

@@ -7,6 +7,7 @@ gpu_kill builds it where its run finishes the reset; the reset_gpus role builds 
 controller after a longer wait, a failed kill or in check mode (plugins/filter/reports.py). The owner of each holder
 is said in the words of owner_words; where ending the PID alone will not last, the owner's note and the command that
 stops it follow on the next line (owner_line)."""
+
 from __future__ import annotations
 
 import re
@@ -20,7 +21,7 @@ _NOT_RELEASED = re.compile(r"^not released after [0-9.]+ s")
 
 def cut_cmdline(text):
     text = text or ""
-    return text if len(text) <= _CMDLINE_WIDTH else text[:_CMDLINE_WIDTH - 3] + "..."
+    return text if len(text) <= _CMDLINE_WIDTH else text[: _CMDLINE_WIDTH - 3] + "..."
 
 
 def where(process):
@@ -49,10 +50,15 @@ def owner_words(owner):
     "" when none is known (no owner block, or a block of nulls)."""
     owner = owner or {}
     if owner.get("pod_uid"):
-        return "pod %s" % ("%s/%s" % (owner["pod_namespace"], owner["pod_name"]) if owner.get("pod_name") else owner["pod_uid"])
+        return "pod %s" % (
+            "%s/%s" % (owner["pod_namespace"], owner["pod_name"]) if owner.get("pod_name") else owner["pod_uid"]
+        )
     if owner.get("container_id"):
-        return " ".join(word for word in (owner.get("runtime"), "container", owner["container_id"][:_owners.CONTAINER_PREFIX_MIN])
-                        if word)
+        return " ".join(
+            word
+            for word in (owner.get("runtime"), "container", owner["container_id"][: _owners.CONTAINER_PREFIX_MIN])
+            if word
+        )
     if owner.get("slurm_job"):
         return "Slurm job %s" % owner["slurm_job"]
     if owner.get("systemd_unit"):
@@ -84,8 +90,10 @@ def beyond_words(item, check_mode):
     else:
         what = "%s (reported, not run) would stop" % item["command"]
     processes = ", ".join(
-        "PID %s (%s) on GPU%s %s" % (p["pid"], p["comm"], "s" if len(p["gpus"]) > 1 else "", ", ".join(str(g) for g in p["gpus"]))
-        for p in item["processes"])
+        "PID %s (%s) on GPU%s %s"
+        % (p["pid"], p["comm"], "s" if len(p["gpus"]) > 1 else "", ", ".join(str(g) for g in p["gpus"]))
+        for p in item["processes"]
+    )
     return "%s %s, and with it, beyond the selection: %s" % (what, item["owner"], processes)
 
 
@@ -106,7 +114,9 @@ def outcome(kill, wait, check_mode, waited_s):
         if wait.get("memory_checked", True):
             return "memory released after %.2f s more" % waited_s
         return "no holder left after %.2f s more; used memory not checked (NVIDIA driver library not usable)" % waited_s
-    return "FAILED: %s" % _NOT_RELEASED.sub("not released after %.1f s" % waited_s, wait.get("msg", "the wait did not run"))
+    return "FAILED: %s" % _NOT_RELEASED.sub(
+        "not released after %.1f s" % waited_s, wait.get("msg", "the wait did not run")
+    )
 
 
 def summary_lines(kill, before, after, check_mode, message):
@@ -123,27 +133,48 @@ def summary_lines(kill, before, after, check_mode, message):
     if check_mode:
         lines.append(message)
         for p in kill.get("would_signal", []):
-            lines.append("  would signal PID %s %s (%s): %s" % (p["pid"], p["comm"], place(p), cut_cmdline(p.get("cmdline"))))
+            lines.append(
+                "  would signal PID %s %s (%s): %s" % (p["pid"], p["comm"], place(p), cut_cmdline(p.get("cmdline")))
+            )
             add_owner_line(p)
-        lines.extend("  would stop systemd unit %s first (stop_owners)" % unit for unit in kill.get("would_stop_units", []))
+        lines.extend(
+            "  would stop systemd unit %s first (stop_owners)" % unit for unit in kill.get("would_stop_units", [])
+        )
     else:
         lines.append("signalled %d process(es) in %.2f s" % (len(kill.get("signalled", [])), kill.get("elapsed_s", 0)))
         lines.extend("  stopped systemd unit %s first (stop_owners)" % unit for unit in stopped)
         for p in kill.get("signalled", []):
-            lines.append("  PID %s %s (%s): %s, %s" % (
-                p["pid"], p["comm"], place(p), " then ".join(p["signals"]),
-                "exited after %.2f s" % p["exited_after_s"] if "exited_after_s" in p else "did not exit"))
+            lines.append(
+                "  PID %s %s (%s): %s, %s"
+                % (
+                    p["pid"],
+                    p["comm"],
+                    place(p),
+                    " then ".join(p["signals"]),
+                    "exited after %.2f s" % p["exited_after_s"] if "exited_after_s" in p else "did not exit",
+                )
+            )
             add_owner_line(p)
-        lines.extend("  PID %s %s (%s): not signalled, %s" % (p["pid"], p["comm"], place(p), p["reason"])
-                     for p in kill.get("not_signalled", []))
+        lines.extend(
+            "  PID %s %s (%s): not signalled, %s" % (p["pid"], p["comm"], place(p), p["reason"])
+            for p in kill.get("not_signalled", [])
+        )
     lines.extend("  left alone PID %s %s: %s" % (p["pid"], p["comm"], p["reason"]) for p in kill.get("left_alone", []))
     lines.extend("  " + beyond_words(item, check_mode) for item in kill.get("owners_beyond_selection", []))
     if not check_mode:
         lines.append(message)
     if not before["driver"]["available"]:
-        lines.append("NVIDIA driver library not usable (%s): holders from the /proc scan alone; used memory not checked"
-                     % (before["driver"].get("error") or "no error given"))
-    selected = kill.get("gpus")
+        lines.append(
+            "NVIDIA driver library not usable (%s): holders from the /proc scan alone; used memory not checked"
+            % (before["driver"].get("error") or "no error given")
+        )
+    lines.extend(_gpu_lines(kill.get("gpus"), before, after))
+    return lines
+
+
+def _gpu_lines(selected, before, after):
+    """Per GPU of `selected` (None: every GPU), its used memory and holder count before -> after."""
+    lines = []
     after_by_index = {gpu["index"]: gpu for gpu in after["gpus"]}
     for gpu in before["gpus"]:
         if selected is not None and gpu["index"] not in selected:
@@ -154,7 +185,15 @@ def summary_lines(kill, before, after, check_mode, message):
             memory = "used memory unknown"
         else:
             memory = "%s -> %s MiB used" % (_mib(gpu["memory_used_mib"]), _mib(later.get("memory_used_mib")))
-        lines.append("GPU %s%s: %s%s, holders %d -> %s" % (
-            gpu["index"], " " + gpu["name"] if gpu.get("name") else "", memory, " (%s)" % problem if problem else "",
-            len(gpu["holder_pids"]), len(later["holder_pids"]) if "holder_pids" in later else "unknown"))
+        lines.append(
+            "GPU %s%s: %s%s, holders %d -> %s"
+            % (
+                gpu["index"],
+                " " + gpu["name"] if gpu.get("name") else "",
+                memory,
+                " (%s)" % problem if problem else "",
+                len(gpu["holder_pids"]),
+                len(later["holder_pids"]) if "holder_pids" in later else "unknown",
+            )
+        )
     return lines

@@ -12,6 +12,7 @@ is a target (gpu_kill ends it, gpu_wait waits for it) or left alone with a reaso
 (NVML clients, NCCL workers' extra device files) are never holders and never selected.
 Whether a GPU is released is decided in _release.
 """
+
 from __future__ import annotations
 
 import os
@@ -24,12 +25,34 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._options import Opti
 # Daemons that hold GPUs legitimately; never signalled unless the operator says so explicitly.
 # Matched against the process name (comm) and the basename of argv[0].
 PROTECTED_NAMES = (
-    "nvidia-persistenced", "nv-hostengine", "dcgm-exporter", "nv-fabricmanager", "nvidia-fabricmanager",
-    "nvidia-cuda-mps-control", "nvidia-cuda-mps-server", "Xorg", "Xwayland", "X",
-    "nvidia-device-plugin", "gpu-feature-discovery", "nvidia-mig-manager", "nvidia-smi",
+    "nvidia-persistenced",
+    "nv-hostengine",
+    "dcgm-exporter",
+    "nv-fabricmanager",
+    "nvidia-fabricmanager",
+    "nvidia-cuda-mps-control",
+    "nvidia-cuda-mps-server",
+    "Xorg",
+    "Xwayland",
+    "X",
+    "nvidia-device-plugin",
+    "gpu-feature-discovery",
+    "nvidia-mig-manager",
+    "nvidia-smi",
     # Display servers and compositors (docs/attribution.md, "Protected by default"): a desktop's graphics contexts.
-    "gnome-shell", "mutter", "kwin_wayland", "kwin_x11", "plasmashell", "sway", "weston",
-    "gdm", "gdm-wayland-session", "gdm-x-session", "sddm", "sddm-helper", "sddm-greeter",
+    "gnome-shell",
+    "mutter",
+    "kwin_wayland",
+    "kwin_x11",
+    "plasmashell",
+    "sway",
+    "weston",
+    "gdm",
+    "gdm-wayland-session",
+    "gdm-x-session",
+    "sddm",
+    "sddm-helper",
+    "sddm-greeter",
 )
 
 # Options shared by every module that selects holders (gpu_kill, gpu_wait), beside `gpus`.
@@ -89,10 +112,18 @@ def check_not_empty(given=None, **values):
         if kind:
             kinds.setdefault(kind, []).append(name)
     if kinds:
-        raise SelectionError("%s: a selection that names nothing is refused (omit the option to select any)" % "; ".join(
-            "%s %s %s" % (", ".join(names), "is" if len(names) == 1 else "are",
-                          kind.replace("lists of", "a list of") if len(names) == 1 else kind)
-            for kind, names in kinds.items()))
+        raise SelectionError(
+            "%s: a selection that names nothing is refused (omit the option to select any)"
+            % "; ".join(
+                "%s %s %s"
+                % (
+                    ", ".join(names),
+                    "is" if len(names) == 1 else "are",
+                    kind.replace("lists of", "a list of") if len(names) == 1 else kind,
+                )
+                for kind, names in kinds.items()
+            )
+        )
 
 
 class GpuIndices(list):
@@ -118,12 +149,16 @@ def select_gpus(requested, snapshot):
     if not snapshot["gpus"]:
         driver = snapshot.get("driver") or {}
         if driver.get("timed_out"):
-            raise SelectionError("cannot select GPUs %s: NVML did not answer (%s), so GPU indices cannot be mapped to "
-                                 "device files; the driver may be hung: look for Xid errors in the kernel log "
-                                 "(dmesg), then reset the GPUs or reboot the host" % (list(requested), driver.get("error")))
-        raise SelectionError("cannot select GPUs %s: the NVIDIA driver library is not usable (%s) and there is no "
-                             "/proc/driver/nvidia to map GPU indices to device files; install or load the NVIDIA driver"
-                             % (list(requested), driver.get("error")))
+            raise SelectionError(
+                "cannot select GPUs %s: NVML did not answer (%s), so GPU indices cannot be mapped to "
+                "device files; the driver may be hung: look for Xid errors in the kernel log "
+                "(dmesg), then reset the GPUs or reboot the host" % (list(requested), driver.get("error"))
+            )
+        raise SelectionError(
+            "cannot select GPUs %s: the NVIDIA driver library is not usable (%s) and there is no "
+            "/proc/driver/nvidia to map GPU indices to device files; install or load the NVIDIA driver"
+            % (list(requested), driver.get("error"))
+        )
     by_uuid = {gpu["uuid"]: gpu["index"] for gpu in snapshot["gpus"] if gpu.get("uuid")}
     by_mig_uuid = {device["uuid"]: gpu["index"] for gpu in snapshot["gpus"] for device in gpu.get("mig_devices") or ()}
     indices = {gpu["index"] for gpu in snapshot["gpus"]}
@@ -139,9 +174,17 @@ def select_gpus(requested, snapshot):
         elif text in by_mig_uuid:
             instances.setdefault(by_mig_uuid[text], set()).add(text)
         else:
-            raise SelectionError("unknown GPU %r: GPUs are given as ASCII indices (this host has %s), GPU UUIDs (%s) "
-                                 "or MIG UUIDs (%s)%s" % (item, sorted(indices), ", ".join(sorted(by_uuid)) or "none known",
-                                                          ", ".join(sorted(by_mig_uuid)) or "none known", _bracket_hint(text)))
+            raise SelectionError(
+                "unknown GPU %r: GPUs are given as ASCII indices (this host has %s), GPU UUIDs (%s) "
+                "or MIG UUIDs (%s)%s"
+                % (
+                    item,
+                    sorted(indices),
+                    ", ".join(sorted(by_uuid)) or "none known",
+                    ", ".join(sorted(by_mig_uuid)) or "none known",
+                    _bracket_hint(text),
+                )
+            )
     # A whole GPU selected as well as some of its instances: the whole GPU.
     instances = {index: frozenset(uuids) for index, uuids in instances.items() if index not in selected}
     return GpuIndices(sorted(selected | set(instances)), instances)
@@ -152,8 +195,10 @@ def _bracket_hint(text):
     'gpus=[0,1]') pass it: one string, which the list type splits at commas into '[0' and '1]'."""
     if not text or not (text.startswith("[") or text.endswith("]")):
         return ""
-    return ("; a list in brackets in key=value arguments (ansible -a 'gpus=[0,1]') reaches the module as text: write "
-            "gpus=0,1 there, or give the arguments as JSON (-a '{\"gpus\": [0, 1]}')")
+    return (
+        "; a list in brackets in key=value arguments (ansible -a 'gpus=[0,1]') reaches the module as text: write "
+        "gpus=0,1 there, or give the arguments as JSON (-a '{\"gpus\": [0, 1]}')"
+    )
 
 
 def compile_match(pattern):
@@ -181,7 +226,9 @@ def check_users(users):
         except KeyError:
             unknown.append(name)
     if unknown:
-        raise SelectionError("no such user on this host: %s (give user names that exist here, or UIDs)" % ", ".join(unknown))
+        raise SelectionError(
+            "no such user on this host: %s (give user names that exist here, or UIDs)" % ", ".join(unknown)
+        )
     return set(users)
 
 
@@ -214,14 +261,26 @@ def check_options(params, given=None):
     hangs. `given` is the module's arguments as passed (see check_not_empty). Returns a Checked; raises
     SelectionError."""
     # Null options (only `given` shows them), and the options whose own checks come later (gpus needs a look).
-    check_not_empty(given, **{name: params.get(name) for name in SELECTION_OPTIONS
-                              if name in ("gpus",) + OWNER_FILTERS or params.get(name) is None})
+    check_not_empty(
+        given,
+        **{
+            name: params.get(name)
+            for name in SELECTION_OPTIONS
+            if name in ("gpus",) + OWNER_FILTERS or params.get(name) is None
+        },
+    )
     errors = _owners.container_ref_errors(params["containers"]) if params.get("containers") else None
     if errors:
         raise SelectionError("; ".join(errors))
-    return Checked(gpus=params.get("gpus"), pids=check_pids(params.get("pids")), regex=compile_match(params.get("match")),
-                   users=check_users(params.get("users")), owners={name: params.get(name) for name in OWNER_FILTERS},
-                   exclude=params.get("exclude"), include_protected=params.get("include_protected", False))
+    return Checked(
+        gpus=params.get("gpus"),
+        pids=check_pids(params.get("pids")),
+        regex=compile_match(params.get("match")),
+        users=check_users(params.get("users")),
+        owners={name: params.get(name) for name in OWNER_FILTERS},
+        exclude=params.get("exclude"),
+        include_protected=params.get("include_protected", False),
+    )
 
 
 def ancestors(pid=None, proc="/proc"):
@@ -274,8 +333,17 @@ class Selection:
     with indices from select_gpus (None = all GPUs), pids/users as sets or None (any), regex compiled or None.
     """
 
-    def __init__(self, indices, pids=None, regex=None, users=None, exclude=(), include_protected=False, own_chain=None,
-                 owners=None):
+    def __init__(
+        self,
+        indices,
+        pids=None,
+        regex=None,
+        users=None,
+        exclude=(),
+        include_protected=False,
+        own_chain=None,
+        owners=None,
+    ):
         self.indices = indices
         # {index: MIG UUIDs} where only some MIG instances of a GPU are selected (select_gpus).
         self.instances = getattr(indices, "instances", None) or {}
@@ -294,13 +362,23 @@ class Selection:
         signalled."""
         checked = checked or check_options(params)
         if checked.owners.get("containers"):
-            known = {p["owner"]["container_id"] for p in snapshot.get("holders", []) + snapshot.get("device_users", [])
-                     if (p.get("owner") or {}).get("container_id")}
+            known = {
+                p["owner"]["container_id"]
+                for p in snapshot.get("holders", []) + snapshot.get("device_users", [])
+                if (p.get("owner") or {}).get("container_id")
+            }
             errors = _owners.container_ref_errors(checked.owners["containers"], known)
             if errors:
                 raise SelectionError("; ".join(errors))
-        return cls(select_gpus(checked.gpus, snapshot), pids=checked.pids, regex=checked.regex, users=checked.users,
-                   exclude=checked.exclude, include_protected=checked.include_protected, owners=checked.owners)
+        return cls(
+            select_gpus(checked.gpus, snapshot),
+            pids=checked.pids,
+            regex=checked.regex,
+            users=checked.users,
+            exclude=checked.exclude,
+            include_protected=checked.include_protected,
+            owners=checked.owners,
+        )
 
     @property
     def narrowed(self):

@@ -10,6 +10,7 @@ entries, _gpus the driver state and the snapshot, _release the wait status entri
 tests/integration/test_result_contracts.py checks every module's result against these shapes and RETURN.
 Memory is in MiB (int), times in seconds (float); None means "not known", never 0.
 """
+
 from __future__ import annotations
 
 from typing import Dict, List, Optional, TypedDict
@@ -17,6 +18,7 @@ from typing import Dict, List, Optional, TypedDict
 
 class Process(TypedDict):
     """A process as the snapshot describes it (_gpus.process_details): /proc/PID/stat, then psutil."""
+
     pid: int
     ppid: int
     pgid: int
@@ -33,6 +35,7 @@ class Process(TypedDict):
 
 class DeviceUser(Process):
     """A process with NVIDIA device files open that holds no GPU's memory (_holders.merge)."""
+
     device_gpus: List[int]
     minors: List[int]
     kind: str
@@ -42,6 +45,7 @@ class DeviceUser(Process):
 
 class Holder(DeviceUser):
     """A process holding a GPU's memory (_holders.merge); memory_mib and attribution are keyed by GPU index."""
+
     gpus: List[int]
     memory_mib: Dict[str, Optional[int]]
     attribution: Dict[str, str]
@@ -52,11 +56,13 @@ class Holder(DeviceUser):
 
 class SnapshotHolder(Holder):
     """A holder in a snapshot, with its parent ({"pid", "comm"} or None)."""
+
     parent: Optional[dict]
 
 
 class GpuTable(TypedDict):
     """The index/minor table of a GPU (_gpus.minor_map)."""
+
     index: int
     minor: Optional[int]
     uuid: Optional[str]
@@ -66,6 +72,7 @@ class GpuTable(TypedDict):
 
 class Gpu(GpuTable):
     """One GPU of the snapshot (_holders.merge)."""
+
     memory_total_mib: Optional[int]
     memory_used_mib: Optional[int]
     memory_free_mib: Optional[int]
@@ -95,6 +102,7 @@ class Gpu(GpuTable):
 
 class DriverProcess(TypedDict):
     """One entry of a GPU's driver_processes: the driver's list entry (_nvml) and whether /proc confirms it."""
+
     pid: int
     used_mib: Optional[int]
     type: str
@@ -105,6 +113,7 @@ class DriverProcess(TypedDict):
 
 class Foreign(TypedDict):
     """A PID the driver lists that no process here confirms (foreign; exited, with reason "exited" or "reused")."""
+
     pid: int
     used_mib: Optional[int]
     type: str
@@ -114,6 +123,7 @@ class Foreign(TypedDict):
 
 class MigDevice(TypedDict):
     """One MIG instance of a GPU: _nvml's MIG device, then its holders as for a GPU (_holders.merge)."""
+
     index: int
     uuid: str
     gpu_instance_id: Optional[int]
@@ -136,6 +146,7 @@ class MigDevice(TypedDict):
 
 class Driver(TypedDict):
     """The state of the NVIDIA driver library in a snapshot (_gpus.Inspector.snapshot)."""
+
     available: bool
     error: Optional[str]
     driver_version: Optional[str]
@@ -146,6 +157,7 @@ class Driver(TypedDict):
 
 class Snapshot(TypedDict):
     """What a snapshot returns (gpu_facts' ansible_facts.nvidia; gpu_kill's before and after)."""
+
     gpus: List[Gpu]
     holders: List[SnapshotHolder]
     device_users: List[DeviceUser]
@@ -158,6 +170,7 @@ class Snapshot(TypedDict):
 
 class BriefHolder(TypedDict):
     """A holder in a wait report (_release.brief), with its memory on that GPU."""
+
     pid: int
     comm: str
     state: str
@@ -170,6 +183,7 @@ class BriefHolder(TypedDict):
 
 class LeftAlone(BriefHolder):
     """A left-alone holder in a wait report, with why it was left alone."""
+
     reason: str
 
 
@@ -177,6 +191,7 @@ class WaitGpu(TypedDict):
     """One selected GPU (or MIG instance) in a wait (_release.gpu_status). MIG instances add "mig_profile", a whole
     GPU in MIG mode that is not released "mig_in_use", a GPU that is not released after a wait "next_step"
     (_wait.conclude)."""
+
     index: Optional[int]
     uuid: Optional[str]
     mig_uuid: Optional[str]

@@ -32,6 +32,7 @@ next to them. vLLM's own lookup order of the taps (V2 runner, the default in 0.3
 ``eagle_config.layer_ids``. The V1 runner reads only the first two, then lets
 ``eagle_config.eagle_aux_hidden_state_layer_ids`` replace them.
 """
+
 from __future__ import annotations
 
 import json
@@ -59,13 +60,19 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._speculative_checks 
     disable_log_stats_message,
     _check_budget,
 )
-from ansible_collections.gpuops.nvidia.plugins.module_utils._speculative_dflash import (
-    _check_dflash,
-)
+from ansible_collections.gpuops.nvidia.plugins.module_utils._speculative_dflash import _check_dflash
 
 
-def validate_speculative_config(requested, drafter_config=None, target_num_layers=None, allow_fields=(),
-                                extra_args=None, environment=None, acceptance_gate=False, reader=read_drafter):
+def validate_speculative_config(
+    requested,
+    drafter_config=None,
+    target_num_layers=None,
+    allow_fields=(),
+    extra_args=None,
+    environment=None,
+    acceptance_gate=False,
+    reader=read_drafter,
+):
     """Validate a requested vLLM speculative config against its drafter and vLLM 0.33; fill in what the drafter defines.
 
     ``requested``: dict as for ``--speculative-config`` plus, for dflash, DFLASH_DRAFTER_FIELDS (expectations
@@ -97,18 +104,12 @@ def validate_speculative_config(requested, drafter_config=None, target_num_layer
     if isinstance(spec.get("num_speculative_tokens"), int):
         _check_budget(report, method, spec["num_speculative_tokens"], server)
     if server["disable_log_stats"]:
-        if acceptance_gate:
-            report.refuse("extra_args", DISABLE_LOG_STATS, "no %s with an acceptance gate" % DISABLE_LOG_STATS,
-                          disable_log_stats_message())
-        else:
-            report.warn("extra_args", DISABLE_LOG_STATS, None, disable_log_stats_message().split(": the", 1)[0]
-                        + ": the drafter's acceptance cannot be watched")
+        _check_log_stats(report, acceptance_gate)
     if report.mismatches:
-        drafter_problems = any(item.get("source") != "vllm" for item in report.mismatches)
-        header = ("speculative_config does not match the drafter%s" % (" (%s)" % path if path else "")
-                  if drafter_problems else "speculative_config is refused: vLLM %s would fail or misbehave" % VLLM_VERSION)
-        raise SpeculativeConfigError("%s:\n%s" % (header, format_mismatches(report.mismatches)), report.mismatches)
-    vllm_config = dict((name, value) for name, value in spec.items() if not (method == "dflash" and name in DFLASH_DRAFTER_FIELDS))
+        _raise_mismatches(report.mismatches, path)
+    vllm_config = dict(
+        (name, value) for name, value in spec.items() if not (method == "dflash" and name in DFLASH_DRAFTER_FIELDS)
+    )
     return {
         "speculative_config": vllm_config,
         "speculative_config_json": json.dumps(vllm_config, separators=(",", ":")),
@@ -118,6 +119,37 @@ def validate_speculative_config(requested, drafter_config=None, target_num_layer
         "warnings": report.warnings,
         "drafter_config": path,
     }
+
+
+def _check_log_stats(report, acceptance_gate):
+    """A server started with --disable-log-stats: refused with an acceptance gate (it reads the spec-decode metrics),
+    else a warning that the drafter's acceptance cannot be watched."""
+    if acceptance_gate:
+        report.refuse(
+            "extra_args",
+            DISABLE_LOG_STATS,
+            "no %s with an acceptance gate" % DISABLE_LOG_STATS,
+            disable_log_stats_message(),
+        )
+    else:
+        report.warn(
+            "extra_args",
+            DISABLE_LOG_STATS,
+            None,
+            disable_log_stats_message().split(": the", 1)[0] + ": the drafter's acceptance cannot be watched",
+        )
+
+
+def _raise_mismatches(mismatches, path):
+    """Raise SpeculativeConfigError with every mismatch and refusal, under a header that blames the drafter (at
+    `path`, the config.json read) or vLLM."""
+    drafter_problems = any(item.get("source") != "vllm" for item in mismatches)
+    header = (
+        "speculative_config does not match the drafter%s" % (" (%s)" % path if path else "")
+        if drafter_problems
+        else "speculative_config is refused: vLLM %s would fail or misbehave" % VLLM_VERSION
+    )
+    raise SpeculativeConfigError("%s:\n%s" % (header, format_mismatches(mismatches)), mismatches)
 
 
 def _method_of(report, spec, drafter_config, reader):
@@ -131,8 +163,12 @@ def _method_of(report, spec, drafter_config, reader):
             path, config = reader(spec["model"], drafter_config)
             if str(config.get("model_type") or "") in MTP_METHODS:
                 method = "mtp"
-        report.fill(spec, "method", method, "vLLM %s infers %s from model %s when method is not given"
-                    % (VLLM_VERSION, method, spec.get("model")))
+        report.fill(
+            spec,
+            "method",
+            method,
+            "vLLM %s infers %s from model %s when method is not given" % (VLLM_VERSION, method, spec.get("model")),
+        )
     return method, path
 
 
@@ -143,15 +179,25 @@ def _check_drafter(report, spec, method, drafter_config, target_num_layers, envi
         _check_ngram(report, spec)
         return None
     if method not in SUPPORTED_METHODS:
-        report.warn("method", method, None, "vLLM %s accepts method %s; this module checks no drafter for it (only %s)"
-                    % (VLLM_VERSION, method, ", ".join(SUPPORTED_METHODS)))
+        report.warn(
+            "method",
+            method,
+            None,
+            "vLLM %s accepts method %s; this module checks no drafter for it (only %s)"
+            % (VLLM_VERSION, method, ", ".join(SUPPORTED_METHODS)),
+        )
         return None
     model = spec.get("model")
     if model is None and not (method == "mtp" and drafter_config):
         raise SpeculativeConfigError(
-            "model: not given; method %s needs the drafter directory%s" % (
-                method, "; for MTP layers inside the target checkpoint give drafter_config=<target>/config.json"
-                if method == "mtp" else ""))
+            "model: not given; method %s needs the drafter directory%s"
+            % (
+                method,
+                "; for MTP layers inside the target checkpoint give drafter_config=<target>/config.json"
+                if method == "mtp"
+                else "",
+            )
+        )
     path, config = reader(model, drafter_config)
     if method == "dflash":
         _check_dflash(report, spec, config, target_num_layers, environment)

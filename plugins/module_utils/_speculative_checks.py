@@ -6,6 +6,7 @@
 
 The results go into a _Report (one entry per field); DFlash has its own module, _speculative_dflash.
 """
+
 from __future__ import annotations
 
 
@@ -14,10 +15,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._speculative_vllm im
     V2_RUNNER_ENV,
     BATCH_DEFAULTS,
 )
-from ansible_collections.gpuops.nvidia.plugins.module_utils._speculative_parse import (
-    SpeculativeConfigError,
-    _text,
-)
+from ansible_collections.gpuops.nvidia.plugins.module_utils._speculative_parse import SpeculativeConfigError, _text
 
 
 _COLLAPSE = "no error is raised, acceptance collapses"
@@ -34,7 +32,9 @@ class _Report:
         self.environment = {}
 
     def _check(self, field, status, requested, drafter, detail):
-        self.checks.append({"field": field, "status": status, "requested": requested, "drafter": drafter, "detail": detail})
+        self.checks.append(
+            {"field": field, "status": status, "requested": requested, "drafter": drafter, "detail": detail}
+        )
 
     def ok(self, field, requested, drafter, detail=""):
         self._check(field, "ok", requested, drafter, detail)
@@ -52,14 +52,22 @@ class _Report:
         self._check(field, "warning", requested, drafter, detail)
 
     def mismatch(self, field, requested, drafter, explanation):
-        self.mismatches.append({"field": field, "requested": requested, "drafter": drafter, "explanation": explanation,
-                                "source": "drafter"})
+        self.mismatches.append(
+            {
+                "field": field,
+                "requested": requested,
+                "drafter": drafter,
+                "explanation": explanation,
+                "source": "drafter",
+            }
+        )
         self._check(field, "mismatch", requested, drafter, explanation)
 
     def refuse(self, field, requested, expected, explanation):
         """A value vLLM itself refuses at start (not a drafter mismatch): ``expected`` is what vLLM accepts."""
-        self.mismatches.append({"field": field, "requested": requested, "drafter": expected, "explanation": explanation,
-                                "source": "vllm"})
+        self.mismatches.append(
+            {"field": field, "requested": requested, "drafter": expected, "explanation": explanation, "source": "vllm"}
+        )
         self._check(field, "mismatch", requested, expected, explanation)
 
     def compare(self, field, requested, drafter, explanation, detail=""):
@@ -92,11 +100,15 @@ def format_mismatches(mismatches):
             requested = _layout_text(requested) if isinstance(requested, list) else requested
             drafter = _layout_text(drafter) if isinstance(drafter, list) else drafter
         if item.get("source") == "vllm":
-            lines.append("- %s: %s; vLLM %s expects %s: %s" % (
-                item["field"], _text(requested), VLLM_VERSION, _text(drafter), item["explanation"]))
+            lines.append(
+                "- %s: %s; vLLM %s expects %s: %s"
+                % (item["field"], _text(requested), VLLM_VERSION, _text(drafter), item["explanation"])
+            )
         else:
-            lines.append("- %s: requested %s, drafter %s: %s" % (
-                item["field"], _text(requested), _text(drafter), item["explanation"]))
+            lines.append(
+                "- %s: requested %s, drafter %s: %s"
+                % (item["field"], _text(requested), _text(drafter), item["explanation"])
+            )
     return "\n".join(lines)
 
 
@@ -142,8 +154,11 @@ def drafter_kind(config):
     architectures = _architectures(config)
     names = [name.lower() for name in architectures + [str(config.get("model_type") or "")]]
     speculators = config.get("speculators_config")
-    algorithm = str((speculators.get("algorithm") if isinstance(speculators, dict) else None)
-                    or config.get("speculators_model_type") or "").lower()
+    algorithm = str(
+        (speculators.get("algorithm") if isinstance(speculators, dict) else None)
+        or config.get("speculators_model_type")
+        or ""
+    ).lower()
     if "dflash_config" in config or algorithm in ("dflash", "dflash2") or any("dflash" in name for name in names):
         return "dflash"
     if algorithm == "eagle3" or any("eagle3" in name for name in names):
@@ -166,20 +181,30 @@ def _check_drafter_kind(report, method, config):
         return True
     if kind == "causal_lm" and method in ("eagle", "eagle3"):
         if method == "eagle3":
-            report.warn("method", method, architectures, "architecture carries no EAGLE-3 marker (Eagle3 name, speculators "
-                        "algorithm, draft_vocab_size); vLLM loads it as an EAGLE-3 head: make sure it was trained as one")
+            report.warn(
+                "method",
+                method,
+                architectures,
+                "architecture carries no EAGLE-3 marker (Eagle3 name, speculators "
+                "algorithm, draft_vocab_size); vLLM loads it as an EAGLE-3 head: make sure it was trained as one",
+            )
         else:
             report.ok("method", method, architectures, "plain *ForCausalLM architecture: EAGLE-1 heads ship that way")
         return True
     if kind is None:
-        explanation = ("config.json names no architecture vLLM could use as a %s drafter; vLLM fails to build or load it"
-                       % method)
+        explanation = (
+            "config.json names no architecture vLLM could use as a %s drafter; vLLM fails to build or load it" % method
+        )
     elif method == "mtp":
-        explanation = ("config.json declares no MTP layers (num_nextn_predict_layers, mtp_num_hidden_layers, n_predict) "
-                       "and looks like a %s drafter; vLLM's mtp method needs a checkpoint that carries MTP weights" % kind)
+        explanation = (
+            "config.json declares no MTP layers (num_nextn_predict_layers, mtp_num_hidden_layers, n_predict) "
+            "and looks like a %s drafter; vLLM's mtp method needs a checkpoint that carries MTP weights" % kind
+        )
     else:
-        explanation = ("config.json describes a %s drafter; vLLM builds a %s drafter from it: weights fail to load or the "
-                       "drafts are all rejected" % (kind, method))
+        explanation = (
+            "config.json describes a %s drafter; vLLM builds a %s drafter from it: weights fail to load or the "
+            "drafts are all rejected" % (kind, method)
+        )
     report.mismatch("method", method, kind or architectures, explanation)
     return False
 
@@ -190,10 +215,14 @@ def _target_layer_count(report, config, target_num_layers):
     if not isinstance(trained_for, int) or isinstance(trained_for, bool):
         trained_for = None
     if trained_for is not None:
-        report.compare("target_num_layers", target_num_layers, trained_for,
-                       "the drafter was trained on a %s-layer target; on a %s-layer target its hidden-state taps sit at "
-                       "other depths (or it is another model): %s" % (trained_for, target_num_layers, _COLLAPSE),
-                       "num_target_layers in config.json")
+        report.compare(
+            "target_num_layers",
+            target_num_layers,
+            trained_for,
+            "the drafter was trained on a %s-layer target; on a %s-layer target its hidden-state taps sit at "
+            "other depths (or it is another model): %s" % (trained_for, target_num_layers, _COLLAPSE),
+            "num_target_layers in config.json",
+        )
     return target_num_layers if target_num_layers is not None else trained_for
 
 
@@ -206,17 +235,22 @@ def _tap_explanation(layer_ids, num_layers):
     bad = _untappable(layer_ids, num_layers)
     if not bad:
         return ""
-    return (" Layer(s) %s: vLLM would tap hidden state(s) %s, but on a %d-layer target vLLM captures only hidden "
-            "states 0..%d (state %d is the last layer's output, before the final norm): the drafter gets fewer "
-            "features than its input projection expects and vLLM fails ('target_layer_ids reference layers that do "
-            "not exist in the target model')." % (_text(bad), _text([layer_id + 1 for layer_id in bad]), num_layers,
-                                                  num_layers, num_layers))
+    return (
+        " Layer(s) %s: vLLM would tap hidden state(s) %s, but on a %d-layer target vLLM captures only hidden "
+        "states 0..%d (state %d is the last layer's output, before the final norm): the drafter gets fewer "
+        "features than its input projection expects and vLLM fails ('target_layer_ids reference layers that do "
+        "not exist in the target model')."
+        % (_text(bad), _text([layer_id + 1 for layer_id in bad]), num_layers, num_layers, num_layers)
+    )
 
 
 def _int_list(value):
     """``value`` when it is a non-empty list of non-negative ints, else None."""
-    if isinstance(value, (list, tuple)) and value and all(
-            isinstance(item, int) and not isinstance(item, bool) and item >= 0 for item in value):
+    if (
+        isinstance(value, (list, tuple))
+        and value
+        and all(isinstance(item, int) and not isinstance(item, bool) and item >= 0 for item in value)
+    ):
         return list(value)
     return None
 
@@ -233,8 +267,10 @@ def v1_runner_forced(environment):
     try:
         return int(str(value).strip()) == 0, None
     except ValueError:
-        return False, ("%s=%s: vLLM reads it with int(), so this value makes the server fail at start; use 1 (V2 model "
-                       "runner, the default) or 0 (V1)" % (V2_RUNNER_ENV, value))
+        return False, (
+            "%s=%s: vLLM reads it with int(), so this value makes the server fail at start; use 1 (V2 model "
+            "runner, the default) or 0 (V1)" % (V2_RUNNER_ENV, value)
+        )
 
 
 def _check_eagle(report, spec, method, config, target_num_layers):
@@ -246,8 +282,10 @@ def _check_eagle(report, spec, method, config, target_num_layers):
         declared = config["n_predict"]
     if spec.get("num_speculative_tokens") is None:
         if declared is None:
-            raise SpeculativeConfigError("num_speculative_tokens is not given and the drafter declares none "
-                                         "(speculators_config.proposal_methods[].speculative_tokens or n_predict)")
+            raise SpeculativeConfigError(
+                "num_speculative_tokens is not given and the drafter declares none "
+                "(speculators_config.proposal_methods[].speculative_tokens or n_predict)"
+            )
         report.fill(spec, "num_speculative_tokens", declared, "declared by the drafter's config.json")
     else:
         report.ok("num_speculative_tokens", spec["num_speculative_tokens"], declared)
@@ -256,14 +294,21 @@ def _check_eagle(report, spec, method, config, target_num_layers):
         num_layers = target_num_layers if target_num_layers is not None else config.get("num_target_layers")
         beyond = [layer_id for layer_id in aux_ids if isinstance(num_layers, int) and layer_id > num_layers]
         if beyond:
-            report.mismatch("eagle_aux_hidden_state_layer_ids", None, aux_ids,
-                            "vLLM captures hidden state j after target layer j - 1 and only for j = 0..%d (state %d is "
-                            "the last layer's output, before the final norm) on a %d-layer target, so %s are never "
-                            "captured: the head gets fewer features than it was trained on and vLLM fails"
-                            % (num_layers, num_layers, num_layers, _text(beyond)))
+            report.mismatch(
+                "eagle_aux_hidden_state_layer_ids",
+                None,
+                aux_ids,
+                "vLLM captures hidden state j after target layer j - 1 and only for j = 0..%d (state %d is "
+                "the last layer's output, before the final norm) on a %d-layer target, so %s are never "
+                "captured: the head gets fewer features than it was trained on and vLLM fails"
+                % (num_layers, num_layers, num_layers, _text(beyond)),
+            )
         else:
-            report.from_drafter("eagle_aux_hidden_state_layer_ids", aux_ids,
-                                "hidden states vLLM taps (j = output of target layer j - 1; valid up to the layer count)")
+            report.from_drafter(
+                "eagle_aux_hidden_state_layer_ids",
+                aux_ids,
+                "hidden states vLLM taps (j = output of target layer j - 1; valid up to the layer count)",
+            )
 
 
 def _check_mtp(report, spec, config):
@@ -274,19 +319,29 @@ def _check_mtp(report, spec, config):
     requested = spec.get("num_speculative_tokens")
     if n_predict is None:
         if requested is None:
-            raise SpeculativeConfigError("num_speculative_tokens is not given and the checkpoint declares no number "
-                                         "of MTP layers (num_nextn_predict_layers, mtp_num_hidden_layers, n_predict)")
+            raise SpeculativeConfigError(
+                "num_speculative_tokens is not given and the checkpoint declares no number "
+                "of MTP layers (num_nextn_predict_layers, mtp_num_hidden_layers, n_predict)"
+            )
         report.ok("num_speculative_tokens", requested, None)
     elif requested is None:
         report.fill(spec, "num_speculative_tokens", n_predict, "%s in config.json" % key)
     elif requested > n_predict and requested % n_predict:
-        report.mismatch("num_speculative_tokens", requested, "%d or a multiple of it (%s)" % (n_predict, key),
-                        "vLLM reuses the %d MTP layer(s) in turn and refuses to start unless num_speculative_tokens is "
-                        "at most %d or a multiple of it" % (n_predict, n_predict))
+        report.mismatch(
+            "num_speculative_tokens",
+            requested,
+            "%d or a multiple of it (%s)" % (n_predict, key),
+            "vLLM reuses the %d MTP layer(s) in turn and refuses to start unless num_speculative_tokens is "
+            "at most %d or a multiple of it" % (n_predict, n_predict),
+        )
     elif requested > n_predict:
-        report.warn("num_speculative_tokens", requested, n_predict,
-                    "more tokens than MTP layers (%d): vLLM runs the same layers again for the later positions, "
-                    "their acceptance is usually low" % n_predict)
+        report.warn(
+            "num_speculative_tokens",
+            requested,
+            n_predict,
+            "more tokens than MTP layers (%d): vLLM runs the same layers again for the later positions, "
+            "their acceptance is usually low" % n_predict,
+        )
     else:
         report.ok("num_speculative_tokens", requested, n_predict)
 
@@ -297,15 +352,19 @@ def _check_ngram(report, spec):
     low, high = spec.get("prompt_lookup_min"), spec.get("prompt_lookup_max")
     if low is not None and high is not None and low > high:
         raise SpeculativeConfigError("prompt_lookup_min (%d) must be <= prompt_lookup_max (%d)" % (low, high))
-    report.ok("num_speculative_tokens", spec["num_speculative_tokens"], None, "ngram drafts from the prompt, no drafter model")
+    report.ok(
+        "num_speculative_tokens", spec["num_speculative_tokens"], None, "ngram drafts from the prompt, no drafter model"
+    )
 
 
 def disable_log_stats_message():
     """Why ``--disable-log-stats`` and an acceptance gate cannot go together (for the role and vllm_acceptance)."""
-    return ("--disable-log-stats makes vLLM %s create no stat loggers (vllm/v1/engine/async_llm.py: no "
-            "StatLoggerManager without log_stats), so /metrics has no vllm:spec_decode_* counters at all: the "
-            "acceptance of the drafter cannot be measured. Remove --disable-log-stats from the server's arguments, or "
-            "configure no acceptance gate" % VLLM_VERSION)
+    return (
+        "--disable-log-stats makes vLLM %s create no stat loggers (vllm/v1/engine/async_llm.py: no "
+        "StatLoggerManager without log_stats), so /metrics has no vllm:spec_decode_* counters at all: the "
+        "acceptance of the drafter cannot be measured. Remove --disable-log-stats from the server's arguments, or "
+        "configure no acceptance gate" % VLLM_VERSION
+    )
 
 
 def _lookahead(method, tokens):
@@ -316,6 +375,61 @@ def _lookahead(method, tokens):
     if method in ("eagle", "eagle3", "mtp", "draft_model"):
         return tokens
     return 0
+
+
+def _where(case):
+    """The words that say a budget case takes vLLM's default for a GPU class; none for the server's own values."""
+    return "" if case[3] is None else " (vLLM's default for %s)" % case[3]
+
+
+def _slots_message(case, method, tokens, lookahead):
+    """A budget case whose max_num_batched_tokens leaves no slot beyond the `lookahead` query tokens: vLLM fails."""
+    return (
+        "at most %d with max_num_batched_tokens %d%s: %s drafts K%s = %d query tokens per request and vLLM %s refuses "
+        "to start when max_num_batched_tokens <= %d ('VllmConfig does not have enough slots to schedule a token and "
+        "support the speculative decoding settings'); raise --max-num-batched-tokens above %d or lower "
+        "num_speculative_tokens"
+        % (
+            case[1] - (lookahead - tokens) - 1,
+            case[1],
+            _where(case),
+            method,
+            " + 1" if method == "dflash" else "",
+            lookahead,
+            VLLM_VERSION,
+            lookahead,
+            lookahead,
+        )
+    )
+
+
+def _lora_message(case, tokens):
+    """A budget case below max_num_seqs x (K + 1) with --enable-lora: vLLM fails."""
+    return (
+        "at most %d with --enable-lora, max_num_batched_tokens %d and max_num_seqs %d%s: vLLM %s refuses to start "
+        "when max_num_batched_tokens < max_num_seqs x (K + 1) = %d x %d = %d ('Consider increasing "
+        "max_num_batched_tokens or decreasing num_speculative_tokens')"
+        % (
+            case[1] // case[2] - 1,
+            case[1],
+            case[2],
+            _where(case),
+            VLLM_VERSION,
+            case[2],
+            tokens + 1,
+            case[2] * (tokens + 1),
+        )
+    )
+
+
+def _dflash_seqs_message(case, lookahead):
+    """A DFlash budget case whose max_num_batched_tokens // (K + 1) is below max_num_seqs: vLLM serves fewer at once."""
+    return (
+        "max_num_batched_tokens %d // (K + 1 = %d) = %d < max_num_seqs %d%s: vLLM %s starts but serves at most %d "
+        "requests at once (it lowers max_num_active_seqs; the DFlash draft pass needs K + 1 query tokens per "
+        "request)"
+        % (case[1], lookahead, case[1] // lookahead, case[2], _where(case), VLLM_VERSION, case[1] // lookahead)
+    )
 
 
 def _check_budget(report, method, tokens, server):
@@ -331,39 +445,31 @@ def _check_budget(report, method, tokens, server):
     if not lookahead:
         return
     given_tokens, given_seqs = server["max_num_batched_tokens"], server["max_num_seqs"]
-    cases = [(label, given_tokens or batched, given_seqs or seqs, label if not (given_tokens and given_seqs) else None)
-             for label, batched, seqs in BATCH_DEFAULTS]
+    # (label, max_num_batched_tokens, max_num_seqs, GPU class whose defaults it takes or None)
+    cases = [
+        (label, given_tokens or batched, given_seqs or seqs, label if not (given_tokens and given_seqs) else None)
+        for label, batched, seqs in BATCH_DEFAULTS
+    ]
     if given_tokens and given_seqs:
         cases = cases[:1]
 
-    def where(case):
-        return "" if case[3] is None else " (vLLM's default for %s)" % case[3]
-
-    def judge(field, failing, message, warning_only=False):
+    def judge(failing, message, warning_only=False):
         if not failing:
             return
         if len(failing) == len(cases) and not warning_only:
             expected, explanation = message(failing[0]).split(": ", 1)
-            report.refuse(field, tokens, expected, explanation)
+            report.refuse("num_speculative_tokens", tokens, expected, explanation)
         else:
-            report.warn(field, tokens, None, "; ".join(message(case) for case in failing))
+            report.warn("num_speculative_tokens", tokens, None, "; ".join(message(case) for case in failing))
 
-    judge("num_speculative_tokens", [case for case in cases if case[1] <= lookahead], lambda case: (
-        "at most %d with max_num_batched_tokens %d%s: %s drafts K%s = %d query tokens per request and vLLM %s refuses "
-        "to start when max_num_batched_tokens <= %d ('VllmConfig does not have enough slots to schedule a token and "
-        "support the speculative decoding settings'); raise --max-num-batched-tokens above %d or lower "
-        "num_speculative_tokens" % (case[1] - (lookahead - tokens) - 1, case[1], where(case), method,
-                                    " + 1" if method == "dflash" else "", lookahead, VLLM_VERSION, lookahead, lookahead)))
+    judge(
+        [case for case in cases if case[1] <= lookahead], lambda case: _slots_message(case, method, tokens, lookahead)
+    )
     if server["enable_lora"]:
-        judge("num_speculative_tokens", [case for case in cases if case[1] < case[2] * (tokens + 1)], lambda case: (
-            "at most %d with --enable-lora, max_num_batched_tokens %d and max_num_seqs %d%s: vLLM %s refuses to start "
-            "when max_num_batched_tokens < max_num_seqs x (K + 1) = %d x %d = %d ('Consider increasing "
-            "max_num_batched_tokens or decreasing num_speculative_tokens')" % (
-                case[1] // case[2] - 1, case[1], case[2], where(case), VLLM_VERSION, case[2], tokens + 1,
-                case[2] * (tokens + 1))))
+        judge([case for case in cases if case[1] < case[2] * (tokens + 1)], lambda case: _lora_message(case, tokens))
     if method == "dflash" and (given_tokens or given_seqs):
-        judge("num_speculative_tokens", [case for case in cases if case[1] // lookahead < case[2]], lambda case: (
-            "max_num_batched_tokens %d // (K + 1 = %d) = %d < max_num_seqs %d%s: vLLM %s starts but serves at most %d "
-            "requests at once (it lowers max_num_active_seqs; the DFlash draft pass needs K + 1 query tokens per "
-            "request)" % (case[1], lookahead, case[1] // lookahead, case[2], where(case), VLLM_VERSION,
-                          case[1] // lookahead)), warning_only=True)
+        judge(
+            [case for case in cases if case[1] // lookahead < case[2]],
+            lambda case: _dflash_seqs_message(case, lookahead),
+            warning_only=True,
+        )

@@ -8,6 +8,7 @@ Sources (vLLM 0.33.0 wheel): vllm/model_executor/models/qwen3_dflash.py (layout,
 vllm/v1/worker/gpu/spec_decode/eagle/eagle3_utils.py (V2 runner taps), vllm/v1/worker/gpu_model_runner.py
 (V1 runner taps), vllm/transformers_utils/configs/speculators/algos.py (speculators-format drafters).
 """
+
 from __future__ import annotations
 
 
@@ -17,10 +18,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._speculative_vllm im
     FULL,
     V2_RUNNER_ENV,
 )
-from ansible_collections.gpuops.nvidia.plugins.module_utils._speculative_parse import (
-    SpeculativeConfigError,
-    _text,
-)
+from ansible_collections.gpuops.nvidia.plugins.module_utils._speculative_parse import SpeculativeConfigError, _text
 from ansible_collections.gpuops.nvidia.plugins.module_utils._speculative_checks import (
     _COLLAPSE,
     _layout_text,
@@ -68,8 +66,10 @@ def _dflash_taps(config, dflash_config, v1):
 def _trained_ids(config, dflash_config):
     """(0-based DFlash ids the drafter was trained on, key they come from): dflash_config.target_layer_ids, else the
     top-level target_layer_ids; None when the drafter states neither."""
-    for key, value in (("dflash_config.target_layer_ids", dflash_config.get("target_layer_ids")),
-                       ("target_layer_ids", config.get("target_layer_ids"))):
+    for key, value in (
+        ("dflash_config.target_layer_ids", dflash_config.get("target_layer_ids")),
+        ("target_layer_ids", config.get("target_layer_ids")),
+    ):
         ids = _int_list(value)
         if ids:
             return ids, key
@@ -83,30 +83,48 @@ def _check_target_layer_ids(report, spec, config, dflash_config, num_layers, v1)
     taps, source = _dflash_taps(config, dflash_config, v1)
     if drafter_ids is None:
         if taps is None:
-            report.mismatch("target_layer_ids", requested, None,
-                            "config.json states no tapped target layers (dflash_config.target_layer_ids, "
-                            "target_layer_ids, aux_hidden_state_layer_ids): vLLM falls back to the target model's "
-                            "default layers, not what the drafter was trained on: %s" % _COLLAPSE)
+            report.mismatch(
+                "target_layer_ids",
+                requested,
+                None,
+                "config.json states no tapped target layers (dflash_config.target_layer_ids, "
+                "target_layer_ids, aux_hidden_state_layer_ids): vLLM falls back to the target model's "
+                "default layers, not what the drafter was trained on: %s" % _COLLAPSE,
+            )
             return
         drafter_ids, key = [tap - 1 for tap in taps], source
     trained_taps = [layer_id + 1 for layer_id in drafter_ids]
     if num_layers is not None and _untappable(drafter_ids, num_layers):
-        report.mismatch("target_layer_ids", requested, drafter_ids,
-                        "the drafter's own layer ids (%s) do not fit this target." % key
-                        + _tap_explanation(drafter_ids, num_layers))
+        report.mismatch(
+            "target_layer_ids",
+            requested,
+            drafter_ids,
+            "the drafter's own layer ids (%s) do not fit this target." % key
+            + _tap_explanation(drafter_ids, num_layers),
+        )
         return
-    explanation = ("both are 0-based target layer indices as in dflash_config.target_layer_ids; vLLM taps hidden "
-                   "state id + 1, i.e. %s instead of the trained %s. The drafter then sees hidden states of other layers "
-                   "than in training: %s." % (_text([layer_id + 1 for layer_id in requested or []]), _text(trained_taps),
-                                              _COLLAPSE))
+    explanation = (
+        "both are 0-based target layer indices as in dflash_config.target_layer_ids; vLLM taps hidden "
+        "state id + 1, i.e. %s instead of the trained %s. The drafter then sees hidden states of other layers "
+        "than in training: %s."
+        % (_text([layer_id + 1 for layer_id in requested or []]), _text(trained_taps), _COLLAPSE)
+    )
     if requested is not None and len(requested) == len(drafter_ids):
         shift = {r - d for r, d in zip(requested, drafter_ids)}
         if shift in ({1}, {-1}):
-            explanation += " The requested ids are the drafter's shifted by %+d: vLLM tap ids and DFlash ids got mixed up." % shift.pop()
+            explanation += (
+                " The requested ids are the drafter's shifted by %+d: vLLM tap ids and DFlash ids got mixed up."
+                % shift.pop()
+            )
     if requested is not None and num_layers is not None:
         explanation += _tap_explanation(requested, num_layers)
-    report.compare("target_layer_ids", requested, drafter_ids, explanation,
-                   "%s; vLLM taps hidden states %s (id + 1)" % (key, _text(trained_taps)))
+    report.compare(
+        "target_layer_ids",
+        requested,
+        drafter_ids,
+        explanation,
+        "%s; vLLM taps hidden states %s (id + 1)" % (key, _text(trained_taps)),
+    )
     _check_tap_source(report, config, taps, source, (key, drafter_ids), v1)
 
 
@@ -118,27 +136,43 @@ def _check_tap_source(report, config, taps, source, trained, v1):
     trained_taps = [layer_id + 1 for layer_id in drafter_ids]
     runner = "V1 model runner (%s=0)" % V2_RUNNER_ENV if v1 else "V2 model runner (vLLM %s's default)" % VLLM_VERSION
     eagle_config = config.get("eagle_config")
-    if not v1 and isinstance(eagle_config, dict) and eagle_config.get("eagle_aux_hidden_state_layer_ids") is not None \
-            and _int_list(eagle_config["eagle_aux_hidden_state_layer_ids"]) != trained_taps:
-        report.warn("eagle_config.eagle_aux_hidden_state_layer_ids", eagle_config["eagle_aux_hidden_state_layer_ids"],
-                    trained_taps, "the %s ignores it, but with %s=0 (V1 runner) vLLM would tap these instead of %s "
-                    "(target_layer_ids + 1): remove the key" % (runner, V2_RUNNER_ENV, _text(trained_taps)))
+    if (
+        not v1
+        and isinstance(eagle_config, dict)
+        and eagle_config.get("eagle_aux_hidden_state_layer_ids") is not None
+        and _int_list(eagle_config["eagle_aux_hidden_state_layer_ids"]) != trained_taps
+    ):
+        report.warn(
+            "eagle_config.eagle_aux_hidden_state_layer_ids",
+            eagle_config["eagle_aux_hidden_state_layer_ids"],
+            trained_taps,
+            "the %s ignores it, but with %s=0 (V1 runner) vLLM would tap these instead of %s "
+            "(target_layer_ids + 1): remove the key" % (runner, V2_RUNNER_ENV, _text(trained_taps)),
+        )
     if source == key or source == key + " + 1":
         return  # vLLM taps what the drafter was trained on
     field = (source or "eagle_config.eagle_aux_hidden_state_layer_ids").split(" ")[0]
     if taps == trained_taps:
-        report.warn(field, taps, trained_taps,
-                    "config.json's %s equals target_layer_ids + 1, so vLLM taps the right layers; remove it anyway: "
-                    "the %s reads it instead of %s, and a later edit of either would be silently shadowed"
-                    % (field, runner, key))
+        report.warn(
+            field,
+            taps,
+            trained_taps,
+            "config.json's %s equals target_layer_ids + 1, so vLLM taps the right layers; remove it anyway: "
+            "the %s reads it instead of %s, and a later edit of either would be silently shadowed"
+            % (field, runner, key),
+        )
         return
     if taps is None:
-        explanation = ("with the %s an eagle_config without eagle_aux_hidden_state_layer_ids replaces %s: vLLM taps "
-                       "the target's default layers instead of %s: %s" % (runner, key, _text(trained_taps), _COLLAPSE))
+        explanation = (
+            "with the %s an eagle_config without eagle_aux_hidden_state_layer_ids replaces %s: vLLM taps "
+            "the target's default layers instead of %s: %s" % (runner, key, _text(trained_taps), _COLLAPSE)
+        )
     else:
-        explanation = ("config.json's %s (vLLM basis: hidden state j) takes precedence over %s in the %s, so vLLM "
-                       "taps %s instead of %s (target_layer_ids + 1): %s. Remove the key or set it to %s."
-                       % (field, key, runner, _text(taps), _text(trained_taps), _COLLAPSE, _text(trained_taps)))
+        explanation = (
+            "config.json's %s (vLLM basis: hidden state j) takes precedence over %s in the %s, so vLLM "
+            "taps %s instead of %s (target_layer_ids + 1): %s. Remove the key or set it to %s."
+            % (field, key, runner, _text(taps), _text(trained_taps), _COLLAPSE, _text(trained_taps))
+        )
         if taps == drafter_ids:
             explanation += " It equals target_layer_ids without the + 1: every tap is one layer early."
     report.mismatch(field, taps, trained_taps, explanation)
@@ -170,10 +204,19 @@ def _dflash_layout(config, dflash_config):
     default_causal = [bool(layer_types) and layer_type == SLIDING for layer_type in (layer_types or types)]
     window = dflash_config.get("swa_window_size", config.get("sliding_window"))
     if SLIDING in types and window is None:
-        return types, None, None, ("sliding layers need a window: vLLM fails at start ('DFlash sliding attention "
-                                   "requires a window size configured in dflash_config.swa_window_size or the "
-                                   "top-level sliding_window')")
-    forced = next((value for value in (config.get("is_causal"), dflash_config.get("causal")) if value is not None), None)
+        return (
+            types,
+            None,
+            None,
+            (
+                "sliding layers need a window: vLLM fails at start ('DFlash sliding attention "
+                "requires a window size configured in dflash_config.swa_window_size or the "
+                "top-level sliding_window')"
+            ),
+        )
+    forced = next(
+        (value for value in (config.get("is_causal"), dflash_config.get("causal")) if value is not None), None
+    )
     causal = [bool(forced)] * num_layers if forced is not None else default_causal
     return types, (window if SLIDING in types else None), causal, None
 
@@ -189,43 +232,113 @@ def _check_dflash_layout(report, spec, config, dflash_config, environment):
         requested = [requested] * len(types)
     layout = _layout_text(types) + (" (window %s)" % window if window else "")
     causal_text = _layout_text(["causal" if flag else "non-causal" for flag in causal])
-    report.compare("layer_types", requested, types,
-                   "the drafter's layers were trained as %s, %s; served with another layout each layer "
-                   "attends to other positions than in training: %s" % (layout, causal_text, _COLLAPSE),
-                   "layers %s; causality %s" % (layout, causal_text))
+    report.compare(
+        "layer_types",
+        requested,
+        types,
+        "the drafter's layers were trained as %s, %s; served with another layout each layer "
+        "attends to other positions than in training: %s" % (layout, causal_text, _COLLAPSE),
+        "layers %s; causality %s" % (layout, causal_text),
+    )
     if "is_causal" in dflash_config:
-        stated = [bool(dflash_config["is_causal"])] * len(types)
-        explanation = ("vLLM %s does not read dflash_config.is_causal (it reads the top-level is_causal, then "
-                       "dflash_config.causal): the layers run %s" % (VLLM_VERSION, causal_text))
-        if stated == causal:
-            report.warn("dflash_config.is_causal", dflash_config["is_causal"], None, explanation + ", as stated anyway")
-        else:
-            report.mismatch("dflash_config.is_causal", dflash_config["is_causal"], causal_text,
-                            explanation + ", not as stated: rename it to dflash_config.causal; %s" % _COLLAPSE)
+        _check_is_causal(report, dflash_config["is_causal"], len(types), causal, causal_text)
     if window is not None:
-        report.compare("sliding_window", spec.get("sliding_window"), window,
-                       "the sliding layers were trained with a %s-token window; another window shows them other context: "
-                       "%s" % (window, _COLLAPSE))
+        report.compare(
+            "sliding_window",
+            spec.get("sliding_window"),
+            window,
+            "the sliding layers were trained with a %s-token window; another window shows them other context: "
+            "%s" % (window, _COLLAPSE),
+        )
     elif spec.get("sliding_window") is not None:
-        report.mismatch("sliding_window", spec["sliding_window"], None,
-                        "the drafter has no sliding layer (%s): vLLM applies no window" % layout)
+        report.mismatch(
+            "sliding_window",
+            spec["sliding_window"],
+            None,
+            "the drafter has no sliding layer (%s): vLLM applies no window" % layout,
+        )
     num_sliding = types.count(SLIDING)
     if 0 < num_sliding < len(types):
-        forced_v1, _problem = v1_runner_forced(environment)
-        if forced_v1:
-            report.refuse(V2_RUNNER_ENV, str(environment[V2_RUNNER_ENV]), "unset or 1",
-                          "%s=0 forces vLLM's V1 model runner, and vLLM %s refuses a DFlash drafter with mixed sliding "
-                          "and full attention layers (%s) on it at start ('Model Runner V1 does not support: mixed "
-                          "sliding/full dflash drafts'): such a drafter needs several KV-cache groups, which only the "
-                          "V2 runner supports. Remove the variable (V2 is the default) or set it to 1"
-                          % (V2_RUNNER_ENV, VLLM_VERSION, layout))
-        else:
-            report.environment[V2_RUNNER_ENV] = "1"
-            report.ok(V2_RUNNER_ENV, (environment or {}).get(V2_RUNNER_ENV), "1",
-                      "mixed sliding/full drafter layers need several KV-cache groups, which only vLLM's V2 model runner "
-                      "has; V2 is vLLM %s's default, and with V1 forced (%s=0) vLLM refuses this drafter at start. Set "
-                      "to 1 so that vLLM fails with the reason instead of falling back to V1 when another option needs "
-                      "V1" % (VLLM_VERSION, V2_RUNNER_ENV))
+        _check_mixed_layout_runner(report, environment, layout)
+
+
+def _check_is_causal(report, is_causal, num_layers, causal, causal_text):
+    """dflash_config.is_causal, which vLLM does not read: a warning where all `num_layers` layers run as it states
+    (`causal`: one flag a layer, in words `causal_text`), a mismatch where they do not."""
+    stated = [bool(is_causal)] * num_layers
+    explanation = (
+        "vLLM %s does not read dflash_config.is_causal (it reads the top-level is_causal, then "
+        "dflash_config.causal): the layers run %s" % (VLLM_VERSION, causal_text)
+    )
+    if stated == causal:
+        report.warn("dflash_config.is_causal", is_causal, None, explanation + ", as stated anyway")
+    else:
+        report.mismatch(
+            "dflash_config.is_causal",
+            is_causal,
+            causal_text,
+            explanation + ", not as stated: rename it to dflash_config.causal; %s" % _COLLAPSE,
+        )
+
+
+def _check_mixed_layout_runner(report, environment, layout):
+    """A drafter with mixed sliding and full layers (`layout`, in words) needs vLLM's V2 model runner: refused where
+    `environment` forces V1, else VLLM_USE_V2_MODEL_RUNNER=1 is set for the server."""
+    forced_v1, _problem = v1_runner_forced(environment)
+    if forced_v1:
+        report.refuse(
+            V2_RUNNER_ENV,
+            str(environment[V2_RUNNER_ENV]),
+            "unset or 1",
+            "%s=0 forces vLLM's V1 model runner, and vLLM %s refuses a DFlash drafter with mixed sliding "
+            "and full attention layers (%s) on it at start ('Model Runner V1 does not support: mixed "
+            "sliding/full dflash drafts'): such a drafter needs several KV-cache groups, which only the "
+            "V2 runner supports. Remove the variable (V2 is the default) or set it to 1"
+            % (V2_RUNNER_ENV, VLLM_VERSION, layout),
+        )
+    else:
+        report.environment[V2_RUNNER_ENV] = "1"
+        report.ok(
+            V2_RUNNER_ENV,
+            (environment or {}).get(V2_RUNNER_ENV),
+            "1",
+            "mixed sliding/full drafter layers need several KV-cache groups, which only vLLM's V2 model runner "
+            "has; V2 is vLLM %s's default, and with V1 forced (%s=0) vLLM refuses this drafter at start. Set "
+            "to 1 so that vLLM fails with the reason instead of falling back to V1 when another option needs "
+            "V1" % (VLLM_VERSION, V2_RUNNER_ENV),
+        )
+
+
+def _no_block_size(report, spec, requested_tokens, speculators_tokens):
+    """_check_block_size for a drafter that defines no usable block size: a requested block_size is a mismatch, and
+    num_speculative_tokens comes from speculators_config or must be given (it cannot be checked then)."""
+    if spec.get("block_size") is not None:
+        report.mismatch(
+            "block_size",
+            spec["block_size"],
+            None,
+            "config.json defines no block_size (dflash_config.block_size or block_size): the trained block is unknown",
+        )
+    if requested_tokens is None:
+        if speculators_tokens is not None:
+            report.fill(
+                spec,
+                "num_speculative_tokens",
+                speculators_tokens,
+                "speculators_config.proposal_methods[0].speculative_tokens in config.json",
+            )
+            return
+        raise SpeculativeConfigError(
+            "num_speculative_tokens: not given, and the drafter defines no block_size (dflash_config.block_size or "
+            "block_size) to derive it from; vLLM needs it ('A speculative model was provided, but "
+            "num_speculative_tokens was not provided')"
+        )
+    report.warn(
+        "num_speculative_tokens",
+        requested_tokens,
+        None,
+        "the drafter defines no block_size: cannot check num_speculative_tokens <= block_size - 1",
+    )
 
 
 def _check_block_size(report, spec, config, dflash_config, speculators_tokens=None):
@@ -237,32 +350,32 @@ def _check_block_size(report, spec, config, dflash_config, speculators_tokens=No
     block_size = dflash_config.get("block_size", config.get("block_size"))
     requested_tokens = spec.get("num_speculative_tokens")
     if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 2:
-        if spec.get("block_size") is not None:
-            report.mismatch("block_size", spec["block_size"], None, "config.json defines no block_size "
-                            "(dflash_config.block_size or block_size): the trained block is unknown")
-        if requested_tokens is None:
-            if speculators_tokens is not None:
-                report.fill(spec, "num_speculative_tokens", speculators_tokens,
-                            "speculators_config.proposal_methods[0].speculative_tokens in config.json")
-                return
-            raise SpeculativeConfigError(
-                "num_speculative_tokens: not given, and the drafter defines no block_size (dflash_config.block_size or "
-                "block_size) to derive it from; vLLM needs it ('A speculative model was provided, but "
-                "num_speculative_tokens was not provided')")
-        report.warn("num_speculative_tokens", requested_tokens, None,
-                    "the drafter defines no block_size: cannot check num_speculative_tokens <= block_size - 1")
+        _no_block_size(report, spec, requested_tokens, speculators_tokens)
         return
-    report.compare("block_size", spec.get("block_size"), block_size,
-                   "the drafter was trained to denoise blocks of %d positions; vLLM takes the block from config.json, "
-                   "it cannot be changed at serve time" % block_size)
+    report.compare(
+        "block_size",
+        spec.get("block_size"),
+        block_size,
+        "the drafter was trained to denoise blocks of %d positions; vLLM takes the block from config.json, "
+        "it cannot be changed at serve time" % block_size,
+    )
     if requested_tokens is None:
-        report.fill(spec, "num_speculative_tokens", block_size - 1,
-                    "block_size %d - 1: a block holds the last accepted token and %d drafted ones" % (block_size, block_size - 1))
+        report.fill(
+            spec,
+            "num_speculative_tokens",
+            block_size - 1,
+            "block_size %d - 1: a block holds the last accepted token and %d drafted ones"
+            % (block_size, block_size - 1),
+        )
     elif requested_tokens > block_size - 1:
-        report.warn("num_speculative_tokens", requested_tokens, block_size - 1,
-                    "more than block_size - 1 = %d: vLLM %s serves it (it does not compare the two), but the drafter "
-                    "was trained to draft %d tokens per block of %d; the positions past them are mostly rejected and "
-                    "cost draft compute" % (block_size - 1, VLLM_VERSION, block_size - 1, block_size))
+        report.warn(
+            "num_speculative_tokens",
+            requested_tokens,
+            block_size - 1,
+            "more than block_size - 1 = %d: vLLM %s serves it (it does not compare the two), but the drafter "
+            "was trained to draft %d tokens per block of %d; the positions past them are mostly rejected and "
+            "cost draft compute" % (block_size - 1, VLLM_VERSION, block_size - 1, block_size),
+        )
     else:
         report.ok("num_speculative_tokens", requested_tokens, block_size - 1, "at most block_size - 1")
 
@@ -282,8 +395,7 @@ def speculators_to_vllm(config):
     aux = config.get("aux_hidden_state_layer_ids")
     if aux is not None:
         converted["eagle_aux_hidden_state_layer_ids"] = aux
-    dflash = {"mask_token_id": config.get("mask_token_id"),
-              "causal": not config.get("sliding_window_non_causal", True)}
+    dflash = {"mask_token_id": config.get("mask_token_id"), "causal": not config.get("sliding_window_non_causal", True)}
     if _int_list(aux):
         dflash["target_layer_ids"] = [i - 1 for i in aux]
     converted["dflash_config"] = dflash
@@ -315,11 +427,19 @@ def _check_dflash(report, spec, config, target_num_layers, environment):
     merged = dict(eagle_config, **dflash_config)  # qwen3_dflash.py: eagle_config updated with dflash_config
     mask_token_id = merged.get("mask_token_id", config.get("mask_token_id"))
     if not isinstance(mask_token_id, int) or isinstance(mask_token_id, bool):
-        report.mismatch("mask_token_id", spec.get("mask_token_id"), mask_token_id,
-                        "config.json defines no integer dflash_config.mask_token_id (nor a top-level mask_token_id): "
-                        "the drafter cannot mark the positions to draft")
+        report.mismatch(
+            "mask_token_id",
+            spec.get("mask_token_id"),
+            mask_token_id,
+            "config.json defines no integer dflash_config.mask_token_id (nor a top-level mask_token_id): "
+            "the drafter cannot mark the positions to draft",
+        )
     else:
-        report.compare("mask_token_id", spec.get("mask_token_id"), mask_token_id,
-                       "the drafter fills the positions to draft with the embedding of token %d; with another token it "
-                       "denoises from an embedding it never saw in training: %s" % (mask_token_id, _COLLAPSE))
+        report.compare(
+            "mask_token_id",
+            spec.get("mask_token_id"),
+            mask_token_id,
+            "the drafter fills the positions to draft with the embedding of token %d; with another token it "
+            "denoises from an embedding it never saw in training: %s" % (mask_token_id, _COLLAPSE),
+        )
     _check_dflash_layout(report, spec, config, dflash_config, environment)

@@ -7,6 +7,7 @@
 What vLLM 0.33 refuses by name or type is refused here, before any drafter is read.
 The tables come from _speculative_vllm.
 """
+
 from __future__ import annotations
 
 import json
@@ -31,13 +32,26 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._speculative_vllm im
 
 
 _FIELD_KINDS = {
-    "method": "str", "model": "str", "quantization": "str", "revision": "str", "code_revision": "str",
-    "attention_backend": "str", "draft_sample_method": "sample_method",
-    "num_speculative_tokens": "positive_int", "draft_tensor_parallel_size": "positive_int",
-    "max_model_len": "positive_int", "prompt_lookup_min": "positive_int", "prompt_lookup_max": "positive_int",
-    "block_size": "positive_int", "sliding_window": "positive_int", "mask_token_id": "non_negative_int",
-    "enforce_eager": "bool", "disable_padded_drafter_batch": "bool", "parallel_drafting": "bool",
-    "target_layer_ids": "layer_ids", "layer_types": "layer_types",
+    "method": "str",
+    "model": "str",
+    "quantization": "str",
+    "revision": "str",
+    "code_revision": "str",
+    "attention_backend": "str",
+    "draft_sample_method": "sample_method",
+    "num_speculative_tokens": "positive_int",
+    "draft_tensor_parallel_size": "positive_int",
+    "max_model_len": "positive_int",
+    "prompt_lookup_min": "positive_int",
+    "prompt_lookup_max": "positive_int",
+    "block_size": "positive_int",
+    "sliding_window": "positive_int",
+    "mask_token_id": "non_negative_int",
+    "enforce_eager": "bool",
+    "disable_padded_drafter_batch": "bool",
+    "parallel_drafting": "bool",
+    "target_layer_ids": "layer_ids",
+    "layer_types": "layer_types",
 }
 
 
@@ -102,9 +116,11 @@ def _method_problem(method):
     reason = REMOVED_METHODS.get(method, "")
     if not reason and isinstance(method, str) and method.endswith("_mtp"):
         reason = "vLLM 0.33 knows only its own list of per-model MTP names (rewritten to mtp); use method mtp"
-    return ("speculative_config.method %r is not a method of vLLM %s%s: its method field accepts only %s and the "
-            "per-model *_mtp names, and any other value fails validation when the server starts" % (
-                method, VLLM_VERSION, " (%s)" % reason if reason else "", ", ".join(VLLM_METHODS[:11])))
+    return (
+        "speculative_config.method %r is not a method of vLLM %s%s: its method field accepts only %s and the "
+        "per-model *_mtp names, and any other value fails validation when the server starts"
+        % (method, VLLM_VERSION, " (%s)" % reason if reason else "", ", ".join(VLLM_METHODS[:11]))
+    )
 
 
 def infer_method(model):
@@ -154,11 +170,17 @@ def parse_requested(requested, allow_fields=(), notes=None):
     if problems:
         raise SpeculativeConfigError("speculative_config has invalid values: %s" % "; ".join(problems))
     if method in ("ngram", "ngram_gpu") and "model" in parsed:
-        notes.append("model: %s drafts from the prompt's own tokens; vLLM %s ignores model=%s for it"
-                     % (method, VLLM_VERSION, parsed["model"]))
-    if method not in (None, "ngram", "ngram_gpu") and any(name in parsed for name in ("prompt_lookup_min", "prompt_lookup_max")):
-        notes.append("prompt_lookup_min/prompt_lookup_max: only the ngram methods use them; vLLM %s sets them to 0 "
-                     "for method %s" % (VLLM_VERSION, method))
+        notes.append(
+            "model: %s drafts from the prompt's own tokens; vLLM %s ignores model=%s for it"
+            % (method, VLLM_VERSION, parsed["model"])
+        )
+    if method not in (None, "ngram", "ngram_gpu") and any(
+        name in parsed for name in ("prompt_lookup_min", "prompt_lookup_max")
+    ):
+        notes.append(
+            "prompt_lookup_min/prompt_lookup_max: only the ngram methods use them; vLLM %s sets them to 0 "
+            "for method %s" % (VLLM_VERSION, method)
+        )
     return parsed
 
 
@@ -170,14 +192,17 @@ def _requested_method(requested, notes):
         if requested.get("model") is None:
             raise SpeculativeConfigError(
                 "speculative_config has neither method nor model: vLLM needs a method (%s) or a drafter model to "
-                "infer it from" % ", ".join(SUPPORTED_METHODS))
+                "infer it from" % ", ".join(SUPPORTED_METHODS)
+            )
         return None
     problem = _method_problem(method)
     if problem:
         raise SpeculativeConfigError(problem)
     if method in MTP_METHODS and method != "mtp":
-        notes.append("method: vLLM %s accepts %r but logs 'method `%s` is deprecated and replaced with mtp' and "
-                     "runs it as mtp; passed to vLLM as mtp" % (VLLM_VERSION, method, method))
+        notes.append(
+            "method: vLLM %s accepts %r but logs 'method `%s` is deprecated and replaced with mtp' and "
+            "runs it as mtp; passed to vLLM as mtp" % (VLLM_VERSION, method, method)
+        )
         requested["method"] = method = "mtp"
     return method
 
@@ -192,17 +217,28 @@ def _refuse_fields(requested, method, allow_fields):
         if name in REFUSED_FIELDS:
             reason = REFUSED_FIELDS[name]
         elif name in DFLASH_DRAFTER_FIELDS:
-            reason = ("not a vLLM field: this module accepts it only with method dflash, as a value checked against "
-                      "the drafter's config.json")
+            reason = (
+                "not a vLLM field: this module accepts it only with method dflash, as a value checked against "
+                "the drafter's config.json"
+            )
         else:
-            reason = ("not a field of vLLM %s's SpeculativeConfig, whose config classes forbid unknown fields: the "
-                      "server fails at start" % VLLM_VERSION)
+            reason = (
+                "not a field of vLLM %s's SpeculativeConfig, whose config classes forbid unknown fields: the "
+                "server fails at start" % VLLM_VERSION
+            )
         refused.append("%s=%s: %s" % (name, _text(value), reason))
     if refused:
-        raise SpeculativeConfigError("speculative_config field(s) refused: %s. Fields vLLM %s accepts: %s%s" % (
-            "; ".join(refused), VLLM_VERSION, ", ".join(VLLM_FIELDS),
-            " (and, checked against config.json for dflash: %s)" % ", ".join(DFLASH_DRAFTER_FIELDS)
-            if method == "dflash" else ""))
+        raise SpeculativeConfigError(
+            "speculative_config field(s) refused: %s. Fields vLLM %s accepts: %s%s"
+            % (
+                "; ".join(refused),
+                VLLM_VERSION,
+                ", ".join(VLLM_FIELDS),
+                " (and, checked against config.json for dflash: %s)" % ", ".join(DFLASH_DRAFTER_FIELDS)
+                if method == "dflash"
+                else "",
+            )
+        )
 
 
 def drafter_config_path(model, drafter_config=None):
@@ -220,7 +256,8 @@ def load_drafter_config(path):
     if not os.path.exists(path):
         raise SpeculativeConfigError(
             "drafter config %s not found on this host. Give a local drafter directory as model (vLLM would download a "
-            "Hugging Face id, this module does not), or point drafter_config at the drafter's config.json" % path)
+            "Hugging Face id, this module does not), or point drafter_config at the drafter's config.json" % path
+        )
     try:
         with open(path, "rb") as handle:
             config = json.loads(handle.read().decode("utf-8"))
@@ -270,6 +307,8 @@ def parse_server_args(args):
             try:
                 found[name] = int(value)
             except ValueError:
-                raise SpeculativeConfigError("--%s %s: vLLM expects an integer there and fails at start otherwise"
-                                             % (name.replace("_", "-"), value or "(no value)")) from None
+                raise SpeculativeConfigError(
+                    "--%s %s: vLLM expects an integer there and fails at start otherwise"
+                    % (name.replace("_", "-"), value or "(no value)")
+                ) from None
     return found

@@ -10,6 +10,7 @@ scan and signal is never hit, and exit is observed by polling the pidfd (readabl
 process has exited: a zombie counts as exited). Where pidfds are unavailable, the start
 time (/proc/PID/stat field 22) is re-read right before every signal instead.
 """
+
 from __future__ import annotations
 
 import os
@@ -71,8 +72,11 @@ class Target:
                 self.pidfd = None  # kernel without pidfd support: fall back to start-time checks
         if not self.same_process():
             self.close()
-            self.gone_before_signal = ("exited before any signal" if _proc.read_start_ticks(self.pid, self.proc) is None
-                                       else "PID reused by another process since the scan: not signalled")
+            self.gone_before_signal = (
+                "exited before any signal"
+                if _proc.read_start_ticks(self.pid, self.proc) is None
+                else "PID reused by another process since the scan: not signalled"
+            )
             return False
         return True
 
@@ -171,8 +175,10 @@ def _report(targets, alive, not_signalled, started):
         if target in alive:
             state = target.state()
             if state == "D":
-                reason = ("unkillable: in uninterruptible sleep (D), most likely stuck inside the driver; SIGKILL is pending "
-                          "and takes effect only when the call returns. Next step: a GPU reset (nvidia-smi --gpu-reset) or a reboot")
+                reason = (
+                    "unkillable: in uninterruptible sleep (D), most likely stuck inside the driver; SIGKILL is pending "
+                    "and takes effect only when the call returns. Next step: a GPU reset (nvidia-smi --gpu-reset) or a reboot"
+                )
             else:
                 reason = "still running after SIGKILL (state %s)" % state
             survived.append(dict(entry, state=state, reason=reason))

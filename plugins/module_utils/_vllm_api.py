@@ -25,6 +25,7 @@ Source of every metric name and formula: vLLM 0.33 vllm/v1/metrics/loggers.py (P
 and vllm/v1/spec_decode/metrics.py (SpecDecodingProm, SpecDecodingLogging). With `--disable-log-stats`
 vLLM creates no stat logger: /metrics then carries no `vllm:` metric at all.
 """
+
 from __future__ import annotations
 
 import json
@@ -48,8 +49,10 @@ WAITING = "vllm:num_requests_waiting"
 # vLLM 0.33 labels every metric with model_name = the FIRST served model name only (vllm/config/model.py
 # get_served_model_name, vllm/v1/metrics/loggers.py); scripts/check_vllm_source.py checks this against the wheel.
 METRIC_MODEL_NAME = "first"
-NO_LOG_STATS = ("/metrics carries no vllm: metric at all: the server runs with --disable-log-stats (vLLM then creates no "
-                "stat logger), so acceptance cannot be measured; remove --disable-log-stats to gate on acceptance")
+NO_LOG_STATS = (
+    "/metrics carries no vllm: metric at all: the server runs with --disable-log-stats (vLLM then creates no "
+    "stat logger), so acceptance cannot be measured; remove --disable-log-stats to gate on acceptance"
+)
 
 DEFAULT_PROMPTS = (
     "Explain in a few sentences why GPU memory must be released before a new server can use it.",
@@ -149,10 +152,18 @@ def acceptance_from_counters(before, after):
     for key in ("drafts", "draft_tokens", "accepted_tokens"):
         delta[key] = int(round(after[key] - before[key]))
         if delta[key] < 0:
-            raise VllmApiError("%s went down from %d to %d during the warm-up: the server restarted" % (key, before[key], after[key]))
+            raise VllmApiError(
+                "%s went down from %d to %d during the warm-up: the server restarted" % (key, before[key], after[key])
+            )
     positions = sorted(set(after["accepted_per_position"]) | set(before["accepted_per_position"]))
-    per_position = [int(round(after["accepted_per_position"].get(k, 0.0) - before["accepted_per_position"].get(k, 0.0)))
-                    for k in range(positions[-1] + 1)] if positions else []
+    per_position = (
+        [
+            int(round(after["accepted_per_position"].get(k, 0.0) - before["accepted_per_position"].get(k, 0.0)))
+            for k in range(positions[-1] + 1)
+        ]
+        if positions
+        else []
+    )
     drafts, draft_tokens = delta["drafts"], delta["draft_tokens"]
     delta["accepted_per_position"] = per_position
     delta["acceptance_rate"] = round(delta["accepted_tokens"] / draft_tokens, 4) if draft_tokens else None
@@ -186,8 +197,15 @@ class Client:
             headers["Content-Type"] = "application/json"
             data = json.dumps(payload)
         try:
-            response = Request().open("POST" if payload is not None else "GET", self.base_url + path, data=data, headers=headers,
-                                      timeout=self.timeout, validate_certs=self.validate_certs, context=self.tls)
+            response = Request().open(
+                "POST" if payload is not None else "GET",
+                self.base_url + path,
+                data=data,
+                headers=headers,
+                timeout=self.timeout,
+                validate_certs=self.validate_certs,
+                context=self.tls,
+            )
             return response.getcode(), response.read().decode("utf-8", "replace")
         except HTTPError as exc:
             body = exc.read().decode("utf-8", "replace") if exc.fp is not None else ""
@@ -201,8 +219,11 @@ class Client:
         """request() whose 200 answer must be a JSON object; VllmApiError otherwise (with the status and body)."""
         status, body = self.request(path, payload)
         if status != 200:
-            raise VllmApiError(("%s %s: HTTP %d %s" % ("POST" if payload is not None else "GET", path, status, _brief(body))).rstrip()
-                               + (" (wrong or missing API key)" if status == 401 else ""), status)
+            raise VllmApiError(
+                ("%s %s: HTTP %d %s" % ("POST" if payload is not None else "GET", path, status, _brief(body))).rstrip()
+                + (" (wrong or missing API key)" if status == 401 else ""),
+                status,
+            )
         try:
             answer = json.loads(body)
         except ValueError:
@@ -213,7 +234,9 @@ class Client:
 
     def complete(self, model, prompt, max_tokens):
         """One /v1/completions request at temperature 0; returns (text, completion tokens)."""
-        answer = self.json("/v1/completions", {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0})
+        answer = self.json(
+            "/v1/completions", {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
+        )
         choices = answer.get("choices") or [{}]
         usage = answer.get("usage") or {}
         return choices[0].get("text", ""), int(usage.get("completion_tokens") or 0)
@@ -254,7 +277,9 @@ def _check_ready(client, served_model_name, completion_max_tokens):
     if not completion_max_tokens:
         return "ready", True, "healthy", models, None
     started = time.monotonic()
-    answer, error = _ask("POST /v1/completions", lambda: client.complete(served_model_name, "Hello", completion_max_tokens))
+    answer, error = _ask(
+        "POST /v1/completions", lambda: client.complete(served_model_name, "Hello", completion_max_tokens)
+    )
     if error:
         return "completion", False, error, models, None
     text, tokens = answer
@@ -270,7 +295,21 @@ def _process_id(process, proc="/proc"):
     return _proc.ProcessId(*process)
 
 
-def wait_ready(client, served_model_name, timeout, poll_interval=2.0, process=None, completion_max_tokens=4, proc="/proc"):
+def _not_running_msg(pid, attempts, started, last_error):
+    """wait_ready's message when the server process `pid` (0: none) does not run: it exited after `attempts` looks
+    since `started` (time.monotonic()), or before the first one."""
+    if attempts:
+        return "the server process (PID %d) exited after %.1f s, before it was ready (last: %s)" % (
+            pid,
+            time.monotonic() - started,
+            last_error or "no answer yet",
+        )
+    return "the server process (PID %d) is not running" % pid if pid else "no server process is running"
+
+
+def wait_ready(
+    client, served_model_name, timeout, poll_interval=2.0, process=None, completion_max_tokens=4, proc="/proc"
+):
     """Poll until the server is ready (see module docstring), `timeout` seconds at most (0: one look).
 
     `process`: the server's process, a PID or a (PID, start_ticks) pair as in a detached_process pidfile
@@ -281,14 +320,21 @@ def wait_ready(client, served_model_name, timeout, poll_interval=2.0, process=No
     """
     started = time.monotonic()
     process = _process_id(process, proc)
-    result = {"ready": False, "stage": "health", "last_error": None, "models": None, "completion": None, "healthy_after_s": None,
-              "elapsed_s": 0.0, "attempts": 0, "process_exited": False}
+    result = {
+        "ready": False,
+        "stage": "health",
+        "last_error": None,
+        "models": None,
+        "completion": None,
+        "healthy_after_s": None,
+        "elapsed_s": 0.0,
+        "attempts": 0,
+        "process_exited": False,
+    }
     while True:
         if process is not None and not process.alive(proc):
             result["process_exited"] = True
-            result["msg"] = ("the server process (PID %d) exited after %.1f s, before it was ready (last: %s)" % (
-                process[0], time.monotonic() - started, result["last_error"] or "no answer yet")) if result["attempts"] else (
-                "the server process (PID %d) is not running" % process[0] if process[0] else "no server process is running")
+            result["msg"] = _not_running_msg(process[0], result["attempts"], started, result["last_error"])
             break
         result["attempts"] += 1
         try:
@@ -301,8 +347,12 @@ def wait_ready(client, served_model_name, timeout, poll_interval=2.0, process=No
         if stage in ("completion", "ready") and result["healthy_after_s"] is None:
             result["healthy_after_s"] = round(time.monotonic() - started, 3)
         if ready:
-            result.update(ready=True, completion=completion, last_error=None,
-                          msg="ready after %.1f s" % (time.monotonic() - started))
+            result.update(
+                ready=True,
+                completion=completion,
+                last_error=None,
+                msg="ready after %.1f s" % (time.monotonic() - started),
+            )
             break
         result["last_error"] = seen
         remaining = timeout - (time.monotonic() - started)
@@ -324,8 +374,10 @@ def _read_counters(client, served_model_name, when, what="the warm-up"):
     if counters is None:
         if not any(name.startswith("vllm:") for name, _labels, _value in samples):
             raise VllmApiError(NO_LOG_STATS)
-        raise VllmApiError("/metrics has no vllm:spec_decode_* counters for %r%s %s %s: speculative decoding is not enabled"
-                           % (served_model_name, " (labelled %r)" % label if label != served_model_name else "", when, what))
+        raise VllmApiError(
+            "/metrics has no vllm:spec_decode_* counters for %r%s %s %s: speculative decoding is not enabled"
+            % (served_model_name, " (labelled %r)" % label if label != served_model_name else "", when, what)
+        )
     return counters
 
 
@@ -349,27 +401,42 @@ def metric_model_name(client, served_model_name, samples):
     name of the same server is read under the first one. `note` says so (None when the name is the label).
     Raises VllmApiError when the server exports metrics under other names and does not serve `served_model_name`.
     """
-    labels = sorted({labels["model_name"] for name, labels, _value in samples
-                     if name.startswith("vllm:") and "model_name" in labels})
+    labels = sorted(
+        {
+            labels["model_name"]
+            for name, labels, _value in samples
+            if name.startswith("vllm:") and "model_name" in labels
+        }
+    )
     if served_model_name is None or not labels or served_model_name in labels:
         return served_model_name, None
     names = served_names(client)
     if names and served_model_name in names:
-        return names[0], ("%r is another name of this server: vLLM labels its metrics with the first served name, %r"
-                          % (served_model_name, names[0]))
+        return names[0], (
+            "%r is another name of this server: vLLM labels its metrics with the first served name, %r"
+            % (served_model_name, names[0])
+        )
     if names:
-        raise VllmApiError("the server does not serve %r: GET /v1/models lists %s, and /metrics is labelled model_name=%s"
-                           % (served_model_name, names, ", ".join(labels)))
+        raise VllmApiError(
+            "the server does not serve %r: GET /v1/models lists %s, and /metrics is labelled model_name=%s"
+            % (served_model_name, names, ", ".join(labels))
+        )
     if len(labels) == 1:
-        return labels[0], ("GET /v1/models gave no listing; /metrics carries one model_name, %r (vLLM labels its "
-                           "metrics with the first served name): read as the metrics of %r" % (labels[0], served_model_name))
-    raise VllmApiError("/metrics is labelled model_name=%s, not %r, and GET /v1/models gave no listing to tell which "
-                       "is this server's first name" % (", ".join(labels), served_model_name))
+        return labels[0], (
+            "GET /v1/models gave no listing; /metrics carries one model_name, %r (vLLM labels its "
+            "metrics with the first served name): read as the metrics of %r" % (labels[0], served_model_name)
+        )
+    raise VllmApiError(
+        "/metrics is labelled model_name=%s, not %r, and GET /v1/models gave no listing to tell which "
+        "is this server's first name" % (", ".join(labels), served_model_name)
+    )
 
 
 def _raw(counters):
     counters = dict(counters)
-    counters["accepted_per_position"] = [counters["accepted_per_position"][k] for k in sorted(counters["accepted_per_position"])]
+    counters["accepted_per_position"] = [
+        counters["accepted_per_position"][k] for k in sorted(counters["accepted_per_position"])
+    ]
     return counters
 
 
@@ -431,16 +498,25 @@ def drain(client, served_model_name, timeout, poll_interval=1.0, sleep=time.slee
     `served_model_name`.
     """
     started = time.monotonic()
-    result = {"drained": False, "running_at_start": None, "waiting_at_start": None, "running": None, "waiting": None,
-              "drain_s": 0.0, "polls": 0, "reachable": True, "metrics": True, "metrics_model_name": None}
+    result = {
+        "drained": False,
+        "running_at_start": None,
+        "waiting_at_start": None,
+        "running": None,
+        "waiting": None,
+        "drain_s": 0.0,
+        "polls": 0,
+        "reachable": True,
+        "metrics": True,
+        "metrics_model_name": None,
+    }
     label = note = None
     while True:
         result["polls"] += 1
         try:
             samples = read_samples(client)
         except (ConnectionError, VllmApiError) as exc:
-            result.update(reachable=False, drained=True,
-                          msg="the server does not answer (%s): nothing to drain" % exc)
+            result.update(reachable=False, drained=True, msg="the server does not answer (%s): nothing to drain" % exc)
             break
         if result["polls"] == 1:
             label, note = metric_model_name(client, served_model_name, samples)  # VllmApiError: not this server's name
@@ -453,13 +529,9 @@ def drain(client, served_model_name, timeout, poll_interval=1.0, sleep=time.slee
         if result["running_at_start"] is None:
             result["running_at_start"], result["waiting_at_start"] = load
         elapsed = time.monotonic() - started
-        if load == (0, 0):
-            result.update(drained=True, msg="drained after %.1f s: no request running or waiting (%s running, %s waiting at the start)"
-                          % (elapsed, result["running_at_start"], result["waiting_at_start"]))
-            break
-        if elapsed >= timeout:
-            result["msg"] = ("not drained within %.0f s: %s request(s) running, %s waiting at the stop (%s and %s at the start)"
-                             % (timeout, load[0], load[1], result["running_at_start"], result["waiting_at_start"]))
+        stop = _drain_stop(load, elapsed, timeout, (result["running_at_start"], result["waiting_at_start"]))
+        if stop is not None:
+            result["drained"], result["msg"] = stop
             break
         sleep(min(poll_interval, max(0.0, timeout - elapsed)))
     result["drain_s"] = round(time.monotonic() - started, 3)
@@ -468,13 +540,33 @@ def drain(client, served_model_name, timeout, poll_interval=1.0, sleep=time.slee
     return result
 
 
+def _drain_stop(load, elapsed, timeout, at_start):
+    """(drained, msg) when a drain stops at this (running, waiting) `load`, `elapsed` seconds in: no request is left,
+    or `timeout` has passed; None to poll again. `at_start`: (running, waiting) at the first reading."""
+    if load == (0, 0):
+        return True, "drained after %.1f s: no request running or waiting (%s running, %s waiting at the start)" % (
+            elapsed,
+            *at_start,
+        )
+    if elapsed >= timeout:
+        return False, (
+            "not drained within %.0f s: %s request(s) running, %s waiting at the stop (%s and %s at the start)"
+            % (timeout, load[0], load[1], *at_start)
+        )
+    return None
+
+
 def _no_gauge(samples, label):
     """Why a drain sees no scheduler gauge: no vllm: metric at all (--disable-log-stats), or none under `label`."""
     if server_load(samples) is None:
-        return ("/metrics has no %s gauge (--disable-log-stats?): in-flight requests cannot be seen; the server's own "
-                "--shutdown-timeout decides what finishes" % RUNNING)
-    return ("/metrics has %s gauges, but none labelled model_name=%r: in-flight requests of this name cannot be seen"
-            % (RUNNING, label))
+        return (
+            "/metrics has no %s gauge (--disable-log-stats?): in-flight requests cannot be seen; the server's own "
+            "--shutdown-timeout decides what finishes" % RUNNING
+        )
+    return "/metrics has %s gauges, but none labelled model_name=%r: in-flight requests of this name cannot be seen" % (
+        RUNNING,
+        label,
+    )
 
 
 def stop_main_process(record, timeout, session=True, proc="/proc"):
@@ -493,15 +585,22 @@ def stop_main_process(record, timeout, session=True, proc="/proc"):
         result["signalled"] = target.send(signal.SIGTERM)
         deadline = started + timeout
         while True:
-            left = _detached.session_members(record, proc) if session else ([] if target.exited() else [{"pid": record[0]}])
+            left = (
+                _detached.session_members(record, proc)
+                if session
+                else ([] if target.exited() else [{"pid": record[0]}])
+            )
             left = [member for member in left if member["pid"] != record[0] or not target.exited()]
             if not left or time.monotonic() >= deadline:
                 break
             time.sleep(0.05)
     finally:
         target.close()
-    result.update(exited=not left, left=[{"pid": m["pid"], "comm": m.get("comm")} for m in left],
-                  stop_s=round(time.monotonic() - started, 3))
+    result.update(
+        exited=not left,
+        left=[{"pid": m["pid"], "comm": m.get("comm")} for m in left],
+        stop_s=round(time.monotonic() - started, 3),
+    )
     return result
 
 
@@ -521,7 +620,15 @@ def measure_acceptance(client, served_model_name, prompts, max_tokens):
     after = _read_counters(client, served_model_name, "after")
     result = acceptance_from_counters(before, after)
     for counters in (before, after):
-        counters["accepted_per_position"] = [counters["accepted_per_position"][k] for k in sorted(counters["accepted_per_position"])]
-    result.update(completions=len(prompts), completion_tokens=completion_tokens, elapsed_s=round(elapsed, 3),
-                  tokens_per_s=round(completion_tokens / elapsed, 1) if elapsed > 0 else None, before=before, after=after)
+        counters["accepted_per_position"] = [
+            counters["accepted_per_position"][k] for k in sorted(counters["accepted_per_position"])
+        ]
+    result.update(
+        completions=len(prompts),
+        completion_tokens=completion_tokens,
+        elapsed_s=round(elapsed, 3),
+        tokens_per_s=round(completion_tokens / elapsed, 1) if elapsed > 0 else None,
+        before=before,
+        after=after,
+    )
     return result

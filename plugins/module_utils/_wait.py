@@ -9,6 +9,7 @@ The driver frees a dead process's memory some time after its last handle closes 
 is stuck in the driver). So the wait polls, it never sleeps a fixed time. The words of a wait that did not end
 with its GPUs free, and the operator's next step, are `_advice`'s.
 """
+
 from __future__ import annotations
 
 import time
@@ -30,8 +31,16 @@ WAIT_ARGS = dict(
 )
 
 
-def wait_released(inspector, selection, timeout, max_used_mib=DEFAULT_MAX_USED_MIB, poll_interval=DEFAULT_POLL_INTERVAL_S,
-                  clock=time.monotonic, sleep=time.sleep, first=None):
+def wait_released(
+    inspector,
+    selection,
+    timeout,
+    max_used_mib=DEFAULT_MAX_USED_MIB,
+    poll_interval=DEFAULT_POLL_INTERVAL_S,
+    clock=time.monotonic,
+    sleep=time.sleep,
+    first=None,
+):
     """Poll snapshots until every GPU `selection` (a _select.Selection) selects is released or `timeout` seconds pass.
 
     Returns {"released" (bool), "elapsed_s", "polls", "gpus" (_release.gpu_status of the last poll),
@@ -51,9 +60,13 @@ def wait_released(inspector, selection, timeout, max_used_mib=DEFAULT_MAX_USED_M
         if first is not None:
             snapshot, first = first, None
         else:
-            snapshot = inspector.snapshot(timeout=max(0.0, deadline - clock()) + NVML_SLACK_S, scope="listed",
-                                          indices=selection.indices, tolerance_mib=max_used_mib,
-                                          owners=bool(selection.owners))
+            snapshot = inspector.snapshot(
+                timeout=max(0.0, deadline - clock()) + NVML_SLACK_S,
+                scope="listed",
+                indices=selection.indices,
+                tolerance_mib=max_used_mib,
+                owners=bool(selection.owners),
+            )
         status = _release.gpu_status(selection, snapshot, max_used_mib)
         done = all(gpu["released"] for gpu in status)
         now = clock()
@@ -61,8 +74,14 @@ def wait_released(inspector, selection, timeout, max_used_mib=DEFAULT_MAX_USED_M
         pending = [gpu for gpu in status if not gpu["released"]]
         hopeless = snapshot["driver"]["timed_out"] or (pending and all(gpu.get("error") for gpu in pending))
         if done or now >= deadline or hopeless:
-            return {"released": done and not snapshot["driver"]["timed_out"], "elapsed_s": round(now - start, 3), "polls": polls,
-                    "gpus": status, "driver": snapshot["driver"], "snapshot": snapshot}
+            return {
+                "released": done and not snapshot["driver"]["timed_out"],
+                "elapsed_s": round(now - start, 3),
+                "polls": polls,
+                "gpus": status,
+                "driver": snapshot["driver"],
+                "snapshot": snapshot,
+            }
         sleep(min(poll_interval, max(0.0, deadline - now)))
 
 
@@ -84,8 +103,14 @@ def conclude(result, driver_timeout, single_look=False):
     for gpu in stuck:
         gpu["next_step"] = _advice.next_step(gpu)
     if driver["timed_out"]:
-        return ("NVML did not answer within driver_timeout (%s s): the driver may be hung (%s); GPU memory release "
-                "could not be confirmed%s. Next: look for Xid errors in the kernel log (dmesg) and check nvidia-smi; a "
-                "hung driver needs a GPU reset or a reboot" % (driver_timeout, driver["error"], _advice.found_by_scan(stuck)))
-    return "%s: %s%s" % ("not free" if single_look else "not released after %.1f s" % result["elapsed_s"],
-                         "; ".join(_advice.describe(gpu) for gpu in stuck), left)
+        return (
+            "NVML did not answer within driver_timeout (%s s): the driver may be hung (%s); GPU memory release "
+            "could not be confirmed%s. Next: look for Xid errors in the kernel log (dmesg) and check nvidia-smi; a "
+            "hung driver needs a GPU reset or a reboot"
+            % (driver_timeout, driver["error"], _advice.found_by_scan(stuck))
+        )
+    return "%s: %s%s" % (
+        "not free" if single_look else "not released after %.1f s" % result["elapsed_s"],
+        "; ".join(_advice.describe(gpu) for gpu in stuck),
+        left,
+    )

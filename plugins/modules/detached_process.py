@@ -174,24 +174,45 @@ def ensure_started(module):
     params = module.params
     record = _detached.read_pidfile(params["pidfile"])
     if record is not None and record.alive():
-        return dict(changed=False, pid=record[0], start_ticks=record[1], running_cmdline=_proc.read_cmdline(record[0]),
-                    msg="already running as PID %d" % record[0])
+        return dict(
+            changed=False,
+            pid=record[0],
+            start_ticks=record[1],
+            running_cmdline=_proc.read_cmdline(record[0]),
+            msg="already running as PID %d" % record[0],
+        )
     if module.check_mode:
         return dict(changed=True, pid=None, msg="would start %s" % params["argv"][0])
-    pid, start_ticks, log_offset = _detached.start(params["argv"], params["log_file"], params["environment"],
-                                                   params["environment_files"], params["cwd"], params["inherit_environment"])
+    pid, start_ticks, log_offset = _detached.start(
+        params["argv"],
+        params["log_file"],
+        params["environment"],
+        params["environment_files"],
+        params["cwd"],
+        params["inherit_environment"],
+    )
     _detached.write_pidfile(params["pidfile"], pid, start_ticks)
-    return dict(changed=True, pid=pid, start_ticks=start_ticks, log_offset=log_offset,
-                msg="started PID %d, log in %s" % (pid, params["log_file"]))
+    return dict(
+        changed=True,
+        pid=pid,
+        start_ticks=start_ticks,
+        log_offset=log_offset,
+        msg="started PID %d, log in %s" % (pid, params["log_file"]),
+    )
 
 
 def ensure_stopped(module):
     params = module.params
     result = _detached.stop(params["pidfile"], params["grace_period"], params["kill_wait"], module.check_mode)
     if result["survived"]:
-        module.fail_json(msg="%d process(es) of the session survived SIGKILL: %s" % (
-            len(result["survived"]), "; ".join("PID %s (%s): %s" % (s["pid"], s["comm"], s["reason"]) for s in result["survived"])),
-            **result)
+        module.fail_json(
+            msg="%d process(es) of the session survived SIGKILL: %s"
+            % (
+                len(result["survived"]),
+                "; ".join("PID %s (%s): %s" % (s["pid"], s["comm"], s["reason"]) for s in result["survived"]),
+            ),
+            **result,
+        )
     if module.check_mode:
         result["msg"] = "would signal %d process(es)" % len(result["would_signal"])
     elif result["pid"] is None:

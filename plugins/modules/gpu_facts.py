@@ -271,14 +271,19 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils import _advice, _gpu
 
 def main():
     module = AnsibleModule(
-        argument_spec=dict(driver_timeout=_gpus.SELECTION_ARGS["driver_timeout"],
-                           max_used_mib=dict(type="int", default=_gpus.DEFAULT_TOLERANCE_MIB)),
+        argument_spec=dict(
+            driver_timeout=_gpus.SELECTION_ARGS["driver_timeout"],
+            max_used_mib=dict(type="int", default=_gpus.DEFAULT_TOLERANCE_MIB),
+        ),
         supports_check_mode=True,
     )
     _gpus.check_libraries(module, missing_required_lib)
     try:
-        _options.check_numbers(positive=("driver_timeout",), driver_timeout=module.params["driver_timeout"],
-                               max_used_mib=module.params["max_used_mib"])
+        _options.check_numbers(
+            positive=("driver_timeout",),
+            driver_timeout=module.params["driver_timeout"],
+            max_used_mib=module.params["max_used_mib"],
+        )
     except _options.OptionError as exc:
         module.fail_json(msg=str(exc))
     inspector = _gpus.Inspector(driver_timeout=module.params["driver_timeout"])
@@ -289,8 +294,10 @@ def main():
     for note in _advice.exited_notes(view) + view["scan_problems"]:
         module.warn(note)
     if not view["driver"]["available"]:
-        module.warn("NVIDIA driver library not usable (%s): GPU memory is unknown; holders are the CUDA processes "
-                    "holding device files, from the /proc scan alone" % view["driver"]["error"])
+        module.warn(
+            "NVIDIA driver library not usable (%s): GPU memory is unknown; holders are the CUDA processes "
+            "holding device files, from the /proc scan alone" % view["driver"]["error"]
+        )
     module.exit_json(changed=False, ansible_facts={"nvidia": view})
 
 

@@ -373,14 +373,19 @@ def main():
             stop_spanning_owners=dict(type="bool", default=False),
             wait=dict(type="bool", default=False),
             wait_timeout=dict(type="float", default=60.0),
-            **dict(_wait.WAIT_ARGS, **_select.HOLDER_ARGS, **_gpus.SELECTION_ARGS)
+            **dict(_wait.WAIT_ARGS, **_select.HOLDER_ARGS, **_gpus.SELECTION_ARGS),
         ),
         supports_check_mode=True,
     )
     _gpus.check_libraries(module, missing_required_lib)
     # _load_params: the arguments as passed, where a null selection option is still there (params says None).
-    outcome = _kill.run(module.params, given=_load_params(), check_mode=module.check_mode,
-                        run_command=module.run_command, which=module.get_bin_path)
+    outcome = _kill.run(
+        module.params,
+        given=_load_params(),
+        check_mode=module.check_mode,
+        run_command=module.run_command,
+        which=module.get_bin_path,
+    )
     for warning in outcome.warnings:
         module.warn(warning)
     if outcome.failed:

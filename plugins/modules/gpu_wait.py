@@ -210,15 +210,20 @@ def main():
             timeout=dict(type="float", default=60.0),
             require_memory=dict(type="bool", default=False),
             return_after=dict(type="bool", default=True),
-            **dict(_wait.WAIT_ARGS, **_select.HOLDER_ARGS, **_gpus.SELECTION_ARGS)
+            **dict(_wait.WAIT_ARGS, **_select.HOLDER_ARGS, **_gpus.SELECTION_ARGS),
         ),
         supports_check_mode=True,
     )
     _gpus.check_libraries(module, missing_required_lib)
     params = module.params
     try:
-        _options.check_numbers(positive=("driver_timeout",), timeout=params["timeout"], max_used_mib=params["max_used_mib"],
-                               poll_interval=params["poll_interval"], driver_timeout=params["driver_timeout"])
+        _options.check_numbers(
+            positive=("driver_timeout",),
+            timeout=params["timeout"],
+            max_used_mib=params["max_used_mib"],
+            poll_interval=params["poll_interval"],
+            driver_timeout=params["driver_timeout"],
+        )
         # _load_params: the arguments as passed, where a null selection option is still there (params says None).
         checked = _select.check_options(params, given=_load_params())
     except _options.OptionError as exc:
@@ -234,8 +239,14 @@ def main():
         # The first look serves as the wait's first poll (one NVML query and one scan where the GPUs are free), unless
         # owner filters need the owners that a listed-PIDs look leaves out.
         reuse = not selection.owners or first["scan"] == "full"
-        result = _wait.wait_released(inspector, selection, params["timeout"], params["max_used_mib"], params["poll_interval"],
-                                     first=first if reuse else None)
+        result = _wait.wait_released(
+            inspector,
+            selection,
+            params["timeout"],
+            params["max_used_mib"],
+            params["poll_interval"],
+            first=first if reuse else None,
+        )
         result["after"] = result.pop("snapshot")
     finally:
         inspector.close()
@@ -246,14 +257,19 @@ def finish(module, params, result):
     """exit_json when released, else fail_json with one line per GPU that says why and what to do next."""
     driver = result["driver"]
     if not driver["available"] and not driver["timed_out"]:
-        module.warn("NVIDIA driver library not usable (%s): waited for holders from the /proc scan alone; "
-                    "memory release is not confirmed" % driver["error"])
+        module.warn(
+            "NVIDIA driver library not usable (%s): waited for holders from the /proc scan alone; "
+            "memory release is not confirmed" % driver["error"]
+        )
     msg = _wait.conclude(result, params["driver_timeout"], params["timeout"] == 0)
     if not params["return_after"]:
         del result["after"]
     if result["released"] and not result["memory_checked"] and params["require_memory"]:
-        msg = ("not checked: %s; next: make the NVIDIA driver library usable on this host (libnvidia-ml.so.1 and the "
-               "nvidia-ml-py package), or accept a check from /proc alone (require_memory=false)" % _advice.describe_unread(result))
+        msg = (
+            "not checked: %s; next: make the NVIDIA driver library usable on this host (libnvidia-ml.so.1 and the "
+            "nvidia-ml-py package), or accept a check from /proc alone (require_memory=false)"
+            % _advice.describe_unread(result)
+        )
         module.fail_json(msg=msg, changed=False, **result)
     if result["released"]:
         module.exit_json(changed=False, msg=msg, **result)

@@ -182,8 +182,12 @@ def main():
     if not prompts or params["max_tokens"] < 1:
         module.fail_json(msg="the warm-up needs at least one prompt and max_tokens >= 1")
     try:
-        _options.check_numbers(positive=("window",), window=params["window"], request_timeout=params["request_timeout"],
-                               min_acceptance_rate=params["min_acceptance_rate"])
+        _options.check_numbers(
+            positive=("window",),
+            window=params["window"],
+            request_timeout=params["request_timeout"],
+            min_acceptance_rate=params["min_acceptance_rate"],
+        )
     except _options.OptionError as exc:
         module.fail_json(msg=str(exc))
     if params["min_acceptance_rate"] is not None and params["min_acceptance_rate"] > 1:
@@ -196,11 +200,18 @@ def main():
     except (_vllm_api.VllmApiError, ConnectionError) as exc:
         module.fail_json(msg="%s: acceptance not measured: %s" % (params["url"], exc))
     if result["acceptance_rate"] is None:
-        module.fail_json(msg="%s: no draft token was counted during the warm-up of %d completion(s): speculative decoding is not active"
-                         % (params["url"], result["completions"]), **result)
+        module.fail_json(
+            msg="%s: no draft token was counted during the warm-up of %d completion(s): speculative decoding is not active"
+            % (params["url"], result["completions"]),
+            **result,
+        )
     summary = "acceptance rate %.1f%% (%d of %d draft tokens), mean acceptance length %.2f, %s tok/s" % (
-        100 * result["acceptance_rate"], result["accepted_tokens"], result["draft_tokens"], result["mean_acceptance_length"],
-        result["tokens_per_s"])
+        100 * result["acceptance_rate"],
+        result["accepted_tokens"],
+        result["draft_tokens"],
+        result["mean_acceptance_length"],
+        result["tokens_per_s"],
+    )
     threshold = params["min_acceptance_rate"]
     if threshold is not None and result["acceptance_rate"] < threshold:
         module.fail_json(msg="%s: %s is below the minimum %.1f%%" % (params["url"], summary, 100 * threshold), **result)
@@ -214,11 +225,19 @@ def watch(module, client, params):
     except (_vllm_api.VllmApiError, ConnectionError) as exc:
         module.fail_json(msg="%s: acceptance not measured: %s" % (params["url"], exc))
     if result["acceptance_rate"] is None:
-        module.exit_json(changed=False, msg="%s: no draft in %.0f s: no speculative traffic to judge" % (params["url"], result["window_s"]),
-                         **result)
+        module.exit_json(
+            changed=False,
+            msg="%s: no draft in %.0f s: no speculative traffic to judge" % (params["url"], result["window_s"]),
+            **result,
+        )
     summary = "acceptance rate %.1f%% (%d of %d draft tokens), mean acceptance length %.2f (%d drafts) over %.0f s" % (
-        100 * result["acceptance_rate"], result["accepted_tokens"], result["draft_tokens"], result["mean_acceptance_length"],
-        result["drafts"], result["window_s"])
+        100 * result["acceptance_rate"],
+        result["accepted_tokens"],
+        result["draft_tokens"],
+        result["mean_acceptance_length"],
+        result["drafts"],
+        result["window_s"],
+    )
     threshold = params["min_acceptance_rate"]
     if threshold is not None and result["acceptance_rate"] < threshold:
         module.fail_json(msg="%s: %s is below the minimum %.1f%%" % (params["url"], summary, 100 * threshold), **result)

@@ -155,6 +155,21 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpuops.nvidia.plugins.module_utils import _detached, _options, _proc, _vllm_api
 
 
+def _main_process(module):
+    """The (PID, start_ticks) of the server's main process from O(pidfile) or O(pid); None when neither is given or
+    the PID does not run. Fails the module when the pidfile cannot be read."""
+    params = module.params
+    if params["pidfile"]:
+        try:
+            return _detached.read_pidfile(params["pidfile"])
+        except _detached.DetachedError as exc:
+            module.fail_json(msg=str(exc))
+    elif params["pid"]:
+        ticks = _proc.read_start_ticks(params["pid"])
+        return (params["pid"], ticks) if ticks is not None else None
+    return None
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
@@ -173,23 +188,21 @@ def main():
     )
     params = module.params
     try:
-        _options.check_numbers(positive=("poll_interval",), timeout=params["timeout"], poll_interval=params["poll_interval"],
-                               request_timeout=params["request_timeout"], grace_period=params["grace_period"])
+        _options.check_numbers(
+            positive=("poll_interval",),
+            timeout=params["timeout"],
+            poll_interval=params["poll_interval"],
+            request_timeout=params["request_timeout"],
+            grace_period=params["grace_period"],
+        )
     except _options.OptionError as exc:
         module.fail_json(msg=str(exc))
-    record = None
-    if params["pidfile"]:
-        try:
-            record = _detached.read_pidfile(params["pidfile"])
-        except _detached.DetachedError as exc:
-            module.fail_json(msg=str(exc))
-    elif params["pid"]:
-        ticks = _proc.read_start_ticks(params["pid"])
-        record = (params["pid"], ticks) if ticks is not None else None
+    record = _main_process(module)
     client = _vllm_api.Client(params["url"], params["api_key"], params["request_timeout"], params["validate_certs"])
     try:
-        result = _vllm_api.drain(client, params["served_model_name"], 0 if module.check_mode else params["timeout"],
-                                 params["poll_interval"])
+        result = _vllm_api.drain(
+            client, params["served_model_name"], 0 if module.check_mode else params["timeout"], params["poll_interval"]
+        )
     except _vllm_api.VllmApiError as exc:
         module.fail_json(msg="%s: %s; nothing was signalled" % (params["url"], exc))
     msg = "%s: %s" % (params["url"], result.pop("msg"))
@@ -200,7 +213,10 @@ def main():
         stop = result["stop"]
         if stop["signalled"]:
             msg += "; SIGTERM to PID %d: %s after %.1f s" % (
-                stop["pid"], "exited" if stop["exited"] else "%d process(es) left" % len(stop["left"]), stop["stop_s"])
+                stop["pid"],
+                "exited" if stop["exited"] else "%d process(es) left" % len(stop["left"]),
+                stop["stop_s"],
+            )
         if stop["left"] and params["fail_on_survivors"]:
             module.fail_json(msg=msg, changed=stop["signalled"], **result)
     changed = bool(result["stop"] and result["stop"]["signalled"])

@@ -142,8 +142,12 @@ def main():
     )
     params = module.params
     try:
-        _options.check_numbers(timeout=params["timeout"], poll_interval=params["poll_interval"],
-                               request_timeout=params["request_timeout"], completion_max_tokens=params["completion_max_tokens"])
+        _options.check_numbers(
+            timeout=params["timeout"],
+            poll_interval=params["poll_interval"],
+            request_timeout=params["request_timeout"],
+            completion_max_tokens=params["completion_max_tokens"],
+        )
     except _options.OptionError as exc:
         module.fail_json(msg=str(exc))
     process = None if params["pid"] is None else params["pid"] or (0, 0)
@@ -153,8 +157,14 @@ def main():
         except _detached.DetachedError as exc:
             module.fail_json(msg=str(exc))
     client = _vllm_api.Client(params["url"], params["api_key"], params["request_timeout"], params["validate_certs"])
-    result = _vllm_api.wait_ready(client, params["served_model_name"], params["timeout"], params["poll_interval"], process,
-                                  params["completion_max_tokens"])
+    result = _vllm_api.wait_ready(
+        client,
+        params["served_model_name"],
+        params["timeout"],
+        params["poll_interval"],
+        process,
+        params["completion_max_tokens"],
+    )
     msg = "%s: %s" % (params["url"], result.pop("msg"))
     if not result["ready"]:
         module.fail_json(msg=msg, **result)

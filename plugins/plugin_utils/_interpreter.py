@@ -17,6 +17,7 @@ host fact. The venv is tried first, without a look beforehand (a look costs a ro
 shell that starts a missing interpreter exits 127 with its path in stderr, nothing ran, and the module runs once
 more with the task's own interpreter. Async runs, whose wrapper would leave its files behind, look first.
 """
+
 from __future__ import annotations
 
 import posixpath
@@ -66,9 +67,11 @@ def explain(result, tried):
     for interpreter, source, outcome in tried:
         outcomes.append("%s (%s): %s" % (interpreter, source, outcome or "lacks %s" % ", ".join(missing)))
     result = dict(result)
-    result["msg"] = ("no Python with nvidia-ml-py and psutil for gpuops.nvidia on this host; tried %s. Next step: %s, which "
-                     "makes the venv of gpuops_nvidia_venv with both, or set gpuops_nvidia_venv to a venv that has them"
-                     % ("; then ".join(outcomes), NEXT_STEP))
+    result["msg"] = (
+        "no Python with nvidia-ml-py and psutil for gpuops.nvidia on this host; tried %s. Next step: %s, which "
+        "makes the venv of gpuops_nvidia_venv with both, or set gpuops_nvidia_venv to a venv that has them"
+        % ("; then ".join(outcomes), NEXT_STEP)
+    )
     result["interpreters_tried"] = [interpreter for interpreter, _source, _outcome in tried]
     # ansible-core 2.19 and later show a failure's exception (an error summary object) instead of its msg: keep the
     # one message. 2.17 and 2.18 keep the traceback text, which they show only with -vvv.
@@ -85,7 +88,9 @@ class ActionModule(NormalAction):
         task_vars = dict(task_vars)
         if self._task.delegate_to:
             delegated = dict(task_vars.get("ansible_delegated_vars") or {})
-            delegated[self._task.delegate_to] = dict(delegated.get(self._task.delegate_to) or {}, ansible_python_interpreter=python)
+            delegated[self._task.delegate_to] = dict(
+                delegated.get(self._task.delegate_to) or {}, ansible_python_interpreter=python
+            )
             task_vars["ansible_delegated_vars"] = delegated
         else:
             task_vars["ansible_python_interpreter"] = python
@@ -103,16 +108,30 @@ class ActionModule(NormalAction):
             return super()._execute_module(module_name, module_args, tmp, task_vars, **kwargs)
         if kwargs.get("wrap_async") and not self._remote_file_exists(python):
             result = super()._execute_module(module_name, module_args, tmp, task_vars, **kwargs)
-            return explain(result, [(python, VENV_VARIABLE, "not found"), (self._used_shebang(), "ansible_python_interpreter", None)])
+            return explain(
+                result,
+                [(python, VENV_VARIABLE, "not found"), (self._used_shebang(), "ansible_python_interpreter", None)],
+            )
         display.vvv("gpuops.nvidia: %s with %s (%s)" % (self._task.action, python, VENV_VARIABLE))
-        result = super()._execute_module(module_name, module_args, tmp, self._vars_with_interpreter(task_vars, python), **kwargs)
+        result = super()._execute_module(
+            module_name, module_args, tmp, self._vars_with_interpreter(task_vars, python), **kwargs
+        )
         if not interpreter_missing(result, python):
             return explain(result, [(python, VENV_VARIABLE, None)])
         display.vvv("gpuops.nvidia: %s not found; %s with the task's own interpreter" % (python, self._task.action))
         result = super()._execute_module(module_name, module_args, tmp, task_vars, **kwargs)
         fallback = self._used_shebang()
-        return explain(result, [(python, VENV_VARIABLE, "not found"),
-                                (fallback, "ansible_python_interpreter", "not found" if interpreter_missing(result, fallback) else None)])
+        return explain(
+            result,
+            [
+                (python, VENV_VARIABLE, "not found"),
+                (
+                    fallback,
+                    "ansible_python_interpreter",
+                    "not found" if interpreter_missing(result, fallback) else None,
+                ),
+            ],
+        )
 
     def _used_shebang(self):
         """The interpreter of the last module run (ActionBase records its shebang)."""

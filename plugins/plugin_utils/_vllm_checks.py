@@ -6,6 +6,7 @@
 
 vllm_server_check(instances, host, settings) -> {"problems": [...], "gpus": {name: [...]}}
 """
+
 from __future__ import annotations
 
 import re
@@ -16,21 +17,34 @@ INDEX = re.compile(r"^[0-9]+$")
 # An API key is sent as a Bearer token and written as VLLM_API_KEY=<key> in an environment file that systemd and
 # detached_process read: RFC 6750 section 2.1 (b64token) keeps it to characters neither of them quotes or splits on.
 BEARER = re.compile(r"^[A-Za-z0-9._~+/-]+=*$")
-MIG_ONLY = ('gpus %s: a MIG instance must be the only GPU of a vLLM instance: CUDA enumerates a single MIG device per '
-            'process and no other GPU beside it (MIG user guide, "CUDA Device Enumeration")')
-WHOLE_MIG = ("gpus %s: GPU %s is in MIG mode: CUDA would run on one of its MIG instances and stopping the instance would "
-             "end the processes of all of them; give one MIG UUID instead (%s)")
-NO_LOG_STATS = ("extra_args has --disable-log-stats, which removes the vllm:spec_decode_* metrics the acceptance gate reads "
-                "(vLLM then creates no stat logger): remove it, or set min_acceptance_rate to 0 to deploy without the gate")
+MIG_ONLY = (
+    'gpus %s: a MIG instance must be the only GPU of a vLLM instance: CUDA enumerates a single MIG device per '
+    'process and no other GPU beside it (MIG user guide, "CUDA Device Enumeration")'
+)
+WHOLE_MIG = (
+    "gpus %s: GPU %s is in MIG mode: CUDA would run on one of its MIG instances and stopping the instance would "
+    "end the processes of all of them; give one MIG UUID instead (%s)"
+)
+NO_LOG_STATS = (
+    "extra_args has --disable-log-stats, which removes the vllm:spec_decode_* metrics the acceptance gate reads "
+    "(vLLM then creates no stat logger): remove it, or set min_acceptance_rate to 0 to deploy without the gate"
+)
 # vllm serve flags the role sets itself (plugins/plugin_utils/_vllm_plan.py, argv), or that contradict what it sets, with
 # the instance key to use instead. vLLM 0.33 vllm/engine/arg_utils.py (EngineArgs.add_cli_args) and
 # vllm/entrypoints/common/cli_args.py (make_arg_parser); -tp, -pp, -dp are the short forms there.
 OWNED = {
-    "--model": "model", "--host": "host", "--port": "port", "--served-model-name": "served_model_name",
-    "--tensor-parallel-size": "tensor_parallel_size (it must equal the number of gpus)", "-tp": "tensor_parallel_size",
-    "--gpu-memory-utilization": "gpu_memory_utilization", "--max-model-len": "max_model_len",
-    "--speculative-config": "speculative_config", "--shutdown-timeout": "shutdown_timeout",
-    "--pipeline-parallel-size": "gpus (the role runs tensor parallelism over all of them)", "-pp": "gpus",
+    "--model": "model",
+    "--host": "host",
+    "--port": "port",
+    "--served-model-name": "served_model_name",
+    "--tensor-parallel-size": "tensor_parallel_size (it must equal the number of gpus)",
+    "-tp": "tensor_parallel_size",
+    "--gpu-memory-utilization": "gpu_memory_utilization",
+    "--max-model-len": "max_model_len",
+    "--speculative-config": "speculative_config",
+    "--shutdown-timeout": "shutdown_timeout",
+    "--pipeline-parallel-size": "gpus (the role runs tensor parallelism over all of them)",
+    "-pp": "gpus",
     "--data-parallel-size": "data_parallel_size (tensor_parallel_size x data_parallel_size must equal the number of gpus)",
     "-dp": "data_parallel_size",
     "--uds": "host and port (the health checks and the drain reach the server there)",
@@ -40,9 +54,9 @@ OWNED = {
 # and it would be in the configuration file and the summary.
 SECRETS = {
     "--api-key": "set the instance's api_key: the role keeps it as VLLM_API_KEY, which vLLM reads "
-                 "(vllm/envs.py, vllm/entrypoints/serve/middleware/register.py), in <vllm_server_config_dir>/<name>.env, mode 0600",
+    "(vllm/envs.py, vllm/entrypoints/serve/middleware/register.py), in <vllm_server_config_dir>/<name>.env, mode 0600",
     "--hf-token": "log in on the host instead (`hf auth login`): vLLM then reads the token file of huggingface_hub "
-                  "(HF_TOKEN_PATH, default ~/.cache/huggingface/token) with a bare --hf-token or none",
+    "(HF_TOKEN_PATH, default ~/.cache/huggingface/token) with a bare --hf-token or none",
 }
 
 
@@ -88,11 +102,15 @@ def extra_args_problems(extra_args, gate):
         if owned in SECRETS:
             valued = "=" in arg or (position + 1 < len(extra_args) and _flag(extra_args[position + 1]) is None)
             if owned == "--api-key" or valued:
-                problems.append("extra_args has %s with a secret, which would be on the server's command line and in "
-                                "the summary (its value is not shown): %s" % (owned, SECRETS[owned]))
+                problems.append(
+                    "extra_args has %s with a secret, which would be on the server's command line and in "
+                    "the summary (its value is not shown): %s" % (owned, SECRETS[owned])
+                )
         elif owned:
-            problems.append("extra_args has %s, which the role sets itself: use %s" % (
-                flag if flag == owned else "%s (%s)" % (flag, owned), OWNED[owned]))
+            problems.append(
+                "extra_args has %s, which the role sets itself: use %s"
+                % (flag if flag == owned else "%s (%s)" % (flag, owned), OWNED[owned])
+            )
     if gate and any(re.match(r"^--disable[-_]log[-_]stats$", arg) for arg in extra_args):
         problems.append(NO_LOG_STATS)
     return problems
@@ -133,8 +151,10 @@ def number_problems(instance, settings):
     if dp_number is None or dp_number < 1:
         problems.append("data_parallel_size %r is not a whole number of 1 or more" % (dp,))
     elif tp not in (None, "") and count is not None and (_number(tp, True) or 0) * dp_number != count:
-        problems.append("tensor_parallel_size %s%s does not match the %d GPUs %s" % (
-            tp, " x data_parallel_size %d" % dp_number if dp_number > 1 else "", count, gpus))
+        problems.append(
+            "tensor_parallel_size %s%s does not match the %d GPUs %s"
+            % (tp, " x data_parallel_size %d" % dp_number if dp_number > 1 else "", count, gpus)
+        )
     elif tp in (None, "") and count is not None and count % dp_number:
         problems.append("data_parallel_size %d does not divide the %d GPUs %s" % (dp_number, count, gpus))
     memory = instance.get("gpu_memory_utilization")
@@ -145,12 +165,16 @@ def number_problems(instance, settings):
     if length is not None and length != "":
         number = _number(length, True)
         if number is None or (number < 1 and number != -1):
-            problems.append("max_model_len %s must be a number of tokens of at least 1, or -1 for vLLM's fit to GPU "
-                            "memory (vLLM 0.33 vllm/config/model.py)" % (length,))
+            problems.append(
+                "max_model_len %s must be a number of tokens of at least 1, or -1 for vLLM's fit to GPU "
+                "memory (vLLM 0.33 vllm/config/model.py)" % (length,)
+            )
     shutdown = instance.get("shutdown_timeout")
     if shutdown not in (None, "", 0) and (_number(shutdown, False) or 0) >= float(settings["stop_timeout"]):
-        problems.append("shutdown_timeout %s must be below vllm_server_stop_timeout %s: SIGKILL would cut the drain short"
-                        % (shutdown, settings["stop_timeout"]))
+        problems.append(
+            "shutdown_timeout %s must be below vllm_server_stop_timeout %s: SIGKILL would cut the drain short"
+            % (shutdown, settings["stop_timeout"])
+        )
     return problems
 
 
@@ -165,8 +189,10 @@ def other_problems(instance, settings):
         problems.append("vllm_executable must be an absolute path")
     key = instance.get("api_key")
     if key not in (None, "") and not (isinstance(key, str) and BEARER.match(key)):
-        problems.append("api_key must be a bearer token (RFC 6750 b64token): letters, digits and - . _ ~ + /, with = only "
-                        "at the end, no space, quote or newline (its value is not shown)")
+        problems.append(
+            "api_key must be a bearer token (RFC 6750 b64token): letters, digits and - . _ ~ + /, with = only "
+            "at the end, no space, quote or newline (its value is not shown)"
+        )
     rate = instance.get("min_acceptance_rate")
     rate = settings["min_acceptance_rate"] if rate is None else rate
     gate = bool(instance.get("speculative_config")) and (_number(rate, False) or 0) > 0
@@ -233,7 +259,9 @@ def _intersect(first, second):
 
 def shared_gpus(instance, instances, gpus):
     """GPUs of instance that another instance of the list uses too (as written, or as indices for whole GPUs)."""
-    others = [o.get("gpus") for o in instances if o.get("name") != instance.get("name") and isinstance(o.get("gpus"), list)]
+    others = [
+        o.get("gpus") for o in instances if o.get("name") != instance.get("name") and isinstance(o.get("gpus"), list)
+    ]
     other = [str(entry) for entries in others for entry in entries]
     own = [str(entry) for entry in instance["gpus"]]
     if not gpus.known:
@@ -252,7 +280,9 @@ def _gpu_entry_problems(raw, gpus):
     """Problems of the entries themselves, and the resolved GPUs (None when they cannot be resolved)."""
     if isinstance(raw, str):
         parts = [part.strip() for part in raw.split(",") if part.strip()]
-        return ["gpus must be a list of GPU indices or UUIDs, not the text %r: write gpus: [%s]" % (raw, ", ".join(parts))], None
+        return [
+            "gpus must be a list of GPU indices or UUIDs, not the text %r: write gpus: [%s]" % (raw, ", ".join(parts))
+        ], None
     if not isinstance(raw, list):
         return ["gpus must be a list of GPU indices or UUIDs"], None
     if not raw:
@@ -261,8 +291,10 @@ def _gpu_entry_problems(raw, gpus):
         unknown = [str(entry) for entry in raw if not gpus.known_entry(entry)]
         if unknown:
             migs = ("; MIG instances: " + _text(sorted(gpus.migs))) if gpus.migs else ""
-            return ["gpus %s: no such GPU on this host (its GPUs: indices %s, or their UUIDs%s)"
-                    % (_text(unknown), _text(sorted(set(gpus.ids.values()))), migs)], None
+            return [
+                "gpus %s: no such GPU on this host (its GPUs: indices %s, or their UUIDs%s)"
+                % (_text(unknown), _text(sorted(set(gpus.ids.values()))), migs)
+            ], None
         return [], [gpus.ref(entry) for entry in raw]
     unknown = [str(entry) for entry in raw if isinstance(entry, bool) or not INDEX.match(str(entry))]
     if unknown:
@@ -283,19 +315,27 @@ def gpu_problems(instance, instances, gpus, render=False):
         problems.append(MIG_ONLY % _text(raw))
     twice = _intersect([ref for position, ref in enumerate(resolved) if ref in resolved[:position]], resolved)
     if twice:
-        problems.append("gpus %s: GPU %s is listed more than once (by index or UUID): list each GPU once"
-                        % (_text(raw), _text(twice)))
-    whole = _intersect([gpus.ids[str(e)] for e in raw if str(e) in gpus.ids and gpus.ids[str(e)] in gpus.mig_mode], resolved)
+        problems.append(
+            "gpus %s: GPU %s is listed more than once (by index or UUID): list each GPU once"
+            % (_text(raw), _text(twice))
+        )
+    whole = _intersect(
+        [gpus.ids[str(e)] for e in raw if str(e) in gpus.ids and gpus.ids[str(e)] in gpus.mig_mode], resolved
+    )
     if whole:
         migs = [uuid for uuid, parent in sorted(gpus.migs.items()) if parent in whole]
         problems.append(WHOLE_MIG % (_text(raw), _text(whole), _text(migs) or "it has no MIG instance"))
-    lost = _intersect([gpus.parent(ref) for ref in resolved if gpus.known and gpus.parent(ref) in gpus.errors], gpus.errors)
+    lost = _intersect(
+        [gpus.parent(ref) for ref in resolved if gpus.known and gpus.parent(ref) in gpus.errors], gpus.errors
+    )
     if render:  # files only: no server is stopped or started
         lost = []
     for index in lost:
-        problems.append("gpus: GPU %d answers NVML with an error (%s), as gpu_facts reports it: the running server would "
-                        "be stopped and no new one could start there. Look at the GPU first (a GPU that fell off the bus "
-                        "needs a reset or a reboot), or deploy on other GPUs" % (index, gpus.errors[index]))
+        problems.append(
+            "gpus: GPU %d answers NVML with an error (%s), as gpu_facts reports it: the running server would "
+            "be stopped and no new one could start there. Look at the GPU first (a GPU that fell off the bus "
+            "needs a reset or a reboot), or deploy on other GPUs" % (index, gpus.errors[index])
+        )
     return problems, resolved
 
 
@@ -315,7 +355,7 @@ def _belongs(holder, name, config, settings):
     agent = owner.get("agent") or {}
     words = str(agent.get("cmdline") or "").split()
     port = str(config.get("port"))
-    on_port = any(words[i:i + 2] == ["--port", port] or words[i] == "--port=" + port for i in range(len(words)))
+    on_port = any(words[i : i + 2] == ["--port", port] or words[i] == "--port=" + port for i in range(len(words)))
     return agent.get("kind") == "vllm" and on_port
 
 
@@ -330,18 +370,27 @@ def held_problems(instance, resolved, instances, host, gpus, settings):
             continue
         if not gpus.overlap(resolved, config["gpus"]):
             continue
-        pids = sorted(h["pid"] for h in (host.get("nvidia") or {}).get("holders") or []
-                      if _belongs(h, name, config, settings) and any(_holds(h, ref, gpus) for ref in resolved))
+        pids = sorted(
+            h["pid"]
+            for h in (host.get("nvidia") or {}).get("holders") or []
+            if _belongs(h, name, config, settings) and any(_holds(h, ref, gpus) for ref in resolved)
+        )
         if not pids:
             continue
         if name in names:
             where = "it is listed after %s: list it first, so that it moves before %s takes its GPUs" % (
-                instance["name"], instance["name"])
+                instance["name"],
+                instance["name"],
+            )
         else:
-            where = ("it is not in vllm_server_instances: stop it first (its unit %s%s.service, or the session of the PID "
-                     "in %s/%s.pid), or choose other GPUs" % (settings["unit_prefix"], name, settings["state_dir"], name))
-        problems.append("GPUs %s are held by instance %s (deployed by this role on GPUs %s, PIDs %s), which the redeploy "
-                        "would end: %s" % (_text(resolved), name, _text(config["gpus"]), _text(pids), where))
+            where = (
+                "it is not in vllm_server_instances: stop it first (its unit %s%s.service, or the session of the PID "
+                "in %s/%s.pid), or choose other GPUs" % (settings["unit_prefix"], name, settings["state_dir"], name)
+            )
+        problems.append(
+            "GPUs %s are held by instance %s (deployed by this role on GPUs %s, PIDs %s), which the redeploy "
+            "would end: %s" % (_text(resolved), name, _text(config["gpus"]), _text(pids), where)
+        )
     return problems
 
 
@@ -355,7 +404,10 @@ def instance_problems(instance, instances, host, gpus, settings):
         problems.append("the name is used by another instance")
     ports = port_problems(instance)
     problems += ports
-    if not ports and [_number(other.get("port"), True) for other in instances].count(_number(instance["port"], True)) > 1:
+    if (
+        not ports
+        and [_number(other.get("port"), True) for other in instances].count(_number(instance["port"], True)) > 1
+    ):
         problems.append("port %s is used by another instance" % instance["port"])
     render = settings.get("render", False)
     found, resolved = gpu_problems(instance, instances, gpus, render)
@@ -370,9 +422,11 @@ def vllm_server_check(instances, host, settings):
     gpus = Gpus(host.get("nvidia"))
     problems, resolved = [], {}
     if settings["service_manager"] == "systemd" and not host.get("systemd") and not settings.get("render"):
-        problems.append("vllm_server_service_manager is systemd, but %s does not run systemd (there is no directory "
-                        "/run/systemd/system, the test of sd_booted(3)): set vllm_server_service_manager to detached or "
-                        "auto" % host.get("name"))
+        problems.append(
+            "vllm_server_service_manager is systemd, but %s does not run systemd (there is no directory "
+            "/run/systemd/system, the test of sd_booted(3)): set vllm_server_service_manager to detached or "
+            "auto" % host.get("name")
+        )
     for instance in instances or []:
         found, resolved[instance.get("name")] = instance_problems(instance, instances, host, gpus, settings)
         if found:

@@ -226,8 +226,14 @@ def plan(processes: int, fds: int, holders: int, threads: int, control_only: int
     sleepers = processes - 1 - helper_count - holders - control_only
     if sleepers < 0:
         raise ValueError("%d processes cannot hold %d holders and %d fd helpers" % (processes, holders, helper_count))
-    return {"sleepers": sleepers, "fd_helper_fds": fd_helper_fds, "holders": holders, "threads": threads,
-            "control_only": control_only, "holder_mib": holder_mib}
+    return {
+        "sleepers": sleepers,
+        "fd_helper_fds": fd_helper_fds,
+        "holders": holders,
+        "threads": threads,
+        "control_only": control_only,
+        "holder_mib": holder_mib,
+    }
 
 
 def count(node) -> dict:
@@ -235,8 +241,9 @@ def count(node) -> dict:
     return json.loads(node.py(_COUNT_PROGRAM))
 
 
-def populate(node, processes: int, fds: int, holders: int, threads: int = 8, control_only: int = 2,
-             timeout: float = 120.0) -> dict:
+def populate(
+    node, processes: int, fds: int, holders: int, threads: int = 8, control_only: int = 2, timeout: float = 120.0
+) -> dict:
     """Create the load described in this module's docstring in `node`; return what was made.
 
     Returns {"holders": [PID...] (every process holding a GPU's device file), "control_only": [PID...],
@@ -244,9 +251,17 @@ def populate(node, processes: int, fds: int, holders: int, threads: int = 8, con
     node's. Raises TimeoutError when the launcher has not reported after `timeout` seconds.
     """
     spec = plan(processes, fds, holders, threads, control_only)
-    node.exec("sh", "-c", 'setsid -f "$0" -c "$1" "$2" </dev/null >/dev/null 2>&1',
-              str(node_python()), LOAD_PROGRAM, json.dumps(spec))
-    made = json.loads(_wait_for_file(Path(node.run_dir) / "load.json", timeout, "the load launcher in node %s" % node.name))
+    node.exec(
+        "sh",
+        "-c",
+        'setsid -f "$0" -c "$1" "$2" </dev/null >/dev/null 2>&1',
+        str(node_python()),
+        LOAD_PROGRAM,
+        json.dumps(spec),
+    )
+    made = json.loads(
+        _wait_for_file(Path(node.run_dir) / "load.json", timeout, "the load launcher in node %s" % node.name)
+    )
     made.update(count(node))
     return made
 
@@ -258,8 +273,9 @@ def orphaned_tree(node, tp: int = 8, timeout: float = 60.0) -> dict:
     """
     report = Path(node.run_dir) / "tree.json"
     report.unlink(missing_ok=True)
-    node.exec("sh", "-c", 'setsid -f "$0" -c "$1" "$2" </dev/null >/dev/null 2>&1',
-              str(node_python()), TREE_PROGRAM, str(tp))
+    node.exec(
+        "sh", "-c", 'setsid -f "$0" -c "$1" "$2" </dev/null >/dev/null 2>&1', str(node_python()), TREE_PROGRAM, str(tp)
+    )
     return json.loads(_wait_for_file(report, timeout, "the TP tree in node %s" % node.name))
 
 

@@ -119,8 +119,12 @@ NOOP_PLAY = """- name: One task that reaches the host
 def ansible_env() -> dict[str, str]:
     """The environment of every ansible-playbook the benchmark runs: this checkout's venv and ansible.cfg, no colour,
     the stdout callback that ansible.cfg names (plain ansible-playbook, no wrapper: its CPU is what is measured)."""
-    env = dict(os.environ, PATH="%s:%s" % (VENV_BIN, os.environ.get("PATH", "")), ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
-               ANSIBLE_NOCOLOR="1")
+    env = dict(
+        os.environ,
+        PATH="%s:%s" % (VENV_BIN, os.environ.get("PATH", "")),
+        ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
+        ANSIBLE_NOCOLOR="1",
+    )
     env.pop("ANSIBLE_STDOUT_CALLBACK", None)
     return env
 
@@ -138,8 +142,9 @@ def timed(argv: list[str], env: dict[str, str] | None = None, timeout: float = 6
     "max_rss_mib" (the largest of those processes), "rc", "output"}."""
     with tempfile.TemporaryFile() as output:
         started = time.monotonic()
-        process = subprocess.Popen(argv, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=output,
-                                   stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            argv, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT
+        )
         timer = threading.Timer(timeout, process.kill)
         timer.start()
         try:
@@ -150,8 +155,13 @@ def timed(argv: list[str], env: dict[str, str] | None = None, timeout: float = 6
         process.returncode = os.waitstatus_to_exitcode(status)
         output.seek(0)
         text = output.read().decode(errors="replace")
-    return {"wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime, "max_rss_mib": usage.ru_maxrss / 1024,
-            "rc": process.returncode, "output": text}
+    return {
+        "wall_s": wall,
+        "cpu_s": usage.ru_utime + usage.ru_stime,
+        "max_rss_mib": usage.ru_maxrss / 1024,
+        "rc": process.returncode,
+        "output": text,
+    }
 
 
 def ensure_tools(*tools: str) -> None:
@@ -172,9 +182,13 @@ def write_inventory(directory: Path, nodes: list) -> Path:
 
 
 def playbook(inventory: Path, play: Path, forks: int = 5) -> dict:
-    result = timed([str(VENV_BIN / "ansible-playbook"), "-i", str(inventory), "-f", str(forks), str(play)], ansible_env())
+    result = timed(
+        [str(VENV_BIN / "ansible-playbook"), "-i", str(inventory), "-f", str(forks), str(play)], ansible_env()
+    )
     if result["rc"] != 0:
-        raise RuntimeError("ansible-playbook %s failed (rc %d):\n%s" % (play.name, result["rc"], result["output"][-3000:]))
+        raise RuntimeError(
+            "ansible-playbook %s failed (rc %d):\n%s" % (play.name, result["rc"], result["output"][-3000:])
+        )
     return result
 
 
@@ -189,18 +203,32 @@ def bench_scan(args, workdir: Path) -> dict:
     try:
         log("scan: filling node %s with %d processes and %d fds" % (node.name, args.processes, args.fds))
         made = nodeload.populate(node, processes=args.processes, fds=args.fds, holders=args.holders)
-        log("scan: %d processes, %d fds, %d GPU holders + %d control-only; %d rounds"
-            % (made["processes"], made["fds"], len(made["holders"]), len(made["control_only"]), args.scan_rounds))
+        log(
+            "scan: %d processes, %d fds, %d GPU holders + %d control-only; %d rounds"
+            % (made["processes"], made["fds"], len(made["holders"]), len(made["control_only"]), args.scan_rounds)
+        )
         code = SCAN_PROGRAM % {"collections": str(REPO / ".collections")}
         measured = json.loads(node.py(code, str(args.scan_rounds), timeout=1800))
     finally:
         node.down()
     expected = sorted(made["holders"] + made["control_only"])
-    result = {"processes": made["processes"], "fds": made["fds"], "holders": len(made["holders"]),
-              "control_only": len(made["control_only"]), "expected": expected, "runs": measured["times"],
-              "sets_agree": {tool: found == expected for tool, found in measured["sets"].items() if not tool.startswith("snapshot")},
-              "snapshot_holders": {tool: len(found) for tool, found in measured["sets"].items() if tool.startswith("snapshot")}}
-    result["median_wall_s"] = {tool: median([run["wall_s"] for run in runs]) for tool, runs in measured["times"].items()}
+    result = {
+        "processes": made["processes"],
+        "fds": made["fds"],
+        "holders": len(made["holders"]),
+        "control_only": len(made["control_only"]),
+        "expected": expected,
+        "runs": measured["times"],
+        "sets_agree": {
+            tool: found == expected for tool, found in measured["sets"].items() if not tool.startswith("snapshot")
+        },
+        "snapshot_holders": {
+            tool: len(found) for tool, found in measured["sets"].items() if tool.startswith("snapshot")
+        },
+    }
+    result["median_wall_s"] = {
+        tool: median([run["wall_s"] for run in runs]) for tool, runs in measured["times"].items()
+    }
     result["median_cpu_s"] = {tool: median([run["cpu_s"] for run in runs]) for tool, runs in measured["times"].items()}
     return result
 
@@ -214,7 +242,7 @@ def _descendants(host_pid: int) -> list[int]:
                 stat = Path("/proc/%s/stat" % entry).read_bytes()
             except OSError:
                 continue
-            children.setdefault(int(stat[stat.rindex(b")") + 2:].split()[1]), []).append(int(entry))
+            children.setdefault(int(stat[stat.rindex(b")") + 2 :].split()[1]), []).append(int(entry))
     found, todo = [], [host_pid]
     while todo:
         pid = todo.pop()
@@ -229,9 +257,10 @@ def release_once(node, latency: float, workdir: Path) -> dict:
     holder = start_holder(node, [0], mib=1000)
     arguments = workdir / ("gpu_wait-%s.json" % node.name)
     arguments.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": {"gpus": [0], "timeout": latency + 30}}))
-    argv, env = gpunode.enter_command(node.info, [str(VENV_BIN / "python"), "-m",
-                                                  "ansible_collections.gpuops.nvidia.plugins.modules.gpu_wait",
-                                                  str(arguments)])
+    argv, env = gpunode.enter_command(
+        node.info,
+        [str(VENV_BIN / "python"), "-m", "ansible_collections.gpuops.nvidia.plugins.modules.gpu_wait", str(arguments)],
+    )
     env["PYTHONPATH"] = str(REPO / ".collections")
     wait_process = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
     # Below nsenter: nsenter's child in the node (which becomes the module's Python) and, once gpu_wait
@@ -239,15 +268,20 @@ def release_once(node, latency: float, workdir: Path) -> dict:
     wait_for(lambda: len(_descendants(wait_process.pid)) >= 2, 30, 0.01, "gpu_wait to start polling")
     node.exec("kill", "-9", str(holder))
     marker = Path(node.run_dir) / "released" / ("%d.0" % holder)
-    release_began = float(wait_for(lambda: marker.exists() and marker.read_text().split()[1], 30, 0.002,
-                                   "the driver to start releasing"))
+    release_began = float(
+        wait_for(lambda: marker.exists() and marker.read_text().split()[1], 30, 0.002, "the driver to start releasing")
+    )
     output = wait_process.communicate(timeout=latency + 60)[0]
     returned = time.monotonic()
     reply = json.loads(output)
     if not reply.get("released"):
         raise RuntimeError("gpu_wait did not report a release: %s" % output[-2000:])
-    return {"latency_s": latency, "delay_s": returned - (release_began + latency), "polls": reply["polls"],
-            "module_elapsed_s": reply["elapsed_s"]}
+    return {
+        "latency_s": latency,
+        "delay_s": returned - (release_began + latency),
+        "polls": reply["polls"],
+        "module_elapsed_s": reply["elapsed_s"],
+    }
 
 
 def bench_release(args, workdir: Path) -> dict:
@@ -260,10 +294,15 @@ def bench_release(args, workdir: Path) -> dict:
             runs = []
             for number in range(args.release_runs):
                 runs.append(release_once(node, latency, workdir))
-                log("release: latency %.1f s, run %d: gpu_wait returned %.3f s after the release"
-                    % (latency, number + 1, runs[-1]["delay_s"]))
-            results["%g" % latency] = {"runs": runs, "median_delay_s": median([run["delay_s"] for run in runs]),
-                                       "max_delay_s": max(run["delay_s"] for run in runs)}
+                log(
+                    "release: latency %.1f s, run %d: gpu_wait returned %.3f s after the release"
+                    % (latency, number + 1, runs[-1]["delay_s"])
+                )
+            results["%g" % latency] = {
+                "runs": runs,
+                "median_delay_s": median([run["delay_s"] for run in runs]),
+                "max_delay_s": max(run["delay_s"] for run in runs),
+            }
     finally:
         node.down()
     return results
@@ -286,13 +325,23 @@ def bench_node(args, workdir: Path) -> dict:
             order = ("reset", "noop") if number % 2 == 0 else ("noop", "reset")
             for kind in order:
                 result = playbook(inventory, PLAYBOOK if kind == "reset" else noop)
-                runs[kind].append({"wall_s": result["wall_s"], "cpu_s": result["cpu_s"], "max_rss_mib": result["max_rss_mib"]})
-            log("node: run %d: reset %.2f s, noop %.2f s" % (number + 1, runs["reset"][-1]["wall_s"], runs["noop"][-1]["wall_s"]))
+                runs[kind].append(
+                    {"wall_s": result["wall_s"], "cpu_s": result["cpu_s"], "max_rss_mib": result["max_rss_mib"]}
+                )
+            log(
+                "node: run %d: reset %.2f s, noop %.2f s"
+                % (number + 1, runs["reset"][-1]["wall_s"], runs["noop"][-1]["wall_s"])
+            )
     finally:
         node.down()
     reset, noop_wall = median([r["wall_s"] for r in runs["reset"]]), median([r["wall_s"] for r in runs["noop"]])
-    return {"release_latency_s": latency, "runs": runs, "median_reset_s": reset, "median_noop_s": noop_wall,
-            "median_extra_s": median([r["wall_s"] - n["wall_s"] for r, n in zip(runs["reset"], runs["noop"])])}
+    return {
+        "release_latency_s": latency,
+        "runs": runs,
+        "median_reset_s": reset,
+        "median_noop_s": noop_wall,
+        "median_extra_s": median([r["wall_s"] - n["wall_s"] for r, n in zip(runs["reset"], runs["noop"])]),
+    }
 
 
 def _stat_fields(pid: int) -> list[bytes] | None:
@@ -300,13 +349,13 @@ def _stat_fields(pid: int) -> list[bytes] | None:
         stat = Path("/proc/%d/stat" % pid).read_bytes()
     except OSError:
         return None
-    return stat[stat.rindex(b")") + 2:].split()  # fields from the state on: [0] state, [1] ppid, [11:15] times
+    return stat[stat.rindex(b")") + 2 :].split()  # fields from the state on: [0] state, [1] ppid, [11:15] times
 
 
 def _cpu_ticks(pid: int, with_children: bool) -> int:
     """utime + stime of `pid`, with the cutime + cstime of the children it reaped when `with_children`."""
     fields = _stat_fields(pid)
-    return sum(int(value) for value in fields[11:15 if with_children else 13]) if fields else 0
+    return sum(int(value) for value in fields[11 : 15 if with_children else 13]) if fields else 0
 
 
 def _ssh_masters(nodes: list) -> list[int]:
@@ -375,8 +424,12 @@ FLEET_PING_PLAY = """- name: One task that reaches the host
 # (kind, playbook, nodes with an orphaned vLLM TP=8 tree): the plays of the fleet section, each as shipped
 # (reset_gpus.yml: strategy free; check_gpus.yml: linear, which its run_once summary needs).
 FLEET_KINDS = ("ping", "check", "reset", "reset_orphaned")
-FLEET_TITLES = {"ping": "play of one ping task", "check": "check_gpus.yml", "reset": "reset_gpus.yml, clean nodes",
-                "reset_orphaned": "reset_gpus.yml, orphaned vLLM TP=8 trees"}
+FLEET_TITLES = {
+    "ping": "play of one ping task",
+    "check": "check_gpus.yml",
+    "reset": "reset_gpus.yml, clean nodes",
+    "reset_orphaned": "reset_gpus.yml, orphaned vLLM TP=8 trees",
+}
 
 
 def _orphan_vllm(node) -> None:
@@ -428,23 +481,40 @@ def fleet_run(nodes: list, inventory: Path, play: Path, changed: int) -> dict:
     node_cpu = (_node_side_ticks(nodes) - node_before) / CLOCK_TICKS
     masters_cpu = sum(ticks - masters_before.get(pid, 0) for pid, ticks in masters_after.items()) / CLOCK_TICKS
     recap = _recap(result["output"])
-    wrong = {node.name: recap.get(node.name) for node in nodes
-             if (recap.get(node.name) or {}).get("changed") != changed or (recap.get(node.name) or {}).get("failed", 1)}
+    wrong = {
+        node.name: recap.get(node.name)
+        for node in nodes
+        if (recap.get(node.name) or {}).get("changed") != changed or (recap.get(node.name) or {}).get("failed", 1)
+    }
     if wrong:
-        raise RuntimeError("%s: expected changed=%d on every host, got %s:\n%s" % (play.name, changed, wrong, result["output"][-3000:]))
+        raise RuntimeError(
+            "%s: expected changed=%d on every host, got %s:\n%s" % (play.name, changed, wrong, result["output"][-3000:])
+        )
     controller_cpu = result["cpu_s"] + masters_cpu
     hosts = len(nodes)
-    return {"hosts": hosts, "wall_s": result["wall_s"], "controller_cpu_s": controller_cpu, "node_cpu_s": node_cpu,
-            "playbook_cpu_s": result["cpu_s"], "masters_cpu_s": masters_cpu,
-            "new_masters": len(set(masters_after) - set(masters_before)), "controller_max_rss_mib": result["max_rss_mib"],
-            "controller_cpu_per_host_s": controller_cpu / hosts, "node_cpu_per_host_s": node_cpu / hosts}
+    return {
+        "hosts": hosts,
+        "wall_s": result["wall_s"],
+        "controller_cpu_s": controller_cpu,
+        "node_cpu_s": node_cpu,
+        "playbook_cpu_s": result["cpu_s"],
+        "masters_cpu_s": masters_cpu,
+        "new_masters": len(set(masters_after) - set(masters_before)),
+        "controller_max_rss_mib": result["max_rss_mib"],
+        "controller_cpu_per_host_s": controller_cpu / hosts,
+        "node_cpu_per_host_s": node_cpu / hosts,
+    }
 
 
 FLEET_FIGURES = ("controller_cpu_per_host_s", "node_cpu_per_host_s", "wall_s")
 # The goals on clean nodes, as ratios to the ping play (benchmark figures, not timed tests): issue 26 set both plays
 # to 2x the controller CPU and 1.5x the node CPU per host (docs/scale.md).
-FLEET_GOALS = {("reset", "controller_cpu_per_host_s"): 2.0, ("reset", "node_cpu_per_host_s"): 1.5,
-               ("check", "controller_cpu_per_host_s"): 2.0, ("check", "node_cpu_per_host_s"): 1.5}
+FLEET_GOALS = {
+    ("reset", "controller_cpu_per_host_s"): 2.0,
+    ("reset", "node_cpu_per_host_s"): 1.5,
+    ("check", "controller_cpu_per_host_s"): 2.0,
+    ("check", "node_cpu_per_host_s"): 1.5,
+}
 
 
 def bench_fleet(args, workdir: Path) -> dict:
@@ -457,18 +527,29 @@ def bench_fleet(args, workdir: Path) -> dict:
     ensure_tools("sshd")
     log("fleet: starting %d SSH nodes (8 GPUs each)" % args.nodes)
     nodes = []
-    plays = {"ping": workdir / "fleet-ping.yml", "check": REPO / "playbooks" / "check_gpus.yml",
-             "reset": PLAYBOOK, "reset_orphaned": PLAYBOOK}
+    plays = {
+        "ping": workdir / "fleet-ping.yml",
+        "check": REPO / "playbooks" / "check_gpus.yml",
+        "reset": PLAYBOOK,
+        "reset_orphaned": PLAYBOOK,
+    }
     plays["ping"].write_text(FLEET_PING_PLAY)
     try:
         started = time.monotonic()
         for number in range(args.nodes):
             nodes.append(up(node_name("fleet", number), gpus=8, release_latency=0.5, ssh=True))
         inventory = write_inventory(workdir, nodes)
-        results = {"nodes": args.nodes, "forks": args.nodes, "cpus": len(os.sched_getaffinity(0)),
-                   "release_latency_s": 0.5, "up_s": time.monotonic() - started,
-                   "plays": {kind: str(plays[kind].relative_to(REPO)) if kind != "ping" else "one ping task, strategy free"
-                             for kind in FLEET_KINDS}}
+        results = {
+            "nodes": args.nodes,
+            "forks": args.nodes,
+            "cpus": len(os.sched_getaffinity(0)),
+            "release_latency_s": 0.5,
+            "up_s": time.monotonic() - started,
+            "plays": {
+                kind: str(plays[kind].relative_to(REPO)) if kind != "ping" else "one ping task, strategy free"
+                for kind in FLEET_KINDS
+            },
+        }
         results["cold"] = {kind: fleet_run(nodes, inventory, plays[kind], 0) for kind in ("ping", "check", "reset")}
         runs = {kind: [] for kind in FLEET_KINDS}
         for number in range(args.fleet_runs):
@@ -482,21 +563,38 @@ def bench_fleet(args, workdir: Path) -> dict:
             ping = runs["ping"][-1]
             for kind in FLEET_KINDS:
                 runs[kind][-1]["ratio"] = {figure: runs[kind][-1][figure] / ping[figure] for figure in FLEET_FIGURES}
-            log("fleet: round %d: %s" % (number + 1, ", ".join(
-                "%s %.2f s wall, %.3f + %.3f s CPU/host" % (
-                    kind, runs[kind][-1]["wall_s"], runs[kind][-1]["controller_cpu_per_host_s"],
-                    runs[kind][-1]["node_cpu_per_host_s"]) for kind in FLEET_KINDS)))
+            log(
+                "fleet: round %d: %s"
+                % (
+                    number + 1,
+                    ", ".join(
+                        "%s %.2f s wall, %.3f + %.3f s CPU/host"
+                        % (
+                            kind,
+                            runs[kind][-1]["wall_s"],
+                            runs[kind][-1]["controller_cpu_per_host_s"],
+                            runs[kind][-1]["node_cpu_per_host_s"],
+                        )
+                        for kind in FLEET_KINDS
+                    ),
+                )
+            )
     finally:
         for node in nodes:
             node.down()
     results["runs"] = runs
-    results["median"] = {kind: {figure: median([run[figure] for run in runs[kind]]) for figure in FLEET_FIGURES}
-                         for kind in FLEET_KINDS}
-    results["median_ratio"] = {kind: {figure: median([run["ratio"][figure] for run in runs[kind]]) for figure in FLEET_FIGURES}
-                               for kind in FLEET_KINDS}
+    results["median"] = {
+        kind: {figure: median([run[figure] for run in runs[kind]]) for figure in FLEET_FIGURES} for kind in FLEET_KINDS
+    }
+    results["median_ratio"] = {
+        kind: {figure: median([run["ratio"][figure] for run in runs[kind]]) for figure in FLEET_FIGURES}
+        for kind in FLEET_KINDS
+    }
     # What ending the trees and waiting for the release added, per host, paired by round.
-    results["orphaned_minus_clean"] = {figure: median([o[figure] - c[figure] for o, c in zip(runs["reset_orphaned"], runs["reset"])])
-                                       for figure in FLEET_FIGURES}
+    results["orphaned_minus_clean"] = {
+        figure: median([o[figure] - c[figure] for o, c in zip(runs["reset_orphaned"], runs["reset"])])
+        for figure in FLEET_FIGURES
+    }
     return results
 
 
@@ -506,7 +604,10 @@ def bench_fleet(args, workdir: Path) -> dict:
 
 REDEPLOY_PHASES = (  # (phase, task name fragments), first match wins
     ("drain", ("Take the instance out of routing", "Wait until no request runs or waits")),
-    ("stop", ("Stop the detached server", "Stop the systemd unit", "End every process left", "Wait until nothing listens")),
+    (
+        "stop",
+        ("Stop the detached server", "Stop the systemd unit", "End every process left", "Wait until nothing listens"),
+    ),
     ("memory release", ("Wait until the instance's GPUs are released",)),
     ("start", ("Start the detached server", "Start the systemd unit")),
     ("health", ("Wait until the server is healthy",)),
@@ -530,9 +631,17 @@ def redeploy_once(inventory: Path, override: dict, log_file: Path, workdir: Path
     """One redeploy play, timed by task; returns {"wall_s", phases..., "model load", "rest"}."""
     junit = workdir / ("junit-%d" % number)
     junit.mkdir()
-    env = dict(ansible_env(), ANSIBLE_CALLBACKS_ENABLED="junit", JUNIT_OUTPUT_DIR=str(junit), JUNIT_HIDE_TASK_ARGUMENTS="true")
-    argv = [str(VENV_BIN / "ansible-playbook"), "-i", str(inventory), str(REPO / "playbooks" / "redeploy_vllm.yml"),
-            "-e", json.dumps(override)]
+    env = dict(
+        ansible_env(), ANSIBLE_CALLBACKS_ENABLED="junit", JUNIT_OUTPUT_DIR=str(junit), JUNIT_HIDE_TASK_ARGUMENTS="true"
+    )
+    argv = [
+        str(VENV_BIN / "ansible-playbook"),
+        "-i",
+        str(inventory),
+        str(REPO / "playbooks" / "redeploy_vllm.yml"),
+        "-e",
+        json.dumps(override),
+    ]
     result = timed(argv, env)
     if result["rc"] != 0:
         raise RuntimeError("redeploy failed (rc %d):\n%s" % (result["rc"], result["output"][-3000:]))
@@ -548,12 +657,20 @@ def redeploy_once(inventory: Path, override: dict, log_file: Path, workdir: Path
     phases["health"] = max(0.0, phases["health"] - phases["model load"])
     drained = re.search(r"(not )?drained in ([\d.]+) s: (\d+) request\(s\) running", result["output"])
     phases["rest"] = result["wall_s"] - sum(phases.values())
-    return dict(phases, wall_s=result["wall_s"], cpu_s=result["cpu_s"],
-                running_at_stop=int(drained.group(3)) if drained else None, task_results=len(tasks),
-                task_s=sum(seconds for _name, seconds in tasks),
-                slowest_tasks=sorted(tasks, key=lambda task: -task[1])[:15],
-                rest_tasks=[(name, seconds) for name, seconds in tasks
-                            if not any(fragment in name for _phase, fragments in REDEPLOY_PHASES for fragment in fragments)])
+    return dict(
+        phases,
+        wall_s=result["wall_s"],
+        cpu_s=result["cpu_s"],
+        running_at_stop=int(drained.group(3)) if drained else None,
+        task_results=len(tasks),
+        task_s=sum(seconds for _name, seconds in tasks),
+        slowest_tasks=sorted(tasks, key=lambda task: -task[1])[:15],
+        rest_tasks=[
+            (name, seconds)
+            for name, seconds in tasks
+            if not any(fragment in name for _phase, fragments in REDEPLOY_PHASES for fragment in fragments)
+        ],
+    )
 
 
 def bench_redeploy(args, workdir: Path) -> dict:
@@ -566,9 +683,15 @@ def bench_redeploy(args, workdir: Path) -> dict:
     inventory = write_inventory(workdir, [node])
     routed = workdir / "routed"
     env = {"SIMVLLM_LOAD_SECONDS": "2.0", "SIMVLLM_TOKEN_SECONDS": "0.02"}  # model load 2 s; a 40-token request 0.8 s
-    root = write_host_vars(inventory.parent, node, [instance("a", port, [0, 1], CORRECTED, environment=env)],
-                           vllm_server_drain_poll_interval=0.2, vllm_server_ready_poll_interval=0.2,
-                           vllm_server_drain_command="rm -f %s" % routed, vllm_server_restore_command="touch %s" % routed)
+    root = write_host_vars(
+        inventory.parent,
+        node,
+        [instance("a", port, [0, 1], CORRECTED, environment=env)],
+        vllm_server_drain_poll_interval=0.2,
+        vllm_server_ready_poll_interval=0.2,
+        vllm_server_drain_command="rm -f %s" % routed,
+        vllm_server_restore_command="touch %s" % routed,
+    )
     log_file = root / "log" / "a.log"
     runs = {"idle": [], "load": []}
     noop = workdir / "noop.yml"
@@ -578,7 +701,7 @@ def bench_redeploy(args, workdir: Path) -> dict:
         noop_s = median([playbook(inventory, noop)["wall_s"] for _number in range(3)])
         number = 0
         for run in range(args.runs):
-            for kind in (("idle", "load") if run % 2 == 0 else ("load", "idle")):
+            for kind in ("idle", "load") if run % 2 == 0 else ("load", "idle"):
                 number += 1
                 override = {"test_override": {"gpu_memory_utilization": 0.85 if number % 2 else 0.9}}
                 load = None
@@ -596,12 +719,20 @@ def bench_redeploy(args, workdir: Path) -> dict:
                     figures["requests"] = len(results)
                     figures["failed_requests"] = len([r for r in results if r[1] != 200 or r[2] != "length"])
                 runs[kind].append(figures)
-                log("redeploy: %s run %d: %.2f s wall, rest %.2f s" % (kind, run + 1, figures["wall_s"], figures["rest"]))
+                log(
+                    "redeploy: %s run %d: %.2f s wall, rest %.2f s"
+                    % (kind, run + 1, figures["wall_s"], figures["rest"])
+                )
     finally:
         node.down()
     phases = [name for name, _fragments in REDEPLOY_PHASES] + ["model load", "rest", "wall_s"]
-    return {"runs": runs, "noop_play_s": noop_s,
-            "median": {kind: {phase: median([r[phase] for r in runs[kind]]) for phase in phases} for kind in runs if runs[kind]}}
+    return {
+        "runs": runs,
+        "noop_play_s": noop_s,
+        "median": {
+            kind: {phase: median([r[phase] for r in runs[kind]]) for phase in phases} for kind in runs if runs[kind]
+        },
+    }
 
 
 def table(results: dict) -> str:
@@ -612,63 +743,124 @@ def table(results: dict) -> str:
         wall, cpu = scan["median_wall_s"], scan["median_cpu_s"]
         title = "%d processes, %d fds" % (scan["processes"], scan["fds"])
         for tool in ("scan", "scan_serial", "fuser", "lsof"):
-            rows.append("| holder scan, %s: `%s` | %.0f ms wall, %.0f ms CPU | | |" % (
-                title, {"scan": "scan_holders()", "scan_serial": "scan_holders(workers=1)", "fuser": "fuser -v",
-                        "lsof": "lsof"}[tool], wall[tool] * 1000, cpu[tool] * 1000))
+            rows.append(
+                "| holder scan, %s: `%s` | %.0f ms wall, %.0f ms CPU | | |"
+                % (
+                    title,
+                    {
+                        "scan": "scan_holders()",
+                        "scan_serial": "scan_holders(workers=1)",
+                        "fuser": "fuser -v",
+                        "lsof": "lsof",
+                    }[tool],
+                    wall[tool] * 1000,
+                    cpu[tool] * 1000,
+                )
+            )
         ratio = wall["scan"] / wall["fuser"]
         rows.append("| scan / fuser (wall) | %.2f | <= 0.50 | %s |" % (ratio, "yes" if ratio <= 0.5 else "no"))
         rows.append("| serial scan / fuser (wall) | %.2f | | |" % (wall["scan_serial"] / wall["fuser"]))
-        for tool, words in (("snapshot_full", "full /proc scan (gpu_facts)"),
-                            ("snapshot_listed", "listed PIDs only (gpu_kill/gpu_wait where memory is explained)")):
+        for tool, words in (
+            ("snapshot_full", "full /proc scan (gpu_facts)"),
+            ("snapshot_listed", "listed PIDs only (gpu_kill/gpu_wait where memory is explained)"),
+        ):
             if tool in wall:
-                rows.append("| one look of the modules, %s: driver + %s | %.0f ms wall, %.0f ms CPU | | |" % (
-                    title, words, wall[tool] * 1000, cpu[tool] * 1000))
+                rows.append(
+                    "| one look of the modules, %s: driver + %s | %.0f ms wall, %.0f ms CPU | | |"
+                    % (title, words, wall[tool] * 1000, cpu[tool] * 1000)
+                )
         if "snapshot_listed" in wall:
             rows.append("| listed look / fuser (wall) | %.2f | | |" % (wall["snapshot_listed"] / wall["fuser"]))
         agree = all(scan["sets_agree"].values())
-        rows.append("| holder sets of scan, fuser, lsof = the %d made | %s | same set | %s |"
-                    % (len(scan["expected"]), "all agree" if agree else scan["sets_agree"], "yes" if agree else "no"))
+        rows.append(
+            "| holder sets of scan, fuser, lsof = the %d made | %s | same set | %s |"
+            % (len(scan["expected"]), "all agree" if agree else scan["sets_agree"], "yes" if agree else "no")
+        )
     for latency, release in results.get("release", {}).items():
-        rows.append("| gpu_wait return after the release, latency %s s (max %.3f) | %.3f s | <= 0.1 s | %s |" % (
-            latency, release["max_delay_s"], release["median_delay_s"], "yes" if release["max_delay_s"] <= 0.1 else "no"))
+        rows.append(
+            "| gpu_wait return after the release, latency %s s (max %.3f) | %.3f s | <= 0.1 s | %s |"
+            % (
+                latency,
+                release["max_delay_s"],
+                release["median_delay_s"],
+                "yes" if release["max_delay_s"] <= 0.1 else "no",
+            )
+        )
     node = results.get("node")
     if node:
         budget = 1.0 + node["release_latency_s"]
         rows.append("| one node: reset_gpus.yml, orphaned TP=8 tree | %.2f s | | |" % node["median_reset_s"])
         rows.append("| one node: play of one ping task | %.2f s | | |" % node["median_noop_s"])
-        rows.append("| one node: reset - ping play (release latency %.1f s) | %.2f s | <= %.1f s | %s |" % (
-            node["release_latency_s"], node["median_extra_s"], budget, "yes" if node["median_extra_s"] <= budget else "no"))
-        rows.append("| one node: CPU of the reset, controller and node together (local connection) | %.2f s | | |"
-                    % median([run["cpu_s"] for run in node["runs"]["reset"]]))
+        rows.append(
+            "| one node: reset - ping play (release latency %.1f s) | %.2f s | <= %.1f s | %s |"
+            % (
+                node["release_latency_s"],
+                node["median_extra_s"],
+                budget,
+                "yes" if node["median_extra_s"] <= budget else "no",
+            )
+        )
+        rows.append(
+            "| one node: CPU of the reset, controller and node together (local connection) | %.2f s | | |"
+            % median([run["cpu_s"] for run in node["runs"]["reset"]])
+        )
     fleet = results.get("fleet")
     if fleet:
         label = "fleet, %d nodes over SSH, forks %d, %d CPUs" % (fleet["nodes"], fleet["forks"], fleet["cpus"])
         ping = fleet["median"]["ping"]
-        rows.append("| %s: play of one ping task (wall; controller + node CPU per host) | %.2f s; %.3f + %.3f s | | |" % (
-            label, ping["wall_s"], ping["controller_cpu_per_host_s"], ping["node_cpu_per_host_s"]))
+        rows.append(
+            "| %s: play of one ping task (wall; controller + node CPU per host) | %.2f s; %.3f + %.3f s | | |"
+            % (label, ping["wall_s"], ping["controller_cpu_per_host_s"], ping["node_cpu_per_host_s"])
+        )
         for kind in FLEET_KINDS[1:]:
             absolute, ratio = fleet["median"][kind], fleet["median_ratio"][kind]
-            for figure, words in (("controller_cpu_per_host_s", "controller CPU per host"),
-                                  ("node_cpu_per_host_s", "node CPU per host"), ("wall_s", "wall")):
+            for figure, words in (
+                ("controller_cpu_per_host_s", "controller CPU per host"),
+                ("node_cpu_per_host_s", "node CPU per host"),
+                ("wall_s", "wall"),
+            ):
                 goal = FLEET_GOALS.get((kind, figure))
-                rows.append("| fleet: %s / ping play, %s | %.2f (%.3f s) | %s | %s |" % (
-                    FLEET_TITLES[kind], words, ratio[figure], absolute[figure], "<= %.1f" % goal if goal else "",
-                    ("yes" if ratio[figure] <= goal else "no") if goal else ""))
+                rows.append(
+                    "| fleet: %s / ping play, %s | %.2f (%.3f s) | %s | %s |"
+                    % (
+                        FLEET_TITLES[kind],
+                        words,
+                        ratio[figure],
+                        absolute[figure],
+                        "<= %.1f" % goal if goal else "",
+                        ("yes" if ratio[figure] <= goal else "no") if goal else "",
+                    )
+                )
         extra = fleet["orphaned_minus_clean"]
-        rows.append("| fleet: reset with orphaned trees - clean reset (ending + release %.1f s), per host | "
-                    "%.3f s controller CPU, %.3f s node CPU, %.2f s wall | | |" % (
-                        fleet["release_latency_s"], extra["controller_cpu_per_host_s"], extra["node_cpu_per_host_s"], extra["wall_s"]))
+        rows.append(
+            "| fleet: reset with orphaned trees - clean reset (ending + release %.1f s), per host | "
+            "%.3f s controller CPU, %.3f s node CPU, %.2f s wall | | |"
+            % (
+                fleet["release_latency_s"],
+                extra["controller_cpu_per_host_s"],
+                extra["node_cpu_per_host_s"],
+                extra["wall_s"],
+            )
+        )
     redeploy = results.get("redeploy")
     if redeploy:
         for kind, figures in redeploy["median"].items():
-            split = ", ".join("%s %.2f" % (phase, figures[phase]) for phase in figures if phase not in ("wall_s", "rest"))
-            rows.append("| redeploy TP=2 DFlash, %s: play wall time | %.2f s (%s) | | |" % (kind, figures["wall_s"], split))
-            rows.append("| redeploy TP=2 DFlash, %s: the rest (collection overhead) | %.2f s | < 2 s | %s |" % (
-                kind, figures["rest"], "yes" if figures["rest"] < 2 else "no"))
+            split = ", ".join(
+                "%s %.2f" % (phase, figures[phase]) for phase in figures if phase not in ("wall_s", "rest")
+            )
+            rows.append(
+                "| redeploy TP=2 DFlash, %s: play wall time | %.2f s (%s) | | |" % (kind, figures["wall_s"], split)
+            )
+            rows.append(
+                "| redeploy TP=2 DFlash, %s: the rest (collection overhead) | %.2f s | < 2 s | %s |"
+                % (kind, figures["rest"], "yes" if figures["rest"] < 2 else "no")
+            )
         rows.append("| one node: play of one ping task (for reference) | %.2f s | | |" % redeploy["noop_play_s"])
         failed = sum(r.get("failed_requests", 0) for r in redeploy["runs"]["load"])
-        rows.append("| redeploy under load: failed requests | %d of %d | 0 | %s |" % (
-            failed, sum(r.get("requests", 0) for r in redeploy["runs"]["load"]), "yes" if failed == 0 else "no"))
+        rows.append(
+            "| redeploy under load: failed requests | %d of %d | 0 | %s |"
+            % (failed, sum(r.get("requests", 0) for r in redeploy["runs"]["load"]), "yes" if failed == 0 else "no")
+        )
     return "\n".join(rows)
 
 
@@ -693,13 +885,26 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error("unknown sections: %s" % ", ".join(sorted(unknown)))
 
-    results = {"machine": {"cpus": len(os.sched_getaffinity(0)), "kernel": platform.release(),
-                           "python": platform.python_version(), "load_before": os.getloadavg()},
-               "quick": args.quick, "runs": args.runs, "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+    results = {
+        "machine": {
+            "cpus": len(os.sched_getaffinity(0)),
+            "kernel": platform.release(),
+            "python": platform.python_version(),
+            "load_before": os.getloadavg(),
+        },
+        "quick": args.quick,
+        "runs": args.runs,
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="gpuops-bench-") as workdir:
-        for section, function in (("scan", bench_scan), ("release", bench_release), ("node", bench_node), ("fleet", bench_fleet),
-                                  ("redeploy", bench_redeploy)):
+        for section, function in (
+            ("scan", bench_scan),
+            ("release", bench_release),
+            ("node", bench_node),
+            ("fleet", bench_fleet),
+            ("redeploy", bench_redeploy),
+        ):
             if section in sections:
                 log("section %s" % section)
                 results[section] = function(args, Path(workdir))
@@ -713,10 +918,16 @@ def main(argv: list[str] | None = None) -> int:
         (args.out / "performance.json").write_text(json.dumps(results, indent=1) + "\n")
         (args.out / "performance.svg").write_text(plot.svg(results))
     print(table(results))
-    print("\n%d CPUs, load %s before and %s after; %.0f s; raw results: %s" % (
-        results["machine"]["cpus"], "/".join("%.1f" % x for x in results["machine"]["load_before"]),
-        "/".join("%.1f" % x for x in results["machine"]["load_after"]), results["duration_s"],
-        args.out / ("performance-%s.json" % alone if alone else "performance.json")))
+    print(
+        "\n%d CPUs, load %s before and %s after; %.0f s; raw results: %s"
+        % (
+            results["machine"]["cpus"],
+            "/".join("%.1f" % x for x in results["machine"]["load_before"]),
+            "/".join("%.1f" % x for x in results["machine"]["load_after"]),
+            results["duration_s"],
+            args.out / ("performance-%s.json" % alone if alone else "performance.json"),
+        )
+    )
     return 0
 
 

@@ -68,8 +68,15 @@ def translates(driver_version):
 
 
 # (scenario, seconds it needs at least): skipped when less time is left.
-SCENARIOS = (("idle", 10), ("attribution", 45), ("vllm_tree", 40), ("inherited", 40), ("sigterm_ignored", 30), ("nested_pidns", 40),
-             ("release_latency", 30))
+SCENARIOS = (
+    ("idle", 10),
+    ("attribution", 45),
+    ("vllm_tree", 40),
+    ("inherited", 40),
+    ("sigterm_ignored", 30),
+    ("nested_pidns", 40),
+    ("release_latency", 30),
+)
 
 
 class CheckError(RuntimeError):
@@ -84,13 +91,24 @@ def parse_args(argv):
     parser = argparse.ArgumentParser(description="Acceptance check of gpuops.nvidia on a real NVIDIA GPU")
     parser.add_argument("--out", default=os.path.join(HERE, "out"), help="directory for result.json and result.md")
     parser.add_argument("--gpu", type=int, default=0, help="NVML index of the GPU to use (default 0)")
-    parser.add_argument("--backend", choices=("auto", "torch", "cuda", "sim"), default="auto",
-                        help="how workloads allocate: PyTorch, the CUDA driver API via ctypes, or a simulated node")
+    parser.add_argument(
+        "--backend",
+        choices=("auto", "torch", "cuda", "sim"),
+        default="auto",
+        help="how workloads allocate: PyTorch, the CUDA driver API via ctypes, or a simulated node",
+    )
     parser.add_argument("--sizes-gib", default="1,10,50", help="allocations whose release latency is measured")
-    parser.add_argument("--tree-gib", type=int, default=1, help="GiB each allocating process holds in the other scenarios")
+    parser.add_argument(
+        "--tree-gib", type=int, default=1, help="GiB each allocating process holds in the other scenarios"
+    )
     parser.add_argument("--deadline", type=float, default=420.0, help="overall time budget in seconds")
-    parser.add_argument("--tolerance-mib", type=int, default=64, help="MiB above the idle level that counts as released")
-    parser.add_argument("--only", help="comma-separated scenarios to run (default all: %s)" % ",".join(name for name, _seconds in SCENARIOS))
+    parser.add_argument(
+        "--tolerance-mib", type=int, default=64, help="MiB above the idle level that counts as released"
+    )
+    parser.add_argument(
+        "--only",
+        help="comma-separated scenarios to run (default all: %s)" % ",".join(name for name, _seconds in SCENARIOS),
+    )
     parser.add_argument("--probe", action="store_true", help="only say whether an NVIDIA GPU is usable")
     parser.add_argument("--missing-packages", action="store_true", help="only print the pip names of missing packages")
     parser.add_argument("--render-md", nargs="+", metavar="RESULT_JSON", help="print docs/hardware.md's table")
@@ -107,9 +125,12 @@ def parse_args(argv):
 def missing_packages():
     """pip requirement names of the modules in REQUIRED and OPTIONAL that this Python cannot import
     (ansible-core also when older than MIN_ANSIBLE)."""
-    missing = [package for module, package in dict(REQUIRED, **OPTIONAL).items() if importlib.util.find_spec(module) is None]
+    missing = [
+        package for module, package in dict(REQUIRED, **OPTIONAL).items() if importlib.util.find_spec(module) is None
+    ]
     if "ansible-core" not in missing:
         from ansible.release import __version__
+
         if tuple(int(part) for part in re.findall(r"\d+", __version__)[:2]) < MIN_ANSIBLE:
             missing.append("ansible-core")
     return missing
@@ -139,8 +160,9 @@ def utc_now():
 
 def git_commit():
     try:
-        return subprocess.run(["git", "-C", REPO, "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
-                              timeout=10).stdout.strip()
+        return subprocess.run(
+            ["git", "-C", REPO, "rev-parse", "HEAD"], capture_output=True, text=True, check=True, timeout=10
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
 
@@ -165,20 +187,50 @@ class CheckRun:
         identity = self.gpu.identity()
         self.index = args.gpu
         self.ansible = Ansible(REPO, os.path.join(self.workdir, "ansible"))
-        self.workloads = Workloads(os.path.join(self.workdir, "run"), self.marker, backend, self.index, identity["uuid"])
+        self.workloads = Workloads(
+            os.path.join(self.workdir, "run"), self.marker, backend, self.index, identity["uuid"]
+        )
         self.idle_used_mib = self.used_mib()  # the level "released" returns to; the idle scenario reads it again
         self.result = {
-            "schema": 1, "date": utc_now(), "status": None,
-            "gpu": {key: identity[key] for key in ("index", "name", "uuid", "minor", "pci_bus_id", "memory_total_mib",
-                                                   "persistence_mode", "compute_mode", "gpu_count")},
+            "schema": 1,
+            "date": utc_now(),
+            "status": None,
+            "gpu": {
+                key: identity[key]
+                for key in (
+                    "index",
+                    "name",
+                    "uuid",
+                    "minor",
+                    "pci_bus_id",
+                    "memory_total_mib",
+                    "persistence_mode",
+                    "compute_mode",
+                    "gpu_count",
+                )
+            },
             "driver": {key: identity[key] for key in ("driver_version", "nvml_version", "cuda_driver_version")},
-            "host": {"kernel": platform.release(), "python": platform.python_version(), "ansible_core": self.ansible.version(),
-                     "backend": backend, "backend_details": None, "root": os.geteuid() == 0,
-                     "setproctitle": importlib.util.find_spec("setproctitle") is not None,
-                     "pidfd": hasattr(os, "pidfd_open"), "collection_commit": git_commit(), "marker": self.marker},
-            "settings": {"deadline_s": args.deadline, "sizes_gib": args.sizes_gib, "tree_gib": args.tree_gib,
-                         "tolerance_mib": args.tolerance_mib, "scenarios": args.only},
-            "scenarios": {}, "workdir": self.workdir,
+            "host": {
+                "kernel": platform.release(),
+                "python": platform.python_version(),
+                "ansible_core": self.ansible.version(),
+                "backend": backend,
+                "backend_details": None,
+                "root": os.geteuid() == 0,
+                "setproctitle": importlib.util.find_spec("setproctitle") is not None,
+                "pidfd": hasattr(os, "pidfd_open"),
+                "collection_commit": git_commit(),
+                "marker": self.marker,
+            },
+            "settings": {
+                "deadline_s": args.deadline,
+                "sizes_gib": args.sizes_gib,
+                "tree_gib": args.tree_gib,
+                "tolerance_mib": args.tolerance_mib,
+                "scenarios": args.only,
+            },
+            "scenarios": {},
+            "workdir": self.workdir,
         }
         self.result["gpu"]["all_minors"] = self.gpu.minors()
         self.result["gpu"]["mig_mode"] = self.gpu.mig_mode()  # read only (issue 13): the check never changes it
@@ -208,8 +260,18 @@ class CheckRun:
         gpu = next((g for g in facts["gpus"] if g["index"] == self.index), None)
         if gpu is None:
             raise CheckError("gpu_facts reports no GPU %d: %s" % (self.index, facts["driver"]))
-        return {key: gpu[key] for key in ("memory_total_mib", "memory_used_mib", "memory_reserved_mib", "memory_source",
-                                          "explained_mib", "unexplained_mib", "holder_pids")}
+        return {
+            key: gpu[key]
+            for key in (
+                "memory_total_mib",
+                "memory_used_mib",
+                "memory_reserved_mib",
+                "memory_source",
+                "explained_mib",
+                "unexplained_mib",
+                "holder_pids",
+            )
+        }
 
     def holder_records(self, infos, facts=None):
         """{name: what the driver, gpu_facts and /proc say about each ready workload}."""
@@ -221,23 +283,38 @@ class CheckRun:
             pid = info["host_pid"]
             entry, holder = listed.get(pid), by_pid.get(pid)
             stat = procs.read_stat(pid) or {}
-            record = {"pid": pid, "ns_pid": info["pid"], "role": info["role"], "bytes": info["bytes"],
-                      "comm": stat.get("comm"), "cmdline": info["cmdline"], "retitled_with": info["retitled_with"],
-                      "lists": entry["lists"] if entry else [], "listed_mib": entry["used_mib"] if entry else None,
-                      "device_files": procs.device_files(pid)}
+            record = {
+                "pid": pid,
+                "ns_pid": info["pid"],
+                "role": info["role"],
+                "bytes": info["bytes"],
+                "comm": stat.get("comm"),
+                "cmdline": info["cmdline"],
+                "retitled_with": info["retitled_with"],
+                "lists": entry["lists"] if entry else [],
+                "listed_mib": entry["used_mib"] if entry else None,
+                "device_files": procs.device_files(pid),
+            }
             if facts is not None:
                 user = users.get(pid)
                 view = attribution.facts_view(pid, facts)
-                record.update(found_by_facts=holder is not None, seen_in=holder["seen_in"] if holder else None,
-                              found_by_scan=bool({"fd", "mapping"} & set((holder or user or {}).get("seen_in") or [])),
-                              facts_role=view["role"], facts_attribution=view["attribution"], facts_kind=view["kind"],
-                              facts_comm=holder["comm"] if holder else None, facts_cmdline=holder["cmdline"] if holder else None,
-                              facts_gpus=holder["gpus"] if holder else None,
-                              facts_memory_mib=holder["memory_mib"].get(str(self.index)) if holder else None)
+                record.update(
+                    found_by_facts=holder is not None,
+                    seen_in=holder["seen_in"] if holder else None,
+                    found_by_scan=bool({"fd", "mapping"} & set((holder or user or {}).get("seen_in") or [])),
+                    facts_role=view["role"],
+                    facts_attribution=view["attribution"],
+                    facts_kind=view["kind"],
+                    facts_comm=holder["comm"] if holder else None,
+                    facts_cmdline=holder["cmdline"] if holder else None,
+                    facts_gpus=holder["gpus"] if holder else None,
+                    facts_memory_mib=holder["memory_mib"].get(str(self.index)) if holder else None,
+                )
             records[name] = record
         if self.result["host"]["backend_details"] is None:
-            self.result["host"]["backend_details"] = next((i["backend_details"] for i in infos.values()
-                                                           if i["backend_details"] and i["role"] == "hold"), None)
+            self.result["host"]["backend_details"] = next(
+                (i["backend_details"] for i in infos.values() if i["backend_details"] and i["role"] == "hold"), None
+            )
         return records
 
     # ---- the modules -----------------------------------------------------------------------------
@@ -252,23 +329,39 @@ class CheckRun:
             raise CheckError("gpu_kill gave no result: %s" % run["output"])
         exited = {item["pid"]: item.get("exited_after_s") for item in result.get("exited", [])}
         return {
-            "status": run["status"], "msg": result.get("msg"), "elapsed_s": result.get("elapsed_s"), "ansible_s": run["elapsed_s"],
-            "signalled": {ours.get(item["pid"], "PID %d" % item["pid"]): {
-                "pid": item["pid"], "signals": item["signals"], "exited_after_s": exited.get(item["pid"])}
-                for item in result.get("signalled", [])},
+            "status": run["status"],
+            "msg": result.get("msg"),
+            "elapsed_s": result.get("elapsed_s"),
+            "ansible_s": run["elapsed_s"],
+            "signalled": {
+                ours.get(item["pid"], "PID %d" % item["pid"]): {
+                    "pid": item["pid"],
+                    "signals": item["signals"],
+                    "exited_after_s": exited.get(item["pid"]),
+                }
+                for item in result.get("signalled", [])
+            },
             "not_holding": [ours.get(pid, pid) for pid in result.get("not_holding", [])],
-            "survived": result.get("survived", []), "protected": result.get("protected", []),
+            "survived": result.get("survived", []),
+            "protected": result.get("protected", []),
         }
 
     def gpu_wait(self, timeout=60.0):
-        run = self.ansible.module("gpuops.nvidia.gpu_wait", dict(gpus=[self.index], timeout=timeout),
-                                  timeout=self.deadline.cap(timeout + 60))
+        run = self.ansible.module(
+            "gpuops.nvidia.gpu_wait", dict(gpus=[self.index], timeout=timeout), timeout=self.deadline.cap(timeout + 60)
+        )
         result = run["result"]
         if run["status"] is None:
             raise CheckError("gpu_wait gave no result: %s" % run["output"])
-        return {"status": run["status"], "released": result.get("released"), "elapsed_s": result.get("elapsed_s"),
-                "polls": result.get("polls"), "ansible_s": run["elapsed_s"], "msg": result.get("msg"),
-                "gpus": result.get("gpus")}
+        return {
+            "status": run["status"],
+            "released": result.get("released"),
+            "elapsed_s": result.get("elapsed_s"),
+            "polls": result.get("polls"),
+            "ansible_s": run["elapsed_s"],
+            "msg": result.get("msg"),
+            "gpus": result.get("gpus"),
+        }
 
     @staticmethod
     def check(scenario, name, ok, detail=None):
@@ -276,7 +369,9 @@ class CheckRun:
 
     def check_only_ours(self, scenario, kill, names):
         signalled = set(kill["signalled"])
-        self.check(scenario, "gpu_kill signalled exactly %s" % sorted(names), signalled == set(names), sorted(signalled))
+        self.check(
+            scenario, "gpu_kill signalled exactly %s" % sorted(names), signalled == set(names), sorted(signalled)
+        )
 
     def end_scenario_processes(self):
         """SIGKILL the pinned processes still alive (e.g. an orphaned EngineCore) and wait until they are gone."""
@@ -296,22 +391,40 @@ class CheckRun:
         own = os.getpid()
         gpu = self.gpu_facts_summary(facts)
         scenario.update(
-            memory=memory, driver_processes=sorted(self.gpu.processes()), nvml_client_device_files=procs.device_files(own),
+            memory=memory,
+            driver_processes=sorted(self.gpu.processes()),
+            nvml_client_device_files=procs.device_files(own),
             gpu_facts=gpu,
-            other_holders=[{key: h[key] for key in ("pid", "comm", "cmdline", "seen_in", "memory_mib", "control_only")}
-                           for h in facts["holders"] if h["pid"] != own and (self.index in h["gpus"] or h["control_only"])])
-        self.check(scenario, "gpu_facts reads the GPU's total memory", gpu["memory_total_mib"] == memory["total_mib"],
-                   [gpu["memory_total_mib"], memory["total_mib"]])
-        self.check(scenario, "gpu_facts reads NVML memory info v2", gpu["memory_source"] == "nvmlDeviceGetMemoryInfo_v2",
-                   gpu["memory_source"])
+            other_holders=[
+                {key: h[key] for key in ("pid", "comm", "cmdline", "seen_in", "memory_mib", "control_only")}
+                for h in facts["holders"]
+                if h["pid"] != own and (self.index in h["gpus"] or h["control_only"])
+            ],
+        )
+        self.check(
+            scenario,
+            "gpu_facts reads the GPU's total memory",
+            gpu["memory_total_mib"] == memory["total_mib"],
+            [gpu["memory_total_mib"], memory["total_mib"]],
+        )
+        self.check(
+            scenario,
+            "gpu_facts reads NVML memory info v2",
+            gpu["memory_source"] == "nvmlDeviceGetMemoryInfo_v2",
+            gpu["memory_source"],
+        )
 
     def attribution_reading(self, scenario, phase, pids):
         """One reading of the attribution scenario: raw records of our processes `pids` ({case: PID}) from /proc and
         the driver's lists of every GPU, the rule applied to them, gpu_facts' view (through ansible-playbook), and
         the checks comparing them (gpucheck/attribution.py). Returns {case: {"record", "rule", "facts", "meets"}}."""
         lists = self.gpu.all_processes()
-        memory = attribution.gpu_memory(lists, self.gpu.all_used_mib(), ATTRIBUTION_TOLERANCE_MIB,
-                                        alive=lambda pid: os.path.exists("/proc/%d" % pid))
+        memory = attribution.gpu_memory(
+            lists,
+            self.gpu.all_used_mib(),
+            ATTRIBUTION_TOLERANCE_MIB,
+            alive=lambda pid: os.path.exists("/proc/%d" % pid),
+        )
         records = {}
         for case, pid in pids.items():
             maps = procs.device_mappings(pid)
@@ -321,12 +434,18 @@ class CheckRun:
         expected = {name: spec for name, _what, _phase, spec in attribution.CASES}
         reading = {}
         for case, record in records.items():
-            rule = attribution.by_rule(record, memory, minors, translating=translates(self.result["driver"]["driver_version"]))
+            rule = attribution.by_rule(
+                record, memory, minors, translating=translates(self.result["driver"]["driver_version"])
+            )
             view = attribution.facts_view(record["pid"], facts)
             for name, ok, detail in attribution.judge(case, phase, record, rule, view, self.index):
                 self.check(scenario, name, ok, detail)
-            reading[case] = {"record": record, "rule": rule, "facts": view,
-                             "meets": attribution.meets(view, expected[case], self.index)}
+            reading[case] = {
+                "record": record,
+                "rule": rule,
+                "facts": view,
+                "meets": attribution.meets(view, expected[case], self.index),
+            }
         scenario.setdefault("memory", {})[phase] = memory[self.index]
         scenario.setdefault("gpu_facts", {})[phase] = self.gpu_facts_summary(facts)
         return reading
@@ -336,8 +455,11 @@ class CheckRun:
         initialized without a context, read while the driver's lists explain the GPU's memory; then a forked child
         of a CUDA process after the parent's SIGKILL (inherited handles keep memory no list explains), read again."""
         nbytes = self.args.tree_gib << 30
-        starts = (("attr.context", "context", {"nbytes": nbytes}), ("attr.nvml", "nvml_only", {"role": "nvml"}),
-                  ("attr.cuinit", "cuda_init", {"role": "cuinit"}))
+        starts = (
+            ("attr.context", "context", {"nbytes": nbytes}),
+            ("attr.nvml", "nvml_only", {"role": "nvml"}),
+            ("attr.cuinit", "cuda_init", {"role": "cuinit"}),
+        )
         launchers = [(name, self.workloads.start(name, **options)) for name, _case, options in starts]
         infos = {}
         for name, launcher in launchers:
@@ -357,10 +479,13 @@ class CheckRun:
         # The driver keeps listing a context under its creator's PID while the child holds its handles
         # (open-gpu-kernel-modules gpu_rmapi.c gpuGetProcWithObject_IMPL): recorded, what the child holds too.
         listed = self.gpu.processes()
-        scenario["inherit_parent"] = {"pid": parent, "listed_after_exit": parent in listed,
-                                      "parent_lists": (listed.get(parent) or {}).get("lists", []),
-                                      "child_lists": (listed.get(child) or {}).get("lists", []),
-                                      "child_device_files": sorted(procs.device_files(child))}
+        scenario["inherit_parent"] = {
+            "pid": parent,
+            "listed_after_exit": parent in listed,
+            "parent_lists": (listed.get(parent) or {}).get("lists", []),
+            "child_lists": (listed.get(child) or {}).get("lists", []),
+            "child_device_files": sorted(procs.device_files(child)),
+        }
         pids["inherited_child"] = scenario["pids"]["inherited_child"] = child
         scenario["readings"]["unexplained"] = self.attribution_reading(scenario, "unexplained", pids)
         scenario["table"] = attribution.table_rows(scenario, self.result["gpu"]["all_minors"])
@@ -376,14 +501,29 @@ class CheckRun:
         scenario["gpu_facts"] = self.gpu_facts_summary(facts)
         for rank, name in enumerate(workers):
             holder = holders[name]
-            self.check(scenario, "gpu_facts finds %s on GPU %d" % (name, self.index),
-                       holder["found_by_facts"] and self.index in holder["facts_gpus"], holder["seen_in"])
-            self.check(scenario, "gpu_facts reports %s's comm as the kernel's 15-byte cut" % name,
-                       holder["facts_comm"] == ("VLLM::Worker_TP%d" % rank)[:15], holder["facts_comm"])
-            self.check(scenario, "gpu_facts reports %s's full cmdline" % name, holder["facts_cmdline"] == holder["cmdline"],
-                       holder["facts_cmdline"])
-        self.check(scenario, "API server and EngineCore (no CUDA) are not holders",
-                   not holders["vllm"]["found_by_facts"] and not holders[engine]["found_by_facts"])
+            self.check(
+                scenario,
+                "gpu_facts finds %s on GPU %d" % (name, self.index),
+                holder["found_by_facts"] and self.index in holder["facts_gpus"],
+                holder["seen_in"],
+            )
+            self.check(
+                scenario,
+                "gpu_facts reports %s's comm as the kernel's 15-byte cut" % name,
+                holder["facts_comm"] == ("VLLM::Worker_TP%d" % rank)[:15],
+                holder["facts_comm"],
+            )
+            self.check(
+                scenario,
+                "gpu_facts reports %s's full cmdline" % name,
+                holder["facts_cmdline"] == holder["cmdline"],
+                holder["facts_cmdline"],
+            )
+        self.check(
+            scenario,
+            "API server and EngineCore (no CUDA) are not holders",
+            not holders["vllm"]["found_by_facts"] and not holders[engine]["found_by_facts"],
+        )
         self.workloads.kill("vllm")
         gone = poll_until(lambda: not self.workloads.alive("vllm"), self.deadline.cap(10))
         orphans = all(self.workloads.alive(name) for name in names[1:])
@@ -391,13 +531,22 @@ class CheckRun:
         before = self.used_mib()
         kill = scenario["gpu_kill"] = self.gpu_kill(names[1:], grace_period=5)
         self.check_only_ours(scenario, kill, workers)
-        self.check(scenario, "gpu_kill leaves EngineCore (no GPU) as not holding", engine in kill["not_holding"], kill["not_holding"])
+        self.check(
+            scenario,
+            "gpu_kill leaves EngineCore (no GPU) as not holding",
+            engine in kill["not_holding"],
+            kill["not_holding"],
+        )
         wait = scenario["gpu_wait"] = self.gpu_wait()
         self.check(scenario, "gpu_wait: released", wait["released"], wait["msg"])
         after = self.used_mib()
         scenario["memory"] = {"before_kill_mib": before, "after_wait_mib": after, "freed_mib": before - after}
-        self.check(scenario, "at least the workers' allocations were freed", before - after >= 2 * (nbytes // MIB) - self.args.tolerance_mib,
-                   before - after)
+        self.check(
+            scenario,
+            "at least the workers' allocations were freed",
+            before - after >= 2 * (nbytes // MIB) - self.args.tolerance_mib,
+            before - after,
+        )
 
     def scenario_inherited(self, scenario):
         nbytes = self.args.tree_gib << 30
@@ -405,11 +554,19 @@ class CheckRun:
         launcher = self.workloads.start("inherit", nbytes=nbytes, fork_child=True)
         infos = self.workloads.wait_ready(["inherit", "inherit.child"], launcher, self.deadline.cap(120))
         holders = scenario["holders"] = self.holder_records(infos, self.facts())
-        self.check(scenario, "gpu_facts finds the listed parent as a holder while both live", holders["inherit"]["found_by_facts"],
-                   holders["inherit"]["seen_in"])
+        self.check(
+            scenario,
+            "gpu_facts finds the listed parent as a holder while both live",
+            holders["inherit"]["found_by_facts"],
+            holders["inherit"]["seen_in"],
+        )
         # The parent's listed memory explains the GPU: the child's inherited handle makes it a device user only.
-        self.check(scenario, "gpu_facts reports the child as a device user, not a holder, while the parent lives",
-                   holders["inherit.child"]["facts_role"] == "device_user", holders["inherit.child"]["facts_role"])
+        self.check(
+            scenario,
+            "gpu_facts reports the child as a device user, not a holder, while the parent lives",
+            holders["inherit.child"]["facts_role"] == "device_user",
+            holders["inherit.child"]["facts_role"],
+        )
         parent, child = infos["inherit"]["host_pid"], infos["inherit.child"]["host_pid"]
         self.workloads.kill("inherit")
         gone = poll_until(lambda: not self.workloads.alive("inherit"), self.deadline.cap(10))
@@ -420,12 +577,20 @@ class CheckRun:
         facts = self.facts()
         child_view = self.holder_records({"inherit.child": infos["inherit.child"]}, facts)["inherit.child"]
         scenario["after_parent_exit"] = {
-            "memory_kept": not released, "used_mib": self.used_mib(), "baseline_mib": baseline,
-            "child_lists": (listed.get(child) or {}).get("lists", []), "parent_lists": (listed.get(parent) or {}).get("lists", []),
-            "child": child_view, "gpu_facts": self.gpu_facts_summary(facts)}
-        self.check(scenario, "gpu_facts finds the child that only inherited the handles (memory unexplained)",
-                   child_view["found_by_facts"] and child_view["facts_attribution"].get(str(self.index)) == "device_file",
-                   [child_view["seen_in"], child_view["facts_attribution"]])
+            "memory_kept": not released,
+            "used_mib": self.used_mib(),
+            "baseline_mib": baseline,
+            "child_lists": (listed.get(child) or {}).get("lists", []),
+            "parent_lists": (listed.get(parent) or {}).get("lists", []),
+            "child": child_view,
+            "gpu_facts": self.gpu_facts_summary(facts),
+        }
+        self.check(
+            scenario,
+            "gpu_facts finds the child that only inherited the handles (memory unexplained)",
+            child_view["found_by_facts"] and child_view["facts_attribution"].get(str(self.index)) == "device_file",
+            [child_view["seen_in"], child_view["facts_attribution"]],
+        )
         before = self.used_mib()
         kill = scenario["gpu_kill"] = self.gpu_kill(["inherit.child"], grace_period=5)
         self.check_only_ours(scenario, kill, ["inherit.child"])
@@ -444,9 +609,18 @@ class CheckRun:
         kill = scenario["gpu_kill"] = self.gpu_kill(["stubborn"], grace_period=grace, kill_wait=10)
         self.check_only_ours(scenario, kill, ["stubborn"])
         sent = kill["signalled"].get("stubborn", {})
-        self.check(scenario, "SIGTERM ignored, then SIGKILL", sent.get("signals") == ["SIGTERM", "SIGKILL"], sent.get("signals"))
-        self.check(scenario, "exit observed after the grace period", (sent.get("exited_after_s") or 0) >= grace,
-                   sent.get("exited_after_s"))
+        self.check(
+            scenario,
+            "SIGTERM ignored, then SIGKILL",
+            sent.get("signals") == ["SIGTERM", "SIGKILL"],
+            sent.get("signals"),
+        )
+        self.check(
+            scenario,
+            "exit observed after the grace period",
+            (sent.get("exited_after_s") or 0) >= grace,
+            sent.get("exited_after_s"),
+        )
         wait = scenario["gpu_wait"] = self.gpu_wait()
         self.check(scenario, "gpu_wait: released", wait["released"], wait["msg"])
         after = self.used_mib()
@@ -470,37 +644,80 @@ class CheckRun:
         host = info["host_pid"]
         scenario["nspid"] = procs.nspids(host)
         scenario["driver_pid"] = "host" if host in listed else ("namespace" if info["pid"] in listed else "none")
-        self.check(scenario, "the holder runs in a nested PID namespace", len(scenario["nspid"]) >= 2 and info["pid"] != host,
-                   scenario["nspid"])
-        self.check(scenario, "gpu_facts finds the holder under its host PID", holder["found_by_facts"], holder["seen_in"])
+        self.check(
+            scenario,
+            "the holder runs in a nested PID namespace",
+            len(scenario["nspid"]) >= 2 and info["pid"] != host,
+            scenario["nspid"],
+        )
+        self.check(
+            scenario, "gpu_facts finds the holder under its host PID", holder["found_by_facts"], holder["seen_in"]
+        )
         # What the driver lists to a caller inside the namespace (535.113.01+: the namespace's numbers, gpu_rmapi.c
         # _gpuConvertPid -> os_find_ns_pid -> pid_vnr; older drivers: the host's).
         inside = scenario["lists_from_namespace"] = self.lists_seen_from(host)
-        scenario["driver_pid_in_namespace"] = ("error" if "error" in inside else "namespace" if str(info["pid"]) in inside["pids"]
-                                               else "host" if str(host) in inside["pids"] else "none")
+        scenario["driver_pid_in_namespace"] = (
+            "error"
+            if "error" in inside
+            else "namespace"
+            if str(info["pid"]) in inside["pids"]
+            else "host"
+            if str(host) in inside["pids"]
+            else "none"
+        )
         before = self.used_mib()
-        play = self.ansible.playbook(os.path.join(REPO, "playbooks", "reset_gpus.yml"), {
-            "reset_gpus_hosts": "localhost", "reset_gpus_gpus": [self.index], "reset_gpus_pids": [host],
-            "reset_gpus_match": re.escape(self.marker), "reset_gpus_grace_period": 5, "reset_gpus_timeout": 60},
-            timeout=self.deadline.cap(240))
-        scenario["playbook"] = {"rc": play["rc"], "recap": play["recap"], "elapsed_s": play["elapsed_s"],
-                                "output_tail": play["output"][-1500:]}
-        self.check(scenario, "playbooks/reset_gpus.yml succeeds and changes something",
-                   play["rc"] == 0 and play["recap"] is not None and play["recap"]["changed"] >= 1, play["recap"])
+        play = self.ansible.playbook(
+            os.path.join(REPO, "playbooks", "reset_gpus.yml"),
+            {
+                "reset_gpus_hosts": "localhost",
+                "reset_gpus_gpus": [self.index],
+                "reset_gpus_pids": [host],
+                "reset_gpus_match": re.escape(self.marker),
+                "reset_gpus_grace_period": 5,
+                "reset_gpus_timeout": 60,
+            },
+            timeout=self.deadline.cap(240),
+        )
+        scenario["playbook"] = {
+            "rc": play["rc"],
+            "recap": play["recap"],
+            "elapsed_s": play["elapsed_s"],
+            "output_tail": play["output"][-1500:],
+        }
+        self.check(
+            scenario,
+            "playbooks/reset_gpus.yml succeeds and changes something",
+            play["rc"] == 0 and play["recap"] is not None and play["recap"]["changed"] >= 1,
+            play["recap"],
+        )
         self.check(scenario, "the nested holder is gone", not self.workloads.alive("nested"))
         after = self.settle(10)
-        scenario["memory"] = {"baseline_mib": baseline, "before_kill_mib": before, "after_mib": after, "freed_mib": before - after}
-        self.check(scenario, "memory back at its level before the holder", after <= baseline + self.args.tolerance_mib, after)
+        scenario["memory"] = {
+            "baseline_mib": baseline,
+            "before_kill_mib": before,
+            "after_mib": after,
+            "freed_mib": before - after,
+        }
+        self.check(
+            scenario, "memory back at its level before the holder", after <= baseline + self.args.tolerance_mib, after
+        )
 
     def lists_seen_from(self, host_pid):
         """The compute list of the GPU under test as NVML answers a process in `host_pid`'s PID and mount namespaces:
         {"pids": {"<pid>": MiB}} or {"error": text} (recorded, never a failed check: it is an observation)."""
-        code = ("import json, pynvml as n; n.nvmlInit(); h = n.nvmlDeviceGetHandleByIndex(%d); "
-                "print(json.dumps({str(p.pid): (p.usedGpuMemory or 0) >> 20 for p in n.nvmlDeviceGetComputeRunningProcesses(h)}))"
-                % self.index)
+        code = (
+            "import json, pynvml as n; n.nvmlInit(); h = n.nvmlDeviceGetHandleByIndex(%d); "
+            "print(json.dumps({str(p.pid): (p.usedGpuMemory or 0) >> 20 for p in n.nvmlDeviceGetComputeRunningProcesses(h)}))"
+            % self.index
+        )
         try:
-            done = subprocess.run(["nsenter", "--target", str(host_pid), "--pid", "--mount", "--", sys.executable, "-c", code],
-                                  capture_output=True, text=True, timeout=self.deadline.cap(30), check=False)
+            done = subprocess.run(
+                ["nsenter", "--target", str(host_pid), "--pid", "--mount", "--", sys.executable, "-c", code],
+                capture_output=True,
+                text=True,
+                timeout=self.deadline.cap(30),
+                check=False,
+            )
         except (OSError, subprocess.TimeoutExpired) as exc:
             return {"error": str(exc)}
         if done.returncode != 0:
@@ -531,12 +748,21 @@ class CheckRun:
             listed = self.gpu.processes().get(pid) or {}
             timing = time_events(
                 lambda name=name: self.workloads.kill(name),
-                {"exited": lambda name=name: not self.workloads.alive(name),
-                 "unlisted": lambda pid=pid: pid not in self.gpu.processes(),
-                 "released": lambda limit=baseline + tolerance: self.gpu.used_bytes() <= limit},
-                timeout=self.deadline.cap(90), interval=0.01)
-            entry.update(status="failed" if timing["timed_out"] else "ok", allocated_mib=(loaded - baseline) // MIB,
-                         listed_mib=listed.get("used_mib"), lists=listed.get("lists", []), **timing)
+                {
+                    "exited": lambda name=name: not self.workloads.alive(name),
+                    "unlisted": lambda pid=pid: pid not in self.gpu.processes(),
+                    "released": lambda limit=baseline + tolerance: self.gpu.used_bytes() <= limit,
+                },
+                timeout=self.deadline.cap(90),
+                interval=0.01,
+            )
+            entry.update(
+                status="failed" if timing["timed_out"] else "ok",
+                allocated_mib=(loaded - baseline) // MIB,
+                listed_mib=listed.get("used_mib"),
+                lists=listed.get("lists", []),
+                **timing,
+            )
             self.check(scenario, "%d GiB released after SIGKILL" % gib, not timing["timed_out"], timing["seconds"])
             self.settle()
 
@@ -565,8 +791,10 @@ class CheckRun:
     def execute(self):
         """Run every scenario, end every workload, conclude; returns the exit status."""
         result = self.result
-        self.log("GPU %d %s, driver %s, backend %s, marker %s" % (
-            self.index, result["gpu"]["name"], result["driver"]["driver_version"], self.backend, self.marker))
+        self.log(
+            "GPU %d %s, driver %s, backend %s, marker %s"
+            % (self.index, result["gpu"]["name"], result["driver"]["driver_version"], self.backend, self.marker)
+        )
         previous = {sig: signal.signal(sig, _raise_exit) for sig in (signal.SIGTERM, signal.SIGHUP)}
         try:
             for name, min_seconds in SCENARIOS:
@@ -598,8 +826,10 @@ class CheckRun:
         with open(os.path.join(self.args.out, "result.md"), "w") as out:
             out.write(markdown)
         print(markdown)
-        self.log("%s: %s (%d difference(s) from the simulator); failed scenarios: %s; leaked: %s" % (
-            path, result["status"], len(result["differences"]), broken or "none", result["leaked"] or "none"))
+        self.log(
+            "%s: %s (%d difference(s) from the simulator); failed scenarios: %s; leaked: %s"
+            % (path, result["status"], len(result["differences"]), broken or "none", result["leaked"] or "none")
+        )
         return EXIT_OK if result["status"] == "ok" else EXIT_FAILED
 
 
@@ -625,14 +855,17 @@ def main(argv=None):
         return EXIT_OK
     required = [package for package in missing if package in REQUIRED.values()]
     if required:
-        print("error: missing Python packages: %s (run tests/gpu/run.sh, which installs them from tests/gpu/wheels)"
-              % " ".join(required))
+        print(
+            "error: missing Python packages: %s (run tests/gpu/run.sh, which installs them from tests/gpu/wheels)"
+            % " ".join(required)
+        )
         return EXIT_MISSING
     backend, why_not = choose_backend(args.backend)
     if backend is None:
         print("skipped: cannot allocate GPU memory here: %s" % why_not)
         return EXIT_SKIPPED
     import pynvml
+
     return CheckRun(args, backend, pynvml).execute()
 
 

@@ -109,6 +109,7 @@ def device_files():
 def allocate_torch(nbytes):
     """Allocate `nbytes` on CUDA device 0 with PyTorch; returns (keep-alive object, details)."""
     import torch
+
     tensor = torch.empty(nbytes, dtype=torch.uint8, device="cuda:0")
     torch.cuda.synchronize()
     return tensor, {"torch": torch.__version__, "torch_cuda": torch.version.cuda}
@@ -163,6 +164,7 @@ def allocate_sim(nbytes, gpu_index):
 def init_nvml():
     """pynvml.nvmlInit() and stay initialized; returns (pynvml, details)."""
     import pynvml
+
     pynvml.nvmlInit()
     return pynvml, {"nvml_gpu_count": pynvml.nvmlDeviceGetCount()}
 
@@ -202,9 +204,19 @@ def report(args, name, role, **fields):
         comm = comm_file.read().rstrip("\n")
     with open("/proc/self/cmdline", "rb") as cmdline_file:
         cmdline = cmdline_file.read().replace(b"\0", b" ").decode(errors="replace").strip()
-    info = {"name": name, "pid": os.getpid(), "role": role, "comm": comm, "cmdline": cmdline,
-            "retitled_with": None, "bytes": 0, "backend": args.backend, "backend_details": {},
-            "device_files": device_files(), "error": None}
+    info = {
+        "name": name,
+        "pid": os.getpid(),
+        "role": role,
+        "comm": comm,
+        "cmdline": cmdline,
+        "retitled_with": None,
+        "bytes": 0,
+        "backend": args.backend,
+        "backend_details": {},
+        "device_files": device_files(),
+        "error": None,
+    }
     info.update(fields)
     path = os.path.join(args.run_dir, name + ".json")
     with open(path + ".tmp", "w") as ready_file:
@@ -224,10 +236,28 @@ def wait_for_lifeline(args, started):
 
 def spawn(args, name, role, title=None):
     """Start another workload process with the same run dir, marker, backend, GPU and lifeline."""
-    command = [sys.executable, os.path.abspath(__file__), "--name", name, "--role", role,
-               "--run-dir", args.run_dir, "--marker", args.marker, "--backend", args.backend,
-               "--bytes", str(args.nbytes), "--tp", str(args.tp), "--gpu-index", str(args.gpu_index),
-               "--max-lifetime", str(args.max_lifetime)]
+    command = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--name",
+        name,
+        "--role",
+        role,
+        "--run-dir",
+        args.run_dir,
+        "--marker",
+        args.marker,
+        "--backend",
+        args.backend,
+        "--bytes",
+        str(args.nbytes),
+        "--tp",
+        str(args.tp),
+        "--gpu-index",
+        str(args.gpu_index),
+        "--max-lifetime",
+        str(args.max_lifetime),
+    ]
     if title:
         command += ["--title", title]
     pass_fds = ()
@@ -262,8 +292,9 @@ def main(argv=None):
             if args.fork_child and os.fork() == 0:
                 # The child only inherited the device handles: it never calls CUDA (or Python's atexit).
                 try:
-                    report(args, args.name + ".child", "inherited", retitled_with=retitled_with,
-                           backend_details=details)
+                    report(
+                        args, args.name + ".child", "inherited", retitled_with=retitled_with, backend_details=details
+                    )
                     wait_for_lifeline(args, started)
                 finally:
                     os._exit(1)

@@ -73,7 +73,8 @@ time.sleep(3600)
 #   ready    file to write "<node PID> <PID here>" into once everything is open.
 # Standard library only (it may run under /usr/bin/python3 as another user); setproctitle is
 # imported only for a title.
-CUDA_PROCESS = r"""
+CUDA_PROCESS = (
+    r"""
 import ctypes, json, os, signal, sys, time
 spec = json.loads(sys.argv[1])
 if spec.get("title"):
@@ -113,7 +114,9 @@ if gpus and spec["mib"] > 0:
     with open(tmp, "w") as f:
         f.write("".join("%d %d%s\n" % (index, spec["mib"], kind) for index in gpus))
     os.rename(tmp, "/run/gpusim/contexts/%d" % token)
-""" + PROCESS_TAIL
+"""
+    + PROCESS_TAIL
+)
 
 # HOLDER is kept for tests that read it; start_holder now runs CUDA_PROCESS.
 HOLDER = CUDA_PROCESS
@@ -194,11 +197,13 @@ def _ready_file(node, what):
 
 def _await_ready(path, what, timeout=20):
     """(node PID, PID in its own namespace) that the process wrote into `path`."""
+
     def read():
         try:
             return tuple(int(x) for x in path.read_text().split())
         except (OSError, ValueError):
             return None
+
     return wait_for(read, timeout, 0.05, what)
 
 
@@ -207,6 +212,7 @@ def _launch(node, argv, user=None, prefix=()):
     as_user = []
     if user is not None:
         import pwd
+
         entry = pwd.getpwuid(user) if isinstance(user, int) else pwd.getpwnam(user)
         as_user = ["setpriv", "--reuid=%d" % entry.pw_uid, "--regid=%d" % entry.pw_gid, "--clear-groups"]
     node.exec("sh", "-c", 'exec "$@" </dev/null >/dev/null 2>&1', "sh", *prefix, "setsid", "-f", *as_user, *argv)
@@ -214,12 +220,20 @@ def _launch(node, argv, user=None, prefix=()):
 
 def cuda_spec(gpus, mib=1024, visible=None, mode="hold", title=None, nvml=False, mps=False):
     """The CUDA_PROCESS spec (see there) of a process with a context of `mib` MiB on each of `gpus`."""
-    return {"gpus": list(gpus), "mib": mib, "visible": None if visible is None else list(visible),
-            "mode": mode, "title": title, "nvml": nvml, "mps": mps}
+    return {
+        "gpus": list(gpus),
+        "mib": mib,
+        "visible": None if visible is None else list(visible),
+        "mode": mode,
+        "title": title,
+        "nvml": nvml,
+        "mps": mps,
+    }
 
 
-def start_cuda_process(node, gpus, mib=1024, visible=None, mode="hold", title=None, nvml=False,
-                       mps=False, user=None, container=None, pid=0):
+def start_cuda_process(
+    node, gpus, mib=1024, visible=None, mode="hold", title=None, nvml=False, mps=False, user=None, container=None, pid=0
+):
     """Start a simulated CUDA process in `node`; return its PID in the node (for mode inherit: the
     forked child's; with `container`: its PID in the container's namespace).
 
@@ -289,16 +303,32 @@ class Container:
         self.node = node
         path, host_path = _ready_file(node, "container")
         user = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
-        _launch(node, ["unshare", *user, "--pid", "--fork", "--mount-proc", "--kill-child",
-                       node_python(), "-c", CONTAINER_INIT, path])
+        _launch(
+            node,
+            [
+                "unshare",
+                *user,
+                "--pid",
+                "--fork",
+                "--mount-proc",
+                "--kill-child",
+                node_python(),
+                "-c",
+                CONTAINER_INIT,
+                path,
+            ],
+        )
         self.init = _await_ready(host_path, "container init")[0]
         import shlex
         from simnode import gpunode
+
         enter_node = gpunode.nsenter_argv(node.info, ".")
         enter_node = ['--wd="$PWD"' if arg.startswith("--wd=") else shlex.quote(arg) for arg in enter_node]
         self.python = tmp_path / ("container-%d-python" % self.init)
-        self.python.write_text("#!/bin/sh\nexec %s %s \"$@\"\n" % (
-            " ".join(enter_node), " ".join(shlex.quote(arg) for arg in self.enter_argv() + [node_python()])))
+        self.python.write_text(
+            "#!/bin/sh\nexec %s %s \"$@\"\n"
+            % (" ".join(enter_node), " ".join(shlex.quote(arg) for arg in self.enter_argv() + [node_python()]))
+        )
         self.python.chmod(0o755)
 
     def enter_argv(self):
@@ -318,8 +348,10 @@ class Container:
     def inventory(self, tmp_path, name="container"):
         path = tmp_path / ("%s.ini" % name)
         # gpuops_nvidia_venv none: the modules run through the wrapper, inside the container (tests/sim/gpunode.py).
-        path.write_text("[gpunodes]\n%s ansible_connection=local ansible_python_interpreter=%s gpuops_nvidia_venv=none\n"
-                        % (name, self.python))
+        path.write_text(
+            "[gpunodes]\n%s ansible_connection=local ansible_python_interpreter=%s gpuops_nvidia_venv=none\n"
+            % (name, self.python)
+        )
         return path
 
 
@@ -350,8 +382,10 @@ def device_fds(node, pid):
 
 def driver_lists(node):
     """Per GPU index: {"used": MiB, "compute": {pid: MiB}, "mps": {pid: MiB}} from the node's driver."""
-    return [{"used": used, "compute": {int(k): v for k, v in compute.items()}, "mps": {int(k): v for k, v in mps.items()}}
-            for used, compute, mps in json.loads(node.py(_LISTS))]
+    return [
+        {"used": used, "compute": {int(k): v for k, v in compute.items()}, "mps": {int(k): v for k, v in mps.items()}}
+        for used, compute, mps in json.loads(node.py(_LISTS))
+    ]
 
 
 _LISTS = r"""
@@ -396,6 +430,7 @@ def _context_files(node):
 
 def node_python():
     from simnode import VENV_PYTHON
+
     return str(VENV_PYTHON)
 
 
@@ -425,6 +460,7 @@ def start_vllm(node, *args, env=None):
         ranks = {pid for pid in tree if procs[pid][3].startswith(title) and procs[pid][1] != "Z"}
         listed = {pid for _used, pids in gpu_memory(node) for pid in pids}
         return api[0] if len(ranks) == world and ranks <= listed else None
+
     return wait_for(ready, 60, 0.2, "vllm serve to hold its GPUs")
 
 
@@ -437,7 +473,9 @@ def vllm_instance(node, api_server):
         children = {pid for pid, v in procs.items() if v[0] in tree} - tree
         tree |= children
         grown = bool(children)
-    engines = sorted(p for p in tree if procs.get(p, ("", "Z"))[1] != "Z" and procs[p][3].startswith("VLLM::EngineCore"))
+    engines = sorted(
+        p for p in tree if procs.get(p, ("", "Z"))[1] != "Z" and procs[p][3].startswith("VLLM::EngineCore")
+    )
     workers = sorted(p for p in tree if procs.get(p, ("", "Z"))[1] != "Z" and procs[p][3].startswith("VLLM::Worker"))
     return engines, workers
 

@@ -13,8 +13,19 @@ import json
 import pytest
 
 from ansible_run import REPO, module, only, playbook
-from nodetools import (Container, alive, driver_lists, start_cuda_process, start_holder, start_mps, start_mps_client,
-                       start_nvml_monitor, start_vllm, vllm_instance, wait_for)
+from nodetools import (
+    Container,
+    alive,
+    driver_lists,
+    start_cuda_process,
+    start_holder,
+    start_mps,
+    start_mps_client,
+    start_nvml_monitor,
+    start_vllm,
+    vllm_instance,
+    wait_for,
+)
 from simnode import inventory_file
 
 RESET = REPO / "playbooks" / "reset_gpus.yml"
@@ -30,14 +41,25 @@ def test_reset_of_one_tp2_instance_leaves_the_other_instance_running(simnode, tm
     """Defects 1 and 3: NCCL keeps NVML initialized in every TP worker, so instance A's workers have
     /dev/nvidia2 and /dev/nvidia3 open while holding nothing there."""
     node = simnode(gpus=4, release_latency=0.2)
-    serve = ("/models/m", "--host", "127.0.0.1", "--port", "0", "--tensor-parallel-size", "2",
-             "--gpu-memory-utilization", "0.5")
+    serve = (
+        "/models/m",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--tensor-parallel-size",
+        "2",
+        "--gpu-memory-utilization",
+        "0.5",
+    )
     api_a = start_vllm(node, *serve, env={"CUDA_VISIBLE_DEVICES": "0,1"})
     api_b = start_vllm(node, *serve, env={"CUDA_VISIBLE_DEVICES": "2,3"})
     (engine_a,), workers_a = vllm_instance(node, api_a)
     (engine_b,), workers_b = vllm_instance(node, api_b)
 
-    rc, out, _recap = playbook(inventory_file(tmp_path, node), RESET, *extra(reset_gpus_gpus=[2, 3], reset_gpus_timeout=20))
+    rc, out, _recap = playbook(
+        inventory_file(tmp_path, node), RESET, *extra(reset_gpus_gpus=[2, 3], reset_gpus_timeout=20)
+    )
 
     assert rc == 0, out
     assert not any(alive(node, pid) for pid in workers_b + [engine_b])
@@ -86,11 +108,16 @@ def test_filtered_reset_does_not_wait_for_what_it_leaves_alone(simnode, tmp_path
         left = start_cuda_process(node, [0], mib=3072, visible=[0], user="nobody")
     else:
         left = start_holder(node, [0], mib=3072, title="trainer")
-    choice = {"match": {"reset_gpus_match": "VLLM::"}, "pids": {"reset_gpus_pids": [target]},
-              "users": {"reset_gpus_users": ["root"]}, "exclude": {"reset_gpus_exclude": ["trainer"]}}[selection]
+    choice = {
+        "match": {"reset_gpus_match": "VLLM::"},
+        "pids": {"reset_gpus_pids": [target]},
+        "users": {"reset_gpus_users": ["root"]},
+        "exclude": {"reset_gpus_exclude": ["trainer"]},
+    }[selection]
 
-    rc, out, _recap = playbook(inventory_file(tmp_path, node), RESET,
-                               *extra(reset_gpus_gpus=[0], reset_gpus_timeout=6, **choice))
+    rc, out, _recap = playbook(
+        inventory_file(tmp_path, node), RESET, *extra(reset_gpus_gpus=[0], reset_gpus_timeout=6, **choice)
+    )
 
     assert rc == 0, out
     assert not alive(node, target) and alive(node, left)
@@ -99,7 +126,9 @@ def test_filtered_reset_does_not_wait_for_what_it_leaves_alone(simnode, tmp_path
 
 
 @pytest.mark.parametrize("driver_version", ["580.95.05", "535.104.05"])
-def test_reset_inside_a_container_spares_its_job_whose_pid_the_driver_lists_elsewhere(simnode, tmp_path, driver_version):
+def test_reset_inside_a_container_spares_its_job_whose_pid_the_driver_lists_elsewhere(
+    simnode, tmp_path, driver_version
+):
     """Defect 4: inside a container PID N is another process than the node's PID N. 580.95.05: the container sees
     its own numbers and not the node's job (gpu_rmapi.c _gpuConvertPid); 535.104.05: it sees the node's numbers."""
     node = simnode(gpus=2, release_latency=0.1)
@@ -109,8 +138,9 @@ def test_reset_inside_a_container_spares_its_job_whose_pid_the_driver_lists_else
     job = start_cuda_process(node, [1], mib=4000, visible=[1], container=container, pid=host_job)
     assert job == host_job  # container PID == the node PID of the job on GPU 0
 
-    status, result = only(module(container.inventory(tmp_path), "gpuops.nvidia.gpu_kill",
-                                 {"gpus": [0], "grace_period": 2}))
+    status, result = only(
+        module(container.inventory(tmp_path), "gpuops.nvidia.gpu_kill", {"gpus": [0], "grace_period": 2})
+    )
 
     inside = container.processes()
     assert job in inside and inside[job][1] != "Z", (status, result)
@@ -162,10 +192,16 @@ def test_mps_clients_of_a_dead_owner_are_ended_and_the_mps_daemons_untouched(sim
     clients = [start_mps_client(node, [0], mib=3000), start_mps_client(node, [0], mib=2000)]
     assert driver_lists(node)[0]["mps"] == {clients[0]: 3000, clients[1]: 2000}
 
-    rc, out, _recap = playbook(inventory_file(tmp_path, node), RESET, *extra(reset_gpus_gpus=[0], reset_gpus_timeout=15))
+    rc, out, _recap = playbook(
+        inventory_file(tmp_path, node), RESET, *extra(reset_gpus_gpus=[0], reset_gpus_timeout=15)
+    )
 
     assert rc == 0, out
     assert not any(alive(node, pid) for pid in clients), out
     assert alive(node, control) and alive(node, server)
-    wait_for(lambda: driver_lists(node)[0] == {"used": 32, "compute": {server: 32}, "mps": {}}, 5, 0.1,
-             "only the MPS server's context on GPU 0")
+    wait_for(
+        lambda: driver_lists(node)[0] == {"used": 32, "compute": {server: 32}, "mps": {}},
+        5,
+        0.1,
+        "only the MPS server's context on GPU 0",
+    )

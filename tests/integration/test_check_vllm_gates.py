@@ -16,16 +16,27 @@ CHECK = REPO / "playbooks" / "check_vllm.yml"
 @pytest.fixture
 def local_inventory(tmp_path):
     path = tmp_path / "inventory.ini"
-    path.write_text("[gpu]\ngpu01 ansible_connection=local ansible_python_interpreter=%s\n" % REPO.joinpath(".venv", "bin", "python"))
+    path.write_text(
+        "[gpu]\ngpu01 ansible_connection=local ansible_python_interpreter=%s\n"
+        % REPO.joinpath(".venv", "bin", "python")
+    )
     return path
 
 
-@pytest.mark.parametrize("args, words", [
-    (["-e", "check_vllm_hosts=no_such_group"], "check_vllm: nothing was checked: check_vllm_hosts=no_such_group matches no host"),
-    (["-e", "check_vllm_windw=5"], "unknown variable(s) check_vllm_windw (a typo?)"),
-    (["-e", json.dumps({"vllm_server_instances": [{"name": "plain", "model": "m", "port": 8000, "gpus": [0]}]})],
-     "check_vllm gpu01: nothing was checked: none of the 1 instance(s) in vllm_server_instances has a speculative_config"),
-])
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (
+            ["-e", "check_vllm_hosts=no_such_group"],
+            "check_vllm: nothing was checked: check_vllm_hosts=no_such_group matches no host",
+        ),
+        (["-e", "check_vllm_windw=5"], "unknown variable(s) check_vllm_windw (a typo?)"),
+        (
+            ["-e", json.dumps({"vllm_server_instances": [{"name": "plain", "model": "m", "port": 8000, "gpus": [0]}]})],
+            "check_vllm gpu01: nothing was checked: none of the 1 instance(s) in vllm_server_instances has a speculative_config",
+        ),
+    ],
+)
 def test_a_check_that_would_check_nothing_fails_and_says_so(local_inventory, args, words):
     rc, out, _recap = playbook(local_inventory, CHECK, *args)
     assert rc != 0 and words in out, out

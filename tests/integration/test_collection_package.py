@@ -30,14 +30,25 @@ def clean_env(collections_path):
 def installed(tmp_path_factory):
     """Build the tarball and install it into an empty collections path; returns that path."""
     work = tmp_path_factory.mktemp("galaxy")
-    build = subprocess.run([VENV_BIN / "ansible-galaxy", "collection", "build", "--output-path", work, REPO],
-                           capture_output=True, text=True, cwd=work, check=False)
+    build = subprocess.run(
+        [VENV_BIN / "ansible-galaxy", "collection", "build", "--output-path", work, REPO],
+        capture_output=True,
+        text=True,
+        cwd=work,
+        check=False,
+    )
     assert build.returncode == 0, build.stdout + build.stderr
     [tarball] = [p for p in work.iterdir() if p.name.endswith(".tar.gz")]
     assert re.fullmatch(r"gpuops-nvidia-\d+\.\d+\.\d+\.tar\.gz", tarball.name)
     collections = work / "collections"
-    install = subprocess.run([VENV_BIN / "ansible-galaxy", "collection", "install", "-p", collections, tarball],
-                             capture_output=True, text=True, cwd=work, env=clean_env(collections), check=False)
+    install = subprocess.run(
+        [VENV_BIN / "ansible-galaxy", "collection", "install", "-p", collections, tarball],
+        capture_output=True,
+        text=True,
+        cwd=work,
+        env=clean_env(collections),
+        check=False,
+    )
     assert install.returncode == 0, install.stdout + install.stderr
     root = collections / "ansible_collections" / "gpuops" / "nvidia"
     assert (root / "plugins" / "modules" / "gpu_kill.py").is_file()
@@ -49,20 +60,40 @@ def test_installed_collection_runs_reset_playbook_by_fqcn(installed, simnode, tm
     node = simnode(gpus=2, release_latency=0.2)
     holder = start_holder(node, [0, 1], mib=2048)
     inventory = inventory_file(tmp_path, node)
-    run = subprocess.run([VENV_BIN / "ansible-playbook", "-i", inventory, "gpuops.nvidia.reset_gpus"],
-                         capture_output=True, text=True, cwd=tmp_path, env=clean_env(installed), timeout=300, check=False)
+    run = subprocess.run(
+        [VENV_BIN / "ansible-playbook", "-i", inventory, "gpuops.nvidia.reset_gpus"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=clean_env(installed),
+        timeout=300,
+        check=False,
+    )
     out = run.stdout + run.stderr
     assert run.returncode == 0, out
     assert re.search(r"%s\s+: ok=\d+\s+changed=1 " % re.escape(node.name), out), out
-    assert str(installed) in subprocess.run([VENV_BIN / "ansible-galaxy", "collection", "list", "gpuops.nvidia"],
-                                            capture_output=True, text=True, env=clean_env(installed), check=False).stdout
+    assert (
+        str(installed)
+        in subprocess.run(
+            [VENV_BIN / "ansible-galaxy", "collection", "list", "gpuops.nvidia"],
+            capture_output=True,
+            text=True,
+            env=clean_env(installed),
+            check=False,
+        ).stdout
+    )
     assert not alive(node, holder)
 
 
 @pytest.mark.parametrize("module", MODULES)
 def test_ansible_doc_renders_module(installed, module):
-    doc = subprocess.run([VENV_BIN / "ansible-doc", "gpuops.nvidia.%s" % module], capture_output=True, text=True,
-                         env=clean_env(installed), check=False)
+    doc = subprocess.run(
+        [VENV_BIN / "ansible-doc", "gpuops.nvidia.%s" % module],
+        capture_output=True,
+        text=True,
+        env=clean_env(installed),
+        check=False,
+    )
     assert doc.returncode == 0 and "gpuops.nvidia.%s" % module in doc.stdout, doc.stderr
     assert "EXAMPLES:" in doc.stdout and "RETURN VALUES:" in doc.stdout
     assert "gpuops" not in doc.stderr, doc.stderr
@@ -70,8 +101,13 @@ def test_ansible_doc_renders_module(installed, module):
 
 @pytest.mark.parametrize("role", ROLES)
 def test_ansible_doc_renders_role(installed, role):
-    doc = subprocess.run([VENV_BIN / "ansible-doc", "-t", "role", "gpuops.nvidia.%s" % role], capture_output=True,
-                         text=True, env=clean_env(installed), check=False)
+    doc = subprocess.run(
+        [VENV_BIN / "ansible-doc", "-t", "role", "gpuops.nvidia.%s" % role],
+        capture_output=True,
+        text=True,
+        env=clean_env(installed),
+        check=False,
+    )
     assert doc.returncode == 0 and re.search(r"ENTRY POINT: \W*main", doc.stdout), doc.stdout + doc.stderr
     assert role + "_" in doc.stdout  # the role's own variables are listed
     assert "gpuops" not in doc.stderr, doc.stderr

@@ -34,13 +34,7 @@ PYENV_ROOT = Path(os.environ.get("PYENV_ROOT", "/root/.pyenv"))
 
 # (ansible-core release, controller Python), each line on one end of its controller Python range
 # (2.17: 3.10-3.12; 2.18, 2.19: 3.11-3.13; 2.20, 2.21: 3.12-3.14). 2.21 on 3.12 is the .venv controller.
-CONTROLLERS = [
-    ("2.17.14", "3.10"),
-    ("2.18.19", "3.13"),
-    ("2.19.14", "3.11"),
-    ("2.20.10", "3.13"),
-    ("2.21.5", "3.13"),
-]
+CONTROLLERS = [("2.17.14", "3.10"), ("2.18.19", "3.13"), ("2.19.14", "3.11"), ("2.20.10", "3.13"), ("2.21.5", "3.13")]
 
 
 def find_python(version: str) -> str | None:

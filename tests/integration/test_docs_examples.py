@@ -42,7 +42,9 @@ def runs_examples(*relative: str):
 def example_inventory(tmp_path, node):
     """The node's inventory, with the node also in group gpu_servers and without become."""
     path = inventory_file(tmp_path, node)
-    path.write_text(path.read_text() + "\n[gpu_servers:children]\ngpunodes\n\n[gpu_servers:vars]\nansible_become=false\n")
+    path.write_text(
+        path.read_text() + "\n[gpu_servers:children]\ngpunodes\n\n[gpu_servers:vars]\nansible_become=false\n"
+    )
     return path
 
 
@@ -51,8 +53,13 @@ def orphan_vllm(node, gpus):
     `kill -9` does; return (EngineCore PID, [TP worker PIDs]) left behind, the workers holding the GPUs.
 
     EngineCore holds no GPU; it exits by itself once its workers are gone (vLLM's worker monitor)."""
-    api = start_vllm(node, "/models/m", "--tensor-parallel-size", str(len(gpus)),
-                     env={"CUDA_VISIBLE_DEVICES": ",".join(str(gpu) for gpu in gpus)})
+    api = start_vllm(
+        node,
+        "/models/m",
+        "--tensor-parallel-size",
+        str(len(gpus)),
+        env={"CUDA_VISIBLE_DEVICES": ",".join(str(gpu) for gpu in gpus)},
+    )
     node.exec("kill", "-9", str(api))
     wait_for(lambda: not alive(node, api), 10, what="the API server gone")
     engines, workers = vllm_tree(node)
@@ -97,7 +104,7 @@ def test_end_vllm_on_gpus(simnode, tmp_path, examples):
     [example] = examples
     node = simnode(gpus=4, release_latency=0.1)
     engine, workers = orphan_vllm(node, [0, 1])
-    trainer = start_holder(node, [1], mib=1000)                                # GPU 1, not vLLM
+    trainer = start_holder(node, [1], mib=1000)  # GPU 1, not vLLM
     other_server = start_holder(node, [2], mib=1000, title="vllm serve /models/other")  # vLLM, GPU 2
     inventory = example_inventory(tmp_path, node)
 
@@ -175,15 +182,29 @@ def test_check_dflash_drafter(simnode, tmp_path, examples):
     assert rc != 0 and "target_layer_ids" in out, out
 
 
-@runs_examples("detached_process/start_vllm.yml", "vllm_ready/wait_until_serving.yml",
-               "vllm_acceptance/gate_on_acceptance.yml", "detached_process/stop_vllm.yml")
+@runs_examples(
+    "detached_process/start_vllm.yml",
+    "vllm_ready/wait_until_serving.yml",
+    "vllm_acceptance/gate_on_acceptance.yml",
+    "detached_process/stop_vllm.yml",
+)
 def test_serve_vllm_detached_wait_gate_and_stop(simnode, tmp_path, examples):
     start, ready, acceptance, stop = examples
     node = simnode(gpus=3, release_latency=0.2)
     inventory = example_inventory(tmp_path, node)
     port = free_port()
-    variables = ["-e", json.dumps({"vllm": str(node.state_dir / "bin" / "vllm"), "drafter": str(DRAFTERS / "dflash-qwen3"),
-                                   "vllm_port": port, "state_dir": str(tmp_path), "log_dir": str(tmp_path)})]
+    variables = [
+        "-e",
+        json.dumps(
+            {
+                "vllm": str(node.state_dir / "bin" / "vllm"),
+                "drafter": str(DRAFTERS / "dflash-qwen3"),
+                "vllm_port": port,
+                "state_dir": str(tmp_path),
+                "log_dir": str(tmp_path),
+            }
+        ),
+    ]
 
     rc, out, recap = playbook(inventory, start, *variables)
     assert rc == 0 and recap[node.name]["changed"] == 1, out
@@ -196,12 +217,12 @@ def test_serve_vllm_detached_wait_gate_and_stop(simnode, tmp_path, examples):
     assert rc == 0 and re.search(r"healthy after [0-9.]+ s, ready after [0-9.]+ s", out), out
     engine, workers = vllm_tree(node)
     assert len(engine) == 1 and len(workers) == 2
-    assert [len(pids) for _used, pids in gpu_memory(node)] == [1, 1, 0]   # GPUs 0-1, one TP rank each
+    assert [len(pids) for _used, pids in gpu_memory(node)] == [1, 1, 0]  # GPUs 0-1, one TP rank each
 
     rc, out, recap = playbook(inventory, acceptance, *variables)
     assert rc == 0, out
     rate = float(re.search(r"acceptance ([0-9.]+), [0-9.]+ tokens per target step", out).group(1))
-    assert 0.6 <= rate <= 0.8, out   # the simulated drafter, run as trained (VLLM_USE_V2_MODEL_RUNNER=1 given)
+    assert 0.6 <= rate <= 0.8, out  # the simulated drafter, run as trained (VLLM_USE_V2_MODEL_RUNNER=1 given)
 
     rc, out, recap = playbook(inventory, stop, *variables)
     assert rc == 0 and recap[node.name]["changed"] == 1, out

@@ -13,8 +13,19 @@ import time
 
 import ansible_api
 from ansible_run import REPO, VENV_BIN, module, only, playbook
-from nodetools import (NVML_MONITOR, _await_ready, _launch, _ready_file, alive, driver_lists,
-                       node_python, start_cuda_process, start_holder, start_nvml_monitor, wait_for)
+from nodetools import (
+    NVML_MONITOR,
+    _await_ready,
+    _launch,
+    _ready_file,
+    alive,
+    driver_lists,
+    node_python,
+    start_cuda_process,
+    start_holder,
+    start_nvml_monitor,
+    wait_for,
+)
 from simnode import inventory_file
 
 RESET = REPO / "playbooks" / "reset_gpus.yml"
@@ -86,12 +97,21 @@ print(child.pid)
 """
 
 
-def start_trainer(node, index=0, mib=6000, workers=2, device=None, kind="compute", title="python3 train.py",
-                  mapped=False, pid=0):
+def start_trainer(
+    node, index=0, mib=6000, workers=2, device=None, kind="compute", title="python3 train.py", mapped=False, pid=0
+):
     """Start TRAINER (with PID `pid` when given); return (its PID, [worker PIDs]) in the node."""
     path, host_path = _ready_file(node, "trainer")
-    spec = {"device": device or "/dev/nvidia%d" % node.info["gpus"][index]["minor"], "index": index, "mib": mib,
-            "kind": kind, "workers": workers, "title": title, "map": mapped, "ready": path}
+    spec = {
+        "device": device or "/dev/nvidia%d" % node.info["gpus"][index]["minor"],
+        "index": index,
+        "mib": mib,
+        "kind": kind,
+        "workers": workers,
+        "title": title,
+        "map": mapped,
+        "ready": path,
+    }
     if pid:
         node.exec(node_python(), "-c", LAUNCH_AS, "%d:group" % pid, node_python(), "-c", TRAINER, json.dumps(spec))
     else:
@@ -109,8 +129,11 @@ def facts(inventory, **args):
 def kill_and_wait(node, pid):
     """SIGKILL `pid` and wait until the node's init has reaped it (its number is free)."""
     node.exec("kill", "-9", str(pid))
-    wait_for(lambda: node.exec("sh", "-c", "test -e /proc/%d || echo gone" % pid).stdout.strip() == "gone", 10,
-             what="PID %d reaped" % pid)
+    wait_for(
+        lambda: node.exec("sh", "-c", "test -e /proc/%d || echo gone" % pid).stdout.strip() == "gone",
+        10,
+        what="PID %d reaped" % pid,
+    )
 
 
 def extra(**variables):
@@ -133,11 +156,18 @@ def test_trainer_sigkilled_stays_listed_and_the_reset_ends_its_dataloader_worker
     assert gpu["exited"] == [{"pid": trainer, "used_mib": 6000, "type": "compute", "reason": "exited", "comm": None}]
     assert gpu["foreign"] == [] and gpu["memory_unexplained"] is False and sorted(gpu["holder_pids"]) == sorted(workers)
     assert all(h["contexts_of"] == {"0": [trainer]} for h in view["holders"])
-    run = ansible_api.run(inventory, REPO, module="gpuops.nvidia.gpu_facts",
-                          envvars=ansible_api.environment(VENV_BIN, REPO / "ansible.cfg"), timeout=120)
+    run = ansible_api.run(
+        inventory,
+        REPO,
+        module="gpuops.nvidia.gpu_facts",
+        envvars=ansible_api.environment(VENV_BIN, REPO / "ansible.cfg"),
+        timeout=120,
+    )
     # The warning an operator reads: who holds the dead trainer's context.
     assert "GPU 0: PID %s hold the context of PID %d (6000 MiB), which has exited" % (
-        ", ".join(str(p) for p in sorted(workers)), trainer) in " ".join(run.output.split()), run.output
+        ", ".join(str(p) for p in sorted(workers)),
+        trainer,
+    ) in " ".join(run.output.split()), run.output
     assert [u["pid"] for u in view["device_users"]] == [exporter]
 
     rc, out, recap = playbook(inventory, RESET, *extra(reset_gpus_timeout=15))
@@ -154,8 +184,9 @@ def test_dead_trainers_number_reused_by_an_nvml_exporter_which_survives(simnode,
     kill_and_wait(node, trainer)
     # An NVML exporter started later gets the dead trainer's number (ns_last_pid), while the driver still lists it.
     path, host_path = _ready_file(node, "exporter")
-    node.exec(node_python(), "-c", LAUNCH_AS, str(trainer), node_python(), "-c", NVML_MONITOR,
-              "nvidia_gpu_exporter", path)
+    node.exec(
+        node_python(), "-c", LAUNCH_AS, str(trainer), node_python(), "-c", NVML_MONITOR, "nvidia_gpu_exporter", path
+    )
     exporter = _await_ready(host_path, "exporter at PID %d" % trainer)[0]
     assert exporter == trainer and driver_lists(node)[0]["compute"] == {trainer: 5000}
 
@@ -203,8 +234,12 @@ def test_gb10_without_memory_figures_resets_the_orphan_only_and_spares_the_deskt
 def test_device_file_bound_outside_dev_is_found(simnode, tmp_path):
     """The GPU Operator's driver container gives the host /run/nvidia/driver/dev/nvidia0: the same device."""
     node = simnode(gpus=2, release_latency=0.2)
-    node.exec("sh", "-c", "mkdir -p /run/nvidia/driver/dev && touch /run/nvidia/driver/dev/nvidia1 && "
-                          "mount --bind /dev/nvidia1 /run/nvidia/driver/dev/nvidia1")
+    node.exec(
+        "sh",
+        "-c",
+        "mkdir -p /run/nvidia/driver/dev && touch /run/nvidia/driver/dev/nvidia1 && "
+        "mount --bind /dev/nvidia1 /run/nvidia/driver/dev/nvidia1",
+    )
     trainer, _none = start_trainer(node, 1, 3000, workers=0, device="/run/nvidia/driver/dev/nvidia1")
     assert driver_lists(node)[1]["compute"] == {trainer: 3000}  # the fake driver knows the file, not the path
     inventory = inventory_file(tmp_path, node)

@@ -40,8 +40,19 @@ def ee(tmp_path_factory):
         shutil.copy(REPO / name, definition / name)
     run([VENV_BIN / "ansible-galaxy", "collection", "build", "--output-path", definition, REPO], cwd=work)
     context = work / "context"
-    run([VENV_BIN / "ansible-builder", "create", "--file", definition / "execution-environment.yml",
-         "--context", context, "--output-filename", "Containerfile"], cwd=work)
+    run(
+        [
+            VENV_BIN / "ansible-builder",
+            "create",
+            "--file",
+            definition / "execution-environment.yml",
+            "--context",
+            context,
+            "--output-filename",
+            "Containerfile",
+        ],
+        cwd=work,
+    )
     return definition, context
 
 
@@ -60,26 +71,52 @@ def test_containerfile_builds_on_the_tested_controller(ee):
 
 def test_context_installs_the_collection_and_yields_its_requirements(ee, tmp_path):
     _definition, context = ee
-    build = context / "_build"   # /build in the image, the galaxy and builder stages' working directory
+    build = context / "_build"  # /build in the image, the galaxy and builder stages' working directory
     galaxy = yaml.safe_load((REPO / "galaxy.yml").read_text())
     tarball = "gpuops-nvidia-%s.tar.gz" % galaxy["version"]
-    assert (build / "collection" / tarball).is_file(), "execution-environment.yml must name %s (galaxy.yml's version)" % tarball
+    assert (build / "collection" / tarball).is_file(), (
+        "execution-environment.yml must name %s (galaxy.yml's version)" % tarball
+    )
     collections = tmp_path / "collections"
     env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
     env["ANSIBLE_GALAXY_DISABLE_GPG_VERIFY"] = "1"
-    run([VENV_BIN / "ansible-galaxy", "collection", "install", "-r", "requirements.yml", "--collections-path", collections],
-        cwd=build, env=env)
+    run(
+        [
+            VENV_BIN / "ansible-galaxy",
+            "collection",
+            "install",
+            "-r",
+            "requirements.yml",
+            "--collections-path",
+            collections,
+        ],
+        cwd=build,
+        env=env,
+    )
     manifest = json.loads((collections / "ansible_collections" / "gpuops" / "nvidia" / "MANIFEST.json").read_text())
     assert manifest["collection_info"]["version"] == galaxy["version"]
 
     out = tmp_path / "introspected"
-    run([VENV_BIN / "python", build / "scripts" / "introspect.py", "introspect", "--user-pip=requirements.txt",
-         "--user-bindep=bindep.txt", "--write-pip=%s" % (out / "requirements.txt"), "--write-bindep=%s" % (out / "bindep.txt"),
-         collections], cwd=build)
+    run(
+        [
+            VENV_BIN / "python",
+            build / "scripts" / "introspect.py",
+            "introspect",
+            "--user-pip=requirements.txt",
+            "--user-bindep=bindep.txt",
+            "--write-pip=%s" % (out / "requirements.txt"),
+            "--write-bindep=%s" % (out / "bindep.txt"),
+            collections,
+        ],
+        cwd=build,
+    )
     python_packages = (out / "requirements.txt").read_text().splitlines()
     system_packages = (out / "bindep.txt").read_text().splitlines()
     # Found in the installed collection itself, as for any EE that lists gpuops.nvidia.
-    for line in ("nvidia-ml-py>=12.535.108  # from collection gpuops.nvidia", "psutil>=5.9  # from collection gpuops.nvidia"):
+    for line in (
+        "nvidia-ml-py>=12.535.108  # from collection gpuops.nvidia",
+        "psutil>=5.9  # from collection gpuops.nvidia",
+    ):
         assert line in python_packages, python_packages
     assert "openssh-clients [platform:rpm]  # from collection gpuops.nvidia" in system_packages, system_packages
 
@@ -89,6 +126,11 @@ def test_tarball_holds_nothing_git_ignores(ee):
     [tarball] = definition.glob("gpuops-nvidia-*.tar.gz")
     members = run(["tar", "-tzf", tarball]).stdout.split()
     files = [name for name in members if not name.endswith("/") and name not in ("MANIFEST.json", "FILES.json")]
-    ignored = subprocess.run(["git", "-C", REPO, "check-ignore", "--stdin"], input="\n".join(files),
-                             capture_output=True, text=True, check=False).stdout.split()
+    ignored = subprocess.run(
+        ["git", "-C", REPO, "check-ignore", "--stdin"],
+        input="\n".join(files),
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.split()
     assert files and not ignored, "add to galaxy.yml's build_ignore: %s" % ignored

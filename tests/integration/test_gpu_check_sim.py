@@ -22,10 +22,15 @@ RUN_SH = REPO / "tests" / "gpu" / "run.sh"
 
 
 def run_check(node, out_dir, *args, timeout=400):
-    proc = node.exec(str(VENV_PYTHON), str(CHECK), "--backend", "sim", "--out", str(out_dir), *args, timeout=timeout, check=False)
+    proc = node.exec(
+        str(VENV_PYTHON), str(CHECK), "--backend", "sim", "--out", str(out_dir), *args, timeout=timeout, check=False
+    )
     result = json.loads((out_dir / "result.json").read_text())
-    left = [pid for pid, (_ppid, state, _comm, cmdline) in processes(node).items()
-            if result["host"]["marker"] in cmdline and state != "Z"]
+    left = [
+        pid
+        for pid, (_ppid, state, _comm, cmdline) in processes(node).items()
+        if result["host"]["marker"] in cmdline and state != "Z"
+    ]
     assert left == [], "processes of the check left running"
     return proc, result
 
@@ -38,12 +43,22 @@ def test_check_passes_on_a_default_simulated_node_and_finds_no_difference(simnod
     assert result["status"] == "ok" and result["leaked"] == []
     scenarios = result["scenarios"]
     assert {name: s["status"] for name, s in scenarios.items()} == dict.fromkeys(
-        ["idle", "attribution", "vllm_tree", "inherited", "sigterm_ignored", "nested_pidns", "release_latency"], "ok")
+        ["idle", "attribution", "vllm_tree", "inherited", "sigterm_ignored", "nested_pidns", "release_latency"], "ok"
+    )
     assert result["differences"] == [] and len(result["comparisons"]) == len(result["observations"])
-    assert result["gpu"] == {"index": 0, "name": "NVIDIA H100 80GB HBM3", "uuid": result["gpu"]["uuid"], "minor": 3,
-                             "all_minors": [3, 5], "pci_bus_id": "00000000:18:00.0", "memory_total_mib": 81559,
-                             "persistence_mode": 1, "compute_mode": 0, "gpu_count": 2,
-                             "mig_mode": {"current": 0, "pending": 0, "error": None}}
+    assert result["gpu"] == {
+        "index": 0,
+        "name": "NVIDIA H100 80GB HBM3",
+        "uuid": result["gpu"]["uuid"],
+        "minor": 3,
+        "all_minors": [3, 5],
+        "pci_bus_id": "00000000:18:00.0",
+        "memory_total_mib": 81559,
+        "persistence_mode": 1,
+        "compute_mode": 0,
+        "gpu_count": 2,
+        "mig_mode": {"current": 0, "pending": 0, "error": None},
+    }
 
     attribution = scenarios["attribution"]
     assert all(check["ok"] for check in attribution["checks"]) and len(attribution["checks"]) == 12
@@ -54,8 +69,15 @@ def test_check_passes_on_a_default_simulated_node_and_finds_no_difference(simnod
     assert context["record"]["device_fds"] == ["/dev/nvidia-uvm", "/dev/nvidia3", "/dev/nvidiactl"]
     assert context["facts"]["role"] == "holder" and context["facts"]["attribution"] == {"0": "driver"}
     nvml = explained["nvml_only"]  # NVML opens every GPU's file, GPU 1's (minor 5) too
-    assert nvml["record"]["device_fds"] == ["/dev/nvidia3", "/dev/nvidia5", "/dev/nvidiactl"] and nvml["record"]["driver"] == {}
-    assert nvml["facts"]["role"] == "device_user" and nvml["facts"]["kind"] == "nvml" and nvml["facts"]["device_gpus"] == [0, 1]
+    assert (
+        nvml["record"]["device_fds"] == ["/dev/nvidia3", "/dev/nvidia5", "/dev/nvidiactl"]
+        and nvml["record"]["driver"] == {}
+    )
+    assert (
+        nvml["facts"]["role"] == "device_user"
+        and nvml["facts"]["kind"] == "nvml"
+        and nvml["facts"]["device_gpus"] == [0, 1]
+    )
     cuinit = explained["cuda_init"]
     assert cuinit["record"]["device_fds"] == context["record"]["device_fds"] and cuinit["record"]["driver"] == {}
     assert cuinit["facts"]["role"] == "device_user" and cuinit["facts"]["kind"] == "cuda"
@@ -69,18 +91,24 @@ def test_check_passes_on_a_default_simulated_node_and_finds_no_difference(simnod
     assert parent["child_device_files"] == ["/dev/nvidia-uvm", "/dev/nvidia3", "/dev/nvidiactl"]
     # While the dead parent's context is held, the cuInit-only process is a device-file holder too.
     assert unexplained["cuda_init"]["facts"]["attribution"] == {"0": "device_file"}
-    assert unexplained["nvml_only"]["facts"]["role"] == "device_user" and unexplained["context"]["facts"]["attribution"] == {"0": "driver"}
+    assert unexplained["nvml_only"]["facts"]["role"] == "device_user" and unexplained["context"]["facts"][
+        "attribution"
+    ] == {"0": "driver"}
     assert sorted(pids) == ["context", "cuda_init", "inherited_child", "nvml_only"] and len(set(pids.values())) == 4
     assert all(not r["record"]["device_mappings"] for reading in (explained, unexplained) for r in reading.values())
 
     tree = scenarios["vllm_tree"]
     assert {name: s["signals"] for name, s in tree["gpu_kill"]["signalled"].items()} == {
-        "vllm.engine.tp0": ["SIGTERM"], "vllm.engine.tp1": ["SIGTERM"]}
+        "vllm.engine.tp0": ["SIGTERM"],
+        "vllm.engine.tp1": ["SIGTERM"],
+    }
     assert tree["gpu_kill"]["not_holding"] == ["vllm.engine"] and tree["gpu_wait"]["released"]
     assert tree["memory"]["freed_mib"] == 2048
     assert scenarios["sigterm_ignored"]["gpu_kill"]["signalled"]["stubborn"]["signals"] == ["SIGTERM", "SIGKILL"]
     inherited = scenarios["inherited"]
-    assert inherited["after_parent_exit"]["memory_kept"] and inherited["after_parent_exit"]["child"]["seen_in"] == ["fd"]
+    assert inherited["after_parent_exit"]["memory_kept"] and inherited["after_parent_exit"]["child"]["seen_in"] == [
+        "fd"
+    ]
     assert inherited["memory"]["freed_mib"] == 1024
     nested = scenarios["nested_pidns"]
     assert nested["driver_pid"] == "host" and len(nested["nspid"]) == 2 and nested["holders"]["nested"]["ns_pid"] == 2
@@ -94,12 +122,18 @@ def test_check_passes_on_a_default_simulated_node_and_finds_no_difference(simnod
     markdown = (tmp_path / "result.md").read_text()
     assert "| 0 / 529 | 0 | 5/6 · 6/6 | not listed / kept | 4/4 |" in markdown
     assert ": MIG mode: current disabled, pending disabled (nvmlDeviceGetMigMode)" in markdown
-    assert ("| cuda_init | CUDA initialized without a context (cuInit only) | nvidia-uvm, nvidiactl + GPU 0 | none | "
-            "not listed | device user (cuda) | device user (cuda) | a device user (cuda), never a holder | yes |") in markdown
-    assert ("| nvml_only | an NVML-only client (pynvml nvmlInit, stays initialized) | nvidiactl + GPUs 0,1 | none | "
-            "not listed | device user (nvml) | device user (nvml) | a device user (nvml), never a holder | yes |") in markdown
-    assert ("- in the unexplained-memory reading, cuda_init: gpu_facts holder (GPU 0: device_file), "
-            "rule holder (GPU 0: device_file)") in markdown
+    assert (
+        "| cuda_init | CUDA initialized without a context (cuInit only) | nvidia-uvm, nvidiactl + GPU 0 | none | "
+        "not listed | device user (cuda) | device user (cuda) | a device user (cuda), never a holder | yes |"
+    ) in markdown
+    assert (
+        "| nvml_only | an NVML-only client (pynvml nvmlInit, stays initialized) | nvidiactl + GPUs 0,1 | none | "
+        "not listed | device user (nvml) | device user (nvml) | a device user (nvml), never a holder | yes |"
+    ) in markdown
+    assert (
+        "- in the unexplained-memory reading, cuda_init: gpu_facts holder (GPU 0: device_file), "
+        "rule holder (GPU 0: device_file)"
+    ) in markdown
 
 
 def test_check_reports_the_knobs_that_differ(simnode, tmp_path):
@@ -121,7 +155,9 @@ def test_mig_mode_is_recorded_as_the_driver_reports_it(simnode, tmp_path):
     proc, result = run_check(node, tmp_path, "--only", "idle")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert result["gpu"]["mig_mode"] == {"current": 1, "pending": 0, "error": None}
-    assert ": MIG mode: current enabled, pending disabled (nvmlDeviceGetMigMode)" in (tmp_path / "result.md").read_text()
+    assert (
+        ": MIG mode: current enabled, pending disabled (nvmlDeviceGetMigMode)" in (tmp_path / "result.md").read_text()
+    )
 
 
 def test_run_sh_skips_a_host_without_the_nvidia_driver(simnode, tmp_path):

@@ -56,20 +56,26 @@ def start_watch(node, client):
 
 def test_nvitop_and_gpustat_survive_a_full_reset_and_agree_with_gpu_facts(simnode, tmp_path):
     node = simnode(gpus=2, release_latency=0.2)
-    holders = [start_holder(node, [0], mib=4096, title="VLLM::Worker_TP0"),
-               start_holder(node, [1], mib=2048, title="VLLM::Worker_TP1")]
+    holders = [
+        start_holder(node, [0], mib=4096, title="VLLM::Worker_TP0"),
+        start_holder(node, [1], mib=2048, title="VLLM::Worker_TP1"),
+    ]
     watches = {client: start_watch(node, client) for client in ("nvitop", "gpustat")}
     inventory = inventory_file(tmp_path, node)
     status, result = only(module(inventory, "gpuops.nvidia.gpu_facts"))
     assert status == "SUCCESS", result
     facts = result["ansible_facts"]["nvidia"]
 
-    expected = [{"index": g["index"], "used_mib": g["memory_used_mib"], "pids": sorted(p["pid"] for p in g["driver_processes"])}
-                for g in facts["gpus"]]
+    expected = [
+        {"index": g["index"], "used_mib": g["memory_used_mib"], "pids": sorted(p["pid"] for p in g["driver_processes"])}
+        for g in facts["gpus"]
+    ]
     assert [g["pids"] for g in expected] == [[holders[0]], [holders[1]]]
     for client, (pid, view) in watches.items():
         # Each client's own reading agrees with gpu_facts (memory in MiB from NVML, PIDs from the driver's lists).
-        latest = wait_for(lambda view=view: view() if view()["gpus"] == expected else None, 10, what="%s agrees" % client)
+        latest = wait_for(
+            lambda view=view: view() if view()["gpus"] == expected else None, 10, what="%s agrees" % client
+        )
         assert latest["gpus"] == expected
         # nvitop keeps NVML initialized, so it holds every device file; gpustat initializes and shuts NVML down for
         # each query (gpustat's new_query), so it holds them only while it asks: where seen, it is an NVML client.
@@ -85,8 +91,13 @@ def test_nvitop_and_gpustat_survive_a_full_reset_and_agree_with_gpu_facts(simnod
     for client, (pid, view) in watches.items():
         assert alive(node, pid), "%s was ended by the reset:\n%s" % (client, out)
         seen = view()["n"]
-        after = wait_for(lambda view=view, seen=seen: view() if view()["n"] > seen and all(g["pids"] == [] for g in view()["gpus"]) else None,
-                         10, what="%s still watching, seeing the GPUs free" % client)
+        after = wait_for(
+            lambda view=view, seen=seen: (
+                view() if view()["n"] > seen and all(g["pids"] == [] for g in view()["gpus"]) else None
+            ),
+            10,
+            what="%s still watching, seeing the GPUs free" % client,
+        )
         assert [g["used_mib"] for g in after["gpus"]] == [0, 0]
     assert [gpu["used"] for gpu in driver_lists(node)] == [0, 0]
 

@@ -33,7 +33,9 @@ def spanning(simnode, tmp_path):
 def test_a_unit_that_also_holds_an_unselected_gpu_is_not_stopped(spanning, check):
     node, on0, on4, inventory = spanning
     args = ["--check"] if check else []
-    rc, out, _recap = playbook(inventory, PLAYBOOK, *args, "-e", json.dumps({"reset_gpus_gpus": [0], "reset_gpus_stop_owners": True}))
+    rc, out, _recap = playbook(
+        inventory, PLAYBOOK, *args, "-e", json.dumps({"reset_gpus_gpus": [0], "reset_gpus_stop_owners": True})
+    )
     assert rc != 0, out
     assert "nothing was signalled: stop_owners would stop systemd unit vllm@a.service" in out, out
     assert "PID %d (" % on4 in out and "holds GPU 4, outside the selection" in out, out
@@ -45,7 +47,9 @@ def test_stop_spanning_owners_stops_the_unit_and_names_what_it_ended(spanning):
     node, on0, on4, inventory = spanning
     extra = {"reset_gpus_gpus": [0], "reset_gpus_stop_owners": True, "reset_gpus_stop_spanning_owners": True}
     rc, out, _recap = playbook(inventory, PLAYBOOK, "--check", "-e", json.dumps(extra))
-    assert rc == 0 and "would stop systemd unit vllm@a.service, and with it, beyond the selection: PID %d" % on4 in out, out
+    assert (
+        rc == 0 and "would stop systemd unit vllm@a.service, and with it, beyond the selection: PID %d" % on4 in out
+    ), out
     assert alive(node, on0) and alive(node, on4)
     rc, out, _recap = playbook(inventory, PLAYBOOK, "-e", json.dumps(extra))
     assert rc == 0, out

@@ -21,7 +21,7 @@ CGROUPS = {
     "unit": "/system.slice/vllm@a.service",
     "docker": "/system.slice/docker-%s.scope" % CONTAINER,
     "pod": "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod%s.slice/cri-containerd-%s.scope"
-           % (POD_UID.replace("-", "_"), "9a" * 32),
+    % (POD_UID.replace("-", "_"), "9a" * 32),
     "slurm": "/system.slice/slurmstepd.scope/job_42/step_0/user/task_0",
 }
 
@@ -39,8 +39,19 @@ time.sleep(3600)
 def start_in_cgroup(node, gpu, cgroup, title):
     path, host_path = _ready_file(node, "owner")
     spec = dict(cuda_spec([gpu], 2000, title=title), ready=path)
-    node.exec("sh", "-c", 'exec "$@" </dev/null >/dev/null 2>&1', "sh", "setsid", "-f", node_python(), "-c",
-              CUDA_PROCESS, json.dumps(spec), cgroup=cgroup)
+    node.exec(
+        "sh",
+        "-c",
+        'exec "$@" </dev/null >/dev/null 2>&1',
+        "sh",
+        "setsid",
+        "-f",
+        node_python(),
+        "-c",
+        CUDA_PROCESS,
+        json.dumps(spec),
+        cgroup=cgroup,
+    )
     return _await_ready(host_path, title)[0]
 
 
@@ -50,7 +61,10 @@ def owned(simnode, tmp_path):
     if node.cgroup_root is None:
         pytest.skip("this machine gives simulated nodes no owner cgroups: %s" % node.info.get("cgroup_unsupported"))
     node.set_units({"vllm@a.service": {"Restart": "always", "TimeoutStopSec": 5}})
-    pids = {kind: start_in_cgroup(node, gpu, cgroup, "holder-%s" % kind) for gpu, (kind, cgroup) in enumerate(CGROUPS.items())}
+    pids = {
+        kind: start_in_cgroup(node, gpu, cgroup, "holder-%s" % kind)
+        for gpu, (kind, cgroup) in enumerate(CGROUPS.items())
+    }
     return node, pids, inventory_file(tmp_path, node)
 
 
@@ -67,12 +81,15 @@ def test_each_owner_kind_is_reported(owned):
     assert owners[pids["docker"]]["pod_uid"] is None and owners[pids["slurm"]]["container_id"] is None
 
 
-@pytest.mark.parametrize("selection, kind", [
-    ({"units": ["vllm@a"]}, "unit"),
-    ({"containers": [CONTAINER[:12]]}, "docker"),
-    ({"pods": [POD_UID]}, "pod"),
-    ({"slurm_jobs": ["42"]}, "slurm"),
-])
+@pytest.mark.parametrize(
+    "selection, kind",
+    [
+        ({"units": ["vllm@a"]}, "unit"),
+        ({"containers": [CONTAINER[:12]]}, "docker"),
+        ({"pods": [POD_UID]}, "pod"),
+        ({"slurm_jobs": ["42"]}, "slurm"),
+    ],
+)
 def test_each_owner_filter_ends_exactly_its_holders(owned, selection, kind):
     node, pids, inventory = owned
     status, result = only(module(inventory, "gpuops.nvidia.gpu_kill", dict(selection, grace_period=2)))
@@ -98,16 +115,22 @@ def test_restarting_unit_is_named_in_check_mode_and_stopped_with_stop_owners(own
 def test_role_names_the_restarting_unit_in_check_mode_and_stops_it_with_stop_owners(owned, tmp_path):
     node, pids, inventory = owned
     holder = r"PID %d \S+ \(GPUs 0, unit vllm@a\.service\)" % pids["unit"]
-    note = ("    ending it alone will not last: systemd unit vllm@a.service restarts it (Restart=always); "
-            "stop the owner: systemctl stop vllm@a.service")
+    note = (
+        "    ending it alone will not last: systemd unit vllm@a.service restarts it (Restart=always); "
+        "stop the owner: systemctl stop vllm@a.service"
+    )
     rc, out, recap = playbook(inventory, PLAYBOOK, "--check", "-e", json.dumps({"reset_gpus_units": ["vllm@a"]}))
     assert rc == 0 and recap[node.name]["failed"] == 0, out
     assert re.search(r"would signal %s: " % holder, out) and note in out, out
     assert alive(node, pids["unit"])
 
     reports, textfile = tmp_path / "reports", tmp_path / "gpuops_nvidia.prom"
-    extra = {"reset_gpus_units": ["vllm@a"], "reset_gpus_stop_owners": True, "reset_gpus_report_dir": str(reports),
-             "reset_gpus_textfile": str(textfile)}
+    extra = {
+        "reset_gpus_units": ["vllm@a"],
+        "reset_gpus_stop_owners": True,
+        "reset_gpus_report_dir": str(reports),
+        "reset_gpus_textfile": str(textfile),
+    }
     rc, out, recap = playbook(inventory, PLAYBOOK, "-e", json.dumps(extra))
     assert rc == 0 and recap[node.name]["failed"] == 0, out
     # The simulated systemctl ended the unit's process: the summary names the unit, and the holder with its owner.
@@ -127,14 +150,22 @@ def test_role_summary_report_and_textfile_name_the_owner_of_a_signalled_holder(o
     # _report.summary_lines as gpu_kill does on the common path.
     node.set(release_latency=1.5)
     reports, textfile = tmp_path / "reports", tmp_path / "gpuops_nvidia.prom"
-    extra = {"reset_gpus_containers": [CONTAINER[:12]], "reset_gpus_grace_period": 2, "reset_gpus_progress_interval": 0.5,
-             "reset_gpus_report_dir": str(reports), "reset_gpus_textfile": str(textfile)}
+    extra = {
+        "reset_gpus_containers": [CONTAINER[:12]],
+        "reset_gpus_grace_period": 2,
+        "reset_gpus_progress_interval": 0.5,
+        "reset_gpus_report_dir": str(reports),
+        "reset_gpus_textfile": str(textfile),
+    }
     rc, out, recap = playbook(inventory, PLAYBOOK, "-e", json.dumps(extra))
     assert rc == 0 and recap[node.name]["failed"] == 0 and "still waiting after" in out, out
-    assert re.search(r"PID %d \S+ \(GPUs 1, docker container %s\): SIGTERM, exited after" % (pids["docker"], CONTAINER[:12]),
-                     out), out
-    assert ("ending it alone will not last: it belongs to docker container %s, whose runtime may restart it; "
-            "stop the owner: docker stop %s" % (CONTAINER[:12], CONTAINER[:12])) in out, out
+    assert re.search(
+        r"PID %d \S+ \(GPUs 1, docker container %s\): SIGTERM, exited after" % (pids["docker"], CONTAINER[:12]), out
+    ), out
+    assert (
+        "ending it alone will not last: it belongs to docker container %s, whose runtime may restart it; "
+        "stop the owner: docker stop %s" % (CONTAINER[:12], CONTAINER[:12])
+    ) in out, out
     (signalled,) = json.loads((reports / ("%s.json" % node.name)).read_text())["signalled"]
     assert signalled["owner"]["container_id"] == CONTAINER and signalled["owner_label"] == "container:" + CONTAINER[:12]
     assert signalled["owner_command"] == "docker stop " + CONTAINER[:12], signalled
@@ -145,8 +176,9 @@ def test_role_summary_report_and_textfile_name_the_owner_of_a_signalled_holder(o
 
 def test_container_holder_gets_the_command_that_stops_its_owner(owned):
     node, pids, inventory = owned
-    status, result = only(module(inventory, "gpuops.nvidia.gpu_kill",
-                                 {"containers": [CONTAINER], "stop_owners": True, "grace_period": 2}))
+    status, result = only(
+        module(inventory, "gpuops.nvidia.gpu_kill", {"containers": [CONTAINER], "stop_owners": True, "grace_period": 2})
+    )
     assert status == "CHANGED" and result["owner_commands"] == ["docker stop %s" % CONTAINER[:12]], result
     assert result["stopped_units"] == [] and not alive(node, pids["docker"])
 
@@ -157,8 +189,20 @@ def test_respawning_agent_is_named_with_its_parent(simnode, tmp_path):
     spec = dict(cuda_spec([0], 1000, title="train-worker"), ready=path)
     script = host_path.parent / "torchrun"
     script.write_text(AGENT)
-    node.exec("sh", "-c", 'exec "$@" </dev/null >/dev/null 2>&1', "sh", "setsid", "-f", node_python(),
-              "/run/gpusim/nodetools/torchrun", "--nproc-per-node", "1", json.dumps(spec), CUDA_PROCESS)
+    node.exec(
+        "sh",
+        "-c",
+        'exec "$@" </dev/null >/dev/null 2>&1',
+        "sh",
+        "setsid",
+        "-f",
+        node_python(),
+        "/run/gpusim/nodetools/torchrun",
+        "--nproc-per-node",
+        "1",
+        json.dumps(spec),
+        CUDA_PROCESS,
+    )
     first = _await_ready(host_path, "the agent's first child")[0]
     inventory = inventory_file(tmp_path, node)
     status, result = only(module(inventory, "gpuops.nvidia.gpu_facts"))
@@ -168,8 +212,11 @@ def test_respawning_agent_is_named_with_its_parent(simnode, tmp_path):
     status, result = only(module(inventory, "gpuops.nvidia.gpu_kill", {"grace_period": 2}))
     assert status == "CHANGED" and [p["pid"] for p in result["signalled"]] == [first], result
     # The agent starts a new worker; the wait names it with its parent and says to stop that parent.
-    second = wait_for(lambda: _await_ready(host_path, "the agent's next child")[0] != first
-                      and _await_ready(host_path, "")[0], 20, what="the respawned child")
+    second = wait_for(
+        lambda: _await_ready(host_path, "the agent's next child")[0] != first and _await_ready(host_path, "")[0],
+        20,
+        what="the respawned child",
+    )
     status, result = only(module(inventory, "gpuops.nvidia.gpu_wait", {"timeout": 1}))
     assert status == "FAILED!" and "PID %s" % second in result["msg"], result["msg"]
     assert "stop their parent (PID %s" % agent in result["msg"], result["msg"]

@@ -26,14 +26,20 @@ CHECK = REPO / "playbooks" / "check_gpus.yml"
 ENSURE_TOOLS = REPO / "scripts" / "bench" / "ensure_tools.sh"
 SYSTEM_PYTHON = "/usr/bin/python3"
 WHEELS = REPO / ".cache" / "prepare-hosts-wheels"
-REQUIREMENTS = [line for line in (REPO / "requirements.txt").read_text().splitlines() if line and not line.startswith("#")]
+REQUIREMENTS = [
+    line for line in (REPO / "requirements.txt").read_text().splitlines() if line and not line.startswith("#")
+]
 # What the system Python has installed: every distribution's name and version.
 DISTRIBUTIONS = "import importlib.metadata as m; print(sorted('%s %s' % (d.metadata['Name'], d.version) for d in m.distributions()))"
 
 
 def system_python_version() -> str:
-    return subprocess.run([SYSTEM_PYTHON, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], capture_output=True,
-                          text=True, check=True).stdout.strip()
+    return subprocess.run(
+        [SYSTEM_PYTHON, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
 
 
 @pytest.fixture(scope="module")
@@ -51,10 +57,28 @@ def wheels():
         if not stamp.is_file() or stamp.read_text() != "\n".join(REQUIREMENTS):
             shutil.rmtree(directory, ignore_errors=True)
             directory.mkdir()
-            result = subprocess.run([str(VENV_BIN / "pip"), "download", "--quiet", "--disable-pip-version-check", "--only-binary=:all:",
-                                     "--python-version", version, "--platform", "manylinux2014_x86_64", "--platform",
-                                     "manylinux_2_28_x86_64", "-d", str(directory), *REQUIREMENTS],
-                                    capture_output=True, text=True, timeout=300, check=False)
+            result = subprocess.run(
+                [
+                    str(VENV_BIN / "pip"),
+                    "download",
+                    "--quiet",
+                    "--disable-pip-version-check",
+                    "--only-binary=:all:",
+                    "--python-version",
+                    version,
+                    "--platform",
+                    "manylinux2014_x86_64",
+                    "--platform",
+                    "manylinux_2_28_x86_64",
+                    "-d",
+                    str(directory),
+                    *REQUIREMENTS,
+                ],
+                capture_output=True,
+                text=True,
+                timeout=300,
+                check=False,
+            )
             assert result.returncode == 0, "pip download of %s failed:\n%s" % (REQUIREMENTS, result.stderr)
             stamp.write_text("\n".join(REQUIREMENTS))
     return directory
@@ -68,12 +92,16 @@ def ssh_node(simnode, tmp_path):
         pytest.skip(result.stderr.strip() or "ensure_tools.sh sshd failed")
     node = simnode(ssh=True, gpus=2, release_latency=0.2)
     inventory = inventory_file(tmp_path, node)
-    text = re.sub(r"ansible_python_interpreter=\S+", "ansible_python_interpreter=%s" % SYSTEM_PYTHON, inventory.read_text())
+    text = re.sub(
+        r"ansible_python_interpreter=\S+", "ansible_python_interpreter=%s" % SYSTEM_PYTHON, inventory.read_text()
+    )
     text = re.sub(r" gpuops_nvidia_venv=\S+", "", text)
     venv = tmp_path / "gpuops-nvidia" / "venv"
     header, host_line = text.splitlines()
     inventory.write_text("%s\n%s gpuops_nvidia_venv=%s\n" % (header, host_line, venv))
-    assert "ansible_python_interpreter=%s" % SYSTEM_PYTHON in inventory.read_text() and str(venv) in inventory.read_text()
+    assert (
+        "ansible_python_interpreter=%s" % SYSTEM_PYTHON in inventory.read_text() and str(venv) in inventory.read_text()
+    )
     return node, inventory, venv
 
 
@@ -99,13 +127,18 @@ def test_prepare_hosts_makes_the_venv_once_and_the_collection_uses_it(ssh_node, 
     # Check mode: says what it would do, creates nothing.
     rc, out, recap = playbook(inventory, PREPARE, "-b", "--check", *offline)
     assert rc == 0 and recap[node.name]["failed"] == 0, out
-    assert "prepare_hosts (check mode): would make %s with %s -m venv; would install %s from the 2 wheel(s) of %s" % (
-        venv, SYSTEM_PYTHON, ", ".join(REQUIREMENTS), wheels) in out, out
+    assert (
+        "prepare_hosts (check mode): would make %s with %s -m venv; would install %s from the 2 wheel(s) of %s"
+        % (venv, SYSTEM_PYTHON, ", ".join(REQUIREMENTS), wheels)
+        in out
+    ), out
     assert recap[node.name]["changed"] > 0 and not venv.parent.exists(), out
 
     rc, out, recap = playbook(inventory, PREPARE, "-b", *offline)
     assert rc == 0 and recap[node.name]["changed"] > 0, out
-    assert re.search(r"prepare_hosts: %s ready: nvidia-ml-py \d+\.\d+\.\d+, psutil \d+\.\d+" % re.escape(str(venv)), out), out
+    assert re.search(
+        r"prepare_hosts: %s ready: nvidia-ml-py \d+\.\d+\.\d+, psutil \d+\.\d+" % re.escape(str(venv)), out
+    ), out
     assert (venv / "bin" / "python").exists() and not (venv / "wheels").exists()
     config = dict(line.split(" = ", 1) for line in (venv / "pyvenv.cfg").read_text().splitlines() if " = " in line)
     assert config["home"] == "/usr/bin", config  # made by the system Python's own venv
@@ -167,9 +200,11 @@ def test_a_host_with_neither_python_gets_one_message_and_the_next_step(ssh_node)
     assert not venv.exists()
     rc, out, recap = playbook(inventory, CHECK)
     assert rc != 0 and recap[node.name]["failed"] == 1, out
-    assert ("no Python with nvidia-ml-py and psutil for gpuops.nvidia on this host; tried %s/bin/python (gpuops_nvidia_venv): "
-            "not found; then %s (ansible_python_interpreter): lacks nvidia-ml-py. Next step: ansible-playbook -i INVENTORY "
-            "gpuops.nvidia.prepare_hosts -b" % (venv, SYSTEM_PYTHON)) in out, out
+    assert (
+        "no Python with nvidia-ml-py and psutil for gpuops.nvidia on this host; tried %s/bin/python (gpuops_nvidia_venv): "
+        "not found; then %s (ansible_python_interpreter): lacks nvidia-ml-py. Next step: ansible-playbook -i INVENTORY "
+        "gpuops.nvidia.prepare_hosts -b" % (venv, SYSTEM_PYTHON)
+    ) in out, out
     assert "check_gpus %s: failed to check" % node.name in out or "check_gpus summary: 1 host(s): 1 failed" in out, out
 
     # A host whose Python already has both libraries (the repository's .venv here) needs nothing.

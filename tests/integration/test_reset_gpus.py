@@ -82,8 +82,12 @@ def test_protected_daemons_and_unselected_holders_survive(simnode, tmp_path):
     target = start_holder(node, [1], mib=4096, title="VLLM::Worker_TP1")
     inventory = inventory_file(tmp_path, node)
 
-    rc, out, recap = playbook(inventory, PLAYBOOK, "-e", '{"reset_gpus_gpus": [1], "reset_gpus_match": "VLLM::|nvidia-persistenced", '
-                              '"reset_gpus_timeout": 20}')
+    rc, out, recap = playbook(
+        inventory,
+        PLAYBOOK,
+        "-e",
+        '{"reset_gpus_gpus": [1], "reset_gpus_match": "VLLM::|nvidia-persistenced", "reset_gpus_timeout": 20}',
+    )
     # GPU 1 still holds the unselected process: it is named as left alone, and its memory (and the protected
     # daemon's) does not make the wait fail (issue 10: the selection decides what is waited for).
     assert rc == 0 and "memory released after" in out, out
@@ -108,13 +112,16 @@ def test_check_mode_kill_signals_nothing_and_second_kill_is_unchanged(simnode, t
     assert status == "SUCCESS" and result["changed"] is False and result["signalled"] == []
 
 
-@pytest.mark.parametrize("args, message", [
-    ({"gpus": [9]}, "unknown GPU 9"),
-    ({"gpus": ["GPU-00000000-0000-0000-0000-000000000000"]}, "unknown GPU"),
-    ({"match": "VLLM::(("}, "invalid regex"),
-    ({"grace_period": -1}, "grace_period=-1.0 (must not be negative)"),
-    ({"signal": "SIGBOGUS"}, "unknown signal"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ({"gpus": [9]}, "unknown GPU 9"),
+        ({"gpus": ["GPU-00000000-0000-0000-0000-000000000000"]}, "unknown GPU"),
+        ({"match": "VLLM::(("}, "invalid regex"),
+        ({"grace_period": -1}, "grace_period=-1.0 (must not be negative)"),
+        ({"signal": "SIGBOGUS"}, "unknown signal"),
+    ],
+)
 def test_bad_input_fails_clearly_and_kills_nothing(simnode, tmp_path, args, message):
     """(See also test_every_bad_value_is_refused_before_any_signal for the values of issue 11.)"""
     node = simnode(gpus=2)
@@ -147,8 +154,8 @@ def test_inherited_handle_is_found_and_memory_released(simnode, tmp_path):
 
 def test_minor_numbers_that_differ_from_indices(simnode, tmp_path):
     node = simnode(gpus=4, minors=[3, 2, 1, 0], release_latency=0.1)
-    on_index0 = start_holder(node, [0], mib=700)   # holds /dev/nvidia3
-    on_index3 = start_holder(node, [3], mib=900)   # holds /dev/nvidia0
+    on_index0 = start_holder(node, [0], mib=700)  # holds /dev/nvidia3
+    on_index3 = start_holder(node, [3], mib=900)  # holds /dev/nvidia0
     inventory = inventory_file(tmp_path, node)
     facts = only(module(inventory, "gpuops.nvidia.gpu_facts"))[1]["ansible_facts"]["nvidia"]
     by_pid = {h["pid"]: h for h in facts["holders"]}
@@ -252,18 +259,27 @@ def test_check_gpus_probe_changes_nothing_and_fails_on_dirty_gpus(simnode, tmp_p
 
 def test_reports_for_pipelines_and_progress_while_waiting(simnode, tmp_path):
     import json
+
     node = simnode(gpus=2, release_latency=0.1, stray_mib={1: 5000})
     holder = start_holder(node, [0], mib=2000)
     inventory = inventory_file(tmp_path, node)
     reports, textfile = tmp_path / "reports", tmp_path / "gpuops_nvidia.prom"
     reports.mkdir()
-    extra = json.dumps({"reset_gpus_report_dir": str(reports), "reset_gpus_textfile": str(textfile),
-                        "reset_gpus_timeout": 1.5, "reset_gpus_progress_interval": 0.4})
+    extra = json.dumps(
+        {
+            "reset_gpus_report_dir": str(reports),
+            "reset_gpus_textfile": str(textfile),
+            "reset_gpus_timeout": 1.5,
+            "reset_gpus_progress_interval": 0.4,
+        }
+    )
     rc, out, recap = playbook(inventory, PLAYBOOK, "-e", extra)
     # GPU 1 keeps 5000 MiB that no process explains: the wait reports progress, then fails with the summary.
     assert rc != 0 and recap[node.name]["failed"] == 1, out
     assert out.count("still waiting after") >= 2 and "GPU 1 5000 MiB used, held by no process" in out, out
-    assert re.search(r"FAILED: not released after 1\.[0-9] s: GPU 1: 5000 MiB used", out) and not alive(node, holder), out
+    assert re.search(r"FAILED: not released after 1\.[0-9] s: GPU 1: 5000 MiB used", out) and not alive(node, holder), (
+        out
+    )
     report = json.loads((reports / ("%s.json" % node.name)).read_text())
     assert report["outcome"] == "failed" and report["host"] == node.name and not report["check_mode"]
     assert [p["pid"] for p in report["signalled"]] == [holder]
@@ -318,7 +334,11 @@ def test_a_process_holding_a_lost_gpu_is_named_and_ended(simnode, tmp_path):
     inventory = inventory_file(tmp_path, node)
     rc, out, recap = playbook(inventory, REPO / "playbooks" / "check_gpus.yml", "-e", "check_gpus_wait=0")
     assert rc != 0 and "held by PID %d" % holder in out and "GPUs free" not in out, out
-    assert "end PID %d, which still holds it (gpuops.nvidia.gpu_kill), then reset it (nvidia-smi --gpu-reset -i 1)" % holder in out, out
+    assert (
+        "end PID %d, which still holds it (gpuops.nvidia.gpu_kill), then reset it (nvidia-smi --gpu-reset -i 1)"
+        % holder
+        in out
+    ), out
     # Check mode signals nothing and says that the reset would fail whatever it ended, as the real run then does.
     rc, out, recap = playbook(inventory, PLAYBOOK, "--check")
     assert rc != 0 and alive(node, holder) and recap[node.name]["failed"] == 1, out

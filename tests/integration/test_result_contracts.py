@@ -31,10 +31,23 @@ MODEL = str(REPO / "tests" / "fixtures" / "models" / "Qwen3.6-27B")
 # Ansible's common return values, which modules return without documenting them.
 COMMON = {"changed", "failed", "msg"}
 # Dicts whose keys are data, not names (an environment, a speculative config, a dict by GPU index or MIG UUID).
-FREE_FORM = {"environment", "speculative_config", "mig_instances", "memory_mib", "attribution", "mig", "requested",
-             "drafter",
-             # vllm_server_host: by instance name or path; a drafter's config.json.
-             "deployed", "running", "ports", "paths", "files", "config"}
+FREE_FORM = {
+    "environment",
+    "speculative_config",
+    "mig_instances",
+    "memory_mib",
+    "attribution",
+    "mig",
+    "requested",
+    "drafter",
+    # vllm_server_host: by instance name or path; a drafter's config.json.
+    "deployed",
+    "running",
+    "ports",
+    "paths",
+    "files",
+    "config",
+}
 
 
 def return_docs(name):
@@ -63,14 +76,24 @@ FACTS = "gpu_facts:ansible_facts.nvidia"
 HOLDERS = FACTS + ".holders"
 REFERENCES = {
     "gpu_facts:ansible_facts.nvidia.device_users": HOLDERS,
-    "gpu_kill:would_signal": "gpu_kill:signalled", "gpu_kill:signalled": HOLDERS, "gpu_kill:exited": "gpu_kill:signalled",
-    "gpu_kill:survived": "gpu_kill:signalled", "gpu_kill:protected": HOLDERS, "gpu_kill:left_alone": HOLDERS,
-    "gpu_kill:respawned": "gpu_kill:signalled", "gpu_kill:not_signalled": "gpu_kill:signalled",
+    "gpu_kill:would_signal": "gpu_kill:signalled",
+    "gpu_kill:signalled": HOLDERS,
+    "gpu_kill:exited": "gpu_kill:signalled",
+    "gpu_kill:survived": "gpu_kill:signalled",
+    "gpu_kill:protected": HOLDERS,
+    "gpu_kill:left_alone": HOLDERS,
+    "gpu_kill:respawned": "gpu_kill:signalled",
+    "gpu_kill:not_signalled": "gpu_kill:signalled",
     "gpu_kill:driver": FACTS + ".driver",
-    "gpu_kill:before": FACTS, "gpu_kill:after": FACTS, "gpu_kill:wait": "gpu_wait:",
-    "gpu_wait:driver": FACTS + ".driver", "gpu_wait:after": FACTS,
-    "detached_process:signalled": "detached_process:would_signal", "detached_process:exited": "detached_process:would_signal",
-    "detached_process:survived": "detached_process:would_signal", "vllm_acceptance:after": "vllm_acceptance:before",
+    "gpu_kill:before": FACTS,
+    "gpu_kill:after": FACTS,
+    "gpu_kill:wait": "gpu_wait:",
+    "gpu_wait:driver": FACTS + ".driver",
+    "gpu_wait:after": FACTS,
+    "detached_process:signalled": "detached_process:would_signal",
+    "detached_process:exited": "detached_process:would_signal",
+    "detached_process:survived": "detached_process:would_signal",
+    "vllm_acceptance:after": "vllm_acceptance:before",
     "vllm_server_host:nvidia": FACTS,
 }
 
@@ -196,22 +219,51 @@ def run_every_module(node, inventory, tmp_path):
     run("gpu_kill", {"gpus": [0]}, check=True)
     port = free_port()
     url = {"url": "http://127.0.0.1:%d" % port, "served_model_name": "m"}
-    server = {"argv": [str(node.state_dir / "bin" / "vllm"), "serve", MODEL, "--served-model-name", "m", "--port",
-                       str(port), "--tensor-parallel-size", "2", "--speculative-config", spec["speculative_config_json"]],
-              "environment": dict({"CUDA_VISIBLE_DEVICES": "1,2", "SIMVLLM_LOAD_SECONDS": "0.2"}, **spec["environment"]),
-              "pidfile": str(tmp_path / "m.pid"), "log_file": str(tmp_path / "m.log")}
+    server = {
+        "argv": [
+            str(node.state_dir / "bin" / "vllm"),
+            "serve",
+            MODEL,
+            "--served-model-name",
+            "m",
+            "--port",
+            str(port),
+            "--tensor-parallel-size",
+            "2",
+            "--speculative-config",
+            spec["speculative_config_json"],
+        ],
+        "environment": dict({"CUDA_VISIBLE_DEVICES": "1,2", "SIMVLLM_LOAD_SECONDS": "0.2"}, **spec["environment"]),
+        "pidfile": str(tmp_path / "m.pid"),
+        "log_file": str(tmp_path / "m.log"),
+    }
     run("detached_process", server, check=True)
     run("detached_process", server)
     run("detached_process", server)
     run("vllm_ready", dict(url, pidfile=server["pidfile"], timeout=60, poll_interval=0.2))
     etc = tmp_path / "etc"
     etc.mkdir()
-    (etc / "m.json").write_text(json.dumps({"name": "m", "host": "127.0.0.1", "port": port, "served_model_name": "m",
-                                            "service_manager": "detached"}))
-    found = run("vllm_server_host", {"instances": [{"name": "m", "port": port}, {"name": "n", "port": free_port()}],
-                                     "paths": [MODEL], "drafters": [{"model": DRAFTER}], "config_dir": str(etc),
-                                     "state_dir": str(tmp_path), "log_dir": str(tmp_path / "log")})
-    assert found["running"]["m"]["ready"] and found["ports"] == {"n": None} and found["missing_dirs"] == [str(tmp_path / "log")]
+    (etc / "m.json").write_text(
+        json.dumps(
+            {"name": "m", "host": "127.0.0.1", "port": port, "served_model_name": "m", "service_manager": "detached"}
+        )
+    )
+    found = run(
+        "vllm_server_host",
+        {
+            "instances": [{"name": "m", "port": port}, {"name": "n", "port": free_port()}],
+            "paths": [MODEL],
+            "drafters": [{"model": DRAFTER}],
+            "config_dir": str(etc),
+            "state_dir": str(tmp_path),
+            "log_dir": str(tmp_path / "log"),
+        },
+    )
+    assert (
+        found["running"]["m"]["ready"]
+        and found["ports"] == {"n": None}
+        and found["missing_dirs"] == [str(tmp_path / "log")]
+    )
     files = {"name": "n", "config": {"name": "n", "port": 1}, "config_dir": str(etc), "api_key": "sk-contract"}
     assert run("vllm_server_files", files, check=True)["changed_files"] == ["configuration", "API key"]
     assert run("vllm_server_files", files)["changed_files"] == ["configuration", "API key"]

@@ -29,7 +29,7 @@ def _block(out, task):
     """The output of the task named `task` (up to the next TASK banner)."""
     start = out.index("TASK [%s" % task)
     end = out.find("\nTASK [", start + 1)
-    return out[start:end if end > 0 else len(out)]
+    return out[start : end if end > 0 else len(out)]
 
 
 def test_unknown_role_variable_is_refused_before_anything_is_signalled(simnode, tmp_path):
@@ -55,8 +55,13 @@ def test_empty_selection_is_refused_and_omitted_selects_all(simnode, tmp_path):
     node = simnode(gpus=2, release_latency=0.1)
     holders = [start_holder(node, [0], mib=500), start_holder(node, [1], mib=600)]
     inventory = inventory_file(tmp_path, node)
-    for extra in ('{"reset_gpus_gpus": []}', '{"reset_gpus_match": ""}', '{"reset_gpus_pids": []}',
-                  '{"reset_gpus_users": []}', "reset_gpus_gpus="):
+    for extra in (
+        '{"reset_gpus_gpus": []}',
+        '{"reset_gpus_match": ""}',
+        '{"reset_gpus_pids": []}',
+        '{"reset_gpus_users": []}',
+        "reset_gpus_gpus=",
+    ):
         rc, out, recap = playbook(inventory, RESET, "-e", extra)
         assert rc != 0 and "is empty" in out and "omit" in out, (extra, out)
         assert all(alive(node, pid) for pid in holders), extra
@@ -81,13 +86,19 @@ def test_report_dir_is_created_and_report_failure_never_hides_the_reset(simnode,
     blocker.write_text("")
     textfile.unlink()
     holder = start_holder(node, [1], mib=600)
-    for bad, words in (({"reset_gpus_report_dir": str(blocker / "reports")},
-                        "reset_gpus_report_dir %s cannot hold the report: %s is not a directory" % (blocker / "reports", blocker)),
-                       ({"reset_gpus_textfile": str(tmp_path / "none" / "x.prom")},
-                        "reset_gpus_textfile %s cannot be written on the host: %s does not exist" % (tmp_path / "none" / "x.prom",
-                                                                                                     tmp_path / "none")),
-                       ({"reset_gpus_textfile": str(blocker / "x.prom")}, "%s is not a directory" % blocker),
-                       ({"reset_gpus_textfile": "x.prom"}, "reset_gpus_textfile must be an absolute path on the host")):
+    for bad, words in (
+        (
+            {"reset_gpus_report_dir": str(blocker / "reports")},
+            "reset_gpus_report_dir %s cannot hold the report: %s is not a directory" % (blocker / "reports", blocker),
+        ),
+        (
+            {"reset_gpus_textfile": str(tmp_path / "none" / "x.prom")},
+            "reset_gpus_textfile %s cannot be written on the host: %s does not exist"
+            % (tmp_path / "none" / "x.prom", tmp_path / "none"),
+        ),
+        ({"reset_gpus_textfile": str(blocker / "x.prom")}, "%s is not a directory" % blocker),
+        ({"reset_gpus_textfile": "x.prom"}, "reset_gpus_textfile must be an absolute path on the host"),
+    ):
         for check in ((), ("--check",)):
             rc, out, recap = playbook(inventory, RESET, "-e", json.dumps(dict(extra, **bad)), *check)
             assert rc != 0 and "nothing was signalled: reset_gpus_" in out and words in out, (bad, check, out)
@@ -137,8 +148,14 @@ def test_report_message_agrees_with_wait_seconds_and_times_carry_utc(simnode, tm
     for stamp in stamps:
         parsed = datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
         assert parsed.utcoffset() == datetime.timedelta(0), stamp
-    assert abs((datetime.datetime.now(datetime.timezone.utc)
-                - datetime.datetime.fromisoformat(report["time"])).total_seconds()) < 120, report["time"]
+    assert (
+        abs(
+            (
+                datetime.datetime.now(datetime.timezone.utc) - datetime.datetime.fromisoformat(report["time"])
+            ).total_seconds()
+        )
+        < 120
+    ), report["time"]
     # A failure: the message's time is the whole wait too.
     node.set(stray_mib={1: 5000})
     rc, out, recap = playbook(inventory, RESET, "-e", json.dumps(dict(extra, reset_gpus_timeout=1.0)))
@@ -151,7 +168,9 @@ def test_summary_without_driver_library_never_says_memory_released(simnode, tmp_
     node = simnode(gpus=2, no_driver=True, release_latency=0.1)
     start_holder(node, [0], mib=100)  # ended or not (attribution without memory is gpu_kill's), never "released"
     reports = tmp_path / "reports"
-    rc, out, recap = playbook(inventory_file(tmp_path, node), RESET, "-e", json.dumps({"reset_gpus_report_dir": str(reports)}))
+    rc, out, recap = playbook(
+        inventory_file(tmp_path, node), RESET, "-e", json.dumps({"reset_gpus_report_dir": str(reports)})
+    )
     assert rc == 0, out
     summary = _block(out, "gpuops.nvidia.reset_gpus : Summarize the reset")
     assert "memory released" not in summary and "no holder left after" in summary, summary
@@ -184,7 +203,9 @@ def test_check_gpus_without_driver_library_fails_by_default(simnode, tmp_path):
     rc, out, recap = playbook(inventory, CHECK, "-e", "check_gpus_wait=0")
     assert rc != 0 and "GPUs free" not in out, out
     # Without the library the GPUs may be known from /proc/driver/nvidia (2 GPUs) or not at all (every GPU).
-    assert re.search(r"check_gpus %s: not checked: used memory of (2 GPU\(s\)|every GPU) not read" % node.name, out), out
+    assert re.search(r"check_gpus %s: not checked: used memory of (2 GPU\(s\)|every GPU) not read" % node.name, out), (
+        out
+    )
     assert "no process holds them" in out and "check_gpus_allow_proc_only" in out
     assert "check_gpus summary: 1 host(s): 1 not checked (%s)" % node.name in out
     rc, out, recap = playbook(inventory, CHECK, "-e", '{"check_gpus_wait": 0, "check_gpus_allow_proc_only": true}')
@@ -205,12 +226,15 @@ def test_gpu_wait_require_memory_and_return_after(simnode, tmp_path):
 
     node = simnode(gpus=2, release_latency=0.1)
     inventory = inventory_file(tmp_path, node)
-    status, result = only(module(inventory, "gpuops.nvidia.gpu_wait", {"timeout": 0, "return_after": False,
-                                                                       "require_memory": True}))
+    status, result = only(
+        module(inventory, "gpuops.nvidia.gpu_wait", {"timeout": 0, "return_after": False, "require_memory": True})
+    )
     assert status == "SUCCESS" and "after" not in result and result["memory_checked"] is True, result
     holder = start_holder(node, [1], mib=700)
     status, result = only(module(inventory, "gpuops.nvidia.gpu_wait", {"timeout": 0, "return_after": False}))
-    assert status == "FAILED!" and "after" not in result and [h["pid"] for h in result["gpus"][1]["holders"]] == [holder], result
+    assert (
+        status == "FAILED!" and "after" not in result and [h["pid"] for h in result["gpus"][1]["holders"]] == [holder]
+    ), result
     assert "GPU 1: 700 MiB used, held by PID %d" % holder in result["msg"], result
     status, result = only(module(inventory, "gpuops.nvidia.gpu_wait", {"timeout": 0}))
     assert status == "FAILED!" and result["after"]["gpus"][1]["holder_pids"] == [holder], result
@@ -239,10 +263,12 @@ def test_check_gpus_grace_and_one_greppable_line_per_host(simnode, tmp_path, mon
     assert rc == 0, out
     # What the documented `grep -o 'check_gpus [^"]*'` prints: every match, one per line.
     found = re.findall(r'check_gpus [^"]*', out)
-    assert sorted(found[:2]) == sorted(["check_gpus %s: GPUs free (2 checked): no holder, used memory at most 256 MiB each"
-                                        % releasing.name,
-                                        "check_gpus %s: GPUs free (1 checked): no holder, used memory at most 256 MiB each"
-                                        % clean.name]), out
+    assert sorted(found[:2]) == sorted(
+        [
+            "check_gpus %s: GPUs free (2 checked): no holder, used memory at most 256 MiB each" % releasing.name,
+            "check_gpus %s: GPUs free (1 checked): no holder, used memory at most 256 MiB each" % clean.name,
+        ]
+    ), out
     assert found[2:] == ["check_gpus summary: 2 host(s): 2 free"], out
 
 
@@ -291,8 +317,15 @@ def test_every_return_sample_renders_as_written_in_ansible_doc():
     # And the real command renders every module, gpu_kill's holder names intact.
     env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(REPO / ".collections"), ANSIBLE_NOCOLOR="1")
     names = ["gpuops.nvidia.%s" % path.stem for path in modules]
-    proc = subprocess.run([str(VENV_BIN / "ansible-doc"), *names], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=120, check=False)
+    proc = subprocess.run(
+        [str(VENV_BIN / "ansible-doc"), *names],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr
     assert [name for name in names if "> MODULE %s " % name not in proc.stdout] == [], proc.stderr
     assert "comWorker" not in proc.stdout and "comEngine" not in proc.stdout

@@ -50,17 +50,35 @@ def epilog_text() -> str:
 def environment(node):
     """What a GPU host set up as docs/schedulers.md says has: ansible-playbook, the collection, a Python for the
     modules (the repository's .venv here: the node has no /opt/gpuops-nvidia/venv)."""
-    return {"PATH": "%s:%s/bin:/usr/bin:/bin" % (VENV_BIN, node.state_dir), "ANSIBLE_PYTHON_INTERPRETER": str(VENV_BIN / "python"),
-            "HOME": "/root"}
+    return {
+        "PATH": "%s:%s/bin:/usr/bin:/bin" % (VENV_BIN, node.state_dir),
+        "ANSIBLE_PYTHON_INTERPRETER": str(VENV_BIN / "python"),
+        "HOME": "/root",
+    }
 
 
 def local_check(node):
     """check_gpus.yml with -i localhost, -c local inside the node, from /; (rc, output, seconds)."""
-    variables = dict(environment(node), ANSIBLE_COLLECTIONS_PATH=str(REPO / ".collections"), ANSIBLE_CALLBACK_FORMAT_PRETTY="false")
+    variables = dict(
+        environment(node), ANSIBLE_COLLECTIONS_PATH=str(REPO / ".collections"), ANSIBLE_CALLBACK_FORMAT_PRETTY="false"
+    )
     started = time.monotonic()
-    result = node.exec("env", "-C", "/", *("%s=%s" % item for item in variables.items()), "timeout", "120",
-                       str(VENV_BIN / "ansible-playbook"), "-i", "localhost,", "-c", "local", "gpuops.nvidia.check_gpus",
-                       check=False, timeout=150)
+    result = node.exec(
+        "env",
+        "-C",
+        "/",
+        *("%s=%s" % item for item in variables.items()),
+        "timeout",
+        "120",
+        str(VENV_BIN / "ansible-playbook"),
+        "-i",
+        "localhost,",
+        "-c",
+        "local",
+        "gpuops.nvidia.check_gpus",
+        check=False,
+        timeout=150,
+    )
     return result.returncode, result.stdout + result.stderr, time.monotonic() - started
 
 
@@ -83,13 +101,17 @@ def test_local_check_fails_with_its_line_on_a_held_gpu_and_passes_on_a_free_one(
         time.sleep(0.2)
     rc, out, _seconds = local_check(node)
     assert rc == 0, out
-    assert line_of(out) == "check_gpus localhost: GPUs free (2 checked): no holder, used memory at most 256 MiB each", out
+    assert line_of(out) == "check_gpus localhost: GPUs free (2 checked): no holder, used memory at most 256 MiB each", (
+        out
+    )
 
 
 def test_local_check_ends_within_its_bound_when_the_driver_hangs(simnode):
     node = simnode(gpus=2, hang="all")
     rc, out, seconds = local_check(node)
-    assert rc == 2 and line_of(out).startswith("check_gpus localhost: not checked: NVML did not answer within driver_timeout"), out
+    assert rc == 2 and line_of(out).startswith(
+        "check_gpus localhost: not checked: NVML did not answer within driver_timeout"
+    ), out
     # docs/schedulers.md: check_gpus_driver_timeout (10 s) + check_gpus_wait (5 s) + 1 s + Ansible's start-up.
     assert seconds < 30, (seconds, out)
 
@@ -108,10 +130,18 @@ def epilog(simnode, tmp_path):
 
     def run():
         calls.write_text("")
-        variables = dict(environment(node), SLURMD_NODENAME="gpu07", SCONTROL=str(scontrol), SCONTROL_CALLS=str(calls),
-                         SCONTROL_STATE=str(state), GPUOPS_ANSIBLE_PLAYBOOK=str(VENV_BIN / "ansible-playbook"),
-                         GPUOPS_COLLECTIONS=str(REPO / ".collections"))
-        result = node.exec("env", "-C", "/", *("%s=%s" % item for item in variables.items()), str(script), check=False, timeout=150)
+        variables = dict(
+            environment(node),
+            SLURMD_NODENAME="gpu07",
+            SCONTROL=str(scontrol),
+            SCONTROL_CALLS=str(calls),
+            SCONTROL_STATE=str(state),
+            GPUOPS_ANSIBLE_PLAYBOOK=str(VENV_BIN / "ansible-playbook"),
+            GPUOPS_COLLECTIONS=str(REPO / ".collections"),
+        )
+        result = node.exec(
+            "env", "-C", "/", *("%s=%s" % item for item in variables.items()), str(script), check=False, timeout=150
+        )
         assert result.returncode == 0, result.stdout + result.stderr  # the script always exits 0
         return [json.loads(line) for line in calls.read_text().splitlines()]
 
@@ -127,7 +157,7 @@ def test_epilog_drains_with_the_line_and_resumes_when_a_later_check_passes(epilo
     [drain] = run()
     assert drain[:3] == ["update", "nodename=gpu07", "state=drain"], drain
     assert drain[3].startswith("reason=gpuops: not free: GPU 1: 4000 MiB used, held by PID %d" % holder), drain
-    assert run.state.read_text() == drain[3][len("reason="):]
+    assert run.state.read_text() == drain[3][len("reason=") :]
 
     node.exec("kill", str(holder))
     while alive(node, holder) or gpu_memory(node)[1][0] > 256:

@@ -42,16 +42,37 @@ def test_null_selection_through_each_channel_is_refused_and_nothing_is_signalled
         _refused(node, holders, inventory, variable, "is null", "-e", json.dumps({variable: None}), "--check")
     # Templates that rendered null, nothing, blank, an empty list, a list with a null entry.
     templated = tmp_path / "templated.yml"
-    for value, words in (("{{ no_such_list | default(none) }}", "is null"), ("{{ '' }}", "is empty"),
-                         ("{{ '   ' }}", "is blank"), ("{{ [] }}", "is empty"), ("{{ [none] }}", "has a null or blank entry"),
-                         ("{{ [' '] }}", "has a null or blank entry")):
+    for value, words in (
+        ("{{ no_such_list | default(none) }}", "is null"),
+        ("{{ '' }}", "is empty"),
+        ("{{ '   ' }}", "is blank"),
+        ("{{ [] }}", "is empty"),
+        ("{{ [none] }}", "has a null or blank entry"),
+        ("{{ [' '] }}", "has a null or blank entry"),
+    ):
         for kind in ("gpus", "pids", "units"):
             templated.write_text(json.dumps({"reset_gpus_" + kind: value}))
             _refused(node, holders, inventory, "reset_gpus_" + kind, words, "-e", "@%s" % templated)
     # Blank text and lists with a null entry from -e.
     _refused(node, holders, inventory, "reset_gpus_match", "is blank", "-e", json.dumps({"reset_gpus_match": "  "}))
-    _refused(node, holders, inventory, "reset_gpus_gpus", "has a null or blank entry", "-e", json.dumps({"reset_gpus_gpus": [None]}))
-    _refused(node, holders, inventory, "reset_gpus_users", "has a null or blank entry", "-e", '{"reset_gpus_users": [null, "root"]}')
+    _refused(
+        node,
+        holders,
+        inventory,
+        "reset_gpus_gpus",
+        "has a null or blank entry",
+        "-e",
+        json.dumps({"reset_gpus_gpus": [None]}),
+    )
+    _refused(
+        node,
+        holders,
+        inventory,
+        "reset_gpus_users",
+        "has a null or blank entry",
+        "-e",
+        '{"reset_gpus_users": [null, "root"]}',
+    )
     _refused(node, holders, inventory, "reset_gpus_gpus", "is empty", "-e", json.dumps({"reset_gpus_gpus": " , "}))
     # Typed values under the variable's name, as given.
     _refused(node, holders, inventory, "reset_gpus_pids", "must list PIDs", "-e", "reset_gpus_pids=abc")
@@ -73,15 +94,17 @@ def test_check_gpus_refuses_a_null_selection_and_bad_values_by_name(simnode, tmp
     commented.write_text("check_gpus_gpus:\n#  - 1\n")
     templated = tmp_path / "templated.yml"
     templated.write_text(json.dumps({"check_gpus_gpus": "{{ no_such_list | default([]) }}"}))
-    for args, words in ((("-e", "@%s" % commented), "check_gpus_gpus is null"),
-                        (("-e", '{"check_gpus_gpus": null}'), "check_gpus_gpus is null"),
-                        (("-e", "@%s" % templated), "check_gpus_gpus is empty"),
-                        (("-e", "check_gpus_wait=-1"), "invalid value: check_gpus_wait=-1 (must not be negative)"),
-                        (("-e", "check_gpus_max_used_mib=lots"), "check_gpus_max_used_mib must be a whole number, not 'lots'"),
-                        (("-e", "check_gpus_driver_timeout=0"), "invalid value: check_gpus_driver_timeout=0 (must be greater than 0)"),
-                        (("-e", "check_gpus_allow_proc_only=maybe"), "check_gpus_allow_proc_only must be true or false"),
-                        (("-e", '{"check_gpus_gpu": [0]}'), "unknown variable(s) check_gpus_gpu (a typo?)"),
-                        (("-e", "check_gpus_hosts=no_such_group"), "check_gpus_hosts=no_such_group matches no host")):
+    for args, words in (
+        (("-e", "@%s" % commented), "check_gpus_gpus is null"),
+        (("-e", '{"check_gpus_gpus": null}'), "check_gpus_gpus is null"),
+        (("-e", "@%s" % templated), "check_gpus_gpus is empty"),
+        (("-e", "check_gpus_wait=-1"), "invalid value: check_gpus_wait=-1 (must not be negative)"),
+        (("-e", "check_gpus_max_used_mib=lots"), "check_gpus_max_used_mib must be a whole number, not 'lots'"),
+        (("-e", "check_gpus_driver_timeout=0"), "invalid value: check_gpus_driver_timeout=0 (must be greater than 0)"),
+        (("-e", "check_gpus_allow_proc_only=maybe"), "check_gpus_allow_proc_only must be true or false"),
+        (("-e", '{"check_gpus_gpu": [0]}'), "unknown variable(s) check_gpus_gpu (a typo?)"),
+        (("-e", "check_gpus_hosts=no_such_group"), "check_gpus_hosts=no_such_group matches no host"),
+    ):
         rc, out, recap = playbook(inventory, CHECK, *args)
         assert rc != 0 and "check_gpus: nothing was checked: " + words in out, (args, out)
         # Never the module's option names (timeout=-1.0, max_used_mib): the variable, as given.

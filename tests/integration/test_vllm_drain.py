@@ -36,8 +36,10 @@ class Load:
         self.results = []  # (sent at, status or None, finish_reason or error)
         self.sending = [threading.Event() for _number in range(clients)]
         self.stop = threading.Event()
-        self.threads = [threading.Thread(target=self._client, args=(number, number * self.REQUEST_S / clients), daemon=True)
-                        for number in range(clients)]
+        self.threads = [
+            threading.Thread(target=self._client, args=(number, number * self.REQUEST_S / clients), daemon=True)
+            for number in range(clients)
+        ]
         for thread in self.threads:
             thread.start()
 
@@ -54,13 +56,16 @@ class Load:
                 time.sleep(0.05)
                 continue
             body = json.dumps({"model": self.model, "prompt": "client %d" % number, "max_tokens": 100}).encode()
-            request = urllib.request.Request("http://127.0.0.1:%d/v1/completions" % self.port, body,
-                                             {"Content-Type": "application/json"})
+            request = urllib.request.Request(
+                "http://127.0.0.1:%d/v1/completions" % self.port, body, {"Content-Type": "application/json"}
+            )
             sent = time.time()
             self.sending[number].set()
             try:
                 with urllib.request.urlopen(request, timeout=30) as response:
-                    self.results.append((sent, response.status, json.loads(response.read())["choices"][0]["finish_reason"]))
+                    self.results.append(
+                        (sent, response.status, json.loads(response.read())["choices"][0]["finish_reason"])
+                    )
             except (OSError, urllib.error.URLError, http.client.HTTPException) as error:
                 self.results.append((sent, None, repr(error)))
                 time.sleep(0.05)
@@ -82,8 +87,13 @@ def test_redeploy_under_load_drains_without_failed_requests(simnode, tmp_path):
     port = free_ports(1)[0]
     inventory = inventory_file(tmp_path, node)
     routed = tmp_path / "routed"
-    write_host_vars(tmp_path, node, [instance("a", port, [0, 1], environment=dict(SLOW))],
-                    vllm_server_drain_poll_interval=0.2, vllm_server_warmup_max_tokens=8)
+    write_host_vars(
+        tmp_path,
+        node,
+        [instance("a", port, [0, 1], environment=dict(SLOW))],
+        vllm_server_drain_poll_interval=0.2,
+        vllm_server_warmup_max_tokens=8,
+    )
     rc, out, _recap = run(inventory)
     assert rc == 0, out
     routed.touch()
@@ -92,8 +102,9 @@ def test_redeploy_under_load_drains_without_failed_requests(simnode, tmp_path):
     # the figures the summary gives, and the failures the drain is there to avoid.
     load = Load(port, "qwen-a", routed)
     load.wait_sending()
-    rc, out, _recap = run(inventory, "-e", json.dumps({"test_override": {"gpu_memory_utilization": 0.85},
-                                                      "vllm_server_drain_timeout": 0}))
+    rc, out, _recap = run(
+        inventory, "-e", json.dumps({"test_override": {"gpu_memory_utilization": 0.85}, "vllm_server_drain_timeout": 0})
+    )
     assert rc == 0, out
     lines = "\n".join(summary(out, node))
     stopped = re.search(r"not drained in [\d.]+ s: (\d+) request\(s\) running and (\d+) waiting at the stop", lines)
@@ -108,9 +119,12 @@ def test_redeploy_under_load_drains_without_failed_requests(simnode, tmp_path):
     load = Load(port, "qwen-a", routed)
     load.wait_sending()
     drained_at = tmp_path / "drained-at"
-    hooks = {"vllm_server_drain_command": "sh -c 'date +%%s.%%N > %s; rm %s'" % (drained_at, routed),
-             "vllm_server_restore_command": "touch %s" % routed, "vllm_server_drain_timeout": 30,
-             "test_override": {"gpu_memory_utilization": 0.8}}
+    hooks = {
+        "vllm_server_drain_command": "sh -c 'date +%%s.%%N > %s; rm %s'" % (drained_at, routed),
+        "vllm_server_restore_command": "touch %s" % routed,
+        "vllm_server_drain_timeout": 30,
+        "test_override": {"gpu_memory_utilization": 0.8},
+    }
     rc, out, _recap = run(inventory, "-e", json.dumps(hooks))
     assert rc == 0, out
     time.sleep(1.0)
@@ -121,8 +135,11 @@ def test_redeploy_under_load_drains_without_failed_requests(simnode, tmp_path):
     assert [r for r in results if r[0] > drain_started + 1], "the restored server got no traffic"
     assert failed(results, time.time()) == [], results
     lines = "\n".join(summary(out, node))
-    match = re.search(r"drained in [\d.]+ s: 0 request\(s\) running and 0 waiting at the stop \((\d+) running at the start\), "
-                      r"server exited [\d.]+ s after SIGTERM", lines)
+    match = re.search(
+        r"drained in [\d.]+ s: 0 request\(s\) running and 0 waiting at the stop \((\d+) running at the start\), "
+        r"server exited [\d.]+ s after SIGTERM",
+        lines,
+    )
     assert match and int(match.group(1)) > 0, lines
     assert routed.exists() and not set(tree_pids(tree)) & set(tree_pids(server_tree(node, port)))
 
@@ -148,26 +165,53 @@ def test_bad_instances_are_refused_before_anything_stops(simnode, tmp_path):
 
         def log_message(self, *args):
             pass
+
     squatter = ThreadingHTTPServer(("127.0.0.1", other_port), Ok)
     threading.Thread(target=squatter.serve_forever, daemon=True).start()
-    spec_env = only(module(inventory, "gpuops.nvidia.vllm_speculative_config", {"speculative_config": CORRECTED}))[1]["environment"]
-    bad = [instance("g8", ports[2], [2, 8]), instance("guuid", ports[3], [3, "GPU-00000000-0000-0000-0000-000000000000"]),
-           instance("garabic", ports[4], [4, "\u0661"]), instance("nostats", ports[5], [5], extra_args=["--disable-log-stats"]),
-           instance("slow", ports[6], [6], shutdown_timeout=30)]
-    runs = [
-        ([instance("a", port, [0, 1])] + bad, [
-            r"instance g8: gpus 8: no such GPU on this host \(its GPUs: indices 0, 1, 2, 3, 4, 5, 6, 7, or their UUIDs\)",
-            r"instance guuid: gpus GPU-00000000-0000-0000-0000-000000000000: no such GPU",
-            r"instance garabic: gpus (\\u0661|\u0661): no such GPU",
-            r"instance nostats: extra_args has --disable-log-stats, which removes the vllm:spec_decode_\* metrics",
-            r"instance slow: shutdown_timeout 30 must be below vllm_server_stop_timeout 10"]),
-        ([instance("a", port, [0, 1], model="/models/nowhere")], [r"model /models/nowhere does not exist on " + node.name]),
-        ([instance("a", port, [0, 1]), instance("b", other_port, [2])],
-         [r"port %d is already used on %s by a server that is not this instance" % (other_port, node.name)]),
+    spec_env = only(module(inventory, "gpuops.nvidia.vllm_speculative_config", {"speculative_config": CORRECTED}))[1][
+        "environment"
     ]
-    runs += [([instance("a", port, [0, 1], environment=dict(instance("a", port, [0, 1])["environment"], **{key: value + "0"}))],
-              [r"environment sets %s=%s0, but the speculative config needs %s=%s" % (key, value, key, value)])
-             for key, value in list(spec_env.items())[:1]]
+    bad = [
+        instance("g8", ports[2], [2, 8]),
+        instance("guuid", ports[3], [3, "GPU-00000000-0000-0000-0000-000000000000"]),
+        instance("garabic", ports[4], [4, "\u0661"]),
+        instance("nostats", ports[5], [5], extra_args=["--disable-log-stats"]),
+        instance("slow", ports[6], [6], shutdown_timeout=30),
+    ]
+    runs = [
+        (
+            [instance("a", port, [0, 1])] + bad,
+            [
+                r"instance g8: gpus 8: no such GPU on this host \(its GPUs: indices 0, 1, 2, 3, 4, 5, 6, 7, or their UUIDs\)",
+                r"instance guuid: gpus GPU-00000000-0000-0000-0000-000000000000: no such GPU",
+                r"instance garabic: gpus (\\u0661|\u0661): no such GPU",
+                r"instance nostats: extra_args has --disable-log-stats, which removes the vllm:spec_decode_\* metrics",
+                r"instance slow: shutdown_timeout 30 must be below vllm_server_stop_timeout 10",
+            ],
+        ),
+        (
+            [instance("a", port, [0, 1], model="/models/nowhere")],
+            [r"model /models/nowhere does not exist on " + node.name],
+        ),
+        (
+            [instance("a", port, [0, 1]), instance("b", other_port, [2])],
+            [r"port %d is already used on %s by a server that is not this instance" % (other_port, node.name)],
+        ),
+    ]
+    runs += [
+        (
+            [
+                instance(
+                    "a",
+                    port,
+                    [0, 1],
+                    environment=dict(instance("a", port, [0, 1])["environment"], **{key: value + "0"}),
+                )
+            ],
+            [r"environment sets %s=%s0, but the speculative config needs %s=%s" % (key, value, key, value)],
+        )
+        for key, value in list(spec_env.items())[:1]
+    ]
     try:
         for instances, messages in runs:
             rc, out, recap = run(inventory, "-e", json.dumps({"vllm_server_instances": instances}))
@@ -186,21 +230,36 @@ def test_check_vllm_fails_on_acceptance_collapse_only(simnode, tmp_path):
     inventory = inventory_file(tmp_path, node)
     collapse_after = 10  # seconds after the port listens: long enough for the deploy's acceptance gate to pass first
     env = {"SIMVLLM_LOAD_SECONDS": "0.3"}
-    write_host_vars(tmp_path, node, [
-        instance("steady", ports[0], [0], environment=env),
-        instance("decays", ports[1], [1], environment=dict(env, SIMVLLM_ACCEPTANCE_COLLAPSE_AFTER=str(collapse_after))),
-        instance("nostats", ports[2], [2], environment=env, extra_args=["--disable-log-stats"], min_acceptance_rate=0),
-    ])
+    write_host_vars(
+        tmp_path,
+        node,
+        [
+            instance("steady", ports[0], [0], environment=env),
+            instance(
+                "decays", ports[1], [1], environment=dict(env, SIMVLLM_ACCEPTANCE_COLLAPSE_AFTER=str(collapse_after))
+            ),
+            instance(
+                "nostats", ports[2], [2], environment=env, extra_args=["--disable-log-stats"], min_acceptance_rate=0
+            ),
+        ],
+    )
     rc, out, _recap = run(inventory)
     assert rc == 0, out
-    assert re.search(r"decays \(GPUs 1, \S+\): redeployed.*\n.*\n.*\n.*acceptance rate (6\d|7\d|80)\.\d%", "\n".join(summary(out, node))), out
+    assert re.search(
+        r"decays \(GPUs 1, \S+\): redeployed.*\n.*\n.*\n.*acceptance rate (6\d|7\d|80)\.\d%",
+        "\n".join(summary(out, node)),
+    ), out
     time.sleep(collapse_after)
     routed = tmp_path / "routed"
     routed.touch()
-    loads = [Load(port, "qwen-" + name, routed, clients=1) for port, name in zip(ports, ("steady", "decays", "nostats"))]
+    loads = [
+        Load(port, "qwen-" + name, routed, clients=1) for port, name in zip(ports, ("steady", "decays", "nostats"))
+    ]
     # nostats was deployed without the gate (min_acceptance_rate 0); the probe is asked to check it anyway.
-    checks = {"vllm_server_instances": "{{ [instance_steady, instance_decays, instance_nostats | combine({'min_acceptance_rate': 0.1})] }}",
-              "check_vllm_window": 2}
+    checks = {
+        "vllm_server_instances": "{{ [instance_steady, instance_decays, instance_nostats | combine({'min_acceptance_rate': 0.1})] }}",
+        "check_vllm_window": 2,
+    }
     try:
         rc, out, recap = playbook(inventory, CHECK, "-e", json.dumps(checks))
     finally:
@@ -208,9 +267,15 @@ def test_check_vllm_fails_on_acceptance_collapse_only(simnode, tmp_path):
             load.finish()
     assert rc != 0 and recap[node.name]["failed"] == 1, out
     host = re.escape(node.name)
-    assert re.search(r"check_vllm " + host + r" steady: http://\S+: acceptance rate (6\d|7\d|80)\.\d% \(\d+ of \d+ draft tokens\), "
-                     r"mean acceptance length [\d.]+ \(\d+ drafts\) over 2 s", out), out
-    assert re.search(r"check_vllm " + host + r" decays: FAILED: http://\S+: acceptance rate [0-4]\.\d% \(\d+ of \d+ draft tokens\), "
-                     r"mean acceptance length 1\.\d+ \(\d+ drafts\) over 2 s is below the minimum 10\.0%", out), out
+    assert re.search(
+        r"check_vllm " + host + r" steady: http://\S+: acceptance rate (6\d|7\d|80)\.\d% \(\d+ of \d+ draft tokens\), "
+        r"mean acceptance length [\d.]+ \(\d+ drafts\) over 2 s",
+        out,
+    ), out
+    assert re.search(
+        r"check_vllm " + host + r" decays: FAILED: http://\S+: acceptance rate [0-4]\.\d% \(\d+ of \d+ draft tokens\), "
+        r"mean acceptance length 1\.\d+ \(\d+ drafts\) over 2 s is below the minimum 10\.0%",
+        out,
+    ), out
     assert re.search(r"check_vllm " + host + r" nostats: FAILED: .*--disable-log-stats", out), out
     assert not re.search(r"check_vllm " + host + r" steady: FAILED", out), out

@@ -49,13 +49,24 @@ def test_redeploy_inputs_are_refused_before_anything_stops(simnode, tmp_path):
         ({"port": 70000}, r"instance a: port 70000 is out of range"),
         ({"port": -1}, r"instance a: port -1 is out of range"),
         ({"gpus": [0, 0, 1, 1]}, r"instance a: gpus 0, 0, 1, 1: GPU 0, 1 is listed more than once"),
-        ({"gpus": "0,1,2,3"}, r"instance a: gpus must be a list of GPU indices or UUIDs, not the text '0,1,2,3': "
-                              r"write gpus: \[0, 1, 2, 3\]"),
+        (
+            {"gpus": "0,1,2,3"},
+            r"instance a: gpus must be a list of GPU indices or UUIDs, not the text '0,1,2,3': "
+            r"write gpus: \[0, 1, 2, 3\]",
+        ),
         ({"max_model_len": -5}, r"instance a: max_model_len -5 must be a number of tokens of at least 1, or -1"),
-        ({"extra_args": ["--port", str(spare)]}, r"instance a: extra_args has --port, which the role sets itself: use port"),
-        ({"extra_args": ["--tensor-parallel-size", "2"]}, r"extra_args has --tensor-parallel-size, which the role sets itself"),
-        ({"extra_args": ["--tensor-parallel-size=1", "--host=::"]},
-         r"extra_args has --tensor-parallel-size, .*; extra_args has --host, which the role sets itself: use host"),
+        (
+            {"extra_args": ["--port", str(spare)]},
+            r"instance a: extra_args has --port, which the role sets itself: use port",
+        ),
+        (
+            {"extra_args": ["--tensor-parallel-size", "2"]},
+            r"extra_args has --tensor-parallel-size, which the role sets itself",
+        ),
+        (
+            {"extra_args": ["--tensor-parallel-size=1", "--host=::"]},
+            r"extra_args has --tensor-parallel-size, .*; extra_args has --host, which the role sets itself: use host",
+        ),
         ({"extra_args": ["--served-model-name", "other"]}, r"extra_args has --served-model-name"),
     ]
     for override, message in cases:
@@ -68,8 +79,10 @@ def test_secrets_in_extra_args_are_refused_and_never_shown(simnode, tmp_path):
     for args in (["--api-key", API_KEY], ["--api-key=" + API_KEY], ["--hf-token", API_KEY]):
         rc, out, recap = run(inventory, "-vv", "-e", json.dumps({"test_override": {"extra_args": args}}))
         assert rc != 0 and recap[node.name]["changed"] == 0, out
-        assert re.search(r"instance a: extra_args has --(api-key|hf-token) with a secret, .*\(its value is not shown\)", flat(out)), out
-        assert API_KEY not in out, out[max(0, out.find(API_KEY) - 1500):out.find(API_KEY) + 100]
+        assert re.search(
+            r"instance a: extra_args has --(api-key|hf-token) with a secret, .*\(its value is not shown\)", flat(out)
+        ), out
+        assert API_KEY not in out, out[max(0, out.find(API_KEY) - 1500) : out.find(API_KEY) + 100]
         assert server_tree(node, port) == tree
         assert all(API_KEY not in entry[3] for entry in processes(node).values())
     assert "set the instance's api_key: the role keeps it as VLLM_API_KEY" in flat(out) or "hf auth login" in flat(out)
@@ -78,31 +91,58 @@ def test_secrets_in_extra_args_are_refused_and_never_shown(simnode, tmp_path):
 def test_systemd_on_a_host_without_systemd_is_refused(simnode, tmp_path):
     node, inventory, port, _spare, tree = deployed(simnode, tmp_path)
     assert node.exec("test", "-d", "/run/systemd/system", check=False).returncode != 0  # the node runs no systemd
-    refused(inventory, node, port, tree, {"vllm_server_service_manager": "systemd"},
-            r"vllm_server_service_manager is systemd, but %s does not run systemd \(there is no directory /run/systemd/system"
-            % re.escape(node.name))
+    refused(
+        inventory,
+        node,
+        port,
+        tree,
+        {"vllm_server_service_manager": "systemd"},
+        r"vllm_server_service_manager is systemd, but %s does not run systemd \(there is no directory /run/systemd/system"
+        % re.escape(node.name),
+    )
 
 
 def test_a_lost_gpu_refuses_the_redeploy_before_the_stop(simnode, tmp_path):
     node, inventory, port, _spare, tree = deployed(simnode, tmp_path)
     node.set(lost=[1])
-    refused(inventory, node, port, tree, {"test_override": {"gpu_memory_utilization": 0.85}},
-            r"instance a: gpus: GPU 1 answers NVML with an error \([^)]*\), as gpu_facts reports it: the running server "
-            r"would be stopped")
+    refused(
+        inventory,
+        node,
+        port,
+        tree,
+        {"test_override": {"gpu_memory_utilization": 0.85}},
+        r"instance a: gpus: GPU 1 answers NVML with an error \([^)]*\), as gpu_facts reports it: the running server "
+        r"would be stopped",
+    )
 
 
 def test_gpus_held_by_another_instance_of_the_role_are_refused(simnode, tmp_path):
     node, inventory, port, spare, tree = deployed(simnode, tmp_path)
     other = instance("c", spare, [1, 2])
-    text = refused(inventory, node, port, tree, {"vllm_server_instances": [other]},
-                   r"instance c: GPUs 1, 2 are held by instance a \(deployed by this role on GPUs 0, 1, PIDs [0-9, ]+\), "
-                   r"which the redeploy would end: it is not in vllm_server_instances")
+    text = refused(
+        inventory,
+        node,
+        port,
+        tree,
+        {"vllm_server_instances": [other]},
+        r"instance c: GPUs 1, 2 are held by instance a \(deployed by this role on GPUs 0, 1, PIDs [0-9, ]+\), "
+        r"which the redeploy would end: it is not in vllm_server_instances",
+    )
     pids = [int(pid) for pid in re.search(r"PIDs ([0-9, ]+)\)", text).group(1).split(", ")]
-    assert pids == [pid for pid in tree["workers"] if pid in pids] and len(pids) == 1, (pids, tree)  # a's worker on GPU 1
+    assert pids == [pid for pid in tree["workers"] if pid in pids] and len(pids) == 1, (
+        pids,
+        tree,
+    )  # a's worker on GPU 1
     # Listed after c, a would still hold GPU 1 when c is deployed.
     moved = instance("a", port, [3])
-    refused(inventory, node, port, tree, {"vllm_server_instances": [other, moved]},
-            r"instance c: GPUs 1, 2 are held by instance a .*it is listed after c: list it first")
+    refused(
+        inventory,
+        node,
+        port,
+        tree,
+        {"vllm_server_instances": [other, moved]},
+        r"instance c: GPUs 1, 2 are held by instance a .*it is listed after c: list it first",
+    )
 
 
 def test_check_mode_lists_the_processes_a_run_would_end(simnode, tmp_path):
@@ -119,14 +159,18 @@ def test_check_mode_lists_the_processes_a_run_would_end(simnode, tmp_path):
     rc, out, recap = run(inventory, "--check", "-e", json.dumps({"test_override": {"gpus": [2, 3]}}))
     assert rc == 0, out
     lines = summary(out, node)
-    assert lines[-2:] == ["  would end no process on its GPUs (none holds them now)",
-                          "  would also stop the running server on GPUs 0,1 (its whole session)"], lines
+    assert lines[-2:] == [
+        "  would end no process on its GPUs (none holds them now)",
+        "  would also stop the running server on GPUs 0,1 (its whole session)",
+    ], lines
     assert server_tree(node, port) == tree
 
 
 def test_a_port_change_reports_the_old_server_healthy_and_drained(simnode, tmp_path):
     node, inventory, port, spare, tree = deployed(simnode, tmp_path)
-    rc, out, recap = run(inventory, "-e", json.dumps({"test_override": {"port": spare, "served_model_name": "renamed"}}))
+    rc, out, recap = run(
+        inventory, "-e", json.dumps({"test_override": {"port": spare, "served_model_name": "renamed"}})
+    )
     assert rc == 0, out
     lines = summary(out, node)
     assert lines[0] == "a (GPUs 0,1, http://127.0.0.1:%d): redeployed (configuration changed)" % spare, lines
@@ -137,8 +181,10 @@ def test_a_port_change_reports_the_old_server_healthy_and_drained(simnode, tmp_p
 
 def test_a_failed_drain_hook_says_what_failed(simnode, tmp_path):
     node, inventory, port, _spare, tree = deployed(simnode, tmp_path)
-    hook = {"vllm_server_drain_command": "sh -c 'echo balancer refused: backend busy >&2; exit 3'",
-            "test_override": {"gpu_memory_utilization": 0.85}}
+    hook = {
+        "vllm_server_drain_command": "sh -c 'echo balancer refused: backend busy >&2; exit 3'",
+        "test_override": {"gpu_memory_utilization": 0.85},
+    }
     rc, out, recap = run(inventory, "-e", json.dumps(hook))
     assert rc != 0 and recap[node.name]["failed"] == 1, out
     lines = summary(out, node)
@@ -146,8 +192,11 @@ def test_a_failed_drain_hook_says_what_failed(simnode, tmp_path):
     text = "\n".join(lines)
     assert "vllm_server_drain_command" in text and "(rc 3), stderr: balancer refused: backend busy" in text, lines
     assert "nothing was stopped: the running server is as it was" in text and "checks failed before" not in out, lines
-    assert re.search(r"vLLM instance a on %s: failed before anything was stopped, at .*vllm_server_drain_command.*rc 3"
-                     % re.escape(node.name), flat(out)), out
+    assert re.search(
+        r"vLLM instance a on %s: failed before anything was stopped, at .*vllm_server_drain_command.*rc 3"
+        % re.escape(node.name),
+        flat(out),
+    ), out
     assert server_tree(node, port) == tree
 
 
@@ -159,7 +208,7 @@ def test_a_failed_start_shows_only_what_the_new_server_wrote(simnode, tmp_path):
     rc, out, recap = run(inventory, "-e", json.dumps(crash))
     assert rc != 0 and "rolled back to the previous configuration" in out, out
     lines = summary(out, node)
-    shown = lines[lines.index("  last lines the new server wrote to %s:" % log) + 1:]
+    shown = lines[lines.index("  last lines the new server wrote to %s:" % log) + 1 :]
     assert shown and any("illegal memory access" in line for line in shown), lines
     assert not any("earlier run" in line for line in shown) and "earlier run" not in flat(out), out
 
@@ -182,14 +231,20 @@ def test_no_instance_after_a_failed_one_is_touched(simnode, tmp_path):
     root = write_host_vars(tmp_path, node, [a, b])
     rc, out, _recap = run(inventory)
     assert rc == 0, out
-    before_a, before_b, file_b = server_tree(node, ports[0]), server_tree(node, ports[1]), (root / "etc" / "b.json").read_text()
+    before_a, before_b, file_b = (
+        server_tree(node, ports[0]),
+        server_tree(node, ports[1]),
+        (root / "etc" / "b.json").read_text(),
+    )
     crash = dict(a["environment"], SIMVLLM_CRASH="1")
     write_host_vars(tmp_path, node, [dict(a, environment=crash), dict(b, gpu_memory_utilization=0.85)])
     rc, out, recap = run(inventory)
     assert rc != 0 and recap[node.name]["failed"] == 1, out
     lines = summary(out, node)
     assert lines[0].startswith("a (GPUs 0,1, ") and ": FAILED (configuration changed)" in lines[0], lines
-    assert "not attempted after the failure above: b" in lines and not any(line.startswith("b (") for line in lines), lines
+    assert "not attempted after the failure above: b" in lines and not any(line.startswith("b (") for line in lines), (
+        lines
+    )
     assert server_tree(node, ports[1]) == before_b and (root / "etc" / "b.json").read_text() == file_b
     assert server_tree(node, ports[0]) != before_a  # a was stopped, then rolled back to its previous configuration
     assert "rolled back to the previous configuration" in out, out

@@ -26,8 +26,9 @@ MODES = {
     "api_servers": {"extra_args": ["--api-server-count", "2"]},
     # Two engines of one GPU each: the role gives --tensor-parallel-size 1 --data-parallel-size 2.
     "data_parallel": {"data_parallel_size": 2},
-    "rust_frontend": {"environment": dict(SERVER_ENV, VLLM_USE_RUST_FRONTEND="1",
-                                          VLLM_RUST_FRONTEND_PATH="/opt/vllm/bin/vllm-rs")},
+    "rust_frontend": {
+        "environment": dict(SERVER_ENV, VLLM_USE_RUST_FRONTEND="1", VLLM_RUST_FRONTEND_PATH="/opt/vllm/bin/vllm-rs")
+    },
     "ray": {"extra_args": ["--distributed-executor-backend", "ray"]},
 }
 # What each mode adds to the instance's processes (besides the launcher, EngineCore(s) and workers).
@@ -42,8 +43,10 @@ EXPECTED = {
 def start_raylet(node, tmp_path):
     """The simulated raylet (simvllm.raylet) in the node; returns (its PID, its socket)."""
     address = str(tmp_path / ("raylet-%s.sock" % node.name))
-    code = ("import sys; sys.path.insert(0, %r); from simvllm.raylet import main; sys.exit(main([%r]))"
-            % (str(SIM_DIR), address))
+    code = "import sys; sys.path.insert(0, %r); from simvllm.raylet import main; sys.exit(main([%r]))" % (
+        str(SIM_DIR),
+        address,
+    )
     command = "setsid -f %s -c %s >%s 2>&1" % (VENV_PYTHON, json.dumps(code), tmp_path / "raylet.log")
     node.exec("sh", "-c", command)
     deadline = time.monotonic() + 20
@@ -73,11 +76,17 @@ def instance_processes(node, port, raylet=None):
     frontend, coordinator, engines, workers) and, with the Ray executor, the raylet's actors."""
     procs = processes(node)
     sids = {int(pid): sid for pid, sid in json.loads(node.py(_SIDS)).items()}
-    launcher = [pid for pid, entry in procs.items()
-                if entry[1] != "Z" and " serve " in entry[3] and "--port %d " % port in entry[3] + " "]
+    launcher = [
+        pid
+        for pid, entry in procs.items()
+        if entry[1] != "Z" and " serve " in entry[3] and "--port %d " % port in entry[3] + " "
+    ]
     assert len(launcher) == 1, (port, procs)
-    return {pid: entry[3] for pid, entry in procs.items() if entry[1] != "Z" and (
-        sids.get(pid) == sids[launcher[0]] or (raylet is not None and entry[0] == raylet))}
+    return {
+        pid: entry[3]
+        for pid, entry in procs.items()
+        if entry[1] != "Z" and (sids.get(pid) == sids[launcher[0]] or (raylet is not None and entry[0] == raylet))
+    }
 
 
 def held(node, gpus):

@@ -34,12 +34,16 @@ def test_redeploy_on_one_mig_instance_leaves_the_neighbour_instance_alone(simnod
     by_gi, _entries = mig_view(inventory)
     uuid = {gi: device["uuid"] for gi, device in by_gi.items()}
     port_a, port_b, port_c = free_ports(3)
-    write_host_vars(tmp_path, node, [instance("a", port_a, [uuid[4]]), instance("b", port_b, [uuid[2]])],
-                    instance_a_changed=instance("a", port_a, [uuid[4]], gpu_memory_utilization=0.8),
-                    # Refused: the whole GPU in MIG mode (CUDA would use one of its instances, a stop would end all),
-                    # and a MIG instance beside another GPU entry (CUDA enumerates one MIG device per process).
-                    instance_whole=instance("whole", port_c, [0]),
-                    instance_two=instance("two", port_c + 1 if port_c < 65535 else port_c - 1, [uuid[7], uuid[2]]))
+    write_host_vars(
+        tmp_path,
+        node,
+        [instance("a", port_a, [uuid[4]]), instance("b", port_b, [uuid[2]])],
+        instance_a_changed=instance("a", port_a, [uuid[4]], gpu_memory_utilization=0.8),
+        # Refused: the whole GPU in MIG mode (CUDA would use one of its instances, a stop would end all),
+        # and a MIG instance beside another GPU entry (CUDA enumerates one MIG device per process).
+        instance_whole=instance("whole", port_c, [0]),
+        instance_two=instance("two", port_c + 1 if port_c < 65535 else port_c - 1, [uuid[7], uuid[2]]),
+    )
 
     rc, out, recap = run(inventory)
     assert rc == 0, out
@@ -50,11 +54,17 @@ def test_redeploy_on_one_mig_instance_leaves_the_neighbour_instance_alone(simnod
     by_gi, entries = mig_view(inventory)
     # 0.9 of each instance's memory (2g.20gb: 20096 MiB, 3g.40gb: 40448 MiB), held by each EngineCore (TP=1).
     assert {gi: (d["holder_pids"], d["memory_used_mib"]) for gi, d in by_gi.items()} == {
-        2: ([b["engine"]], int(0.9 * 40448)), 4: ([a["engine"]], int(0.9 * 20096)), 7: ([], 0)}
+        2: ([b["engine"]], int(0.9 * 40448)),
+        4: ([a["engine"]], int(0.9 * 20096)),
+        7: ([], 0),
+    }
     assert sorted((e["pid"], e["gpu_instance_id"], e["compute_instance_id"]) for e in entries) == sorted(
-        [(a["engine"], 4, 0), (b["engine"], 2, 0)])
-    caps = {gi: ["/dev/nvidia-caps/nvidia-cap%d" % minor for minor in i["caps"]] for gi, i in
-            ((i["gi"], i) for i in node.info["mig"]["0"])}
+        [(a["engine"], 4, 0), (b["engine"], 2, 0)]
+    )
+    caps = {
+        gi: ["/dev/nvidia-caps/nvidia-cap%d" % minor for minor in i["caps"]]
+        for gi, i in ((i["gi"], i) for i in node.info["mig"]["0"])
+    }
     a_files = {path for path, _position in device_fds(node, a["engine"])}
     assert set(caps[4]) | {"/dev/nvidia0"} <= a_files and not set(caps[2]) & a_files, a_files
 
@@ -66,7 +76,9 @@ def test_redeploy_on_one_mig_instance_leaves_the_neighbour_instance_alone(simnod
     assert (server_tree(node, port_a), server_tree(node, port_b)) == (a, b)
 
     # Refused before anything is touched.
-    rc, out, recap = run(inventory, "-e", '{"vllm_server_instances": "{{ [instance_a, instance_b, instance_whole, instance_two] }}"}')
+    rc, out, recap = run(
+        inventory, "-e", '{"vllm_server_instances": "{{ [instance_a, instance_b, instance_whole, instance_two] }}"}'
+    )
     assert rc != 0 and recap[node.name]["changed"] == 0, out
     flat = out.replace("\\n", " ")
     assert re.search(r"instance whole: .*GPUs \['0'\] are also used by another instance", flat), out
@@ -82,14 +94,19 @@ def test_redeploy_on_one_mig_instance_leaves_the_neighbour_instance_alone(simnod
     rc, out, recap = run(inventory, "-e", changed)
     assert rc == 0, out
     lines = summary(out, node)
-    assert lines[0].startswith("a (GPUs %s, http://127.0.0.1:%d): redeployed (configuration changed)" % (uuid[4], port_a)), lines
+    assert lines[0].startswith(
+        "a (GPUs %s, http://127.0.0.1:%d): redeployed (configuration changed)" % (uuid[4], port_a)
+    ), lines
     assert "b (GPUs %s, http://127.0.0.1:%d): unchanged" % (uuid[2], port_b) in lines
     new_a = server_tree(node, port_a)
     assert not set(tree_pids(new_a)) & set(tree_pids(a)) and not any(alive(node, pid) for pid in tree_pids(a))
     assert server_tree(node, port_b) == b and all(alive(node, pid) for pid in tree_pids(b))
     by_gi, _entries = mig_view(inventory)
     assert {gi: (d["holder_pids"], d["memory_used_mib"]) for gi, d in by_gi.items()} == {
-        2: ([b["engine"]], b_memory), 4: ([new_a["engine"]], int(0.8 * 20096)), 7: ([], 0)}
+        2: ([b["engine"]], b_memory),
+        4: ([new_a["engine"]], int(0.8 * 20096)),
+        7: ([], 0),
+    }
 
     # Idempotent: a second run changes and restarts nothing.
     before = processes(node)
@@ -104,9 +121,11 @@ def test_redeploy_on_one_mig_instance_leaves_the_neighbour_instance_alone(simnod
     rc, out, _recap = playbook(inventory, CHECK)
     assert rc != 0, out
     (line,) = set(re.findall(r"check_gpus %s: not free: [^\"]*" % re.escape(node.name), out))
-    expected = ("MIG instances in use: GPU 0 MIG instance %s (3g.40gb): %d MiB used, held by PID %d; GPU 0 MIG instance %s "
-                "(2g.20gb): %d MiB used, held by PID %d"
-                % (uuid[2], b_memory, b["engine"], uuid[4], int(0.8 * 20096), new_a["engine"]))
+    expected = (
+        "MIG instances in use: GPU 0 MIG instance %s (3g.40gb): %d MiB used, held by PID %d; GPU 0 MIG instance %s "
+        "(2g.20gb): %d MiB used, held by PID %d"
+        % (uuid[2], b_memory, b["engine"], uuid[4], int(0.8 * 20096), new_a["engine"])
+    )
     assert expected in line, line
     assert uuid[7] not in line
     rc, out, _recap = playbook(inventory, CHECK, "-e", json.dumps({"check_gpus_gpus": [uuid[4]]}))
@@ -114,8 +133,12 @@ def test_redeploy_on_one_mig_instance_leaves_the_neighbour_instance_alone(simnod
 
     # A reset of a's instance: only a's server ends; the report has the figures per instance.
     reports = tmp_path / "reports"
-    rc, out, recap = playbook(inventory, RESET, "-e", json.dumps({
-        "reset_gpus_gpus": [uuid[4]], "reset_gpus_timeout": 20, "reset_gpus_report_dir": str(reports)}))
+    rc, out, recap = playbook(
+        inventory,
+        RESET,
+        "-e",
+        json.dumps({"reset_gpus_gpus": [uuid[4]], "reset_gpus_timeout": 20, "reset_gpus_report_dir": str(reports)}),
+    )
     assert rc == 0 and recap[node.name]["changed"] > 0, out
     assert not alive(node, new_a["engine"]) and server_tree(node, port_b) == b
     (report,) = [json.loads(path.read_text()) for path in reports.iterdir()]

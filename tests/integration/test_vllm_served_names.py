@@ -36,14 +36,35 @@ def test_drain_and_acceptance_work_with_the_second_served_name(simnode, tmp_path
     node = simnode(gpus=1, release_latency=0.2)
     port = free_ports(1)[0]
     inventory = inventory_file(tmp_path, node)
-    api = start_vllm(node, MODEL, "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "qwen-first",
-                     "qwen-alias", "--speculative-config", shlex.quote(json.dumps(NGRAM)),
-                     env={"SIMVLLM_LOAD_SECONDS": "0.3", "SIMVLLM_TOKEN_SECONDS": "0.1", "CUDA_VISIBLE_DEVICES": "0"})
+    api = start_vllm(
+        node,
+        MODEL,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--served-model-name",
+        "qwen-first",
+        "qwen-alias",
+        "--speculative-config",
+        shlex.quote(json.dumps(NGRAM)),
+        env={"SIMVLLM_LOAD_SECONDS": "0.3", "SIMVLLM_TOKEN_SECONDS": "0.1", "CUDA_VISIBLE_DEVICES": "0"},
+    )
     assert listening(port)
     url = "http://127.0.0.1:%d" % port
 
-    status, result = only(module(inventory, "gpuops.nvidia.vllm_acceptance", {
-        "url": url, "served_model_name": "qwen-alias", "prompts": ["one two three one two three"], "max_tokens": 8}))
+    status, result = only(
+        module(
+            inventory,
+            "gpuops.nvidia.vllm_acceptance",
+            {
+                "url": url,
+                "served_model_name": "qwen-alias",
+                "prompts": ["one two three one two three"],
+                "max_tokens": 8,
+            },
+        )
+    )
     assert status == "SUCCESS", result
     assert result["drafts"] > 0 and result["acceptance_rate"] is not None, result
 
@@ -52,8 +73,9 @@ def test_drain_and_acceptance_work_with_the_second_served_name(simnode, tmp_path
     load = Load(port, "qwen-alias", routed, clients=2)
     try:
         load.wait_sending()
-        status, result = only(module(inventory, "gpuops.nvidia.vllm_drain", {
-            "url": url, "served_model_name": "qwen-alias", "timeout": 0}))
+        status, result = only(
+            module(inventory, "gpuops.nvidia.vllm_drain", {"url": url, "served_model_name": "qwen-alias", "timeout": 0})
+        )
         assert status == "SUCCESS", result
         # before: no gauge labelled qwen-alias, read as --disable-log-stats (ends at once, SIGTERM with requests running)
         assert result["metrics"] and result["metrics_model_name"] == "qwen-first", result
@@ -61,16 +83,32 @@ def test_drain_and_acceptance_work_with_the_second_served_name(simnode, tmp_path
         assert "another name of this server" in result["msg"], result
 
         # a name the server does not serve: refused, nothing signalled
-        status, result = only(module(inventory, "gpuops.nvidia.vllm_drain", {
-            "url": url, "served_model_name": "qwen-other", "timeout": 5, "pid": api}))
+        status, result = only(
+            module(
+                inventory,
+                "gpuops.nvidia.vllm_drain",
+                {"url": url, "served_model_name": "qwen-other", "timeout": 5, "pid": api},
+            )
+        )
         assert status == "FAILED!" and "does not serve 'qwen-other'" in result["msg"], result
         assert "nothing was signalled" in result["msg"]
         assert node.exec("kill", "-0", str(api), check=False).returncode == 0
 
         routed.unlink()  # out of routing: the running requests finish, then the drain stops the server
-        status, result = only(module(inventory, "gpuops.nvidia.vllm_drain", {
-            "url": url, "served_model_name": "qwen-alias", "timeout": 30, "poll_interval": 0.2, "pid": api,
-            "grace_period": 10}))
+        status, result = only(
+            module(
+                inventory,
+                "gpuops.nvidia.vllm_drain",
+                {
+                    "url": url,
+                    "served_model_name": "qwen-alias",
+                    "timeout": 30,
+                    "poll_interval": 0.2,
+                    "pid": api,
+                    "grace_period": 10,
+                },
+            )
+        )
     finally:
         results = load.finish()
     assert status == "CHANGED" and result["drained"] and result["running"] == 0, result

@@ -31,12 +31,34 @@ def test_a_stop_during_loading_frees_the_gpus_within_grace_period_plus_kill_wait
     pidfile, log = tmp_path / "loading.pid", tmp_path / "loading.log"
     # A load of 10 minutes; the API server's own start-up window (VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS) longer still,
     # so that only the module's SIGKILL can end the loading workers in time.
-    status, result = only(module(inventory, "gpuops.nvidia.detached_process", {
-        "state": "started", "pidfile": str(pidfile), "log_file": str(log),
-        "argv": [str(node.state_dir / "bin" / "vllm"), "serve", MODEL, "--host", "127.0.0.1", "--port", str(port),
-                 "-tp", "2"],
-        "environment": {"SIMVLLM_LOAD_SECONDS": "600", "SIMVLLM_WORKERS_IGNORE_SIGTERM": "1",
-                        "VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS": "600", "CUDA_VISIBLE_DEVICES": "0,1"}}))
+    status, result = only(
+        module(
+            inventory,
+            "gpuops.nvidia.detached_process",
+            {
+                "state": "started",
+                "pidfile": str(pidfile),
+                "log_file": str(log),
+                "argv": [
+                    str(node.state_dir / "bin" / "vllm"),
+                    "serve",
+                    MODEL,
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(port),
+                    "-tp",
+                    "2",
+                ],
+                "environment": {
+                    "SIMVLLM_LOAD_SECONDS": "600",
+                    "SIMVLLM_WORKERS_IGNORE_SIGTERM": "1",
+                    "VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS": "600",
+                    "CUDA_VISIBLE_DEVICES": "0,1",
+                },
+            },
+        )
+    )
     assert status == "CHANGED", result
     deadline = time.monotonic() + 30
     while len(holders(node, [0, 1])) < 2 and time.monotonic() < deadline:
@@ -46,8 +68,13 @@ def test_a_stop_during_loading_frees_the_gpus_within_grace_period_plus_kill_wait
 
     grace, kill_wait = 3.0, 5.0
     started = time.monotonic()
-    status, result = only(module(inventory, "gpuops.nvidia.detached_process", {
-        "state": "stopped", "pidfile": str(pidfile), "grace_period": grace, "kill_wait": kill_wait}))
+    status, result = only(
+        module(
+            inventory,
+            "gpuops.nvidia.detached_process",
+            {"state": "stopped", "pidfile": str(pidfile), "grace_period": grace, "kill_wait": kill_wait},
+        )
+    )
     elapsed = time.monotonic() - started
     assert status == "CHANGED", result
     assert not result["survived"], result
@@ -66,15 +93,24 @@ def test_the_role_stop_follows_the_shutdown_window(simnode, tmp_path):
     port = free_ports(1)[0]
     inventory = inventory_file(tmp_path, node)
     slow = {"SIMVLLM_LOAD_SECONDS": "0.3", "SIMVLLM_TOKEN_SECONDS": "0.1"}  # a 100-token request takes 10 s
-    write_host_vars(tmp_path, node, [instance("a", port, [0], environment=slow, shutdown_timeout=4)],
-                    vllm_server_drain_poll_interval=0.2, vllm_server_warmup_max_tokens=8, vllm_server_drain_timeout=0)
+    write_host_vars(
+        tmp_path,
+        node,
+        [instance("a", port, [0], environment=slow, shutdown_timeout=4)],
+        vllm_server_drain_poll_interval=0.2,
+        vllm_server_warmup_max_tokens=8,
+        vllm_server_drain_timeout=0,
+    )
     rc, out, _recap = run(inventory)
     assert rc == 0, out
     routed = tmp_path / "routed"
     exits = []
     # each run stops the server the run before started: with 4, with 4, then with 0
-    for override in ({"gpu_memory_utilization": 0.85}, {"gpu_memory_utilization": 0.8, "shutdown_timeout": 0},
-                     {"gpu_memory_utilization": 0.75, "shutdown_timeout": 0}):
+    for override in (
+        {"gpu_memory_utilization": 0.85},
+        {"gpu_memory_utilization": 0.8, "shutdown_timeout": 0},
+        {"gpu_memory_utilization": 0.75, "shutdown_timeout": 0},
+    ):
         routed.touch()
         load = Load(port, "qwen-a", routed, clients=2)
         try:

@@ -190,7 +190,9 @@ def mig_layout(text: str, gpus: int) -> dict[int, list[dict]]:
                     instances.append({"profile": profile, "start": start, "gi": gi, "ci": 0})
                     break
             else:
-                raise GpunodeError(f"mig: GPU {index}: no free placement for {profile} after {', '.join(profiles[:profiles.index(profile)]) or 'nothing'}")
+                raise GpunodeError(
+                    f"mig: GPU {index}: no free placement for {profile} after {', '.join(profiles[: profiles.index(profile)]) or 'nothing'}"
+                )
         layout[index] = sorted(instances, key=lambda instance: (instance["gi"], instance["ci"]))
     return layout
 
@@ -256,9 +258,11 @@ def validate_conf(conf: dict[str, str]) -> dict[str, str]:
         "cuda_driver_version": lambda text: _int_text("cuda_driver_version", text),
         "persistence_mode": lambda text: _matching("persistence_mode", text, r"[01]"),
         "uuids": lambda text: _per_gpu_list(
-            "uuids", text, gpus, r"GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"),
+            "uuids", text, gpus, r"GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+        ),
         "pci_bus_ids": lambda text: _per_gpu_list(
-            "pci_bus_ids", text, gpus, r"[0-9A-F]{8}:[0-9A-F]{2}:[0-9A-F]{2}\.[0-7]"),
+            "pci_bus_ids", text, gpus, r"[0-9A-F]{8}:[0-9A-F]{2}:[0-9A-F]{2}\.[0-7]"
+        ),
         "mig": lambda text: _mig(text, gpus),
         "mig_pending": lambda text: _mig_pending(text, gpus),
         "mig_privileged": lambda text: _matching("mig_privileged", text, r"auto|0|1"),
@@ -348,8 +352,7 @@ def build_init(force: bool = False) -> Path:
     with _build_lock():
         if force or _stale(INIT_BINARY, [INIT_SOURCE]):
             temporary = INIT_BINARY.with_name(f".{INIT_BINARY.name}.{os.getpid()}")
-            _run_build(["gcc", "-O2", "-Wall", "-Wextra", "-o", str(temporary), str(INIT_SOURCE)],
-                       "gpusim-init")
+            _run_build(["gcc", "-O2", "-Wall", "-Wextra", "-o", str(temporary), str(INIT_SOURCE)], "gpusim-init")
             os.replace(temporary, INIT_BINARY)
     return INIT_BINARY
 
@@ -371,8 +374,7 @@ def build_driver(force: bool = False) -> Path:
 
 
 def _run_build(command: list[str], what: str) -> None:
-    result = subprocess.run(command, cwd=REPO, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                            check=False)
+    result = subprocess.run(command, cwd=REPO, stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False)
     if result.returncode != 0:
         raise GpunodeError(f"building {what} failed ({shlex.join(command)}):\n{result.stdout}{result.stderr}")
 
@@ -436,9 +438,21 @@ def nsenter_argv(info: dict, working_dir: str, cgroup: str | None = None) -> lis
     """
     user = ["--user", "--preserve-credentials"] if info["userns"] else []
     cgroup_ns = ["--cgroup"] if info.get("cgroup") else []
-    return (["nsenter", "--target", str(info["init_pid"]), *user, "--pid", "--mount", *cgroup_ns,
-             f"--wd={working_dir}", "--", "setpriv", "--pdeathsig", "TERM", "--"]
-            + cgroup_mover(info, cgroup))
+    return [
+        "nsenter",
+        "--target",
+        str(info["init_pid"]),
+        *user,
+        "--pid",
+        "--mount",
+        *cgroup_ns,
+        f"--wd={working_dir}",
+        "--",
+        "setpriv",
+        "--pdeathsig",
+        "TERM",
+        "--",
+    ] + cgroup_mover(info, cgroup)
 
 
 def cgroup_mover(info: dict, cgroup: str | None = None) -> list[str]:
@@ -461,8 +475,9 @@ def cgroup_mover(info: dict, cgroup: str | None = None) -> list[str]:
 def check_cgroup_path(path: str) -> str:
     """`path` if it is an absolute cgroup path of plain names (no `.`/`..`, no control files)."""
     if not CGROUP_PATH_PATTERN.fullmatch(path) or any(
-            part in (".", "..") or part.startswith("cgroup.") or part in ("tasks", "notify_on_release", "release_agent")
-            for part in path.split("/")[1:]):
+        part in (".", "..") or part.startswith("cgroup.") or part in ("tasks", "notify_on_release", "release_agent")
+        for part in path.split("/")[1:]
+    ):
         raise GpunodeError(f"invalid cgroup path {path!r} (absolute, names of [A-Za-z0-9_@:.\\-])")
     return path
 
@@ -537,18 +552,24 @@ def _write_ld_cache(lib_dir: Path, driver: bool) -> None:
     ldconfig = f"{ldconfig_path} -X -C {shlex.quote(str(cache))} -f {shlex.quote(str(conf))}"
     if os.path.isdir("/var/cache/ldconfig"):
         ldconfig = f"mount -n -t tmpfs tmpfs /var/cache/ldconfig && {ldconfig}"
-    result = subprocess.run(["unshare", *_user_namespace_args(), "--mount", "--", "sh", "-c", ldconfig],
-                            stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False)
+    result = subprocess.run(
+        ["unshare", *_user_namespace_args(), "--mount", "--", "sh", "-c", ldconfig],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if result.returncode != 0:
         raise GpunodeError(f"ldconfig failed: {result.stderr.strip()}")
-    listing = subprocess.run([ldconfig_path, "-p", "-C", str(cache)], capture_output=True, text=True,
-                             check=True).stdout
+    listing = subprocess.run([ldconfig_path, "-p", "-C", str(cache)], capture_output=True, text=True, check=True).stdout
     sonames = {line.split()[0] for line in listing.splitlines()[1:] if line.strip()}
     if "libc.so.6" not in sonames:
         raise GpunodeError(f"{cache} does not cover the host's libraries (no libc.so.6)")
     if driver != ("libnvidia-ml.so.1" in sonames):
-        raise GpunodeError(f"{cache} {'lacks' if driver else 'has'} libnvidia-ml.so.1"
-                           + ("" if driver else " (the host has an NVIDIA driver library)"))
+        raise GpunodeError(
+            f"{cache} {'lacks' if driver else 'has'} libnvidia-ml.so.1"
+            + ("" if driver else " (the host has an NVIDIA driver library)")
+        )
 
 
 def _write_executable(path: Path, text: str) -> None:
@@ -558,28 +579,31 @@ def _write_executable(path: Path, text: str) -> None:
 
 def _vllm_script(python: str) -> str:
     """bin/vllm: runs simvllm.cli:main() like a pip-installed console script."""
-    return (f"#!{python}\n"
-            "import sys\n"
-            f"sys.path.insert(0, {str(SIM_DIR)!r})\n"
-            "from simvllm.cli import main\n"
-            "sys.exit(main())\n")
+    return (
+        f"#!{python}\n"
+        "import sys\n"
+        f"sys.path.insert(0, {str(SIM_DIR)!r})\n"
+        "from simvllm.cli import main\n"
+        "sys.exit(main())\n"
+    )
 
 
 def _systemctl_script(python: str, state: Path) -> str:
     """bin/systemctl: the simulated systemctl (tests/sim/simsystemctl.py) for this node."""
-    return (f"#!{python}\n"
-            "import sys\n"
-            f"sys.path.insert(0, {str(SIM_DIR)!r})\n"
-            "from simsystemctl import main\n"
-            f"sys.exit(main(sys.argv[1:], {str(state)!r}))\n")
+    return (
+        f"#!{python}\n"
+        "import sys\n"
+        f"sys.path.insert(0, {str(SIM_DIR)!r})\n"
+        "from simsystemctl import main\n"
+        f"sys.exit(main(sys.argv[1:], {str(state)!r}))\n"
+    )
 
 
 def _python_wrapper(info: dict, python: str) -> str:
     """The node's interpreter wrapper: /bin/sh doing what `gpunode exec NAME -- PYTHON` does."""
     bin_dir = shlex.quote(str(Path(info["state_dir"]) / "bin"))
     pidns = shlex.quote(info["pidns"])
-    enter = " ".join('--wd="$PWD"' if arg.startswith("--wd=") else shlex.quote(arg)
-                     for arg in nsenter_argv(info, "."))
+    enter = " ".join('--wd="$PWD"' if arg.startswith("--wd=") else shlex.quote(arg) for arg in nsenter_argv(info, "."))
     return f"""#!/bin/sh
 # Interpreter of simulated GPU node {info['name']} (written by gpunode up): {python} inside the node.
 case $PATH in {bin_dir}|{bin_dir}:*) ;; *) PATH={bin_dir}:$PATH; export PATH ;; esac
@@ -600,17 +624,19 @@ def proc_driver_information(conf: dict[str, str], index: int) -> str:
     (open-gpu-kernel-modules kernel-open/nvidia/nv-procfs.c, nv_procfs_read_gpu_info; release build)."""
     domain, bus, device_function = conf["pci_bus_ids"].split(",")[index].split(":")
     device, function = device_function.split(".")
-    return ("Model: \t\t %s\n" % conf["name"]
-            + "IRQ:   \t\t %d\n" % (128 + index)
-            + "GPU UUID: \t %s\n" % conf["uuids"].split(",")[index]
-            + "Video BIOS: \t 96.00.99.00.01\n"
-            + "Bus Type: \t PCIe\n"
-            + "DMA Size: \t 52 bits\n"
-            + "DMA Mask: \t 0xfffffffffffff\n"
-            + "Bus Location: \t %04x:%02x:%02x.%x\n" % (int(domain, 16), int(bus, 16), int(device, 16), int(function, 16))
-            + "Device Minor: \t %s\n" % conf["minors"].split(",")[index]
-            + "GPU Firmware: \t %s\n" % conf["driver_version"]
-            + "GPU Excluded:\t No\n")
+    return (
+        "Model: \t\t %s\n" % conf["name"]
+        + "IRQ:   \t\t %d\n" % (128 + index)
+        + "GPU UUID: \t %s\n" % conf["uuids"].split(",")[index]
+        + "Video BIOS: \t 96.00.99.00.01\n"
+        + "Bus Type: \t PCIe\n"
+        + "DMA Size: \t 52 bits\n"
+        + "DMA Mask: \t 0xfffffffffffff\n"
+        + "Bus Location: \t %04x:%02x:%02x.%x\n" % (int(domain, 16), int(bus, 16), int(device, 16), int(function, 16))
+        + "Device Minor: \t %s\n" % conf["minors"].split(",")[index]
+        + "GPU Firmware: \t %s\n" % conf["driver_version"]
+        + "GPU Excluded:\t No\n"
+    )
 
 
 def write_proc_driver(directory: Path, conf: dict[str, str]) -> None:
@@ -621,7 +647,8 @@ def write_proc_driver(directory: Path, conf: dict[str, str]) -> None:
     gpus_dir.mkdir(parents=True)
     (directory / "nvidia" / "version").write_text(
         "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  %s  Release Build  (gpusim)\n"
-        "GCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n" % conf["driver_version"])
+        "GCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n" % conf["driver_version"]
+    )
     for index in range(int(conf["gpus"])):
         text = proc_driver_information(conf, index)
         location = re.search(r"^Bus Location: \t (\S+)$", text, re.M).group(1)
@@ -654,8 +681,13 @@ def cgroup_refusal() -> str | None:
     for line in mounts:
         fields, _sep, tail = line.partition(" - ")
         fields, tail = fields.split(), tail.split()
-        if (len(fields) > 4 and fields[4] == str(CGROUP_HIERARCHY) and len(tail) > 2 and tail[0] == "cgroup"
-                and "name=systemd" in tail[2].split(",")):
+        if (
+            len(fields) > 4
+            and fields[4] == str(CGROUP_HIERARCHY)
+            and len(tail) > 2
+            and tail[0] == "cgroup"
+            and "name=systemd" in tail[2].split(",")
+        ):
             return None
     return f"no cgroup v1 name=systemd hierarchy at {CGROUP_HIERARCHY}"
 
@@ -681,15 +713,21 @@ def remove_node_cgroups(root: Path, timeout: float = CGROUP_RMDIR_TIMEOUT_S) -> 
             except OSError:
                 break  # busy: a process (or a child cgroup) is still there
         if root.exists() and time.monotonic() > deadline:
-            left = sorted({line for directory, _sub, _files in os.walk(root)
-                           for line in Path(directory, "cgroup.procs").read_text().split()})
+            left = sorted(
+                {
+                    line
+                    for directory, _sub, _files in os.walk(root)
+                    for line in Path(directory, "cgroup.procs").read_text().split()
+                }
+            )
             raise GpunodeError(f"cgroup {root} still holds processes {', '.join(left) or '(none listed)'}")
         if root.exists():
             time.sleep(POLL_INTERVAL_S)
 
 
-def _start_init(state: Path, minors: list[str], reap: bool,
-                cgroup_root: Path | None = None) -> tuple[subprocess.Popen, int]:
+def _start_init(
+    state: Path, minors: list[str], reap: bool, cgroup_root: Path | None = None
+) -> tuple[subprocess.Popen, int]:
     """Start the node's namespaces and init; return (unshare process, init's PID on the host).
 
     With `cgroup_root`, unshare first moves itself into that cgroup and makes a cgroup namespace
@@ -697,15 +735,30 @@ def _start_init(state: Path, minors: list[str], reap: bool,
     """
     ready_read, ready_write = os.pipe()
     mover = ["/bin/sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(cgroup_root)] if cgroup_root else []
-    command = [*mover, "unshare", *_user_namespace_args(), "--pid", "--mount", *(["--cgroup"] if cgroup_root else []),
-               "--fork", "--kill-child", "--",
-               str(INIT_BINARY), "--state-dir", str(state), "--ready-fd", str(ready_write),
-               "--minors", ",".join(minors)]
+    command = [
+        *mover,
+        "unshare",
+        *_user_namespace_args(),
+        "--pid",
+        "--mount",
+        *(["--cgroup"] if cgroup_root else []),
+        "--fork",
+        "--kill-child",
+        "--",
+        str(INIT_BINARY),
+        "--state-dir",
+        str(state),
+        "--ready-fd",
+        str(ready_write),
+        "--minors",
+        ",".join(minors),
+    ]
     if not reap:
         command.append("--no-reap")
     with open(state / "node.log", "ab") as log:
-        unshare = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                   start_new_session=True, pass_fds=(ready_write,))
+        unshare = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, pass_fds=(ready_write,)
+        )
     os.close(ready_write)
     try:
         line = _read_ready_line(ready_read, time.monotonic() + READY_TIMEOUT_S)
@@ -796,10 +849,17 @@ def _populate_and_start(name: str, state: Path, conf: dict[str, str], driver: bo
         "run_dir": str(run_dir),
         "python": str(state / "python"),
         "gpus": [
-            {"index": index, "minor": int(minor), "uuid": uuid, "pci_bus_id": bus_id,
-             "name": conf["name"], "memory_total_mib": int(conf["memory_total_mib"])}
+            {
+                "index": index,
+                "minor": int(minor),
+                "uuid": uuid,
+                "pci_bus_id": bus_id,
+                "name": conf["name"],
+                "memory_total_mib": int(conf["memory_total_mib"]),
+            }
             for index, (minor, uuid, bus_id) in enumerate(
-                zip(minors, conf["uuids"].split(","), conf["pci_bus_ids"].split(",")))
+                zip(minors, conf["uuids"].split(","), conf["pci_bus_ids"].split(","))
+            )
         ],
         "driver": driver,
         "release_latency": float(conf["release_latency"]),
@@ -814,9 +874,19 @@ def _populate_and_start(name: str, state: Path, conf: dict[str, str], driver: bo
     }
     layout = mig_layout(conf.get("mig", ""), int(conf["gpus"]))
     if layout:
-        info["mig"] = {str(index): [dict(instance, caps=[mig_cap_minor(int(minors[index]), instance["gi"]),
-                                                         mig_cap_minor(int(minors[index]), instance["gi"], instance["ci"])])
-                                    for instance in instances] for index, instances in layout.items()}
+        info["mig"] = {
+            str(index): [
+                dict(
+                    instance,
+                    caps=[
+                        mig_cap_minor(int(minors[index]), instance["gi"]),
+                        mig_cap_minor(int(minors[index]), instance["gi"], instance["ci"]),
+                    ],
+                )
+                for instance in instances
+            ]
+            for index, instances in layout.items()
+        }
     info["driver_variant"] = conf.get("driver_variant") or "default"
     _write_executable(state / "python", _python_wrapper(info, python))
     _write_node_json(info)
@@ -855,17 +925,25 @@ def write_proc_driver_mig(directory: Path, conf: dict[str, str]) -> None:
         for instance in instances:
             gi_dir = gpu_dir / f"gi{instance['gi']}"
             access(gi_dir / "access", mig_cap_minor(minors[index], instance["gi"]))
-            access(gi_dir / f"ci{instance['ci']}" / "access", mig_cap_minor(minors[index], instance["gi"], instance["ci"]))
+            access(
+                gi_dir / f"ci{instance['ci']}" / "access", mig_cap_minor(minors[index], instance["gi"], instance["ci"])
+            )
 
 
 def _make_mig_caps(info: dict) -> None:
     """/dev/nvidia-caps/nvidia-cap<N> in the node's private /dev (empty regular files, mode 0444 as the
     driver's DeviceFileMode 292): config, monitor, and the GPU and compute instance of every MIG device."""
-    names = ["nvidia-cap1", "nvidia-cap2"] + [f"nvidia-cap{minor}" for instances in info["mig"].values()
-                                              for instance in instances for minor in instance["caps"]]
+    names = ["nvidia-cap1", "nvidia-cap2"] + [
+        f"nvidia-cap{minor}"
+        for instances in info["mig"].values()
+        for instance in instances
+        for minor in instance["caps"]
+    ]
     script = "mkdir -p -m 0755 /dev/nvidia-caps && cd /dev/nvidia-caps && for f in \"$@\"; do : > \"$f\" && chmod 0444 \"$f\"; done"
     argv, environment = enter_command(info, ["sh", "-c", script, "sh", *names])
-    result = subprocess.run(argv, env=environment, stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False)
+    result = subprocess.run(
+        argv, env=environment, stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False
+    )
     if result.returncode != 0:
         destroy_node(info["name"])
         raise GpunodeError(f"could not make /dev/nvidia-caps in node {info['name']}: {result.stderr.strip()}")
@@ -909,16 +987,22 @@ def _ssh_material() -> dict[str, Path]:
     minimal .bashrc bound over root's inside the nodes (bash runs ~/.bashrc for every SSH command).
     """
     directory = ssh_dir()
-    paths = {"host_key": directory / "ssh_host_ed25519_key", "client_key": directory / "id_ed25519",
-             "authorized_keys": directory / "authorized_keys", "known_hosts": directory / "known_hosts",
-             "bashrc": directory / "bashrc"}
+    paths = {
+        "host_key": directory / "ssh_host_ed25519_key",
+        "client_key": directory / "id_ed25519",
+        "authorized_keys": directory / "authorized_keys",
+        "known_hosts": directory / "known_hosts",
+        "bashrc": directory / "bashrc",
+    }
     _keygen(paths["host_key"], "gpunode-host")
     _keygen(paths["client_key"], "gpunode-client")
     host_public = (directory / "ssh_host_ed25519_key.pub").read_text().split()
     # Running nodes' sshds read these: replace them only when they differ, and atomically.
-    for key, text in (("authorized_keys", (directory / "id_ed25519.pub").read_text()),
-                      ("known_hosts", f"127.* {host_public[0]} {host_public[1]}\n"),
-                      ("bashrc", "# ~/.bashrc of simulated GPU nodes (gpunode up --ssh): nothing to run per SSH command.\n")):
+    for key, text in (
+        ("authorized_keys", (directory / "id_ed25519.pub").read_text()),
+        ("known_hosts", f"127.* {host_public[0]} {host_public[1]}\n"),
+        ("bashrc", "# ~/.bashrc of simulated GPU nodes (gpunode up --ssh): nothing to run per SSH command.\n"),
+    ):
         if not paths[key].exists() or paths[key].read_text() != text:
             temporary = paths[key].with_name(f".{paths[key].name}.{os.getpid()}.tmp")
             temporary.write_text(text)
@@ -956,29 +1040,31 @@ def _free_ssh_address() -> str:
 
 def _sshd_config(info: dict, address: str, material: dict[str, Path]) -> str:
     path = f"{Path(info['state_dir']) / 'bin'}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-    return "\n".join([
-        f"# sshd of simulated GPU node {info['name']} (written by gpunode up --ssh)",
-        f"ListenAddress {address}:{SSH_PORT}",
-        f"HostKey {material['host_key']}",
-        f"AuthorizedKeysFile {material['authorized_keys']}",
-        "PermitRootLogin prohibit-password",
-        "PasswordAuthentication no",
-        "KbdInteractiveAuthentication no",
-        "UsePAM no",
-        "UseDNS no",
-        # The keys live under $GPUNODE_ROOT, which may be in /tmp (mode 1777).
-        "StrictModes no",
-        "PidFile none",
-        # Ansible's forks open many connections at once; the default (10:30:100) drops some.
-        "MaxStartups 64:30:128",
-        "MaxSessions 64",
-        "PrintMotd no",
-        "PrintLastLog no",
-        "LogLevel ERROR",
-        f"SetEnv PATH={path}",
-        "Subsystem sftp internal-sftp",
-        "",
-    ])
+    return "\n".join(
+        [
+            f"# sshd of simulated GPU node {info['name']} (written by gpunode up --ssh)",
+            f"ListenAddress {address}:{SSH_PORT}",
+            f"HostKey {material['host_key']}",
+            f"AuthorizedKeysFile {material['authorized_keys']}",
+            "PermitRootLogin prohibit-password",
+            "PasswordAuthentication no",
+            "KbdInteractiveAuthentication no",
+            "UsePAM no",
+            "UseDNS no",
+            # The keys live under $GPUNODE_ROOT, which may be in /tmp (mode 1777).
+            "StrictModes no",
+            "PidFile none",
+            # Ansible's forks open many connections at once; the default (10:30:100) drops some.
+            "MaxStartups 64:30:128",
+            "MaxSessions 64",
+            "PrintMotd no",
+            "PrintLastLog no",
+            "LogLevel ERROR",
+            f"SetEnv PATH={path}",
+            "Subsystem sftp internal-sftp",
+            "",
+        ]
+    )
 
 
 def start_sshd(info: dict) -> dict:
@@ -1007,17 +1093,33 @@ def start_sshd(info: dict) -> dict:
                 copy = node_ssh / os.path.basename(record)
                 copy.touch()
                 binds.append((copy, Path(record)))
-        script = "".join(f"mount -n --bind {shlex.quote(str(source))} {shlex.quote(str(target))} || exit 1\n"
-                         for source, target in binds)
-        script += (f"mkdir -p /run/sshd && chmod 0755 /run/sshd || exit 1\n"
-                   f"exec setsid -f {SSHD} -D -e -f {shlex.quote(str(config))} </dev/null >>{shlex.quote(str(log))} 2>&1\n")
-        result = subprocess.run(nsenter_argv(info, "/") + ["/bin/sh", "-c", script], stdin=subprocess.DEVNULL,
-                                capture_output=True, text=True, check=False)
+        script = "".join(
+            f"mount -n --bind {shlex.quote(str(source))} {shlex.quote(str(target))} || exit 1\n"
+            for source, target in binds
+        )
+        script += (
+            f"mkdir -p /run/sshd && chmod 0755 /run/sshd || exit 1\n"
+            f"exec setsid -f {SSHD} -D -e -f {shlex.quote(str(config))} </dev/null >>{shlex.quote(str(log))} 2>&1\n"
+        )
+        result = subprocess.run(
+            nsenter_argv(info, "/") + ["/bin/sh", "-c", script],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         if result.returncode != 0:
             raise GpunodeError(f"starting sshd in node {info['name']} failed: {result.stderr.strip()}")
         _wait_listening(address, log)
-    return {"host": address, "port": SSH_PORT, "user": "root", "private_key": str(material["client_key"]),
-            "known_hosts": str(material["known_hosts"]), "config": str(config), "log": str(log)}
+    return {
+        "host": address,
+        "port": SSH_PORT,
+        "user": "root",
+        "private_key": str(material["client_key"]),
+        "known_hosts": str(material["known_hosts"]),
+        "config": str(config),
+        "log": str(log),
+    }
 
 
 def _wait_listening(address: str, log: Path) -> None:
@@ -1031,7 +1133,9 @@ def _wait_listening(address: str, log: Path) -> None:
         if logged:
             raise GpunodeError(f"sshd on {address}:{SSH_PORT} did not start: {logged}")
         if time.monotonic() > deadline:
-            raise GpunodeError(f"sshd on {address}:{SSH_PORT} accepted no connection within {SSH_READY_TIMEOUT_S:.0f} s")
+            raise GpunodeError(
+                f"sshd on {address}:{SSH_PORT} accepted no connection within {SSH_READY_TIMEOUT_S:.0f} s"
+            )
         time.sleep(POLL_INTERVAL_S)
 
 
@@ -1089,8 +1193,11 @@ def node_names() -> list[str]:
     root = gpunode_root()
     if not root.is_dir():
         return []
-    return sorted(entry.name for entry in root.iterdir()
-                  if entry.is_dir() and NAME_PATTERN.fullmatch(entry.name) and entry.name != SSH_DIR_NAME)
+    return sorted(
+        entry.name
+        for entry in root.iterdir()
+        if entry.is_dir() and NAME_PATTERN.fullmatch(entry.name) and entry.name != SSH_DIR_NAME
+    )
 
 
 def inventory_text(names: list[str]) -> str:
@@ -1111,15 +1218,21 @@ def inventory_text(names: list[str]) -> str:
         if "ssh" in info:
             ssh = info["ssh"]
             host_vars = {
-                "ansible_host": ssh["host"], "ansible_port": str(ssh["port"]), "ansible_user": ssh["user"],
+                "ansible_host": ssh["host"],
+                "ansible_port": str(ssh["port"]),
+                "ansible_user": ssh["user"],
                 "ansible_ssh_private_key_file": ssh["private_key"],
                 "ansible_ssh_common_args": f"-o UserKnownHostsFile={ssh['known_hosts']} -o StrictHostKeyChecking=yes",
-                "ansible_ssh_pipelining": "true", "ansible_python_interpreter": node_python(),
+                "ansible_ssh_pipelining": "true",
+                "ansible_python_interpreter": node_python(),
                 "gpuops_nvidia_venv": str(VENV_PYTHON.parent.parent) if node_python() == str(VENV_PYTHON) else "none",
             }
         else:
-            host_vars = {"ansible_connection": "local", "ansible_python_interpreter": info["python"],
-                         "gpuops_nvidia_venv": "none"}
+            host_vars = {
+                "ansible_connection": "local",
+                "ansible_python_interpreter": info["python"],
+                "gpuops_nvidia_venv": "none",
+            }
         lines.append(" ".join([name] + [f"{key}={shlex.quote(value)}" for key, value in host_vars.items()]))
     return "\n".join(lines) + "\n"
 
@@ -1131,22 +1244,24 @@ def inventory_text(names: list[str]) -> str:
 def _up(args: argparse.Namespace) -> int:
     gpus = args.gpus
     conf = dict(CONF_DEFAULTS)
-    conf.update({
-        "gpus": str(gpus),
-        "name": args.model_name,
-        "memory_total_mib": str(args.memory_mib),
-        "minors": args.minors if args.minors is not None else ",".join(map(str, range(gpus))),
-        "reserved_mib": str(args.reserved_mib),
-        "idle_used_mib": str(args.idle_used_mib),
-        "stray_mib": args.stray_mib,
-        "release_latency": args.release_latency,
-        "hang": args.hang,
-        "lost": args.lost,
-        "uuids": ",".join(default_uuid(args.name, index) for index in range(gpus)),
-        "pci_bus_ids": ",".join(default_pci_bus_id(index) for index in range(gpus)),
-        "mig": ";".join(args.mig or []),
-        "driver_variant": "no-v3" if args.no_v3 else "v3-32" if args.v3_32 else "",
-    })
+    conf.update(
+        {
+            "gpus": str(gpus),
+            "name": args.model_name,
+            "memory_total_mib": str(args.memory_mib),
+            "minors": args.minors if args.minors is not None else ",".join(map(str, range(gpus))),
+            "reserved_mib": str(args.reserved_mib),
+            "idle_used_mib": str(args.idle_used_mib),
+            "stray_mib": args.stray_mib,
+            "release_latency": args.release_latency,
+            "hang": args.hang,
+            "lost": args.lost,
+            "uuids": ",".join(default_uuid(args.name, index) for index in range(gpus)),
+            "pci_bus_ids": ",".join(default_pci_bus_id(index) for index in range(gpus)),
+            "mig": ";".join(args.mig or []),
+            "driver_variant": "no-v3" if args.no_v3 else "v3-32" if args.v3_32 else "",
+        }
+    )
     if args.no_v3 and args.v3_32:
         raise GpunodeError("--no-v3 and --v3-32 exclude each other")
     info = create_node(args.name, conf, driver=not args.no_driver, reap=not args.no_reap, ssh=args.ssh)
@@ -1234,11 +1349,18 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--lost", default="", help="GPU indices that answer NVML_ERROR_GPU_IS_LOST")
     up.add_argument("--no-reap", action="store_true", help="init never reaps: zombies stay")
     up.add_argument("--ssh", action="store_true", help="run an sshd in the node on its own loopback address (root)")
-    up.add_argument("--mig", action="append", metavar="INDEX[:PROFILE,...]",
-                    help="MIG on GPU INDEX with these instances (INDEX alone: 1g.10gb,2g.20gb,3g.40gb); repeatable")
+    up.add_argument(
+        "--mig",
+        action="append",
+        metavar="INDEX[:PROFILE,...]",
+        help="MIG on GPU INDEX with these instances (INDEX alone: 1g.10gb,2g.20gb,3g.40gb); repeatable",
+    )
     up.add_argument("--no-v3", action="store_true", help="driver library without the _v3 process-list functions")
-    up.add_argument("--v3-32", action="store_true",
-                    help="driver library of early R535 (535.43.02-535.86.05): 32-byte _v3 process-list entries")
+    up.add_argument(
+        "--v3-32",
+        action="store_true",
+        help="driver library of early R535 (535.43.02-535.86.05): 32-byte _v3 process-list entries",
+    )
     up.set_defaults(handler=_up)
 
     exec_ = commands.add_parser("exec", help="run a command inside a node")

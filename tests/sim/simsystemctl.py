@@ -26,8 +26,19 @@ import sys
 import time
 from pathlib import Path
 
-UNIT_SUFFIXES = (".service", ".socket", ".target", ".device", ".mount", ".automount", ".swap", ".timer",
-                 ".path", ".slice", ".scope")
+UNIT_SUFFIXES = (
+    ".service",
+    ".socket",
+    ".target",
+    ".device",
+    ".mount",
+    ".automount",
+    ".swap",
+    ".timer",
+    ".path",
+    ".slice",
+    ".scope",
+)
 DEFAULT_TIMEOUT_STOP_S = 90.0
 KILL_WAIT_S = 5.0
 POLL_S = 0.01

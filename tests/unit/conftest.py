@@ -1,4 +1,5 @@
 """Make the collection importable as ansible_collections.gpuops.nvidia for unit tests."""
+
 import os
 import sys
 

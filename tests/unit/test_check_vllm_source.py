@@ -4,6 +4,7 @@ The synthetic wheel is generated from the collection's own tables, so it agrees 
 one fact in it, as a new vLLM release would, and the check must name that fact. (The real wheel is checked by
 `make check-vllm-source`, which needs the network once.)
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -39,51 +40,62 @@ def sources():
             fields.append("    %s: bool = False" % name)
         else:
             fields.append("    %s: str | None = None" % name)
-    markers = "\n".join('        elif %r in self.draft_model_config.model.lower():\n            self.method = %r' % pair
-                        for pair in validator.INFERRED_BY_NAME)
+    markers = "\n".join(
+        '        elif %r in self.draft_model_config.model.lower():\n            self.method = %r' % pair
+        for pair in validator.INFERRED_BY_NAME
+    )
     speculative = (
         "MTPModelTypes = %s\nSpeculativeMethod = Literal[%s, MTPModelTypes]\nDraftSampleMethod = %s\n\n"
         "class SpeculativeConfig:\n%s\n    target_model_config: SkipValidation[ModelConfig] = None\n\n"
         "    def __post_init__(self):\n        if self.method is not None:\n            pass\n%s\n\n"
         "    def _verify_args(self):\n        if self.tensor_parallel_size is not None:\n"
         "            raise ValueError(\"'tensor_parallel_size' is not a valid argument in the speculative_config.\")\n"
-        % (literal(mtp), ", ".join(repr(m) for m in others), literal(validator.DRAFT_SAMPLE_METHODS),
-           "\n".join(fields), markers))
+        % (
+            literal(mtp),
+            ", ".join(repr(m) for m in others),
+            literal(validator.DRAFT_SAMPLE_METHODS),
+            "\n".join(fields),
+            markers,
+        )
+    )
     branches = "".join(
         "        %s:\n            default_max_num_batched_tokens = {UsageContext.LLM_CLASS: 1, UsageContext.OPENAI_API_SERVER: %d}\n"
         "            default_max_num_seqs = {UsageContext.LLM_CLASS: 1, UsageContext.OPENAI_API_SERVER: %d}\n"
         % ("if a" if index == 0 else "else" if index == 2 else "elif b", tokens, seqs)
-        for index, (_label, tokens, seqs) in enumerate(reversed(validator.BATCH_DEFAULTS)))
+        for index, (_label, tokens, seqs) in enumerate(reversed(validator.BATCH_DEFAULTS))
+    )
     parts = "\n".join('    if x:\n        process_name += f"_%s{rank}"' % part for part in simulator.WORKER_TITLE_PARTS)
     return {
         "vllm/config/speculative.py": speculative,
         "vllm/engine/arg_utils.py": "class EngineArgs:\n    shutdown_timeout: int = %d\n\n"
-                                    "    def get_batch_defaults(cls, world_size):\n%s"
-                                    % (simulator.SHUTDOWN_TIMEOUT_DEFAULT, branches),
+        "    def get_batch_defaults(cls, world_size):\n%s" % (simulator.SHUTDOWN_TIMEOUT_DEFAULT, branches),
         "vllm/config/vllm.py": "class VllmConfig:\n    shutdown_timeout: int = Field(default=%d, ge=0)\n"
-                               % simulator.SHUTDOWN_TIMEOUT_DEFAULT,
+        % simulator.SHUTDOWN_TIMEOUT_DEFAULT,
         "vllm/envs.py": "environment_variables = {\n"
-                        "    'VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS': lambda: int(os.getenv('VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS', '%d')),\n"
-                        "    'VLLM_PROCESS_NAME_PREFIX': lambda: os.getenv('VLLM_PROCESS_NAME_PREFIX', %r),\n}\n"
-                        % (simulator.WORKER_SHUTDOWN_TIMEOUT_DEFAULT, simulator.PROCESS_NAME_PREFIX),
+        "    'VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS': lambda: int(os.getenv('VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS', '%d')),\n"
+        "    'VLLM_PROCESS_NAME_PREFIX': lambda: os.getenv('VLLM_PROCESS_NAME_PREFIX', %r),\n}\n"
+        % (simulator.WORKER_SHUTDOWN_TIMEOUT_DEFAULT, simulator.PROCESS_NAME_PREFIX),
         "vllm/v1/utils.py": "def shutdown(procs, timeout=None):\n    if timeout is None:\n        timeout = %r\n\n"
-                            "def run_api_server_worker_proc(index):\n    set_process_title(%r, str(index))\n"
-                            % (simulator.BEST_EFFORT_WINDOW, simulator.API_SERVER_TITLE.rstrip("_")),
-        "vllm/v1/executor/multiproc_executor.py":
-            "def _ensure_worker_termination():\n    wait_for_termination(active_procs(), %d)\n\n"
-            "def setup_proc_title_and_log_prefix(enable_ep):\n    process_name = %r\n%s\n"
-            % (simulator.WORKER_SIGTERM_WAIT, simulator.WORKER_TITLE, parts),
+        "def run_api_server_worker_proc(index):\n    set_process_title(%r, str(index))\n"
+        % (simulator.BEST_EFFORT_WINDOW, simulator.API_SERVER_TITLE.rstrip("_")),
+        "vllm/v1/executor/multiproc_executor.py": "def _ensure_worker_termination():\n    wait_for_termination(active_procs(), %d)\n\n"
+        "def setup_proc_title_and_log_prefix(enable_ep):\n    process_name = %r\n%s\n"
+        % (simulator.WORKER_SIGTERM_WAIT, simulator.WORKER_TITLE, parts),
         "vllm/v1/engine/core.py": "def run_engine_core(dp_rank=0):\n    if dp:\n        process_title = f\"%s{dp_rank}\"\n"
-                                  "    else:\n        process_title = %r\n"
-                                  % (simulator.ENGINE_CORE_DP_TITLE, simulator.ENGINE_CORE_TITLE),
+        "    else:\n        process_title = %r\n" % (simulator.ENGINE_CORE_DP_TITLE, simulator.ENGINE_CORE_TITLE),
         "vllm/v1/engine/coordinator.py": "def run():\n    set_process_title(%r)\n" % simulator.DP_COORDINATOR_TITLE,
         "vllm/config/cache.py": "class CacheConfig:\n    gpu_memory_utilization: float = Field(default=%r, gt=0, le=1)\n"
-                                % simulator.GPU_MEMORY_UTILIZATION_DEFAULT,
-        "vllm/v1/metrics/loggers.py": "labelnames = %r\n%s\n" % (list(simulator.METRIC_LABELS), "\n".join(
-            "m = self._%s_cls(name=%r, documentation='')" % (kind, name) for name, kind in simulator.METRICS.items())),
+        % simulator.GPU_MEMORY_UTILIZATION_DEFAULT,
+        "vllm/v1/metrics/loggers.py": "labelnames = %r\n%s\n"
+        % (
+            list(simulator.METRIC_LABELS),
+            "\n".join(
+                "m = self._%s_cls(name=%r, documentation='')" % (kind, name) for name, kind in simulator.METRICS.items()
+            ),
+        ),
         "vllm/v1/spec_decode/metrics.py": "counter_specs = [('vllm:spec_decode_num_drafts', 'd')]\n",
         "vllm/config/model.py": "def get_served_model_name(model, served_model_name):\n"
-                                "    if isinstance(served_model_name, list):\n        return served_model_name[0]\n",
+        "    if isinstance(served_model_name, list):\n        return served_model_name[0]\n",
         "vllm/_version.py": "__version__ = version = %r\n" % simvllm.__version__,
     }
 
@@ -106,19 +118,30 @@ def test_a_wheel_that_agrees_with_the_tables_passes(tmp_path):
     assert problems(tmp_path) == []
 
 
-@pytest.mark.parametrize("path, old, new, named", [
-    ("config__speculative_py", "'ngram', ", "'ngram', 'medusa', ", "validator VLLM_METHODS"),
-    ("config__speculative_py", "'deepseek_mtp', ", "'deepseek_mtp', 'newmodel_mtp', ", "simulator MTP_METHODS"),
-    ("config__speculative_py", "    model: str | None = None\n", "    model: str | None = None\n    tree: bool = False\n",
-     "simulator FIELDS (vllm/config/speculative.py SpeculativeConfig fields): missing: tree"),
-    ("config__speculative_py", "'probabilistic'", "'probabilistic', 'typical'", "DRAFT_SAMPLE_METHODS"),
-    ("envs_py", "'5'", "'7'", "simulator WORKER_SHUTDOWN_TIMEOUT_DEFAULT"),
-    ("engine__arg_utils_py", "shutdown_timeout: int = 0", "shutdown_timeout: int = 3", "SHUTDOWN_TIMEOUT_DEFAULT"),
-    ("v1__executor__multiproc_executor_py", '"_PCP', '"_CP', "simulator WORKER_TITLE_PARTS"),
-    ("v1__metrics__loggers_py", "'vllm:num_requests_running'", "'vllm:num_requests_running_now'",
-     "_vllm_api RUNNING"),
-    ("config__model_py", "served_model_name[0]", "served_model_name[-1]", "METRIC_MODEL_NAME"),
-])
+@pytest.mark.parametrize(
+    "path, old, new, named",
+    [
+        ("config__speculative_py", "'ngram', ", "'ngram', 'medusa', ", "validator VLLM_METHODS"),
+        ("config__speculative_py", "'deepseek_mtp', ", "'deepseek_mtp', 'newmodel_mtp', ", "simulator MTP_METHODS"),
+        (
+            "config__speculative_py",
+            "    model: str | None = None\n",
+            "    model: str | None = None\n    tree: bool = False\n",
+            "simulator FIELDS (vllm/config/speculative.py SpeculativeConfig fields): missing: tree",
+        ),
+        ("config__speculative_py", "'probabilistic'", "'probabilistic', 'typical'", "DRAFT_SAMPLE_METHODS"),
+        ("envs_py", "'5'", "'7'", "simulator WORKER_SHUTDOWN_TIMEOUT_DEFAULT"),
+        ("engine__arg_utils_py", "shutdown_timeout: int = 0", "shutdown_timeout: int = 3", "SHUTDOWN_TIMEOUT_DEFAULT"),
+        ("v1__executor__multiproc_executor_py", '"_PCP', '"_CP', "simulator WORKER_TITLE_PARTS"),
+        (
+            "v1__metrics__loggers_py",
+            "'vllm:num_requests_running'",
+            "'vllm:num_requests_running_now'",
+            "_vllm_api RUNNING",
+        ),
+        ("config__model_py", "served_model_name[0]", "served_model_name[-1]", "METRIC_MODEL_NAME"),
+    ],
+)
 def test_a_changed_fact_is_named(tmp_path, path, old, new, named):
     found = problems(tmp_path, **{path: (old, new)})
     assert found and any(named in problem for problem in found), found

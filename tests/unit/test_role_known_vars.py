@@ -4,6 +4,7 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """The variables the reset_gpus role and check_gpus.yml know (plugins/filter/inputs.py) are the ones they document
 and use: the role's argument spec, its defaults; the playbook's header."""
+
 from __future__ import annotations
 
 import re

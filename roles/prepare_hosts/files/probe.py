@@ -48,8 +48,9 @@ def libraries(python):
     if os.sep in python and not os.access(python, os.X_OK):
         return {"path": python, "exists": False}
     try:
-        output = subprocess.check_output([python, "-c", LIBRARIES], stderr=subprocess.STDOUT, universal_newlines=True,
-                                         timeout=60)
+        output = subprocess.check_output(
+            [python, "-c", LIBRARIES], stderr=subprocess.STDOUT, universal_newlines=True, timeout=60
+        )
         found = json.loads(output.strip().splitlines()[-1])
     except (OSError, ValueError, IndexError, subprocess.SubprocessError) as error:
         return {"path": python, "exists": os.sep in python, "error": str(error).strip()[:300]}
@@ -61,6 +62,7 @@ def ensurepip():
     """True when this Python's venv can install pip (Debian and Ubuntu ship ensurepip in python3-venv)."""
     try:
         import ensurepip as module
+
         return bool(module.version())
     except Exception:
         return False
@@ -86,7 +88,11 @@ def venv_directory(venv):
     """Whether the venv's directory exists, is a venv (pyvenv.cfg) and what else it holds (a few names)."""
     if not os.path.isdir(venv):
         return {"exists": False}
-    return {"exists": True, "pyvenv_cfg": os.path.isfile(os.path.join(venv, "pyvenv.cfg")), "entries": sorted(os.listdir(venv))[:8]}
+    return {
+        "exists": True,
+        "pyvenv_cfg": os.path.isfile(os.path.join(venv, "pyvenv.cfg")),
+        "entries": sorted(os.listdir(venv))[:8],
+    }
 
 
 def main():
@@ -96,8 +102,17 @@ def main():
     for python in sys.argv[2:] + [sys.executable]:
         if python and python not in [found["path"] for found in interpreters]:
             interpreters.append(libraries(python))
-    print(json.dumps({"python": this, "os": os_release(), "venv": libraries(os.path.join(venv, "bin", "python")),
-                      "venv_dir": venv_directory(venv), "interpreters": interpreters}))
+    print(
+        json.dumps(
+            {
+                "python": this,
+                "os": os_release(),
+                "venv": libraries(os.path.join(venv, "bin", "python")),
+                "venv_dir": venv_directory(venv),
+                "interpreters": interpreters,
+            }
+        )
+    )
 
 
 main()

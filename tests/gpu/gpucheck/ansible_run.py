@@ -32,6 +32,7 @@ class Ansible:
         # Imported here, not at the top: check.py --probe and --missing-packages run before run.sh has installed
         # ansible-runner.
         import ansible_api  # pylint: disable=import-outside-toplevel
+
         self.api = ansible_api
         self.repo = repo
         self.workdir = workdir
@@ -47,23 +48,37 @@ class Ansible:
             inventory.write("localhost ansible_connection=local ansible_python_interpreter=%s\n" % python)
         config = os.path.join(workdir, "ansible.cfg")
         with open(config, "w") as cfg:
-            cfg.write("[defaults]\ncollections_path = %s\ninventory = %s\nstdout_callback = default\n"
-                      "retry_files_enabled = false\nhost_key_checking = false\nremote_tmp = %s\nlocal_tmp = %s\n"
-                      % (os.path.join(workdir, "collections"), self.inventory, os.path.join(workdir, "remote-tmp"),
-                         os.path.join(workdir, "local-tmp")))
+            cfg.write(
+                "[defaults]\ncollections_path = %s\ninventory = %s\nstdout_callback = default\n"
+                "retry_files_enabled = false\nhost_key_checking = false\nremote_tmp = %s\nlocal_tmp = %s\n"
+                % (
+                    os.path.join(workdir, "collections"),
+                    self.inventory,
+                    os.path.join(workdir, "remote-tmp"),
+                    os.path.join(workdir, "local-tmp"),
+                )
+            )
         bin_dir = os.path.join(workdir, "bin")
         os.makedirs(bin_dir, exist_ok=True)
         wrapper = os.path.join(bin_dir, "ansible-playbook")
         with open(wrapper, "w") as script:
             script.write("#!/bin/sh\nexec %s -m ansible playbook \"$@\"\n" % shlex.quote(python))
         os.chmod(wrapper, 0o755)
-        self.env = dict(self.api.environment(bin_dir, config), ANSIBLE_HOME=os.path.join(workdir, "home"),
-                        ANSIBLE_COLLECTIONS_PATH=os.path.join(workdir, "collections"))
+        self.env = dict(
+            self.api.environment(bin_dir, config),
+            ANSIBLE_HOME=os.path.join(workdir, "home"),
+            ANSIBLE_COLLECTIONS_PATH=os.path.join(workdir, "collections"),
+        )
 
     def version(self):
         """ansible-core's version string, as the interpreter running Ansible imports it."""
-        return subprocess.run([self.python, "-c", "from ansible.release import __version__; print(__version__)"],
-                              capture_output=True, text=True, check=True, env=dict(os.environ, **self.env)).stdout.strip()
+        return subprocess.run(
+            [self.python, "-c", "from ansible.release import __version__; print(__version__)"],
+            capture_output=True,
+            text=True,
+            check=True,
+            env=dict(os.environ, **self.env),
+        ).stdout.strip()
 
     def module(self, name, args=None, timeout=120.0, check_mode=False):
         """Run module `name` on localhost through ansible-playbook (a generated one-task play that
@@ -75,13 +90,24 @@ class Ansible:
         self._runs += 1
         result_path = os.path.join(self.workdir, "result-%d.json" % self._runs)
         play_path = os.path.join(self.workdir, "play-%d.yml" % self._runs)
-        task = {"name": "Run %s" % name, name: args or {}, "register": "gpucheck_result", "ignore_errors": True,
-                "check_mode": check_mode}
-        save = {"name": "Save the result", "check_mode": False,
-                "ansible.builtin.copy": {"content": "{{ gpucheck_result | to_json }}", "dest": result_path, "mode": "0600"}}
+        task = {
+            "name": "Run %s" % name,
+            name: args or {},
+            "register": "gpucheck_result",
+            "ignore_errors": True,
+            "check_mode": check_mode,
+        }
+        save = {
+            "name": "Save the result",
+            "check_mode": False,
+            "ansible.builtin.copy": {"content": "{{ gpucheck_result | to_json }}", "dest": result_path, "mode": "0600"},
+        }
         with open(play_path, "w") as play:
-            json.dump([{"name": "gpu check: %s" % name, "hosts": "localhost", "gather_facts": False,
-                        "tasks": [task, save]}], play, indent=1)
+            json.dump(
+                [{"name": "gpu check: %s" % name, "hosts": "localhost", "gather_facts": False, "tasks": [task, save]}],
+                play,
+                indent=1,
+            )
         run = self.playbook(play_path, timeout=timeout)
         try:
             with open(result_path) as saved:
@@ -94,15 +120,30 @@ class Ansible:
             status = "FAILED"
         else:
             status = "CHANGED" if result.get("changed") else "SUCCESS"
-        return {"status": status, "result": result or {}, "rc": run["rc"], "elapsed_s": run["elapsed_s"],
-                "output": run["output"][-3000:]}
+        return {
+            "status": status,
+            "result": result or {},
+            "rc": run["rc"],
+            "elapsed_s": run["elapsed_s"],
+            "output": run["output"][-3000:],
+        }
 
     def playbook(self, path, extra_vars=None, timeout=300.0):
         """Run ansible-playbook `path` on localhost with `extra_vars` (a dict, passed as JSON).
 
         Returns {"rc", "recap" (localhost's counters or None), "elapsed_s", "output" (last 6,000 characters)}.
         """
-        run = self.api.run(self.inventory, self.repo, playbook=path,
-                           args=["-e", json.dumps(extra_vars)] if extra_vars else (), envvars=self.env, timeout=timeout)
-        return {"rc": run.rc, "recap": run.recap().get("localhost"), "elapsed_s": run.elapsed_s,
-                "output": run.output[-6000:]}
+        run = self.api.run(
+            self.inventory,
+            self.repo,
+            playbook=path,
+            args=["-e", json.dumps(extra_vars)] if extra_vars else (),
+            envvars=self.env,
+            timeout=timeout,
+        )
+        return {
+            "rc": run.rc,
+            "recap": run.recap().get("localhost"),
+            "elapsed_s": run.elapsed_s,
+            "output": run.output[-6000:],
+        }

@@ -23,14 +23,30 @@ _MINOR_RE = re.compile(r"^/dev/nvidia(\d+)$")
 # ("explained": only listed holders keep memory; "unexplained": after the parent's exit its forked child keeps the
 # parent's context, which the driver lists under the dead parent's PID (docs/attribution.md rule 2)).
 CASES = (
-    ("context", "a CUDA context on one GPU (cuMemAlloc / torch tensor)", "explained",
-     {"role": "holder", "attribution": "driver"}),
-    ("nvml_only", "an NVML-only client (pynvml nvmlInit, stays initialized)", "explained",
-     {"role": "device_user", "kind": "nvml"}),
-    ("inherited_child", "a forked child of a CUDA process, after the parent's exit (inherited handles)", "unexplained",
-     {"role": "holder", "attribution": "device_file"}),
-    ("cuda_init", "CUDA initialized without a context (cuInit only)", "explained",
-     {"role": "device_user", "kind": "cuda"}),
+    (
+        "context",
+        "a CUDA context on one GPU (cuMemAlloc / torch tensor)",
+        "explained",
+        {"role": "holder", "attribution": "driver"},
+    ),
+    (
+        "nvml_only",
+        "an NVML-only client (pynvml nvmlInit, stays initialized)",
+        "explained",
+        {"role": "device_user", "kind": "nvml"},
+    ),
+    (
+        "inherited_child",
+        "a forked child of a CUDA process, after the parent's exit (inherited handles)",
+        "unexplained",
+        {"role": "holder", "attribution": "device_file"},
+    ),
+    (
+        "cuda_init",
+        "CUDA initialized without a context (cuInit only)",
+        "explained",
+        {"role": "device_user", "kind": "cuda"},
+    ),
 )
 CASE_NAMES = tuple(case[0] for case in CASES)
 
@@ -58,8 +74,14 @@ def raw_record(pid, device_fds, mapping_lines, mapped, lists_by_gpu):
     lists_by_gpu: {index: {pid: {"lists", "used_mib"}}} (driver.Gpu.all_processes()).
     """
     driver = {str(index): dict(listed[pid]) for index, listed in sorted(lists_by_gpu.items()) if pid in listed}
-    return {"pid": pid, "device_fds": sorted(device_fds), "device_mappings": list(mapping_lines), "mapped": sorted(mapped),
-            "driver": driver, "kind": raw_kind(device_fds, mapped)}
+    return {
+        "pid": pid,
+        "device_fds": sorted(device_fds),
+        "device_mappings": list(mapping_lines),
+        "mapped": sorted(mapped),
+        "driver": driver,
+        "kind": raw_kind(device_fds, mapped),
+    }
 
 
 def gpu_memory(lists_by_gpu, used_mib_by_gpu, tolerance_mib, alive=None):
@@ -80,8 +102,13 @@ def gpu_memory(lists_by_gpu, used_mib_by_gpu, tolerance_mib, alive=None):
         else:
             unexplained = max(0, used - total)
             counts = unexplained > tolerance_mib
-        gpus[index] = {"used_mib": used, "listed_mib": total, "unexplained_mib": unexplained, "unexplained": counts,
-                       "exited": sorted(pid for pid in listed if alive is not None and not alive(pid))}
+        gpus[index] = {
+            "used_mib": used,
+            "listed_mib": total,
+            "unexplained_mib": unexplained,
+            "unexplained": counts,
+            "exited": sorted(pid for pid in listed if alive is not None and not alive(pid)),
+        }
     return gpus
 
 
@@ -116,8 +143,12 @@ def by_rule(record, memory, minors, translating=True):
         role = "device_user"
     else:
         role = None
-    return {"role": role, "attribution": dict(sorted(attribution.items())), "foreign": sorted(foreign),
-            "kind": record["kind"]}
+    return {
+        "role": role,
+        "attribution": dict(sorted(attribution.items())),
+        "foreign": sorted(foreign),
+        "kind": record["kind"],
+    }
 
 
 def facts_view(pid, facts):
@@ -126,9 +157,14 @@ def facts_view(pid, facts):
     for role, key in (("holder", "holders"), ("device_user", "device_users")):
         for item in facts.get(key) or []:
             if item["pid"] == pid:
-                return {"role": role, "attribution": dict(sorted((item.get("attribution") or {}).items())),
-                        "kind": item.get("kind"), "gpus": item.get("gpus", []), "device_gpus": item.get("device_gpus", []),
-                        "seen_in": item.get("seen_in", [])}
+                return {
+                    "role": role,
+                    "attribution": dict(sorted((item.get("attribution") or {}).items())),
+                    "kind": item.get("kind"),
+                    "gpus": item.get("gpus", []),
+                    "device_gpus": item.get("device_gpus", []),
+                    "seen_in": item.get("seen_in", []),
+                }
     return {"role": None, "attribution": {}, "kind": None, "gpus": [], "device_gpus": [], "seen_in": []}
 
 
@@ -163,14 +199,25 @@ def judge(case, phase, record, rule, facts, index):
     Always: gpu_facts agrees with the rule applied to the raw record (role, attribution, kind). In the case's
     deciding phase also: both meet the case's expectation.
     """
-    checks = [("%s (%s memory): gpu_facts agrees with the rule applied to /proc and the driver's lists" % (case, phase),
-               facts["role"] == rule["role"] and facts["attribution"] == rule["attribution"] and facts["kind"] == rule["kind"],
-               {"rule": describe(rule), "gpu_facts": describe(facts), "raw_kind": record["kind"]})]
+    checks = [
+        (
+            "%s (%s memory): gpu_facts agrees with the rule applied to /proc and the driver's lists" % (case, phase),
+            facts["role"] == rule["role"]
+            and facts["attribution"] == rule["attribution"]
+            and facts["kind"] == rule["kind"],
+            {"rule": describe(rule), "gpu_facts": describe(facts), "raw_kind": record["kind"]},
+        )
+    ]
     spec = dict((name, (what, deciding, expected)) for name, what, deciding, expected in CASES)
     what, deciding, expected = spec[case]
     if phase == deciding:
-        checks.append(("%s: %s is %s" % (case, what, describe_expected(expected)), meets(facts, expected, index),
-                       {"gpu_facts": describe(facts), "rule": describe(rule)}))
+        checks.append(
+            (
+                "%s: %s is %s" % (case, what, describe_expected(expected)),
+                meets(facts, expected, index),
+                {"gpu_facts": describe(facts), "rule": describe(rule)},
+            )
+        )
     return checks
 
 
@@ -181,18 +228,19 @@ def describe_expected(expected):
 
 
 def short_files(paths, minors):
-    """"nvidia-uvm, nvidiactl + GPU 0" for device paths: /dev/nvidiaN named by the GPU index of minor N."""
+    """ "nvidia-uvm, nvidiactl + GPU 0" for device paths: /dev/nvidiaN named by the GPU index of minor N."""
     others, indices = set(), set()
     for path in paths:
         minor = minor_of(path)
         if minor is not None and minor in minors:
             indices.add(minors.index(minor))
         else:
-            others.add(path[len("/dev/"):] if path.startswith("/dev/") else path)
+            others.add(path[len("/dev/") :] if path.startswith("/dev/") else path)
     text = ", ".join(sorted(others))
     if indices:
         gpus = ("GPU %d" if len(indices) == 1 else "GPUs %s") % (
-            next(iter(indices)) if len(indices) == 1 else ",".join(str(i) for i in sorted(indices)))
+            next(iter(indices)) if len(indices) == 1 else ",".join(str(i) for i in sorted(indices))
+        )
         text = "%s + %s" % (text, gpus) if text else gpus
     return text or "none"
 
@@ -208,17 +256,45 @@ def table_rows(scenario, minors):
             rows.append([case, what, "–", "–", "–", "–", "–", describe_expected(expected), "not run"])
             continue
         record = reading["record"]
-        mappings = "%d (%s)" % (len(record["device_mappings"]), short_files(record["mapped"], minors)) \
-            if record["device_mappings"] else "none"
-        lists = "; ".join("GPU %s %s %s MiB" % (key, "+".join(entry["lists"]), entry["used_mib"])
-                          for key, entry in sorted(record["driver"].items())) or "not listed"
-        rows.append([case, what, short_files(record["device_fds"], minors), mappings, lists, describe(reading["rule"]),
-                     describe(reading["facts"]), describe_expected(expected), "yes" if reading["meets"] else "NO"])
+        mappings = (
+            "%d (%s)" % (len(record["device_mappings"]), short_files(record["mapped"], minors))
+            if record["device_mappings"]
+            else "none"
+        )
+        lists = (
+            "; ".join(
+                "GPU %s %s %s MiB" % (key, "+".join(entry["lists"]), entry["used_mib"])
+                for key, entry in sorted(record["driver"].items())
+            )
+            or "not listed"
+        )
+        rows.append(
+            [
+                case,
+                what,
+                short_files(record["device_fds"], minors),
+                mappings,
+                lists,
+                describe(reading["rule"]),
+                describe(reading["facts"]),
+                describe_expected(expected),
+                "yes" if reading["meets"] else "NO",
+            ]
+        )
     return rows
 
 
-TABLE_COLUMNS = ["Case", "Process", "Device files open", "Device mappings", "Driver lists (GPU, list, MiB)",
-                 "Rule on the raw records", "gpu_facts", "Expected", "As expected"]
+TABLE_COLUMNS = [
+    "Case",
+    "Process",
+    "Device files open",
+    "Device mappings",
+    "Driver lists (GPU, list, MiB)",
+    "Rule on the raw records",
+    "gpu_facts",
+    "Expected",
+    "As expected",
+]
 
 
 def render_table(scenario, minors):

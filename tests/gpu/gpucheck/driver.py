@@ -68,36 +68,49 @@ class Gpu:
         "nvml_version", "cuda_driver_version"}."""
         nvml, handle = self.nvml, self.handle
         optional = {}
-        for key, call in (("persistence_mode", "nvmlDeviceGetPersistenceMode"), ("compute_mode", "nvmlDeviceGetComputeMode")):
+        for key, call in (
+            ("persistence_mode", "nvmlDeviceGetPersistenceMode"),
+            ("compute_mode", "nvmlDeviceGetComputeMode"),
+        ):
             try:
                 optional[key] = getattr(nvml, call)(handle)
             except nvml.NVMLError:
                 optional[key] = None
-        return dict(optional, **{
-            "index": self.index,
-            "name": _text(nvml.nvmlDeviceGetName(handle)),
-            "uuid": _text(nvml.nvmlDeviceGetUUID(handle)),
-            "minor": nvml.nvmlDeviceGetMinorNumber(handle),
-            "pci_bus_id": _text(nvml.nvmlDeviceGetPciInfo(handle).busId),
-            "memory_total_mib": nvml.nvmlDeviceGetMemoryInfo(handle).total >> 20,
-            "gpu_count": nvml.nvmlDeviceGetCount(),
-            "driver_version": _text(nvml.nvmlSystemGetDriverVersion()),
-            "nvml_version": _text(nvml.nvmlSystemGetNVMLVersion()),
-            "cuda_driver_version": nvml.nvmlSystemGetCudaDriverVersion(),
-        })
+        return dict(
+            optional,
+            **{
+                "index": self.index,
+                "name": _text(nvml.nvmlDeviceGetName(handle)),
+                "uuid": _text(nvml.nvmlDeviceGetUUID(handle)),
+                "minor": nvml.nvmlDeviceGetMinorNumber(handle),
+                "pci_bus_id": _text(nvml.nvmlDeviceGetPciInfo(handle).busId),
+                "memory_total_mib": nvml.nvmlDeviceGetMemoryInfo(handle).total >> 20,
+                "gpu_count": nvml.nvmlDeviceGetCount(),
+                "driver_version": _text(nvml.nvmlSystemGetDriverVersion()),
+                "nvml_version": _text(nvml.nvmlSystemGetNVMLVersion()),
+                "cuda_driver_version": nvml.nvmlSystemGetCudaDriverVersion(),
+            },
+        )
 
     def minors(self):
         """Minor numbers (the N of /dev/nvidiaN) of every GPU NVML sees, in index order."""
         nvml = self.nvml
-        return [nvml.nvmlDeviceGetMinorNumber(nvml.nvmlDeviceGetHandleByIndex(i)) for i in range(nvml.nvmlDeviceGetCount())]
+        return [
+            nvml.nvmlDeviceGetMinorNumber(nvml.nvmlDeviceGetHandleByIndex(i)) for i in range(nvml.nvmlDeviceGetCount())
+        ]
 
     def memory(self):
         """{"total_mib", "used_mib", "free_mib", "reserved_mib", "used_v1_mib"}: v2 (used excludes
         reserved) where the driver has nvmlDeviceGetMemoryInfo_v2, else v2 fields None."""
         nvml = self.nvml
         v1 = nvml.nvmlDeviceGetMemoryInfo(self.handle)
-        memory = {"total_mib": v1.total >> 20, "used_mib": None, "free_mib": v1.free >> 20, "reserved_mib": None,
-                  "used_v1_mib": v1.used >> 20}
+        memory = {
+            "total_mib": v1.total >> 20,
+            "used_mib": None,
+            "free_mib": v1.free >> 20,
+            "reserved_mib": None,
+            "used_v1_mib": v1.used >> 20,
+        }
         v2 = self._memory_v2()
         if v2 is None:
             return memory
@@ -143,7 +156,9 @@ class Gpu:
     def all_processes(self):
         """{index: processes() of that GPU} for every GPU NVML sees (the driver's lists per GPU)."""
         nvml = self.nvml
-        return {index: self.processes(nvml.nvmlDeviceGetHandleByIndex(index)) for index in range(nvml.nvmlDeviceGetCount())}
+        return {
+            index: self.processes(nvml.nvmlDeviceGetHandleByIndex(index)) for index in range(nvml.nvmlDeviceGetCount())
+        }
 
     def processes(self, handle=None):
         """{pid: {"lists": names of the driver lists showing it (compute, graphics, mps), "used_mib": int or None}}
@@ -153,8 +168,16 @@ class Gpu:
         """
         nvml = self.nvml
         handle = self.handle if handle is None else handle
-        calls = dict(zip(PROCESS_LISTS, (nvml.nvmlDeviceGetComputeRunningProcesses, nvml.nvmlDeviceGetGraphicsRunningProcesses,
-                                         nvml.nvmlDeviceGetMPSComputeRunningProcesses)))
+        calls = dict(
+            zip(
+                PROCESS_LISTS,
+                (
+                    nvml.nvmlDeviceGetComputeRunningProcesses,
+                    nvml.nvmlDeviceGetGraphicsRunningProcesses,
+                    nvml.nvmlDeviceGetMPSComputeRunningProcesses,
+                ),
+            )
+        )
         found = {}
         for list_name, call in calls.items():
             for entry in self._read_list(call, handle):

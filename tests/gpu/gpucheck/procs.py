@@ -23,9 +23,13 @@ def read_stat(pid, proc="/proc"):
     except OSError:
         return None
     close = data.rindex(b")")
-    fields = data[close + 2:].split()
-    return {"state": fields[0].decode(), "ppid": int(fields[1]), "start_ticks": int(fields[19]),
-            "comm": data[data.index(b"(") + 1:close].decode(errors="replace")}
+    fields = data[close + 2 :].split()
+    return {
+        "state": fields[0].decode(),
+        "ppid": int(fields[1]),
+        "start_ticks": int(fields[19]),
+        "comm": data[data.index(b"(") + 1 : close].decode(errors="replace"),
+    }
 
 
 def nspids(pid, proc="/proc"):
@@ -161,8 +165,12 @@ class Pinned:
         if self.popen is not None and self.popen.poll() is not None:
             return False
         stat = read_stat(self.pid, self.proc)
-        return (self.start_ticks is not None and stat is not None and stat["start_ticks"] == self.start_ticks
-                and stat["state"] not in ("Z", "X"))
+        return (
+            self.start_ticks is not None
+            and stat is not None
+            and stat["start_ticks"] == self.start_ticks
+            and stat["state"] not in ("Z", "X")
+        )
 
     def kill(self, sig=signal.SIGKILL):
         """Send `sig` if this is still our process; returns whether it was sent."""

@@ -25,31 +25,70 @@ SIMULATOR = {
     "holder_process_lists": (["compute"], None, "driver process lists showing a CUDA holder"),
     "driver_reports_process_memory": (True, None, "the driver's list gives each listed holder's memory (not N/A)"),
     "holder_seen_in": (["driver", "fd"], None, "where gpu_facts saw a listed CUDA holder"),
-    "holder_device_files": (["/dev/nvidia-uvm", "/dev/nvidia" + MINOR, "/dev/nvidiactl"], None,
-                            "/dev/nvidia* files a CUDA holder keeps open"),
-    "nvml_client_device_files": (["/dev/nvidia" + MINOR, "/dev/nvidiactl"], None,
-                                 "/dev/nvidia* files an NVML client (no CUDA) keeps open"),
+    "holder_device_files": (
+        ["/dev/nvidia-uvm", "/dev/nvidia" + MINOR, "/dev/nvidiactl"],
+        None,
+        "/dev/nvidia* files a CUDA holder keeps open",
+    ),
+    "nvml_client_device_files": (
+        ["/dev/nvidia" + MINOR, "/dev/nvidiactl"],
+        None,
+        "/dev/nvidia* files an NVML client (no CUDA) keeps open",
+    ),
     "driver_lists_tp_workers": (True, None, "every VLLM::Worker_TP process is in the driver's list"),
     "driver_lists_non_gpu_processes": (False, None, "API server or EngineCore without CUDA in the driver's list"),
     "inherited_driver_lists_parent": (True, None, "the allocating parent is listed while its forked child lives"),
     "inherited_driver_lists_child": (False, None, "a child that only inherited the handles is listed"),
-    "inherited_memory_kept_after_parent_exit": (True, None, "the inherited handles keep the memory after the parent is SIGKILLed"),
-    "inherited_driver_lists_child_after_parent_exit": (False, None, "the inheriting child is listed once the parent is gone"),
-    "inherited_driver_lists_dead_parent": (True, None, "the dead parent's PID stays listed while the child keeps the memory"),
-    "attribution_device_files": ({
-        "context": ["/dev/nvidia-uvm", "/dev/nvidia" + MINOR, "/dev/nvidiactl"],
-        "nvml_only": ["/dev/nvidia" + MINOR, "/dev/nvidiactl"],
-        "inherited_child": ["/dev/nvidia-uvm", "/dev/nvidia" + MINOR, "/dev/nvidiactl"],
-        "cuda_init": ["/dev/nvidia-uvm", "/dev/nvidia" + MINOR, "/dev/nvidiactl"]}, None,
-        "/dev/nvidia* fds per attribution case (nvml_only: every GPU's file; the others: the visible GPU's)"),
-    "attribution_maps_device": (dict.fromkeys(attribution.CASE_NAMES, False), None,
-                                "whether each attribution case has /dev/nvidia* lines in /proc/PID/maps (simulated processes map nothing)"),
-    "attribution_driver_lists": (dict(dict.fromkeys(attribution.CASE_NAMES, False), context=True), None,
-                                 "whether the driver's lists show each attribution case"),
-    "attribution_gpu_facts": ({"context": "holder (driver)", "nvml_only": "device user (nvml)",
-                               "inherited_child": "holder (device_file)", "cuda_init": "device user (cuda)"}, None,
-                              "what gpu_facts makes of each attribution case on the GPU under test"),
-    "nested_driver_pid": ("host", None, "PID the driver lists for a holder in a nested PID namespace (host, namespace, none)"),
+    "inherited_memory_kept_after_parent_exit": (
+        True,
+        None,
+        "the inherited handles keep the memory after the parent is SIGKILLed",
+    ),
+    "inherited_driver_lists_child_after_parent_exit": (
+        False,
+        None,
+        "the inheriting child is listed once the parent is gone",
+    ),
+    "inherited_driver_lists_dead_parent": (
+        True,
+        None,
+        "the dead parent's PID stays listed while the child keeps the memory",
+    ),
+    "attribution_device_files": (
+        {
+            "context": ["/dev/nvidia-uvm", "/dev/nvidia" + MINOR, "/dev/nvidiactl"],
+            "nvml_only": ["/dev/nvidia" + MINOR, "/dev/nvidiactl"],
+            "inherited_child": ["/dev/nvidia-uvm", "/dev/nvidia" + MINOR, "/dev/nvidiactl"],
+            "cuda_init": ["/dev/nvidia-uvm", "/dev/nvidia" + MINOR, "/dev/nvidiactl"],
+        },
+        None,
+        "/dev/nvidia* fds per attribution case (nvml_only: every GPU's file; the others: the visible GPU's)",
+    ),
+    "attribution_maps_device": (
+        dict.fromkeys(attribution.CASE_NAMES, False),
+        None,
+        "whether each attribution case has /dev/nvidia* lines in /proc/PID/maps (simulated processes map nothing)",
+    ),
+    "attribution_driver_lists": (
+        dict(dict.fromkeys(attribution.CASE_NAMES, False), context=True),
+        None,
+        "whether the driver's lists show each attribution case",
+    ),
+    "attribution_gpu_facts": (
+        {
+            "context": "holder (driver)",
+            "nvml_only": "device user (nvml)",
+            "inherited_child": "holder (device_file)",
+            "cuda_init": "device user (cuda)",
+        },
+        None,
+        "what gpu_facts makes of each attribution case on the GPU under test",
+    ),
+    "nested_driver_pid": (
+        "host",
+        None,
+        "PID the driver lists for a holder in a nested PID namespace (host, namespace, none)",
+    ),
     "driver_unlists_at_exit": (True, None, "a SIGKILLed holder leaves the driver's list within 50 ms of its exit"),
     "release_s_1gib": (0.5, 0.25, "seconds from SIGKILL to memory released, 1 GiB (knob release_latency 0.5)"),
     "release_s_10gib": (0.5, 0.25, "same, 10 GiB"),
@@ -78,10 +117,16 @@ def observations(result):
         obs["idle_used_mib"] = memory["used_mib"]
         obs["reserved_mib"] = memory["reserved_mib"]
         if memory["reserved_mib"] is not None:
-            obs["v1_used_includes_reserved"] = abs(memory["used_v1_mib"] - memory["used_mib"] - memory["reserved_mib"]) <= 1
+            obs["v1_used_includes_reserved"] = (
+                abs(memory["used_v1_mib"] - memory["used_mib"] - memory["reserved_mib"]) <= 1
+            )
         obs["nvml_client_device_files"] = normalize_device_files(idle["nvml_client_device_files"], minors)
-    holders = [h for name in ("vllm_tree", "inherited", "sigterm_ignored", "nested_pidns")
-               for h in _scenario(result, name).get("holders", {}).values() if h.get("bytes")]
+    holders = [
+        h
+        for name in ("vllm_tree", "inherited", "sigterm_ignored", "nested_pidns")
+        for h in _scenario(result, name).get("holders", {}).values()
+        if h.get("bytes")
+    ]
     overheads = [h["listed_mib"] - (h["bytes"] >> 20) for h in holders if h.get("listed_mib") is not None]
     if overheads:
         obs["context_overhead_mib"] = max(overheads, key=abs)
@@ -90,7 +135,9 @@ def observations(result):
         obs["holder_process_lists"] = sorted({name for h in listed for name in h["lists"]})
         obs["driver_reports_process_memory"] = all(h.get("listed_mib") is not None for h in listed)
         obs["holder_seen_in"] = sorted({name for h in listed for name in (h.get("seen_in") or [])})
-        obs["holder_device_files"] = normalize_device_files({p for h in listed for p in h["device_files"]}, [result["gpu"]["minor"]])
+        obs["holder_device_files"] = normalize_device_files(
+            {p for h in listed for p in h["device_files"]}, [result["gpu"]["minor"]]
+        )
     tree = _scenario(result, "vllm_tree")
     if tree:
         workers = [h for name, h in tree["holders"].items() if ".tp" in name]
@@ -109,16 +156,23 @@ def observations(result):
     attributed = _scenario(result, "attribution")
     if attributed:
         gpu = result.get("gpu") or {}
-        decided = {case: (attributed.get("readings") or {}).get(phase, {}).get(case)
-                   for case, _what, phase, _expected in attribution.CASES}
+        decided = {
+            case: (attributed.get("readings") or {}).get(phase, {}).get(case)
+            for case, _what, phase, _expected in attribution.CASES
+        }
         decided = {case: reading for case, reading in decided.items() if reading}
         if decided:
-            obs["attribution_device_files"] = {case: normalize_device_files(
-                r["record"]["device_fds"], minors if case == "nvml_only" else [gpu.get("minor")]) for case, r in decided.items()}
+            obs["attribution_device_files"] = {
+                case: normalize_device_files(
+                    r["record"]["device_fds"], minors if case == "nvml_only" else [gpu.get("minor")]
+                )
+                for case, r in decided.items()
+            }
             obs["attribution_maps_device"] = {case: bool(r["record"]["device_mappings"]) for case, r in decided.items()}
             obs["attribution_driver_lists"] = {case: bool(r["record"]["driver"]) for case, r in decided.items()}
-            obs["attribution_gpu_facts"] = {case: attribution.summary(r["facts"], gpu.get("index", 0))
-                                            for case, r in decided.items()}
+            obs["attribution_gpu_facts"] = {
+                case: attribution.summary(r["facts"], gpu.get("index", 0)) for case, r in decided.items()
+            }
     nested = _scenario(result, "nested_pidns")
     if nested:
         obs["nested_driver_pid"] = nested["driver_pid"]
@@ -159,9 +213,11 @@ def suggested_sim_knobs(result):
     knobs = {"model_name": gpu.get("name"), "memory_mib": gpu.get("memory_total_mib")}
     if idle:
         knobs.update(reserved_mib=idle["memory"]["reserved_mib"], idle_used_mib=idle["memory"]["used_mib"])
-    after_exit = [s["seconds"]["released"] - (s["seconds"]["exited"] or 0.0)
-                  for s in result.get("scenarios", {}).get("release_latency", {}).get("sizes", {}).values()
-                  if (s.get("seconds") or {}).get("released") is not None]
+    after_exit = [
+        s["seconds"]["released"] - (s["seconds"]["exited"] or 0.0)
+        for s in result.get("scenarios", {}).get("release_latency", {}).get("sizes", {}).values()
+        if (s.get("seconds") or {}).get("released") is not None
+    ]
     if after_exit:
         knobs["release_latency"] = round(max(0.0, statistics.median(after_exit)), 3)
     return knobs
@@ -180,48 +236,92 @@ def table_row(result):
     gpu, driver = result.get("gpu") or {}, result.get("driver") or {}
     obs = result.get("observations") or observations(result)
     idle = _scenario(result, "idle")
-    idle_cell = "–" if not idle else "%s / %s" % (_cell(idle["memory"]["used_mib"]), _cell(idle["memory"]["reserved_mib"]))
-    holders = [h for name in ("vllm_tree", "inherited", "sigterm_ignored", "nested_pidns")
-               for h in _scenario(result, name).get("holders", {}).values() if h.get("bytes") or h.get("role") == "inherited"]
-    found = "–" if not holders else "%d/%d · %d/%d" % (
-        sum(1 for h in holders if h.get("lists")), len(holders), sum(1 for h in holders if h.get("found_by_scan")), len(holders))
+    idle_cell = (
+        "–" if not idle else "%s / %s" % (_cell(idle["memory"]["used_mib"]), _cell(idle["memory"]["reserved_mib"]))
+    )
+    holders = [
+        h
+        for name in ("vllm_tree", "inherited", "sigterm_ignored", "nested_pidns")
+        for h in _scenario(result, name).get("holders", {}).values()
+        if h.get("bytes") or h.get("role") == "inherited"
+    ]
+    found = (
+        "–"
+        if not holders
+        else "%d/%d · %d/%d"
+        % (
+            sum(1 for h in holders if h.get("lists")),
+            len(holders),
+            sum(1 for h in holders if h.get("found_by_scan")),
+            len(holders),
+        )
+    )
     inherited = "–"
     if obs.get("inherited_driver_lists_child") is not None:
-        inherited = "%s / %s" % ("listed" if obs["inherited_driver_lists_child"] else "not listed",
-                                 "kept" if obs["inherited_memory_kept_after_parent_exit"] else "freed")
+        inherited = "%s / %s" % (
+            "listed" if obs["inherited_driver_lists_child"] else "not listed",
+            "kept" if obs["inherited_memory_kept_after_parent_exit"] else "freed",
+        )
     release = " / ".join(_seconds(obs.get("release_s_%dgib" % gib)) for gib in (1, 10, 50))
     tree = _scenario(result, "vllm_tree")
     reset = "–"
     if tree and tree.get("gpu_kill") and tree.get("gpu_wait"):
         reset = "%s + %s" % (_seconds(tree["gpu_kill"].get("elapsed_s")), _seconds(tree["gpu_wait"].get("elapsed_s")))
     attributed = _scenario(result, "attribution")
-    decided = [(attributed.get("readings") or {}).get(phase, {}).get(case) for case, _what, phase, _expected in attribution.CASES]
+    decided = [
+        (attributed.get("readings") or {}).get(phase, {}).get(case)
+        for case, _what, phase, _expected in attribution.CASES
+    ]
     decided = [reading for reading in decided if reading]
-    as_expected = "%d/%d" % (sum(1 for reading in decided if reading["meets"]), len(attribution.CASES)) if decided else "–"
+    as_expected = (
+        "%d/%d" % (sum(1 for reading in decided if reading["meets"]), len(attribution.CASES)) if decided else "–"
+    )
     differences = result.get("differences")
     if differences is None:
         differences = [row for row in compare(obs) if not row["same"]]
-    return [result.get("date", "")[:10], "%s (%s MiB)" % (gpu.get("name"), gpu.get("memory_total_mib")),
-            "%s (CUDA %s)" % (driver.get("driver_version"), driver.get("cuda_driver_version")),
-            (result.get("host") or {}).get("backend") or "–", idle_cell, _cell(obs.get("context_overhead_mib")), found,
-            inherited, as_expected, release, reset, "%d (%s)" % (len(differences), result.get("status"))]
+    return [
+        result.get("date", "")[:10],
+        "%s (%s MiB)" % (gpu.get("name"), gpu.get("memory_total_mib")),
+        "%s (CUDA %s)" % (driver.get("driver_version"), driver.get("cuda_driver_version")),
+        (result.get("host") or {}).get("backend") or "–",
+        idle_cell,
+        _cell(obs.get("context_overhead_mib")),
+        found,
+        inherited,
+        as_expected,
+        release,
+        reset,
+        "%d (%s)" % (len(differences), result.get("status")),
+    ]
 
 
-COLUMNS = ["Date", "GPU", "Driver", "Backend", "Idle used / reserved (MiB)", "Context overhead (MiB)",
-           "Holders listed by driver · found by /proc scan", "Inherited-handle child: driver / memory",
-           "Attribution cases as expected",
-           "Release after SIGKILL 1 / 10 / 50 GiB (s)", "gpu_kill + gpu_wait, vLLM TP=2 (s)", "Differences (status)"]
+COLUMNS = [
+    "Date",
+    "GPU",
+    "Driver",
+    "Backend",
+    "Idle used / reserved (MiB)",
+    "Context overhead (MiB)",
+    "Holders listed by driver · found by /proc scan",
+    "Inherited-handle child: driver / memory",
+    "Attribution cases as expected",
+    "Release after SIGKILL 1 / 10 / 50 GiB (s)",
+    "gpu_kill + gpu_wait, vLLM TP=2 (s)",
+    "Differences (status)",
+]
 
 
 def mig_line(mig):
-    """"MIG mode: current disabled, pending disabled" from result["gpu"]["mig_mode"]."""
+    """ "MIG mode: current disabled, pending disabled" from result["gpu"]["mig_mode"]."""
     if not mig:
         return "MIG mode: not read"
     if mig.get("error"):
         return "MIG mode: not available (%s)" % mig["error"]
     names = {0: "disabled", 1: "enabled"}
     return "MIG mode: current %s, pending %s (nvmlDeviceGetMigMode)" % (
-        names.get(mig["current"], mig["current"]), names.get(mig["pending"], mig["pending"]))
+        names.get(mig["current"], mig["current"]),
+        names.get(mig["pending"], mig["pending"]),
+    )
 
 
 def render_markdown(results):
@@ -233,17 +333,29 @@ def render_markdown(results):
         lines += ["", "%s, %s: %s" % (gpu.get("name"), result.get("date", "")[:10], mig_line(gpu.get("mig_mode")))]
         attributed = (result.get("scenarios") or {}).get("attribution")
         if attributed and attributed.get("readings"):
-            lines += ["", "Attribution (docs/attribution.md) of four real processes on GPU %s, %s, %s:" % (
-                gpu.get("index"), gpu.get("name"), result.get("date", "")[:10]), ""]
+            lines += [
+                "",
+                "Attribution (docs/attribution.md) of four real processes on GPU %s, %s, %s:"
+                % (gpu.get("index"), gpu.get("name"), result.get("date", "")[:10]),
+                "",
+            ]
             lines += attribution.render_table(attributed, gpu.get("all_minors") or [])
         elif attributed:
             lines += ["", "Attribution: %s (%s)" % (attributed.get("status"), attributed.get("reason"))]
         differences = result.get("differences")
         if differences is None:
-            differences = [row for row in compare(result.get("observations") or observations(result)) if not row["same"]]
-        lines += ["", "Differences from the simulator, %s, %s:" % ((result.get("gpu") or {}).get("name"), result.get("date", "")[:10])]
-        lines += ["- `%s`: real %s, simulator %s (%s)" % (row["item"], row["real"], row["simulator"], row["meaning"])
-                  for row in differences] or ["- none"]
+            differences = [
+                row for row in compare(result.get("observations") or observations(result)) if not row["same"]
+            ]
+        lines += [
+            "",
+            "Differences from the simulator, %s, %s:"
+            % ((result.get("gpu") or {}).get("name"), result.get("date", "")[:10]),
+        ]
+        lines += [
+            "- `%s`: real %s, simulator %s (%s)" % (row["item"], row["real"], row["simulator"], row["meaning"])
+            for row in differences
+        ] or ["- none"]
         knobs = result.get("suggested_sim_knobs") or suggested_sim_knobs(result)
         lines.append("- simulator knobs matching this GPU: " + ", ".join("%s=%s" % kv for kv in sorted(knobs.items())))
     return "\n".join(lines) + "\n"

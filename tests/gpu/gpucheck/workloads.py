@@ -67,10 +67,30 @@ class Workloads:
 
     def command(self, name, role="hold", nbytes=0, title=None, ignore_sigterm=False, fork_child=False, tp=2):
         """The workload.py command line for one process (see workload.py for the options)."""
-        command = [self.python, WORKLOAD, "--name", name, "--role", role, "--run-dir", self.run_dir,
-                   "--marker", self.marker, "--backend", self.backend, "--bytes", str(nbytes), "--tp", str(tp),
-                   "--gpu-index", str(self.gpu_index), "--lifeline-fd", str(self.lifeline_read),
-                   "--max-lifetime", str(self.max_lifetime)]
+        command = [
+            self.python,
+            WORKLOAD,
+            "--name",
+            name,
+            "--role",
+            role,
+            "--run-dir",
+            self.run_dir,
+            "--marker",
+            self.marker,
+            "--backend",
+            self.backend,
+            "--bytes",
+            str(nbytes),
+            "--tp",
+            str(tp),
+            "--gpu-index",
+            str(self.gpu_index),
+            "--lifeline-fd",
+            str(self.lifeline_read),
+            "--max-lifetime",
+            str(self.max_lifetime),
+        ]
         if title:
             command += ["--title", title]
         if ignore_sigterm:
@@ -88,8 +108,15 @@ class Workloads:
             command = ["unshare"] + user + ["--pid", "--fork", "--mount-proc", "--kill-child"] + NESTED_SHELL + command
         log = open(os.path.join(self.run_dir, name + ".log"), "wb")  # pylint: disable=consider-using-with
         try:
-            launcher = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                        env=self.environment(), pass_fds=(self.lifeline_read,), start_new_session=True)
+            launcher = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.environment(),
+                pass_fds=(self.lifeline_read,),
+                start_new_session=True,
+            )
         finally:
             log.close()
         launcher.gpucheck_name = name
@@ -119,22 +146,36 @@ class Workloads:
             if all(infos.values()):
                 return infos
             if launcher.poll() is not None:
-                raise WorkloadError("%s exited with status %s before %s were ready; log: %s" % (
-                    launcher.args[0], launcher.returncode, [n for n, i in infos.items() if not i],
-                    log_tail(os.path.join(self.run_dir, launcher.gpucheck_name + ".log"))))
+                raise WorkloadError(
+                    "%s exited with status %s before %s were ready; log: %s"
+                    % (
+                        launcher.args[0],
+                        launcher.returncode,
+                        [n for n, i in infos.items() if not i],
+                        log_tail(os.path.join(self.run_dir, launcher.gpucheck_name + ".log")),
+                    )
+                )
             return None
 
         infos = poll_until(all_ready, timeout, interval=0.05)
         if infos is None:
             missing = [name for name in names if not self._ready_info(name)]
-            raise WorkloadError("not ready after %.0f s: %s; logs: %s" % (timeout, missing, {
-                name: log_tail(os.path.join(self.run_dir, name + ".log"), 400) for name in missing}))
+            raise WorkloadError(
+                "not ready after %.0f s: %s; logs: %s"
+                % (
+                    timeout,
+                    missing,
+                    {name: log_tail(os.path.join(self.run_dir, name + ".log"), 400) for name in missing},
+                )
+            )
         for name, info in infos.items():
             pid = info["pid"]
             if launcher.args[0] == "unshare":
                 pid = procs.host_pid(info["pid"], launcher.pid)
                 if pid is None:
-                    raise WorkloadError("%s: no descendant of unshare (PID %d) has namespace PID %d" % (name, launcher.pid, info["pid"]))
+                    raise WorkloadError(
+                        "%s: no descendant of unshare (PID %d) has namespace PID %d" % (name, launcher.pid, info["pid"])
+                    )
             info["host_pid"] = pid
             self.pinned[name] = procs.Pinned(pid, popen=launcher if launcher.pid == pid else None)
         return infos
@@ -175,8 +216,11 @@ class Workloads:
         def stragglers():
             for launcher in self.launchers:
                 launcher.poll()
-            return [pid for pid in procs.processes_with(self.marker) if pid not in own
-                    and (procs.read_stat(pid) or {}).get("state") not in (None, "Z", "X")]
+            return [
+                pid
+                for pid in procs.processes_with(self.marker)
+                if pid not in own and (procs.read_stat(pid) or {}).get("state") not in (None, "Z", "X")
+            ]
 
         poll_until(lambda: not stragglers(), timeout, interval=0.05)
         left = stragglers()

@@ -145,7 +145,8 @@ def run_api_server(args):
         speculative = None
         if args.speculative_config is not None:
             speculative = SpeculativeDecoding.from_config(
-                args.speculative_config, max_num_batched_tokens=getattr(args, "max_num_batched_tokens", None))
+                args.speculative_config, max_num_batched_tokens=getattr(args, "max_num_batched_tokens", None)
+            )
     except (ValueError, SpeculativeConfigError) as error:
         logger.error("ValueError: %s", error)
         return 1
@@ -157,7 +158,7 @@ def run_api_server(args):
         speculative=speculative,
         max_num_seqs=args.max_num_seqs,
         log_stats=not args.disable_log_stats,
-        **serving_knobs
+        **serving_knobs,
     )
     try:
         http_server = ApiHttpServer(host, args.port, state)
@@ -176,11 +177,20 @@ def run_api_server(args):
     for rank in range(mode["data_parallel_size"]):
         title = engine_core_name(mode["data_parallel_size"], rank)
         process, channel = spawn_child(process_title(title))
-        channel.send(dict(
-            knobs, role="engine_core", model=args.model, tensor_parallel_size=args.tensor_parallel_size,
-            pipeline_parallel_size=args.pipeline_parallel_size, gpu_memory_utilization=args.gpu_memory_utilization,
-            data_parallel_size=mode["data_parallel_size"], data_parallel_rank=rank,
-            enable_expert_parallel=args.enable_expert_parallel, executor=mode["executor"]))
+        channel.send(
+            dict(
+                knobs,
+                role="engine_core",
+                model=args.model,
+                tensor_parallel_size=args.tensor_parallel_size,
+                pipeline_parallel_size=args.pipeline_parallel_size,
+                gpu_memory_utilization=args.gpu_memory_utilization,
+                data_parallel_size=mode["data_parallel_size"],
+                data_parallel_rank=rank,
+                enable_expert_parallel=args.enable_expert_parallel,
+                executor=mode["executor"],
+            )
+        )
         engines.append((process, channel, title))
     return _serve(args, state, http_server, waker, engines, helpers, host)
 
@@ -193,8 +203,11 @@ def _serve(args, state, http_server, waker, engines, helpers, host):
         event = next_event(waker, channels)
         if event[0] == "signal":
             logger.info("Received signal %d, shutting down.", event[1])
-            logger.info("[shutdown] API server: stopping engine client mode=%s timeout=%ss",
-                        "drain" if args.shutdown_timeout else "abort", args.shutdown_timeout)
+            logger.info(
+                "[shutdown] API server: stopping engine client mode=%s timeout=%ss",
+                "drain" if args.shutdown_timeout else "abort",
+                args.shutdown_timeout,
+            )
             if not serving:
                 _stop_during_start_up(engines, helpers)
                 return 1
@@ -220,7 +233,10 @@ def _serve(args, state, http_server, waker, engines, helpers, host):
             if not serving:
                 logger.error(
                     "RuntimeError: Engine core initialization failed. See root cause above. "
-                    "Failed core proc(s): {'%s': %d}", dead[1], status)
+                    "Failed core proc(s): {'%s': %d}",
+                    dead[1],
+                    status,
+                )
                 _stop_all([process for process, _channel, _title in engines] + [p for p, _c in helpers], 0.0)
                 return 1
             state.engine_dead = True
@@ -228,7 +244,9 @@ def _serve(args, state, http_server, waker, engines, helpers, host):
             next_event(waker, [], ENGINE_DEAD_EXIT_DELAY_S)
             # vllm/v1/utils.py wait_for_completion_or_failure / the engine manager's finalizer: the other processes
             # are shut down with the best-effort window.
-            _stop_all([p for p, _c in helpers] + [p for p, _c, _t in engines if p is not dead[0]], facts.BEST_EFFORT_WINDOW)
+            _stop_all(
+                [p for p, _c in helpers] + [p for p, _c, _t in engines if p is not dead[0]], facts.BEST_EFFORT_WINDOW
+            )
             return 1
 
 
@@ -258,8 +276,7 @@ def _world_size_problem(args, mode):
         return None  # EngineCore reports it
     world = args.tensor_parallel_size * args.pipeline_parallel_size * mode["data_parallel_size"]
     if world > len(visible):
-        return ("World size (%d) is larger than the number of available GPUs (%d) in this node."
-                % (world, len(visible)))
+        return "World size (%d) is larger than the number of available GPUs (%d) in this node." % (world, len(visible))
     return None
 
 
@@ -269,12 +286,18 @@ def launch_mode(args, environ):
     --api-server-count defaults to the data-parallel size (internal load balancing), and to 1 with the Rust
     frontend (VLLM_USE_RUST_FRONTEND=1 and VLLM_RUST_FRONTEND_PATH), which ignores a larger count."""
     dp = max(1, args.data_parallel_size)
-    rust = environ.get("VLLM_RUST_FRONTEND_PATH") if environ.get("VLLM_USE_RUST_FRONTEND", "0") not in ("", "0") else None
+    rust = (
+        environ.get("VLLM_RUST_FRONTEND_PATH") if environ.get("VLLM_USE_RUST_FRONTEND", "0") not in ("", "0") else None
+    )
     count = args.api_server_count if args.api_server_count is not None else (1 if rust else dp)
     if rust:
         count = 1
-    return {"data_parallel_size": dp, "api_server_count": count, "rust_frontend": rust or None,
-            "executor": args.distributed_executor_backend or "mp"}
+    return {
+        "data_parallel_size": dp,
+        "api_server_count": count,
+        "rust_frontend": rust or None,
+        "executor": args.distributed_executor_backend or "mp",
+    }
 
 
 def start_helpers(mode, args):
@@ -284,11 +307,13 @@ def start_helpers(mode, args):
     servers and the frontend stand for the processes an operator sees, not for the HTTP path."""
     helpers = []
     if mode["rust_frontend"]:
-        helpers.append(_helper(process_title("RustFrontend"), argv=[mode["rust_frontend"], "frontend", "--port",
-                                                                    str(args.port)]))
+        helpers.append(
+            _helper(process_title("RustFrontend"), argv=[mode["rust_frontend"], "frontend", "--port", str(args.port)])
+        )
     elif mode["api_server_count"] > 1:
-        helpers.extend(_helper(process_title(facts.API_SERVER_TITLE + str(index)))
-                       for index in range(mode["api_server_count"]))
+        helpers.extend(
+            _helper(process_title(facts.API_SERVER_TITLE + str(index))) for index in range(mode["api_server_count"])
+        )
     if mode["data_parallel_size"] > 1:
         helpers.append(_helper(process_title(facts.DP_COORDINATOR_TITLE)))
     return helpers

@@ -90,7 +90,10 @@ def _create_context(config):
         gpus = NodeGpus.load()
         visible, mig = gpus.enumerate(os.environ.get("CUDA_VISIBLE_DEVICES"))
         fds = gpus.create_context(
-            config["gpu_index"], config["local_rank"], config["gpu_memory_utilization"], visible=visible,
+            config["gpu_index"],
+            config["local_rank"],
+            config["gpu_memory_utilization"],
+            visible=visible,
             mig=mig if mig is not None and mig.index == config["gpu_index"] else None,
         )
         if config["tensor_parallel_size"] * config["pipeline_parallel_size"] > 1:
@@ -162,8 +165,13 @@ def worker_name(rank, tp, pp, dp_size=1, dp_rank=0, expert_parallel=False, pcp=1
     _DCP<r> (decode context parallel > 1), _EP<r> (expert parallel; EP spans DP x TP), in the order of
     facts.WORKER_TITLE_PARTS. Ranks: rank = ((pp_rank x pcp) + pcp_rank) x tp + tp_rank; DCP splits TP."""
     tp_rank = rank % tp
-    ranks = {"DP": (dp_size, dp_rank), "PP": (pp, rank // (tp * pcp)), "PCP": (pcp, (rank // tp) % pcp),
-             "TP": (tp, tp_rank), "DCP": (dcp, tp_rank % dcp)}
+    ranks = {
+        "DP": (dp_size, dp_rank),
+        "PP": (pp, rank // (tp * pcp)),
+        "PCP": (pcp, (rank // tp) % pcp),
+        "TP": (tp, tp_rank),
+        "DCP": (dcp, tp_rank % dcp),
+    }
     name = facts.WORKER_TITLE
     for part in facts.WORKER_TITLE_PARTS:
         if part == "EP":
@@ -207,7 +215,8 @@ class EngineCore:
         if world_size > len(visible):
             logger.error(
                 "ValueError: World size (%d) is larger than the number of available GPUs (%d) in this node.",
-                world_size, len(visible),
+                world_size,
+                len(visible),
             )
             return 1
         if world_size == 1 and config.get("data_parallel_size", 1) == 1:
@@ -217,7 +226,7 @@ class EngineCore:
         else:
             first = config.get("data_parallel_rank", 0) * world_size  # each DP rank has its own slice of GPUs
             start = self._start_ray_workers if config.get("executor") == "ray" else self._start_workers
-            status = start(visible[first:first + world_size], tp, pp)
+            status = start(visible[first : first + world_size], tp, pp)
             if status is not None:
                 return status
         logger.info("Starting to load model %s...", config["model"])
@@ -252,10 +261,24 @@ class EngineCore:
     def _worker_configs(self, gpu_indices, tp, pp):
         configs = []
         for rank, gpu_index in enumerate(gpu_indices):
-            name = worker_name(rank, tp, pp, self.config.get("data_parallel_size", 1), self.config.get("data_parallel_rank", 0),
-                               self.config.get("enable_expert_parallel", False))
-            configs.append(dict(self.config, role="worker", rank=rank, local_rank=rank, gpu_index=gpu_index,
-                                title=process_title(name)))
+            name = worker_name(
+                rank,
+                tp,
+                pp,
+                self.config.get("data_parallel_size", 1),
+                self.config.get("data_parallel_rank", 0),
+                self.config.get("enable_expert_parallel", False),
+            )
+            configs.append(
+                dict(
+                    self.config,
+                    role="worker",
+                    rank=rank,
+                    local_rank=rank,
+                    gpu_index=gpu_index,
+                    title=process_title(name),
+                )
+            )
         return configs
 
     def _start_ray_workers(self, gpu_indices, tp, pp):
@@ -302,8 +325,10 @@ class EngineCore:
 
     def _defer(self, event):
         """A signal during construction: recorded, applied once loading ends (core.py shutdown_requested)."""
-        logger.info("[shutdown] EngineCore: trigger received signal=%s (deferred until start-up ends)",
-                    signal.Signals(event[1]).name)
+        logger.info(
+            "[shutdown] EngineCore: trigger received signal=%s (deferred until start-up ends)",
+            signal.Signals(event[1]).name,
+        )
         self.shutdown_requested = True
 
     def _handle_loading_event(self, event):
@@ -341,8 +366,7 @@ class EngineCore:
         _wait_all(processes, WORKER_TERMINATE_GRACE_S)
         for process in processes:
             if process.poll() is None:
-                logger.warning("Worker %d did not exit within %.0f s: SIGKILL.",
-                               process.pid, WORKER_TERMINATE_GRACE_S)
+                logger.warning("Worker %d did not exit within %.0f s: SIGKILL.", process.pid, WORKER_TERMINATE_GRACE_S)
                 process.kill()
                 process.wait()
         if self.gpu_fds is not None:

@@ -81,7 +81,11 @@ def _cap_minor(gpu_minor, gi, ci=None):
     """Minor of /dev/nvidia-caps/nvidia-cap<N> for a GPU instance (ci None) or a compute instance, from
     /proc/driver/nvidia/capabilities/gpu<minor>/mig/gi<G>[/ci<C>]/access ("DeviceFileMinor: N"), the file CUDA
     reads (through nvidia-modprobe -f) before it opens the capability (open-gpu-kernel-modules nv-caps.c)."""
-    path = "/proc/driver/nvidia/capabilities/gpu%d/mig/gi%d%s/access" % (gpu_minor, gi, "" if ci is None else "/ci%d" % ci)
+    path = "/proc/driver/nvidia/capabilities/gpu%d/mig/gi%d%s/access" % (
+        gpu_minor,
+        gi,
+        "" if ci is None else "/ci%d" % ci,
+    )
     with open(path) as access:
         for line in access:
             if line.startswith("DeviceFileMinor:"):
@@ -169,11 +173,16 @@ class NodeGpus:
                         handle = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(parent, k)
                     except pynvml.NVMLError_NotFound:
                         continue
-                    devices[index].append(MigDevice(
-                        index=index, uuid=pynvml.nvmlDeviceGetUUID(handle), gi=pynvml.nvmlDeviceGetGpuInstanceId(handle),
-                        ci=pynvml.nvmlDeviceGetComputeInstanceId(handle),
-                        memory_total_mib=pynvml.nvmlDeviceGetMemoryInfo(handle).total // (1024 * 1024),
-                        parent_uuid=parent_uuid))
+                    devices[index].append(
+                        MigDevice(
+                            index=index,
+                            uuid=pynvml.nvmlDeviceGetUUID(handle),
+                            gi=pynvml.nvmlDeviceGetGpuInstanceId(handle),
+                            ci=pynvml.nvmlDeviceGetComputeInstanceId(handle),
+                            memory_total_mib=pynvml.nvmlDeviceGetMemoryInfo(handle).total // (1024 * 1024),
+                            parent_uuid=parent_uuid,
+                        )
+                    )
             return devices
         finally:
             pynvml.nvmlShutdown()
@@ -195,7 +204,11 @@ class NodeGpus:
         enumerates a single MIG device, the first one visible (a MIG UUID, or the first instance of a listed GPU in
         MIG mode), and then no GPU that is not in MIG mode; the indices are then [its parent's index].
         """
-        items = [str(index) for index in range(self.count)] if cuda_visible_devices is None else cuda_visible_devices.split(",")
+        items = (
+            [str(index) for index in range(self.count)]
+            if cuda_visible_devices is None
+            else cuda_visible_devices.split(",")
+        )
         indices, migs = [], []
         for item in (item.strip() for item in items):
             if item.startswith("MIG-") and self.mig:
@@ -239,7 +252,11 @@ class NodeGpus:
                 continue
             for line in lines:
                 fields = line.split()
-                if len(fields) >= 2 and fields[0] == str(index) and (mig is None or _instance_ids(fields[2:]) == (mig.gi, mig.ci)):
+                if (
+                    len(fields) >= 2
+                    and fields[0] == str(index)
+                    and (mig is None or _instance_ids(fields[2:]) == (mig.gi, mig.ci))
+                ):
                     total += int(fields[1])
         return total
 
@@ -274,8 +291,13 @@ class NodeGpus:
                 "Free memory on device cuda:%d (%.2f/%.2f GiB) on startup is less than desired GPU "
                 "memory utilization (%s, %.2f GiB). Decrease GPU memory utilization or reduce GPU "
                 "memory used by other processes."
-                % (local_rank, max(free_mib, 0) / MIB_PER_GIB, total_mib / MIB_PER_GIB,
-                   gpu_memory_utilization, requested_mib / MIB_PER_GIB)
+                % (
+                    local_rank,
+                    max(free_mib, 0) / MIB_PER_GIB,
+                    total_mib / MIB_PER_GIB,
+                    gpu_memory_utilization,
+                    requested_mib / MIB_PER_GIB,
+                )
             )
         others = [i for i in (visible or [index]) if i != index]
         paths = ["nvidiactl", "nvidia-uvm"] + ["nvidia%d" % self.minors[i] for i in others]
@@ -285,8 +307,10 @@ class NodeGpus:
         line = "%d %d" % (index, requested_mib)
         if mig is not None:
             minor = self.minors[index]
-            fds += [os.open(os.path.join(self.dev_dir, "nvidia-caps", "nvidia-cap%d" % cap), os.O_RDONLY)
-                    for cap in (_cap_minor(minor, mig.gi), _cap_minor(minor, mig.gi, mig.ci))]
+            fds += [
+                os.open(os.path.join(self.dev_dir, "nvidia-caps", "nvidia-cap%d" % cap), os.O_RDONLY)
+                for cap in (_cap_minor(minor, mig.gi), _cap_minor(minor, mig.gi, mig.ci))
+            ]
             line += " compute gi=%d ci=%d" % (mig.gi, mig.ci)
         token = node_pid(self.run_dir)
         os.lseek(device_fd, token, os.SEEK_SET)

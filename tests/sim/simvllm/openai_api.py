@@ -36,8 +36,26 @@ from simvllm import __version__
 from simvllm.specdecode import draft_counts
 
 VOCABULARY = (
-    "the", "GPU", "holds", "a", "context", "while", "vLLM", "serves", "tokens", "and", "memory",
-    "is", "freed", "when", "every", "handle", "closes", "so", "operators", "poll",
+    "the",
+    "GPU",
+    "holds",
+    "a",
+    "context",
+    "while",
+    "vLLM",
+    "serves",
+    "tokens",
+    "and",
+    "memory",
+    "is",
+    "freed",
+    "when",
+    "every",
+    "handle",
+    "closes",
+    "so",
+    "operators",
+    "poll",
 )
 DEFAULT_MAX_TOKENS = 16
 COLLAPSED_ACCEPTANCE = 0.01
@@ -79,8 +97,11 @@ class ServingState:
 
     def collapsed(self):
         """True once acceptance has collapsed (collapse_after_s seconds after the port started listening)."""
-        return (self.collapse_after_s is not None and self.serving_since is not None
-                and time.monotonic() - self.serving_since >= self.collapse_after_s)
+        return (
+            self.collapse_after_s is not None
+            and self.serving_since is not None
+            and time.monotonic() - self.serving_since >= self.collapse_after_s
+        )
 
     def begin_shutdown(self):
         """From now on new requests are aborted at once (vLLM 0.33 EngineCore in shutdown)."""
@@ -158,25 +179,50 @@ class ServingState:
             # --disable-log-stats: vLLM creates no stat logger, so no vllm:* metric (only the Python client's own).
             return "# HELP python_info Python platform information\n# TYPE python_info gauge\n"
         with self.lock:
-            metric("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.",
-                   [("", self.num_requests_running)])
-            metric("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.",
-                   [("", self.num_requests_waiting)])
-            metric("vllm:prompt_tokens", "counter", "Number of prefill tokens processed.",
-                   [("", self.prompt_tokens)])
-            metric("vllm:generation_tokens", "counter", "Number of generation tokens processed.",
-                   [("", self.generation_tokens)])
+            metric(
+                "vllm:num_requests_running",
+                "gauge",
+                "Number of requests in model execution batches.",
+                [("", self.num_requests_running)],
+            )
+            metric(
+                "vllm:num_requests_waiting",
+                "gauge",
+                "Number of requests waiting to be processed.",
+                [("", self.num_requests_waiting)],
+            )
+            metric("vllm:prompt_tokens", "counter", "Number of prefill tokens processed.", [("", self.prompt_tokens)])
+            metric(
+                "vllm:generation_tokens",
+                "counter",
+                "Number of generation tokens processed.",
+                [("", self.generation_tokens)],
+            )
             if self.speculative is not None:
-                metric("vllm:spec_decode_num_drafts", "counter", "Number of spec decoding drafts.",
-                       [("", self.num_drafts)])
-                metric("vllm:spec_decode_num_draft_tokens", "counter", "Number of draft tokens.",
-                       [("", self.num_draft_tokens)])
-                metric("vllm:spec_decode_num_accepted_tokens", "counter", "Number of accepted tokens.",
-                       [("", sum(self.accepted_per_position))])
-                metric("vllm:spec_decode_num_accepted_tokens_per_pos", "counter",
-                       "Accepted tokens per draft position.",
-                       [(',position="%d"' % position, accepted)
-                        for position, accepted in enumerate(self.accepted_per_position)])
+                metric(
+                    "vllm:spec_decode_num_drafts", "counter", "Number of spec decoding drafts.", [("", self.num_drafts)]
+                )
+                metric(
+                    "vllm:spec_decode_num_draft_tokens",
+                    "counter",
+                    "Number of draft tokens.",
+                    [("", self.num_draft_tokens)],
+                )
+                metric(
+                    "vllm:spec_decode_num_accepted_tokens",
+                    "counter",
+                    "Number of accepted tokens.",
+                    [("", sum(self.accepted_per_position))],
+                )
+                metric(
+                    "vllm:spec_decode_num_accepted_tokens_per_pos",
+                    "counter",
+                    "Accepted tokens per draft position.",
+                    [
+                        (',position="%d"' % position, accepted)
+                        for position, accepted in enumerate(self.accepted_per_position)
+                    ],
+                )
         return "\n".join(lines) + "\n"
 
 
@@ -208,8 +254,10 @@ class Handler(BaseHTTPRequestHandler):
     def log_request(self, code="-", size="-"):
         """Access log line in uvicorn's format."""
         phrase = code.phrase if isinstance(code, HTTPStatus) else HTTPStatus(int(code)).phrase
-        sys.stdout.write('INFO:     %s:%d - "%s" %d %s\n'
-                         % (self.client_address[0], self.client_address[1], self.requestline, int(code), phrase))
+        sys.stdout.write(
+            'INFO:     %s:%d - "%s" %d %s\n'
+            % (self.client_address[0], self.client_address[1], self.requestline, int(code), phrase)
+        )
         sys.stdout.flush()
 
     def log_message(self, format, *args):  # noqa: A002 (signature of BaseHTTPRequestHandler)
@@ -249,11 +297,24 @@ class Handler(BaseHTTPRequestHandler):
             self._reply(200, state.render_metrics(), "text/plain; version=0.0.4; charset=utf-8")
         elif path == "/v1/models":
             created = int(time.time())
-            self._reply(200, {"object": "list", "data": [
-                {"id": name, "object": "model", "created": created, "owned_by": "vllm",
-                 "root": state.served_model_names[0], "parent": None, "max_model_len": state.max_model_len}
-                for name in state.served_model_names
-            ]})
+            self._reply(
+                200,
+                {
+                    "object": "list",
+                    "data": [
+                        {
+                            "id": name,
+                            "object": "model",
+                            "created": created,
+                            "owned_by": "vllm",
+                            "root": state.served_model_names[0],
+                            "parent": None,
+                            "max_model_len": state.max_model_len,
+                        }
+                        for name in state.served_model_names
+                    ],
+                },
+            )
         else:
             self._reply(404, {"detail": "Not Found"})
 
@@ -295,11 +356,15 @@ class Handler(BaseHTTPRequestHandler):
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
             raise RequestError(400, "max_tokens must be at least 1, got %r." % (max_tokens,))
         if prompt_tokens + max_tokens > state.max_model_len:
-            raise RequestError(400, (
-                "This model's maximum context length is %d tokens. However, you requested %d tokens "
-                "(%d in the messages, %d in the completion). Please reduce the length of the "
-                "messages or completion." % (state.max_model_len, prompt_tokens + max_tokens,
-                                             prompt_tokens, max_tokens)))
+            raise RequestError(
+                400,
+                (
+                    "This model's maximum context length is %d tokens. However, you requested %d tokens "
+                    "(%d in the messages, %d in the completion). Please reduce the length of the "
+                    "messages or completion."
+                    % (state.max_model_len, prompt_tokens + max_tokens, prompt_tokens, max_tokens)
+                ),
+            )
         return model, max_tokens
 
     def _complete(self, request):
@@ -315,17 +380,34 @@ class Handler(BaseHTTPRequestHandler):
             generated, finish_reason = self.server.state.generate(max_tokens)
             self.server.state.record(text, tokens, generated)
             completion_tokens += generated
-            choices.append({"index": index, "text": generate_text(text, generated), "logprobs": None,
-                            "finish_reason": finish_reason, "stop_reason": None})
-        return {"id": "cmpl-%s" % uuid.uuid4().hex, "object": "text_completion", "created": int(time.time()),
-                "model": model, "choices": choices,
-                "usage": {"prompt_tokens": sum(prompt_tokens), "completion_tokens": completion_tokens,
-                          "total_tokens": sum(prompt_tokens) + completion_tokens}}
+            choices.append(
+                {
+                    "index": index,
+                    "text": generate_text(text, generated),
+                    "logprobs": None,
+                    "finish_reason": finish_reason,
+                    "stop_reason": None,
+                }
+            )
+        return {
+            "id": "cmpl-%s" % uuid.uuid4().hex,
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": model,
+            "choices": choices,
+            "usage": {
+                "prompt_tokens": sum(prompt_tokens),
+                "completion_tokens": completion_tokens,
+                "total_tokens": sum(prompt_tokens) + completion_tokens,
+            },
+        }
 
     def _chat(self, request):
         messages = request.get("messages")
-        if not messages or not isinstance(messages, list) or not all(
-            isinstance(m, dict) and isinstance(m.get("content"), str) for m in messages
+        if (
+            not messages
+            or not isinstance(messages, list)
+            or not all(isinstance(m, dict) and isinstance(m.get("content"), str) for m in messages)
         ):
             raise RequestError(400, "messages must be a list of {role, content} objects.")
         prompt = "\n".join(m["content"] for m in messages)
@@ -333,13 +415,26 @@ class Handler(BaseHTTPRequestHandler):
         model, max_tokens = self._check_request(request, prompt_tokens)
         generated, finish_reason = self.server.state.generate(max_tokens)
         self.server.state.record(prompt, prompt_tokens, generated)
-        return {"id": "chatcmpl-%s" % uuid.uuid4().hex, "object": "chat.completion", "created": int(time.time()),
-                "model": model,
-                "choices": [{"index": 0, "message": {"role": "assistant",
-                                                     "content": generate_text(prompt, generated).lstrip()},
-                             "logprobs": None, "finish_reason": finish_reason, "stop_reason": None}],
-                "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": generated,
-                          "total_tokens": prompt_tokens + generated}}
+        return {
+            "id": "chatcmpl-%s" % uuid.uuid4().hex,
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": generate_text(prompt, generated).lstrip()},
+                    "logprobs": None,
+                    "finish_reason": finish_reason,
+                    "stop_reason": None,
+                }
+            ],
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": generated,
+                "total_tokens": prompt_tokens + generated,
+            },
+        }
 
 
 class ApiHttpServer(ThreadingHTTPServer):

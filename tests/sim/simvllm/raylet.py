@@ -68,8 +68,14 @@ class Raylet:
 
     def start_worker(self, job, config):
         process, channel = spawn_child(WORKER_TITLE)
-        channel.send(dict(config, role="worker", title=WORKER_TITLE, workers_ignore_sigterm=config.get(
-            "workers_ignore_sigterm", False)))
+        channel.send(
+            dict(
+                config,
+                role="worker",
+                title=WORKER_TITLE,
+                workers_ignore_sigterm=config.get("workers_ignore_sigterm", False),
+            )
+        )
         job.workers[channel] = (process, config)
         if job.warm:
             channel.send({"event": "warm"})
@@ -115,8 +121,12 @@ class Raylet:
         done = job.restarts.get(config["rank"], 0)
         if not job.channel.eof and done < RESTARTS:
             job.restarts[config["rank"]] = done + 1
-            logger.warning("Actor RayWorkerProc rank %d (PID %d) died: restarting it in %.0f s", config["rank"],
-                           process.pid, RESTART_DELAY_S)
+            logger.warning(
+                "Actor RayWorkerProc rank %d (PID %d) died: restarting it in %.0f s",
+                config["rank"],
+                process.pid,
+                RESTART_DELAY_S,
+            )
             self.pending.append((time.monotonic() + RESTART_DELAY_S, job, config))
         elif not job.channel.eof:
             logger.error("Actor RayWorkerProc rank %d died %d times: not restarted", config["rank"], done + 1)

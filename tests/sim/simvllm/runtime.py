@@ -32,8 +32,7 @@ def setup_logging(process_name):
     """Configure the root logger for one process; `process_name` appears in every line."""
     prefix = "(%s pid=%d) " % (process_name, os.getpid())
     formatter = logging.Formatter(
-        prefix + "%(levelname)s %(asctime)s [%(filename)s:%(lineno)d] %(message)s",
-        datefmt="%m-%d %H:%M:%S",
+        prefix + "%(levelname)s %(asctime)s [%(filename)s:%(lineno)d] %(message)s", datefmt="%m-%d %H:%M:%S"
     )
     to_stdout = logging.StreamHandler(sys.stdout)
     to_stdout.addFilter(lambda record: record.levelno < logging.ERROR)

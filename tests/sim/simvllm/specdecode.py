@@ -44,26 +44,78 @@ from dataclasses import dataclass
 
 VLLM_VERSION = "0.33.0"
 MTP_METHODS = {
-    "deepseek_mtp", "dots3_note_mtp", "mimo_mtp", "mimo_v2_mtp", "glm4_moe_mtp", "glm4_moe_lite_mtp", "glm_ocr_mtp",
-    "ernie_mtp", "nemotron_h_mtp", "exaone_moe_mtp", "exaone4_5_mtp", "qwen3_next_mtp", "qwen4_exp_mtp", "qwen3_5_mtp",
-    "longcat_flash_mtp", "bailing_hybrid_v3_mtp", "minimax_m3_mtp", "bailing_hybrid_mtp", "mtp", "kimi_k3_mtp",
-    "pangu_ultra_moe_mtp", "step3p5_mtp", "step5_mtp", "hy_v3_mtp", "hy_v4_mtp", "gemma4_mtp", "inkling_mtp",
+    "deepseek_mtp",
+    "dots3_note_mtp",
+    "mimo_mtp",
+    "mimo_v2_mtp",
+    "glm4_moe_mtp",
+    "glm4_moe_lite_mtp",
+    "glm_ocr_mtp",
+    "ernie_mtp",
+    "nemotron_h_mtp",
+    "exaone_moe_mtp",
+    "exaone4_5_mtp",
+    "qwen3_next_mtp",
+    "qwen4_exp_mtp",
+    "qwen3_5_mtp",
+    "longcat_flash_mtp",
+    "bailing_hybrid_v3_mtp",
+    "minimax_m3_mtp",
+    "bailing_hybrid_mtp",
+    "mtp",
+    "kimi_k3_mtp",
+    "pangu_ultra_moe_mtp",
+    "step3p5_mtp",
+    "step5_mtp",
+    "hy_v3_mtp",
+    "hy_v4_mtp",
+    "gemma4_mtp",
+    "inkling_mtp",
     "glm5_next_mtp",
 }
 METHODS_WITH_DRAFTER = {"draft_model", "eagle", "eagle3", "dflash", "dspark"}
 METHODS_WITHOUT_DRAFTER = {"ngram", "suffix", "ngram_gpu", "custom_class", "extract_hidden_states"}
 LEGACY_METHODS = {"medusa", "mlp_speculator"}
 FIELDS = {
-    "enforce_eager", "num_speculative_tokens", "model", "method", "draft_tensor_parallel_size", "tensor_parallel_size",
-    "quantization", "moe_backend", "attention_backend", "kv_cache_dtype", "max_model_len", "revision", "code_revision",
-    "index_share_for_mtp_iteration", "disable_padded_drafter_batch", "disable_eagle_block_drop",
-    "disable_lookahead_block_hashes", "draft_lm_head_quantization", "use_local_argmax_reduction",
-    "use_heterogeneous_vocab", "prompt_lookup_max", "prompt_lookup_min", "parallel_drafting",
-    "num_speculative_tokens_per_batch_size", "suffix_decoding_max_tree_depth", "suffix_decoding_max_cached_requests",
-    "suffix_decoding_max_spec_factor", "suffix_decoding_min_token_prob", "draft_load_config",
-    "rejection_sample_method", "synthetic_acceptance_rates", "synthetic_acceptance_length",
-    "enable_adaptive_verification", "draft_sample_method", "dspark_draft_topk", "xpress_topc", "fly_window_size",
-    "fly_entropy_threshold", "fly_entropy_top_k",
+    "enforce_eager",
+    "num_speculative_tokens",
+    "model",
+    "method",
+    "draft_tensor_parallel_size",
+    "tensor_parallel_size",
+    "quantization",
+    "moe_backend",
+    "attention_backend",
+    "kv_cache_dtype",
+    "max_model_len",
+    "revision",
+    "code_revision",
+    "index_share_for_mtp_iteration",
+    "disable_padded_drafter_batch",
+    "disable_eagle_block_drop",
+    "disable_lookahead_block_hashes",
+    "draft_lm_head_quantization",
+    "use_local_argmax_reduction",
+    "use_heterogeneous_vocab",
+    "prompt_lookup_max",
+    "prompt_lookup_min",
+    "parallel_drafting",
+    "num_speculative_tokens_per_batch_size",
+    "suffix_decoding_max_tree_depth",
+    "suffix_decoding_max_cached_requests",
+    "suffix_decoding_max_spec_factor",
+    "suffix_decoding_min_token_prob",
+    "draft_load_config",
+    "rejection_sample_method",
+    "synthetic_acceptance_rates",
+    "synthetic_acceptance_length",
+    "enable_adaptive_verification",
+    "draft_sample_method",
+    "dspark_draft_topk",
+    "xpress_topc",
+    "fly_window_size",
+    "fly_entropy_threshold",
+    "fly_entropy_top_k",
 }
 LEGACY_DRAFTER_KEYS = ("target_layer_ids", "mask_token_id", "layer_types", "use_swa")
 AGREEING_ACCEPTANCE = (0.6, 0.8)
@@ -114,9 +166,11 @@ def _load_json(path, missing_message):
 
 def _load_drafter_config(model):
     """config.json of the drafter directory `model` as a dict."""
-    return _load_json(os.path.join(model, "config.json"),
-                      "Invalid repository ID or local directory specified: '%s'. Please verify the model "
-                      "path or repository ID." % model)
+    return _load_json(
+        os.path.join(model, "config.json"),
+        "Invalid repository ID or local directory specified: '%s'. Please verify the model "
+        "path or repository ID." % model,
+    )
 
 
 def _speculators_to_vllm(config):
@@ -126,9 +180,11 @@ def _speculators_to_vllm(config):
     converted = dict(config.get("transformer_layer_config") or {})
     aux = config.get("aux_hidden_state_layer_ids") or []
     converted["eagle_aux_hidden_state_layer_ids"] = aux
-    converted["dflash_config"] = {"mask_token_id": config.get("mask_token_id"),
-                                  "target_layer_ids": [i - 1 for i in aux],
-                                  "causal": not config.get("sliding_window_non_causal", True)}
+    converted["dflash_config"] = {
+        "mask_token_id": config.get("mask_token_id"),
+        "target_layer_ids": [i - 1 for i in aux],
+        "causal": not config.get("sliding_window_non_causal", True),
+    }
     return converted
 
 
@@ -179,8 +235,10 @@ def dflash_layout(config, v2, legacy=False):
     else:
         sliding = [layer == SLIDING_ATTENTION for layer in layer_types]
     if any(sliding) and dflash.get("swa_window_size", config.get("sliding_window")) is None:
-        raise SpeculativeConfigError("DFlash sliding attention requires a window size configured in "
-                                     "dflash_config.swa_window_size or the top-level sliding_window.")
+        raise SpeculativeConfigError(
+            "DFlash sliding attention requires a window size configured in "
+            "dflash_config.swa_window_size or the top-level sliding_window."
+        )
     forced = config.get("is_causal")
     if forced is None:
         forced = dflash.get("causal")
@@ -203,7 +261,8 @@ def _dflash_agrees(speculative_config, model, num_speculative_tokens, environ):
         if num_speculative_tokens > block_size - 1:
             raise SpeculativeConfigError(
                 "num_speculative_tokens (%d) must be at most block_size - 1 (%d) of the DFlash drafter."
-                % (num_speculative_tokens, block_size - 1))
+                % (num_speculative_tokens, block_size - 1)
+            )
         config = dict(config, dflash_config=dict(config.get("dflash_config") or {}))
         for key in LEGACY_DRAFTER_KEYS:
             if key in speculative_config:
@@ -211,22 +270,31 @@ def _dflash_agrees(speculative_config, model, num_speculative_tokens, environ):
                     config["dflash_config"][key] = speculative_config[key]
                 else:
                     config[key] = speculative_config[key]
-        if "use_swa" in speculative_config and not speculative_config["use_swa"] and "layer_types" not in speculative_config:
+        if (
+            "use_swa" in speculative_config
+            and not speculative_config["use_swa"]
+            and "layer_types" not in speculative_config
+        ):
             config["layer_types"] = [FULL_ATTENTION] * len(config.get("layer_types") or [None])
     # Trained truth: the V2 lookup of trained.json, with its layout as built on the V2 runner.
-    agrees = (dflash_taps(config, v2) == dflash_taps(trained, True)
-              and dflash_mask_token(config) == dflash_mask_token(trained)
-              and dflash_layout(config, v2, legacy) == dflash_layout(trained, True))
+    agrees = (
+        dflash_taps(config, v2) == dflash_taps(trained, True)
+        and dflash_mask_token(config) == dflash_mask_token(trained)
+        and dflash_layout(config, v2, legacy) == dflash_layout(trained, True)
+    )
     return agrees
 
 
 def _check_budget(speculative_config, method, num_tokens, max_num_batched_tokens):
     """vllm/config/vllm.py _set_max_num_scheduled_tokens: max_num_batched_tokens must exceed the lookahead."""
-    lookahead = num_tokens + 1 if method == "dflash" else (num_tokens if method in METHODS_WITH_DRAFTER | {"mtp"} else 0)
+    lookahead = (
+        num_tokens + 1 if method == "dflash" else (num_tokens if method in METHODS_WITH_DRAFTER | {"mtp"} else 0)
+    )
     if lookahead and max_num_batched_tokens is not None and max_num_batched_tokens <= lookahead:
         raise SpeculativeConfigError(
             "VllmConfig does not have enough slots to schedule a token and support the speculative decoding "
-            "settings. Got max_num_batched_tokens=%d and num_lookahead_tokens=%d." % (max_num_batched_tokens, lookahead))
+            "settings. Got max_num_batched_tokens=%d and num_lookahead_tokens=%d." % (max_num_batched_tokens, lookahead)
+        )
 
 
 @dataclass(frozen=True)
@@ -266,10 +334,13 @@ class SpeculativeDecoding:
             if unknown:
                 raise SpeculativeConfigError(
                     "1 validation error for SpeculativeConfig\n%s\n  Extra inputs are not permitted "
-                    "[type=extra_forbidden, input_value=%r]" % (unknown[0], speculative_config[unknown[0]]))
+                    "[type=extra_forbidden, input_value=%r]" % (unknown[0], speculative_config[unknown[0]])
+                )
             if speculative_config.get("tensor_parallel_size") is not None:
-                raise SpeculativeConfigError("'tensor_parallel_size' is not a valid argument in the speculative_config. "
-                                             "Please pass 'draft_tensor_parallel_size' instead.")
+                raise SpeculativeConfigError(
+                    "'tensor_parallel_size' is not a valid argument in the speculative_config. "
+                    "Please pass 'draft_tensor_parallel_size' instead."
+                )
         model = speculative_config.get("model")
         method = speculative_config.get("method")
         known = METHODS_WITH_DRAFTER | METHODS_WITHOUT_DRAFTER | MTP_METHODS | (LEGACY_METHODS if legacy else set())
@@ -277,13 +348,20 @@ class SpeculativeDecoding:
             raise SpeculativeConfigError(
                 "1 validation error for SpeculativeConfig\nmethod\n  Input should be 'ngram', 'draft_model', "
                 "'suffix', 'custom_class', 'eagle', 'eagle3', 'extract_hidden_states', 'deepseek_mtp', ... "
-                "[type=literal_error, input_value=%r]" % (method,))
+                "[type=literal_error, input_value=%r]" % (method,)
+            )
         if method in MTP_METHODS:
             method = "mtp"
         if method is None:
             name = str(model or "").lower()
-            method = next((m for marker, m in (("eagle-", "eagle"), ("eagle3", "eagle3"), ("dflash", "dflash"))
-                           if marker in name), "ngram" if model in ("ngram", "[ngram]") else "draft_model")
+            method = next(
+                (
+                    m
+                    for marker, m in (("eagle-", "eagle"), ("eagle3", "eagle3"), ("dflash", "dflash"))
+                    if marker in name
+                ),
+                "ngram" if model in ("ngram", "[ngram]") else "draft_model",
+            )
         needs_drafter = method in METHODS_WITH_DRAFTER or method in LEGACY_METHODS or method == "mtp"
         if needs_drafter and not model and method != "mtp":
             raise SpeculativeConfigError("num_speculative_tokens was provided but without speculative model.")
@@ -292,7 +370,8 @@ class SpeculativeDecoding:
         if not isinstance(num_tokens, int) or isinstance(num_tokens, bool) or num_tokens < 1:
             raise SpeculativeConfigError(
                 "num_speculative_tokens must be provided with speculative model unless the draft model config "
-                "contains an n_predict parameter (got %r)." % (num_tokens,))
+                "contains an n_predict parameter (got %r)." % (num_tokens,)
+            )
         _check_budget(speculative_config, method, num_tokens, max_num_batched_tokens)
         agrees = method != "dflash" or _dflash_agrees(speculative_config, model, num_tokens, environ)
         return cls(method=method, num_speculative_tokens=num_tokens, drafter_agrees=agrees)

@@ -11,8 +11,19 @@ import os
 import subprocess
 import time
 
-from integration.nodetools import (Container, device_fds, driver_lists, start_cuda_process, start_holder, start_mps,
-                                   start_mps_client, start_nvml_monitor, start_vllm, vllm_instance, wait_for)
+from integration.nodetools import (
+    Container,
+    device_fds,
+    driver_lists,
+    start_cuda_process,
+    start_holder,
+    start_mps,
+    start_mps_client,
+    start_nvml_monitor,
+    start_vllm,
+    vllm_instance,
+    wait_for,
+)
 
 CTL, UVM = "/dev/nvidiactl", "/dev/nvidia-uvm"
 
@@ -27,8 +38,9 @@ def test_cuda_process_opens_every_visible_gpu_with_a_context_only_where_it_compu
     everywhere = start_cuda_process(node, [0], mib=300)  # CUDA_VISIBLE_DEVICES unset: all four
 
     assert device_fds(node, pid) == sorted([(CTL, 0), (UVM, 0), (dev(1), 0), (dev(7), pid)])
-    assert device_fds(node, everywhere) == sorted([(CTL, 0), (UVM, 0), (dev(3), everywhere), (dev(1), 0), (dev(7), 0),
-                                                   (dev(0), 0)])
+    assert device_fds(node, everywhere) == sorted(
+        [(CTL, 0), (UVM, 0), (dev(3), everywhere), (dev(1), 0), (dev(7), 0), (dev(0), 0)]
+    )
     lists = driver_lists(node)
     assert [gpu["compute"] for gpu in lists] == [{everywhere: 300}, {}, {pid: 500}, {}]
     assert [gpu["used"] for gpu in lists] == [300, 0, 500, 0]
@@ -71,10 +83,30 @@ def test_nvml_monitor_holds_control_and_every_gpu_without_uvm_or_context(simnode
 
 def test_vllm_ranks_open_visible_gpus_and_tp_workers_keep_nvml_initialized(simnode):
     node = simnode(gpus=4, release_latency=0.1)
-    tp2 = start_vllm(node, "/models/m", "--host", "127.0.0.1", "--port", "0", "-tp", "2",
-                     "--gpu-memory-utilization", "0.4", env={"CUDA_VISIBLE_DEVICES": "2,3"})
-    tp1 = start_vllm(node, "/models/m", "--host", "127.0.0.1", "--port", "0",
-                     "--gpu-memory-utilization", "0.4", env={"CUDA_VISIBLE_DEVICES": "1"})
+    tp2 = start_vllm(
+        node,
+        "/models/m",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "-tp",
+        "2",
+        "--gpu-memory-utilization",
+        "0.4",
+        env={"CUDA_VISIBLE_DEVICES": "2,3"},
+    )
+    tp1 = start_vllm(
+        node,
+        "/models/m",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--gpu-memory-utilization",
+        "0.4",
+        env={"CUDA_VISIBLE_DEVICES": "1"},
+    )
     (engine,), workers = vllm_instance(node, tp2)
     (engine1,), no_workers = vllm_instance(node, tp1)
 
@@ -135,8 +167,11 @@ print(json.dumps([sorted(p.pid for p in n.nvmlDeviceGetComputeRunningProcesses(n
 
 def container_lists(container):
     """The compute lists' PIDs per GPU as NVML answers a caller inside `container`."""
-    return json.loads(subprocess.run([str(container.python), "-c", CONTAINER_LISTS], capture_output=True, text=True,
-                                     timeout=30, check=True).stdout)
+    return json.loads(
+        subprocess.run(
+            [str(container.python), "-c", CONTAINER_LISTS], capture_output=True, text=True, timeout=30, check=True
+        ).stdout
+    )
 
 
 def test_container_process_gets_the_asked_pid_and_the_driver_lists_in_the_callers_namespace(simnode, tmp_path):
@@ -162,6 +197,15 @@ def test_container_process_gets_the_asked_pid_and_the_driver_lists_in_the_caller
     node.set(driver_version="535.113.01")
     assert container_lists(container) == [[], [job]]
     # The wrapper runs Python inside the container: it sees the container's PIDs.
-    out = subprocess.run([str(container.python), "-c", "import json, os; print(json.dumps(sorted(int(p) for p in os.listdir('/proc') if p.isdigit())))"],
-                         capture_output=True, text=True, timeout=30, check=True).stdout
+    out = subprocess.run(
+        [
+            str(container.python),
+            "-c",
+            "import json, os; print(json.dumps(sorted(int(p) for p in os.listdir('/proc') if p.isdigit())))",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    ).stdout
     assert job in json.loads(out)

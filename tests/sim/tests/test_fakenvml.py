@@ -191,21 +191,22 @@ class FakeNode:
     def nvml(self, body, timeout=60):
         """Runs PROLOGUE + body in a child Python; returns the JSON of its last emit()."""
         script = PROLOGUE + textwrap.dedent(body)
-        proc = subprocess.run([sys.executable, "-c", script], env=self.env, capture_output=True,
-                              text=True, timeout=timeout, check=False)
+        proc = subprocess.run(
+            [sys.executable, "-c", script], env=self.env, capture_output=True, text=True, timeout=timeout, check=False
+        )
         assert proc.returncode == 0, proc.stderr
         return json.loads(proc.stdout.splitlines()[-1])
 
     def start_nvml(self, body):
         """Starts PROLOGUE + body in a child Python without waiting (stdout piped)."""
         script = PROLOGUE + textwrap.dedent(body)
-        return subprocess.Popen([sys.executable, "-c", script], env=self.env, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+        return subprocess.Popen(
+            [sys.executable, "-c", script], env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
 
     def _start_holder(self, argv):
         """Starts a holder; returns (Holder, extra numbers of its "ready TOKEN ..." line)."""
-        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         holder = Holder(proc)
         self.holders.append(holder)  # ended at teardown even if it never gets ready
         line = proc.stdout.readline().split()
@@ -216,18 +217,18 @@ class FakeNode:
     def hold(self, contexts, hold="fd"):
         """Starts a holder of contexts [(index, MiB, type)]; returns the Holder once it is ready."""
         # An MPS client's handle is /dev/nvidiactl (tests/sim/README.md, "MPS clients").
-        lines = [[str(self.dev_dir / "nvidiactl") if kind == "mps" else self.device(index), index, mib, kind]
-                 for index, mib, kind in contexts]
-        holder, extra = self._start_holder(
-            [sys.executable, "-c", HOLDER, str(self.run_dir), hold, json.dumps(lines)])
+        lines = [
+            [str(self.dev_dir / "nvidiactl") if kind == "mps" else self.device(index), index, mib, kind]
+            for index, mib, kind in contexts
+        ]
+        holder, extra = self._start_holder([sys.executable, "-c", HOLDER, str(self.run_dir), hold, json.dumps(lines)])
         if hold == "fork":
             holder.child_pidfd = os.pidfd_open(extra[0])  # alive: it waits on stdin
         return holder
 
     def hold_in_thread(self, program, index, mib):
         """Starts the C thread holder on GPU index; returns the Holder once it is ready."""
-        started = self._start_holder(
-            [str(program), self.device(index), str(self.contexts_dir), str(index), str(mib)])
+        started = self._start_holder([str(program), self.device(index), str(self.contexts_dir), str(index), str(mib)])
         return started[0]
 
     def end_holders(self):
@@ -337,8 +338,14 @@ def test_eight_devices_identity(node):
 
 def test_configured_identity_and_live_knobs(node):
     uuids = [f"GPU-00000000-0000-0000-0000-00000000000{index}" for index in range(2)]
-    node.set(gpus=2, name="NVIDIA A100-SXM4-80GB", uuids=",".join(uuids),
-             pci_bus_ids="0000:07:00.0,00000001:0F:00.0", persistence_mode=0, driver_version="550.1")
+    node.set(
+        gpus=2,
+        name="NVIDIA A100-SXM4-80GB",
+        uuids=",".join(uuids),
+        pci_bus_ids="0000:07:00.0,00000001:0F:00.0",
+        persistence_mode=0,
+        driver_version="550.1",
+    )
     result = node.nvml("""
         N.nvmlInit()
         handles = [N.nvmlDeviceGetHandleByIndex(index) for index in range(N.nvmlDeviceGetCount())]
@@ -393,8 +400,12 @@ def test_context_listed_with_its_memory_by_type(node):
     """)
     pid = holder.token
     assert result["0"] == {"used": 0, "compute": [], "graphics": [], "mps": []}
-    assert result["2"] == {"used": 1024, "compute": [[pid, 1024 * MIB, 0xFFFFFFFF, 0xFFFFFFFF]],
-                           "graphics": [], "mps": []}
+    assert result["2"] == {
+        "used": 1024,
+        "compute": [[pid, 1024 * MIB, 0xFFFFFFFF, 0xFFFFFFFF]],
+        "graphics": [],
+        "mps": [],
+    }
     assert result["5"] == {"used": 300, "compute": [], "graphics": [[pid, 300 * MIB]], "mps": []}
     assert result["6"] == {"used": 200, "compute": [], "graphics": [], "mps": [[pid, 200 * MIB]]}
 
@@ -430,15 +441,15 @@ def test_count_probe_protocol_and_error_codes(node):
         emit(codes)
     """)
     assert result == {
-        "before_init": 1,       # NVML_ERROR_UNINITIALIZED
-        "bad_index": 2,         # NVML_ERROR_INVALID_ARGUMENT
-        "unknown_uuid": 6,      # NVML_ERROR_NOT_FOUND
+        "before_init": 1,  # NVML_ERROR_UNINITIALIZED
+        "bad_index": 2,  # NVML_ERROR_INVALID_ARGUMENT
+        "unknown_uuid": 6,  # NVML_ERROR_NOT_FOUND
         "error_string": "Not Found",
-        "probe": [7, 1],        # NVML_ERROR_INSUFFICIENT_SIZE, count filled in
+        "probe": [7, 1],  # NVML_ERROR_INSUFFICIENT_SIZE, count filled in
         "fetch": [0, 1],
         "pid": holder.token,
-        "idle_probe": [0, 0],   # nothing running: NVML_SUCCESS
-        "memory_version": 25,   # NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+        "idle_probe": [0, 0],  # nothing running: NVML_SUCCESS
+        "memory_version": 25,  # NVML_ERROR_ARGUMENT_VERSION_MISMATCH
         "short_name": 7,
         "forged_handle": 2,
     }
@@ -527,8 +538,16 @@ def test_device_file_is_matched_by_identity_not_path(node, tmp_path):
     direct = node.hold([(2, 700, "compute")])
     link_lines = [[str(other / "gpu-two"), 2, 700, "compute"]]
     via_link = node._start_holder([sys.executable, "-c", HOLDER, str(node.run_dir), "fd", json.dumps(link_lines)])[0]
-    fake = node._start_holder([sys.executable, "-c", HOLDER, str(node.run_dir), "fd",
-                               json.dumps([[str(other / "nvidia3"), 0, 900, "compute"]])])[0]
+    fake = node._start_holder(
+        [
+            sys.executable,
+            "-c",
+            HOLDER,
+            str(node.run_dir),
+            "fd",
+            json.dumps([[str(other / "nvidia3"), 0, 900, "compute"]]),
+        ]
+    )[0]
     result = node.nvml("""
         N.nvmlInit()
         emit({"2": [used_v2(2), sorted(compute_pids(2))], "0": [used_v2(0), compute_pids(0)]})
@@ -536,11 +555,14 @@ def test_device_file_is_matched_by_identity_not_path(node, tmp_path):
     # The look-alike holds no handle: never listed, its context released after release_latency.
     assert result["2"] == [1400, sorted([direct.token, via_link.token])]
     assert fake.token not in result["0"][1] and result["0"][1] == []
-    assert node.nvml("""
+    assert (
+        node.nvml("""
         N.nvmlInit()
         time.sleep(0.5)
         emit(used_v2(0))
-    """) == 0
+    """)
+        == 0
+    )
 
 
 def test_memory_info_unsupported_lists_still_answer(node):
@@ -562,8 +584,11 @@ def test_memory_info_unsupported_lists_still_answer(node):
               "compute": [[p.pid, p.usedGpuMemory // MIB] for p in N.nvmlDeviceGetComputeRunningProcesses(handle)],
               "graphics": [[p.pid, p.usedGpuMemory // MIB] for p in N.nvmlDeviceGetGraphicsRunningProcesses(handle)]})
     """)
-    assert result == {"memory": ["NotSupported", "NotSupported"], "compute": [[holder.token, 1500]],
-                      "graphics": [[holder.token, 40]]}
+    assert result == {
+        "memory": ["NotSupported", "NotSupported"],
+        "compute": [[holder.token, 1500]],
+        "graphics": [[holder.token, 40]],
+    }
 
 
 def test_slow_first_init_without_persistence_mode(node):
@@ -589,8 +614,16 @@ def test_slow_first_init_without_persistence_mode(node):
 
 def test_managed_memory_is_under_charged_by_the_lists(node):
     """A line's managed=K adds K MiB to the GPU's used memory and nothing to the list entry (pynvml#63)."""
-    holder = node._start_holder([sys.executable, "-c", HOLDER, str(node.run_dir), "fd",
-                                 json.dumps([[node.device(3), 3, "1000", "compute managed=3000"]])])[0]
+    holder = node._start_holder(
+        [
+            sys.executable,
+            "-c",
+            HOLDER,
+            str(node.run_dir),
+            "fd",
+            json.dumps([[node.device(3), 3, "1000", "compute managed=3000"]]),
+        ]
+    )[0]
     result = node.nvml("""
         N.nvmlInit()
         handle = N.nvmlDeviceGetHandleByIndex(3)
@@ -656,8 +689,9 @@ def test_mapping_holder(node):
     holder = node.hold([(0, 777, "compute")], hold="map")
     maps = Path(f"/proc/{holder.token}/maps").read_text()
     assert f"{holder.token * 4096:08x}" in maps and node.device(0) in maps
-    assert not any(os.readlink(f"/proc/{holder.token}/fd/{fd}") == node.device(0)
-                   for fd in os.listdir(f"/proc/{holder.token}/fd"))
+    assert not any(
+        os.readlink(f"/proc/{holder.token}/fd/{fd}") == node.device(0) for fd in os.listdir(f"/proc/{holder.token}/fd")
+    )
     result = node.nvml("""
         N.nvmlInit()
         emit([used_v2(0), compute_pids(0)])
@@ -754,6 +788,7 @@ def test_hang_blocks_the_call(node, hang):
 
 # ---- MIG (tests/sim/README.md "MIG"; nvml.h "Multi Instance GPU Management") ------------------
 
+
 def snippet(*parts):
     """Joins NVML snippet parts, each dedented on its own (they are indented differently)."""
     return "\n".join(textwrap.dedent(part) for part in parts)
@@ -789,17 +824,24 @@ MIG_READING = """
 
 def test_mig_default_layout_and_instance_identity(node):
     node.set(mig="0;3:7g.80gb;5:", mig_pending="5:0,1:1")
-    result = node.nvml(snippet(MIG_READING, """
+    result = node.nvml(
+        snippet(
+            MIG_READING,
+            """
         emit({str(index): mig_reading(index) for index in (0, 1, 3, 5)})
-    """))
+    """,
+        )
+    )
     off = {"mode": [0, 1], "max": 0, "is_mig": 0, "devices": []}
     assert result["1"] == off  # MIG off, pending on (enabled at the next reset)
     assert result["5"] == {"mode": [1, 0], "max": 7, "is_mig": 0, "devices": []}
     gpu0 = result["0"]
     assert (gpu0["mode"], gpu0["max"], gpu0["is_mig"]) == ([1, 1], 7, 0)
     # 1g.10gb at slice 0 (GI 7), 2g.20gb at 2 (GI 4), 3g.40gb at 4 (GI 2); listed by GI id
-    summary = [(d["k"], d["index"], d["gi"], d["ci"], d["name"], d["memory"], d["is_mig"], d["parent"])
-               for d in gpu0["devices"]]
+    summary = [
+        (d["k"], d["index"], d["gi"], d["ci"], d["name"], d["memory"], d["is_mig"], d["parent"])
+        for d in gpu0["devices"]
+    ]
     assert summary == [
         (0, 0, 2, 0, "NVIDIA H100 80GB HBM3 MIG 3g.40gb", [40448, 0, 40448, 0], 1, 0),
         (1, 1, 4, 0, "NVIDIA H100 80GB HBM3 MIG 2g.20gb", [20096, 0, 20096, 0], 1, 0),
@@ -816,13 +858,18 @@ def test_mig_contexts_listed_per_instance_with_ids(node):
     node.set(mig="2:1g.10gb,1g.10gb,2g.20gb")  # GIs 7 (slice 0), 8 (slice 1), 4 (slice 2)
     first = node.hold([(2, 3000, "compute gi=7 ci=0")])
     second = node.hold([(2, 5000, "compute gi=4")])
-    result = node.nvml(snippet(MIG_READING, """
+    result = node.nvml(
+        snippet(
+            MIG_READING,
+            """
         gpu = N.nvmlDeviceGetHandleByIndex(2)
         v2 = N.nvmlDeviceGetMemoryInfo(gpu, version=N.nvmlMemory_v2)
         emit({"mig": mig_reading(2), "used": v2.used // MIB,
               "parent": [[p.pid, p.usedGpuMemory // MIB, p.gpuInstanceId, p.computeInstanceId]
                          for p in N.nvmlDeviceGetComputeRunningProcesses(gpu)]})
-    """))
+    """,
+        )
+    )
     by_gi = {d["gi"]: d for d in result["mig"]["devices"]}
     assert sorted(by_gi) == [4, 7, 8]
     assert by_gi[7]["compute"] == [[first.token, 3000, 7, 0]]
@@ -854,8 +901,14 @@ def test_mig_aggregate_needs_privilege(node):
         out["instance"] = [p.pid for p in N.nvmlDeviceGetComputeRunningProcesses(mig)]
         emit(out)
     """)
-    assert result == {"memory": 4, "memory_v2": 4, "compute": 4, "compute_v2": 4,  # NVML_ERROR_NO_PERMISSION
-                      "other_gpu": 0, "instance": [holder.token]}
+    assert result == {
+        "memory": 4,
+        "memory_v2": 4,
+        "compute": 4,
+        "compute_v2": 4,  # NVML_ERROR_NO_PERMISSION
+        "other_gpu": 0,
+        "instance": [holder.token],
+    }
 
 
 def test_mig_handle_calls_and_errors(node):
@@ -889,8 +942,15 @@ def test_mig_handle_calls_and_errors(node):
         emit(out)
     """)
     assert result["count"] == [1, 2]
-    assert result["errors"] == {"index_7": 2, "not_mig": 3, "gi_of_gpu": 3, "parent_of_gpu": 3,
-                                "minor_of_mig": 3, "mig_mode_of_mig": 3, "stale_handle": 2}
+    assert result["errors"] == {
+        "index_7": 2,
+        "not_mig": 3,
+        "gi_of_gpu": 3,
+        "parent_of_gpu": 3,
+        "minor_of_mig": 3,
+        "mig_mode_of_mig": 3,
+        "stale_handle": 2,
+    }
 
 
 # ---- process-list versions: _v3, _v2 (24-byte entries), v1 (16 bytes) and the no-v3 library ----
@@ -912,13 +972,18 @@ LIST_VERSIONS = """
 
 def test_process_list_versions_agree(node):
     holders = [node.hold([(6, 100 + n, "compute")]) for n in range(3)]
-    result = node.nvml(snippet(LIST_VERSIONS, """
+    result = node.nvml(
+        snippet(
+            LIST_VERSIONS,
+            """
         N.nvmlInit()
         emit({"v3": sorted(raw_list("nvmlDeviceGetComputeRunningProcesses_v3", N.c_nvmlProcessInfo_v2_t, 6)),
               "v2": sorted(raw_list("nvmlDeviceGetComputeRunningProcesses_v2", N.c_nvmlProcessInfo_v2_t, 6)),
               "v1": sorted(raw_list("nvmlDeviceGetComputeRunningProcesses", V1, 6)),
               "sizes": [ctypes.sizeof(N.c_nvmlProcessInfo_v2_t), ctypes.sizeof(V1)]})
-    """))
+    """,
+        )
+    )
     expected = sorted([holder.token, 100 + n] for n, holder in enumerate(holders))
     assert result == {"v3": expected, "v2": expected, "v1": expected, "sizes": [24, 16]}
 
@@ -926,7 +991,10 @@ def test_process_list_versions_agree(node):
 def test_no_v3_library_lacks_only_the_v3_symbols(node, library_dir):
     node.env["LD_LIBRARY_PATH"] = str(library_dir / "no-v3")
     holder = node.hold([(4, 321, "compute")])
-    result = node.nvml(snippet(LIST_VERSIONS, """
+    result = node.nvml(
+        snippet(
+            LIST_VERSIONS,
+            """
         N.nvmlInit()
         lib = ctypes.CDLL("libnvidia-ml.so.1")
         present = {name: hasattr(lib, name) for name in (
@@ -940,12 +1008,16 @@ def test_no_v3_library_lacks_only_the_v3_symbols(node, library_dir):
             public = type(error).__name__
         emit({"present": present, "public": public,
               "v2": raw_list("nvmlDeviceGetComputeRunningProcesses_v2", N.c_nvmlProcessInfo_v2_t, 4)})
-    """))
-    assert result["present"] == {"nvmlDeviceGetComputeRunningProcesses_v3": False,
-                                 "nvmlDeviceGetGraphicsRunningProcesses_v3": False,
-                                 "nvmlDeviceGetMPSComputeRunningProcesses_v3": False,
-                                 "nvmlDeviceGetComputeRunningProcesses_v2": True,
-                                 "nvmlDeviceGetComputeRunningProcesses": True}
+    """,
+        )
+    )
+    assert result["present"] == {
+        "nvmlDeviceGetComputeRunningProcesses_v3": False,
+        "nvmlDeviceGetGraphicsRunningProcesses_v3": False,
+        "nvmlDeviceGetMPSComputeRunningProcesses_v3": False,
+        "nvmlDeviceGetComputeRunningProcesses_v2": True,
+        "nvmlDeviceGetComputeRunningProcesses": True,
+    }
     assert result["public"] in ("NVMLLibraryMismatchError", "NVMLError_FunctionNotFound")
     assert result["v2"] == [[holder.token, 321]]
 
@@ -976,22 +1048,34 @@ def test_node_with_mig_and_without_v3(simnode):
     node = simnode(gpus=2, mig="0", no_v3=True)
     assert node.info["driver_variant"] == "no-v3"
     assert [(i["profile"], i["gi"], i["caps"]) for i in node.info["mig"]["0"]] == [
-        ("3g.40gb", 2, [21, 22]), ("2g.20gb", 4, [39, 40]), ("1g.10gb", 7, [66, 67])]
+        ("3g.40gb", 2, [21, 22]),
+        ("2g.20gb", 4, [39, 40]),
+        ("1g.10gb", 7, [66, 67]),
+    ]
     reading = json.loads(node.py(NODE_READING))
-    assert reading == {"v3": False, "gis": [2, 4, 7],
-                       "dev_caps": sorted(f"nvidia-cap{n}" for n in (1, 2, 21, 22, 39, 40, 66, 67)),
-                       "gi7": 66, "gi7ci0": 67, "access": "DeviceFileMinor: 67"}
+    assert reading == {
+        "v3": False,
+        "gis": [2, 4, 7],
+        "dev_caps": sorted(f"nvidia-cap{n}" for n in (1, 2, 21, 22, 39, 40, 66, 67)),
+        "gi7": 66,
+        "gi7ci0": 67,
+        "access": "DeviceFileMinor: 67",
+    }
 
 
-@pytest.mark.parametrize("mig, message", [
-    ("0:5g.50gb", "unknown profile '5g.50gb'"),
-    ("0:3g.40gb,3g.40gb,1g.10gb", "no free placement for 1g.10gb"),
-    ("9", "GPU index 9 out of range"),
-    ("0;0:7g.80gb", "GPU 0 given twice"),
-])
+@pytest.mark.parametrize(
+    "mig, message",
+    [
+        ("0:5g.50gb", "unknown profile '5g.50gb'"),
+        ("0:3g.40gb,3g.40gb,1g.10gb", "no free placement for 1g.10gb"),
+        ("9", "GPU index 9 out of range"),
+        ("0;0:7g.80gb", "GPU 0 given twice"),
+    ],
+)
 def test_gpunode_refuses_a_mig_layout_that_cannot_exist(mig, message):
     sys.path.insert(0, str(REPO / "tests" / "sim"))
     import gpunode  # pylint: disable=import-outside-toplevel
+
     with pytest.raises(gpunode.GpunodeError, match=message):
         gpunode.mig_layout(mig, gpus=8)
 
@@ -1010,8 +1094,10 @@ def test_memory_info_v2_knob_leaves_only_v1(node):
         v1 = N.nvmlDeviceGetMemoryInfo(handle)
         emit({"v2": v2, "v1": [v1.total, v1.free, v1.used]})
     """)
-    assert result == {"v2": "FunctionNotFound",
-                      "v1": [TOTAL_MIB * MIB, (TOTAL_MIB - RESERVED_MIB) * MIB, RESERVED_MIB * MIB]}
+    assert result == {
+        "v2": "FunctionNotFound",
+        "v1": [TOTAL_MIB * MIB, (TOTAL_MIB - RESERVED_MIB) * MIB, RESERVED_MIB * MIB],
+    }
 
 
 def test_v3_32_library_writes_32_byte_entries(tmp_path, library_dir):

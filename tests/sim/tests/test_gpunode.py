@@ -27,18 +27,26 @@ def run_gpunode(*args: str, root: Path | None = None, **kwargs) -> subprocess.Co
     environment = dict(os.environ)
     if root is not None:
         environment["GPUNODE_ROOT"] = str(root)
-    return subprocess.run([str(GPUNODE), *args], capture_output=True, text=True, timeout=60,
-                          env=environment, check=False, **kwargs)
+    return subprocess.run(
+        [str(GPUNODE), *args], capture_output=True, text=True, timeout=60, env=environment, check=False, **kwargs
+    )
 
 
 def process_state(node, pid: int) -> str | None:
     """State letter (R, S, Z...) of process `pid` as the node sees it, None if it has none."""
-    return node.py(
-        "import sys\n"
-        "try:\n"
-        "    print(open(f'/proc/{sys.argv[1]}/stat').read().rsplit(')', 1)[1].split()[0])\n"
-        "except FileNotFoundError:\n"
-        "    print('-')\n", str(pid)).strip().replace("-", "") or None
+    return (
+        node.py(
+            "import sys\n"
+            "try:\n"
+            "    print(open(f'/proc/{sys.argv[1]}/stat').read().rsplit(')', 1)[1].split()[0])\n"
+            "except FileNotFoundError:\n"
+            "    print('-')\n",
+            str(pid),
+        )
+        .strip()
+        .replace("-", "")
+        or None
+    )
 
 
 def host_processes_in(pidns: str) -> list[int]:
@@ -56,11 +64,14 @@ def host_processes_in(pidns: str) -> list[int]:
 
 def test_node_has_its_own_pid_namespace(simnode):
     node = simnode(no_driver=True)
-    seen = json.loads(node.py(
-        "import json, os\n"
-        "pids = sorted(int(p) for p in os.listdir('/proc') if p.isdigit())\n"
-        "print(json.dumps({'pids': pids, 'me': os.getpid(), 'init': open('/proc/1/comm').read().strip(),\n"
-        "                  'pidns': os.readlink('/proc/self/ns/pid')}))"))
+    seen = json.loads(
+        node.py(
+            "import json, os\n"
+            "pids = sorted(int(p) for p in os.listdir('/proc') if p.isdigit())\n"
+            "print(json.dumps({'pids': pids, 'me': os.getpid(), 'init': open('/proc/1/comm').read().strip(),\n"
+            "                  'pidns': os.readlink('/proc/self/ns/pid')}))"
+        )
+    )
     assert seen["init"] == "gpusim-init"
     assert seen["pidns"] == node.info["pidns"] != os.readlink("/proc/self/ns/pid")
     # init, and the Python that nsenter forked (setpriv execs it in place)
@@ -71,21 +82,25 @@ def test_node_has_its_own_pid_namespace(simnode):
 def test_node_has_private_dev_and_run(simnode):
     node = simnode(gpus=2, minors=[3, 5], no_driver=True)
     (node.run_dir / "from-host").write_text("shared\n")
-    listing = json.loads(node.py(
-        "import json, os, stat\n"
-        "def kind(path):\n"
-        "    mode = os.lstat(path).st_mode\n"
-        "    return ('chr' if stat.S_ISCHR(mode) else 'reg' if stat.S_ISREG(mode) else\n"
-        "            'lnk' if stat.S_ISLNK(mode) else 'dir', oct(stat.S_IMODE(mode)))\n"
-        "print(json.dumps({'dev': {name: kind('/dev/' + name) for name in os.listdir('/dev')},\n"
-        "                  'run': sorted(os.listdir('/run')),\n"
-        "                  'from_host': open('/run/gpusim/from-host').read(),\n"
-        "                  'proc_init': open('/run/gpusim/proc/1/comm').read().strip()}))"))
+    listing = json.loads(
+        node.py(
+            "import json, os, stat\n"
+            "def kind(path):\n"
+            "    mode = os.lstat(path).st_mode\n"
+            "    return ('chr' if stat.S_ISCHR(mode) else 'reg' if stat.S_ISREG(mode) else\n"
+            "            'lnk' if stat.S_ISLNK(mode) else 'dir', oct(stat.S_IMODE(mode)))\n"
+            "print(json.dumps({'dev': {name: kind('/dev/' + name) for name in os.listdir('/dev')},\n"
+            "                  'run': sorted(os.listdir('/run')),\n"
+            "                  'from_host': open('/run/gpusim/from-host').read(),\n"
+            "                  'proc_init': open('/run/gpusim/proc/1/comm').read().strip()}))"
+        )
+    )
     dev = listing["dev"]
     for name in ("nvidia3", "nvidia5", "nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"):
         assert dev[name] == ["reg", "0o666"], name
-    assert not [name for name in dev if name.startswith("nvidia") and name[6:].isdigit()
-                and name not in ("nvidia3", "nvidia5")]
+    assert not [
+        name for name in dev if name.startswith("nvidia") and name[6:].isdigit() and name not in ("nvidia3", "nvidia5")
+    ]
     for name in ("null", "zero", "full", "random", "urandom", "tty"):
         assert dev[name][0] == "chr", name
     assert dev["ptmx"][0] == dev["fd"][0] == "lnk"
@@ -110,7 +125,8 @@ def test_devices_and_shared_memory_work_inside(simnode):
         "segment = shared_memory.SharedMemory(create=True, size=4096)\n"
         "segment.close(); segment.unlink()\n"
         "master, slave = pty.openpty()\n"
-        "print(os.ttyname(slave))\n")
+        "print(os.ttyname(slave))\n"
+    )
     offset, tty = out.split()
     assert offset == "12345"
     assert tty.startswith("/dev/pts/")
@@ -120,9 +136,11 @@ def test_two_nodes_do_not_see_each_others_processes(simnode):
     first, second = simnode(no_driver=True), simnode(no_driver=True)
     first.spawn("import time; time.sleep(600)  # holder-of-first")
     second.spawn("import time; time.sleep(600)  # holder-of-second")
-    listing = ("import os\n"
-               "for pid in filter(str.isdigit, os.listdir('/proc')):\n"
-               "    print(open(f'/proc/{pid}/cmdline').read().replace('\\0', ' '))\n")
+    listing = (
+        "import os\n"
+        "for pid in filter(str.isdigit, os.listdir('/proc')):\n"
+        "    print(open(f'/proc/{pid}/cmdline').read().replace('\\0', ' '))\n"
+    )
     seen_by_first, seen_by_second = first.py(listing), second.py(listing)
     assert "holder-of-first" in seen_by_first and "holder-of-second" not in seen_by_first
     assert "holder-of-second" in seen_by_second and "holder-of-first" not in seen_by_second
@@ -130,8 +148,7 @@ def test_two_nodes_do_not_see_each_others_processes(simnode):
 
 def test_exec_passes_stdin_stdout_stderr_and_status(simnode):
     node = simnode(no_driver=True)
-    result = run_gpunode("exec", node.name, "--", "sh", "-c", "cat; echo oops >&2; exit 7",
-                         input="hello\n")
+    result = run_gpunode("exec", node.name, "--", "sh", "-c", "cat; echo oops >&2; exit 7", input="hello\n")
     assert (result.returncode, result.stdout, result.stderr) == (7, "hello\n", "oops\n")
     killed = run_gpunode("exec", node.name, "--", "sh", "-c", "kill -TERM $$")
     assert killed.returncode in (-signal.SIGTERM, 128 + signal.SIGTERM)
@@ -150,9 +167,19 @@ def test_command_gets_sigterm_when_the_exec_caller_dies(simnode):
     node = simnode(no_driver=True)
     pid_file = node.run_dir / "sleeper.pid"
     # gpunode exec execs nsenter, so this Popen's PID is nsenter's.
-    caller = subprocess.Popen([str(GPUNODE), "exec", node.name, "--", "sh", "-c",
-                               "echo $$ > /run/gpusim/sleeper.pid.tmp; mv /run/gpusim/sleeper.pid.tmp "
-                               "/run/gpusim/sleeper.pid; exec sleep 600"], stdin=subprocess.DEVNULL)
+    caller = subprocess.Popen(
+        [
+            str(GPUNODE),
+            "exec",
+            node.name,
+            "--",
+            "sh",
+            "-c",
+            "echo $$ > /run/gpusim/sleeper.pid.tmp; mv /run/gpusim/sleeper.pid.tmp "
+            "/run/gpusim/sleeper.pid; exec sleep 600",
+        ],
+        stdin=subprocess.DEVNULL,
+    )
     try:
         sleeper = int(poll(lambda: pid_file.exists() and pid_file.read_text(), "the command to start"))
         assert process_state(node, sleeper) in ("S", "R")
@@ -178,11 +205,14 @@ def test_no_reap_leaves_a_zombie(simnode):
 
 def test_python_wrapper_runs_inside_the_node(simnode):
     node = simnode(no_driver=True)
-    probe = ("import os, shutil\n"
-             "print(open('/proc/1/comm').read().strip(), os.readlink('/proc/self/ns/pid'),\n"
-             "      shutil.which('vllm'), os.getcwd())")
-    from_host = subprocess.run([node.info["python"], "-c", probe], capture_output=True, text=True,
-                               check=True, timeout=60).stdout.split()
+    probe = (
+        "import os, shutil\n"
+        "print(open('/proc/1/comm').read().strip(), os.readlink('/proc/self/ns/pid'),\n"
+        "      shutil.which('vllm'), os.getcwd())"
+    )
+    from_host = subprocess.run(
+        [node.info["python"], "-c", probe], capture_output=True, text=True, check=True, timeout=60
+    ).stdout.split()
     expected = ["gpusim-init", node.info["pidns"], str(node.state_dir / "bin" / "vllm"), os.getcwd()]
     assert from_host == expected
     # From inside the node the wrapper runs Python directly (no second nsenter).
@@ -209,8 +239,7 @@ def test_dead_node_is_reported_and_replaced(simnode):
     assert f"{node.name}\tdead" in listed
     result = run_gpunode("exec", node.name, "--", "true")
     assert result.returncode == 1 and f"node {node.name} is not running" in result.stderr
-    wrapper = subprocess.run([node.info["python"], "-c", "pass"], capture_output=True, text=True,
-                             check=False)
+    wrapper = subprocess.run([node.info["python"], "-c", "pass"], capture_output=True, text=True, check=False)
     assert wrapper.returncode == 1 and f"node {node.name} is not running" in wrapper.stderr
     replacement = up(node.name, no_driver=True)  # downed by the fixture under the same name
     assert f"{node.name}\trunning" in run_gpunode("list").stdout.splitlines()
@@ -227,9 +256,11 @@ def test_up_refuses_a_running_name(simnode):
 
 def test_up_rejects_bad_knobs(tmp_path):
     try:
-        for args, message in ((["--gpus", "2", "--minors", "0"], "minors: 1 entries for 2 GPUs"),
-                              (["--gpus", "2", "--lost", "2"], "lost: GPU index 2 out of range"),
-                              (["--stray-mib", "0-100"], "is not INDEX:MiB")):
+        for args, message in (
+            (["--gpus", "2", "--minors", "0"], "minors: 1 entries for 2 GPUs"),
+            (["--gpus", "2", "--lost", "2"], "lost: GPU index 2 out of range"),
+            (["--stray-mib", "0-100"], "is not INDEX:MiB"),
+        ):
             result = run_gpunode("up", "bad", "--no-driver", *args, root=tmp_path)
             assert result.returncode == 1 and message in result.stderr, result.stderr
         assert not (tmp_path / "bad").exists()
@@ -244,11 +275,17 @@ def test_set_rewrites_node_conf(simnode):
     conf = gpunode.read_conf(node.run_dir / "node.conf")
     assert conf["release_latency"] == "2.5" and conf["stray_mib"] == "0:1024"
     assert "lost" not in conf
-    assert node.py("print(open('/run/gpusim/node.conf').read())").strip() == \
-        (node.run_dir / "node.conf").read_text().strip()
-    for bad, message in (("gpus=4", "fixed when the node is made"), ("colour=blue", "unknown key"),
-                         ("lost=5", "out of range"), ("persistence_mode=2", "does not match"),
-                         ("release_latency", "is not KEY=VALUE")):
+    assert (
+        node.py("print(open('/run/gpusim/node.conf').read())").strip()
+        == (node.run_dir / "node.conf").read_text().strip()
+    )
+    for bad, message in (
+        ("gpus=4", "fixed when the node is made"),
+        ("colour=blue", "unknown key"),
+        ("lost=5", "out of range"),
+        ("persistence_mode=2", "does not match"),
+        ("release_latency", "is not KEY=VALUE"),
+    ):
         result = run_gpunode("set", node.name, bad)
         assert result.returncode == 1 and message in result.stderr, result.stderr
     assert gpunode.read_conf(node.run_dir / "node.conf") == conf
@@ -279,17 +316,31 @@ def test_inventory_lists_nodes_with_their_interpreter(simnode):
     lines = run_gpunode("inventory", first.name, second.name).stdout.splitlines()
     assert lines == ["[gpunodes]"] + [
         f"{node.name} ansible_connection=local ansible_python_interpreter={node.info['python']} gpuops_nvidia_venv=none"
-        for node in (first, second)]
+        for node in (first, second)
+    ]
 
 
 def test_ansible_runs_inside_each_node(simnode, tmp_path):
     nodes = [simnode(no_driver=True), simnode(no_driver=True)]
     inventory = inventory_file(tmp_path, *nodes)
     result = subprocess.run(
-        [str(VENV_PYTHON.parent / "ansible"), "-i", str(inventory), "all", "-m", "command",
-         "-a", "sh -c 'cat /proc/1/comm; readlink /proc/self/ns/pid'"],
-        cwd=REPO, capture_output=True, text=True, timeout=120, check=False,
-        env={**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg")})
+        [
+            str(VENV_PYTHON.parent / "ansible"),
+            "-i",
+            str(inventory),
+            "all",
+            "-m",
+            "command",
+            "-a",
+            "sh -c 'cat /proc/1/comm; readlink /proc/self/ns/pid'",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg")},
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     for node in nodes:
         expected = f"{node.name} | CHANGED | rc=0 >>\ngpusim-init\n{node.info['pidns']}\n"
@@ -298,23 +349,28 @@ def test_ansible_runs_inside_each_node(simnode, tmp_path):
 
 def test_pynvml_lists_the_configured_gpus(simnode):
     node = simnode(gpus=3, model_name="NVIDIA A100-SXM4-80GB", minors=[0, 2, 4])
-    devices = json.loads(node.py(
-        "import json, pynvml\n"
-        "pynvml.nvmlInit()\n"
-        "handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]\n"
-        "print(json.dumps([[pynvml.nvmlDeviceGetName(h), pynvml.nvmlDeviceGetMinorNumber(h),\n"
-        "                   pynvml.nvmlDeviceGetUUID(h)] for h in handles]))"))
+    devices = json.loads(
+        node.py(
+            "import json, pynvml\n"
+            "pynvml.nvmlInit()\n"
+            "handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]\n"
+            "print(json.dumps([[pynvml.nvmlDeviceGetName(h), pynvml.nvmlDeviceGetMinorNumber(h),\n"
+            "                   pynvml.nvmlDeviceGetUUID(h)] for h in handles]))"
+        )
+    )
     assert devices == [["NVIDIA A100-SXM4-80GB", gpu["minor"], gpu["uuid"]] for gpu in node.info["gpus"]]
     assert [gpu["minor"] for gpu in node.info["gpus"]] == [0, 2, 4]
 
 
 def test_no_driver_node_has_no_nvml_library(simnode):
     node = simnode(no_driver=True)
-    out = node.py("import pynvml\n"
-                  "try:\n"
-                  "    pynvml.nvmlInit()\n"
-                  "except pynvml.NVMLError_LibraryNotFound:\n"
-                  "    print('library not found')\n")
+    out = node.py(
+        "import pynvml\n"
+        "try:\n"
+        "    pynvml.nvmlInit()\n"
+        "except pynvml.NVMLError_LibraryNotFound:\n"
+        "    print('library not found')\n"
+    )
     assert out.strip() == "library not found"
 
 
@@ -338,16 +394,36 @@ POD_UID = "0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d"
 POD_ = POD_UID.replace("-", "_")
 OWNER_CASES = [
     ("/system.slice/system-vllm.slice/vllm@a.service", {"systemd_unit": "vllm@a.service"}),
-    (f"/system.slice/docker-{CID}.scope", {"systemd_unit": f"docker-{CID}.scope", "container_id": CID,
-                                           "runtime": "docker"}),
-    (f"/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{POD_}.slice/cri-containerd-{CID}.scope",
-     {"systemd_unit": f"cri-containerd-{CID}.scope", "container_id": CID, "runtime": "containerd", "pod_uid": POD_UID}),
-    (f"/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{POD_}.slice/crio-{CID}.scope",
-     {"systemd_unit": f"crio-{CID}.scope", "container_id": CID, "runtime": "cri-o", "pod_uid": POD_UID}),
-    (f"/kubepods.slice/kubepods-pod{POD_}.slice/cri-containerd-{CID}.scope",
-     {"systemd_unit": f"cri-containerd-{CID}.scope", "container_id": CID, "runtime": "containerd", "pod_uid": POD_UID}),
-    ("/system.slice/slurmstepd.scope/job_4242/step_0/user/task_0",
-     {"systemd_unit": "slurmstepd.scope", "slurm_job": "4242"}),
+    (
+        f"/system.slice/docker-{CID}.scope",
+        {"systemd_unit": f"docker-{CID}.scope", "container_id": CID, "runtime": "docker"},
+    ),
+    (
+        f"/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{POD_}.slice/cri-containerd-{CID}.scope",
+        {
+            "systemd_unit": f"cri-containerd-{CID}.scope",
+            "container_id": CID,
+            "runtime": "containerd",
+            "pod_uid": POD_UID,
+        },
+    ),
+    (
+        f"/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{POD_}.slice/crio-{CID}.scope",
+        {"systemd_unit": f"crio-{CID}.scope", "container_id": CID, "runtime": "cri-o", "pod_uid": POD_UID},
+    ),
+    (
+        f"/kubepods.slice/kubepods-pod{POD_}.slice/cri-containerd-{CID}.scope",
+        {
+            "systemd_unit": f"cri-containerd-{CID}.scope",
+            "container_id": CID,
+            "runtime": "containerd",
+            "pod_uid": POD_UID,
+        },
+    ),
+    (
+        "/system.slice/slurmstepd.scope/job_4242/step_0/user/task_0",
+        {"systemd_unit": "slurmstepd.scope", "slurm_job": "4242"},
+    ),
     ("/slurm/uid_0/job_77/step_batch/task_0", {"slurm_job": "77"}),
 ]
 
@@ -406,8 +482,17 @@ def test_down_removes_owner_cgroups(simnode, tmp_path):
 def test_exec_cgroup_option(simnode):
     node = owner_node(simnode)
     root = str(node.state_dir.parent)
-    result = run_gpunode("exec", node.name, "--cgroup", "/system.slice/x.service", "--",
-                         "grep", "name=systemd", "/proc/self/cgroup", root=root)
+    result = run_gpunode(
+        "exec",
+        node.name,
+        "--cgroup",
+        "/system.slice/x.service",
+        "--",
+        "grep",
+        "name=systemd",
+        "/proc/self/cgroup",
+        root=root,
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().endswith(":name=systemd:/system.slice/x.service")
     refused = run_gpunode("exec", node.name, "--cgroup", "/../escape", "--", "true", root=root)

@@ -46,11 +46,7 @@ DRAFTER_CONFIG = {
     "num_hidden_layers": 5,
     "num_target_layers": 64,
 }
-GUESSED = {
-    "target_layer_ids": [1, 17, 33, 49, 63],
-    "mask_token_id": 248064,
-    "layer_types": ["full_attention"] * 5,
-}
+GUESSED = {"target_layer_ids": [1, 17, 33, 49, 63], "mask_token_id": 248064, "layer_types": ["full_attention"] * 5}
 V2_RUNNER = {"VLLM_USE_V2_MODEL_RUNNER": "1"}
 
 
@@ -184,8 +180,7 @@ class SimNode:
     def holds_gpu(self, pid, index):
         """True when `pid` holds a context on GPU `index` per the contract."""
         handles = self.device_handles(pid)
-        return (pid in handles.get("nvidia%d" % MINORS[index], [])
-                and "nvidiactl" in handles and "nvidia-uvm" in handles)
+        return pid in handles.get("nvidia%d" % MINORS[index], []) and "nvidiactl" in handles and "nvidia-uvm" in handles
 
 
 @pytest.fixture
@@ -203,9 +198,11 @@ class Server:
         self.started = time.time()
         with open(log_path, "wb") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-c", LAUNCHER, str(SIM_DIR), "serve", "/models/m",
-                 "--port", str(self.port), *args],
-                env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                [sys.executable, "-c", LAUNCHER, str(SIM_DIR), "serve", "/models/m", "--port", str(self.port), *args],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
         self.pid = self.process.pid
@@ -215,17 +212,21 @@ class Server:
 
     def engine_core(self):
         """PID of EngineCore (waits for it)."""
+
         def find():
             return next((pid for pid in children(self.pid) if title(pid) == "VLLM::EngineCore"), None)
+
         return wait_for(find, 10, "EngineCore", self.log)
 
     def workers(self, engine_core, count):
         """{title: pid} of EngineCore's `count` workers, once each holds its context and has its rank title.
 
         (Each is titled VLLM::Worker until its device is set, as in vLLM 0.33.)"""
+
         def find():
             found = {title(pid): pid for pid in children(engine_core) if title(pid).startswith("VLLM::Worker_")}
             return found if len(found) == count and all(self.node.context(pid) for pid in found.values()) else None
+
         return wait_for(find, 15, "%d workers holding contexts" % count, self.log)
 
     def wait_ready(self):
@@ -236,8 +237,11 @@ class Server:
         found = []
         for process in psutil.process_iter(["create_time", "status"]):
             try:
-                if (os.getsid(process.pid) == self.pid and process.info["create_time"] >= self.started - 1
-                        and process.info["status"] != psutil.STATUS_ZOMBIE):
+                if (
+                    os.getsid(process.pid) == self.pid
+                    and process.info["create_time"] >= self.started - 1
+                    and process.info["status"] != psutil.STATUS_ZOMBIE
+                ):
                     found.append(process)
             except (ProcessLookupError, PermissionError):
                 continue
@@ -267,8 +271,11 @@ def serve(node, tmp_path, fake_driver_dir):
     servers = []
 
     def start(*args, **env):
-        environment = {name: value for name, value in os.environ.items()
-                       if not name.startswith(("SIMVLLM_", "VLLM_", "CUDA_VISIBLE_DEVICES"))}
+        environment = {
+            name: value
+            for name, value in os.environ.items()
+            if not name.startswith(("SIMVLLM_", "VLLM_", "CUDA_VISIBLE_DEVICES"))
+        }
         environment.update(GPUSIM_RUN=str(node.run_dir), SIMVLLM_LOAD_SECONDS="0.3")
         # The fake driver library, for the NVML that TP workers initialize as NCCL does.
         environment["LD_LIBRARY_PATH"] = str(fake_driver_dir)
@@ -310,8 +317,9 @@ def test_tp8_engine_core_and_eight_workers_each_hold_their_gpu(node, serve):
         handles = node.device_handles(pid)
         # CUDA opens every visible GPU (all 8: CUDA_VISIBLE_DEVICES unset) and NCCL's NVML opens
         # every GPU again, all at position 0; only the rank's own GPU carries the context token.
-        assert sorted(name for name in handles if name.startswith("nvidia") and name[6:].isdigit()) \
-            == sorted("nvidia%d" % minor for minor in MINORS)
+        assert sorted(name for name in handles if name.startswith("nvidia") and name[6:].isdigit()) == sorted(
+            "nvidia%d" % minor for minor in MINORS
+        )
         assert [name for name, positions in handles.items() if pid in positions] == ["nvidia%d" % MINORS[rank]]
         assert all(handles["nvidia%d" % minor] == [0, 0] for minor in MINORS if minor != MINORS[rank])
         assert node.context(pid) == "%d %d\n" % (rank, int(0.5 * MEMORY_TOTAL_MIB))
@@ -351,7 +359,8 @@ def test_sigkill_of_api_server_orphans_engine_core_and_workers(node, serve):
 
     def tree_holds():
         return alive(engine_core) and all(
-            node.holds_gpu(workers["VLLM::Worker_TP%d" % rank], rank) for rank in range(4))
+            node.holds_gpu(workers["VLLM::Worker_TP%d" % rank], rank) for rank in range(4)
+        )
 
     assert_stays(tree_holds, 1.5, "EngineCore and its workers keep running and holding their GPUs")
 
@@ -393,8 +402,11 @@ def test_sigterm_during_loading_is_deferred_then_the_tree_is_killed_after_5_seco
 
     started = time.monotonic()
     server.process.send_signal(signal.SIGTERM)
-    assert_stays(lambda: all(node.holds_gpu(workers["VLLM::Worker_TP%d" % r], r) for r in range(2)), 4.0,
-                 "loading workers keep their GPUs during the window")
+    assert_stays(
+        lambda: all(node.holds_gpu(workers["VLLM::Worker_TP%d" % r], r) for r in range(2)),
+        4.0,
+        "loading workers keep their GPUs during the window",
+    )
     assert server.process.wait(timeout=4) == -signal.SIGINT
     wait_for(lambda: not server.session(), 2, "every process to exit", server.log)
     assert 5.0 <= time.monotonic() - started < 7.5
@@ -423,10 +435,17 @@ def test_engine_core_sigkilled_after_load_deferral_leaves_nothing(node, serve):
     workers = server.workers(engine_core, 2)
     started = time.monotonic()
     os.kill(engine_core, signal.SIGTERM)
-    assert_stays(lambda: alive(engine_core) and all(alive(pid) for pid in workers.values()), 2.0,
-                 "EngineCore and its workers keep loading")
-    wait_for(lambda: not alive(engine_core) and not any(alive(pid) for pid in workers.values()), 4,
-             "EngineCore and its workers to exit once loaded", server.log)
+    assert_stays(
+        lambda: alive(engine_core) and all(alive(pid) for pid in workers.values()),
+        2.0,
+        "EngineCore and its workers keep loading",
+    )
+    wait_for(
+        lambda: not alive(engine_core) and not any(alive(pid) for pid in workers.values()),
+        4,
+        "EngineCore and its workers to exit once loaded",
+        server.log,
+    )
     assert time.monotonic() - started >= 2.9
 
 
@@ -465,8 +484,11 @@ def test_sigterm_during_warm_up_orphans_workers(node, serve):
     assert server.process.wait(timeout=7) == -signal.SIGINT
     wait_for(lambda: not alive(engine_core), 5, "EngineCore to die", server.log)
     assert all(psutil.Process(pid).ppid() != engine_core for pid in workers.values())
-    assert_stays(lambda: all(node.holds_gpu(workers["VLLM::Worker_TP%d" % r], r) for r in range(2)), 1.5,
-                 "orphaned workers keep running and holding their GPUs")
+    assert_stays(
+        lambda: all(node.holds_gpu(workers["VLLM::Worker_TP%d" % r], r) for r in range(2)),
+        1.5,
+        "orphaned workers keep running and holding their GPUs",
+    )
 
 
 def test_engine_core_crash_after_load_fails_health_and_exits_1(serve):
@@ -476,15 +498,30 @@ def test_engine_core_crash_after_load_fails_health_and_exits_1(serve):
     wait_for(lambda: not server.session(), 5, "every process to exit", server.log)
 
 
-@pytest.mark.parametrize("args, env, status, message", [
-    (["--gpu-memory-utilization", 0.9], {"CUDA_VISIBLE_DEVICES": "3"}, 1, "Free memory on device cuda:0"),
-    (["-tp", 2], {"CUDA_VISIBLE_DEVICES": "2,3"}, 1, "Free memory on device cuda:1"),
-    (["-tp", 8], {"CUDA_VISIBLE_DEVICES": "0,1"}, 1,
-     "World size (8) is larger than the number of available GPUs (2)"),
-    (["--speculative-config", "{not json"], {}, 2, "invalid JSON value"),
-    (["--speculative-config", '{"method": "dflash", "model": "/nonexistent/drafter", "num_speculative_tokens": 15}'],
-     {}, 1, "Invalid repository ID or local directory specified: '/nonexistent/drafter'"),
-], ids=["free-memory", "free-memory-tp2", "too-few-gpus", "invalid-json", "missing-drafter"])
+@pytest.mark.parametrize(
+    "args, env, status, message",
+    [
+        (["--gpu-memory-utilization", 0.9], {"CUDA_VISIBLE_DEVICES": "3"}, 1, "Free memory on device cuda:0"),
+        (["-tp", 2], {"CUDA_VISIBLE_DEVICES": "2,3"}, 1, "Free memory on device cuda:1"),
+        (
+            ["-tp", 8],
+            {"CUDA_VISIBLE_DEVICES": "0,1"},
+            1,
+            "World size (8) is larger than the number of available GPUs (2)",
+        ),
+        (["--speculative-config", "{not json"], {}, 2, "invalid JSON value"),
+        (
+            [
+                "--speculative-config",
+                '{"method": "dflash", "model": "/nonexistent/drafter", "num_speculative_tokens": 15}',
+            ],
+            {},
+            1,
+            "Invalid repository ID or local directory specified: '/nonexistent/drafter'",
+        ),
+    ],
+    ids=["free-memory", "free-memory-tp2", "too-few-gpus", "invalid-json", "missing-drafter"],
+)
 def test_start_failures(node, serve, args, env, status, message):
     (node.contexts_dir / "999999").write_text("3 40000\n")  # another process's context on GPU 3
     server = serve(*args, **env)
@@ -519,13 +556,25 @@ def test_http_refused_while_loading_then_openai_endpoints(node, serve):
     assert "Starting vLLM API server on http://0.0.0.0:%d" % server.port in server.log()
     status, body = http(server.port, "GET", "/v1/models")
     assert status == 200
-    assert json.loads(body) == {"object": "list", "data": [
-        {"id": "/models/m", "object": "model", "created": json.loads(body)["data"][0]["created"],
-         "owned_by": "vllm", "root": "/models/m", "parent": None, "max_model_len": 64}]}
+    assert json.loads(body) == {
+        "object": "list",
+        "data": [
+            {
+                "id": "/models/m",
+                "object": "model",
+                "created": json.loads(body)["data"][0]["created"],
+                "owned_by": "vllm",
+                "root": "/models/m",
+                "parent": None,
+                "max_model_len": 64,
+            }
+        ],
+    }
     assert json.loads(http(server.port, "GET", "/version")[1])["version"]
 
-    status, body = http(server.port, "POST", "/v1/completions",
-                        {"model": "/models/m", "prompt": "one two three", "max_tokens": 7})
+    status, body = http(
+        server.port, "POST", "/v1/completions", {"model": "/models/m", "prompt": "one two three", "max_tokens": 7}
+    )
     completion = json.loads(body)
     assert status == 200
     assert completion["object"] == "text_completion"
@@ -534,8 +583,12 @@ def test_http_refused_while_loading_then_openai_endpoints(node, serve):
     again = json.loads(http(server.port, "POST", "/v1/completions", {"prompt": "one two three", "max_tokens": 7})[1])
     assert again["choices"][0]["text"] == completion["choices"][0]["text"]
 
-    status, body = http(server.port, "POST", "/v1/chat/completions",
-                        {"messages": [{"role": "user", "content": "hello there"}], "max_tokens": 5})
+    status, body = http(
+        server.port,
+        "POST",
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "hello there"}], "max_tokens": 5},
+    )
     assert status == 200
     assert len(json.loads(body)["choices"][0]["message"]["content"].split()) == 5
 
@@ -579,12 +632,16 @@ def test_api_key_from_environment(serve):
 LEGACY = {"SIMVLLM_VERSION": "0.26"}
 
 
-@pytest.mark.parametrize("extra, env, low, high", [
-    ({}, {}, 0.6, 0.8),  # vLLM 0.33: the V2 model runner is the default
-    ({}, V2_RUNNER, 0.6, 0.8),
-    (GUESSED, dict(LEGACY, **V2_RUNNER), 0.0, 0.05),
-    ({}, LEGACY, 0.0, 0.05),  # before 0.33 (V1 default) a mixed sliding/full layout ran as all-full
-], ids=["matching", "matching-v2-forced", "guessed-legacy", "matching-legacy-v1"])
+@pytest.mark.parametrize(
+    "extra, env, low, high",
+    [
+        ({}, {}, 0.6, 0.8),  # vLLM 0.33: the V2 model runner is the default
+        ({}, V2_RUNNER, 0.6, 0.8),
+        (GUESSED, dict(LEGACY, **V2_RUNNER), 0.0, 0.05),
+        ({}, LEGACY, 0.0, 0.05),  # before 0.33 (V1 default) a mixed sliding/full layout ran as all-full
+    ],
+    ids=["matching", "matching-v2-forced", "guessed-legacy", "matching-legacy-v1"],
+)
 def test_dflash_acceptance_metrics(serve, drafter, extra, env, low, high):
     speculative_config = dict({"method": "dflash", "model": str(drafter), "num_speculative_tokens": 15}, **extra)
     server = serve("--speculative-config", json.dumps(speculative_config), **env)
@@ -601,19 +658,30 @@ def test_dflash_acceptance_metrics(serve, drafter, extra, env, low, high):
 
     assert draft_tokens == 15 * drafts
     assert low <= accepted / draft_tokens <= high
-    assert sorted(re.search(r'position="(\d+)"', labels).group(1) for labels in per_position) \
-        == sorted(str(position) for position in range(15))
+    assert sorted(re.search(r'position="(\d+)"', labels).group(1) for labels in per_position) == sorted(
+        str(position) for position in range(15)
+    )
     assert sum(per_position.values()) == accepted
     assert accepted + drafts >= 5 * 200  # every draft step yields its accepted tokens plus one
 
 
-@pytest.mark.parametrize("speculative_config, env, message", [
-    ({"num_speculative_tokens": 15, "target_layer_ids": [1, 16, 31, 46, 61]}, {},
-     "target_layer_ids\n  Extra inputs are not permitted"),
-    ({"num_speculative_tokens": 15}, {"VLLM_USE_V2_MODEL_RUNNER": "0"},
-     "Model Runner V1 does not support: mixed sliding/full dflash drafts"),
-    ({"num_speculative_tokens": 16}, LEGACY, "num_speculative_tokens (16) must be at most block_size - 1 (15)"),
-], ids=["unknown-key", "v1-forced-mixed-layout", "legacy-block-size"])
+@pytest.mark.parametrize(
+    "speculative_config, env, message",
+    [
+        (
+            {"num_speculative_tokens": 15, "target_layer_ids": [1, 16, 31, 46, 61]},
+            {},
+            "target_layer_ids\n  Extra inputs are not permitted",
+        ),
+        (
+            {"num_speculative_tokens": 15},
+            {"VLLM_USE_V2_MODEL_RUNNER": "0"},
+            "Model Runner V1 does not support: mixed sliding/full dflash drafts",
+        ),
+        ({"num_speculative_tokens": 16}, LEGACY, "num_speculative_tokens (16) must be at most block_size - 1 (15)"),
+    ],
+    ids=["unknown-key", "v1-forced-mixed-layout", "legacy-block-size"],
+)
 def test_dflash_start_failures(serve, drafter, speculative_config, env, message):
     speculative_config = dict({"method": "dflash", "model": str(drafter)}, **speculative_config)
     server = serve("--speculative-config", json.dumps(speculative_config), **env)
@@ -646,36 +714,50 @@ def _write(drafter, config=None, trained=None):
         (drafter / "trained.json").write_text(json.dumps(trained))
 
 
-@pytest.mark.parametrize("config, agrees", [
-    (DRAFTER_CONFIG, True),
-    (dict(DRAFTER_CONFIG, dflash_config={"mask_token_id": 248064, "target_layer_ids": [1, 16, 31, 46, 61]}), False),
-    (dict(DRAFTER_CONFIG, dflash_config={"mask_token_id": 248070, "target_layer_ids": [1, 17, 33, 49, 63]}), False),
-    (dict(DRAFTER_CONFIG, layer_types=["full_attention"] * 5), False),
-    # taps from the top-level target_layer_ids when dflash_config has none (eagle3_utils.py lookup order)
-    (dict(DRAFTER_CONFIG, target_layer_ids=[1, 16, 31, 46, 61], dflash_config={"mask_token_id": 248070}), True),
-    (dict(DRAFTER_CONFIG, mask_token_id=248070, dflash_config={"target_layer_ids": [1, 16, 31, 46, 61]}), True),
-    # dflash_config.is_causal is not read by vLLM 0.33; dflash_config.causal is
-    (dict(DRAFTER_CONFIG, dflash_config=dict(DRAFTER_CONFIG["dflash_config"], is_causal=False)), True),
-    (dict(DRAFTER_CONFIG, dflash_config=dict(DRAFTER_CONFIG["dflash_config"], causal=False)), False),
-], ids=["as-trained", "mask", "layers", "layout", "top-level-ids", "top-level-mask", "is_causal-ignored", "causal"])
+@pytest.mark.parametrize(
+    "config, agrees",
+    [
+        (DRAFTER_CONFIG, True),
+        (dict(DRAFTER_CONFIG, dflash_config={"mask_token_id": 248064, "target_layer_ids": [1, 16, 31, 46, 61]}), False),
+        (dict(DRAFTER_CONFIG, dflash_config={"mask_token_id": 248070, "target_layer_ids": [1, 17, 33, 49, 63]}), False),
+        (dict(DRAFTER_CONFIG, layer_types=["full_attention"] * 5), False),
+        # taps from the top-level target_layer_ids when dflash_config has none (eagle3_utils.py lookup order)
+        (dict(DRAFTER_CONFIG, target_layer_ids=[1, 16, 31, 46, 61], dflash_config={"mask_token_id": 248070}), True),
+        (dict(DRAFTER_CONFIG, mask_token_id=248070, dflash_config={"target_layer_ids": [1, 16, 31, 46, 61]}), True),
+        # dflash_config.is_causal is not read by vLLM 0.33; dflash_config.causal is
+        (dict(DRAFTER_CONFIG, dflash_config=dict(DRAFTER_CONFIG["dflash_config"], is_causal=False)), True),
+        (dict(DRAFTER_CONFIG, dflash_config=dict(DRAFTER_CONFIG["dflash_config"], causal=False)), False),
+    ],
+    ids=["as-trained", "mask", "layers", "layout", "top-level-ids", "top-level-mask", "is_causal-ignored", "causal"],
+)
 def test_dflash_drafter_config_against_training(drafter, config, agrees):
     _write(drafter, config, trained=DRAFTER_CONFIG)
     assert _agrees(drafter) is agrees
 
 
 def test_unknown_keys_and_methods_are_refused_at_start(drafter):
-    for bad in ({"method": "dflash", "model": str(drafter), "num_speculative_tokens": 15, "use_swa": True},
-                {"method": "eagle3", "model": str(drafter), "num_speculative_tokens": 3, "speculative_token_tree": "[(0,)]"},
-                {"method": "eagle3", "model": str(drafter), "num_speculative_tokens": 3, "tensor_parallel_size": 2},
-                {"method": "medusa", "model": str(drafter), "num_speculative_tokens": 3},
-                {"method": "mlp_speculator", "model": str(drafter), "num_speculative_tokens": 3},
-                {"method": "foo_mtp", "model": str(drafter), "num_speculative_tokens": 3}):
+    for bad in (
+        {"method": "dflash", "model": str(drafter), "num_speculative_tokens": 15, "use_swa": True},
+        {"method": "eagle3", "model": str(drafter), "num_speculative_tokens": 3, "speculative_token_tree": "[(0,)]"},
+        {"method": "eagle3", "model": str(drafter), "num_speculative_tokens": 3, "tensor_parallel_size": 2},
+        {"method": "medusa", "model": str(drafter), "num_speculative_tokens": 3},
+        {"method": "mlp_speculator", "model": str(drafter), "num_speculative_tokens": 3},
+        {"method": "foo_mtp", "model": str(drafter), "num_speculative_tokens": 3},
+    ):
         with pytest.raises(SpeculativeConfigError):
             SpeculativeDecoding.from_config(bad, {})
-    assert SpeculativeDecoding.from_config(
-        {"method": "deepseek_mtp", "model": str(drafter), "num_speculative_tokens": 1}, {}).method == "mtp"
-    assert SpeculativeDecoding.from_config(
-        {"method": "medusa", "model": str(drafter), "num_speculative_tokens": 3}, LEGACY).method == "medusa"
+    assert (
+        SpeculativeDecoding.from_config(
+            {"method": "deepseek_mtp", "model": str(drafter), "num_speculative_tokens": 1}, {}
+        ).method
+        == "mtp"
+    )
+    assert (
+        SpeculativeDecoding.from_config(
+            {"method": "medusa", "model": str(drafter), "num_speculative_tokens": 3}, LEGACY
+        ).method
+        == "medusa"
+    )
 
 
 def test_worker_and_engine_core_titles():
@@ -689,28 +771,37 @@ def test_worker_and_engine_core_titles():
     # multiproc_executor.py setup_proc_title_and_log_prefix: _DP _PP _PCP _TP _DCP _EP, each when its size > 1
     assert worker_name(5, 2, 2, pcp=2) == "Worker_PP1_PCP0_TP1"
     assert worker_name(3, 4, 1, dcp=2) == "Worker_TP3_DCP1"
-    assert worker_name(7, 2, 2, dp_size=2, dp_rank=1, expert_parallel=True, pcp=2, dcp=2) == "Worker_DP1_PP1_PCP1_TP1_DCP1_EP3"
+    assert (
+        worker_name(7, 2, 2, dp_size=2, dp_rank=1, expert_parallel=True, pcp=2, dcp=2)
+        == "Worker_DP1_PP1_PCP1_TP1_DCP1_EP3"
+    )
 
 
-@pytest.mark.parametrize("keys, agrees", [
-    ({}, True),
-    ({"target_layer_ids": [1, 16, 31, 46, 61], "mask_token_id": 248070}, True),
-    ({"layer_types": DRAFTER_CONFIG["layer_types"]}, True),
-    ({"use_swa": True}, True),
-    ({"target_layer_ids": [1, 17, 33, 49, 63]}, False),
-    ({"target_layer_ids": [2, 17, 32, 47, 62]}, False),
-    ({"mask_token_id": 248064}, False),
-    ({"use_swa": False}, False),
-    ({"layer_types": ["full_attention"] * 5}, False),
-])
+@pytest.mark.parametrize(
+    "keys, agrees",
+    [
+        ({}, True),
+        ({"target_layer_ids": [1, 16, 31, 46, 61], "mask_token_id": 248070}, True),
+        ({"layer_types": DRAFTER_CONFIG["layer_types"]}, True),
+        ({"use_swa": True}, True),
+        ({"target_layer_ids": [1, 17, 33, 49, 63]}, False),
+        ({"target_layer_ids": [2, 17, 32, 47, 62]}, False),
+        ({"mask_token_id": 248064}, False),
+        ({"use_swa": False}, False),
+        ({"layer_types": ["full_attention"] * 5}, False),
+    ],
+)
 def test_dflash_agreement(drafter, keys, agrees):
     assert _agrees(drafter, **keys) is agrees
 
 
-@pytest.mark.parametrize("stale_layer_ids, agrees", [
-    ([2, 17, 32, 47, 62], True),  # already shifted by one, as vLLM taps them
-    ([1, 16, 31, 46, 61], False),  # off by one
-])
+@pytest.mark.parametrize(
+    "stale_layer_ids, agrees",
+    [
+        ([2, 17, 32, 47, 62], True),  # already shifted by one, as vLLM taps them
+        ([1, 16, 31, 46, 61], False),  # off by one
+    ],
+)
 def test_dflash_stale_eagle_aux_layer_ids_win(drafter, stale_layer_ids, agrees):
     config = dict(DRAFTER_CONFIG, eagle_aux_hidden_state_layer_ids=stale_layer_ids)
     _write(drafter, config, trained=DRAFTER_CONFIG)
@@ -730,13 +821,16 @@ def test_other_methods(tmp_path):
     eagle.mkdir()
     (eagle / "config.json").write_text("{}")
     assert SpeculativeDecoding.from_config(
-        {"method": "eagle3", "model": str(eagle), "num_speculative_tokens": 3}, {}).drafter_agrees
+        {"method": "eagle3", "model": str(eagle), "num_speculative_tokens": 3}, {}
+    ).drafter_agrees
     assert SpeculativeDecoding.from_config({"method": "ngram", "num_speculative_tokens": 4}, {}).drafter_agrees
-    for bad in ({"method": "eagle", "model": str(tmp_path / "missing"), "num_speculative_tokens": 3},
-                {"method": "eagle", "num_speculative_tokens": 3},
-                {"method": "ngram"},
-                {"method": "medusa2", "num_speculative_tokens": 3},
-                {"method": "eagle", "model": str(eagle), "num_speculative_tokens": 3, "foo": 1}):
+    for bad in (
+        {"method": "eagle", "model": str(tmp_path / "missing"), "num_speculative_tokens": 3},
+        {"method": "eagle", "num_speculative_tokens": 3},
+        {"method": "ngram"},
+        {"method": "medusa2", "num_speculative_tokens": 3},
+        {"method": "eagle", "model": str(eagle), "num_speculative_tokens": 3, "foo": 1},
+    ):
         with pytest.raises(SpeculativeConfigError):
             SpeculativeDecoding.from_config(bad, {})
 
@@ -760,8 +854,13 @@ def test_data_parallel_tree_and_its_stop(node, serve):
     server = serve("-dp", 2)
     server.wait_ready()
     launched = children(server.pid)
-    assert _titles(launched) == ["VLLM::APIServer_0", "VLLM::APIServer_1", "VLLM::DPCoordinator",
-                                 "VLLM::EngineCore_DP0", "VLLM::EngineCore_DP1"]
+    assert _titles(launched) == [
+        "VLLM::APIServer_0",
+        "VLLM::APIServer_1",
+        "VLLM::DPCoordinator",
+        "VLLM::EngineCore_DP0",
+        "VLLM::EngineCore_DP1",
+    ]
     for rank in range(2):
         engine = next(pid for pid in launched if title(pid) == "VLLM::EngineCore_DP%d" % rank)
         (worker,) = children(engine)
@@ -777,10 +876,19 @@ def test_data_parallel_tree_and_its_stop(node, serve):
 def test_several_api_servers_and_the_rust_frontend(node, serve):
     server = serve("--api-server-count", 3)
     server.wait_ready()
-    assert _titles(children(server.pid)) == ["VLLM::APIServer_0", "VLLM::APIServer_1", "VLLM::APIServer_2",
-                                             "VLLM::EngineCore"]
-    rust = serve("--api-server-count", 2, VLLM_USE_RUST_FRONTEND="1", VLLM_RUST_FRONTEND_PATH="/opt/vllm/bin/vllm-rs",
-                 CUDA_VISIBLE_DEVICES="1")
+    assert _titles(children(server.pid)) == [
+        "VLLM::APIServer_0",
+        "VLLM::APIServer_1",
+        "VLLM::APIServer_2",
+        "VLLM::EngineCore",
+    ]
+    rust = serve(
+        "--api-server-count",
+        2,
+        VLLM_USE_RUST_FRONTEND="1",
+        VLLM_RUST_FRONTEND_PATH="/opt/vllm/bin/vllm-rs",
+        CUDA_VISIBLE_DEVICES="1",
+    )
     rust.wait_ready()
     launched = children(rust.pid)
     frontend = [pid for pid in launched if title(pid).startswith("/opt/vllm/bin/vllm-rs")]
@@ -805,9 +913,20 @@ def raylet(node, tmp_path, fake_driver_dir):
     env = {name: value for name, value in os.environ.items() if not name.startswith(("SIMVLLM_", "VLLM_", "CUDA_"))}
     env.update(GPUSIM_RUN=str(node.run_dir), LD_LIBRARY_PATH=str(fake_driver_dir))
     with open(tmp_path / "raylet.log", "wb") as log:
-        process = subprocess.Popen([sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
-                                    "from simvllm.raylet import main; sys.exit(main(sys.argv[2:]))", str(SIM_DIR), address],
-                                   env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                "import sys; sys.path.insert(0, sys.argv[1]); "
+                "from simvllm.raylet import main; sys.exit(main(sys.argv[2:]))",
+                str(SIM_DIR),
+                address,
+            ],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     wait_for(lambda: os.path.exists(address), 10, "the raylet's socket")
     yield process, address
     for child in psutil.Process(process.pid).children(recursive=True):
@@ -830,8 +949,11 @@ def test_ray_executor_workers_run_under_the_respawning_raylet(node, serve, rayle
     os.kill(actors[0], signal.SIGTERM)  # the raylet starts an ended actor again (1 s later) while its job lives
     wait_for(lambda: not alive(actors[0]), 2, "the actor to exit")
     (node.contexts_dir / str(actors[0])).unlink()  # the driver's release of its context (done by a node's init)
-    respawned = wait_for(lambda: [pid for pid in children(process.pid) if pid not in actors and node.context(pid)],
-                         10, "the actor restarted")
+    respawned = wait_for(
+        lambda: [pid for pid in children(process.pid) if pid not in actors and node.context(pid)],
+        10,
+        "the actor restarted",
+    )
     assert len(respawned) == 1 and health(server.port) == 200
 
     server.process.send_signal(signal.SIGTERM)  # the job ends: the raylet ends its actors, and lives on

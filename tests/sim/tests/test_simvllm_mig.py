@@ -21,20 +21,25 @@ GI4 = MigDevice(0, "MIG-f59c197e-f944-ff87-12c7-c8a16a719d81", 4, 0, 20096, PARE
 
 def gpus(tmp_path, mig="0;2:"):
     node = NodeGpus(run_dir=str(tmp_path), count=3, memory_total_mib=81559, minors=[0, 1, 2], reserved_mib=529, mig=mig)
-    node.__dict__["mig_devices"] = {0: [GI2, GI4], 2: []} if mig else {}  # what NVML answers: GPU 2 in MIG mode, no instance
+    node.__dict__["mig_devices"] = (
+        {0: [GI2, GI4], 2: []} if mig else {}
+    )  # what NVML answers: GPU 2 in MIG mode, no instance
     return node
 
 
-@pytest.mark.parametrize("visible, expected", [
-    (GI4.uuid, ([0], GI4)),                                    # MIG-<UUID> (R470+)
-    ("MIG-%s/4/0" % PARENT, ([0], GI4)),                       # MIG-<GPU-UUID>/<GI>/<CI> (R450/R460)
-    ("1,%s" % GI4.uuid, ([0], GI4)),                           # no non-MIG GPU beside a MIG device
-    ("%s,%s" % (GI4.uuid, GI2.uuid), ([0], GI4)),              # a single MIG device: the first visible
-    ("0", ([0], GI2)),                                         # a GPU in MIG mode: its first instance
-    (None, ([0], GI2)),                                        # unset: every GPU, so the first MIG device
-    ("1,2", ([1], None)),                                      # GPU 2 in MIG mode without instance: nothing from it
-    ("MIG-00000000-0000-0000-0000-000000000000,1", ([], None)),  # an unknown entry ends the list
-])
+@pytest.mark.parametrize(
+    "visible, expected",
+    [
+        (GI4.uuid, ([0], GI4)),  # MIG-<UUID> (R470+)
+        ("MIG-%s/4/0" % PARENT, ([0], GI4)),  # MIG-<GPU-UUID>/<GI>/<CI> (R450/R460)
+        ("1,%s" % GI4.uuid, ([0], GI4)),  # no non-MIG GPU beside a MIG device
+        ("%s,%s" % (GI4.uuid, GI2.uuid), ([0], GI4)),  # a single MIG device: the first visible
+        ("0", ([0], GI2)),  # a GPU in MIG mode: its first instance
+        (None, ([0], GI2)),  # unset: every GPU, so the first MIG device
+        ("1,2", ([1], None)),  # GPU 2 in MIG mode without instance: nothing from it
+        ("MIG-00000000-0000-0000-0000-000000000000,1", ([], None)),  # an unknown entry ends the list
+    ],
+)
 def test_mig_devices_in_cuda_visible_devices(tmp_path, visible, expected):
     assert gpus(tmp_path).enumerate(visible) == expected
 

@@ -8,20 +8,22 @@ import time
 
 # drafter, fake_driver_dir, node and serve are pytest fixtures of test_simvllm, used here by name (serve needs
 # fake_driver_dir: a fixture's own fixtures must be importable here too).
-from test_simvllm import (drafter, fake_driver_dir, http, metric, metric_samples, node, refused, serve,  # noqa: F401  # pylint: disable=unused-import
-                          wait_for)
+from test_simvllm import drafter, fake_driver_dir, node, serve  # noqa: F401  # pylint: disable=unused-import
+from test_simvllm import http, metric, metric_samples, refused, wait_for
 
 V2_RUNNER = {"VLLM_USE_V2_MODEL_RUNNER": "1"}
 
 
 def send_in_background(port, count, max_tokens, results):
     """Start `count` completions of `max_tokens` tokens in threads; each appends (status, answer or error) to results."""
+
     def one(index):
         try:
             status, body = http(port, "POST", "/v1/completions", {"prompt": "p %d" % index, "max_tokens": max_tokens})
             results.append((status, json.loads(body)))
         except Exception as error:  # noqa: BLE001 (a dropped connection is a result here)
             results.append((None, repr(error)))
+
     threads = [threading.Thread(target=one, args=(index,)) for index in range(count)]
     for thread in threads:
         thread.start()
@@ -48,8 +50,10 @@ def test_slow_requests_drain_within_the_shutdown_timeout_and_new_ones_are_aborte
     for thread in threads:
         thread.join()
     assert 2.5 < time.monotonic() - started < 6
-    assert [(status, answer["choices"][0]["finish_reason"], answer["usage"]["completion_tokens"]) for status, answer in results] \
-        == [(200, "length", 30)] * 4
+    assert [
+        (status, answer["choices"][0]["finish_reason"], answer["usage"]["completion_tokens"])
+        for status, answer in results
+    ] == [(200, "length", 30)] * 4
     assert "[shutdown] EngineCore: draining in-flight requests count=4 timeout=30s" in server.log()
     assert refused(server.port)
 
@@ -64,8 +68,12 @@ def test_without_shutdown_timeout_running_requests_are_aborted(serve):
     assert server.process.wait(timeout=8) == 0
     for thread in threads:
         thread.join()
-    assert all(status == 200 and answer["choices"][0]["finish_reason"] == "abort"
-               and answer["usage"]["completion_tokens"] < 100 for status, answer in results), results
+    assert all(
+        status == 200
+        and answer["choices"][0]["finish_reason"] == "abort"
+        and answer["usage"]["completion_tokens"] < 100
+        for status, answer in results
+    ), results
     assert "aborting in-flight requests count=2" in server.log()
 
 
@@ -88,11 +96,20 @@ def test_acceptance_collapses_after_the_knob(serve, drafter):
         for index in range(3):
             assert http(server.port, "POST", "/v1/completions", {"prompt": "q %d" % index, "max_tokens": 100})[0] == 200
         after = http(server.port, "GET", "/metrics")[1]
-        delta = {name: metric(after, name) - metric(before, name)
-                 for name in ("vllm:spec_decode_num_accepted_tokens_total", "vllm:spec_decode_num_draft_tokens_total")}
+        delta = {
+            name: metric(after, name) - metric(before, name)
+            for name in ("vllm:spec_decode_num_accepted_tokens_total", "vllm:spec_decode_num_draft_tokens_total")
+        }
         return delta["vllm:spec_decode_num_accepted_tokens_total"] / delta["vllm:spec_decode_num_draft_tokens_total"]
 
     assert 0.6 <= rate_of_next_requests() <= 0.8
     time.sleep(1.0)
     assert rate_of_next_requests() < 0.05
-    assert len(metric_samples(http(server.port, "GET", "/metrics")[1], "vllm:spec_decode_num_accepted_tokens_per_pos_total")) == 15
+    assert (
+        len(
+            metric_samples(
+                http(server.port, "GET", "/metrics")[1], "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+            )
+        )
+        == 15
+    )

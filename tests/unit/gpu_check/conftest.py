@@ -1,4 +1,5 @@
 """Make tests/gpu's check package (gpucheck) and check.py importable for these tests."""
+
 import os
 import sys
 

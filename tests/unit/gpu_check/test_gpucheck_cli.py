@@ -41,8 +41,13 @@ def test_missing_required_packages_stop_the_check(one_gpu, monkeypatch, capsys):
 
 def test_missing_packages_names_pip_requirements(monkeypatch):
     real_find_spec = check.importlib.util.find_spec
-    monkeypatch.setattr(check.importlib.util, "find_spec", lambda name: None if name in ("psutil", "setproctitle") else real_find_spec(name))
+    monkeypatch.setattr(
+        check.importlib.util,
+        "find_spec",
+        lambda name: None if name in ("psutil", "setproctitle") else real_find_spec(name),
+    )
     import ansible.release
+
     monkeypatch.setattr(ansible.release, "__version__", "2.16.14")
     assert check.missing_packages() == ["psutil", "setproctitle", "ansible-core"]
     monkeypatch.setattr(ansible.release, "__version__", "2.17.0")
@@ -63,9 +68,15 @@ def test_sizes_are_parsed():
 
 
 def test_render_md_prints_the_table(tmp_path, capsys):
-    result = {"date": "2026-11-29T08:00:00+00:00", "status": "failed", "gpu": {"name": "NVIDIA H200", "memory_total_mib": 143771},
-              "driver": {"driver_version": "580.159.04", "cuda_driver_version": 13000}, "host": {"backend": "cuda"},
-              "scenarios": {"idle": {"status": "error", "reason": "x"}}, "differences": []}
+    result = {
+        "date": "2026-11-29T08:00:00+00:00",
+        "status": "failed",
+        "gpu": {"name": "NVIDIA H200", "memory_total_mib": 143771},
+        "driver": {"driver_version": "580.159.04", "cuda_driver_version": 13000},
+        "host": {"backend": "cuda"},
+        "scenarios": {"idle": {"status": "error", "reason": "x"}},
+        "differences": [],
+    }
     path = tmp_path / "result.json"
     path.write_text(json.dumps(result))
     assert check.main(["--render-md", str(path)]) == 0

@@ -42,8 +42,10 @@ class FakeNvml:
         return SimpleNamespace(total=0, free=0, used=used, reserved=529 * MIB)
 
     def _list(self, name, handle):
-        return [SimpleNamespace(pid=pid, usedGpuMemory=None if mib is None else mib * MIB)
-                for pid, mib in self.gpus[handle].get(name, {}).items()]
+        return [
+            SimpleNamespace(pid=pid, usedGpuMemory=None if mib is None else mib * MIB)
+            for pid, mib in self.gpus[handle].get(name, {}).items()
+        ]
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle):
         return self._list("compute", handle)
@@ -69,12 +71,17 @@ class FakeNvml:
 
 
 def test_every_gpus_lists_and_memory():
-    nvml = FakeNvml([{"used_mib": 1024, "compute": {10: 1024}, "mps": "unsupported"},
-                     {"used_mib": 6000, "compute": {11: 4000}, "graphics": {11: 2000, 12: None}}])
+    nvml = FakeNvml(
+        [
+            {"used_mib": 1024, "compute": {10: 1024}, "mps": "unsupported"},
+            {"used_mib": 6000, "compute": {11: 4000}, "graphics": {11: 2000, 12: None}},
+        ]
+    )
     gpu = driver.Gpu(nvml, 0)
-    assert gpu.all_processes() == {0: {10: {"lists": ["compute"], "used_mib": 1024}},
-                                   1: {11: {"lists": ["compute", "graphics"], "used_mib": 4000},
-                                       12: {"lists": ["graphics"], "used_mib": None}}}
+    assert gpu.all_processes() == {
+        0: {10: {"lists": ["compute"], "used_mib": 1024}},
+        1: {11: {"lists": ["compute", "graphics"], "used_mib": 4000}, 12: {"lists": ["graphics"], "used_mib": None}},
+    }
     assert gpu.all_used_mib() == {0: 1024, 1: 6000}
     assert gpu.processes() == {10: {"lists": ["compute"], "used_mib": 1024}}
 

@@ -22,7 +22,12 @@ def fake_process(proc, pid, ppid, comm="python", nspid=None, fds=None, cmdline="
 
 def test_read_stat_handles_comm_with_spaces_and_parentheses(tmp_path):
     fake_process(tmp_path, 42, 7, comm="VLLM::W (x) y", state="D", start=98765)
-    assert procs.read_stat(42, str(tmp_path)) == {"state": "D", "ppid": 7, "start_ticks": 98765, "comm": "VLLM::W (x) y"}
+    assert procs.read_stat(42, str(tmp_path)) == {
+        "state": "D",
+        "ppid": 7,
+        "start_ticks": 98765,
+        "comm": "VLLM::W (x) y",
+    }
     assert procs.read_stat(43, str(tmp_path)) is None
 
 
@@ -55,12 +60,15 @@ def test_device_mappings_are_the_maps_lines_of_nvidia_files(tmp_path):
         "7f3a00400000-7f3a00600000 rw-s 00002000 00:05 1050 /dev/nvidia0\n"
         "7f3a00600000-7f3a00800000 rw-s 00000000 00:05 1060 /dev/nvidia-uvm (deleted)\n"
         "7f3a00800000-7f3a00a00000 rw-p 00000000 00:00 0 \n"
-        "7ffd00000000-7ffd00021000 rw-p 00000000 00:00 0                          [stack]\n")
+        "7ffd00000000-7ffd00021000 rw-p 00000000 00:00 0                          [stack]\n"
+    )
     lines = procs.device_mappings(60, str(tmp_path))
-    assert lines == ["7f3a00000000-7f3a00200000 rw-s 00000000 00:05 1043 /dev/nvidiactl",
-                     "7f3a00200000-7f3a00400000 rw-s 00000000 00:05 1050 /dev/nvidia0",
-                     "7f3a00400000-7f3a00600000 rw-s 00002000 00:05 1050 /dev/nvidia0",
-                     "7f3a00600000-7f3a00800000 rw-s 00000000 00:05 1060 /dev/nvidia-uvm (deleted)"]
+    assert lines == [
+        "7f3a00000000-7f3a00200000 rw-s 00000000 00:05 1043 /dev/nvidiactl",
+        "7f3a00200000-7f3a00400000 rw-s 00000000 00:05 1050 /dev/nvidia0",
+        "7f3a00400000-7f3a00600000 rw-s 00002000 00:05 1050 /dev/nvidia0",
+        "7f3a00600000-7f3a00800000 rw-s 00000000 00:05 1060 /dev/nvidia-uvm (deleted)",
+    ]
     assert procs.mapped_paths(lines) == ["/dev/nvidia-uvm (deleted)", "/dev/nvidia0", "/dev/nvidiactl"]
     assert procs.device_mappings(61, str(tmp_path)) == []  # gone
     own = procs.device_mappings(os.getpid())  # the real /proc: this test process maps no NVIDIA file

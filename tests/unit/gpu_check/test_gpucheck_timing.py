@@ -44,8 +44,9 @@ def test_time_events_times_each_event_from_the_action():
         "unlisted": lambda: clock.now >= killed_at[0] + 0.05,
         "released": lambda: clock.now >= killed_at[0] + 0.52,
     }
-    outcome = time_events(lambda: killed_at.append(clock.now), events, timeout=5, interval=0.01, clock=clock,
-                          sleep=clock.sleep)
+    outcome = time_events(
+        lambda: killed_at.append(clock.now), events, timeout=5, interval=0.01, clock=clock, sleep=clock.sleep
+    )
     assert not outcome["timed_out"]
     seconds = outcome["seconds"]
     assert abs(seconds["exited"] - 0.03) < 0.011 and abs(seconds["unlisted"] - 0.05) < 0.011
@@ -61,8 +62,14 @@ def test_time_events_reports_what_never_happened():
         polled["released"] += 1
         return False
 
-    outcome = time_events(lambda: None, {"exited": lambda: True, "released": released}, timeout=0.1, interval=0.01,
-                          clock=clock, sleep=clock.sleep)
+    outcome = time_events(
+        lambda: None,
+        {"exited": lambda: True, "released": released},
+        timeout=0.1,
+        interval=0.01,
+        clock=clock,
+        sleep=clock.sleep,
+    )
     assert outcome["timed_out"]
     assert outcome["seconds"] == {"exited": 0.0, "released": None}
     assert polled["released"] == outcome["polls"]

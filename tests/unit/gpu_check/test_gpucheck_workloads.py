@@ -43,8 +43,10 @@ def make_workloads():
 def open_device_files(pid, dev_dir):
     """Paths under dev_dir that `pid` holds open (workload.py reports /dev/nvidia* only)."""
     fd_dir = "/proc/%d/fd" % pid
-    return sorted({os.readlink(os.path.join(fd_dir, fd)) for fd in os.listdir(fd_dir)} & {
-        os.path.join(dev_dir, name) for name in os.listdir(dev_dir)})
+    return sorted(
+        {os.readlink(os.path.join(fd_dir, fd)) for fd in os.listdir(fd_dir)}
+        & {os.path.join(dev_dir, name) for name in os.listdir(dev_dir)}
+    )
 
 
 def context_mib(sim_dir, pid):
@@ -66,7 +68,9 @@ def test_vllm_tree_reports_ready_retitled_and_holding(sim_run, make_workloads):
         assert procs.read_stat(worker["host_pid"])["ppid"] == engine
         assert worker["comm"] == "VLLM::Worker_TP" and workloads.marker in worker["cmdline"]
         dev_dir = os.path.join(os.path.dirname(sim_dir), "dev")
-        assert open_device_files(worker["host_pid"], dev_dir) == [os.path.join(dev_dir, n) for n in ("nvidia-uvm", "nvidia4", "nvidiactl")]
+        assert open_device_files(worker["host_pid"], dev_dir) == [
+            os.path.join(dev_dir, n) for n in ("nvidia-uvm", "nvidia4", "nvidiactl")
+        ]
         assert context_mib(sim_dir, worker["host_pid"]) == "0 64\n"
     assert open_device_files(launcher.pid, dev_dir) == [] and open_device_files(engine, dev_dir) == []
     # The API server's SIGKILL orphans EngineCore and its workers, as with vLLM.
@@ -97,7 +101,9 @@ def test_cuda_init_opens_the_device_files_and_creates_no_context(sim_run, make_w
     launcher = workloads.start("cuinit", role="cuinit")
     info = workloads.wait_ready(["cuinit"], launcher, 60)["cuinit"]
     dev_dir = os.path.join(os.path.dirname(sim_dir), "dev")
-    assert open_device_files(info["host_pid"], dev_dir) == [os.path.join(dev_dir, n) for n in ("nvidia-uvm", "nvidia4", "nvidiactl")]
+    assert open_device_files(info["host_pid"], dev_dir) == [
+        os.path.join(dev_dir, n) for n in ("nvidia-uvm", "nvidia4", "nvidiactl")
+    ]
     for fd in os.listdir("/proc/%d/fd" % info["host_pid"]):  # every handle at position 0: no context token
         with open("/proc/%d/fdinfo/%s" % (info["host_pid"], fd)) as fdinfo:
             assert fdinfo.readline() == "pos:\t0\n"
@@ -108,7 +114,9 @@ def test_cuda_init_opens_the_device_files_and_creates_no_context(sim_run, make_w
 def test_nvml_client_holds_every_device_file_but_no_uvm(sim_run, make_workloads, monkeypatch):
     """The NVML-only client through the simulator's libnvidia-ml.so.1 (tests/sim/build), outside any node."""
     run_dir, sim_dir = sim_run
-    library_dir = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "sim", "build")
+    library_dir = os.path.join(
+        os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "sim", "build"
+    )
     if not os.path.exists(os.path.join(library_dir, "libnvidia-ml.so.1")):
         pytest.skip("the fake driver library is not built (tests/sim/gpunode build)")
     monkeypatch.setenv("LD_LIBRARY_PATH", library_dir)
@@ -136,7 +144,9 @@ def test_unpinned_processes_end_with_the_lifeline(sim_run, make_workloads):
     workloads = make_workloads(run_dir)
     launcher = workloads.start("vllm", role="api", nbytes=MIB, tp=2)
     workloads.wait_ready(["vllm"], launcher, 60)  # the engine and workers are never pinned
-    assert poll_until(lambda: all(os.path.exists(os.path.join(run_dir, "vllm.engine.tp%d.json" % r)) for r in (0, 1)), 60)
+    assert poll_until(
+        lambda: all(os.path.exists(os.path.join(run_dir, "vllm.engine.tp%d.json" % r)) for r in (0, 1)), 60
+    )
     assert len(procs.processes_with(workloads.marker)) == 4
     assert workloads.stop_all() == []
     assert [pid for pid in procs.processes_with(workloads.marker) if procs.read_stat(pid)["state"] != "Z"] == []

@@ -3,6 +3,7 @@
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Fixture `fake_vllm`: a small in-process HTTP server with vLLM's endpoints, for the HTTP clients' unit tests."""
+
 from __future__ import annotations
 
 import json
@@ -33,17 +34,24 @@ class FakeVllm:
         self.url = None
 
     def metrics(self):
-        lines = ["# HELP vllm:num_requests_running Number of requests.", "# TYPE vllm:num_requests_running gauge",
-                 'vllm:num_requests_running{engine="0",model_name="served"} 0.0']
+        lines = [
+            "# HELP vllm:num_requests_running Number of requests.",
+            "# TYPE vllm:num_requests_running gauge",
+            'vllm:num_requests_running{engine="0",model_name="served"} 0.0',
+        ]
         if self.spec_decode:
             labels = 'engine="0",model_name="served"'
-            lines += ["vllm:spec_decode_num_drafts_total{%s} %.1f" % (labels, self.drafts),
-                      "vllm:spec_decode_num_draft_tokens_total{%s} %.1f" % (labels, self.drafts * self.k),
-                      "vllm:spec_decode_num_accepted_tokens_total{%s} %.1f" % (labels, sum(self.accepted_per_position)),
-                      # another model's counters must not be counted
-                      'vllm:spec_decode_num_drafts_total{engine="1",model_name="other"} 1000.0']
-            lines += ['vllm:spec_decode_num_accepted_tokens_per_pos_total{%s,position="%d"} %.1f' % (labels, position, count)
-                      for position, count in enumerate(self.accepted_per_position)]
+            lines += [
+                "vllm:spec_decode_num_drafts_total{%s} %.1f" % (labels, self.drafts),
+                "vllm:spec_decode_num_draft_tokens_total{%s} %.1f" % (labels, self.drafts * self.k),
+                "vllm:spec_decode_num_accepted_tokens_total{%s} %.1f" % (labels, sum(self.accepted_per_position)),
+                # another model's counters must not be counted
+                'vllm:spec_decode_num_drafts_total{engine="1",model_name="other"} 1000.0',
+            ]
+            lines += [
+                'vllm:spec_decode_num_accepted_tokens_per_pos_total{%s,position="%d"} %.1f' % (labels, position, count)
+                for position, count in enumerate(self.accepted_per_position)
+            ]
         return "\n".join(lines) + "\n"
 
     def complete(self, max_tokens):
@@ -73,7 +81,11 @@ def fake_vllm():
 
         def do_GET(self):  # noqa: N802
             state.requests.append(("GET", self.path, dict(self.headers)))
-            if self.path.startswith("/v1") and state.api_key and self.headers.get("Authorization") != "Bearer " + state.api_key:
+            if (
+                self.path.startswith("/v1")
+                and state.api_key
+                and self.headers.get("Authorization") != "Bearer " + state.api_key
+            ):
                 self.reply(401, {"error": "Unauthorized"})
             elif self.path == "/health":
                 self.reply(state.health_status, "")

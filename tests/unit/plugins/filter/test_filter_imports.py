@@ -9,6 +9,7 @@ ansible/plugins/loader.py), compiled from source in each task's worker process. 
 filter (the checks of reset_gpus and check_gpus variables) imports all of them: none may pull in what only the host
 needs, such as the HTTP client of the vLLM servers (docs/architecture.md, "Filters").
 """
+
 from __future__ import annotations
 
 import json
@@ -17,24 +18,32 @@ import sys
 from pathlib import Path
 
 COLLECTIONS = str(Path(__file__).resolve().parents[4] / ".collections")
-LOOKUP = """
+LOOKUP = (
+    """
 import json, sys
 from ansible.plugins.loader import filter_loader, init_plugin_loader
 init_plugin_loader([%r])
 assert filter_loader.get("gpuops.nvidia.check_gpus_plan") is not None
 print(json.dumps(sorted(sys.modules)))
-""" % COLLECTIONS
+"""
+    % COLLECTIONS
+)
 # Only the host reads and ends processes, or talks to the servers.
-HOST_ONLY = ("ansible.module_utils.urls", "ansible_collections.gpuops.nvidia.plugins.module_utils._vllm_api",
-             "ansible_collections.gpuops.nvidia.plugins.module_utils._vllm_host",
-             "ansible_collections.gpuops.nvidia.plugins.module_utils._terminate",
-             "ansible_collections.gpuops.nvidia.plugins.module_utils._detached")
+HOST_ONLY = (
+    "ansible.module_utils.urls",
+    "ansible_collections.gpuops.nvidia.plugins.module_utils._vllm_api",
+    "ansible_collections.gpuops.nvidia.plugins.module_utils._vllm_host",
+    "ansible_collections.gpuops.nvidia.plugins.module_utils._terminate",
+    "ansible_collections.gpuops.nvidia.plugins.module_utils._detached",
+)
 
 
 def test_a_filter_lookup_imports_every_filter_file_and_nothing_of_the_host():
     found = subprocess.run([sys.executable, "-c", LOOKUP], capture_output=True, text=True, check=True)
     modules = set(json.loads(found.stdout))
-    filters = {path.stem for path in (Path(COLLECTIONS) / "ansible_collections/gpuops/nvidia/plugins/filter").glob("*.py")}
+    filters = {
+        path.stem for path in (Path(COLLECTIONS) / "ansible_collections/gpuops/nvidia/plugins/filter").glob("*.py")
+    }
     # The premise: the lookup of one filter imported every filter file.
     assert {"ansible_collections.gpuops.nvidia.plugins.filter." + name for name in filters} <= modules
     assert sorted(modules & set(HOST_ONLY)) == []

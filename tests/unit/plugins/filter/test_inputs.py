@@ -3,6 +3,7 @@
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 """plugins/filter/inputs.py: the operator's variables refused by name, as given; the options passed on."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -15,17 +16,20 @@ from ansible_collections.gpuops.nvidia.plugins.filter import inputs
 SPEC = str(Path(__file__).resolve().parents[4] / "roles" / "reset_gpus" / "meta" / "argument_specs.yml")
 
 
-@pytest.mark.parametrize("value, words", [
-    (None, "reset_gpus_gpus is null: it is set to nothing"),
-    ("", "reset_gpus_gpus is empty ('')"),
-    ("  ", "reset_gpus_gpus is blank ('  ')"),
-    ([], "reset_gpus_gpus is empty ([])"),
-    ("[]", "reset_gpus_gpus is empty ('[]')"),
-    (" , ", "reset_gpus_gpus is empty (' , ')"),
-    ([None], "reset_gpus_gpus has a null or blank entry ([None])"),
-    ([0, " "], "reset_gpus_gpus has a null or blank entry ([0, ' '])"),
-    ({"a": 1}, "reset_gpus_gpus must list GPU indices or UUIDs"),
-])
+@pytest.mark.parametrize(
+    "value, words",
+    [
+        (None, "reset_gpus_gpus is null: it is set to nothing"),
+        ("", "reset_gpus_gpus is empty ('')"),
+        ("  ", "reset_gpus_gpus is blank ('  ')"),
+        ([], "reset_gpus_gpus is empty ([])"),
+        ("[]", "reset_gpus_gpus is empty ('[]')"),
+        (" , ", "reset_gpus_gpus is empty (' , ')"),
+        ([None], "reset_gpus_gpus has a null or blank entry ([None])"),
+        ([0, " "], "reset_gpus_gpus has a null or blank entry ([0, ' '])"),
+        ({"a": 1}, "reset_gpus_gpus must list GPU indices or UUIDs"),
+    ],
+)
 def test_a_selection_that_selects_nothing_is_refused_by_name(value, words):
     plan = inputs.reset_gpus_plan({"reset_gpus_gpus": value}, SPEC)
     assert plan["refusal"].startswith("nothing was signalled: " + words), plan
@@ -43,51 +47,74 @@ def test_every_selection_variable_refuses_null_and_unset_is_left_out(kind):
     assert plan["refusal"] is None and kind not in plan["kill"] and kind not in plan["group"]
 
 
-@pytest.mark.parametrize("value, expected", [
-    (0, [0]), ("0,1", ["0", "1"]), ("[0, 1]", ["0", "1"]), ([1, "GPU-abc"], [1, "GPU-abc"]), ("GPU-abc", ["GPU-abc"]),
-])
+@pytest.mark.parametrize(
+    "value, expected",
+    [(0, [0]), ("0,1", ["0", "1"]), ("[0, 1]", ["0", "1"]), ([1, "GPU-abc"], [1, "GPU-abc"]), ("GPU-abc", ["GPU-abc"])],
+)
 def test_gpus_as_given_are_passed_on(value, expected):
     plan = inputs.reset_gpus_plan({"reset_gpus_gpus": value}, SPEC)
     assert plan["refusal"] is None and plan["kill"]["gpus"] == expected == plan["group"]["gpus"]
 
 
 def test_pids_users_and_owner_filters():
-    plan = inputs.reset_gpus_plan({"reset_gpus_pids": "12, 13", "reset_gpus_users": [0, "vllm"], "reset_gpus_units": "vllm@a",
-                                   "reset_gpus_pods": "ml/vllm-0", "reset_gpus_match": 12}, SPEC)
+    plan = inputs.reset_gpus_plan(
+        {
+            "reset_gpus_pids": "12, 13",
+            "reset_gpus_users": [0, "vllm"],
+            "reset_gpus_units": "vllm@a",
+            "reset_gpus_pods": "ml/vllm-0",
+            "reset_gpus_match": 12,
+        },
+        SPEC,
+    )
     assert plan["refusal"] is None, plan
     kill = plan["kill"]
     expected = ([12, 13], ["0", "vllm"], ["vllm@a"], ["ml/vllm-0"], "12")
     assert (kill["pids"], kill["users"], kill["units"], kill["pods"], kill["match"]) == expected
     for bad in ("abc", [0], [True], [-3]):
         refusal = inputs.reset_gpus_plan({"reset_gpus_pids": bad}, SPEC)["refusal"]
-        assert refusal.startswith("nothing was signalled: reset_gpus_pids must list PIDs, positive whole numbers"), refusal
+        assert refusal.startswith("nothing was signalled: reset_gpus_pids must list PIDs, positive whole numbers"), (
+            refusal
+        )
 
 
 def test_defaults_and_numbers_as_given():
     kill = inputs.reset_gpus_plan({"reset_gpus_timeout": "30", "reset_gpus_progress_interval": 5}, SPEC)["kill"]
     assert kill["wait_timeout"] == 5 and kill["grace_period"] == 10 and kill["max_used_mib"] == 256
     assert kill["signal"] == "SIGTERM" and kill["stop_owners"] is False and "stop_spanning_owners" not in kill
-    assert inputs.reset_gpus_plan({"reset_gpus_stop_spanning_owners": "yes"}, SPEC)["kill"]["stop_spanning_owners"] is True
-    for given, words in (({"reset_gpus_timeout": "-1"}, "invalid value: reset_gpus_timeout=-1 (must not be negative)"),
-                         ({"reset_gpus_progress_interval": 0}, "invalid value: reset_gpus_progress_interval=0 (must be greater than 0)"),
-                         ({"reset_gpus_grace_period": "nan"}, "invalid value: reset_gpus_grace_period=nan (must be a finite number)"),
-                         ({"reset_gpus_max_used_mib": "lots"}, "reset_gpus_max_used_mib must be a whole number, not 'lots'"),
-                         ({"reset_gpus_max_used_mib": 2.5}, "reset_gpus_max_used_mib must be a whole number, not 2.5"),
-                         ({"reset_gpus_stop_owners": "maybe"}, "reset_gpus_stop_owners must be true or false, not 'maybe'"),
-                         ({"reset_gpus_exclude": [None]}, "reset_gpus_exclude has a null entry"),
-                         ({"reset_gpus_signal": None}, "reset_gpus_signal must name a signal")):
+    assert (
+        inputs.reset_gpus_plan({"reset_gpus_stop_spanning_owners": "yes"}, SPEC)["kill"]["stop_spanning_owners"] is True
+    )
+    for given, words in (
+        ({"reset_gpus_timeout": "-1"}, "invalid value: reset_gpus_timeout=-1 (must not be negative)"),
+        ({"reset_gpus_progress_interval": 0}, "invalid value: reset_gpus_progress_interval=0 (must be greater than 0)"),
+        ({"reset_gpus_grace_period": "nan"}, "invalid value: reset_gpus_grace_period=nan (must be a finite number)"),
+        ({"reset_gpus_max_used_mib": "lots"}, "reset_gpus_max_used_mib must be a whole number, not 'lots'"),
+        ({"reset_gpus_max_used_mib": 2.5}, "reset_gpus_max_used_mib must be a whole number, not 2.5"),
+        ({"reset_gpus_stop_owners": "maybe"}, "reset_gpus_stop_owners must be true or false, not 'maybe'"),
+        ({"reset_gpus_exclude": [None]}, "reset_gpus_exclude has a null entry"),
+        ({"reset_gpus_signal": None}, "reset_gpus_signal must name a signal"),
+    ):
         refusal = inputs.reset_gpus_plan(given, SPEC)["refusal"]
         assert refusal.startswith("nothing was signalled: " + words), refusal
 
 
 def test_unknown_variables_are_refused_with_what_the_role_knows():
     refusal = inputs.reset_gpus_plan({"reset_gpus_gpuss": [1], "reset_gpus_hosts": "all"}, SPEC)["refusal"]
-    assert refusal.startswith("nothing was signalled: unknown variable(s) reset_gpus_gpuss (a typo?); the role knows "), refusal
+    assert refusal.startswith(
+        "nothing was signalled: unknown variable(s) reset_gpus_gpuss (a typo?); the role knows "
+    ), refusal
     assert "reset_gpus_gpus, reset_gpus_grace_period" in refusal and "reset_gpus_hosts" in refusal
-    with pytest.raises(AnsibleFilterError, match=r"^unknown variable\(s\) check_vllm_windw \(a typo\?\); the playbook knows "
-                                                 r"check_vllm_hosts, check_vllm_window$"):
+    with pytest.raises(
+        AnsibleFilterError,
+        match=r"^unknown variable\(s\) check_vllm_windw \(a typo\?\); the playbook knows "
+        r"check_vllm_hosts, check_vllm_window$",
+    ):
         inputs.refuse_unknown_vars(["check_vllm_windw", "check_vllm_hosts"], ["check_vllm_hosts", "check_vllm_window"])
-    assert inputs.refuse_unknown_vars(["reset_gpus_kill", "reset_gpus_gpus"], spec=SPEC, results=["reset_gpus_kill"]) is True
+    assert (
+        inputs.refuse_unknown_vars(["reset_gpus_kill", "reset_gpus_gpus"], spec=SPEC, results=["reset_gpus_kill"])
+        is True
+    )
 
 
 def test_destinations_are_checked_before_anything_is_signalled(tmp_path):
@@ -95,14 +122,21 @@ def test_destinations_are_checked_before_anything_is_signalled(tmp_path):
     blocker.write_text("")
     assert inputs.reset_gpus_plan({"reset_gpus_report_dir": str(tmp_path / "new" / "deeper")}, SPEC)["refusal"] is None
     refusal = inputs.reset_gpus_plan({"reset_gpus_report_dir": str(blocker / "reports")}, SPEC)["refusal"]
-    assert refusal == "nothing was signalled: reset_gpus_report_dir %s cannot hold the report: %s is not a directory" % (
-        blocker / "reports", blocker)
+    assert (
+        refusal
+        == "nothing was signalled: reset_gpus_report_dir %s cannot hold the report: %s is not a directory"
+        % (blocker / "reports", blocker)
+    )
     path = "/var/lib/node_exporter/gpu.prom"
-    for found, words in (({"stat": {"exists": False}}, "/var/lib/node_exporter does not exist"),
-                         ({"stat": {"exists": True, "isdir": False}}, "/var/lib/node_exporter is not a directory"),
-                         ({"stat": {"exists": True, "isdir": True, "writeable": False, "executable": True}}, "is not writable")):
+    for found, words in (
+        ({"stat": {"exists": False}}, "/var/lib/node_exporter does not exist"),
+        ({"stat": {"exists": True, "isdir": False}}, "/var/lib/node_exporter is not a directory"),
+        ({"stat": {"exists": True, "isdir": True, "writeable": False, "executable": True}}, "is not writable"),
+    ):
         refusal = inputs.reset_gpus_plan({"reset_gpus_textfile": path}, SPEC, found)["refusal"]
-        assert refusal.startswith("nothing was signalled: reset_gpus_textfile %s cannot be written on the host: " % path), refusal
+        assert refusal.startswith(
+            "nothing was signalled: reset_gpus_textfile %s cannot be written on the host: " % path
+        ), refusal
         assert refusal.endswith(words), refusal
     ok = {"stat": {"exists": True, "isdir": True, "writeable": True, "executable": True}}
     assert inputs.reset_gpus_plan({"reset_gpus_textfile": path}, SPEC, ok)["refusal"] is None
@@ -112,17 +146,30 @@ def test_destinations_are_checked_before_anything_is_signalled(tmp_path):
 
 def test_check_gpus_plan():
     plan = inputs.check_gpus_plan({}, ["gpu01"])
-    assert plan == {"refusal": None, "options": {"timeout": 5, "max_used_mib": 256, "driver_timeout": 10, "exclude": [],
-                                                 "require_memory": True, "return_after": False}}
-    plan = inputs.check_gpus_plan({"check_gpus_gpus": "0,1", "check_gpus_allow_proc_only": "true", "check_gpus_exclude": "a, b"})
+    assert plan == {
+        "refusal": None,
+        "options": {
+            "timeout": 5,
+            "max_used_mib": 256,
+            "driver_timeout": 10,
+            "exclude": [],
+            "require_memory": True,
+            "return_after": False,
+        },
+    }
+    plan = inputs.check_gpus_plan(
+        {"check_gpus_gpus": "0,1", "check_gpus_allow_proc_only": "true", "check_gpus_exclude": "a, b"}
+    )
     assert plan["options"]["gpus"] == ["0", "1"] and plan["options"]["require_memory"] is False
     assert plan["options"]["exclude"] == ["a", "b"]
-    for given, hosts, words in (({"check_gpus_gpus": None}, None, "check_gpus_gpus is null"),
-                                ({"check_gpus_wait": "-1"}, None, "invalid value: check_gpus_wait=-1 (must not be negative)"),
-                                ({"check_gpus_max_used_mib": "lots"}, None, "check_gpus_max_used_mib must be a whole number, not 'lots'"),
-                                ({"check_gpus_gpu": [0]}, None, "unknown variable(s) check_gpus_gpu (a typo?); the playbook knows"),
-                                ({"check_gpus_hosts": "nope"}, [], "check_gpus_hosts=nope matches no host of the inventory"),
-                                ({}, [], "the inventory lists no host (did it parse?")):
+    for given, hosts, words in (
+        ({"check_gpus_gpus": None}, None, "check_gpus_gpus is null"),
+        ({"check_gpus_wait": "-1"}, None, "invalid value: check_gpus_wait=-1 (must not be negative)"),
+        ({"check_gpus_max_used_mib": "lots"}, None, "check_gpus_max_used_mib must be a whole number, not 'lots'"),
+        ({"check_gpus_gpu": [0]}, None, "unknown variable(s) check_gpus_gpu (a typo?); the playbook knows"),
+        ({"check_gpus_hosts": "nope"}, [], "check_gpus_hosts=nope matches no host of the inventory"),
+        ({}, [], "the inventory lists no host (did it parse?"),
+    ):
         refusal = inputs.check_gpus_plan(given, hosts)["refusal"]
         assert refusal.startswith("nothing was checked: " + words), refusal
     assert inputs.check_gpus_plan({"check_gpus_result": {}}, ["h"])["refusal"] is None

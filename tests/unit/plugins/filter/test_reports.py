@@ -3,6 +3,7 @@
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 """plugins/filter/reports.py: one host's reset in words, the fleet's closing lines, check_gpus' lines."""
+
 from __future__ import annotations
 
 import copy
@@ -12,12 +13,22 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils import _report
 
 
 def facts(used, pids, available=True):
-    return {"driver": {"available": available, "error": None if available else "libnvidia-ml.so.1 not found"},
-            "gpus": [{"index": 0, "name": "NVIDIA H100 80GB HBM3", "memory_used_mib": used, "holder_pids": pids, "error": None}]}
+    return {
+        "driver": {"available": available, "error": None if available else "libnvidia-ml.so.1 not found"},
+        "gpus": [
+            {"index": 0, "name": "NVIDIA H100 80GB HBM3", "memory_used_mib": used, "holder_pids": pids, "error": None}
+        ],
+    }
 
 
-KILL = {"changed": True, "gpus": [0], "elapsed_s": 0.5, "before": facts(3000, [42]), "left_alone": [],
-        "signalled": [{"pid": 42, "comm": "python", "gpus": [0], "signals": ["SIGTERM"], "exited_after_s": 0.2}]}
+KILL = {
+    "changed": True,
+    "gpus": [0],
+    "elapsed_s": 0.5,
+    "before": facts(3000, [42]),
+    "left_alone": [],
+    "signalled": [{"pid": 42, "comm": "python", "gpus": [0], "signals": ["SIGTERM"], "exited_after_s": 0.2}],
+}
 
 
 def test_after_a_longer_wait_the_summary_is_built_with_the_modules_lines():
@@ -27,27 +38,47 @@ def test_after_a_longer_wait_the_summary_is_built_with_the_modules_lines():
     assert result["summary"] == _report.summary_lines(KILL, KILL["before"], wait["after"], False, result["message"])
     assert result["summary"][-1] == "GPU 0 NVIDIA H100 80GB HBM3: 3000 -> 0 MiB used, holders 1 -> 0"
     # Where no gpu_wait slice ran after gpu_kill's, gpu_kill's own lines are printed.
-    assert reports.reset_gpus_result(dict(KILL, summary=["gpu_kill's own"]), wait, {}, False, 0.3, False)["summary"] == [
-        "gpu_kill's own"]
+    assert reports.reset_gpus_result(dict(KILL, summary=["gpu_kill's own"]), wait, {}, False, 0.3, False)[
+        "summary"
+    ] == ["gpu_kill's own"]
 
 
 def test_a_kill_that_did_not_run_and_a_failed_wait():
     # gpu_kill refused (the role's variables): the GPUs as gpu_facts read them, the outcome failed, never None.
-    result = reports.reset_gpus_result({"failed": True, "msg": "nothing was signalled: x"}, {},
-                                       {"ansible_facts": {"nvidia": facts(3000, [42])}}, False, 0.0, False)
+    result = reports.reset_gpus_result(
+        {"failed": True, "msg": "nothing was signalled: x"},
+        {},
+        {"ansible_facts": {"nvidia": facts(3000, [42])}},
+        False,
+        0.0,
+        False,
+    )
     assert result["outcome"] == "failed" and result["message"] == "FAILED to end the holders: nothing was signalled: x"
     assert result["before"] == result["after"] and "None" not in " ".join(result["summary"])
     result = reports.reset_gpus_result({}, {}, {}, False, 0.0, False)
     assert result["summary"] == ["FAILED to end the holders: gpu_kill did not run"] and result["outcome"] == "failed"
-    wait = {"released": False, "elapsed_s": 0.4, "msg": "not released after 0.4 s: GPU 0: 3000 MiB used", "after": facts(3000, [])}
+    wait = {
+        "released": False,
+        "elapsed_s": 0.4,
+        "msg": "not released after 0.4 s: GPU 0: 3000 MiB used",
+        "after": facts(3000, []),
+    }
     result = reports.reset_gpus_result(KILL, wait, {}, False, 120.0, True)
-    assert result["message"] == "FAILED: not released after 120.0 s: GPU 0: 3000 MiB used" and result["outcome"] == "failed"
+    assert (
+        result["message"] == "FAILED: not released after 120.0 s: GPU 0: 3000 MiB used"
+        and result["outcome"] == "failed"
+    )
 
 
 def test_check_mode_and_no_driver_library():
-    kill = dict(KILL, changed=False, would_signal=[{"pid": 42, "comm": "python", "gpus": [0], "cmdline": "python x.py"}])
+    kill = dict(
+        KILL, changed=False, would_signal=[{"pid": 42, "comm": "python", "gpus": [0], "cmdline": "python x.py"}]
+    )
     result = reports.reset_gpus_result(kill, {}, {}, True, 0.0, False)
-    assert result["outcome"] == "check" and result["summary"][0] == "check mode: would signal 1 process(es), nothing was signalled"
+    assert (
+        result["outcome"] == "check"
+        and result["summary"][0] == "check mode: would signal 1 process(es), nothing was signalled"
+    )
     bare = dict(KILL, before=facts(None, [42], available=False))
     wait = {"released": True, "elapsed_s": 0.1, "after": facts(None, [], available=False)}
     result = reports.reset_gpus_result(bare, wait, {}, False, 0.1, True)
@@ -61,19 +92,33 @@ class Hostvars(dict):
 
 def test_fleet_summary_prints_the_hosts_the_role_did_not_and_sums_up():
     done = dict(KILL, released=True, summary=["signalled 1 process(es) in 0.50 s", "memory released after 0.00 s more"])
-    hostvars = Hostvars(a={"reset_gpus_kill": done}, b={"reset_gpus_kill": done, "reset_gpus_report_dir": "/r"},
-                        c={"reset_gpus_kill": {"failed": True}}, d={})
+    hostvars = Hostvars(
+        a={"reset_gpus_kill": done},
+        b={"reset_gpus_kill": done, "reset_gpus_report_dir": "/r"},
+        c={"reset_gpus_kill": {"failed": True}},
+        d={},
+    )
     lines = reports.reset_gpus_fleet_summary(hostvars, ["a", "b"], ["a", "b", "c", "d"], False)
-    assert lines == ["a: signalled 1 process(es) in 0.50 s", "a: memory released after 0.00 s more",
-                     "reset_gpus summary: 4 host(s): 2 ok, 2 failed or unreachable (c, d); holders ended on 2 (a, b); "
-                     "1 summarized above (b)"]
+    assert lines == [
+        "a: signalled 1 process(es) in 0.50 s",
+        "a: memory released after 0.00 s more",
+        "reset_gpus summary: 4 host(s): 2 ok, 2 failed or unreachable (c, d); holders ended on 2 (a, b); "
+        "1 summarized above (b)",
+    ]
     assert reports.reset_gpus_fleet_summary(Hostvars(a={}), ["a"], ["a"], True) == [
         "reset_gpus summary (check mode: nothing was signalled): 1 host(s): 1 ok; no holder would be ended; "
-        "1 summarized above (a)"]
+        "1 summarized above (a)"
+    ]
 
 
 def gpu(index, left=(), left_mib=0):
-    return {"index": index, "released": True, "memory_checked": True, "left_alone": list(left), "left_alone_mib": left_mib}
+    return {
+        "index": index,
+        "released": True,
+        "memory_checked": True,
+        "left_alone": list(left),
+        "left_alone_mib": left_mib,
+    }
 
 
 def test_check_lines_name_what_was_left_out_with_its_memory():
@@ -82,8 +127,11 @@ def test_check_lines_name_what_was_left_out_with_its_memory():
         free={"check_gpus_result": {"released": True, "gpus": [gpu(0), gpu(1)], "driver": {"available": True}}},
         left={"check_gpus_result": {"released": True, "gpus": [gpu(0, [excluded], 69325), gpu(1)], "driver": {}}},
         held={"check_gpus_result": {"released": False, "gpus": [gpu(0)], "msg": "not free: GPU 0: 5000 MiB used"}},
-        gone={})
-    lines = reports.check_gpus_lines(hostvars, ["free", "left", "held", "gone"], {"max_used_mib": 256, "require_memory": True})
+        gone={},
+    )
+    lines = reports.check_gpus_lines(
+        hostvars, ["free", "left", "held", "gone"], {"max_used_mib": 256, "require_memory": True}
+    )
     assert lines == [
         "check_gpus free: GPUs free (2 checked): no holder, used memory at most 256 MiB each",
         "check_gpus left: GPUs free (2 checked) but for what was left out: no other holder; used memory at most 256 MiB "
@@ -92,17 +140,25 @@ def test_check_lines_name_what_was_left_out_with_its_memory():
         "check_gpus held: not free: GPU 0: 5000 MiB used",
         "check_gpus gone: check failed: no result: unreachable, or failed before the check",
         "check_gpus summary: 4 host(s): 1 free, 1 free but for what was left out (left), 1 not free (held), "
-        "1 failed to check (gone)"]
+        "1 failed to check (gone)",
+    ]
     # A left-alone holder without memory (an NVML monitor) changes nothing.
     monitor = {"pid": 8, "comm": "dcgm", "reason": "protected", "memory_mib": 0}
     quiet = Hostvars(h={"check_gpus_result": {"released": True, "gpus": [gpu(0, [monitor])], "driver": {}}})
-    assert reports.check_gpus_lines(quiet, ["h"], {})[0] == "check_gpus h: GPUs free (1 checked): no holder, used memory at most 256 MiB each"
+    assert (
+        reports.check_gpus_lines(quiet, ["h"], {})[0]
+        == "check_gpus h: GPUs free (1 checked): no holder, used memory at most 256 MiB each"
+    )
 
 
 def test_check_lines_without_memory_read():
     unread = dict(gpu(None), memory_checked=False)
     result = {"released": True, "gpus": [unread], "driver": {"error": "libnvidia-ml.so.1 not found"}}
     status, words = reports.check_gpus_status(copy.deepcopy(result), False, 256)
-    assert status == "not_checked" and "used memory of every GPU not read" in words and "check_gpus_allow_proc_only=true" in words
+    assert (
+        status == "not_checked"
+        and "used memory of every GPU not read" in words
+        and "check_gpus_allow_proc_only=true" in words
+    )
     status, words = reports.check_gpus_status(result, True, 256)
     assert status == "no_holders" and words.startswith("no holder on every GPU;")

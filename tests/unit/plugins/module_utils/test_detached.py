@@ -7,6 +7,7 @@
 Every process started here is reaped by the test process (or, for the orphan case, by a helper that is a child
 subreaper): this machine's PID 1 does not reap orphans.
 """
+
 from __future__ import annotations
 
 import json
@@ -33,7 +34,9 @@ signal.signal(signal.SIGTERM, stop)
 print("CHILDREN", *[child.pid for child in children], flush=True)
 time.sleep(60)
 """
-IGNORES_SIGTERM = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('ready', flush=True)\ntime.sleep(60)\n"
+IGNORES_SIGTERM = (
+    "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('ready', flush=True)\ntime.sleep(60)\n"
+)
 
 
 @pytest.fixture
@@ -62,8 +65,10 @@ def started(tmp_path):
 
 def wait_for_line(path, prefix, timeout=10.0):
     """The first line of `path` starting with `prefix`, once there is one."""
+
     def line():
         return next((text for text in path.read_text().splitlines() if text.startswith(prefix)), None)
+
     return wait_for(line, timeout, 0.02, "a line %r in %s" % (prefix, path), log=path.read_text)
 
 
@@ -81,7 +86,11 @@ def test_environment_files_like_systemd(tmp_path):
     first, second = tmp_path / "a.env", tmp_path / "b.env"
     first.write_text("# comment\n; other comment\n\nVLLM_API_KEY='k 1'\nA = \"quoted\"\nB=x=y\n")
     second.write_text("A=later\n")
-    assert _detached.read_environment_files([str(first), str(second)]) == {"VLLM_API_KEY": "k 1", "A": "later", "B": "x=y"}
+    assert _detached.read_environment_files([str(first), str(second)]) == {
+        "VLLM_API_KEY": "k 1",
+        "A": "later",
+        "B": "x=y",
+    }
     second.write_text("no equals sign\n")
     with pytest.raises(_detached.DetachedError, match="b.env line 1 is not KEY=VALUE"):
         _detached.read_environment_files([str(second)])
@@ -92,12 +101,19 @@ def test_environment_files_like_systemd(tmp_path):
 def test_start_detaches_into_a_new_session_with_log_and_environment(tmp_path, started):
     env_file = tmp_path / "key.env"
     env_file.write_text("VLLM_API_KEY=secret\nFROM_FILE=file\n")
-    code = ("import os, sys, time\n"
-            "print('env', os.environ['VLLM_API_KEY'], os.environ['FROM_FILE'], os.environ.get('HOME'))\n"
-            "print('cwd', os.getcwd(), flush=True)\n"
-            "time.sleep(60)\n")
-    pid, start_ticks, _pidfile = started([sys.executable, "-c", code], environment={"FROM_FILE": "explicit"},
-                                         environment_files=[str(env_file)], cwd=str(tmp_path), inherit_environment=False)
+    code = (
+        "import os, sys, time\n"
+        "print('env', os.environ['VLLM_API_KEY'], os.environ['FROM_FILE'], os.environ.get('HOME'))\n"
+        "print('cwd', os.getcwd(), flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    pid, start_ticks, _pidfile = started(
+        [sys.executable, "-c", code],
+        environment={"FROM_FILE": "explicit"},
+        environment_files=[str(env_file)],
+        cwd=str(tmp_path),
+        inherit_environment=False,
+    )
     log = tmp_path / "server.log"
     assert wait_for_line(log, "env ") == "env secret explicit None"
     assert wait_for_line(log, "cwd ") == "cwd %s" % tmp_path
@@ -180,8 +196,14 @@ print(json.dumps({"child": child, "running": _proc.ProcessId(pid, ticks).alive()
 
 def test_stop_ends_children_that_outlived_the_leader(tmp_path):
     collections = pathlib.Path(__file__).resolve().parents[4] / ".collections"
-    run = subprocess.run([sys.executable, "-c", ORPHAN_SCENARIO, str(tmp_path)], capture_output=True, text=True, timeout=60,
-                         env=dict(os.environ, PYTHONPATH=str(collections)), check=False)
+    run = subprocess.run(
+        [sys.executable, "-c", ORPHAN_SCENARIO, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ, PYTHONPATH=str(collections)),
+        check=False,
+    )
     assert run.returncode == 0, run.stderr
     result = json.loads(run.stdout)
     assert result["exited"] == [result["child"]] and not result["running"] and not result["pidfile"]

@@ -7,6 +7,7 @@
 Selection and protection are tested in test_select.py. Snapshots here run against child processes started by
 the tests (never signalled by this file), with NVML and the /proc scan replaced where a GPU is needed.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -44,47 +45,80 @@ def test_missing_libraries(monkeypatch):
 
 
 def test_selection_args_and_default_tolerance():
-    assert _gpus.SELECTION_ARGS == {"gpus": {"type": "list", "elements": "raw"},
-                                    "driver_timeout": {"type": "float", "default": 10.0}}
+    assert _gpus.SELECTION_ARGS == {
+        "gpus": {"type": "list", "elements": "raw"},
+        "driver_timeout": {"type": "float", "default": 10.0},
+    }
     assert _gpus.DEFAULT_TOLERANCE_MIB == 256
 
 
 # --- minor_map ---------------------------------------------------------------------------------------------------
 
+
 def nvml_gpu(index, used_mib=3, processes=(), minor=None, error=None):
     """One GPU as _nvml.read_gpu returns it; processes: [(pid, MiB, type)]."""
-    return {"index": index, "minor": index if minor is None else minor, "uuid": "GPU-%d" % index,
-            "name": "NVIDIA H100 80GB HBM3", "pci_bus_id": "00000000:%02X:00.0" % (0x18 + index),
-            "memory": None if used_mib is None else {"total_mib": 81559, "used_mib": used_mib,
-                                                     "free_mib": 81559 - 529 - used_mib, "reserved_mib": 529,
-                                                     "source": "v2"},
-            "processes": [{"pid": pid, "used_mib": mib, "type": kind} for pid, mib, kind in processes], "error": error}
+    return {
+        "index": index,
+        "minor": index if minor is None else minor,
+        "uuid": "GPU-%d" % index,
+        "name": "NVIDIA H100 80GB HBM3",
+        "pci_bus_id": "00000000:%02X:00.0" % (0x18 + index),
+        "memory": None
+        if used_mib is None
+        else {
+            "total_mib": 81559,
+            "used_mib": used_mib,
+            "free_mib": 81559 - 529 - used_mib,
+            "reserved_mib": 529,
+            "source": "v2",
+        },
+        "processes": [{"pid": pid, "used_mib": mib, "type": kind} for pid, mib, kind in processes],
+        "error": error,
+    }
 
 
 def driver(*gpus, version="580.95.05"):
-    return {"available": True, "error": None, "driver_version": version, "nvml_version": "13.580.95.05",
-            "cuda_driver_version": 13000, "gpus": list(gpus)}
+    return {
+        "available": True,
+        "error": None,
+        "driver_version": version,
+        "nvml_version": "13.580.95.05",
+        "cuda_driver_version": 13000,
+        "gpus": list(gpus),
+    }
 
 
-NO_DRIVER = {"available": False, "error": "NVMLError_LibraryNotFound: NVML Shared Library Not Found", "gpus": [],
-             "driver_version": None, "nvml_version": None, "cuda_driver_version": None}
+NO_DRIVER = {
+    "available": False,
+    "error": "NVMLError_LibraryNotFound: NVML Shared Library Not Found",
+    "gpus": [],
+    "driver_version": None,
+    "nvml_version": None,
+    "cuda_driver_version": None,
+}
 
 
 def test_minor_map_from_nvml():
     table, source = _gpus.minor_map(driver(nvml_gpu(0, minor=3), nvml_gpu(1, minor=0)), "/nonexistent")
     assert source == "nvml"
-    assert table == [{"index": 0, "minor": 3, "uuid": "GPU-0", "name": "NVIDIA H100 80GB HBM3", "pci_bus_id": "00000000:18:00.0"},
-                     {"index": 1, "minor": 0, "uuid": "GPU-1", "name": "NVIDIA H100 80GB HBM3", "pci_bus_id": "00000000:19:00.0"}]
+    assert table == [
+        {"index": 0, "minor": 3, "uuid": "GPU-0", "name": "NVIDIA H100 80GB HBM3", "pci_bus_id": "00000000:18:00.0"},
+        {"index": 1, "minor": 0, "uuid": "GPU-1", "name": "NVIDIA H100 80GB HBM3", "pci_bus_id": "00000000:19:00.0"},
+    ]
 
 
 def test_minor_map_from_proc_driver_in_bus_order(tmp_path):
     for bus, minor in (("0000:2a:00.0", 0), ("0000:18:00.0", 2)):
         (tmp_path / "driver" / "nvidia" / "gpus" / bus).mkdir(parents=True)
         (tmp_path / "driver" / "nvidia" / "gpus" / bus / "information").write_text(
-            "Model: \t\t NVIDIA H100 80GB HBM3\nDevice Minor: \t %d\nGPU UUID: \t GPU-%s\n" % (minor, bus))
+            "Model: \t\t NVIDIA H100 80GB HBM3\nDevice Minor: \t %d\nGPU UUID: \t GPU-%s\n" % (minor, bus)
+        )
     table, source = _gpus.minor_map(NO_DRIVER, str(tmp_path))
     assert source == "proc_driver"
-    assert [(g["index"], g["minor"], g["uuid"]) for g in table] == [(0, 2, "GPU-0000:18:00.0"), (1, 0, "GPU-0000:2a:00.0")]
+    assert [(g["index"], g["minor"], g["uuid"]) for g in table] == [
+        (0, 2, "GPU-0000:18:00.0"),
+        (1, 0, "GPU-0000:2a:00.0"),
+    ]
     assert _gpus.minor_map(None, str(tmp_path))[1] == "proc_driver"  # NVML not asked at all
 
 
@@ -93,7 +127,8 @@ def proc_driver_tree(root, entries):
     for bus, minor, uuid in entries:
         (root / "driver" / "nvidia" / "gpus" / bus).mkdir(parents=True)
         (root / "driver" / "nvidia" / "gpus" / bus / "information").write_text(
-            "Model: \t\t NVIDIA H100 80GB HBM3\nDevice Minor: \t %d\nGPU UUID: \t %s\n" % (minor, uuid))
+            "Model: \t\t NVIDIA H100 80GB HBM3\nDevice Minor: \t %d\nGPU UUID: \t %s\n" % (minor, uuid)
+        )
     return str(root)
 
 
@@ -106,17 +141,30 @@ def test_a_lost_gpu_gets_its_minor_from_the_kernel_module(tmp_path):
     proc = proc_driver_tree(tmp_path, [("0000:18:00.0", 0, "GPU-0"), ("0000:19:00.0", 1, "GPU-1")])
     table, source = _gpus.minor_map(driver(nvml_gpu(0), lost(1)), proc)
     assert source == "nvml"
-    assert table[1] == {"index": 1, "minor": 1, "uuid": "GPU-1", "name": "NVIDIA H100 80GB HBM3",
-                        "pci_bus_id": "00000000:19:00.0"}
-    assert table[0] == {"index": 0, "minor": 0, "uuid": "GPU-0", "name": "NVIDIA H100 80GB HBM3",
-                        "pci_bus_id": "00000000:18:00.0"}
+    assert table[1] == {
+        "index": 1,
+        "minor": 1,
+        "uuid": "GPU-1",
+        "name": "NVIDIA H100 80GB HBM3",
+        "pci_bus_id": "00000000:19:00.0",
+    }
+    assert table[0] == {
+        "index": 0,
+        "minor": 0,
+        "uuid": "GPU-0",
+        "name": "NVIDIA H100 80GB HBM3",
+        "pci_bus_id": "00000000:18:00.0",
+    }
 
 
-@pytest.mark.parametrize("entries", [
-    [("0000:18:00.0", 0, "GPU-0")],  # the kernel knows fewer GPUs than NVML counts
-    [("0000:18:00.0", 5, "GPU-0"), ("0000:19:00.0", 1, "GPU-1")],  # it disagrees on the minor of GPU 0
-    [],  # no kernel module tables
-])
+@pytest.mark.parametrize(
+    "entries",
+    [
+        [("0000:18:00.0", 0, "GPU-0")],  # the kernel knows fewer GPUs than NVML counts
+        [("0000:18:00.0", 5, "GPU-0"), ("0000:19:00.0", 1, "GPU-1")],  # it disagrees on the minor of GPU 0
+        [],  # no kernel module tables
+    ],
+)
 def test_a_lost_gpu_keeps_no_minor_where_the_kernel_module_does_not_agree_with_nvml(tmp_path, entries):
     proc = proc_driver_tree(tmp_path, entries)
     table, source = _gpus.minor_map(driver(nvml_gpu(0), lost(1)), proc)
@@ -125,13 +173,29 @@ def test_a_lost_gpu_keeps_no_minor_where_the_kernel_module_does_not_agree_with_n
 
 def test_the_holder_of_a_lost_gpus_device_file_is_named():
     """Memory unknown on the lost GPU: the CUDA user of its device file holds it; an NVML client does not."""
-    table = [{"index": 0, "minor": 0, "uuid": "GPU-0", "name": None, "pci_bus_id": None},
-             {"index": 1, "minor": 1, "uuid": "GPU-1", "name": None, "pci_bus_id": None}]
+    table = [
+        {"index": 0, "minor": 0, "uuid": "GPU-0", "name": None, "pci_bus_id": None},
+        {"index": 1, "minor": 1, "uuid": "GPU-1", "name": None, "pci_bus_id": None},
+    ]
     reading = driver(nvml_gpu(0), lost(1))
     scan = {4000: handles(4000, [1]), 4001: handles(4001, [0, 1], uvm=False)}
-    processes = {pid: {"pid": pid, "ppid": 1, "pgid": pid, "sid": pid, "comm": "python3", "state": "S",
-                       "start_ticks": 1, "kernel_thread": False, "user": "root", "uid": 0, "cmdline": "python3",
-                       "start_time": None} for pid in scan}
+    processes = {
+        pid: {
+            "pid": pid,
+            "ppid": 1,
+            "pgid": pid,
+            "sid": pid,
+            "comm": "python3",
+            "state": "S",
+            "start_ticks": 1,
+            "kernel_thread": False,
+            "user": "root",
+            "uid": 0,
+            "cmdline": "python3",
+            "start_time": None,
+        }
+        for pid in scan
+    }
     view = _holders.merge(reading, table, scan, processes, 256)
     assert [(h["pid"], h["gpus"], h["attribution"]) for h in view["holders"]] == [(4000, [1], {"1": "device_file"})]
     assert view["unmapped_minors"] == [] and [u["pid"] for u in view["device_users"]] == [4001]
@@ -142,6 +206,7 @@ def test_minor_map_without_nvml_or_kernel_module(tmp_path):
 
 
 # --- process_details ---------------------------------------------------------------------------------------------
+
 
 def test_process_details_of_a_child(spawn):
     child = spawn(["sleep", "60", "1"], wait=True)  # sleep sums its arguments
@@ -181,8 +246,12 @@ class FakePsutil:
     def Process(self, pid):  # pylint: disable=invalid-name
         if self.error:
             raise self.error
-        return types.SimpleNamespace(oneshot=contextlib.nullcontext, uids=lambda: types.SimpleNamespace(real=0),
-                                     create_time=lambda: 0.0, cmdline=lambda: list(self.argv))
+        return types.SimpleNamespace(
+            oneshot=contextlib.nullcontext,
+            uids=lambda: types.SimpleNamespace(real=0),
+            create_time=lambda: 0.0,
+            cmdline=lambda: list(self.argv),
+        )
 
 
 def test_process_details_strips_setproctitle_padding_and_survives_access_denied():
@@ -197,16 +266,22 @@ def test_process_details_strips_setproctitle_padding_and_survives_access_denied(
 
 # --- _listed_pids: when the driver's lists suffice -----------------------------------------------------------------
 
+
 def test_listed_pids_when_the_lists_explain_every_selected_gpu():
-    reading = driver(nvml_gpu(0, 70003, [(11, 70000, "compute")]), nvml_gpu(1, 300, [(12, 100, "compute"), (13, 0, "mps")]))
+    reading = driver(
+        nvml_gpu(0, 70003, [(11, 70000, "compute")]), nvml_gpu(1, 300, [(12, 100, "compute"), (13, 0, "mps")])
+    )
     assert _gpus._listed_pids(reading, None, 256) == {11, 12, 13}
     assert _gpus._listed_pids(reading, None, 199) is None  # GPU 1: 200 MiB unexplained > 199
     assert _gpus._listed_pids(reading, None, 200) == {11, 12, 13}  # at the tolerance: explained
 
 
 def test_listed_pids_ignores_unselected_gpus_but_lists_their_pids():
-    reading = driver(nvml_gpu(0, 70003, [(11, 70000, "compute")]), nvml_gpu(1, 30000, [(12, 100, "compute")]),
-                     nvml_gpu(2, None, error="Unknown Error"))
+    reading = driver(
+        nvml_gpu(0, 70003, [(11, 70000, "compute")]),
+        nvml_gpu(1, 30000, [(12, 100, "compute")]),
+        nvml_gpu(2, None, error="Unknown Error"),
+    )
     assert _gpus._listed_pids(reading, None, 256) is None
     assert _gpus._listed_pids(reading, [0], 256) == {11, 12}
     assert _gpus._listed_pids(reading, [0, 2], 256) is None  # a lost GPU: full scan
@@ -228,20 +303,21 @@ def test_listed_pids_judge_memory_as_merge_does():
     assert _holders.merge(reading, _gpus.minor_map(reading)[0], {}, {}, 256)["gpus"][0]["memory_unexplained"] is True
 
 
-@pytest.mark.parametrize("reading", [NO_DRIVER, driver(), driver(nvml_gpu(0, None)),
-                                     driver(nvml_gpu(0, 500, [(11, None, "compute")]))])
+@pytest.mark.parametrize(
+    "reading", [NO_DRIVER, driver(), driver(nvml_gpu(0, None)), driver(nvml_gpu(0, 500, [(11, None, "compute")]))]
+)
 def test_listed_pids_needs_a_full_scan(reading):
     assert _gpus._listed_pids(reading, None, 256) is None
 
 
 # --- Inspector ---------------------------------------------------------------------------------------------------
 
+
 def test_inspector_hung_driver_gives_timed_out_view_bounded_by_the_snapshot_timeout(monkeypatch):
     def hang():
         time.sleep(30)
 
-    fake = types.SimpleNamespace(NVMLError=pynvml.NVMLError, nvmlInit=lambda: None,
-                                 nvmlSystemGetDriverVersion=hang)
+    fake = types.SimpleNamespace(NVMLError=pynvml.NVMLError, nvmlInit=lambda: None, nvmlSystemGetDriverVersion=hang)
     monkeypatch.setattr(_gpus, "pynvml", fake)
     inspector = _gpus.Inspector(driver_timeout=10.0)
     started = time.monotonic()
@@ -260,8 +336,9 @@ def test_inspector_hung_driver_gives_timed_out_view_bounded_by_the_snapshot_time
 def test_read_driver_bounds_each_query_by_driver_timeout():
     inspector = _gpus.Inspector(driver_timeout=4.0)
     asked = []
-    inspector._query = types.SimpleNamespace(read=lambda timeout: asked.append(timeout) or driver(), pid=None,
-                                             close=lambda: None)
+    inspector._query = types.SimpleNamespace(
+        read=lambda timeout: asked.append(timeout) or driver(), pid=None, close=lambda: None
+    )
     inspector.read_driver()
     inspector.read_driver(1.5)
     inspector.read_driver(60)
@@ -314,10 +391,14 @@ def test_listed_scope_scans_only_the_listed_pids_when_their_memory_explains_the_
     engine, exporter = spawn(["sleep", "60"], wait=True), spawn(["sleep", "61"], wait=True)
     # A driver before 535.113.01 seen from a container: the absent listed PID may be a host process (foreign).
     monkeypatch.setattr(_gpus, "initial_pid_namespace", lambda proc="/proc": False)
-    reading = driver(nvml_gpu(0, 70003, [(engine.pid, 70000, "compute")]), nvml_gpu(1, 503, [(NO_SUCH_PID, 500, "compute")]),
-                     version="535.104.05")
-    inspector, calls = inspector_on(reading, {engine.pid: handles(engine.pid, [0]),
-                                              exporter.pid: handles(exporter.pid, [0, 1], uvm=False)})
+    reading = driver(
+        nvml_gpu(0, 70003, [(engine.pid, 70000, "compute")]),
+        nvml_gpu(1, 503, [(NO_SUCH_PID, 500, "compute")]),
+        version="535.104.05",
+    )
+    inspector, calls = inspector_on(
+        reading, {engine.pid: handles(engine.pid, [0]), exporter.pid: handles(exporter.pid, [0, 1], uvm=False)}
+    )
     view = inspector.snapshot(scope="listed")
     assert calls == [("listed", sorted([engine.pid, NO_SUCH_PID]))] and view["scan"] == "listed"
     (holder,) = view["holders"]
@@ -330,22 +411,41 @@ def test_listed_scope_scans_only_the_listed_pids_when_their_memory_explains_the_
     foreign = view["gpus"][1]["foreign"]
     assert foreign == [{"pid": NO_SUCH_PID, "used_mib": 500, "type": "compute", "reason": "absent", "comm": None}]
     assert view["index_source"] == "nvml"
-    assert view["driver"] == {"available": True, "error": None, "driver_version": "535.104.05",
-                              "nvml_version": "13.580.95.05", "cuda_driver_version": 13000, "timed_out": False}
+    assert view["driver"] == {
+        "available": True,
+        "error": None,
+        "driver_version": "535.104.05",
+        "nvml_version": "13.580.95.05",
+        "cuda_driver_version": 13000,
+        "timed_out": False,
+    }
 
 
 def test_listed_scope_rescans_in_full_when_a_listed_creator_has_exited(spawn, inspector_on):
     """535.113.01+: an absent listed PID is a creator that has exited; whoever holds its context is found by a full
     scan (the worker that inherited the handles), and the exporter is left a device user."""
-    engine, worker, exporter = (spawn(["sleep", "60"], wait=True), spawn(["sleep", "62"], wait=True),
-                                spawn(["sleep", "61"], wait=True))
-    reading = driver(nvml_gpu(0, 70003, [(engine.pid, 70000, "compute")]), nvml_gpu(1, 5003, [(NO_SUCH_PID, 5000, "compute")]))
-    inspector, calls = inspector_on(reading, {engine.pid: handles(engine.pid, [0]), worker.pid: handles(worker.pid, [1]),
-                                              exporter.pid: handles(exporter.pid, [0, 1], uvm=False)})
+    engine, worker, exporter = (
+        spawn(["sleep", "60"], wait=True),
+        spawn(["sleep", "62"], wait=True),
+        spawn(["sleep", "61"], wait=True),
+    )
+    reading = driver(
+        nvml_gpu(0, 70003, [(engine.pid, 70000, "compute")]), nvml_gpu(1, 5003, [(NO_SUCH_PID, 5000, "compute")])
+    )
+    inspector, calls = inspector_on(
+        reading,
+        {
+            engine.pid: handles(engine.pid, [0]),
+            worker.pid: handles(worker.pid, [1]),
+            exporter.pid: handles(exporter.pid, [0, 1], uvm=False),
+        },
+    )
     view = inspector.snapshot(scope="listed")
     assert calls == [("listed", sorted([engine.pid, NO_SUCH_PID])), ("full", {os.getpid()})] and view["scan"] == "full"
     by_pid = {h["pid"]: h for h in view["holders"]}
-    assert sorted(by_pid) == sorted([engine.pid, worker.pid]) and by_pid[worker.pid]["contexts_of"] == {"1": [NO_SUCH_PID]}
+    assert sorted(by_pid) == sorted([engine.pid, worker.pid]) and by_pid[worker.pid]["contexts_of"] == {
+        "1": [NO_SUCH_PID]
+    }
     assert view["gpus"][1]["exited"][0]["reason"] == "exited" and view["gpus"][1]["foreign"] == []
 
 
@@ -360,6 +460,7 @@ def test_initial_pid_namespace_is_read_from_the_kernels_fixed_inode(tmp_path, mo
         if str(path) == str(tmp_path / "self" / "ns" / "pid"):
             return os.stat_result((result.st_mode, 0xEFFFFFFC) + tuple(result)[2:])
         return result
+
     assert _gpus.initial_pid_namespace(str(tmp_path)) is False  # a file's own inode
     monkeypatch.setattr(os, "stat", fake_stat)
     assert _gpus.initial_pid_namespace(str(tmp_path)) is True
@@ -369,8 +470,9 @@ def test_initial_pid_namespace_is_read_from_the_kernels_fixed_inode(tmp_path, mo
 def test_full_scope_reports_device_users_and_never_makes_them_holders(spawn, inspector_on):
     engine, exporter = spawn(["sleep", "60"], wait=True), spawn(["sleep", "61"], wait=True)
     reading = driver(nvml_gpu(0, 70003, [(engine.pid, 70000, "compute")]), nvml_gpu(1, 3))
-    inspector, calls = inspector_on(reading, {engine.pid: handles(engine.pid, [0, 1]),
-                                              exporter.pid: handles(exporter.pid, [0, 1], uvm=False)})
+    inspector, calls = inspector_on(
+        reading, {engine.pid: handles(engine.pid, [0, 1]), exporter.pid: handles(exporter.pid, [0, 1], uvm=False)}
+    )
     view = inspector.snapshot()
     assert calls == [("full", {os.getpid()})] and view["scan"] == "full"
     assert [(h["pid"], h["gpus"]) for h in view["holders"]] == [(engine.pid, [0])]  # GPU 1's file only: not held
@@ -401,8 +503,13 @@ def test_listed_scope_falls_back_to_a_full_scan_for_unexplained_memory(spawn, in
 
 def test_without_nvml_the_proc_driver_map_and_a_full_scan_are_used(spawn, inspector_on, monkeypatch):
     worker = spawn(["sleep", "60"], wait=True)
-    monkeypatch.setattr(_procscan, "proc_driver_minors", lambda proc="/proc": [
-        {"pci_bus_id": "00000000:18:00.0", "minor": 0, "uuid": "GPU-0", "name": "NVIDIA H100 80GB HBM3"}])
+    monkeypatch.setattr(
+        _procscan,
+        "proc_driver_minors",
+        lambda proc="/proc": [
+            {"pci_bus_id": "00000000:18:00.0", "minor": 0, "uuid": "GPU-0", "name": "NVIDIA H100 80GB HBM3"}
+        ],
+    )
     inspector, calls = inspector_on(NO_DRIVER, {worker.pid: handles(worker.pid, [0])})
     view = inspector.snapshot(scope="listed")
     assert calls == [("full", {os.getpid()})] and view["index_source"] == "proc_driver"

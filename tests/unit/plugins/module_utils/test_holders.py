@@ -4,6 +4,7 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """_holders.merge (pure) with synthetic NVML readings, scans and process details; and the snapshot's /proc helpers
 (minor_map, process_details) with real `sleep` children of this test."""
+
 from __future__ import annotations
 
 import os
@@ -30,8 +31,11 @@ def children():
             started.append(subprocess.Popen(["sleep", "60"]))
         pids = [p.pid for p in started[-count:]]
         # Until the child has exec'd, /proc shows the forked Python with an empty command line.
-        wait_for(lambda: all(Path("/proc/%d/cmdline" % pid).read_bytes() == b"sleep\x0060\x00" for pid in pids), 10,
-                 what="the sleep children's exec")
+        wait_for(
+            lambda: all(Path("/proc/%d/cmdline" % pid).read_bytes() == b"sleep\x0060\x00" for pid in pids),
+            10,
+            what="the sleep children's exec",
+        )
         return pids
 
     yield start
@@ -58,12 +62,24 @@ def nvml_client(pid, minors):
 
 
 def gpu_reading(index, minor, used_mib, processes=(), error=None):
-    return {"index": index, "minor": minor, "uuid": "GPU-%d" % index, "name": "NVIDIA H100 80GB HBM3",
-            "pci_bus_id": "00000000:%02X:00.0" % (0x18 + index), "error": error,
-            "memory": None if used_mib is None else {
-                "total_mib": 81559, "used_mib": used_mib, "free_mib": 81559 - used_mib - 529, "reserved_mib": 529,
-                "source": "nvmlDeviceGetMemoryInfo_v2"},
-            "processes": [{"pid": p[0], "used_mib": p[1], "type": p[2] if len(p) > 2 else "compute"} for p in processes]}
+    return {
+        "index": index,
+        "minor": minor,
+        "uuid": "GPU-%d" % index,
+        "name": "NVIDIA H100 80GB HBM3",
+        "pci_bus_id": "00000000:%02X:00.0" % (0x18 + index),
+        "error": error,
+        "memory": None
+        if used_mib is None
+        else {
+            "total_mib": 81559,
+            "used_mib": used_mib,
+            "free_mib": 81559 - used_mib - 529,
+            "reserved_mib": 529,
+            "source": "nvmlDeviceGetMemoryInfo_v2",
+        },
+        "processes": [{"pid": p[0], "used_mib": p[1], "type": p[2] if len(p) > 2 else "compute"} for p in processes],
+    }
 
 
 # A driver before 535.113.01: it numbers every PID in the initial PID namespace, whatever the caller's.
@@ -71,8 +87,14 @@ OLD_DRIVER = "535.104.05"
 
 
 def driver(*gpus, version="580.95.05"):
-    return {"available": True, "error": None, "driver_version": version, "nvml_version": None,
-            "cuda_driver_version": None, "gpus": list(gpus)}
+    return {
+        "available": True,
+        "error": None,
+        "driver_version": version,
+        "nvml_version": None,
+        "cuda_driver_version": None,
+        "gpus": list(gpus),
+    }
 
 
 def table(reading):
@@ -80,8 +102,23 @@ def table(reading):
 
 
 def details(*pids, comm="python3"):
-    return {pid: {"pid": pid, "ppid": 1, "pgid": pid, "sid": pid, "comm": comm, "state": "S", "start_ticks": 100 + pid,
-                  "kernel_thread": False, "user": "root", "uid": 0, "cmdline": comm, "start_time": None} for pid in pids}
+    return {
+        pid: {
+            "pid": pid,
+            "ppid": 1,
+            "pgid": pid,
+            "sid": pid,
+            "comm": comm,
+            "state": "S",
+            "start_ticks": 100 + pid,
+            "kernel_thread": False,
+            "user": "root",
+            "uid": 0,
+            "cmdline": comm,
+            "start_time": None,
+        }
+        for pid in pids
+    }
 
 
 def merge(reading, scan, processes=None, **kwargs):
@@ -96,7 +133,7 @@ def by_pid(items):
 
 def test_listed_and_confirmed_pid_holds_its_gpu_with_the_listed_memory():
     reading = driver(gpu_reading(0, 5, 3000, processes=[(10, 3000)]), gpu_reading(1, 0, 3))
-    view = merge(reading, {10: handles(10, minors=[5])})   # minor 5 is NVML index 0
+    view = merge(reading, {10: handles(10, minors=[5])})  # minor 5 is NVML index 0
     (holder,) = view["holders"]
     assert (holder["pid"], holder["gpus"], holder["minors"], holder["memory_mib"]) == (10, [0], [5], {"0": 3000})
     assert holder["attribution"] == {"0": "driver"} and holder["seen_in"] == ["driver", "fd"]
@@ -111,8 +148,12 @@ def test_listed_and_confirmed_pid_holds_its_gpu_with_the_listed_memory():
 
 def test_nccl_worker_holds_only_the_gpu_the_driver_lists_it_on():
     """NCCL keeps NVML initialized: each TP worker has every /dev/nvidiaN open, the driver lists it on one GPU."""
-    reading = driver(gpu_reading(0, 0, 70000, processes=[(10, 70000)]), gpu_reading(1, 1, 70000, processes=[(11, 70000)]),
-                     gpu_reading(2, 2, 70000, processes=[(12, 70000)]), gpu_reading(3, 3, 0))
+    reading = driver(
+        gpu_reading(0, 0, 70000, processes=[(10, 70000)]),
+        gpu_reading(1, 1, 70000, processes=[(11, 70000)]),
+        gpu_reading(2, 2, 70000, processes=[(12, 70000)]),
+        gpu_reading(3, 3, 0),
+    )
     scan = {pid: handles(pid, minors=[0, 1, 2, 3]) for pid in (10, 11, 12)}
     view = merge(reading, scan)
     holders = by_pid(view["holders"])
@@ -160,7 +201,7 @@ def test_cuda_users_come_before_nvml_clients_which_are_only_suspects():
     scan = {20: handles(20, minors=[0]), 21: nvml_client(21, [0, 1]), 22: handles(22, minors=[], uvm=False, mapped=[1])}
     view = merge(reading, scan)
     holders = by_pid(view["holders"])
-    assert sorted(holders) == [20, 22]          # 22 maps GPU 1's device: a CUDA user
+    assert sorted(holders) == [20, 22]  # 22 maps GPU 1's device: a CUDA user
     assert view["gpus"][0]["suspects"] == [] and view["gpus"][1]["suspects"] == []
     view = merge(driver(gpu_reading(0, 0, 3000), version=OLD_DRIVER), {21: nvml_client(21, [0])})
     assert view["holders"] == [] and view["gpus"][0]["suspects"] == [21]
@@ -180,7 +221,9 @@ def test_absent_listed_pid_is_foreign_and_its_memory_is_explained_on_older_drive
     view = merge(reading, {20: handles(20, minors=[0])})
     gpu = view["gpus"][0]
     assert view["holders"] == [] and gpu["holder_pids"] == []
-    assert gpu["foreign"] == [{"pid": NO_SUCH_PID, "used_mib": 6000, "type": "compute", "reason": "absent", "comm": None}]
+    assert gpu["foreign"] == [
+        {"pid": NO_SUCH_PID, "used_mib": 6000, "type": "compute", "reason": "absent", "comm": None}
+    ]
     assert gpu["driver_processes"][0]["verified"] is False
     assert (gpu["unexplained_mib"], gpu["memory_unexplained"]) == (0, False)
 
@@ -188,19 +231,23 @@ def test_absent_listed_pid_is_foreign_and_its_memory_is_explained_on_older_drive
 def test_listed_pid_present_here_but_holding_another_gpu_is_foreign_on_older_drivers_in_a_container():
     """Before 535.113.01, inside a container the driver's host PID 7 on GPU 0 may be the container's own PID 7, which
     computes on GPU 1."""
-    reading = driver(gpu_reading(0, 0, 4000, processes=[(7, 4000)]), gpu_reading(1, 1, 2000, processes=[(900007, 2000)]),
-                     version=OLD_DRIVER)
+    reading = driver(
+        gpu_reading(0, 0, 4000, processes=[(7, 4000)]),
+        gpu_reading(1, 1, 2000, processes=[(900007, 2000)]),
+        version=OLD_DRIVER,
+    )
     view = merge(reading, {7: handles(7, minors=[1])})
     assert view["holders"] == []
-    assert view["gpus"][0]["foreign"] == [{"pid": 7, "used_mib": 4000, "type": "compute", "reason": "not_holding",
-                                           "comm": "python3"}]
+    assert view["gpus"][0]["foreign"] == [
+        {"pid": 7, "used_mib": 4000, "type": "compute", "reason": "not_holding", "comm": "python3"}
+    ]
     assert view["gpus"][1]["foreign"][0]["reason"] == "absent"
     assert [u["pid"] for u in view["device_users"]] == [7]
 
 
 def test_mps_client_is_confirmed_by_nvidiactl_alone():
     reading = driver(gpu_reading(0, 0, 9000, processes=[(40, 9000), (41, 3000, "mps"), (42, 1000, "mps")]))
-    scan = {40: handles(40, minors=[0]), 41: handles(41)}   # 42 holds nothing here
+    scan = {40: handles(40, minors=[0]), 41: handles(41)}  # 42 holds nothing here
     view = merge(reading, scan, details(40, 41, 42))
     holders = by_pid(view["holders"])
     assert sorted(holders) == [40, 41]
@@ -234,7 +281,7 @@ def test_excluded_pids_are_never_holders_nor_users():
     view = merge(reading, {10: handles(10, minors=[0]), 11: handles(11, minors=[0])}, exclude_pids=[10])
     assert [h["pid"] for h in view["holders"]] == [11] and view["device_users"] == []
     assert {p["pid"]: p["verified"] for p in view["gpus"][0]["driver_processes"]} == {10: False, 11: True}
-    assert view["gpus"][0]["foreign"] == []     # our own NVML worker is not foreign either
+    assert view["gpus"][0]["foreign"] == []  # our own NVML worker is not foreign either
 
 
 def test_vanished_process_is_dropped():
@@ -267,15 +314,20 @@ def test_without_nvml_the_map_comes_from_proc_driver(tmp_path):
     for bus, minor in (("0000:2a:00.0", 0), ("0000:18:00.0", 3)):
         (tmp_path / "driver" / "nvidia" / "gpus" / bus).mkdir(parents=True)
         (tmp_path / "driver" / "nvidia" / "gpus" / bus / "information").write_text(
-            "Model: \t\t NVIDIA H100 80GB HBM3\nGPU UUID: \t GPU-%s\nDevice Minor: \t %d\n" % (bus, minor))
+            "Model: \t\t NVIDIA H100 80GB HBM3\nGPU UUID: \t GPU-%s\nDevice Minor: \t %d\n" % (bus, minor)
+        )
     gpus, source = _gpus.minor_map({"available": False, "gpus": []}, str(tmp_path))
     assert source == "proc_driver"
-    assert [(gpu["index"], gpu["minor"], gpu["pci_bus_id"]) for gpu in gpus] == [(0, 3, "00000000:18:00.0"),
-                                                                                 (1, 0, "00000000:2A:00.0")]
+    assert [(gpu["index"], gpu["minor"], gpu["pci_bus_id"]) for gpu in gpus] == [
+        (0, 3, "00000000:18:00.0"),
+        (1, 0, "00000000:2A:00.0"),
+    ]
     view = _holders.merge(None, gpus, {20: handles(20, minors=[0])}, details(20))
     assert [(gpu["index"], gpu["memory_used_mib"], gpu["unexplained_mib"]) for gpu in view["gpus"]] == [
-        (0, None, None), (1, None, None)]
-    assert view["holders"][0]["gpus"] == [1]   # minor 0 is index 1 in PCI order; memory unknown
+        (0, None, None),
+        (1, None, None),
+    ]
+    assert view["holders"][0]["gpus"] == [1]  # minor 0 is index 1 in PCI order; memory unknown
 
 
 def test_without_nvml_and_kernel_module_there_is_no_map(tmp_path):
@@ -290,20 +342,27 @@ def test_exited_creator_is_named_and_the_cuda_users_of_its_gpu_hold_its_context(
     users of GPU 0's file that the lists leave out hold that context; the NVML exporter does not; GPU 1's CUDA user
     (nothing exited there) is a device user."""
     reading = driver(gpu_reading(0, 0, 6003, processes=[(NO_SUCH_PID, 6000)]), gpu_reading(1, 1, 3))
-    scan = {21: handles(21, minors=[0]), 22: handles(22, minors=[0]), 30: nvml_client(30, [0, 1]),
-            40: handles(40, minors=[1])}
+    scan = {
+        21: handles(21, minors=[0]),
+        22: handles(22, minors=[0]),
+        30: nvml_client(30, [0, 1]),
+        40: handles(40, minors=[1]),
+    }
     view = merge(reading, scan)
     gpu = view["gpus"][0]
     assert gpu["foreign"] == [] and gpu["exited"] == [
-        {"pid": NO_SUCH_PID, "used_mib": 6000, "type": "compute", "reason": "exited", "comm": None}]
+        {"pid": NO_SUCH_PID, "used_mib": 6000, "type": "compute", "reason": "exited", "comm": None}
+    ]
     assert (gpu["explained_mib"], gpu["unexplained_mib"], gpu["memory_unexplained"]) == (6000, 3, False)
     holders = by_pid(view["holders"])
     assert sorted(holders) == [21, 22] and gpu["holder_pids"] == [21, 22]
-    assert all(h["attribution"] == {"0": "device_file"} and h["contexts_of"] == {"0": [NO_SUCH_PID]}
-               for h in holders.values())
+    assert all(
+        h["attribution"] == {"0": "device_file"} and h["contexts_of"] == {"0": [NO_SUCH_PID]} for h in holders.values()
+    )
     assert sorted(u["pid"] for u in view["device_users"]) == [30, 40]
     assert _advice.exited_notes(view) == [
-        "GPU 0: PID 21, 22 hold the context of PID %d (6000 MiB), which has exited" % NO_SUCH_PID]
+        "GPU 0: PID 21, 22 hold the context of PID %d (6000 MiB), which has exited" % NO_SUCH_PID
+    ]
 
 
 def test_reused_pid_of_an_nvml_client_is_never_confirmed():
@@ -318,7 +377,8 @@ def test_reused_pid_of_an_nvml_client_is_never_confirmed():
     assert [u["pid"] for u in view["device_users"]] == [30]
     assert _advice.exited_notes(view) == [
         "GPU 0: PID 21 holds the context of PID 30 (5000 MiB), which has exited; PID 30 here (exporter) is another "
-        "process that got its number and is left alone"]
+        "process that got its number and is left alone"
+    ]
 
 
 def test_exited_creator_with_no_cuda_user_here_names_the_nvml_clients_as_suspects_only():
@@ -353,11 +413,20 @@ def test_memory_not_supported_gpu_is_judged_by_its_lists_and_device_files():
     """A GB10: no memory figures. The listed compositor and EngineCore hold it; the CUDA tool without a context is a
     device user; nothing is unexplained, nothing is an error."""
     reading = driver(gpu_reading(0, 0, None, processes=[(10, 60000), (11, 43, "graphics")]))
-    reading["gpus"][0]["memory"] = {"total_mib": None, "used_mib": None, "free_mib": None, "reserved_mib": None,
-                                    "source": None, "used_includes_reserved": None, "used_excluding_reserved_mib": None,
-                                    "supported": False}
-    view = merge(reading, {10: handles(10, minors=[0]), 11: handles(11, minors=[0], uvm=False, mapped=[0]),
-                           20: handles(20, minors=[0])})
+    reading["gpus"][0]["memory"] = {
+        "total_mib": None,
+        "used_mib": None,
+        "free_mib": None,
+        "reserved_mib": None,
+        "source": None,
+        "used_includes_reserved": None,
+        "used_excluding_reserved_mib": None,
+        "supported": False,
+    }
+    view = merge(
+        reading,
+        {10: handles(10, minors=[0]), 11: handles(11, minors=[0], uvm=False, mapped=[0]), 20: handles(20, minors=[0])},
+    )
     gpu = view["gpus"][0]
     assert gpu["memory_supported"] is False and gpu["error"] is None
     # Its used memory is what the lists charge: a wait releases it once no listed holder is left.

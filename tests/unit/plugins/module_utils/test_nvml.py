@@ -3,6 +3,7 @@
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 """_nvml against a fake pynvml: same functions and the real pynvml exception classes, no driver behind it."""
+
 from __future__ import annotations
 
 import ctypes
@@ -36,9 +37,26 @@ NO_ID = 0xFFFFFFFF
 class FakeGpu:
     """A GPU, or (parent set) a MIG device. List entries: (pid, bytes or None[, gi, ci])."""
 
-    def __init__(self, minor, uuid, name="NVIDIA H100 80GB HBM3", bus="00000000:18:00.0", total_mib=81559,
-                 used_mib=1000, reserved_mib=529, compute=(), graphics=(), mps=None, lost=False, memory_v2=True,
-                 mig_mode=None, migs=(), privileged=True, gi=None, ci=None):
+    def __init__(
+        self,
+        minor,
+        uuid,
+        name="NVIDIA H100 80GB HBM3",
+        bus="00000000:18:00.0",
+        total_mib=81559,
+        used_mib=1000,
+        reserved_mib=529,
+        compute=(),
+        graphics=(),
+        mps=None,
+        lost=False,
+        memory_v2=True,
+        mig_mode=None,
+        migs=(),
+        privileged=True,
+        gi=None,
+        ci=None,
+    ):
         self.minor, self.uuid, self.name, self.bus = minor, uuid, name, bus
         self.total_mib, self.used_mib, self.reserved_mib = total_mib, used_mib, reserved_mib
         self.lists = {"compute": list(compute), "graphics": list(graphics), "mps": mps}
@@ -116,13 +134,20 @@ class FakeNvml:
         if gpu.aggregate_refused():
             raise nvml_error(pynvml.NVML_ERROR_NO_PERMISSION)
         if version is None:  # v1: used includes reserved
-            return types.SimpleNamespace(total=gpu.total_mib * MIB, used=(gpu.used_mib + gpu.reserved_mib) * MIB,
-                                         free=(gpu.total_mib - gpu.used_mib - gpu.reserved_mib) * MIB)
+            return types.SimpleNamespace(
+                total=gpu.total_mib * MIB,
+                used=(gpu.used_mib + gpu.reserved_mib) * MIB,
+                free=(gpu.total_mib - gpu.used_mib - gpu.reserved_mib) * MIB,
+            )
         assert version == pynvml.nvmlMemory_v2
         if gpu.memory_v2 is not True:
             raise nvml_error(gpu.memory_v2)
-        return types.SimpleNamespace(total=gpu.total_mib * MIB, used=gpu.used_mib * MIB, reserved=gpu.reserved_mib * MIB,
-                                     free=(gpu.total_mib - gpu.used_mib - gpu.reserved_mib) * MIB)
+        return types.SimpleNamespace(
+            total=gpu.total_mib * MIB,
+            used=gpu.used_mib * MIB,
+            reserved=gpu.reserved_mib * MIB,
+            free=(gpu.total_mib - gpu.used_mib - gpu.reserved_mib) * MIB,
+        )
 
     def _entries(self, kind, gpu):
         if gpu.aggregate_refused():
@@ -132,13 +157,15 @@ class FakeNvml:
         if gpu.insufficient_size:
             gpu.insufficient_size -= 1
             raise nvml_error(pynvml.NVML_ERROR_INSUFFICIENT_SIZE)
-        return [tuple(item) + (NO_ID, NO_ID)[len(item) - 2:] for item in gpu.lists[kind]]
+        return [tuple(item) + (NO_ID, NO_ID)[len(item) - 2 :] for item in gpu.lists[kind]]
 
     def _list(self, kind, gpu):
         if "v3" not in self.symbols:  # what pynvml 13.x raises for a missing _v3 symbol
             raise pynvml.NVMLLibraryMismatchError("Unversioned function called and the pyNVML version does not match")
-        return [types.SimpleNamespace(pid=pid, usedGpuMemory=used, gpuInstanceId=gi, computeInstanceId=ci)
-                for pid, used, gi, ci in self._entries(kind, gpu)]
+        return [
+            types.SimpleNamespace(pid=pid, usedGpuMemory=used, gpuInstanceId=gi, computeInstanceId=ci)
+            for pid, used, gi, ci in self._entries(kind, gpu)
+        ]
 
     def nvmlDeviceGetComputeRunningProcesses(self, gpu):
         return self._list("compute", gpu)
@@ -174,6 +201,7 @@ class FakeNvml:
                     slot.gpuInstanceId, slot.computeInstanceId = gi, ci
             count.value = len(entries)
             return 0
+
         return function
 
     # MIG (a MIG device is a FakeGpu whose parent is set)
@@ -203,7 +231,9 @@ def proc(pid, used_mib, kind, gi=None, ci=None):
 
 def two_gpus():
     return [
-        FakeGpu(5, "GPU-aaaa", compute=[(4242, 70000 * MIB), (4243, None)], graphics=[(4300, 12 * MIB)], used_mib=71000),
+        FakeGpu(
+            5, "GPU-aaaa", compute=[(4242, 70000 * MIB), (4243, None)], graphics=[(4300, 12 * MIB)], used_mib=71000
+        ),
         FakeGpu(2, "GPU-bbbb", bus="00000000:2A:00.0", used_mib=0),
     ]
 
@@ -214,13 +244,27 @@ def test_read_driver_full_reading_with_v2_memory():
     assert fake.init_calls == 1
     assert reading["available"] is True and reading["error"] is None
     assert (reading["driver_version"], reading["nvml_version"], reading["cuda_driver_version"]) == (
-        "580.95.05", "13.580.95.05", 13000)
+        "580.95.05",
+        "13.580.95.05",
+        13000,
+    )
     first, second = reading["gpus"]
     assert (first["index"], first["minor"], first["uuid"], first["name"], first["pci_bus_id"]) == (
-        0, 5, "GPU-aaaa", "NVIDIA H100 80GB HBM3", "00000000:18:00.0")
-    assert first["memory"] == {"total_mib": 81559, "used_mib": 71000, "free_mib": 81559 - 71000 - 529,
-                               "reserved_mib": 529, "source": "nvmlDeviceGetMemoryInfo_v2",
-                               "used_includes_reserved": False, "used_excluding_reserved_mib": 71000}
+        0,
+        5,
+        "GPU-aaaa",
+        "NVIDIA H100 80GB HBM3",
+        "00000000:18:00.0",
+    )
+    assert first["memory"] == {
+        "total_mib": 81559,
+        "used_mib": 71000,
+        "free_mib": 81559 - 71000 - 529,
+        "reserved_mib": 529,
+        "source": "nvmlDeviceGetMemoryInfo_v2",
+        "used_includes_reserved": False,
+        "used_excluding_reserved_mib": 71000,
+    }
     # usedGpuMemory None (NVML_VALUE_NOT_AVAILABLE) stays None; MPS NotSupported is skipped, not an error.
     assert first["processes"] == [proc(4242, 70000, "compute"), proc(4243, None, "compute"), proc(4300, 12, "graphics")]
     assert (first["process_list_version"], first["processes_error"]) == ("v3", None)
@@ -236,15 +280,27 @@ def test_read_driver_already_initialized_does_not_init_again():
     assert fake.init_calls == 0
 
 
-@pytest.mark.parametrize("v2_error", [pynvml.NVML_ERROR_FUNCTION_NOT_FOUND, pynvml.NVML_ERROR_NOT_SUPPORTED,
-                                      pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH])
+@pytest.mark.parametrize(
+    "v2_error",
+    [
+        pynvml.NVML_ERROR_FUNCTION_NOT_FOUND,
+        pynvml.NVML_ERROR_NOT_SUPPORTED,
+        pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH,
+    ],
+)
 def test_memory_falls_back_to_v1_without_reserved(v2_error):
     fake = FakeNvml([FakeGpu(0, "GPU-aaaa", used_mib=100, reserved_mib=900, memory_v2=v2_error)])
     gpu = _nvml.read_gpu(fake, 0)
     assert gpu["error"] is None
-    assert gpu["memory"] == {"total_mib": 81559, "used_mib": 1000, "free_mib": 81559 - 1000, "reserved_mib": None,
-                             "source": "nvmlDeviceGetMemoryInfo", "used_includes_reserved": True,
-                             "used_excluding_reserved_mib": None}
+    assert gpu["memory"] == {
+        "total_mib": 81559,
+        "used_mib": 1000,
+        "free_mib": 81559 - 1000,
+        "reserved_mib": None,
+        "source": "nvmlDeviceGetMemoryInfo",
+        "used_includes_reserved": True,
+        "used_excluding_reserved_mib": None,
+    }
 
 
 def test_memory_error_other_than_missing_v2_is_the_gpus_error():
@@ -280,8 +336,13 @@ def test_lost_gpu_is_an_error_of_that_gpu_only():
     assert reading["gpus"][1]["error"] is None and reading["gpus"][1]["minor"] == 2
 
 
-@pytest.mark.parametrize("code, name", [(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND, "NVMLError_LibraryNotFound"),
-                                        (pynvml.NVML_ERROR_DRIVER_NOT_LOADED, "NVMLError_DriverNotLoaded")])
+@pytest.mark.parametrize(
+    "code, name",
+    [
+        (pynvml.NVML_ERROR_LIBRARY_NOT_FOUND, "NVMLError_LibraryNotFound"),
+        (pynvml.NVML_ERROR_DRIVER_NOT_LOADED, "NVMLError_DriverNotLoaded"),
+    ],
+)
 def test_library_or_driver_missing_gives_available_false(code, name):
     reading = _nvml.read_driver(FakeNvml(two_gpus(), init_error=code))
     assert reading["available"] is False
@@ -392,8 +453,11 @@ def test_process_lists_fall_back_when_v3_symbols_are_missing(symbols, version):
     assert first["processes"] == [proc(4242, 70000, "compute"), proc(4243, None, "compute"), proc(4300, 12, "graphics")]
     assert (first["process_list_version"], second["process_list_version"]) == (version, version)
     called = {name.rsplit("_v", 1)[0] if name.endswith("_v2") else name for name in fake.raw_calls}
-    assert called == {"nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses",
-                      "nvmlDeviceGetMPSComputeRunningProcesses"}
+    assert called == {
+        "nvmlDeviceGetComputeRunningProcesses",
+        "nvmlDeviceGetGraphicsRunningProcesses",
+        "nvmlDeviceGetMPSComputeRunningProcesses",
+    }
     assert all(name.endswith("_v2") == (version == "v2") for name in fake.raw_calls)
 
 
@@ -433,12 +497,39 @@ def test_nvidia_ml_py_floor_is_declared_everywhere_and_installed():
 
 
 def mig_gpu(privileged=True):
-    migs = [FakeGpu(None, "MIG-1111", name="NVIDIA H100 80GB HBM3 MIG 3g.40gb", total_mib=40448, used_mib=5000,
-                    reserved_mib=0, compute=[(501, 5000 * MIB, 2, 0)], gi=2, ci=0),
-            FakeGpu(None, "MIG-2222", name="NVIDIA H100 80GB HBM3 MIG 1g.10gb", total_mib=9984, used_mib=0,
-                    reserved_mib=0, compute=[], gi=7, ci=0)]
-    return FakeGpu(0, "GPU-aaaa", used_mib=5000, compute=[(501, 5000 * MIB, 2, 0)], mig_mode=(1, 1), migs=migs,
-                   privileged=privileged)
+    migs = [
+        FakeGpu(
+            None,
+            "MIG-1111",
+            name="NVIDIA H100 80GB HBM3 MIG 3g.40gb",
+            total_mib=40448,
+            used_mib=5000,
+            reserved_mib=0,
+            compute=[(501, 5000 * MIB, 2, 0)],
+            gi=2,
+            ci=0,
+        ),
+        FakeGpu(
+            None,
+            "MIG-2222",
+            name="NVIDIA H100 80GB HBM3 MIG 1g.10gb",
+            total_mib=9984,
+            used_mib=0,
+            reserved_mib=0,
+            compute=[],
+            gi=7,
+            ci=0,
+        ),
+    ]
+    return FakeGpu(
+        0,
+        "GPU-aaaa",
+        used_mib=5000,
+        compute=[(501, 5000 * MIB, 2, 0)],
+        mig_mode=(1, 1),
+        migs=migs,
+        privileged=privileged,
+    )
 
 
 def test_mig_facts_and_instance_ids_privileged():
@@ -448,12 +539,31 @@ def test_mig_facts_and_instance_ids_privileged():
     assert gpu["memory"]["source"] == "nvmlDeviceGetMemoryInfo_v2"
     assert gpu["processes"] == [proc(501, 5000, "compute", 2, 0)]
     assert gpu["mig_devices"] == [
-        {"index": 0, "uuid": "MIG-1111", "gpu_instance_id": 2, "compute_instance_id": 0,
-         "name": "NVIDIA H100 80GB HBM3 MIG 3g.40gb", "profile": "3g.40gb", "memory_total_mib": 40448,
-         "memory_used_mib": 5000, "memory_free_mib": 40448 - 5000, "memory_source": "nvmlDeviceGetMemoryInfo_v2"},
-        {"index": 1, "uuid": "MIG-2222", "gpu_instance_id": 7, "compute_instance_id": 0,
-         "name": "NVIDIA H100 80GB HBM3 MIG 1g.10gb", "profile": "1g.10gb", "memory_total_mib": 9984,
-         "memory_used_mib": 0, "memory_free_mib": 9984, "memory_source": "nvmlDeviceGetMemoryInfo_v2"}]
+        {
+            "index": 0,
+            "uuid": "MIG-1111",
+            "gpu_instance_id": 2,
+            "compute_instance_id": 0,
+            "name": "NVIDIA H100 80GB HBM3 MIG 3g.40gb",
+            "profile": "3g.40gb",
+            "memory_total_mib": 40448,
+            "memory_used_mib": 5000,
+            "memory_free_mib": 40448 - 5000,
+            "memory_source": "nvmlDeviceGetMemoryInfo_v2",
+        },
+        {
+            "index": 1,
+            "uuid": "MIG-2222",
+            "gpu_instance_id": 7,
+            "compute_instance_id": 0,
+            "name": "NVIDIA H100 80GB HBM3 MIG 1g.10gb",
+            "profile": "1g.10gb",
+            "memory_total_mib": 9984,
+            "memory_used_mib": 0,
+            "memory_free_mib": 9984,
+            "memory_source": "nvmlDeviceGetMemoryInfo_v2",
+        },
+    ]
     json.dumps(gpu)
 
 
@@ -462,9 +572,15 @@ def test_mig_without_privilege_is_said_per_gpu_not_a_gpu_error():
     assert gpu["error"] is None
     assert "Insufficient Permissions" in gpu["processes_error"] and "per-MIG-device" in gpu["processes_error"]
     assert gpu["processes"] == [proc(501, 5000, "compute", 2, 0)]  # from the MIG device handles
-    assert gpu["memory"] == {"total_mib": 40448 + 9984, "used_mib": 5000, "free_mib": 40448 + 9984 - 5000,
-                             "reserved_mib": None, "source": "mig_devices", "used_includes_reserved": False,
-                             "used_excluding_reserved_mib": 5000}
+    assert gpu["memory"] == {
+        "total_mib": 40448 + 9984,
+        "used_mib": 5000,
+        "free_mib": 40448 + 9984 - 5000,
+        "reserved_mib": None,
+        "source": "mig_devices",
+        "used_includes_reserved": False,
+        "used_excluding_reserved_mib": 5000,
+    }
 
 
 def test_mig_pending_only_lists_no_devices():
@@ -499,6 +615,7 @@ def test_exited_within_reaps_a_worker_that_leaves_and_gives_up_on_one_that_stays
 def test_slow_first_init_has_its_own_deadline_and_is_not_a_hang(monkeypatch):
     """Persistence mode off: the first nvmlInit initializes every GPU (seconds). It gets INIT_TIMEOUT_S; the reading
     after it gets the caller's timeout; an init past its own deadline is reported as such."""
+
     class SlowInit(FakeNvml):
         init_seconds = 1.0
 

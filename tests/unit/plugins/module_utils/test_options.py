@@ -3,6 +3,7 @@
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 """_options.check_numbers: times (s) and sizes (MiB) must be finite and not negative, some greater than 0."""
+
 from __future__ import annotations
 
 import pytest
@@ -11,8 +12,18 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils import _options, _se
 
 
 def test_valid_values_and_omitted_options_pass():
-    assert _options.check_numbers(positive=("driver_timeout",), grace_period=0, kill_wait=5.0, timeout=0.0,
-                                  max_used_mib=256, driver_timeout=0.001, poll_interval=None) is None
+    assert (
+        _options.check_numbers(
+            positive=("driver_timeout",),
+            grace_period=0,
+            kill_wait=5.0,
+            timeout=0.0,
+            max_used_mib=256,
+            driver_timeout=0.001,
+            poll_interval=None,
+        )
+        is None
+    )
 
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
@@ -39,10 +50,13 @@ def test_positive_names_refuse_zero_and_below(value):
 
 def test_every_bad_value_is_named_sorted_by_name():
     with pytest.raises(_options.OptionError) as info:
-        _options.check_numbers(positive=("driver_timeout",), timeout=-1.0, grace_period=2, kill_wait=float("nan"),
-                               driver_timeout=0)
-    assert str(info.value) == ("invalid option value: driver_timeout=0 (must be greater than 0); "
-                               "kill_wait=nan (must be a finite number); timeout=-1.0 (must not be negative)")
+        _options.check_numbers(
+            positive=("driver_timeout",), timeout=-1.0, grace_period=2, kill_wait=float("nan"), driver_timeout=0
+        )
+    assert str(info.value) == (
+        "invalid option value: driver_timeout=0 (must be greater than 0); "
+        "kill_wait=nan (must be a finite number); timeout=-1.0 (must not be negative)"
+    )
 
 
 def test_option_errors_are_value_errors_and_selection_errors_are_option_errors():

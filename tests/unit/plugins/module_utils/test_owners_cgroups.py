@@ -3,6 +3,7 @@
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 """_owners: every cgroup path form of docs/owners.md, pod names, systemctl, agents, labels, selection."""
+
 from __future__ import annotations
 
 import os
@@ -27,9 +28,17 @@ def v2(path):
 def v1(systemd_path, other_path=None):
     """A cgroup v1 host: name=systemd carries the unit tree; controllers repeat it unless told."""
     other = systemd_path if other_path is None else other_path
-    return "".join("%d:%s:%s\n" % (number, controllers, path) for number, controllers, path in (
-        (12, "name=systemd", systemd_path), (11, "memory", other), (10, "cpu,cpuacct", other),
-        (9, "freezer", other), (8, "devices", other), (7, "pids", other)))
+    return "".join(
+        "%d:%s:%s\n" % (number, controllers, path)
+        for number, controllers, path in (
+            (12, "name=systemd", systemd_path),
+            (11, "memory", other),
+            (10, "cpu,cpuacct", other),
+            (9, "freezer", other),
+            (8, "devices", other),
+            (7, "pids", other),
+        )
+    )
 
 
 def hybrid(path):
@@ -48,68 +57,123 @@ CASES = [
     ("template instance", "/system.slice/system-vllm.slice/vllm@a.service", owner(systemd_unit="vllm@a.service")),
     ("delegated subtree", "/system.slice/vllm.service/payload", owner(systemd_unit="vllm.service")),
     ("session scope", "/user.slice/user-1000.slice/session-4.scope", owner(systemd_unit="session-4.scope")),
-    ("user service", "/user.slice/user-1000.slice/user@1000.service/app.slice/jupyter.service",
-     owner(systemd_unit="jupyter.service")),
+    (
+        "user service",
+        "/user.slice/user-1000.slice/user@1000.service/app.slice/jupyter.service",
+        owner(systemd_unit="jupyter.service"),
+    ),
     ("transient scope", "/system.slice/run-r1b2c3.scope", owner(systemd_unit="run-r1b2c3.scope")),
     ("root", "/", owner()),
     ("init scope", "/init.scope", owner(systemd_unit="init.scope")),
     # docker
-    ("docker systemd", "/system.slice/docker-%s.scope" % CID,
-     owner(systemd_unit="docker-%s.scope" % CID, container_id=CID, runtime="docker")),
+    (
+        "docker systemd",
+        "/system.slice/docker-%s.scope" % CID,
+        owner(systemd_unit="docker-%s.scope" % CID, container_id=CID, runtime="docker"),
+    ),
     ("docker cgroupfs", "/docker/%s" % CID, owner(container_id=CID, runtime="docker")),
     ("docker in docker", "/docker/%s/docker/%s" % (CID2, CID), owner(container_id=CID, runtime="docker")),
     # containerd / nerdctl
-    ("nerdctl systemd", "/system.slice/nerdctl-%s.scope" % CID,
-     owner(systemd_unit="nerdctl-%s.scope" % CID, container_id=CID, runtime="containerd")),
+    (
+        "nerdctl systemd",
+        "/system.slice/nerdctl-%s.scope" % CID,
+        owner(systemd_unit="nerdctl-%s.scope" % CID, container_id=CID, runtime="containerd"),
+    ),
     ("containerd cgroupfs namespace", "/default/%s" % CID, owner(container_id=CID)),
     # podman
-    ("podman root", "/machine.slice/libpod-%s.scope" % CID,
-     owner(systemd_unit="libpod-%s.scope" % CID, container_id=CID, runtime="podman")),
-    ("podman crun child", "/machine.slice/libpod-%s.scope/container" % CID,
-     owner(systemd_unit="libpod-%s.scope" % CID, container_id=CID, runtime="podman")),
-    ("podman rootless", "/user.slice/user-1000.slice/user@1000.service/user.slice/libpod-%s.scope" % CID,
-     owner(systemd_unit="libpod-%s.scope" % CID, container_id=CID, runtime="podman")),
-    ("podman conmon", "/machine.slice/libpod-conmon-%s.scope" % CID,
-     owner(systemd_unit="libpod-conmon-%s.scope" % CID)),
+    (
+        "podman root",
+        "/machine.slice/libpod-%s.scope" % CID,
+        owner(systemd_unit="libpod-%s.scope" % CID, container_id=CID, runtime="podman"),
+    ),
+    (
+        "podman crun child",
+        "/machine.slice/libpod-%s.scope/container" % CID,
+        owner(systemd_unit="libpod-%s.scope" % CID, container_id=CID, runtime="podman"),
+    ),
+    (
+        "podman rootless",
+        "/user.slice/user-1000.slice/user@1000.service/user.slice/libpod-%s.scope" % CID,
+        owner(systemd_unit="libpod-%s.scope" % CID, container_id=CID, runtime="podman"),
+    ),
+    (
+        "podman conmon",
+        "/machine.slice/libpod-conmon-%s.scope" % CID,
+        owner(systemd_unit="libpod-conmon-%s.scope" % CID),
+    ),
     # Kubernetes, systemd driver: QoS slices
-    ("pod burstable containerd",
-     "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod%s.slice/cri-containerd-%s.scope" % (UID_, CID),
-     owner(systemd_unit="cri-containerd-%s.scope" % CID, container_id=CID, runtime="containerd", pod_uid=UID)),
-    ("pod besteffort cri-o",
-     "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod%s.slice/crio-%s.scope" % (UID_, CID),
-     owner(systemd_unit="crio-%s.scope" % CID, container_id=CID, runtime="cri-o", pod_uid=UID)),
-    ("pod guaranteed docker (cri-dockerd)",
-     "/kubepods.slice/kubepods-pod%s.slice/docker-%s.scope" % (UID_, CID),
-     owner(systemd_unit="docker-%s.scope" % CID, container_id=CID, runtime="docker", pod_uid=UID)),
-    ("pod cri-o conmon",
-     "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod%s.slice/crio-conmon-%s.scope" % (UID_, CID),
-     owner(systemd_unit="crio-conmon-%s.scope" % CID, pod_uid=UID)),
-    ("pod crun container child",
-     "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod%s.slice/crio-%s.scope/container" % (UID_, CID),
-     owner(systemd_unit="crio-%s.scope" % CID, container_id=CID, runtime="cri-o", pod_uid=UID)),
-    ("static pod hash uid", "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod%s.slice/"
-     "cri-containerd-%s.scope" % (STATIC_UID, CID),
-     owner(systemd_unit="cri-containerd-%s.scope" % CID, container_id=CID, runtime="containerd", pod_uid=STATIC_UID)),
-    ("pod slice only (sandbox)", "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod%s.slice" % UID_,
-     owner(pod_uid=UID)),
+    (
+        "pod burstable containerd",
+        "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod%s.slice/cri-containerd-%s.scope" % (UID_, CID),
+        owner(systemd_unit="cri-containerd-%s.scope" % CID, container_id=CID, runtime="containerd", pod_uid=UID),
+    ),
+    (
+        "pod besteffort cri-o",
+        "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod%s.slice/crio-%s.scope" % (UID_, CID),
+        owner(systemd_unit="crio-%s.scope" % CID, container_id=CID, runtime="cri-o", pod_uid=UID),
+    ),
+    (
+        "pod guaranteed docker (cri-dockerd)",
+        "/kubepods.slice/kubepods-pod%s.slice/docker-%s.scope" % (UID_, CID),
+        owner(systemd_unit="docker-%s.scope" % CID, container_id=CID, runtime="docker", pod_uid=UID),
+    ),
+    (
+        "pod cri-o conmon",
+        "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod%s.slice/crio-conmon-%s.scope" % (UID_, CID),
+        owner(systemd_unit="crio-conmon-%s.scope" % CID, pod_uid=UID),
+    ),
+    (
+        "pod crun container child",
+        "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod%s.slice/crio-%s.scope/container" % (UID_, CID),
+        owner(systemd_unit="crio-%s.scope" % CID, container_id=CID, runtime="cri-o", pod_uid=UID),
+    ),
+    (
+        "static pod hash uid",
+        "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod%s.slice/"
+        "cri-containerd-%s.scope" % (STATIC_UID, CID),
+        owner(systemd_unit="cri-containerd-%s.scope" % CID, container_id=CID, runtime="containerd", pod_uid=STATIC_UID),
+    ),
+    (
+        "pod slice only (sandbox)",
+        "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod%s.slice" % UID_,
+        owner(pod_uid=UID),
+    ),
     # Kubernetes, cgroupfs driver
     ("pod cgroupfs burstable", "/kubepods/burstable/pod%s/%s" % (UID, CID), owner(container_id=CID, pod_uid=UID)),
     ("pod cgroupfs besteffort", "/kubepods/besteffort/pod%s/%s" % (UID, CID), owner(container_id=CID, pod_uid=UID)),
     ("pod cgroupfs guaranteed", "/kubepods/pod%s/%s" % (UID, CID), owner(container_id=CID, pod_uid=UID)),
-    ("pod cgroupfs cri-o", "/kubepods/burstable/pod%s/crio-%s" % (UID, CID),
-     owner(container_id=CID, runtime="cri-o", pod_uid=UID)),
+    (
+        "pod cgroupfs cri-o",
+        "/kubepods/burstable/pod%s/crio-%s" % (UID, CID),
+        owner(container_id=CID, runtime="cri-o", pod_uid=UID),
+    ),
     # Slurm cgroup/v2
-    ("slurm v2 task", "/system.slice/slurmstepd.scope/job_4242/step_0/user/task_0",
-     owner(systemd_unit="slurmstepd.scope", slurm_job="4242")),
-    ("slurm v2 batch", "/system.slice/slurmstepd.scope/job_77/step_batch/user/task_0",
-     owner(systemd_unit="slurmstepd.scope", slurm_job="77")),
-    ("slurm v2 multiple slurmd", "/system.slice/node3_slurmstepd.scope/job_9/step_extern/user/task_special",
-     owner(systemd_unit="node3_slurmstepd.scope", slurm_job="9")),
-    ("slurm v2 stepd itself", "/system.slice/slurmstepd.scope/job_9/step_0/slurm",
-     owner(systemd_unit="slurmstepd.scope", slurm_job="9")),
+    (
+        "slurm v2 task",
+        "/system.slice/slurmstepd.scope/job_4242/step_0/user/task_0",
+        owner(systemd_unit="slurmstepd.scope", slurm_job="4242"),
+    ),
+    (
+        "slurm v2 batch",
+        "/system.slice/slurmstepd.scope/job_77/step_batch/user/task_0",
+        owner(systemd_unit="slurmstepd.scope", slurm_job="77"),
+    ),
+    (
+        "slurm v2 multiple slurmd",
+        "/system.slice/node3_slurmstepd.scope/job_9/step_extern/user/task_special",
+        owner(systemd_unit="node3_slurmstepd.scope", slurm_job="9"),
+    ),
+    (
+        "slurm v2 stepd itself",
+        "/system.slice/slurmstepd.scope/job_9/step_0/slurm",
+        owner(systemd_unit="slurmstepd.scope", slurm_job="9"),
+    ),
     # nested: systemd inside a container
-    ("service inside container", "/system.slice/docker-%s.scope/system.slice/vllm.service" % CID,
-     owner(systemd_unit="vllm.service", container_id=CID, runtime="docker")),
+    (
+        "service inside container",
+        "/system.slice/docker-%s.scope/system.slice/vllm.service" % CID,
+        owner(systemd_unit="vllm.service", container_id=CID, runtime="docker"),
+    ),
     # look-alikes that are not owners
     ("job_ without slurm parent", "/system.slice/batch.service/job_12", owner(systemd_unit="batch.service")),
     ("pod without kubepods parent", "/custom/pod%s" % UID, owner()),
@@ -208,12 +272,14 @@ def test_unit_restart_with_run_callable():
     def run(argv):
         calls.append(argv)
         return 0, "on-failure\n"
+
     assert _owners.unit_restart("x.service", run=run) == "on-failure"
     assert calls[0][0] == "systemctl"
 
 
 def tree(entries):
     """read_stat/read_cmdline over {pid: (comm, state, ppid, argv)}."""
+
     def read_stat(pid):
         entry = entries.get(pid)
         return None if entry is None else {"comm": entry[0], "state": entry[1], "ppid": entry[2]}
@@ -221,45 +287,54 @@ def tree(entries):
     def read_cmdline(pid):
         entry = entries.get(pid)
         return None if entry is None else entry[3]
+
     return read_stat, read_cmdline
 
 
-@pytest.mark.parametrize("comm, argv, kind", [
-    ("torchrun", ["/usr/bin/python3", "/usr/local/bin/torchrun", "--nproc-per-node=8", "train.py"], "torchrun"),
-    ("python3", ["python3", "-m", "torch.distributed.run", "--nproc-per-node=2", "x.py"], "torchrun"),
-    ("python", ["python", "-m", "torch.distributed.launch", "x.py"], "torchrun"),
-    ("raylet", ["/opt/ray/core/src/ray/raylet/raylet", "--node_ip_address=10.0.0.1"], "ray"),
-    ("ray::Worker", ["ray::VLLMWorker.execute_method"], "ray"),
-    ("mpirun", ["mpirun", "-np", "8", "./a.out"], "mpi"),
-    ("orted", ["orted", "-mca", "ess", "env"], "mpi"),
-    ("hydra_pmi_proxy", ["/usr/bin/hydra_pmi_proxy", "--control-port", "n1:1"], "mpi"),
-    ("supervisord", ["/usr/bin/python3", "/usr/bin/supervisord", "-n"], "supervisord"),
-    ("vllm", ["/usr/bin/python3", "/usr/local/bin/vllm", "serve", "meta-llama/Llama-3.1-8B"], "vllm"),
-    ("bash", ["bash", "-c", "torchrun-like"], None),
-    ("python3", ["python3", "serve.py", "vllm"], None),
-    ("sshd", ["sshd: root@pts/0"], None),
-])
+@pytest.mark.parametrize(
+    "comm, argv, kind",
+    [
+        ("torchrun", ["/usr/bin/python3", "/usr/local/bin/torchrun", "--nproc-per-node=8", "train.py"], "torchrun"),
+        ("python3", ["python3", "-m", "torch.distributed.run", "--nproc-per-node=2", "x.py"], "torchrun"),
+        ("python", ["python", "-m", "torch.distributed.launch", "x.py"], "torchrun"),
+        ("raylet", ["/opt/ray/core/src/ray/raylet/raylet", "--node_ip_address=10.0.0.1"], "ray"),
+        ("ray::Worker", ["ray::VLLMWorker.execute_method"], "ray"),
+        ("mpirun", ["mpirun", "-np", "8", "./a.out"], "mpi"),
+        ("orted", ["orted", "-mca", "ess", "env"], "mpi"),
+        ("hydra_pmi_proxy", ["/usr/bin/hydra_pmi_proxy", "--control-port", "n1:1"], "mpi"),
+        ("supervisord", ["/usr/bin/python3", "/usr/bin/supervisord", "-n"], "supervisord"),
+        ("vllm", ["/usr/bin/python3", "/usr/local/bin/vllm", "serve", "meta-llama/Llama-3.1-8B"], "vllm"),
+        ("bash", ["bash", "-c", "torchrun-like"], None),
+        ("python3", ["python3", "serve.py", "vllm"], None),
+        ("sshd", ["sshd: root@pts/0"], None),
+    ],
+)
 def test_agent_kind(comm, argv, kind):
     assert _owners.agent_kind(comm, argv) == kind
 
 
 def test_find_agent_nearest_live_ancestor():
-    read_stat, read_cmdline = tree({
-        1: ("init", "S", 0, ["/sbin/init"]),
-        10: ("supervisord", "S", 1, ["/usr/bin/python3", "/usr/bin/supervisord"]),
-        20: ("torchrun", "Z", 10, []),  # a zombie restarts nothing
-        30: ("bash", "S", 20, ["bash"]),
-        40: ("python3", "S", 30, ["python3", "train.py"]),
-    })
+    read_stat, read_cmdline = tree(
+        {
+            1: ("init", "S", 0, ["/sbin/init"]),
+            10: ("supervisord", "S", 1, ["/usr/bin/python3", "/usr/bin/supervisord"]),
+            20: ("torchrun", "Z", 10, []),  # a zombie restarts nothing
+            30: ("bash", "S", 20, ["bash"]),
+            40: ("python3", "S", 30, ["python3", "train.py"]),
+        }
+    )
     assert _owners.find_agent(40, read_stat, read_cmdline) == {
-        "pid": 10, "comm": "supervisord", "cmdline": "/usr/bin/python3 /usr/bin/supervisord", "kind": "supervisord"}
+        "pid": 10,
+        "comm": "supervisord",
+        "cmdline": "/usr/bin/python3 /usr/bin/supervisord",
+        "kind": "supervisord",
+    }
 
 
 def test_find_agent_self_is_not_its_own_agent_and_none_found():
-    read_stat, read_cmdline = tree({
-        1: ("gpusim-init", "S", 0, ["gpusim-init"]),
-        8: ("vllm", "S", 1, ["python", "/x/bin/vllm", "serve", "m"]),
-    })
+    read_stat, read_cmdline = tree(
+        {1: ("gpusim-init", "S", 0, ["gpusim-init"]), 8: ("vllm", "S", 1, ["python", "/x/bin/vllm", "serve", "m"])}
+    )
     assert _owners.find_agent(8, read_stat, read_cmdline) is None
 
 
@@ -289,7 +364,7 @@ def make_proc(root, pid, cgroup=None, stat_line=None, cmdline=None):
     if cgroup is not None:
         (base / "cgroup").write_text(cgroup)
     if stat_line is not None:  # the fields given, then zeros up to the 52 fields of a real stat line
-        fields = stat_line[stat_line.rindex(b")") + 2:].split()
+        fields = stat_line[stat_line.rindex(b")") + 2 :].split()
         (base / "stat").write_bytes(stat_line.rstrip(b"\n") + b" 0" * (50 - len(fields)) + b"\n")
     if cmdline is not None:
         (base / "cmdline").write_bytes(b"".join(arg.encode() + b"\0" for arg in cmdline))
@@ -299,20 +374,41 @@ def test_owner_of_fake_proc(tmp_path):
     proc, pods = tmp_path / "proc", tmp_path / "pods"
     (pods / ("ml_vllm-0_%s" % UID)).mkdir(parents=True)
     make_proc(proc, 1, "0::/init.scope\n", b"1 (systemd) S 0 1 1 0 -1 0\n", ["/sbin/init"])
-    make_proc(proc, 50, "0::/system.slice/torch.service\n", b"50 (torchrun) S 1 50 50 0 -1 0\n",
-              ["/usr/bin/python3", "/usr/bin/torchrun", "x.py"])
-    path = "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod%s.slice/cri-containerd-%s.scope" % (UID_, CID)
+    make_proc(
+        proc,
+        50,
+        "0::/system.slice/torch.service\n",
+        b"50 (torchrun) S 1 50 50 0 -1 0\n",
+        ["/usr/bin/python3", "/usr/bin/torchrun", "x.py"],
+    )
+    path = "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod%s.slice/cri-containerd-%s.scope" % (
+        UID_,
+        CID,
+    )
     make_proc(proc, 51, "0::%s\n" % path, b"51 (python3) S 50 50 50 0 -1 0\n", ["python3", "x.py"])
     calls = []
 
     def run(argv):
         calls.append(argv[-1])
         return 0, "always\n"
+
     got = _owners.owner_of(51, proc=str(proc), pods_log_dir=str(pods), run=run)
-    assert got == {"systemd_unit": "cri-containerd-%s.scope" % CID, "unit_restart": None, "container_id": CID,
-                   "runtime": "containerd", "pod_uid": UID, "pod_namespace": "ml", "pod_name": "vllm-0",
-                   "slurm_job": None, "agent": {"pid": 50, "comm": "torchrun",
-                                                "cmdline": "/usr/bin/python3 /usr/bin/torchrun x.py", "kind": "torchrun"}}
+    assert got == {
+        "systemd_unit": "cri-containerd-%s.scope" % CID,
+        "unit_restart": None,
+        "container_id": CID,
+        "runtime": "containerd",
+        "pod_uid": UID,
+        "pod_namespace": "ml",
+        "pod_name": "vllm-0",
+        "slurm_job": None,
+        "agent": {
+            "pid": 50,
+            "comm": "torchrun",
+            "cmdline": "/usr/bin/python3 /usr/bin/torchrun x.py",
+            "kind": "torchrun",
+        },
+    }
     assert calls == []  # scopes have no Restart=: systemctl is not asked
     cache = {}
     service = _owners.owner_of(50, proc=str(proc), pods_log_dir=str(pods), run=run, cache=cache)
@@ -331,14 +427,17 @@ def test_owner_of_real_self():
     assert got["unit_restart"] is None
 
 
-@pytest.mark.parametrize("pieces, label", [
-    ({"systemd_unit": "vllm@a.service"}, "unit:vllm@a.service"),
-    ({"systemd_unit": "docker-%s.scope" % CID, "container_id": CID, "runtime": "docker"}, "container:" + CID[:12]),
-    ({"systemd_unit": "crio-%s.scope" % CID, "container_id": CID, "pod_uid": UID}, "pod:" + UID),
-    ({"systemd_unit": "slurmstepd.scope", "slurm_job": "42"}, "slurm_job:42"),
-    ({}, ""),
-    (None, ""),
-])
+@pytest.mark.parametrize(
+    "pieces, label",
+    [
+        ({"systemd_unit": "vllm@a.service"}, "unit:vllm@a.service"),
+        ({"systemd_unit": "docker-%s.scope" % CID, "container_id": CID, "runtime": "docker"}, "container:" + CID[:12]),
+        ({"systemd_unit": "crio-%s.scope" % CID, "container_id": CID, "pod_uid": UID}, "pod:" + UID),
+        ({"systemd_unit": "slurmstepd.scope", "slurm_job": "42"}, "slurm_job:42"),
+        ({}, ""),
+        (None, ""),
+    ],
+)
 def test_owner_label(pieces, label):
     block = None if pieces is None else dict(_owners.empty_owner(), **pieces)
     assert _owners.owner_label(block) == label
@@ -387,6 +486,7 @@ def test_matches_pods_and_jobs_and_combinations():
 def test_module_is_python39_compatible():
     # plugins/ must parse under Python 3.9's grammar (ansible-test sanity compile)
     import ast
+
     source = open(_owners.__file__).read()
     ast.parse(source, feature_version=(3, 9))
     assert "print(" not in source

@@ -4,6 +4,7 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """_procscan, and the /proc readers of _proc, against a fake /proc tree built in tmp_path (symlinks only point at /dev
 paths; nothing is created in /dev)."""
+
 from __future__ import annotations
 
 import os
@@ -15,8 +16,10 @@ import pytest
 from ansible_collections.gpuops.nvidia.plugins.module_utils import _proc, _procscan
 
 # A /proc/PID/stat whose comm holds spaces and ") ": field 22 (starttime) is 987654, every other number differs.
-STAT_TRICKY = (b"4242 (VLLM::Worker) 1 x) S 1 4100 4100 0 -1 4194560 11 12 13 14 15 16 17 18 20 0 "
-               b"41 0 987654 123456789 2048 18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 17 3 0 0 0 0 0\n")
+STAT_TRICKY = (
+    b"4242 (VLLM::Worker) 1 x) S 1 4100 4100 0 -1 4194560 11 12 13 14 15 16 17 18 20 0 "
+    b"41 0 987654 123456789 2048 18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 17 3 0 0 0 0 0\n"
+)
 
 INFORMATION_H100 = """Model: \t\t NVIDIA H100 80GB HBM3
 IRQ:   \t\t 2147
@@ -64,20 +67,37 @@ def proc(tmp_path):
 
 
 def test_fd_and_mapping_give_minors_control_and_seen_in(proc):
-    maps = (b"55d0c0000000-55d0c0001000 r--p 00000000 08:01 131 /usr/bin/python3.12\n"
-            b"7f3a40000000-7f3a40200000 rw-s 00200000 00:05 1027                       /dev/nvidia2\n")
-    make_process(proc, 100, fds={0: "/dev/null", 1: "socket:[4711]", 3: "/dev/nvidia3", 4: "/dev/nvidiactl",
-                                 5: "anon_inode:[eventfd]"}, maps=maps)
+    maps = (
+        b"55d0c0000000-55d0c0001000 r--p 00000000 08:01 131 /usr/bin/python3.12\n"
+        b"7f3a40000000-7f3a40200000 rw-s 00200000 00:05 1027                       /dev/nvidia2\n"
+    )
+    make_process(
+        proc,
+        100,
+        fds={0: "/dev/null", 1: "socket:[4711]", 3: "/dev/nvidia3", 4: "/dev/nvidiactl", 5: "anon_inode:[eventfd]"},
+        maps=maps,
+    )
     handles = _procscan.scan_process(100, str(proc))
-    assert handles.as_dict() == {"pid": 100, "minors": [2, 3], "mapped": [2], "ctl": True, "uvm": False, "control": True,
-                                 "seen_in": ["fd", "mapping"], "thread_only": False, "caps": []}
+    assert handles.as_dict() == {
+        "pid": 100,
+        "minors": [2, 3],
+        "mapped": [2],
+        "ctl": True,
+        "uvm": False,
+        "control": True,
+        "seen_in": ["fd", "mapping"],
+        "thread_only": False,
+        "caps": [],
+    }
     assert handles.cuda is True  # a device mapping is CUDA's, NVML never maps a device
 
 
 def test_nvml_client_and_cuda_process_are_told_apart(proc):
     """NVML opens /dev/nvidiactl and every /dev/nvidiaN; the CUDA runtime also opens /dev/nvidia-uvm."""
     make_process(proc, 100, fds={3: "/dev/nvidiactl", 4: "/dev/nvidia0", 5: "/dev/nvidia1"})
-    make_process(proc, 101, fds={3: "/dev/nvidiactl", 4: "/dev/nvidia-uvm", 5: "/dev/nvidia0", 6: "/dev/nvidia-uvm-tools"})
+    make_process(
+        proc, 101, fds={3: "/dev/nvidiactl", 4: "/dev/nvidia-uvm", 5: "/dev/nvidia0", 6: "/dev/nvidia-uvm-tools"}
+    )
     nvml, cuda = _procscan.scan_process(100, str(proc)), _procscan.scan_process(101, str(proc))
     assert (nvml.ctl, nvml.uvm, nvml.cuda, sorted(nvml.minors)) == (True, False, False, [0, 1])
     assert (cuda.ctl, cuda.uvm, cuda.cuda, sorted(cuda.minors)) == (True, True, True, [0])
@@ -94,16 +114,21 @@ def test_control_devices_alone_set_control_without_minors(proc):
 
 
 def test_mapping_only_holder(proc):
-    make_process(proc, 120, fds={0: "/dev/null"},
-                 maps=b"7f3a40000000-7f3a40200000 rw-s 00000000 00:05 1027 /dev/nvidia7\n")
+    make_process(
+        proc, 120, fds={0: "/dev/null"}, maps=b"7f3a40000000-7f3a40200000 rw-s 00000000 00:05 1027 /dev/nvidia7\n"
+    )
     handles = _procscan.scan_process(120, str(proc))
     assert handles.minors == {7}
     assert handles.seen_in == {"mapping"}
 
 
 def test_lookalike_paths_are_not_devices(proc):
-    make_process(proc, 130, fds={3: "/dev/nvidia3x", 4: "/dev/nvidia-smi.log", 5: "/tmp/dev/nvidia0"},
-                 maps=b"7f00-7f01 r--p 00000000 08:01 9 /dev/nvidia-foo\n")
+    make_process(
+        proc,
+        130,
+        fds={3: "/dev/nvidia3x", 4: "/dev/nvidia-smi.log", 5: "/tmp/dev/nvidia0"},
+        maps=b"7f00-7f01 r--p 00000000 08:01 9 /dev/nvidia-foo\n",
+    )
     assert _procscan.scan_process(130, str(proc)) is None
 
 
@@ -118,8 +143,7 @@ def test_thread_only_holder_with_empty_leader_fd_dir(proc):
 
 def test_thread_with_its_own_fd_table_is_read(proc):
     # The leader's table holds no NVIDIA file; thread 301 runs with its own fd table that does.
-    make_process(proc, 300, fds={0: "/dev/null", 1: "pipe:[99]"},
-                 tasks={301: {0: "/dev/null", 7: "/dev/nvidia1"}})
+    make_process(proc, 300, fds={0: "/dev/null", 1: "pipe:[99]"}, tasks={301: {0: "/dev/null", 7: "/dev/nvidia1"}})
     handles = _procscan.scan_process(300, str(proc))
     assert handles.minors == {1}
     assert handles.thread_only is True
@@ -171,16 +195,26 @@ def test_proc_driver_minors_reads_information_files_in_bus_order(proc):
     (gpus_dir / "0000:18:00.0" / "information").write_text(INFORMATION_H100)
     (gpus_dir / "0000:2a:00.0").mkdir()
     (gpus_dir / "0000:2a:00.0" / "information").write_text(
-        INFORMATION_H100.replace("GPU-5a3e1c2b-1111", "GPU-5a3e1c2b-2222").replace("Device Minor: \t 2", "Device Minor: \t 0")
-        .replace("0000:18:00.0", "0000:2a:00.0"))
+        INFORMATION_H100.replace("GPU-5a3e1c2b-1111", "GPU-5a3e1c2b-2222")
+        .replace("Device Minor: \t 2", "Device Minor: \t 0")
+        .replace("0000:18:00.0", "0000:2a:00.0")
+    )
     (gpus_dir / "0000:05:00.0").mkdir()  # no information file: skipped
     (gpus_dir / "0000:06:00.0").mkdir()
     (gpus_dir / "0000:06:00.0" / "information").write_text("Model: \t\t NVIDIA H100\nDevice Minor: \t garbage\n")
     assert _procscan.proc_driver_minors(str(proc)) == [
-        {"pci_bus_id": "00000000:18:00.0", "minor": 2, "uuid": "GPU-5a3e1c2b-1111-4000-8000-000000000000",
-         "name": "NVIDIA H100 80GB HBM3"},
-        {"pci_bus_id": "00000000:2A:00.0", "minor": 0, "uuid": "GPU-5a3e1c2b-2222-4000-8000-000000000000",
-         "name": "NVIDIA H100 80GB HBM3"},
+        {
+            "pci_bus_id": "00000000:18:00.0",
+            "minor": 2,
+            "uuid": "GPU-5a3e1c2b-1111-4000-8000-000000000000",
+            "name": "NVIDIA H100 80GB HBM3",
+        },
+        {
+            "pci_bus_id": "00000000:2A:00.0",
+            "minor": 0,
+            "uuid": "GPU-5a3e1c2b-2222-4000-8000-000000000000",
+            "name": "NVIDIA H100 80GB HBM3",
+        },
     ]
 
 
@@ -192,8 +226,13 @@ def test_scan_split_over_worker_processes_equals_the_serial_scan(proc):
     maps = b"7f3a40000000-7f3a40200000 rw-s 00000000 00:05 1027 /dev/nvidia5\n"
     for pid in range(100, 130):
         kind = pid % 4
-        make_process(proc, pid, fds={0: "/dev/null", 3: "/dev/nvidia%d" % (pid % 8)} if kind == 0 else {0: "/dev/null"},
-                     tasks={pid + 1000: {7: "/dev/nvidiactl"}} if kind == 1 else None, maps=maps if kind == 2 else b"")
+        make_process(
+            proc,
+            pid,
+            fds={0: "/dev/null", 3: "/dev/nvidia%d" % (pid % 8)} if kind == 0 else {0: "/dev/null"},
+            tasks={pid + 1000: {7: "/dev/nvidiactl"}} if kind == 1 else None,
+            maps=maps if kind == 2 else b"",
+        )
     serial = _procscan.scan_holders(str(proc), skip_pids=[104], workers=1)
     parallel = _procscan.scan_holders(str(proc), skip_pids=[104], workers=3)
     assert sorted(parallel) == sorted(serial) and len(serial) == 22
@@ -212,13 +251,21 @@ _SPARSE_FDS = (
 )
 
 
-@pytest.mark.parametrize("numbers, found_by_number", [
-    ((5, 9), True),      # holes a few numbers wide: read by number
-    ((5, 9, 300), False),  # fd 300 is past 2 * count + 64 numbers: the directory is listed instead
-])
+@pytest.mark.parametrize(
+    "numbers, found_by_number",
+    [
+        ((5, 9), True),  # holes a few numbers wide: read by number
+        ((5, 9, 300), False),  # fd 300 is past 2 * count + 64 numbers: the directory is listed instead
+    ],
+)
 def test_fds_read_by_number_match_the_listing_of_a_sparse_table(numbers, found_by_number):
-    child = subprocess.Popen([sys.executable, "-c", _SPARSE_FDS] + [str(number) for number in numbers],
-                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", _SPARSE_FDS] + [str(number) for number in numbers],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     try:
         assert child.stdout.readline() == "ready\n"
         fd_dir = "/proc/%d/fd" % child.pid
@@ -272,6 +319,7 @@ def test_device_files_are_known_by_identity_wherever_they_are_mounted(tmp_path, 
     """A file that is /dev/nvidia3 (same device and inode: a bind mount, here a hard link) under another path is
     /dev/nvidia3, by fd and by mapping; nvidia-uvm is known by name; a look-alike named nvidia0 is no device."""
     import mmap
+
     real = tmp_path / "dev-nvidia3"
     real.write_bytes(b"\0" * 4096)
     bound = tmp_path / "run" / "nvidia" / "driver" / "dev" / "nvidia3"
@@ -281,8 +329,11 @@ def test_device_files_are_known_by_identity_wherever_they_are_mounted(tmp_path, 
     (tmp_path / "nvidia0").touch()
     info = os.stat(real)
     monkeypatch.setitem(_procscan._KNOWN, "/dev", {(info.st_dev, info.st_ino): "/dev/nvidia3"})
-    fds = [os.open(str(bound), os.O_RDWR), os.open(str(bound.parent / "nvidia-uvm"), os.O_RDONLY),
-           os.open(str(tmp_path / "nvidia0"), os.O_RDONLY)]
+    fds = [
+        os.open(str(bound), os.O_RDWR),
+        os.open(str(bound.parent / "nvidia-uvm"), os.O_RDONLY),
+        os.open(str(tmp_path / "nvidia0"), os.O_RDONLY),
+    ]
     try:
         handles = _procscan.scan_process(os.getpid())
         assert handles.minors == {3} and handles.uvm and handles.mapped == set() and handles.seen_in == {"fd"}
@@ -301,12 +352,14 @@ def test_device_files_are_known_by_identity_wherever_they_are_mounted(tmp_path, 
 
 def test_character_device_of_major_195_is_an_nvidia_device_by_its_numbers():
     """The kernel's numbers name the device: 195:N is /dev/nvidiaN, 195:255 nvidiactl (no such node exists here)."""
+
     class Info:  # pylint: disable=too-few-public-methods
         st_mode = 0o20666
         st_dev = st_ino = 0
 
         def __init__(self, minor):
             self.st_rdev = os.makedev(195, minor)
+
     assert _procscan._canonical("/run/nvidia/driver/dev/nvidia2", Info(2)) == "/dev/nvidia2"
     assert _procscan._canonical("/somewhere/nvidiactl", Info(255)) == "/dev/nvidiactl"
     assert _procscan._canonical("/somewhere/nvidia-caps/nvidia-cap66", None) == "/dev/nvidia-caps/nvidia-cap66"
@@ -318,6 +371,7 @@ def test_parallel_scan_leaves_behind_a_worker_that_cannot_be_reaped(monkeypatch)
     worker that never answers and a SIGKILL that does not arrive: the scan returns within its bounds, scans the other
     shares, and says which processes it could not scan and that the worker was left behind."""
     import time
+
     stuck = []
 
     def never_answers(pids, proc, write_end):

@@ -3,6 +3,7 @@
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 """_report: owners in the reset summary, its lines and its outcome sentence."""
+
 from __future__ import annotations
 
 import copy
@@ -22,30 +23,43 @@ def owner(**pieces):
 UNIT = owner(systemd_unit="vllm@a.service", unit_restart="always")
 QUIET_UNIT = owner(systemd_unit="session-3.scope")
 DOCKER = owner(systemd_unit="docker-%s.scope" % CID, container_id=CID, runtime="docker")
-POD = owner(systemd_unit="cri-containerd-%s.scope" % CID, container_id=CID, runtime="containerd", pod_uid=UID,
-            pod_namespace="ml", pod_name="vllm-0")
+POD = owner(
+    systemd_unit="cri-containerd-%s.scope" % CID,
+    container_id=CID,
+    runtime="containerd",
+    pod_uid=UID,
+    pod_namespace="ml",
+    pod_name="vllm-0",
+)
 SLURM = owner(systemd_unit="slurmstepd.scope", slurm_job="42")
 AGENT = owner(agent={"pid": 7, "comm": "torchrun", "cmdline": "python3 /usr/bin/torchrun train.py", "kind": "torchrun"})
 
 
-@pytest.mark.parametrize("block, words", [
-    (UNIT, "unit vllm@a.service"),
-    (DOCKER, "docker container 4f1c3a9e0b7d"),
-    (owner(container_id=CID), "container 4f1c3a9e0b7d"),  # cgroupfs containerd: the path does not name the runtime
-    (POD, "pod ml/vllm-0"),
-    (owner(pod_uid=UID), "pod %s" % UID),
-    (SLURM, "Slurm job 42"),
-    (AGENT, ""),
-    (_owners.empty_owner(), ""),
-    (None, ""),
-])
+@pytest.mark.parametrize(
+    "block, words",
+    [
+        (UNIT, "unit vllm@a.service"),
+        (DOCKER, "docker container 4f1c3a9e0b7d"),
+        (owner(container_id=CID), "container 4f1c3a9e0b7d"),  # cgroupfs containerd: the path does not name the runtime
+        (POD, "pod ml/vllm-0"),
+        (owner(pod_uid=UID), "pod %s" % UID),
+        (SLURM, "Slurm job 42"),
+        (AGENT, ""),
+        (_owners.empty_owner(), ""),
+        (None, ""),
+    ],
+)
 def test_owner_words_follow_the_label_order(block, words):
     assert _report.owner_words(block) == words
 
 
 def holder(pid, owner_block, **extra):
-    return _report.annotate(dict({"pid": pid, "comm": "VLLM::Worker_TP", "cmdline": "VLLM::Worker_TP0", "gpus": [0],
-                                  "owner": owner_block}, **extra))
+    return _report.annotate(
+        dict(
+            {"pid": pid, "comm": "VLLM::Worker_TP", "cmdline": "VLLM::Worker_TP0", "gpus": [0], "owner": owner_block},
+            **extra,
+        )
+    )
 
 
 def test_annotate_adds_note_command_and_label():
@@ -61,34 +75,51 @@ def test_place_and_owner_line():
     unit = holder(9, UNIT)
     assert _report.place(unit) == "GPUs 0, unit vllm@a.service"
     assert _report.place(holder(12, None)) == "GPUs 0"
-    assert _report.owner_line(unit) == ("    ending it alone will not last: systemd unit vllm@a.service restarts it "
-                                        "(Restart=always); stop the owner: systemctl stop vllm@a.service")
+    assert _report.owner_line(unit) == (
+        "    ending it alone will not last: systemd unit vllm@a.service restarts it "
+        "(Restart=always); stop the owner: systemctl stop vllm@a.service"
+    )
     # The unit this run stopped (stop_owners) needs no word; an agent has a note and no command.
     assert _report.owner_line(unit, ["vllm@a.service"]) is None
-    assert _report.owner_line(holder(13, AGENT)) == ("    ending it alone will not last: its parent agent PID 7 "
-                                                     "(torchrun, torchrun) may start it again")
+    assert _report.owner_line(holder(13, AGENT)) == (
+        "    ending it alone will not last: its parent agent PID 7 (torchrun, torchrun) may start it again"
+    )
     assert _report.owner_line(holder(11, QUIET_UNIT)) is None
 
 
 def views(pids):
-    before = {"driver": {"available": True}, "gpus": [
-        {"index": 0, "name": "NVIDIA H100 80GB HBM3", "memory_used_mib": 75034, "holder_pids": pids, "error": None},
-        {"index": 1, "name": "NVIDIA H100 80GB HBM3", "memory_used_mib": 2000, "holder_pids": [20], "error": None}]}
+    before = {
+        "driver": {"available": True},
+        "gpus": [
+            {"index": 0, "name": "NVIDIA H100 80GB HBM3", "memory_used_mib": 75034, "holder_pids": pids, "error": None},
+            {"index": 1, "name": "NVIDIA H100 80GB HBM3", "memory_used_mib": 2000, "holder_pids": [20], "error": None},
+        ],
+    }
     after = copy.deepcopy(before)
     after["gpus"][0].update(memory_used_mib=0, holder_pids=[])
     return before, after
 
 
 def check_kill():
-    return {"gpus": [0], "would_signal": [holder(9, UNIT), holder(10, POD), holder(11, QUIET_UNIT)],
-            "left_alone": [{"pid": 20, "comm": "python3", "reason": "unit not in units"}]}
+    return {
+        "gpus": [0],
+        "would_signal": [holder(9, UNIT), holder(10, POD), holder(11, QUIET_UNIT)],
+        "left_alone": [{"pid": 20, "comm": "python3", "reason": "unit not in units"}],
+    }
 
 
 def run_kill():
-    return {"gpus": [0], "elapsed_s": 0.31, "stopped_units": ["vllm@a.service"],
-            "signalled": [dict(holder(10, DOCKER), signals=["SIGTERM"], exited_after_s=0.12),
-                          dict(holder(14, SLURM), signals=["SIGTERM", "SIGKILL"])],
-            "not_signalled": [dict(holder(9, UNIT), reason="exited before any signal")], "left_alone": []}
+    return {
+        "gpus": [0],
+        "elapsed_s": 0.31,
+        "stopped_units": ["vllm@a.service"],
+        "signalled": [
+            dict(holder(10, DOCKER), signals=["SIGTERM"], exited_after_s=0.12),
+            dict(holder(14, SLURM), signals=["SIGTERM", "SIGKILL"]),
+        ],
+        "not_signalled": [dict(holder(9, UNIT), reason="exited before any signal")],
+        "left_alone": [],
+    }
 
 
 def test_check_mode_summary_names_each_owner_and_what_restarts_it():
@@ -140,13 +171,18 @@ def test_failed_wait_counts_the_whole_time_waited():
     assert _report.outcome({}, wait, False, 12.34) == "FAILED: not released after 12.3 s: GPU 1: 5000 MiB used"
     assert _report.outcome({}, {"released": False}, False, 1) == "FAILED: the wait did not run"
     assert _report.outcome({}, {"released": True, "memory_checked": False}, False, 1.5) == (
-        "no holder left after 1.50 s more; used memory not checked (NVIDIA driver library not usable)")
+        "no holder left after 1.50 s more; used memory not checked (NVIDIA driver library not usable)"
+    )
     assert _report.outcome({"failed": True, "msg": "bad"}, {}, False, 0) == "FAILED to end the holders: bad"
 
 
 def test_check_mode_outcome_of_a_failed_check_says_so():
-    kill = dict(check_kill(), failed=True, msg="would signal 3 process(es); a real run would fail whatever it ended: ...")
-    assert _report.outcome(kill, {}, True, 0) == ("FAILED (check mode): would signal 3 process(es); "
-                                                  "a real run would fail whatever it ended: ...")
+    kill = dict(
+        check_kill(), failed=True, msg="would signal 3 process(es); a real run would fail whatever it ended: ..."
+    )
+    assert _report.outcome(kill, {}, True, 0) == (
+        "FAILED (check mode): would signal 3 process(es); a real run would fail whatever it ended: ..."
+    )
     assert _report.outcome(dict(check_kill(), failed=False), {}, True, 0) == (
-        "check mode: would signal 3 process(es), nothing was signalled")
+        "check mode: would signal 3 process(es), nothing was signalled"
+    )

@@ -6,6 +6,7 @@
 
 Views are synthetic dicts shaped like _holders.merge's output (see its docstring), built by `make_view`.
 """
+
 from __future__ import annotations
 
 import os
@@ -20,39 +21,91 @@ OWN_CHAIN = {1, 700, 701}
 ME = pwd.getpwuid(os.getuid()).pw_name
 
 
-def holder(pid=5000001, memory=None, comm=None, cmdline="python3 -m vllm.entrypoints.openai.api_server", user="svc-llm",
-           uid=1001, state="S", ppid=4000, attribution=None, control_only=False, kernel_thread=False):
+def holder(
+    pid=5000001,
+    memory=None,
+    comm=None,
+    cmdline="python3 -m vllm.entrypoints.openai.api_server",
+    user="svc-llm",
+    uid=1001,
+    state="S",
+    ppid=4000,
+    attribution=None,
+    control_only=False,
+    kernel_thread=False,
+):
     """A holder as merge reports it: `memory` maps each GPU index it holds to its MiB (None: not reported);
     `attribution` maps indices to "device_file" where it holds by the device file alone (default "driver")."""
     memory = {0: 70000} if memory is None else memory
     attribution = attribution or {}
     gpus = sorted(memory)
-    return {"pid": pid, "ppid": ppid, "pgid": pid, "sid": pid, "comm": comm or (cmdline.split(" ")[0][:15] or "python3"),
-            "state": state, "start_ticks": pid * 10, "kernel_thread": kernel_thread, "user": user, "uid": uid,
-            "cmdline": cmdline, "start_time": "2026-01-01T00:00:00+00:00", "gpus": gpus,
-            "device_gpus": [] if control_only else gpus, "minors": [] if control_only else gpus,
-            "memory_mib": {str(i): memory[i] for i in gpus},
-            "attribution": {str(i): attribution.get(i, "driver") for i in gpus},
-            "seen_in": ["driver"] if control_only else ["driver", "fd", "mapping"], "kind": "cuda",
-            "control_only": control_only, "thread_only": False, "parent": {"pid": ppid, "comm": "bash"} if ppid > 1 else None}
+    return {
+        "pid": pid,
+        "ppid": ppid,
+        "pgid": pid,
+        "sid": pid,
+        "comm": comm or (cmdline.split(" ")[0][:15] or "python3"),
+        "state": state,
+        "start_ticks": pid * 10,
+        "kernel_thread": kernel_thread,
+        "user": user,
+        "uid": uid,
+        "cmdline": cmdline,
+        "start_time": "2026-01-01T00:00:00+00:00",
+        "gpus": gpus,
+        "device_gpus": [] if control_only else gpus,
+        "minors": [] if control_only else gpus,
+        "memory_mib": {str(i): memory[i] for i in gpus},
+        "attribution": {str(i): attribution.get(i, "driver") for i in gpus},
+        "seen_in": ["driver"] if control_only else ["driver", "fd", "mapping"],
+        "kind": "cuda",
+        "control_only": control_only,
+        "thread_only": False,
+        "parent": {"pid": ppid, "comm": "bash"} if ppid > 1 else None,
+    }
 
 
 def device_user(pid, device_gpus, kind="nvml", comm="dcgm-exporter", cmdline="/usr/bin/dcgm-exporter"):
     """A process with device files open and no memory: never a holder."""
-    return {"pid": pid, "ppid": 1, "comm": comm, "state": "S", "start_ticks": pid * 10, "kernel_thread": False,
-            "user": "root", "uid": 0, "cmdline": cmdline, "device_gpus": list(device_gpus), "minors": list(device_gpus),
-            "kind": kind, "seen_in": ["fd"], "thread_only": False}
+    return {
+        "pid": pid,
+        "ppid": 1,
+        "comm": comm,
+        "state": "S",
+        "start_ticks": pid * 10,
+        "kernel_thread": False,
+        "user": "root",
+        "uid": 0,
+        "cmdline": cmdline,
+        "device_gpus": list(device_gpus),
+        "minors": list(device_gpus),
+        "kind": kind,
+        "seen_in": ["fd"],
+        "thread_only": False,
+    }
 
 
 def gpu(index, used_mib=3, foreign=(), suspects=(), error=None, tolerance_mib=256):
     """One GPU entry; `foreign`: [(pid, MiB, reason)]. Listed/unexplained memory is filled in by make_view."""
-    return {"index": index, "minor": index, "uuid": "GPU-%d" % index, "name": "NVIDIA H100 80GB HBM3",
-            "pci_bus_id": "00000000:%02X:00.0" % (0x18 + index), "memory_total_mib": 81559, "memory_used_mib": used_mib,
-            "memory_free_mib": None if used_mib is None else 81559 - 529 - used_mib,
-            "memory_reserved_mib": None if used_mib is None else 529, "memory_source": "v2", "error": error,
-            "foreign": [{"pid": pid, "used_mib": mib, "type": "compute", "reason": reason, "comm": None}
-                        for pid, mib, reason in foreign],
-            "suspects": list(suspects), "tolerance_mib": tolerance_mib}
+    return {
+        "index": index,
+        "minor": index,
+        "uuid": "GPU-%d" % index,
+        "name": "NVIDIA H100 80GB HBM3",
+        "pci_bus_id": "00000000:%02X:00.0" % (0x18 + index),
+        "memory_total_mib": 81559,
+        "memory_used_mib": used_mib,
+        "memory_free_mib": None if used_mib is None else 81559 - 529 - used_mib,
+        "memory_reserved_mib": None if used_mib is None else 529,
+        "memory_source": "v2",
+        "error": error,
+        "foreign": [
+            {"pid": pid, "used_mib": mib, "type": "compute", "reason": reason, "comm": None}
+            for pid, mib, reason in foreign
+        ],
+        "suspects": list(suspects),
+        "tolerance_mib": tolerance_mib,
+    }
 
 
 def make_view(gpus, holders=(), device_users=(), driver=None):
@@ -61,19 +114,38 @@ def make_view(gpus, holders=(), device_users=(), driver=None):
     for entry in gpus:
         entry = dict(entry)
         key = str(entry["index"])
-        listed = [{"pid": h["pid"], "used_mib": h["memory_mib"][key], "type": "mps" if h["control_only"] else "compute",
-                   "verified": True} for h in holders if h["attribution"].get(key) == "driver"]
-        listed += [{"pid": f["pid"], "used_mib": f["used_mib"], "type": f["type"], "verified": False} for f in entry["foreign"]]
+        listed = [
+            {
+                "pid": h["pid"],
+                "used_mib": h["memory_mib"][key],
+                "type": "mps" if h["control_only"] else "compute",
+                "verified": True,
+            }
+            for h in holders
+            if h["attribution"].get(key) == "driver"
+        ]
+        listed += [
+            {"pid": f["pid"], "used_mib": f["used_mib"], "type": f["type"], "verified": False} for f in entry["foreign"]
+        ]
         explained = sum(item["used_mib"] or 0 for item in listed)
         used = entry["memory_used_mib"]
         unexplained = None if used is None else max(0, used - explained)
-        entry.update(driver_processes=listed, explained_mib=explained, unexplained_mib=unexplained,
-                     memory_unexplained=unexplained is None or unexplained > entry["tolerance_mib"],
-                     holder_pids=[h["pid"] for h in holders if entry["index"] in h["gpus"]],
-                     device_user_pids=[u["pid"] for u in device_users if entry["index"] in u["device_gpus"]])
+        entry.update(
+            driver_processes=listed,
+            explained_mib=explained,
+            unexplained_mib=unexplained,
+            memory_unexplained=unexplained is None or unexplained > entry["tolerance_mib"],
+            holder_pids=[h["pid"] for h in holders if entry["index"] in h["gpus"]],
+            device_user_pids=[u["pid"] for u in device_users if entry["index"] in u["device_gpus"]],
+        )
         out.append(entry)
-    return {"gpus": out, "holders": list(holders), "device_users": list(device_users), "unmapped_minors": [],
-            "driver": dict(driver or {"available": True, "error": None, "timed_out": False})}
+    return {
+        "gpus": out,
+        "holders": list(holders),
+        "device_users": list(device_users),
+        "unmapped_minors": [],
+        "driver": dict(driver or {"available": True, "error": None, "timed_out": False}),
+    }
 
 
 VIEW = make_view([gpu(0), gpu(1), gpu(2)])
@@ -81,18 +153,18 @@ VIEW = make_view([gpu(0), gpu(1), gpu(2)])
 
 # --- empty options, GPU selection ---------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("requested, expected", [
-    ([0, 2], [0, 2]),
-    (["2", " 1 "], [1, 2]),
-    (["GPU-2", 0], [0, 2]),
-    ([1, "1", "GPU-1"], [1]),
-    (None, None),
-])
+
+@pytest.mark.parametrize(
+    "requested, expected",
+    [([0, 2], [0, 2]), (["2", " 1 "], [1, 2]), (["GPU-2", 0], [0, 2]), ([1, "1", "GPU-1"], [1]), (None, None)],
+)
 def test_select_gpus(requested, expected):
     assert _select.select_gpus(requested, VIEW) == expected
 
 
-@pytest.mark.parametrize("requested", [[3], ["GPU-3"], [0, -1], ["0x1"], [True], [False], ["١"], ["1١"], [1.0], ["", 1]])
+@pytest.mark.parametrize(
+    "requested", [[3], ["GPU-3"], [0, -1], ["0x1"], [True], [False], ["١"], ["1١"], [1.0], ["", 1]]
+)
 def test_select_gpus_unknown_lists_the_known_ones(requested):
     with pytest.raises(_select.SelectionError) as info:
         _select.select_gpus(requested, VIEW)
@@ -123,7 +195,11 @@ def test_select_gpus_refuses_an_empty_list():
 
 
 def test_select_gpus_without_map():
-    no_nvml = {"available": False, "error": "NVMLError_LibraryNotFound: NVML Shared Library Not Found", "timed_out": False}
+    no_nvml = {
+        "available": False,
+        "error": "NVMLError_LibraryNotFound: NVML Shared Library Not Found",
+        "timed_out": False,
+    }
     assert _select.select_gpus(None, make_view([], driver=no_nvml)) is None
     with pytest.raises(_select.SelectionError) as info:
         _select.select_gpus([0], make_view([], driver=no_nvml))
@@ -173,14 +249,17 @@ def test_check_pids():
         _select.check_pids([])
 
 
-@pytest.mark.parametrize("params, message", [
-    ({"gpus": []}, "gpus is empty"),
-    ({"pids": [0]}, "pids must be positive"),
-    ({"match": "("}, "invalid regex"),
-    ({"match": ""}, "match is empty"),
-    ({"users": ["no-such-user-gpuops"]}, "no such user"),
-    ({"users": []}, "users is empty"),
-])
+@pytest.mark.parametrize(
+    "params, message",
+    [
+        ({"gpus": []}, "gpus is empty"),
+        ({"pids": [0]}, "pids must be positive"),
+        ({"match": "("}, "invalid regex"),
+        ({"match": ""}, "match is empty"),
+        ({"users": ["no-such-user-gpuops"]}, "no such user"),
+        ({"users": []}, "users is empty"),
+    ],
+)
 def test_check_options_refuses_bad_input_without_a_view(params, message):
     with pytest.raises(_select.SelectionError, match=message):
         _select.check_options(params)
@@ -195,11 +274,18 @@ def test_check_options_accepts_omitted_options_and_leaves_gpu_indices_to_the_vie
 
 # --- protection, the process chain ---------------------------------------------------------------------------------
 
+
 def test_protection_never_pid_1_own_chain_or_kernel_threads():
     assert _select.protection(holder(pid=1, ppid=0), OWN_CHAIN, include_protected=True) == "PID 1 (init)"
     assert "ancestors" in _select.protection(holder(pid=701), OWN_CHAIN, include_protected=True)
-    assert _select.protection(holder(pid=300, ppid=2, comm="kworker/0:1", cmdline="", kernel_thread=True), OWN_CHAIN,
-                              include_protected=True) == "kernel thread"
+    assert (
+        _select.protection(
+            holder(pid=300, ppid=2, comm="kworker/0:1", cmdline="", kernel_thread=True),
+            OWN_CHAIN,
+            include_protected=True,
+        )
+        == "kernel thread"
+    )
     # Inside a node's PID namespace PID 2 is an ordinary process: its children are not kernel threads.
     assert _select.protection(holder(pid=300, ppid=2), OWN_CHAIN) is None
     assert _select.protection(holder(), OWN_CHAIN) is None
@@ -221,17 +307,24 @@ def test_protected_name_only_in_arguments_is_not_protected():
 
 def test_exclude_holds_even_with_include_protected():
     entry = holder(comm="VLLM::EngineCor", cmdline="VLLM::EngineCore")
-    assert _select.protection(entry, OWN_CHAIN, exclude=["VLLM::EngineCor"]).startswith("excluded by the exclude option")
+    assert _select.protection(entry, OWN_CHAIN, exclude=["VLLM::EngineCor"]).startswith(
+        "excluded by the exclude option"
+    )
     assert _select.protection(entry, OWN_CHAIN, exclude=["VLLM::EngineCore"], include_protected=True).startswith(
-        "excluded by the exclude option")
+        "excluded by the exclude option"
+    )
     assert _select.protection(entry, OWN_CHAIN, exclude=["VLLM::Worker"]) is None
     assert _select.protection(entry, OWN_CHAIN, exclude=[""]) is None  # an empty name matches nothing
 
 
 def test_include_protected_never_lifts_pid_1_or_own_chain():
-    assert _select.protection(holder(pid=1, comm="nvidia-persistenced"), OWN_CHAIN, include_protected=True) == "PID 1 (init)"
-    assert _select.protection(holder(pid=700, comm="nvidia-persistenced"), OWN_CHAIN, include_protected=True).startswith(
-        "this module")
+    assert (
+        _select.protection(holder(pid=1, comm="nvidia-persistenced"), OWN_CHAIN, include_protected=True)
+        == "PID 1 (init)"
+    )
+    assert _select.protection(
+        holder(pid=700, comm="nvidia-persistenced"), OWN_CHAIN, include_protected=True
+    ).startswith("this module")
 
 
 def test_ancestors_of_this_process():
@@ -243,8 +336,10 @@ def test_ancestors_of_this_process():
 def test_ancestors_in_a_fake_proc_with_a_tricky_comm(tmp_path):
     for pid, ppid, comm in ((1, 0, "init"), (40, 1, "sshd: root (priv)"), (41, 40, "a) b"), (42, 41, "python3")):
         (tmp_path / str(pid)).mkdir()
-        (tmp_path / str(pid) / "stat").write_text("%d (%s) S %d %d %d 0 -1 4194560 %s\n" % (
-            pid, comm, ppid, pid, pid, " ".join(str(n) for n in range(100, 130))))
+        (tmp_path / str(pid) / "stat").write_text(
+            "%d (%s) S %d %d %d 0 -1 4194560 %s\n"
+            % (pid, comm, ppid, pid, pid, " ".join(str(n) for n in range(100, 130)))
+        )
     assert _select.ancestors(42, str(tmp_path)) == {42, 41, 40, 1}
     assert _select.ancestors(99, str(tmp_path)) == {99}  # gone: only itself
 
@@ -253,13 +348,15 @@ def test_ancestors_in_a_fake_proc_with_a_tricky_comm(tmp_path):
 
 ENGINE = holder(5000001, {0: 70000, 1: 500}, cmdline="VLLM::EngineCore")
 WORKER = holder(5000002, {1: 60000}, cmdline="VLLM::Worker_TP1", user="root", uid=0)
-PERSISTENCED = holder(5000003, {0: 0, 1: 0}, comm="nvidia-persiste", cmdline="/usr/bin/nvidia-persistenced --verbose",
-                      user="root", uid=0)
+PERSISTENCED = holder(
+    5000003, {0: 0, 1: 0}, comm="nvidia-persiste", cmdline="/usr/bin/nvidia-persistenced --verbose", user="root", uid=0
+)
 MPS_CLIENT = holder(5000004, {2: 1200}, cmdline="python3 mps_job.py", control_only=True)
 EXPORTER = device_user(5000005, [0, 1, 2])
 NCCL_PEER = device_user(5000006, [0, 1, 2], kind="cuda", comm="VLLM::Worker_TP", cmdline="VLLM::Worker_TP0")
-FULL = make_view([gpu(0, 70003), gpu(1, 60503), gpu(2, 1203)], [ENGINE, WORKER, PERSISTENCED, MPS_CLIENT],
-                 [EXPORTER, NCCL_PEER])
+FULL = make_view(
+    [gpu(0, 70003), gpu(1, 60503), gpu(2, 1203)], [ENGINE, WORKER, PERSISTENCED, MPS_CLIENT], [EXPORTER, NCCL_PEER]
+)
 
 
 def selection(indices=None, **kwargs):
@@ -273,7 +370,9 @@ def pids(entries):
 def test_all_gpus_select_every_unprotected_holder_and_mps_clients_but_never_device_users():
     split = selection().split(FULL)
     assert pids(split["targets"]) == [5000001, 5000002, 5000004]
-    assert pids(split["left_alone"]) == [5000003] and split["left_alone"][0]["reason"].startswith("protected GPU daemon")
+    assert pids(split["left_alone"]) == [5000003] and split["left_alone"][0]["reason"].startswith(
+        "protected GPU daemon"
+    )
     assert split["not_holding"] == []
     assert split["targets"][0] is ENGINE  # holders are passed through unchanged
 
@@ -334,33 +433,52 @@ def test_narrowed():
 
 
 def test_from_params_checks_and_builds_the_selection():
-    chosen = _select.Selection.from_params({"gpus": ["GPU-1"], "pids": [5000002], "match": "VLLM", "users": ["0"],
-                                            "exclude": ["foo"], "include_protected": True}, FULL)
+    chosen = _select.Selection.from_params(
+        {
+            "gpus": ["GPU-1"],
+            "pids": [5000002],
+            "match": "VLLM",
+            "users": ["0"],
+            "exclude": ["foo"],
+            "include_protected": True,
+        },
+        FULL,
+    )
     assert chosen.indices == [1] and chosen.pids == {5000002} and chosen.regex.pattern == "VLLM"
     assert chosen.users == {"0"} and chosen.exclude == ("foo",) and chosen.include_protected is True
     assert os.getpid() in chosen.own_chain
     assert pids(chosen.split(FULL)["targets"]) == [5000002]
     # Missing keys mean "any".
     anything = _select.Selection.from_params({}, FULL)
-    assert (anything.indices, anything.pids, anything.regex, anything.users, anything.exclude,
-            anything.include_protected) == (None, None, None, None, (), False)
+    assert (
+        anything.indices,
+        anything.pids,
+        anything.regex,
+        anything.users,
+        anything.exclude,
+        anything.include_protected,
+    ) == (None, None, None, None, (), False)
 
 
-@pytest.mark.parametrize("params, message", [
-    ({"gpus": [3]}, "unknown GPU 3"),
-    ({"gpus": []}, "gpus is empty"),
-    ({"pids": []}, "pids is empty"),
-    ({"pids": [-1]}, "pids must be positive"),
-    ({"match": ""}, "match is empty"),
-    ({"users": []}, "users is empty"),
-    ({"users": ["no-such-user-gpuops"]}, "no such user"),
-])
+@pytest.mark.parametrize(
+    "params, message",
+    [
+        ({"gpus": [3]}, "unknown GPU 3"),
+        ({"gpus": []}, "gpus is empty"),
+        ({"pids": []}, "pids is empty"),
+        ({"pids": [-1]}, "pids must be positive"),
+        ({"match": ""}, "match is empty"),
+        ({"users": []}, "users is empty"),
+        ({"users": ["no-such-user-gpuops"]}, "no such user"),
+    ],
+)
 def test_from_params_refuses(params, message):
     with pytest.raises(_select.SelectionError, match=message):
         _select.Selection.from_params(params, FULL)
 
 
 # --- gpu_status: when a GPU is released ------------------------------------------------------------------------------
+
 
 def status(chosen, view, max_used_mib=256):
     return {g["index"]: g for g in _release.gpu_status(chosen, view, max_used_mib)}
@@ -369,9 +487,18 @@ def status(chosen, view, max_used_mib=256):
 def test_gpu_status_reports_targets_briefly_with_memory_attribution_and_parent():
     by_index = status(selection(), FULL)
     assert sorted(by_index) == [0, 1, 2] and not any(g["released"] for g in by_index.values())
-    assert by_index[0]["holders"] == [{"pid": 5000001, "comm": "VLLM::EngineCor", "state": "S", "cmdline": "VLLM::EngineCore",
-                                       "user": "svc-llm", "memory_mib": 70000, "attribution": "driver",
-                                       "parent": {"pid": 4000, "comm": "bash"}}]
+    assert by_index[0]["holders"] == [
+        {
+            "pid": 5000001,
+            "comm": "VLLM::EngineCor",
+            "state": "S",
+            "cmdline": "VLLM::EngineCore",
+            "user": "svc-llm",
+            "memory_mib": 70000,
+            "attribution": "driver",
+            "parent": {"pid": 4000, "comm": "bash"},
+        }
+    ]
     assert [(h["pid"], h["memory_mib"]) for h in by_index[1]["holders"]] == [(5000001, 500), (5000002, 60000)]
     assert [h["pid"] for h in by_index[2]["holders"]] == [5000004]  # the MPS client
     assert [(h["pid"], h["reason"][:20]) for h in by_index[0]["left_alone"]] == [(5000003, "protected GPU daemon")]
@@ -386,19 +513,22 @@ def test_a_whole_mig_gpu_that_is_not_free_names_its_instances_in_use():
         {"uuid": "MIG-a", "profile": "3g.40gb", "memory_used_mib": 30000, "holder_pids": [5000001]},
         {"uuid": "MIG-b", "profile": "2g.20gb", "memory_used_mib": 300, "holder_pids": []},
         {"uuid": "MIG-c", "profile": "1g.10gb", "memory_used_mib": 0, "holder_pids": []},
-        {"uuid": "MIG-e", "profile": "1g.10gb", "memory_used_mib": None, "holder_pids": [5000009]}]
+        {"uuid": "MIG-e", "profile": "1g.10gb", "memory_used_mib": None, "holder_pids": [5000009]},
+    ]
     view["gpus"][1]["mig_devices"] = [{"uuid": "MIG-d", "profile": "7g.80gb", "memory_used_mib": 0, "holder_pids": []}]
     by_index = status(selection(), view)
     assert by_index[0]["mig_in_use"] == [
         {"uuid": "MIG-a", "profile": "3g.40gb", "memory_used_mib": 30000, "holder_pids": [5000001]},
         {"uuid": "MIG-b", "profile": "2g.20gb", "memory_used_mib": 300, "holder_pids": []},
-        {"uuid": "MIG-e", "profile": "1g.10gb", "memory_used_mib": None, "holder_pids": [5000009]}]
+        {"uuid": "MIG-e", "profile": "1g.10gb", "memory_used_mib": None, "holder_pids": [5000009]},
+    ]
     assert by_index[1]["released"] is True and "mig_in_use" not in by_index[1]
     entry = dict(by_index[0], next_step="end them")
     assert _advice.describe(entry).endswith(
         "MIG instances in use: GPU 0 MIG instance MIG-a (3g.40gb): 30000 MiB used, held by PID 5000001; GPU 0 MIG "
         "instance MIG-b (2g.20gb): 300 MiB used, no holder found; GPU 0 MIG instance MIG-e (1g.10gb): memory unknown, held by "
-        "PID 5000009; next: end them")
+        "PID 5000009; next: end them"
+    )
 
 
 def test_gpu_status_only_covers_the_selected_gpus():
@@ -422,7 +552,9 @@ def test_left_alone_holders_memory_is_subtracted():
     view = make_view([gpu(0, 70003), gpu(1, 60003)], [holder(5000001, {0: 70000}), holder(5000002, {1: 60000})])
     by_index = status(selection(pids={5000002}), view)
     assert by_index[0]["released"] is True and by_index[0]["left_alone_mib"] == 70000 and by_index[0]["holders"] == []
-    assert [(h["pid"], h["reason"], h["memory_mib"]) for h in by_index[0]["left_alone"]] == [(5000001, "not in pids", 70000)]
+    assert [(h["pid"], h["reason"], h["memory_mib"]) for h in by_index[0]["left_alone"]] == [
+        (5000001, "not in pids", 70000)
+    ]
     assert by_index[1]["released"] is False and by_index[1]["left_alone_mib"] == 0
     # Only what the left-alone holders hold is subtracted: 400 MiB more than that is "not free".
     view = make_view([gpu(0, 70400)], [holder(5000001, {0: 70000})])
@@ -468,22 +600,52 @@ def test_without_any_map_there_is_one_entry_for_all_gpus():
     no_driver = {"available": False, "error": "NVMLError_LibraryNotFound", "timed_out": False}
     (entry,) = _release.gpu_status(selection(), make_view([], [stray, daemon], [EXPORTER], driver=no_driver), 256)
     assert entry["index"] is None and entry["released"] is False and entry["memory_checked"] is False
-    assert entry["holders"] == [{"pid": 5000001, "comm": "python3", "state": "S", "cmdline": "python3 train.py",
-                                 "user": "svc-llm", "memory_mib": None, "attribution": None,
-                                 "parent": {"pid": 4000, "comm": "bash"}}]
+    assert entry["holders"] == [
+        {
+            "pid": 5000001,
+            "comm": "python3",
+            "state": "S",
+            "cmdline": "python3 train.py",
+            "user": "svc-llm",
+            "memory_mib": None,
+            "attribution": None,
+            "parent": {"pid": 4000, "comm": "bash"},
+        }
+    ]
     assert [(h["pid"], h["reason"][:20]) for h in entry["left_alone"]] == [(5000003, "protected GPU daemon")]
     (entry,) = _release.gpu_status(selection(), make_view([], [daemon], [EXPORTER], driver=no_driver), 256)
-    assert entry == {"index": None, "uuid": None, "memory_used_mib": None, "memory_reserved_mib": None,
-                     "unexplained_mib": None, "memory_unexplained": None, "holders": [],
-                     "left_alone": [dict(_release.brief(daemon, None), reason=entry["left_alone"][0]["reason"])],
-                     "left_alone_mib": 0, "foreign": [], "suspects": [], "memory_checked": False, "error": None,
-                     "mig_uuid": None, "reserved_allowance_mib": 0, "memory_note": None, "released": True}
+    assert entry == {
+        "index": None,
+        "uuid": None,
+        "memory_used_mib": None,
+        "memory_reserved_mib": None,
+        "unexplained_mib": None,
+        "memory_unexplained": None,
+        "holders": [],
+        "left_alone": [dict(_release.brief(daemon, None), reason=entry["left_alone"][0]["reason"])],
+        "left_alone_mib": 0,
+        "foreign": [],
+        "suspects": [],
+        "memory_checked": False,
+        "error": None,
+        "mig_uuid": None,
+        "reserved_allowance_mib": 0,
+        "memory_note": None,
+        "released": True,
+    }
 
 
 def test_brief():
-    assert _release.brief(ENGINE, 1) == {"pid": 5000001, "comm": "VLLM::EngineCor", "state": "S",
-                                         "cmdline": "VLLM::EngineCore", "user": "svc-llm", "memory_mib": 500,
-                                         "attribution": "driver", "parent": {"pid": 4000, "comm": "bash"}}
+    assert _release.brief(ENGINE, 1) == {
+        "pid": 5000001,
+        "comm": "VLLM::EngineCor",
+        "state": "S",
+        "cmdline": "VLLM::EngineCore",
+        "user": "svc-llm",
+        "memory_mib": 500,
+        "attribution": "driver",
+        "parent": {"pid": 4000, "comm": "bash"},
+    }
     assert _release.brief(ENGINE, 2)["memory_mib"] is None and _release.brief(ENGINE, None)["attribution"] is None
 
 
@@ -497,7 +659,9 @@ def test_split_tells_protection_from_narrowing():
     split = _select.Selection(None, own_chain=OWN_CHAIN, owners={"units": ["vllm@a"]}).split(view)
     assert [h["pid"] for h in split["targets"]] == [5000012]
     assert {h["pid"]: h["reason"] for h in split["left_alone"]} == {
-        5000010: "unit not in units", 5000011: "unit not in units"}
+        5000010: "unit not in units",
+        5000011: "unit not in units",
+    }
     split = _select.Selection(None, own_chain=OWN_CHAIN).split(view)
     assert [h["pid"] for h in split["protected"]] == [5000011]
     assert split["protected"][0]["reason"] == "protected GPU daemon (nvidia-persistenced)"
@@ -505,12 +669,15 @@ def test_split_tells_protection_from_narrowing():
     assert split["protected"] == [] and len(split["left_alone"]) == 1
 
 
-@pytest.mark.parametrize("given, message", [
-    ({"gpus": None}, "gpus is null"),
-    ({"pids": None, "users": None}, "pids, users are null"),
-    ({"match": " \t"}, "match is blank"),
-    ({"units": [None, " "]}, "units is a list of nothing but null or blank entries"),
-])
+@pytest.mark.parametrize(
+    "given, message",
+    [
+        ({"gpus": None}, "gpus is null"),
+        ({"pids": None, "users": None}, "pids, users are null"),
+        ({"match": " \t"}, "match is blank"),
+        ({"units": [None, " "]}, "units is a list of nothing but null or blank entries"),
+    ],
+)
 def test_check_options_refuses_a_given_option_that_names_nothing(given, message):
     params = dict({name: None for name in _select.SELECTION_OPTIONS}, **given)
     with pytest.raises(_select.SelectionError) as info:

@@ -3,6 +3,7 @@
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Pure tests of the speculative config checks, against drafter config.json fixtures."""
+
 from __future__ import annotations
 
 import json
@@ -19,8 +20,12 @@ DRAFTERS = pathlib.Path(__file__).resolve().parents[3] / "fixtures" / "drafters"
 DFLASH = str(DRAFTERS / "dflash-qwen3")
 TRAINED_IDS = [1, 16, 31, 46, 61]
 GUESSED = {
-    "method": "dflash", "model": DFLASH, "num_speculative_tokens": 15,
-    "target_layer_ids": [1, 17, 33, 49, 63], "mask_token_id": 248064, "layer_types": "full_attention",
+    "method": "dflash",
+    "model": DFLASH,
+    "num_speculative_tokens": 15,
+    "target_layer_ids": [1, 17, 33, 49, 63],
+    "mask_token_id": 248064,
+    "layer_types": "full_attention",
 }
 
 
@@ -48,6 +53,7 @@ def by_field(checks):
 
 # DFlash: the reported case
 
+
 def test_guessed_dflash_config_fails_with_three_field_explanations():
     error = fail(dict(GUESSED))
     fields = [mismatch["field"] for mismatch in error.mismatches]
@@ -70,11 +76,18 @@ def test_guessed_dflash_config_fails_with_three_field_explanations():
 
 
 def test_corrected_dflash_config_passes_and_needs_the_v2_model_runner():
-    result = validate_speculative_config({
-        "method": "dflash", "model": DFLASH, "num_speculative_tokens": 15, "target_layer_ids": TRAINED_IDS,
-        "mask_token_id": 248070, "layer_types": ["sliding_attention"] * 4 + ["full_attention"], "sliding_window": 2048,
-        "block_size": 16,
-    })
+    result = validate_speculative_config(
+        {
+            "method": "dflash",
+            "model": DFLASH,
+            "num_speculative_tokens": 15,
+            "target_layer_ids": TRAINED_IDS,
+            "mask_token_id": 248070,
+            "layer_types": ["sliding_attention"] * 4 + ["full_attention"],
+            "sliding_window": 2048,
+            "block_size": 16,
+        }
+    )
     assert result["environment"] == {"VLLM_USE_V2_MODEL_RUNNER": "1"}
     # the drafter's own fields are checked, not passed to vLLM
     assert result["speculative_config"] == {"method": "dflash", "model": DFLASH, "num_speculative_tokens": 15}
@@ -83,7 +96,14 @@ def test_corrected_dflash_config_passes_and_needs_the_v2_model_runner():
     assert result["filled"] == [] and result["warnings"] == []
     assert result["drafter_config"] == DFLASH + "/config.json"
     checks = by_field(result["checks"])
-    checked = ("target_layer_ids", "mask_token_id", "layer_types", "sliding_window", "block_size", "num_speculative_tokens")
+    checked = (
+        "target_layer_ids",
+        "mask_token_id",
+        "layer_types",
+        "sliding_window",
+        "block_size",
+        "num_speculative_tokens",
+    )
     assert {checks[name]["status"] for name in checked} == {"ok"}
     assert "[2, 17, 32, 47, 62]" in checks["target_layer_ids"]["detail"]
 
@@ -94,8 +114,13 @@ def test_omitted_fields_are_filled_from_the_drafter():
     assert result["filled"] == ["num_speculative_tokens"]
     checks = by_field(result["checks"])
     assert checks["num_speculative_tokens"]["status"] == "filled"
-    for name, value in (("target_layer_ids", TRAINED_IDS), ("mask_token_id", 248070), ("sliding_window", 2048),
-                        ("target_num_layers", 64), ("block_size", 16)):
+    for name, value in (
+        ("target_layer_ids", TRAINED_IDS),
+        ("mask_token_id", 248070),
+        ("sliding_window", 2048),
+        ("target_num_layers", 64),
+        ("block_size", 16),
+    ):
         assert (checks[name]["status"], checks[name]["drafter"]) == ("from_drafter", value)
 
 
@@ -111,8 +136,12 @@ def test_num_speculative_tokens_past_block_size_minus_one_only_warns(tokens, war
 
 
 def test_block_size_inside_dflash_config_is_used(tmp_path):
-    model = drafter_variant(tmp_path, "dflash-qwen3", remove=["block_size"],
-                            dflash_config={"mask_token_id": 248070, "target_layer_ids": TRAINED_IDS, "block_size": 8})
+    model = drafter_variant(
+        tmp_path,
+        "dflash-qwen3",
+        remove=["block_size"],
+        dflash_config={"mask_token_id": 248070, "target_layer_ids": TRAINED_IDS, "block_size": 8},
+    )
     result = validate_speculative_config({"method": "dflash", "model": model})
     assert result["speculative_config"]["num_speculative_tokens"] == 7
 
@@ -130,8 +159,10 @@ def test_target_num_layers_must_agree_with_the_drafter():
     assert (error.mismatches[0]["requested"], error.mismatches[0]["drafter"]) == (48, 64)
     # against 48 layers the drafter's own id 61 cannot be tapped (hidden states 0..48 exist); 46 can (state 47)
     assert fields[1] == "target_layer_ids"
-    assert "Layer(s) [61]: vLLM would tap hidden state(s) [62], but on a 48-layer target vLLM captures only hidden " \
+    assert (
+        "Layer(s) [61]: vLLM would tap hidden state(s) [62], but on a 48-layer target vLLM captures only hidden "
         "states 0..48" in error.mismatches[1]["explanation"]
+    )
 
 
 def test_target_num_layers_checks_drafters_without_num_target_layers(tmp_path):
@@ -144,6 +175,7 @@ def test_target_num_layers_checks_drafters_without_num_target_layers(tmp_path):
 
 
 # DFlash: a stale eagle_aux_hidden_state_layer_ids key
+
 
 def test_stale_aux_ids_equal_to_the_vllm_taps_only_warn(tmp_path):
     model = drafter_variant(tmp_path, "dflash-qwen3", eagle_aux_hidden_state_layer_ids=[2, 17, 32, 47, 62])
@@ -170,17 +202,24 @@ def test_aux_ids_inside_eagle_config_matter_only_to_the_v1_runner(tmp_path):
     assert by_field(result["checks"])["eagle_config.eagle_aux_hidden_state_layer_ids"]["status"] == "warning"
     # V1 (gpu_model_runner.py): it replaces dflash_config.target_layer_ids + 1
     (tmp_path / "v1").mkdir()
-    model = drafter_variant(tmp_path / "v1", "dflash-qwen3", layer_types=["full_attention"] * 5,
-                            eagle_config={"eagle_aux_hidden_state_layer_ids": [3, 20, 40]})
+    model = drafter_variant(
+        tmp_path / "v1",
+        "dflash-qwen3",
+        layer_types=["full_attention"] * 5,
+        eagle_config={"eagle_aux_hidden_state_layer_ids": [3, 20, 40]},
+    )
     error = fail({"method": "dflash", "model": model}, environment={"VLLM_USE_V2_MODEL_RUNNER": "0"})
-    assert [(m["field"], m["requested"]) for m in error.mismatches] == [("eagle_config.eagle_aux_hidden_state_layer_ids", [3, 20, 40])]
+    assert [(m["field"], m["requested"]) for m in error.mismatches] == [
+        ("eagle_config.eagle_aux_hidden_state_layer_ids", [3, 20, 40])
+    ]
     assert "V1 model runner (VLLM_USE_V2_MODEL_RUNNER=0)" in error.mismatches[0]["explanation"]
 
 
 def test_top_level_target_layer_ids_are_read_when_dflash_config_has_none(tmp_path):
     # eagle3_utils.py: dflash_config.target_layer_ids + 1, then dspark_target_layer_ids + 1, then target_layer_ids + 1
-    model = drafter_variant(tmp_path, "dflash-qwen3", target_layer_ids=TRAINED_IDS,
-                            dflash_config={"mask_token_id": 248070})
+    model = drafter_variant(
+        tmp_path, "dflash-qwen3", target_layer_ids=TRAINED_IDS, dflash_config={"mask_token_id": 248070}
+    )
     result = validate_speculative_config({"method": "dflash", "model": model, "target_layer_ids": TRAINED_IDS})
     check = by_field(result["checks"])["target_layer_ids"]
     assert check["status"] == "ok" and check["detail"].startswith("target_layer_ids; vLLM taps hidden states [2, 17")
@@ -188,21 +227,33 @@ def test_top_level_target_layer_ids_are_read_when_dflash_config_has_none(tmp_pat
 
 
 def test_dspark_ids_come_before_top_level_target_layer_ids(tmp_path):
-    model = drafter_variant(tmp_path, "dflash-qwen3", target_layer_ids=TRAINED_IDS, dspark_target_layer_ids=[0, 1, 2, 3, 4],
-                            dflash_config={"mask_token_id": 248070})
+    model = drafter_variant(
+        tmp_path,
+        "dflash-qwen3",
+        target_layer_ids=TRAINED_IDS,
+        dspark_target_layer_ids=[0, 1, 2, 3, 4],
+        dflash_config={"mask_token_id": 248070},
+    )
     error = fail({"method": "dflash", "model": model})
     assert [(m["field"], m["requested"], m["drafter"]) for m in error.mismatches] == [
-        ("dspark_target_layer_ids", [1, 2, 3, 4, 5], [2, 17, 32, 47, 62])]
+        ("dspark_target_layer_ids", [1, 2, 3, 4, 5], [2, 17, 32, 47, 62])
+    ]
 
 
 def speculators_dflash(tmp_path, **changes):
     """A speculators-format DFlash drafter (vllm/transformers_utils/configs/speculators/algos.py update_dflash)."""
     config = {
-        "architectures": ["DFlashSpeculator"], "speculators_model_type": "dflash",
-        "speculators_config": {"algorithm": "dflash", "proposal_methods": [{"speculative_tokens": 7}],
-                               "verifier": {"name_or_path": "Qwen/Qwen3-8B"}},
+        "architectures": ["DFlashSpeculator"],
+        "speculators_model_type": "dflash",
+        "speculators_config": {
+            "algorithm": "dflash",
+            "proposal_methods": [{"speculative_tokens": 7}],
+            "verifier": {"name_or_path": "Qwen/Qwen3-8B"},
+        },
         "transformer_layer_config": {"model_type": "qwen3", "num_hidden_layers": 1, "hidden_size": 4096},
-        "aux_hidden_state_layer_ids": [2, 17, 32, 47, 62], "mask_token_id": 151669, "num_target_layers": 64,
+        "aux_hidden_state_layer_ids": [2, 17, 32, 47, 62],
+        "mask_token_id": 151669,
+        "num_target_layers": 64,
     }
     config.update(changes)
     (tmp_path / "config.json").write_text(json.dumps(config))
@@ -211,8 +262,9 @@ def speculators_dflash(tmp_path, **changes):
 
 def test_speculators_format_dflash_taps_its_aux_ids(tmp_path):
     model = speculators_dflash(tmp_path)
-    result = validate_speculative_config({"method": "dflash", "model": model, "target_layer_ids": TRAINED_IDS,
-                                          "mask_token_id": 151669})
+    result = validate_speculative_config(
+        {"method": "dflash", "model": model, "target_layer_ids": TRAINED_IDS, "mask_token_id": 151669}
+    )
     checks = by_field(result["checks"])
     assert checks["target_layer_ids"]["status"] == "ok" and checks["mask_token_id"]["status"] == "ok"
     # no block_size: num_speculative_tokens from speculators_config; sliding_window_non_causal default -> non-causal
@@ -223,21 +275,37 @@ def test_speculators_format_dflash_taps_its_aux_ids(tmp_path):
 
 
 def test_mask_token_id_falls_back_to_the_top_level_key(tmp_path):
-    model = drafter_variant(tmp_path, "dflash-qwen3", mask_token_id=151669,
-                            dflash_config={"target_layer_ids": TRAINED_IDS})
-    assert by_field(validate_speculative_config({"method": "dflash", "model": model, "mask_token_id": 151669})["checks"])[
-        "mask_token_id"]["status"] == "ok"
+    model = drafter_variant(
+        tmp_path, "dflash-qwen3", mask_token_id=151669, dflash_config={"target_layer_ids": TRAINED_IDS}
+    )
+    assert (
+        by_field(validate_speculative_config({"method": "dflash", "model": model, "mask_token_id": 151669})["checks"])[
+            "mask_token_id"
+        ]["status"]
+        == "ok"
+    )
     error = fail({"method": "dflash", "model": model, "mask_token_id": 248070})
     assert [(m["field"], m["requested"], m["drafter"]) for m in error.mismatches] == [("mask_token_id", 248070, 151669)]
 
 
 # DFlash: attention layouts
 
+
 def test_use_swa_makes_every_layer_sliding_and_needs_no_runner(tmp_path):
-    model = drafter_variant(tmp_path, "dflash-qwen3", remove=["layer_types"], dflash_config={
-        "mask_token_id": 248070, "target_layer_ids": TRAINED_IDS, "use_swa": True, "swa_window_size": 4096})
-    result = validate_speculative_config({"method": "dflash", "model": model, "layer_types": "sliding_attention",
-                                          "sliding_window": 4096})
+    model = drafter_variant(
+        tmp_path,
+        "dflash-qwen3",
+        remove=["layer_types"],
+        dflash_config={
+            "mask_token_id": 248070,
+            "target_layer_ids": TRAINED_IDS,
+            "use_swa": True,
+            "swa_window_size": 4096,
+        },
+    )
+    result = validate_speculative_config(
+        {"method": "dflash", "model": model, "layer_types": "sliding_attention", "sliding_window": 4096}
+    )
     assert result["environment"] == {}
     checks = by_field(result["checks"])
     assert checks["layer_types"]["drafter"] == ["sliding_attention"] * 5
@@ -260,15 +328,21 @@ def test_sliding_layers_without_a_window_fail(tmp_path):
 
 
 def test_explicit_causal_overrides_the_per_layer_default(tmp_path):
-    model = drafter_variant(tmp_path, "dflash-qwen3", dflash_config={
-        "mask_token_id": 248070, "target_layer_ids": TRAINED_IDS, "causal": False})
+    model = drafter_variant(
+        tmp_path,
+        "dflash-qwen3",
+        dflash_config={"mask_token_id": 248070, "target_layer_ids": TRAINED_IDS, "causal": False},
+    )
     result = validate_speculative_config({"method": "dflash", "model": model})
     assert "5 x non-causal" in by_field(result["checks"])["layer_types"]["detail"]
 
 
 def test_swa_window_size_wins_over_sliding_window(tmp_path):
-    model = drafter_variant(tmp_path, "dflash-qwen3", dflash_config={
-        "mask_token_id": 248070, "target_layer_ids": TRAINED_IDS, "swa_window_size": 1024})
+    model = drafter_variant(
+        tmp_path,
+        "dflash-qwen3",
+        dflash_config={"mask_token_id": 248070, "target_layer_ids": TRAINED_IDS, "swa_window_size": 1024},
+    )
     assert validate_speculative_config({"method": "dflash", "model": model, "sliding_window": 1024})
     error = fail({"method": "dflash", "model": model, "sliding_window": 2048})
     assert [(m["field"], m["requested"], m["drafter"]) for m in error.mismatches] == [("sliding_window", 2048, 1024)]
@@ -276,8 +350,11 @@ def test_swa_window_size_wins_over_sliding_window(tmp_path):
 
 def test_dflash_config_is_causal_is_not_read_by_vllm(tmp_path):
     # qwen3_dflash.py _dflash_layer_causal: top-level is_causal, then dflash_config.causal; is_causal inside is ignored
-    model = drafter_variant(tmp_path, "dflash-qwen3", dflash_config={
-        "mask_token_id": 248070, "target_layer_ids": TRAINED_IDS, "is_causal": False})
+    model = drafter_variant(
+        tmp_path,
+        "dflash-qwen3",
+        dflash_config={"mask_token_id": 248070, "target_layer_ids": TRAINED_IDS, "is_causal": False},
+    )
     error = fail({"method": "dflash", "model": model})
     assert [(m["field"], m["requested"]) for m in error.mismatches] == [("dflash_config.is_causal", False)]
     assert "rename it to dflash_config.causal" in error.mismatches[0]["explanation"]
@@ -285,17 +362,26 @@ def test_dflash_config_is_causal_is_not_read_by_vllm(tmp_path):
 
 
 def test_top_level_is_causal_wins_over_dflash_config_causal(tmp_path):
-    model = drafter_variant(tmp_path, "dflash-qwen3", is_causal=True, dflash_config={
-        "mask_token_id": 248070, "target_layer_ids": TRAINED_IDS, "causal": False})
-    assert "5 x causal" in by_field(validate_speculative_config({"method": "dflash", "model": model})["checks"])[
-        "layer_types"]["detail"]
+    model = drafter_variant(
+        tmp_path,
+        "dflash-qwen3",
+        is_causal=True,
+        dflash_config={"mask_token_id": 248070, "target_layer_ids": TRAINED_IDS, "causal": False},
+    )
+    assert (
+        "5 x causal"
+        in by_field(validate_speculative_config({"method": "dflash", "model": model})["checks"])["layer_types"][
+            "detail"
+        ]
+    )
 
 
 @pytest.mark.parametrize("value", ["0", 0])
 def test_v1_runner_forced_with_a_mixed_drafter_is_refused(value):
     error = fail({"method": "dflash", "model": DFLASH}, environment={"VLLM_USE_V2_MODEL_RUNNER": value})
     assert [(m["field"], m["requested"], m["drafter"]) for m in error.mismatches] == [
-        ("VLLM_USE_V2_MODEL_RUNNER", "0", "unset or 1")]
+        ("VLLM_USE_V2_MODEL_RUNNER", "0", "unset or 1")
+    ]
     assert "'Model Runner V1 does not support: mixed sliding/full dflash drafts'" in str(error)
     assert "Remove the variable (V2 is the default)" in str(error)
 
@@ -315,14 +401,27 @@ def test_a_non_dflash_checkpoint_is_not_accepted_as_dflash():
 
 # EAGLE, EAGLE-3, MTP, ngram
 
+
 def test_eagle3_head_needs_num_speculative_tokens_when_it_declares_none():
     error = fail({"method": "eagle3", "model": str(DRAFTERS / "eagle3")})
     assert "num_speculative_tokens is not given" in str(error)
-    result = validate_speculative_config({"method": "eagle3", "model": str(DRAFTERS / "eagle3"), "num_speculative_tokens": 3,
-                                          "draft_tensor_parallel_size": 1})
+    result = validate_speculative_config(
+        {
+            "method": "eagle3",
+            "model": str(DRAFTERS / "eagle3"),
+            "num_speculative_tokens": 3,
+            "draft_tensor_parallel_size": 1,
+        }
+    )
     assert result["speculative_config_json"] == json.dumps(
-        {"method": "eagle3", "model": str(DRAFTERS / "eagle3"), "num_speculative_tokens": 3, "draft_tensor_parallel_size": 1},
-        separators=(",", ":"))
+        {
+            "method": "eagle3",
+            "model": str(DRAFTERS / "eagle3"),
+            "num_speculative_tokens": 3,
+            "draft_tensor_parallel_size": 1,
+        },
+        separators=(",", ":"),
+    )
     assert result["environment"] == {} and result["warnings"] == []
 
 
@@ -340,17 +439,28 @@ def test_eagle3_speculators_checkpoint_fills_its_token_count_and_checks_aux_laye
 
 
 def test_eagle_head_as_plain_causal_lm_is_accepted():
-    result = validate_speculative_config({"method": "eagle", "model": str(DRAFTERS / "eagle"), "num_speculative_tokens": 5})
+    result = validate_speculative_config(
+        {"method": "eagle", "model": str(DRAFTERS / "eagle"), "num_speculative_tokens": 5}
+    )
     assert by_field(result["checks"])["method"]["status"] == "ok"
 
 
 def test_eagle3_on_a_plain_causal_lm_warns():
-    result = validate_speculative_config({"method": "eagle3", "model": str(DRAFTERS / "eagle"), "num_speculative_tokens": 3})
+    result = validate_speculative_config(
+        {"method": "eagle3", "model": str(DRAFTERS / "eagle"), "num_speculative_tokens": 3}
+    )
     assert len(result["warnings"]) == 1 and "no EAGLE-3 marker" in result["warnings"][0]
 
 
-@pytest.mark.parametrize("method, fixture, kind", [("eagle", "eagle3", "eagle3"), ("eagle", "mtp", "mtp"),
-                                                   ("mtp", "eagle", "causal_lm"), ("eagle3", "dflash-qwen3", "dflash")])
+@pytest.mark.parametrize(
+    "method, fixture, kind",
+    [
+        ("eagle", "eagle3", "eagle3"),
+        ("eagle", "mtp", "mtp"),
+        ("mtp", "eagle", "causal_lm"),
+        ("eagle3", "dflash-qwen3", "dflash"),
+    ],
+)
 def test_method_and_checkpoint_kind_must_agree(method, fixture, kind):
     error = fail({"method": method, "model": str(DRAFTERS / fixture), "num_speculative_tokens": 1})
     assert [(m["field"], m["requested"], m["drafter"]) for m in error.mismatches] == [("method", method, kind)]
@@ -372,18 +482,28 @@ def test_mtp_token_count_must_be_a_multiple_of_the_mtp_layers(tmp_path):
 
 
 def test_ngram_needs_no_drafter():
-    result = validate_speculative_config({"method": "ngram", "num_speculative_tokens": "4", "prompt_lookup_max": 4,
-                                          "prompt_lookup_min": 2})
-    assert result["speculative_config"] == {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
-                                            "prompt_lookup_min": 2}
+    result = validate_speculative_config(
+        {"method": "ngram", "num_speculative_tokens": "4", "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+    )
+    assert result["speculative_config"] == {
+        "method": "ngram",
+        "num_speculative_tokens": 4,
+        "prompt_lookup_max": 4,
+        "prompt_lookup_min": 2,
+    }
     assert result["drafter_config"] is None and result["environment"] == {}
 
 
-@pytest.mark.parametrize("requested, message", [
-    ({"method": "ngram", "prompt_lookup_max": 4}, "ngram needs num_speculative_tokens"),
-    ({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 5, "prompt_lookup_max": 4},
-     "prompt_lookup_min (5) must be <= prompt_lookup_max (4)"),
-])
+@pytest.mark.parametrize(
+    "requested, message",
+    [
+        ({"method": "ngram", "prompt_lookup_max": 4}, "ngram needs num_speculative_tokens"),
+        (
+            {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 5, "prompt_lookup_max": 4},
+            "prompt_lookup_min (5) must be <= prompt_lookup_max (4)",
+        ),
+    ],
+)
 def test_ngram_errors(requested, message):
     assert message in str(fail(requested))
 
@@ -394,6 +514,7 @@ def test_ngram_with_a_model_is_served_by_vllm_and_only_warns():
 
 
 # Request errors
+
 
 def test_missing_drafter_directory_is_a_clear_error(tmp_path):
     missing = str(tmp_path / "no-such-drafter")
@@ -411,12 +532,15 @@ def test_invalid_json_drafter_config(tmp_path):
     assert "is not valid JSON" in str(fail({"method": "eagle", "model": str(tmp_path), "num_speculative_tokens": 1}))
 
 
-@pytest.mark.parametrize("method, hint", [
-    ("medusa", "Medusa heads are no longer a speculative method"),
-    ("mlp_speculator", "MLP speculators are no longer a speculative method"),
-    ("foo_mtp", "knows only its own list of per-model MTP names"),
-    ("eagle4", ""),
-])
+@pytest.mark.parametrize(
+    "method, hint",
+    [
+        ("medusa", "Medusa heads are no longer a speculative method"),
+        ("mlp_speculator", "MLP speculators are no longer a speculative method"),
+        ("foo_mtp", "knows only its own list of per-model MTP names"),
+        ("eagle4", ""),
+    ],
+)
 def test_methods_vllm_refuses_are_refused(method, hint):
     message = str(fail({"method": method, "model": DFLASH}))
     assert message.startswith("speculative_config.method %r is not a method of vLLM 0.33.0" % method)
@@ -434,7 +558,10 @@ def test_per_model_mtp_method_is_accepted_and_rewritten_to_mtp():
 def test_other_vllm_methods_are_accepted_unchecked(method):
     result = validate_speculative_config({"method": method, "model": "/models/drafter", "num_speculative_tokens": 3})
     assert result["speculative_config"]["method"] == method
-    assert any("this module checks no drafter for it" in warning for warning in result["warnings"]) or method == "ngram_gpu"
+    assert (
+        any("this module checks no drafter for it" in warning for warning in result["warnings"])
+        or method == "ngram_gpu"
+    )
 
 
 def test_method_is_inferred_from_the_model_path_like_vllm():
@@ -443,12 +570,15 @@ def test_method_is_inferred_from_the_model_path_like_vllm():
     assert "neither method nor model" in str(fail({"num_speculative_tokens": 3}))
 
 
-@pytest.mark.parametrize("field, value, reason", [
-    ("tensor_parallel_size", 2, "the drafter's tensor parallel size is draft_tensor_parallel_size"),
-    ("speculative_token_tree", "[(0,)]", "no speculative_token_tree field any more"),
-    ("future_knob", 1, "config classes forbid unknown fields: the server fails at start"),
-    ("target_layer_ids", [1], "only with method dflash"),
-])
+@pytest.mark.parametrize(
+    "field, value, reason",
+    [
+        ("tensor_parallel_size", 2, "the drafter's tensor parallel size is draft_tensor_parallel_size"),
+        ("speculative_token_tree", "[(0,)]", "no speculative_token_tree field any more"),
+        ("future_knob", 1, "config classes forbid unknown fields: the server fails at start"),
+        ("target_layer_ids", [1], "only with method dflash"),
+    ],
+)
 def test_fields_vllm_refuses_are_refused_with_name_value_and_reason(field, value, reason):
     message = str(fail({"method": "eagle3", "model": DFLASH, field: value}))
     assert message.startswith("speculative_config field(s) refused: %s=" % field)
@@ -457,30 +587,57 @@ def test_fields_vllm_refuses_are_refused_with_name_value_and_reason(field, value
 
 
 def test_every_vllm_033_field_is_accepted_and_dashes_are_underscores():
-    result = validate_speculative_config({"method": "eagle3", "model": str(DRAFTERS / "eagle3"), "num-speculative-tokens": 3,
-                                          "rejection_sample_method": "block", "disable_eagle_block_drop": True,
-                                          "kv_cache_dtype": "fp8", "draft_sample_method": "probabilistic"})
+    result = validate_speculative_config(
+        {
+            "method": "eagle3",
+            "model": str(DRAFTERS / "eagle3"),
+            "num-speculative-tokens": 3,
+            "rejection_sample_method": "block",
+            "disable_eagle_block_drop": True,
+            "kv_cache_dtype": "fp8",
+            "draft_sample_method": "probabilistic",
+        }
+    )
     assert result["speculative_config"]["num_speculative_tokens"] == 3
     assert result["speculative_config"]["rejection_sample_method"] == "block"
     assert "draft_sample_method: vLLM accepts greedy or probabilistic" in str(
-        fail({"method": "eagle3", "model": str(DRAFTERS / "eagle3"), "num_speculative_tokens": 3, "draft_sample_method": "topk"}))
+        fail(
+            {
+                "method": "eagle3",
+                "model": str(DRAFTERS / "eagle3"),
+                "num_speculative_tokens": 3,
+                "draft_sample_method": "topk",
+            }
+        )
+    )
 
 
 def test_allow_fields_pass_newer_vllm_fields_through():
-    result = validate_speculative_config({"method": "ngram", "num_speculative_tokens": 3, "future_knob": {"a": 1}},
-                                         allow_fields=["future_knob"])
+    result = validate_speculative_config(
+        {"method": "ngram", "num_speculative_tokens": 3, "future_knob": {"a": 1}}, allow_fields=["future_knob"]
+    )
     assert result["speculative_config"]["future_knob"] == {"a": 1}
 
 
 def test_invalid_values_are_listed_together():
-    message = str(fail({"method": "dflash", "model": DFLASH, "num_speculative_tokens": True, "target_layer_ids": "1,16",
-                        "layer_types": ["sliding"]}))
+    message = str(
+        fail(
+            {
+                "method": "dflash",
+                "model": DFLASH,
+                "num_speculative_tokens": True,
+                "target_layer_ids": "1,16",
+                "layer_types": ["sliding"],
+            }
+        )
+    )
     assert "num_speculative_tokens: expected an integer" in message
     assert "target_layer_ids: expected a non-empty list" in message
     assert "layer_types: expected sliding_attention or full_attention" in message
 
 
 # Token budget (vllm-project/vllm#50708) and metrics
+
 
 def test_dflash_budget_vllm_refuses_is_caught_with_the_arithmetic():
     requested = {"method": "dflash", "model": DFLASH, "num_speculative_tokens": 15}
@@ -504,8 +661,10 @@ def test_dflash_budget_with_lora_and_the_default_batch_sizes():
 
 
 def test_dflash_budget_that_lowers_concurrency_warns():
-    result = validate_speculative_config({"method": "dflash", "model": DFLASH, "num_speculative_tokens": 15},
-                                         extra_args=["--max-num-batched-tokens", "2048", "--max-num-seqs", "256"])
+    result = validate_speculative_config(
+        {"method": "dflash", "model": DFLASH, "num_speculative_tokens": 15},
+        extra_args=["--max-num-batched-tokens", "2048", "--max-num-seqs", "256"],
+    )
     assert "2048 // (K + 1 = 16) = 128 < max_num_seqs 256" in result["warnings"][0]
     assert "serves at most 128 requests at once" in result["warnings"][0]
 

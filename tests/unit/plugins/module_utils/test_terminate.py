@@ -3,6 +3,7 @@
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 """_terminate against real child processes started by these tests (only those are ever signalled)."""
+
 from __future__ import annotations
 
 import os
@@ -36,8 +37,12 @@ def holder_of(child):
 
 
 def wait_state(pid, wanted, timeout=5.0):
-    polling.wait_for(lambda: (_proc.read_stat(pid) or {}).get("state") == wanted, timeout, 0.005,
-                     "PID %d to reach state %s" % (pid, wanted))
+    polling.wait_for(
+        lambda: (_proc.read_stat(pid) or {}).get("state") == wanted,
+        timeout,
+        0.005,
+        "PID %d to reach state %s" % (pid, wanted),
+    )
 
 
 def test_sigterm_ends_a_child_and_its_zombie_counts_as_exited(spawn, pidfd_mode):
@@ -99,9 +104,17 @@ def test_child_that_exited_before_the_signal_is_not_signalled(spawn, pidfd_mode,
     assert child.wait(timeout=5) == 0  # it ended by itself, not by a signal
 
 
-@pytest.mark.parametrize("text, expected", [("SIGTERM", signal.SIGTERM), ("TERM", signal.SIGTERM),
-                                            ("term", signal.SIGTERM), ("15", signal.SIGTERM), (" sigint ", signal.SIGINT),
-                                            (9, signal.SIGKILL)])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("SIGTERM", signal.SIGTERM),
+        ("TERM", signal.SIGTERM),
+        ("term", signal.SIGTERM),
+        ("15", signal.SIGTERM),
+        (" sigint ", signal.SIGINT),
+        (9, signal.SIGKILL),
+    ],
+)
 def test_parse_signal(text, expected):
     assert _terminate.parse_signal(text) is expected
 
@@ -112,10 +125,13 @@ def test_parse_signal_rejects(text):
         _terminate.parse_signal(text)
 
 
-@pytest.mark.parametrize("state, reason_parts", [
-    ("D", ("uninterruptible sleep (D)", "nvidia-smi --gpu-reset", "reboot")),
-    ("S", ("still running after SIGKILL (state S)",)),
-])
+@pytest.mark.parametrize(
+    "state, reason_parts",
+    [
+        ("D", ("uninterruptible sleep (D)", "nvidia-smi --gpu-reset", "reboot")),
+        ("S", ("still running after SIGKILL (state S)",)),
+    ],
+)
 def test_survivor_reason(monkeypatch, state, reason_parts):
     # Pure logic: a target that never exits, in a given state; no process and no real signal.
     sent = []
@@ -145,16 +161,24 @@ def test_first_signal_sigkill_is_not_sent_twice(monkeypatch):
     monkeypatch.setattr(_terminate.Target, "exited", lambda self: False)
     monkeypatch.setattr(_terminate.Target, "state", lambda self: "D")
     monkeypatch.setattr(_terminate.Target, "send", lambda self, sig: sent.append(sig) or self.signals.append(sig.name))
-    _terminate.end_processes([{"pid": NO_SUCH_PID, "start_ticks": 1}], sig=signal.SIGKILL, grace_period=0.05,
-                             kill_wait=0.05)
+    _terminate.end_processes(
+        [{"pid": NO_SUCH_PID, "start_ticks": 1}], sig=signal.SIGKILL, grace_period=0.05, kill_wait=0.05
+    )
     assert sent == [signal.SIGKILL]
 
 
 # --- end_until_gone: rounds, respawns ---------------------------------------------------------------------------------
 
+
 def process(pid, start_ticks=None, ppid=4000, cmdline="VLLM::Worker_TP0", comm="VLLM::Worker_TP", parent=None):
-    return {"pid": pid, "start_ticks": start_ticks or pid * 10, "ppid": ppid, "comm": comm, "cmdline": cmdline,
-            "parent": parent}
+    return {
+        "pid": pid,
+        "start_ticks": start_ticks or pid * 10,
+        "ppid": ppid,
+        "comm": comm,
+        "cmdline": cmdline,
+        "parent": parent,
+    }
 
 
 class Rounds:
@@ -173,8 +197,12 @@ class Rounds:
     def end_processes(self, targets, sig, grace_period, kill_wait, proc):  # pylint: disable=unused-argument
         self.ended.append([t["pid"] for t in targets])
         entries = [dict(t, signals=[sig.name]) for t in targets]
-        return {"signalled": entries, "exited": [e for e in entries if e["pid"] not in self.survive],
-                "survived": [dict(e, state="D") for e in entries if e["pid"] in self.survive], "not_signalled": []}
+        return {
+            "signalled": entries,
+            "exited": [e for e in entries if e["pid"] not in self.survive],
+            "survived": [dict(e, state="D") for e in entries if e["pid"] in self.survive],
+            "not_signalled": [],
+        }
 
 
 @pytest.fixture
@@ -183,11 +211,16 @@ def rounds(monkeypatch):
         script = Rounds(*later, survive=survive)
         monkeypatch.setattr(_terminate, "end_processes", script.end_processes)
         return script
+
     return install
 
 
 def test_end_until_gone_ends_what_appears_until_nothing_is_left(rounds):
-    engine, peer, newcomer = process(11, ppid=1, cmdline="a"), process(12, ppid=1, cmdline="b"), process(13, ppid=1, cmdline="c")
+    engine, peer, newcomer = (
+        process(11, ppid=1, cmdline="a"),
+        process(12, ppid=1, cmdline="b"),
+        process(13, ppid=1, cmdline="c"),
+    )
     script = rounds([engine, newcomer], [])  # the engine is still listed (same start): not again
     result = _terminate.end_until_gone(script.choose, [engine, peer], grace_period=1.0, kill_wait=1.0)
     assert script.ended == [[11, 12], [13]] and script.asked == [False, False]
@@ -218,14 +251,18 @@ def test_end_until_gone_stops_after_rounds(rounds):
 
 def test_end_until_gone_stops_at_the_first_survivor(rounds):
     script = rounds([process(13, ppid=1)], survive=[12])
-    result = _terminate.end_until_gone(script.choose, [process(11, ppid=1, cmdline="x"), process(12, ppid=1, cmdline="y")])
+    result = _terminate.end_until_gone(
+        script.choose, [process(11, ppid=1, cmdline="x"), process(12, ppid=1, cmdline="y")]
+    )
     assert script.ended == [[11, 12]] and script.asked == []
     assert [e["pid"] for e in result["survived"]] == [12] and [e["pid"] for e in result["exited"]] == [11]
 
 
 def test_respawns_by_parent_or_by_command_line():
-    ended = [process(11, ppid=4000, cmdline="VLLM::EngineCore", parent={"pid": 4000, "comm": "torchrun"}),
-             process(12, ppid=1, cmdline="python3 train.py")]
+    ended = [
+        process(11, ppid=4000, cmdline="VLLM::EngineCore", parent={"pid": 4000, "comm": "torchrun"}),
+        process(12, ppid=1, cmdline="python3 train.py"),
+    ]
     sibling = process(21, ppid=4000, cmdline="VLLM::Worker_TP3", parent={"pid": 4000, "comm": "torchrun"})
     same_command = process(22, ppid=1, cmdline="python3 train.py")
     orphan = process(23, ppid=1, cmdline="python3 other.py")  # re-parented to init: PID 1 says nothing
@@ -233,7 +270,9 @@ def test_respawns_by_parent_or_by_command_line():
     ended.append(process(14, ppid=1, cmdline=""))  # an empty command line (a zombie) says nothing either
     found = _terminate._respawns([sibling, same_command, orphan, blank], ended)
     assert [(f["pid"], f["replaces"], f["parent"]) for f in found] == [
-        (21, 11, {"pid": 4000, "comm": "torchrun"}), (22, 12, None)]
+        (21, 11, {"pid": 4000, "comm": "torchrun"}),
+        (22, 12, None),
+    ]
     assert found[0]["cmdline"] == "VLLM::Worker_TP3"  # the new process itself, with what it replaced
 
 

@@ -3,6 +3,7 @@
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 """_vllm_api: Prometheus parsing and acceptance arithmetic, and the HTTP client against the fake_vllm server."""
+
 from __future__ import annotations
 
 import socket
@@ -35,11 +36,14 @@ def test_parse_prometheus_reads_labels_values_and_skips_comments():
     assert samples[6][2] == 1500.0
 
 
-@pytest.mark.parametrize("text, message", [
-    ("vllm:x_total{engine=0} 1.0", "malformed labels"),
-    ("vllm:x_total 1,5", "not a number"),
-    ("vllm:x_total", "not a Prometheus sample"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("vllm:x_total{engine=0} 1.0", "malformed labels"),
+        ("vllm:x_total 1,5", "not a number"),
+        ("vllm:x_total", "not a Prometheus sample"),
+    ],
+)
 def test_parse_prometheus_rejects_malformed_lines(text, message):
     with pytest.raises(_vllm_api.VllmApiError, match=message):
         _vllm_api.parse_prometheus(text)
@@ -48,17 +52,38 @@ def test_parse_prometheus_rejects_malformed_lines(text, message):
 def test_spec_decode_counters_filter_by_model_and_are_none_without_speculative_decoding():
     samples = _vllm_api.parse_prometheus(METRICS)
     assert _vllm_api.spec_decode_counters(samples, "qwen") == {
-        "drafts": 10.0, "draft_tokens": 150.0, "accepted_tokens": 100.0, "accepted_per_position": {0: 10.0, 1: 9.0}}
+        "drafts": 10.0,
+        "draft_tokens": 150.0,
+        "accepted_tokens": 100.0,
+        "accepted_per_position": {0: 10.0, 1: 9.0},
+    }
     assert _vllm_api.spec_decode_counters(samples)["drafts"] == 17.0
     assert _vllm_api.spec_decode_counters(_vllm_api.parse_prometheus('vllm:generation_tokens_total{a="b"} 3')) is None
 
 
 def test_acceptance_from_counter_differences():
-    before = {"drafts": 10.0, "draft_tokens": 150.0, "accepted_tokens": 100.0, "accepted_per_position": {0: 10.0, 1: 9.0}}
-    after = {"drafts": 30.0, "draft_tokens": 450.0, "accepted_tokens": 160.0, "accepted_per_position": {0: 25.0, 1: 20.0, 2: 4.0}}
+    before = {
+        "drafts": 10.0,
+        "draft_tokens": 150.0,
+        "accepted_tokens": 100.0,
+        "accepted_per_position": {0: 10.0, 1: 9.0},
+    }
+    after = {
+        "drafts": 30.0,
+        "draft_tokens": 450.0,
+        "accepted_tokens": 160.0,
+        "accepted_per_position": {0: 25.0, 1: 20.0, 2: 4.0},
+    }
     result = _vllm_api.acceptance_from_counters(before, after)
-    assert result == {"drafts": 20, "draft_tokens": 300, "accepted_tokens": 60, "accepted_per_position": [15, 11, 4],
-                      "acceptance_rate": 0.2, "mean_acceptance_length": 4.0, "acceptance_per_position": [0.75, 0.55, 0.2]}
+    assert result == {
+        "drafts": 20,
+        "draft_tokens": 300,
+        "accepted_tokens": 60,
+        "accepted_per_position": [15, 11, 4],
+        "acceptance_rate": 0.2,
+        "mean_acceptance_length": 4.0,
+        "acceptance_per_position": [0.75, 0.55, 0.2],
+    }
     idle = _vllm_api.acceptance_from_counters(before, before)
     assert idle["acceptance_rate"] is None and idle["mean_acceptance_length"] is None
     earlier, later = after, before  # read in this order, the counters went down
@@ -76,7 +101,9 @@ def test_measure_acceptance_over_a_warm_up(fake_vllm):
     assert result["accepted_per_position"] == [8, 8, 8, 0] and result["acceptance_per_position"] == [1.0, 1.0, 1.0, 0.0]
     assert result["completions"] == 2 and result["completion_tokens"] == 32 and result["tokens_per_s"] > 0
     posts = [r for r in fake_vllm.requests if r[0] == "POST"]
-    assert [r[3] for r in posts] == [{"model": "served", "prompt": p, "max_tokens": 16, "temperature": 0} for p in ("one", "two")]
+    assert [r[3] for r in posts] == [
+        {"model": "served", "prompt": p, "max_tokens": 16, "temperature": 0} for p in ("one", "two")
+    ]
     assert all(r[2]["Authorization"] == "Bearer k" for r in posts)
 
 
@@ -108,11 +135,14 @@ def test_a_client_makes_one_tls_context_for_all_its_requests(fake_vllm, monkeypa
     assert made == [{"validate_certs": False}]
 
 
-@pytest.mark.parametrize("change, stage, seen", [
-    ({"health_status": 503}, "health", "GET /health: HTTP 503"),
-    ({"models": ["other"]}, "models", "GET /v1/models lists ['other'], not 'served'"),
-    ({"completion_status": 500}, "completion", "POST /v1/completions: HTTP 500"),
-])
+@pytest.mark.parametrize(
+    "change, stage, seen",
+    [
+        ({"health_status": 503}, "health", "GET /health: HTTP 503"),
+        ({"models": ["other"]}, "models", "GET /v1/models lists ['other'], not 'served'"),
+        ({"completion_status": 500}, "completion", "POST /v1/completions: HTTP 500"),
+    ],
+)
 def test_wait_ready_times_out_with_what_it_saw(fake_vllm, change, stage, seen):
     for name, value in change.items():
         setattr(fake_vllm, name, value)
@@ -125,8 +155,15 @@ def test_wait_ready_times_out_with_what_it_saw(fake_vllm, change, stage, seen):
 
 def test_wait_ready_stops_at_once_on_a_wrong_api_key(fake_vllm):
     fake_vllm.api_key = "right"
-    result = _vllm_api.wait_ready(_vllm_api.Client(fake_vllm.url, "wrong", timeout=5), "served", timeout=30, poll_interval=0.05)
-    assert not result["ready"] and result["attempts"] == 1 and "HTTP 401" in result["msg"] and "wrong or missing API key" in result["msg"]
+    result = _vllm_api.wait_ready(
+        _vllm_api.Client(fake_vllm.url, "wrong", timeout=5), "served", timeout=30, poll_interval=0.05
+    )
+    assert (
+        not result["ready"]
+        and result["attempts"] == 1
+        and "HTTP 401" in result["msg"]
+        and "wrong or missing API key" in result["msg"]
+    )
 
 
 def test_wait_ready_while_nothing_listens_and_when_the_server_process_exits():
@@ -163,8 +200,10 @@ class _Listing:
         return {"object": "list", "data": [{"id": name} for name in self.names]}
 
 
-GAUGES = [("vllm:num_requests_running", {"engine": "0", "model_name": "first"}, 3.0),
-          ("vllm:num_requests_waiting", {"engine": "0", "model_name": "first"}, 1.0)]
+GAUGES = [
+    ("vllm:num_requests_running", {"engine": "0", "model_name": "first"}, 3.0),
+    ("vllm:num_requests_waiting", {"engine": "0", "model_name": "first"}, 1.0),
+]
 
 
 def test_metrics_of_another_served_name_are_read_under_the_first():

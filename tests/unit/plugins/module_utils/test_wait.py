@@ -6,6 +6,7 @@
 
 Views are synthetic dicts shaped like _holders.merge's output (see its docstring).
 """
+
 from __future__ import annotations
 
 import pytest
@@ -14,36 +15,85 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils import _advice, _sel
 from polling import FakeClock
 
 DRIVER_OK = {"available": True, "error": None, "timed_out": False}
-DRIVER_HUNG = {"available": False, "error": "an NVML call did not return within 1.0 s (driver hung?)", "timed_out": True}
-NO_DRIVER = {"available": False, "error": "NVMLError_LibraryNotFound: NVML Shared Library Not Found", "timed_out": False}
+DRIVER_HUNG = {
+    "available": False,
+    "error": "an NVML call did not return within 1.0 s (driver hung?)",
+    "timed_out": True,
+}
+NO_DRIVER = {
+    "available": False,
+    "error": "NVMLError_LibraryNotFound: NVML Shared Library Not Found",
+    "timed_out": False,
+}
 OWN_CHAIN = {1, 700}
 
 
-def holder(pid, memory, comm="VLLM::Worker_TP", cmdline="VLLM::Worker_TP0", state="S", control_only=False,
-           attribution=None, ppid=4000, parent_comm="python3"):
+def holder(
+    pid,
+    memory,
+    comm="VLLM::Worker_TP",
+    cmdline="VLLM::Worker_TP0",
+    state="S",
+    control_only=False,
+    attribution=None,
+    ppid=4000,
+    parent_comm="python3",
+):
     """A holder as merge reports it; `memory` maps each GPU index it holds to MiB (None: not reported)."""
     gpus = sorted(memory)
-    return {"pid": pid, "ppid": ppid, "comm": comm, "cmdline": cmdline, "state": state, "user": "svc-llm", "uid": 1001,
-            "kernel_thread": False, "start_ticks": pid * 10, "gpus": gpus, "control_only": control_only,
-            "memory_mib": {str(i): memory[i] for i in gpus},
-            "attribution": {str(i): (attribution or {}).get(i, "driver") for i in gpus},
-            "parent": {"pid": ppid, "comm": parent_comm} if ppid > 1 else None}
+    return {
+        "pid": pid,
+        "ppid": ppid,
+        "comm": comm,
+        "cmdline": cmdline,
+        "state": state,
+        "user": "svc-llm",
+        "uid": 1001,
+        "kernel_thread": False,
+        "start_ticks": pid * 10,
+        "gpus": gpus,
+        "control_only": control_only,
+        "memory_mib": {str(i): memory[i] for i in gpus},
+        "attribution": {str(i): (attribution or {}).get(i, "driver") for i in gpus},
+        "parent": {"pid": ppid, "comm": parent_comm} if ppid > 1 else None,
+    }
 
 
 def device_user(pid, device_gpus, kind="nvml", comm="nvtop"):
-    return {"pid": pid, "ppid": 1, "comm": comm, "cmdline": comm, "state": "S", "user": "root", "uid": 0,
-            "device_gpus": list(device_gpus), "kind": kind}
+    return {
+        "pid": pid,
+        "ppid": 1,
+        "comm": comm,
+        "cmdline": comm,
+        "state": "S",
+        "user": "root",
+        "uid": 0,
+        "device_gpus": list(device_gpus),
+        "kind": kind,
+    }
 
 
 def gpu(index, used_mib, unexplained_mib=0, reserved_mib=529, foreign=(), suspects=(), error=None):
-    return {"index": index, "uuid": "GPU-%d" % index, "memory_used_mib": used_mib, "memory_reserved_mib": reserved_mib,
-            "unexplained_mib": unexplained_mib, "memory_unexplained": unexplained_mib is None or unexplained_mib > 256,
-            "foreign": list(foreign), "suspects": list(suspects), "error": error}
+    return {
+        "index": index,
+        "uuid": "GPU-%d" % index,
+        "memory_used_mib": used_mib,
+        "memory_reserved_mib": reserved_mib,
+        "unexplained_mib": unexplained_mib,
+        "memory_unexplained": unexplained_mib is None or unexplained_mib > 256,
+        "foreign": list(foreign),
+        "suspects": list(suspects),
+        "error": error,
+    }
 
 
 def view(gpus, holders=(), driver=None, device_users=()):
-    return {"gpus": list(gpus), "holders": list(holders), "device_users": list(device_users),
-            "driver": dict(driver or DRIVER_OK)}
+    return {
+        "gpus": list(gpus),
+        "holders": list(holders),
+        "device_users": list(device_users),
+        "driver": dict(driver or DRIVER_OK),
+    }
 
 
 class Scripted:
@@ -65,16 +115,19 @@ class Scripted:
 def wait(inspector, indices=None, timeout=10.0, max_used_mib=_wait.DEFAULT_MAX_USED_MIB, **selection):
     clock = FakeClock(1000.0)
     chosen = _select.Selection(indices, own_chain=OWN_CHAIN, **selection)
-    result = _wait.wait_released(inspector, chosen, timeout, max_used_mib, poll_interval=0.5, clock=clock,
-                                 sleep=clock.sleep)
+    result = _wait.wait_released(
+        inspector, chosen, timeout, max_used_mib, poll_interval=0.5, clock=clock, sleep=clock.sleep
+    )
     return result, clock
 
 
 def test_released_once_holders_are_gone_and_memory_is_back():
     engine = holder(5000001, {0: 70000})
-    inspector = Scripted(view([gpu(0, 71000, unexplained_mib=1000), gpu(1, 3)], [engine]),
-                         view([gpu(0, 70500, unexplained_mib=70500), gpu(1, 3)]),  # holder gone, memory not yet freed
-                         view([gpu(0, 200), gpu(1, 3)]))
+    inspector = Scripted(
+        view([gpu(0, 71000, unexplained_mib=1000), gpu(1, 3)], [engine]),
+        view([gpu(0, 70500, unexplained_mib=70500), gpu(1, 3)]),  # holder gone, memory not yet freed
+        view([gpu(0, 200), gpu(1, 3)]),
+    )
     result, clock = wait(inspector)
     assert result["released"] is True and result["polls"] == 3
     assert clock.sleeps == [0.5, 0.5] and result["elapsed_s"] == 1.0
@@ -87,8 +140,9 @@ def test_released_once_holders_are_gone_and_memory_is_back():
 def test_each_look_scans_the_listed_pids_of_the_selected_gpus_with_the_threshold_as_tolerance():
     inspector = Scripted(view([gpu(0, 3), gpu(1, 3)]))
     wait(inspector, indices=[1], max_used_mib=64)
-    assert inspector.calls == [{"timeout": 10.0 + _wait.NVML_SLACK_S, "scope": "listed", "indices": [1],
-                                "tolerance_mib": 64}]
+    assert inspector.calls == [
+        {"timeout": 10.0 + _wait.NVML_SLACK_S, "scope": "listed", "indices": [1], "tolerance_mib": 64}
+    ]
 
 
 def test_threshold_is_inclusive_and_configurable():
@@ -105,14 +159,19 @@ def test_only_the_selected_gpus_are_waited_for():
 
 
 def test_protected_daemons_and_device_users_do_not_count_but_mps_clients_listed_by_the_driver_do():
-    daemons = [holder(5000002, {0: 0, 1: 0}, comm="nvidia-persiste", cmdline="/usr/bin/nvidia-persistenced --verbose"),
-               holder(5000003, {0: 0}, comm="nv-hostengine", cmdline="nv-hostengine -n")]
+    daemons = [
+        holder(5000002, {0: 0, 1: 0}, comm="nvidia-persiste", cmdline="/usr/bin/nvidia-persistenced --verbose"),
+        holder(5000003, {0: 0}, comm="nv-hostengine", cmdline="nv-hostengine -n"),
+    ]
     users = [device_user(5000004, [0, 1]), device_user(5000006, [0, 1], kind="cuda", comm="VLLM::Worker_TP")]
     result, _clock = wait(Scripted(view([gpu(0, 3), gpu(1, 3)], daemons, device_users=users)))
     assert result["released"] is True
     assert all(g["holders"] == [] for g in result["gpus"])
     assert sorted((g["index"], h["pid"]) for g in result["gpus"] for h in g["left_alone"]) == [
-        (0, 5000002), (0, 5000003), (1, 5000002)]
+        (0, 5000002),
+        (0, 5000003),
+        (1, 5000002),
+    ]
     mps = holder(5000005, {1: 1200}, comm="python3", cmdline="python3 mps_job.py", control_only=True)
     result, _clock = wait(Scripted(view([gpu(0, 3), gpu(1, 1203)], daemons + [mps], device_users=users)), timeout=1.0)
     assert result["released"] is False
@@ -132,8 +191,9 @@ def test_excluded_and_included_protected_holders():
 def test_left_alone_holders_memory_does_not_fail_the_wait():
     engine = holder(5000001, {0: 70000}, comm="VLLM::EngineCor", cmdline="VLLM::EngineCore")
     worker = holder(5000002, {1: 60000})
-    inspector = Scripted(view([gpu(0, 70003), gpu(1, 60003)], [engine, worker]),
-                         view([gpu(0, 70003), gpu(1, 3)], [engine]))
+    inspector = Scripted(
+        view([gpu(0, 70003), gpu(1, 60003)], [engine, worker]), view([gpu(0, 70003), gpu(1, 3)], [engine])
+    )
     result, _clock = wait(inspector, pids={5000002})
     assert result["released"] is True and result["polls"] == 2
     by_index = {g["index"]: g for g in result["gpus"]}
@@ -150,15 +210,25 @@ def test_foreign_memory_is_used_memory_and_is_reported():
 
 def test_timeout_reports_the_holders_per_gpu():
     engine = holder(5000001, {0: 500, 1: None}, comm="VLLM::EngineCor", cmdline="VLLM::EngineCore")
-    inspector = Scripted(view([gpu(0, 70000, unexplained_mib=69500), gpu(1, 60000, unexplained_mib=None), gpu(2, 3)],
-                              [engine]))
+    inspector = Scripted(
+        view([gpu(0, 70000, unexplained_mib=69500), gpu(1, 60000, unexplained_mib=None), gpu(2, 3)], [engine])
+    )
     result, clock = wait(inspector, timeout=2.0)
     assert result["released"] is False
     assert result["elapsed_s"] == 2.0 and result["polls"] == 5 and sum(clock.sleeps) == 2.0
     by_index = {g["index"]: g for g in result["gpus"]}
-    assert by_index[0]["holders"] == [{"pid": 5000001, "comm": "VLLM::EngineCor", "state": "S",
-                                       "cmdline": "VLLM::EngineCore", "user": "svc-llm", "memory_mib": 500,
-                                       "attribution": "driver", "parent": {"pid": 4000, "comm": "python3"}}]
+    assert by_index[0]["holders"] == [
+        {
+            "pid": 5000001,
+            "comm": "VLLM::EngineCor",
+            "state": "S",
+            "cmdline": "VLLM::EngineCore",
+            "user": "svc-llm",
+            "memory_mib": 500,
+            "attribution": "driver",
+            "parent": {"pid": 4000, "comm": "python3"},
+        }
+    ]
     assert by_index[1]["holders"][0]["memory_mib"] is None
     assert (by_index[0]["released"], by_index[1]["released"], by_index[2]["released"]) == (False, False, True)
 
@@ -181,7 +251,10 @@ def test_driver_timeout_is_never_released_even_without_holders():
 def test_a_hung_driver_message_names_the_holders_that_the_proc_scan_found():
     # The GPUs mapped through /proc/driver/nvidia, memory unknown; a CUDA user of GPU 0's device file is its holder.
     stuck = holder(5000001, {0: None}, comm="python3", cmdline="python3 train.py", attribution={0: "device_file"})
-    hung = [gpu(0, None, unexplained_mib=None, reserved_mib=None), gpu(1, None, unexplained_mib=None, reserved_mib=None)]
+    hung = [
+        gpu(0, None, unexplained_mib=None, reserved_mib=None),
+        gpu(1, None, unexplained_mib=None, reserved_mib=None),
+    ]
     result, _clock = wait(Scripted(view(hung, [stuck], driver=DRIVER_HUNG)), timeout=30.0)
     message = _wait.conclude(result, 1.0)
     assert message.startswith("NVML did not answer within driver_timeout (1.0 s): the driver may be hung")
@@ -196,12 +269,18 @@ def test_a_selected_gpu_with_an_error_ends_the_wait_at_the_first_poll():
     inspector = Scripted(view([gpu(0, 3), lost]), view([gpu(0, 3), gpu(1, 3)]))
     result, clock = wait(inspector, timeout=30.0)
     assert result["released"] is False and result["polls"] == 1 and clock.sleeps == []
-    assert [(g["index"], g["released"], g["error"]) for g in result["gpus"]] == [(0, True, None), (1, False, "GPU is lost")]
+    assert [(g["index"], g["released"], g["error"]) for g in result["gpus"]] == [
+        (0, True, None),
+        (1, False, "GPU is lost"),
+    ]
     # The other GPUs are still waited for: GPU 0 releases at the second look, then only the lost GPU is left.
     releasing = Scripted(view([gpu(0, 3000, unexplained_mib=3000), lost]), view([gpu(0, 3), lost]))
     result, _clock = wait(releasing)
     assert result["released"] is False and result["polls"] == 2 and len(releasing.calls) == 2
-    assert [(g["index"], g["released"], g["error"]) for g in result["gpus"]] == [(0, True, None), (1, False, "GPU is lost")]
+    assert [(g["index"], g["released"], g["error"]) for g in result["gpus"]] == [
+        (0, True, None),
+        (1, False, "GPU is lost"),
+    ]
     # A lost GPU that is not selected does not stop the wait for the others.
     result, _clock = wait(Scripted(view([gpu(0, 3), lost])), indices=[0])
     assert result["released"] is True
@@ -212,11 +291,27 @@ def test_without_any_map_there_is_one_entry_for_all_gpus():
     inspector = Scripted(view([], [stray], driver=NO_DRIVER), view([], [], driver=NO_DRIVER))
     result, _clock = wait(inspector)
     assert result["released"] is True and result["polls"] == 2
-    assert result["gpus"] == [{"index": None, "uuid": None, "memory_used_mib": None, "memory_reserved_mib": None,
-                               "unexplained_mib": None, "memory_unexplained": None, "holders": [], "left_alone": [],
-                               "left_alone_mib": 0, "foreign": [], "suspects": [], "memory_checked": False,
-                               "error": None, "mig_uuid": None, "reserved_allowance_mib": 0, "memory_note": None,
-                               "released": True}]
+    assert result["gpus"] == [
+        {
+            "index": None,
+            "uuid": None,
+            "memory_used_mib": None,
+            "memory_reserved_mib": None,
+            "unexplained_mib": None,
+            "memory_unexplained": None,
+            "holders": [],
+            "left_alone": [],
+            "left_alone_mib": 0,
+            "foreign": [],
+            "suspects": [],
+            "memory_checked": False,
+            "error": None,
+            "mig_uuid": None,
+            "reserved_allowance_mib": 0,
+            "memory_note": None,
+            "released": True,
+        }
+    ]
 
 
 def test_without_any_map_device_users_do_not_count():
@@ -231,12 +326,15 @@ def test_unchecked_memory_releases_on_holders_alone():
 
 
 def test_describe_unread_names_the_gpus_and_the_driver_error():
-    result, _clock = wait(Scripted(view([gpu(0, 100), gpu(1, None, unexplained_mib=None, reserved_mib=None)],
-                                        driver=NO_DRIVER)))
+    result, _clock = wait(
+        Scripted(view([gpu(0, 100), gpu(1, None, unexplained_mib=None, reserved_mib=None)], driver=NO_DRIVER))
+    )
     _wait.conclude(result, 10.0)
     text = _advice.describe_unread(result)
-    assert text == ("used memory of GPU 1 not read (NVIDIA driver library not usable: NVMLError_LibraryNotFound: NVML Shared "
-                    "Library Not Found); no process holds it (/proc scan)")
+    assert text == (
+        "used memory of GPU 1 not read (NVIDIA driver library not usable: NVMLError_LibraryNotFound: NVML Shared "
+        "Library Not Found); no process holds it (/proc scan)"
+    )
     whole, _clock = wait(Scripted(view([], [], driver=NO_DRIVER)))
     _wait.conclude(whole, 10.0)
     assert _advice.describe_unread(whole).startswith("used memory of every GPU not read")
@@ -244,9 +342,20 @@ def test_describe_unread_names_the_gpus_and_the_driver_error():
 
 # --- next_step -----------------------------------------------------------------------------------------------------
 
-def status_of(holders=(), used_mib=70000, unexplained_mib=0, checked=True, index=3, error=None, foreign=(), suspects=()):
-    return {"index": index, "holders": list(holders), "memory_checked": checked, "memory_used_mib": used_mib,
-            "unexplained_mib": unexplained_mib, "error": error, "foreign": list(foreign), "suspects": list(suspects)}
+
+def status_of(
+    holders=(), used_mib=70000, unexplained_mib=0, checked=True, index=3, error=None, foreign=(), suspects=()
+):
+    return {
+        "index": index,
+        "holders": list(holders),
+        "memory_checked": checked,
+        "memory_used_mib": used_mib,
+        "unexplained_mib": unexplained_mib,
+        "error": error,
+        "foreign": list(foreign),
+        "suspects": list(suspects),
+    }
 
 
 def brief(pid=5000001, state="S", comm="VLLM::Worker_TP", parent=None):
@@ -281,8 +390,9 @@ def test_next_step_d_state_names_the_gpu_or_says_reboot():
 
 def test_next_step_holders_with_a_parent_name_the_parent():
     torchrun = {"pid": 4000, "comm": "torchrun"}
-    text = _advice.next_step(status_of([brief(5000001, parent=torchrun), brief(5000002, parent=torchrun), brief(5000003)],
-                                       index=None))
+    text = _advice.next_step(
+        status_of([brief(5000001, parent=torchrun), brief(5000002, parent=torchrun), brief(5000003)], index=None)
+    )
     assert "processes still hold the GPUs" in text and "stop their parent (PID 4000 (torchrun)" in text
     assert text.count("PID 4000") == 1
     assert "parent" not in _advice.next_step(status_of([brief()]))
@@ -292,8 +402,9 @@ def test_next_step_holders_with_a_parent_name_the_parent():
 def test_next_step_foreign_entries_never_advise_a_gpu_reset(used_mib, mib):
     absent = {"pid": 812345, "used_mib": used_mib, "type": "compute", "reason": "absent", "comm": None}
     text = _advice.next_step(status_of(foreign=[absent], index=1, unexplained_mib=0))
-    assert text.startswith("the driver lists PID 812345 (%s) on GPU 1; no such process holds it in this PID namespace "
-                           "(a container?)" % mib)
+    assert text.startswith(
+        "the driver lists PID 812345 (%s) on GPU 1; no such process holds it in this PID namespace (a container?)" % mib
+    )
     assert "on the host" in text and "reset" not in text
     other = {"pid": 77, "used_mib": 100, "type": "compute", "reason": "not_holding", "comm": "bash"}
     text = _advice.next_step(status_of(foreign=[absent, other], index=1))
@@ -302,7 +413,8 @@ def test_next_step_foreign_entries_never_advise_a_gpu_reset(used_mib, mib):
 
 def test_describe_foreign():
     assert _advice.describe_foreign({"pid": 9, "used_mib": 5, "reason": "absent"}, 0) == (
-        "the driver lists PID 9 (5 MiB) on GPU 0; no such process holds it in this PID namespace (a container?)")
+        "the driver lists PID 9 (5 MiB) on GPU 0; no such process holds it in this PID namespace (a container?)"
+    )
 
 
 def test_next_step_unexplained_memory_names_the_nvml_only_suspects():

@@ -3,6 +3,7 @@
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Every module test gets its own warning lists (autouse fixture `own_warnings`)."""
+
 from __future__ import annotations
 
 import pytest

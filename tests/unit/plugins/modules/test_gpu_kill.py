@@ -6,6 +6,7 @@
 
 Views are synthetic dicts shaped like _holders.merge's output (see its docstring).
 """
+
 from __future__ import annotations
 
 import copy
@@ -18,41 +19,84 @@ from ansible_collections.gpuops.nvidia.plugins.modules import gpu_kill
 from module_main import run_main
 
 OWN_CHAIN = {1, 700}
-DRIVER_OK = {"available": True, "error": None, "timed_out": False, "driver_version": "580.95.05",
-             "nvml_version": None, "cuda_driver_version": None}
-NO_DRIVER = dict(DRIVER_OK, available=False, error="NVMLError_LibraryNotFound: NVML Shared Library Not Found",
-                 driver_version=None)
+DRIVER_OK = {
+    "available": True,
+    "error": None,
+    "timed_out": False,
+    "driver_version": "580.95.05",
+    "nvml_version": None,
+    "cuda_driver_version": None,
+}
+NO_DRIVER = dict(
+    DRIVER_OK, available=False, error="NVMLError_LibraryNotFound: NVML Shared Library Not Found", driver_version=None
+)
 
 
 def holder(pid, memory, cmdline, comm=None, user="svc-llm", uid=1001, control_only=False, start_ticks=None, ppid=4000):
     """A holder as merge reports it; `memory` maps each GPU index it holds to MiB."""
     gpus = sorted(memory)
-    return {"pid": pid, "ppid": ppid, "comm": comm or cmdline.split(" ")[0][:15], "cmdline": cmdline, "user": user,
-            "uid": uid, "state": "S", "kernel_thread": False, "gpus": gpus, "control_only": control_only,
-            "memory_mib": {str(i): memory[i] for i in gpus}, "attribution": {str(i): "driver" for i in gpus},
-            "start_ticks": start_ticks or pid * 10, "parent": {"pid": ppid, "comm": "python3"} if ppid > 1 else None}
+    return {
+        "pid": pid,
+        "ppid": ppid,
+        "comm": comm or cmdline.split(" ")[0][:15],
+        "cmdline": cmdline,
+        "user": user,
+        "uid": uid,
+        "state": "S",
+        "kernel_thread": False,
+        "gpus": gpus,
+        "control_only": control_only,
+        "memory_mib": {str(i): memory[i] for i in gpus},
+        "attribution": {str(i): "driver" for i in gpus},
+        "start_ticks": start_ticks or pid * 10,
+        "parent": {"pid": ppid, "comm": "python3"} if ppid > 1 else None,
+    }
 
 
 def device_user(pid, device_gpus, kind="nvml", comm="dcgm-exporter"):
-    return {"pid": pid, "ppid": 1, "comm": comm, "cmdline": comm, "user": "root", "uid": 0, "state": "S",
-            "start_ticks": pid * 10, "device_gpus": list(device_gpus), "kind": kind}
+    return {
+        "pid": pid,
+        "ppid": 1,
+        "comm": comm,
+        "cmdline": comm,
+        "user": "root",
+        "uid": 0,
+        "state": "S",
+        "start_ticks": pid * 10,
+        "device_gpus": list(device_gpus),
+        "kind": kind,
+    }
 
 
 def gpu(index, foreign=()):
-    return {"index": index, "uuid": "GPU-%s" % ("aaaa", "bbbb")[index], "memory_used_mib": 3, "error": None,
-            "foreign": [{"pid": pid, "used_mib": mib, "type": "compute", "reason": "absent", "comm": None}
-                        for pid, mib in foreign], "suspects": []}
+    return {
+        "index": index,
+        "uuid": "GPU-%s" % ("aaaa", "bbbb")[index],
+        "memory_used_mib": 3,
+        "error": None,
+        "foreign": [
+            {"pid": pid, "used_mib": mib, "type": "compute", "reason": "absent", "comm": None} for pid, mib in foreign
+        ],
+        "suspects": [],
+    }
 
 
 def make_view(holders, device_users=(), gpus=None, driver=None):
-    return {"gpus": gpus if gpus is not None else [gpu(0), gpu(1)], "holders": list(holders),
-            "device_users": list(device_users), "driver": dict(driver or DRIVER_OK), "index_source": "nvml", "scan": "full"}
+    return {
+        "gpus": gpus if gpus is not None else [gpu(0), gpu(1)],
+        "holders": list(holders),
+        "device_users": list(device_users),
+        "driver": dict(driver or DRIVER_OK),
+        "index_source": "nvml",
+        "scan": "full",
+    }
 
 
 ENGINE = holder(5000001, {0: 70000, 1: 500}, "VLLM::EngineCore")
 WORKER = holder(5000002, {1: 60000}, "VLLM::Worker_TP1", user="root", uid=0)
-PERSISTENCED = holder(5000003, {0: 0, 1: 0}, "/usr/bin/nvidia-persistenced --verbose", comm="nvidia-persiste", user="root",
-                      uid=0)
+PERSISTENCED = holder(
+    5000003, {0: 0, 1: 0}, "/usr/bin/nvidia-persistenced --verbose", comm="nvidia-persiste", user="root", uid=0
+)
 MPS_CLIENT = holder(5000004, {0: 1200}, "python3 mps_job.py", control_only=True)
 EXPORTER = device_user(5000005, [0, 1])
 NCCL_PEER = device_user(5000006, [0, 1], kind="cuda", comm="VLLM::Worker_TP")
@@ -66,8 +110,15 @@ def pids(entries):
 def select(indices=None, regex=None, pids=None, users=None, exclude=(), include_protected=False, view=None):
     """(targets, left alone, not holding) as gpu_kill.run splits them."""
     view = VIEW if view is None else view
-    chosen = _select.Selection(indices, pids=pids, regex=regex, users=users, exclude=exclude,
-                               include_protected=include_protected, own_chain=OWN_CHAIN)
+    chosen = _select.Selection(
+        indices,
+        pids=pids,
+        regex=regex,
+        users=users,
+        exclude=exclude,
+        include_protected=include_protected,
+        own_chain=OWN_CHAIN,
+    )
     split = chosen.split(view)
     return split["targets"], split["left_alone"], split["not_holding"]
 
@@ -131,8 +182,11 @@ class Recorder:
         self.ended.append(([h["pid"] for h in holders], sig, grace_period, kill_wait))
         entries = [dict(h, signals=[sig.name]) for h in holders]
         exited = [dict(e, exited_after_s=0.1) for e in entries if e["pid"] not in self.survive]
-        survived = [dict(e, signals=[sig.name, "SIGKILL"], state="D", reason="unkillable: in uninterruptible sleep (D)")
-                    for e in entries if e["pid"] in self.survive]
+        survived = [
+            dict(e, signals=[sig.name, "SIGKILL"], state="D", reason="unkillable: in uninterruptible sleep (D)")
+            for e in entries
+            if e["pid"] in self.survive
+        ]
         return {"signalled": entries, "exited": exited, "survived": survived, "not_signalled": []}
 
 
@@ -144,6 +198,7 @@ def recorder(monkeypatch):
         monkeypatch.setattr(_gpus.Inspector, "snapshot", rec.snapshot)
         monkeypatch.setattr(_terminate, "end_processes", rec.end_processes)
         return rec
+
     return install
 
 
@@ -156,26 +211,32 @@ def warnings(result):
     return [w["event"]["msg"] if isinstance(w, dict) else w for w in result.get("warnings", [])]
 
 
-@pytest.mark.parametrize("args, message, snapshots", [
-    ({"grace_period": -1}, "invalid option value: grace_period=-1.0 (must not be negative)", 0),
-    ({"kill_wait": -0.5, "driver_timeout": -2},
-     "driver_timeout=-2.0 (must be greater than 0); kill_wait=-0.5 (must not be negative)", 0),
-    ({"driver_timeout": 0}, "driver_timeout=0.0 (must be greater than 0)", 0),
-    ({"grace_period": "nan"}, "grace_period=nan (must be a finite number)", 0),
-    ({"kill_wait": "inf"}, "kill_wait=inf (must be a finite number)", 0),
-    ({"match": "VLLM::("}, "invalid regex in match 'VLLM::('", 0),
-    ({"match": ""}, "match is empty", 0),
-    ({"gpus": []}, "gpus is empty", 0),
-    ({"pids": []}, "pids is empty", 0),
-    ({"pids": [0, 5000001]}, "pids must be positive process IDs, got 0", 0),
-    ({"users": []}, "users is empty", 0),
-    ({"users": ["no-such-user-gpuops"]}, "no such user on this host: no-such-user-gpuops", 0),
-    ({"signal": "FOO"}, "unknown signal 'FOO'", 0),
-    ({"gpus": [7]}, "unknown GPU 7: GPUs are given as ASCII indices (this host has [0, 1])", 1),
-    ({"gpus": ["GPU-zzzz"]}, "unknown GPU 'GPU-zzzz'", 1),
-    ({"gpus": ["١"]}, "unknown GPU '١'", 1),
-    ({"gpus": [True]}, "unknown GPU True", 1),
-])
+@pytest.mark.parametrize(
+    "args, message, snapshots",
+    [
+        ({"grace_period": -1}, "invalid option value: grace_period=-1.0 (must not be negative)", 0),
+        (
+            {"kill_wait": -0.5, "driver_timeout": -2},
+            "driver_timeout=-2.0 (must be greater than 0); kill_wait=-0.5 (must not be negative)",
+            0,
+        ),
+        ({"driver_timeout": 0}, "driver_timeout=0.0 (must be greater than 0)", 0),
+        ({"grace_period": "nan"}, "grace_period=nan (must be a finite number)", 0),
+        ({"kill_wait": "inf"}, "kill_wait=inf (must be a finite number)", 0),
+        ({"match": "VLLM::("}, "invalid regex in match 'VLLM::('", 0),
+        ({"match": ""}, "match is empty", 0),
+        ({"gpus": []}, "gpus is empty", 0),
+        ({"pids": []}, "pids is empty", 0),
+        ({"pids": [0, 5000001]}, "pids must be positive process IDs, got 0", 0),
+        ({"users": []}, "users is empty", 0),
+        ({"users": ["no-such-user-gpuops"]}, "no such user on this host: no-such-user-gpuops", 0),
+        ({"signal": "FOO"}, "unknown signal 'FOO'", 0),
+        ({"gpus": [7]}, "unknown GPU 7: GPUs are given as ASCII indices (this host has [0, 1])", 1),
+        ({"gpus": ["GPU-zzzz"]}, "unknown GPU 'GPU-zzzz'", 1),
+        ({"gpus": ["١"]}, "unknown GPU '١'", 1),
+        ({"gpus": [True]}, "unknown GPU True", 1),
+    ],
+)
 def test_bad_input_fails_before_anything_is_signalled(capsys, recorder, args, message, snapshots):
     rec = recorder(VIEW)
     code, result = run_module(capsys, args)
@@ -204,19 +265,27 @@ def test_check_mode_reports_and_signals_nothing(capsys, recorder):
 
 def test_new_holders_found_after_a_round_are_ended_too_and_respawns_are_named(capsys, recorder):
     child = holder(5000009, {0: 70000}, "VLLM::Worker_TP0")  # same parent (4000) as the engine: a respawn
-    rec = recorder(make_view([ENGINE, PERSISTENCED]),
-                   make_view([ENGINE, child, PERSISTENCED]),  # ENGINE still listed (same start): not again
-                   make_view([PERSISTENCED]))
+    rec = recorder(
+        make_view([ENGINE, PERSISTENCED]),
+        make_view([ENGINE, child, PERSISTENCED]),  # ENGINE still listed (same start): not again
+        make_view([PERSISTENCED]),
+    )
     code, result = run_module(capsys, {"gpus": ["GPU-aaaa"], "signal": "INT", "grace_period": 1, "kill_wait": 2})
     assert code == 0 and result["changed"] is True
     assert [call[0] for call in rec.ended] == [[5000001], [5000009]]
     assert rec.ended[0][1:] == (_terminate.parse_signal("SIGINT"), 1.0, 2.0)
     assert rec.snapshots == [("listed", None), ("listed", [0]), ("listed", [0])]
     assert pids(result["signalled"]) == [5000001, 5000009] and result["gpus"] == [0]
-    assert result["msg"] == "signalled 2 process(es), 2 exited; left alone: PID 5000003 (nvidia-persiste): " \
-                            "protected GPU daemon (nvidia-persistenced)"
+    assert (
+        result["msg"] == "signalled 2 process(es), 2 exited; left alone: PID 5000003 (nvidia-persiste): "
+        "protected GPU daemon (nvidia-persistenced)"
+    )
     (respawn,) = result["respawned"]
-    assert respawn["pid"] == 5000009 and respawn["replaces"] == 5000001 and respawn["parent"] == {"pid": 4000, "comm": "python3"}
+    assert (
+        respawn["pid"] == 5000009
+        and respawn["replaces"] == 5000001
+        and respawn["parent"] == {"pid": 4000, "comm": "python3"}
+    )
     (warning,) = warnings(result)
     assert warning.startswith("PID 5000001 (") and "came back as PID 5000009, started by PID 4000 (python3)" in warning
     assert "stop that parent first" in warning
@@ -238,16 +307,23 @@ def test_at_most_three_rounds(capsys, recorder):
     assert len(rec.snapshots) == 3 and pids(result["signalled"]) == [5000010, 5000011, 5000012]
     # Same command line, parent PID 1: respawns by command line (orphans re-parented to init share no parent).
     assert [(r["pid"], r["replaces"], r["parent"]) for r in result["respawned"]] == [
-        (5000011, 5000010, None), (5000012, 5000010, None)]
+        (5000011, 5000010, None),
+        (5000012, 5000010, None),
+    ]
 
 
 def test_a_survivor_fails_the_module_and_ends_the_rounds(capsys, recorder):
-    rec = recorder(make_view([ENGINE, WORKER]), make_view([ENGINE, WORKER, holder(5000009, {1: 1}, "python3 x.py")]),
-                   survive=[5000002])
+    rec = recorder(
+        make_view([ENGINE, WORKER]),
+        make_view([ENGINE, WORKER, holder(5000009, {1: 1}, "python3 x.py")]),
+        survive=[5000002],
+    )
     code, result = run_module(capsys, {"gpus": [1]})
     assert code == 1 and result["failed"] is True and result["changed"] is True
     assert [call[0] for call in rec.ended] == [[5000001, 5000002]] and len(rec.snapshots) == 1
-    assert result["msg"].startswith("1 selected process(es) survived SIGKILL: PID 5000002 (VLLM::Worker_TP): unkillable")
+    assert result["msg"].startswith(
+        "1 selected process(es) survived SIGKILL: PID 5000002 (VLLM::Worker_TP): unkillable"
+    )
     assert pids(result["survived"]) == [5000002] and pids(result["exited"]) == [5000001]
 
 
@@ -256,8 +332,10 @@ def test_device_users_are_never_signalled(capsys, recorder):
     code, result = run_module(capsys, {"pids": [5000005, 5000006]})
     assert code == 0 and result["changed"] is False and rec.ended == []
     assert result["not_holding"] == [5000005, 5000006] and result["left_alone"] == []
-    assert result["msg"] == ("signalled 0 process(es), 0 exited; PID(s) 5000005, 5000006 from pids hold none of the "
-                             "selected GPUs (or do not exist): nothing to do for them")
+    assert result["msg"] == (
+        "signalled 0 process(es), 0 exited; PID(s) 5000005, 5000006 from pids hold none of the "
+        "selected GPUs (or do not exist): nothing to do for them"
+    )
 
 
 def test_mps_clients_listed_by_the_driver_are_ended(capsys, recorder):
@@ -271,13 +349,21 @@ def test_left_alone_holders_are_named_and_narrowing_is_not_protection(capsys, re
     code, result = run_module(capsys, {"pids": [5000002], "gpus": [1]})
     assert code == 0 and [call[0] for call in rec.ended] == [[5000002]]
     assert [(h["pid"], h["reason"]) for h in result["left_alone"]] == [
-        (5000001, "not in pids"), (5000003, "not in pids")]
+        (5000001, "not in pids"),
+        (5000003, "not in pids"),
+    ]
     assert result["protected"] == []
-    assert "; left alone: PID 5000001 (VLLM::EngineCor): not in pids; PID 5000003 (nvidia-persiste): not in pids" in result["msg"]
+    assert (
+        "; left alone: PID 5000001 (VLLM::EngineCor): not in pids; PID 5000003 (nvidia-persiste): not in pids"
+        in result["msg"]
+    )
     code, result = run_module(capsys, {"users": ["root"], "_ansible_check_mode": True})
     reasons = {h["pid"]: h["reason"] for h in result["left_alone"]}
-    assert reasons == {5000001: "user svc-llm not in users", 5000003: "protected GPU daemon (nvidia-persistenced)",
-                       5000004: "user svc-llm not in users"}
+    assert reasons == {
+        5000001: "user svc-llm not in users",
+        5000003: "protected GPU daemon (nvidia-persistenced)",
+        5000004: "user svc-llm not in users",
+    }
     assert pids(result["protected"]) == [5000003]
 
 
@@ -286,9 +372,14 @@ def test_foreign_entries_are_reported_and_never_signalled(capsys, recorder):
     rec = recorder(view)
     code, result = run_module(capsys, {})
     assert code == 0 and result["changed"] is False and rec.ended == []
-    assert [(f["pid"], f["gpu"], f["reason"]) for f in result["foreign"]] == [(812345, 0, "absent"), (812346, 1, "absent")]
-    assert ("the driver lists PID 812345 (40000 MiB) on GPU 0, which no process here holds (a container?): not signalled"
-            in result["msg"])
+    assert [(f["pid"], f["gpu"], f["reason"]) for f in result["foreign"]] == [
+        (812345, 0, "absent"),
+        (812346, 1, "absent"),
+    ]
+    assert (
+        "the driver lists PID 812345 (40000 MiB) on GPU 0, which no process here holds (a container?): not signalled"
+        in result["msg"]
+    )
     assert "PID 812346 (memory not reported) on GPU 1" in result["msg"]
     code, result = run_module(capsys, {"gpus": [1]})
     assert pids(result["foreign"]) == [812346]
@@ -299,7 +390,9 @@ def test_without_the_driver_library_it_warns_and_works_from_the_scan(capsys, rec
     rec = recorder(make_view([stray], gpus=[], driver=NO_DRIVER), make_view([], gpus=[], driver=NO_DRIVER))
     code, result = run_module(capsys, {})
     assert code == 0 and [call[0] for call in rec.ended] == [[5000001]] and result["gpus"] is None
-    assert any("NVIDIA driver library not usable" in w and "NVML Shared Library Not Found" in w for w in warnings(result))
+    assert any(
+        "NVIDIA driver library not usable" in w and "NVML Shared Library Not Found" in w for w in warnings(result)
+    )
     code, result = run_module(capsys, {"gpus": [0]})
     assert code == 1 and result["msg"].startswith("nothing was signalled: cannot select GPUs [0]")
     assert result["driver"]["available"] is False
@@ -317,8 +410,10 @@ def test_a_hung_driver_is_named_and_holders_come_from_the_scan(capsys, recorder)
 
 def test_with_nothing_to_end_the_wait_takes_the_first_look_and_looks_once(capsys, recorder):
     # One snapshot per call where nothing is ended: the look that found nothing to end is the wait's first poll.
-    free = [dict(gpu(i), memory_unexplained=False, unexplained_mib=0, memory_reserved_mib=529, holder_pids=[5000003])
-            for i in (0, 1)]
+    free = [
+        dict(gpu(i), memory_unexplained=False, unexplained_mib=0, memory_reserved_mib=529, holder_pids=[5000003])
+        for i in (0, 1)
+    ]
     rec = recorder(make_view([PERSISTENCED], gpus=free))
     code, result = run_module(capsys, {"wait": True, "wait_timeout": 5})
     assert code == 0 and result["released"] is True and result["wait"]["polls"] == 1, result
@@ -336,16 +431,25 @@ def test_nothing_to_do_is_not_a_change(capsys, recorder):
 
 def test_check_mode_with_wait_fails_where_a_selected_gpu_is_lost_and_signals_nothing(capsys, recorder):
     """A reset of a GPU that fell off the bus fails whatever it ends: check mode says so, with the wait's next step."""
-    lost = dict(gpu(1), memory_used_mib=None, error="GPU is lost", memory_unexplained=True, unexplained_mib=None,
-                memory_reserved_mib=None, holder_pids=[5000002])
+    lost = dict(
+        gpu(1),
+        memory_used_mib=None,
+        error="GPU is lost",
+        memory_unexplained=True,
+        unexplained_mib=None,
+        memory_reserved_mib=None,
+        holder_pids=[5000002],
+    )
     free = dict(gpu(0), memory_unexplained=False, unexplained_mib=0, memory_reserved_mib=529, holder_pids=[])
     rec = recorder(make_view([WORKER], gpus=[free, lost]))
     code, result = run_module(capsys, {"wait": True, "_ansible_check_mode": True})
     assert code == 1 and rec.ended == [] and pids(result["would_signal"]) == [5000002]
     # Worded as the run would leave GPU 1: its holder ended (so not named to be ended first), the GPU still lost.
-    assert result["msg"].startswith("would signal 1 process(es): 5000002 (VLLM::Worker_TP); a real run would fail whatever "
-                                    "it ended: not free: GPU 1: error GPU is lost, no selected holder; next: NVML answers "
-                                    "GPU 1 with an error (GPU is lost)"), result["msg"]
+    assert result["msg"].startswith(
+        "would signal 1 process(es): 5000002 (VLLM::Worker_TP); a real run would fail whatever "
+        "it ended: not free: GPU 1: error GPU is lost, no selected holder; next: NVML answers "
+        "GPU 1 with an error (GPU is lost)"
+    ), result["msg"]
     assert result["msg"].endswith("then reset it (nvidia-smi --gpu-reset -i 1) or reboot the host"), result["msg"]
     assert "GPU 0" not in result["msg"].split("would fail", 1)[1]
     assert result["summary"][0] == "FAILED (check mode): " + result["msg"]
@@ -360,27 +464,33 @@ def test_check_mode_with_wait_fails_where_the_driver_does_not_answer(capsys, rec
     code, result = run_module(capsys, {"wait": True, "_ansible_check_mode": True})
     assert code == 1 and rec.ended == []
     assert result["msg"].startswith("would signal 1 process(es): 5000001 (python3); "), result["msg"]
-    assert "; a real run would fail whatever it ended: NVML did not answer within driver_timeout (10.0 s)" in result["msg"]
+    assert (
+        "; a real run would fail whatever it ended: NVML did not answer within driver_timeout (10.0 s)" in result["msg"]
+    )
     # The holder the scan found would be ended: the prediction does not name it as left.
     assert "holders found by the /proc scan alone" not in result["msg"]
 
 
 # --- a selection option that names nothing (issue: a null selection widened the reset to everything) ----------------
 
-@pytest.mark.parametrize("args, message", [
-    ({"gpus": None}, "gpus is null"),
-    ({"pids": None}, "pids is null"),
-    ({"match": None}, "match is null"),
-    ({"users": None}, "users is null"),
-    ({"units": None}, "units is null"),
-    ({"containers": None, "pods": None}, "containers, pods are null"),
-    ({"slurm_jobs": None}, "slurm_jobs is null"),
-    ({"match": "   "}, "match is blank"),
-    ({"gpus": [None]}, "gpus is a list of nothing but null or blank entries"),
-    ({"gpus": ["  ", ""]}, "gpus is a list of nothing but null or blank entries"),
-    ({"users": [" "]}, "users is a list of nothing but null or blank entries"),
-    ({"units": [""]}, "units is a list of nothing but null or blank entries"),
-])
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ({"gpus": None}, "gpus is null"),
+        ({"pids": None}, "pids is null"),
+        ({"match": None}, "match is null"),
+        ({"users": None}, "users is null"),
+        ({"units": None}, "units is null"),
+        ({"containers": None, "pods": None}, "containers, pods are null"),
+        ({"slurm_jobs": None}, "slurm_jobs is null"),
+        ({"match": "   "}, "match is blank"),
+        ({"gpus": [None]}, "gpus is a list of nothing but null or blank entries"),
+        ({"gpus": ["  ", ""]}, "gpus is a list of nothing but null or blank entries"),
+        ({"users": [" "]}, "users is a list of nothing but null or blank entries"),
+        ({"units": [""]}, "units is a list of nothing but null or blank entries"),
+    ],
+)
 def test_a_selection_that_names_nothing_is_refused_before_the_first_look(capsys, recorder, args, message):
     rec = recorder(VIEW)
     code, result = run_module(capsys, dict(args, _ansible_check_mode=False))
@@ -397,6 +507,7 @@ def test_options_left_out_still_select_every_holder(capsys, recorder):
 
 
 # --- stop_owners and owners that reach beyond the selection ----------------------------------------------------------
+
 
 def owned(entry, unit, restart="always"):
     return dict(entry, owner={"systemd_unit": unit, "unit_restart": restart, "container_id": None, "pod_uid": None})
@@ -415,6 +526,7 @@ def systemctl(monkeypatch):
     def run_command(self, argv, **kwargs):  # pylint: disable=unused-argument
         calls.append(list(argv))
         return 0, "", ""
+
     monkeypatch.setattr(gpu_kill.AnsibleModule, "run_command", run_command)
     monkeypatch.setattr(gpu_kill.AnsibleModule, "get_bin_path", lambda self, name, *a, **k: "/usr/bin/" + name)
     return calls
@@ -445,14 +557,16 @@ def test_stop_spanning_owners_stops_the_unit_and_names_what_it_ends(capsys, reco
     code, result = run_module(capsys, {"gpus": [0], "stop_owners": True, "stop_spanning_owners": True})
     assert code == 0 and systemctl == [["/usr/bin/systemctl", "stop", "vllm@a.service"]]
     assert result["stopped_units"] == ["vllm@a.service"] and rec.ended[0][0] == [5000011, 5000013]
-    assert ("stopped systemd unit vllm@a.service, and with it, beyond the selection: PID 5000012 (VLLM::Worker_TP) "
-            "on GPU 1") in result["msg"]
+    assert (
+        "stopped systemd unit vllm@a.service, and with it, beyond the selection: PID 5000012 (VLLM::Worker_TP) on GPU 1"
+    ) in result["msg"]
 
 
 def test_check_mode_with_stop_spanning_owners_names_the_unit_and_what_it_would_end(capsys, recorder, systemctl):
     rec = recorder(SPAN_VIEW)
-    code, result = run_module(capsys, {"gpus": [0], "stop_owners": True, "stop_spanning_owners": True,
-                                       "_ansible_check_mode": True})
+    code, result = run_module(
+        capsys, {"gpus": [0], "stop_owners": True, "stop_spanning_owners": True, "_ansible_check_mode": True}
+    )
     assert code == 0 and systemctl == [] and rec.ended == []
     assert result["would_stop_units"] == ["vllm@a.service"] and pids(result["would_signal"]) == [5000011, 5000013]
     assert "would stop systemd unit(s) vllm@a.service first" in result["msg"]

@@ -3,6 +3,7 @@
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 """gpu_wait's main() with scripted snapshots: how many looks a call takes, require_memory and return_after."""
+
 from __future__ import annotations
 
 import copy
@@ -13,21 +14,43 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils import _gpus
 from ansible_collections.gpuops.nvidia.plugins.modules import gpu_wait
 from module_main import run_main
 
-DRIVER_OK = {"available": True, "error": None, "timed_out": False, "driver_version": "580.95.05",
-             "nvml_version": None, "cuda_driver_version": None}
-NO_DRIVER = dict(DRIVER_OK, available=False, error="NVMLError_LibraryNotFound: NVML Shared Library Not Found",
-                 driver_version=None)
+DRIVER_OK = {
+    "available": True,
+    "error": None,
+    "timed_out": False,
+    "driver_version": "580.95.05",
+    "nvml_version": None,
+    "cuda_driver_version": None,
+}
+NO_DRIVER = dict(
+    DRIVER_OK, available=False, error="NVMLError_LibraryNotFound: NVML Shared Library Not Found", driver_version=None
+)
 
 
 def gpu(index, used_mib=3):
-    return {"index": index, "uuid": "GPU-%d" % index, "memory_used_mib": used_mib,
-            "memory_reserved_mib": None if used_mib is None else 529, "unexplained_mib": None if used_mib is None else 0,
-            "memory_unexplained": used_mib is None, "error": None, "foreign": [], "suspects": []}
+    return {
+        "index": index,
+        "uuid": "GPU-%d" % index,
+        "memory_used_mib": used_mib,
+        "memory_reserved_mib": None if used_mib is None else 529,
+        "unexplained_mib": None if used_mib is None else 0,
+        "memory_unexplained": used_mib is None,
+        "error": None,
+        "foreign": [],
+        "suspects": [],
+    }
 
 
 def view(gpus, driver=None, scan="listed"):
-    return {"gpus": gpus, "holders": [], "device_users": [], "driver": dict(driver or DRIVER_OK), "index_source": "nvml",
-            "scan": scan, "unmapped_minors": []}
+    return {
+        "gpus": gpus,
+        "holders": [],
+        "device_users": [],
+        "driver": dict(driver or DRIVER_OK),
+        "index_source": "nvml",
+        "scan": scan,
+        "unmapped_minors": [],
+    }
 
 
 class Looks:
@@ -48,6 +71,7 @@ def looks(monkeypatch):
         scripted = Looks(*views)
         monkeypatch.setattr(_gpus.Inspector, "snapshot", scripted.snapshot)
         return scripted
+
     return install
 
 
@@ -84,7 +108,8 @@ def test_require_memory_fails_where_memory_was_not_read(capsys, looks):
         "not checked: used memory of GPU 0, 1 not read (NVIDIA driver library not usable: NVMLError_LibraryNotFound: "
         "NVML Shared Library Not Found); no process holds them (/proc scan); next: make the NVIDIA driver library usable "
         "on this host (libnvidia-ml.so.1 and the nvidia-ml-py package), or accept a check from /proc alone "
-        "(require_memory=false)")
+        "(require_memory=false)"
+    )
 
 
 def test_a_null_selection_option_is_refused_before_the_first_look(capsys, monkeypatch):

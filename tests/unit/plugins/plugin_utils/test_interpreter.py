@@ -4,6 +4,7 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """The choice of the modules' Python (plugins/plugin_utils/_interpreter.py); the runs are in
 tests/integration/test_prepare_hosts.py."""
+
 from __future__ import annotations
 
 import ast
@@ -21,7 +22,12 @@ def test_every_module_has_an_action_plugin_that_picks_the_venv_python():
     assert modules and actions == modules
     for name in actions:
         tree = ast.parse((PLUGINS / "action" / (name + ".py")).read_text())
-        imports = [(node.module, alias.name) for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) for alias in node.names]
+        imports = [
+            (node.module, alias.name)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom)
+            for alias in node.names
+        ]
         assert ("ansible_collections.gpuops.nvidia.plugins.plugin_utils._interpreter", "ActionModule") in imports, name
 
 
@@ -38,19 +44,27 @@ def test_only_a_run_that_never_started_the_venv_python_counts_as_missing():
     assert _interpreter.interpreter_missing(dash, VENV_PY) and _interpreter.interpreter_missing(bash, VENV_PY)
     # A module that failed by itself, or another command that was not found, is not a missing interpreter.
     assert not _interpreter.interpreter_missing({"failed": True, "rc": 1, "module_stderr": VENV_PY}, VENV_PY)
-    assert not _interpreter.interpreter_missing({"failed": True, "rc": 127, "module_stderr": "/bin/sh: 1: sudo: not found"}, VENV_PY)
+    assert not _interpreter.interpreter_missing(
+        {"failed": True, "rc": 127, "module_stderr": "/bin/sh: 1: sudo: not found"}, VENV_PY
+    )
     assert not _interpreter.interpreter_missing({"changed": False, "gpus": []}, VENV_PY)
 
 
 def test_a_host_without_the_libraries_gets_one_message_naming_each_interpreter_and_the_next_step():
-    failed = {"failed": True, "msg": "Failed to import the required Python library (psutil) on gpu01's Python /usr/bin/python3. "
-                                     "Please read the module documentation (host gpu01, interpreter /usr/bin/python3)",
-              "exception": object()}
-    result = _interpreter.explain(failed, [(VENV_PY, "gpuops_nvidia_venv", "not found"),
-                                           ("/usr/bin/python3", "ansible_python_interpreter", None)])
-    assert result["msg"].startswith("no Python with nvidia-ml-py and psutil for gpuops.nvidia on this host; tried "
-                                    "%s (gpuops_nvidia_venv): not found; then /usr/bin/python3 (ansible_python_interpreter): "
-                                    "lacks psutil. Next step: ansible-playbook -i INVENTORY gpuops.nvidia.prepare_hosts -b" % VENV_PY)
+    failed = {
+        "failed": True,
+        "msg": "Failed to import the required Python library (psutil) on gpu01's Python /usr/bin/python3. "
+        "Please read the module documentation (host gpu01, interpreter /usr/bin/python3)",
+        "exception": object(),
+    }
+    result = _interpreter.explain(
+        failed, [(VENV_PY, "gpuops_nvidia_venv", "not found"), ("/usr/bin/python3", "ansible_python_interpreter", None)]
+    )
+    assert result["msg"].startswith(
+        "no Python with nvidia-ml-py and psutil for gpuops.nvidia on this host; tried "
+        "%s (gpuops_nvidia_venv): not found; then /usr/bin/python3 (ansible_python_interpreter): "
+        "lacks psutil. Next step: ansible-playbook -i INVENTORY gpuops.nvidia.prepare_hosts -b" % VENV_PY
+    )
     assert "exception" not in result and result["interpreters_tried"] == [VENV_PY, "/usr/bin/python3"]
     assert failed["msg"].startswith("Failed to import")  # the module's result is not changed in place
 
@@ -62,5 +76,8 @@ def test_other_results_pass_unchanged():
         assert _interpreter.explain(result, [(VENV_PY, "gpuops_nvidia_venv", None)]) is result
     # Both interpreters missing: the same one message.
     gone = {"failed": True, "rc": 127, "msg": "The module interpreter '/usr/bin/python3' was not found."}
-    result = _interpreter.explain(gone, [(VENV_PY, "gpuops_nvidia_venv", "not found"), ("/usr/bin/python3", "ansible_python_interpreter", "not found")])
+    result = _interpreter.explain(
+        gone,
+        [(VENV_PY, "gpuops_nvidia_venv", "not found"), ("/usr/bin/python3", "ansible_python_interpreter", "not found")],
+    )
     assert "/usr/bin/python3 (ansible_python_interpreter): not found. Next step:" in result["msg"]

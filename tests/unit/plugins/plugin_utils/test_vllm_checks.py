@@ -3,14 +3,21 @@
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 """plugins/plugin_utils/_vllm_checks.py: the vllm_server role's checks before anything is stopped."""
+
 from __future__ import annotations
 
 import pytest
 
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils import _vllm_checks as f
 
-SETTINGS = {"service_manager": "detached", "vllm_executable": "/usr/local/bin/vllm", "stop_timeout": 60,
-            "min_acceptance_rate": 0.1, "unit_prefix": "vllm-", "state_dir": "/var/lib/vllm"}
+SETTINGS = {
+    "service_manager": "detached",
+    "vllm_executable": "/usr/local/bin/vllm",
+    "stop_timeout": 60,
+    "min_acceptance_rate": 0.1,
+    "unit_prefix": "vllm-",
+    "state_dir": "/var/lib/vllm",
+}
 SECRET = "sk-never-shown-4711"
 
 
@@ -33,7 +40,9 @@ def check(instances, host=None, **settings):
 
 
 def one(name="a", port=8000, gpus=(0, 1), **extra):
-    return dict({"name": name, "model": "/m", "port": port, "gpus": gpus if isinstance(gpus, str) else list(gpus)}, **extra)
+    return dict(
+        {"name": name, "model": "/m", "port": port, "gpus": gpus if isinstance(gpus, str) else list(gpus)}, **extra
+    )
 
 
 def problems(*instances, **kwargs):
@@ -45,9 +54,17 @@ def test_a_good_instance_passes_and_its_gpus_resolve():
     assert result == {"problems": [], "gpus": {"a": [2, 3]}}
 
 
-@pytest.mark.parametrize("port, words", [(0, "port 0 is out of range"), (70000, "port 70000 is out of range"),
-                                         (-1, "port -1 is out of range"), ("x", "port 'x' is not a TCP port number"),
-                                         (True, "is not a TCP port number"), (None, "port is not set")])
+@pytest.mark.parametrize(
+    "port, words",
+    [
+        (0, "port 0 is out of range"),
+        (70000, "port 70000 is out of range"),
+        (-1, "port -1 is out of range"),
+        ("x", "port 'x' is not a TCP port number"),
+        (True, "is not a TCP port number"),
+        (None, "port is not set"),
+    ],
+)
 def test_ports_out_of_range_are_refused_as_such(port, words):
     (found,) = problems(one(port=port))
     assert found.startswith("instance a: ") and words in found and "already used" not in found, found
@@ -59,7 +76,10 @@ def test_gpus_twice_and_gpus_as_text():
     (found,) = problems(one(gpus=[1, "GPU-1"]))
     assert "GPU 1 is listed more than once (by index or UUID)" in found, found
     (found,) = problems(one(gpus="0,1,2,3"))
-    assert found == "instance a: gpus must be a list of GPU indices or UUIDs, not the text '0,1,2,3': write gpus: [0, 1, 2, 3]"
+    assert (
+        found
+        == "instance a: gpus must be a list of GPU indices or UUIDs, not the text '0,1,2,3': write gpus: [0, 1, 2, 3]"
+    )
 
 
 @pytest.mark.parametrize("value, refused", [(-5, True), (0, True), ("lots", True), (-1, False), (32768, False)])
@@ -68,30 +88,41 @@ def test_max_model_len(value, refused):
     assert bool(found) == refused and (not found or "max_model_len %s must be" % value in found[0]), found
 
 
-@pytest.mark.parametrize("args, flag, use", [
-    (["--port", "9000"], "--port", "use port"),
-    (["--port=9000"], "--port", "use port"),
-    (["--tensor-parallel-size", "2"], "--tensor-parallel-size", "use tensor_parallel_size"),
-    (["--tensor_parallel_size=2"], "--tensor-parallel-size", "use tensor_parallel_size"),
-    (["-tp", "2"], "-tp", "use tensor_parallel_size"),
-    (["-tp2"], "-tp", "use tensor_parallel_size"),
-    (["--host", "::"], "--host", "use host"),
-    (["--served-model-name", "x"], "--served-model-name", "use served_model_name"),
-    (["--tensor-parallel", "2"], "--tensor-parallel (--tensor-parallel-size)", "use tensor_parallel_size"),
-    (["--speculative-config.method", "ngram"], "--speculative-config", "use speculative_config"),
-    (["--max-model-len=4k"], "--max-model-len", "use max_model_len"),
-    (["--gpu-memory-utilization", "0.5"], "--gpu-memory-utilization", "use gpu_memory_utilization"),
-    (["--shutdown-timeout=30"], "--shutdown-timeout", "use shutdown_timeout"),
-    (["--model", "/other"], "--model", "use model"),
-    (["-pp", "2"], "-pp", "use gpus"),
-])
+@pytest.mark.parametrize(
+    "args, flag, use",
+    [
+        (["--port", "9000"], "--port", "use port"),
+        (["--port=9000"], "--port", "use port"),
+        (["--tensor-parallel-size", "2"], "--tensor-parallel-size", "use tensor_parallel_size"),
+        (["--tensor_parallel_size=2"], "--tensor-parallel-size", "use tensor_parallel_size"),
+        (["-tp", "2"], "-tp", "use tensor_parallel_size"),
+        (["-tp2"], "-tp", "use tensor_parallel_size"),
+        (["--host", "::"], "--host", "use host"),
+        (["--served-model-name", "x"], "--served-model-name", "use served_model_name"),
+        (["--tensor-parallel", "2"], "--tensor-parallel (--tensor-parallel-size)", "use tensor_parallel_size"),
+        (["--speculative-config.method", "ngram"], "--speculative-config", "use speculative_config"),
+        (["--max-model-len=4k"], "--max-model-len", "use max_model_len"),
+        (["--gpu-memory-utilization", "0.5"], "--gpu-memory-utilization", "use gpu_memory_utilization"),
+        (["--shutdown-timeout=30"], "--shutdown-timeout", "use shutdown_timeout"),
+        (["--model", "/other"], "--model", "use model"),
+        (["-pp", "2"], "-pp", "use gpus"),
+    ],
+)
 def test_flags_the_role_owns_are_refused_in_both_forms(args, flag, use):
     (found,) = problems(one(extra_args=["--enforce-eager"] + args))
     assert "extra_args has %s, which the role sets itself: %s" % (flag, use) in found, found
 
 
-@pytest.mark.parametrize("args", [["--api-key", SECRET], ["--api-key=" + SECRET], ["--api_key", SECRET],
-                                  ["--hf-token", SECRET], ["--hf-token=" + SECRET]])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--api-key", SECRET],
+        ["--api-key=" + SECRET],
+        ["--api_key", SECRET],
+        ["--hf-token", SECRET],
+        ["--hf-token=" + SECRET],
+    ],
+)
 def test_secrets_are_refused_and_never_quoted(args):
     (found,) = problems(one(extra_args=args))
     assert SECRET not in found and "with a secret" in found, found
@@ -99,7 +130,9 @@ def test_secrets_are_refused_and_never_quoted(args):
 
 
 def test_a_bare_hf_token_and_other_flags_pass():
-    assert problems(one(extra_args=["--hf-token", "--enforce-eager", "--max-num-seqs=8", "--kv-cache-dtype", "fp8"])) == []
+    assert (
+        problems(one(extra_args=["--hf-token", "--enforce-eager", "--max-num-seqs=8", "--kv-cache-dtype", "fp8"])) == []
+    )
 
 
 def test_disable_log_stats_only_with_the_gate():
@@ -129,8 +162,10 @@ def test_legacy_messages_keep_their_words():
     host = {"nvidia": nvidia(count=2, special={0: gpu(0, mig=["MIG-a", "MIG-b"])})}
     found = problems(one("a", 1, ["MIG-a"]), one("whole", 2, [0]), one("two", 3, ["MIG-b", 1]), host=host)
     assert found[0] == "instance a: GPUs ['0'] are also used by another instance", found
-    assert found[1].startswith("instance whole: GPUs ['MIG-a', 'MIG-b'] are also used by another instance; ") or \
-        "GPU 0 is in MIG mode" in found[1], found
+    assert (
+        found[1].startswith("instance whole: GPUs ['MIG-a', 'MIG-b'] are also used by another instance; ")
+        or "GPU 0 is in MIG mode" in found[1]
+    ), found
     assert "a MIG instance must be the only GPU of a vLLM instance" in found[2], found
     (found,) = problems(one(gpus=[8]))
     assert found == "instance a: gpus 8: no such GPU on this host (its GPUs: indices 0, 1, 2, 3, or their UUIDs)"
@@ -146,9 +181,14 @@ def holder(pid, gpus, port=None, unit=None):
 
 def test_gpus_held_by_another_instance_of_the_role():
     deployed = {"old": {"name": "old", "port": 8100, "gpus": [0, 1]}}
-    held = {"deployed": deployed, "nvidia": nvidia(holders=[holder(41, [0], 8100), holder(42, [1], 8100), holder(50, [3])])}
+    held = {
+        "deployed": deployed,
+        "nvidia": nvidia(holders=[holder(41, [0], 8100), holder(42, [1], 8100), holder(50, [3])]),
+    }
     (found,) = problems(one("new", 8000, [1, 2]), host=held)
-    assert "instance new: GPUs 1, 2 are held by instance old (deployed by this role on GPUs 0, 1, PIDs 42)" in found, found
+    assert "instance new: GPUs 1, 2 are held by instance old (deployed by this role on GPUs 0, 1, PIDs 42)" in found, (
+        found
+    )
     assert "not in vllm_server_instances: stop it first" in found, found
     # Listed after: it would still be there; listed before: it has moved by then.
     (found,) = problems(one("new", 8000, [1, 2]), one("old", 8100, [3]), host=held)
@@ -171,10 +211,14 @@ def test_data_parallel_size_times_tensor_parallel_size_must_be_the_gpu_count():
     assert plugin.number_problems({"gpus": [0, 1], "data_parallel_size": 2}, {}) == []
     assert plugin.number_problems({"gpus": [0, 1, 2, 3], "tensor_parallel_size": 2, "data_parallel_size": 2}, {}) == []
     assert plugin.number_problems({"gpus": [0, 1, 2, 3], "tensor_parallel_size": 2}, {}) == [
-        "tensor_parallel_size 2 does not match the 4 GPUs [0, 1, 2, 3]"]
+        "tensor_parallel_size 2 does not match the 4 GPUs [0, 1, 2, 3]"
+    ]
     assert plugin.number_problems({"gpus": [0, 1, 2], "data_parallel_size": 2}, {}) == [
-        "data_parallel_size 2 does not divide the 3 GPUs [0, 1, 2]"]
-    assert plugin.number_problems({"gpus": [0, 1], "data_parallel_size": 0}, {})[0].startswith("data_parallel_size 0 is not")
+        "data_parallel_size 2 does not divide the 3 GPUs [0, 1, 2]"
+    ]
+    assert plugin.number_problems({"gpus": [0, 1], "data_parallel_size": 0}, {})[0].startswith(
+        "data_parallel_size 0 is not"
+    )
 
 
 @pytest.mark.parametrize("key", ['"quoted-key"', "abc\nLD_PRELOAD=/tmp/evil.so", "two words", "a=b", 42])
