@@ -6,6 +6,7 @@ import json
 import os
 
 from polling import wait_for  # noqa: F401  (tests import it from here)
+from ports import free_ports
 
 # Prints {"pid": [ppid, state, comm, cmdline]} for every process of the node (read from its /proc).
 _PS = r"""
@@ -436,7 +437,13 @@ def node_python():
 
 def start_vllm(node, *args, env=None):
     """Start `vllm serve ...` detached in the node; return its API server PID once every rank of this
-    instance holds its GPU (other instances on the node are left out of the count)."""
+    instance holds its GPU (other instances on the node are left out of the count).
+
+    Without --port in `args` the server gets a free loopback port of its own (tests/ports.py): nodes share this
+    machine's network, and vLLM's default 0.0.0.0:8000 would be raced for by parallel tests and the bench's nodes
+    (the loser's listen() fails once its engines are ready, and the API server exits)."""
+    if "--port" not in args:
+        args = (*args, "--host", "127.0.0.1", "--port", str(free_ports(1)[0]))
     before = set(processes(node))
     prefix = " ".join("%s=%s" % kv for kv in (env or {}).items())
     node.exec("sh", "-c", "%s setsid -f vllm serve %s >/dev/null 2>&1" % (prefix, " ".join(args)))
