@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import re
 
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _options
+
 # Documentation: plugins/filter/vllm_server_check.yml.
 NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 INDEX = re.compile(r"^[0-9]+$")
@@ -417,10 +419,32 @@ def instance_problems(instance, instances, host, gpus, settings):
     return problems, resolved
 
 
+# Role numbers that must be above 0: waiting in steps of 0 s would never end.
+POSITIVE_NUMBERS = ("drain_poll_interval", "ready_poll_interval")
+
+
+def number_settings_problems(numbers):
+    """Why the role's numbers ({name without the vllm_server_ prefix: value}) cannot be used: [] when they can.
+
+    A number must be finite and not negative (_options.check_numbers), the poll intervals above 0."""
+    values, problems = {}, []
+    for name, value in sorted(numbers.items()):
+        number = _number(value, False)
+        if number is None:
+            problems.append("vllm_server_%s %r is not a number" % (name, value))
+        else:
+            values["vllm_server_" + name] = number
+    try:
+        _options.check_numbers(positive=tuple("vllm_server_" + name for name in POSITIVE_NUMBERS), **values)
+    except _options.OptionError as exc:
+        problems.append(str(exc).replace("invalid option value: ", "invalid value: "))
+    return problems
+
+
 def vllm_server_check(instances, host, settings):
     """The checks of the validate phase; see DOCUMENTATION."""
     gpus = Gpus(host.get("nvidia"))
-    problems, resolved = [], {}
+    problems, resolved = number_settings_problems(settings.get("numbers") or {}), {}
     if settings["service_manager"] == "systemd" and not host.get("systemd") and not settings.get("render"):
         problems.append(
             "vllm_server_service_manager is systemd, but %s does not run systemd (there is no directory "

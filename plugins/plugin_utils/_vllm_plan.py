@@ -22,7 +22,11 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._speculative import 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._speculative_parse import SpeculativeConfigError
 from ansible_collections.gpuops.nvidia.plugins.module_utils import _vllm_files
 from ansible_collections.gpuops.nvidia.plugins.module_utils._vllm_address import local_host, local_url
-from ansible_collections.gpuops.nvidia.plugins.plugin_utils._vllm_checks import port_problems, vllm_server_check
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils._vllm_checks import (
+    number_settings_problems,
+    port_problems,
+    vllm_server_check,
+)
 
 UNIT_HEADER = "# Ansible managed: written by the gpuops.nvidia.vllm_server role"
 
@@ -57,7 +61,7 @@ def host_request(instances, settings):
         for instance in instances
         if isinstance(instance.get("speculative_config"), dict) and instance["speculative_config"]
     ]
-    return {
+    request = {
         # An instance whose port is refused (plan) is not asked about: nothing is probed at port -1.
         "instances": [
             {
@@ -77,6 +81,11 @@ def host_request(instances, settings):
         "unit_prefix": settings["unit_prefix"],
         "systemd_dir": settings["systemd_dir"],
     }
+    # A refused vllm_server_gpu_max_used_mib (plan) is not passed on: the host is read with the module's default.
+    used = {key: value for key, value in (settings.get("numbers") or {}).items() if key == "gpu_max_used_mib"}
+    if used and not number_settings_problems(used):
+        request["max_used_mib"] = used["gpu_max_used_mib"]
+    return request
 
 
 def _reader(drafters):

@@ -348,9 +348,9 @@ class Container:
 
     def inventory(self, tmp_path, name="container"):
         path = tmp_path / ("%s.ini" % name)
-        # gpuops_nvidia_venv none: the modules run through the wrapper, inside the container (tests/sim/gpunode.py).
+        # gpuops_nvidia_venv empty (no venv): the modules run through the wrapper, inside the container (tests/sim/gpunode.py).
         path.write_text(
-            "[gpunodes]\n%s ansible_connection=local ansible_python_interpreter=%s gpuops_nvidia_venv=none\n"
+            "[gpunodes]\n%s ansible_connection=local ansible_python_interpreter=%s gpuops_nvidia_venv=''\n"
             % (name, self.python)
         )
         return path
@@ -439,11 +439,12 @@ def start_vllm(node, *args, env=None):
     """Start `vllm serve ...` detached in the node; return its API server PID once every rank of this
     instance holds its GPU (other instances on the node are left out of the count).
 
-    Without --port in `args` the server gets a free loopback port of its own (tests/ports.py): nodes share this
-    machine's network, and vLLM's default 0.0.0.0:8000 would be raced for by parallel tests and the bench's nodes
-    (the loser's listen() fails once its engines are ready, and the API server exits)."""
-    if "--port" not in args:
-        args = (*args, "--host", "127.0.0.1", "--port", str(free_ports(1)[0]))
+    Without --port in `args` the server gets a free port of its own (tests/ports.py), on loopback unless `args` name
+    --host: nodes share this machine's network, and vLLM's default 0.0.0.0:8000 would be raced for by parallel tests
+    and the bench's nodes (the loser's listen() fails once its engines are ready, and the API server exits)."""
+    given = {arg.split("=", 1)[0] for arg in args}
+    if "--port" not in given:
+        args = (*args, "--port", str(free_ports(1)[0])) + (() if "--host" in given else ("--host", "127.0.0.1"))
     before = set(processes(node))
     prefix = " ".join("%s=%s" % kv for kv in (env or {}).items())
     node.exec("sh", "-c", "%s setsid -f vllm serve %s >/dev/null 2>&1" % (prefix, " ".join(args)))

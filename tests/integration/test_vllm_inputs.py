@@ -72,6 +72,16 @@ def test_redeploy_inputs_are_refused_before_anything_stops(simnode, tmp_path):
     for override, message in cases:
         text = refused(inventory, node, port, tree, {"test_override": override}, message)
         assert "already used" not in text and "None" not in re.findall(r"nothing was stopped: [^\n]*", text)[0], text
+    # The role's own numbers: Ansible's argument validation checks their type, not their range.
+    refused(
+        inventory,
+        node,
+        port,
+        tree,
+        {"vllm_server_gpu_max_used_mib": -5, "vllm_server_ready_poll_interval": 0},
+        r"nothing was stopped: invalid value: vllm_server_gpu_max_used_mib=-5.0 \(must not be negative\); "
+        r"vllm_server_ready_poll_interval=0.0 \(must be greater than 0\)",
+    )
 
 
 def test_secrets_in_extra_args_are_refused_and_never_shown(simnode, tmp_path):

@@ -1209,10 +1209,11 @@ def inventory_text(names: list[str]) -> str:
 
     gpuops_nvidia_venv names the Python the collection's modules run with (plugins/plugin_utils/_interpreter.py):
     over SSH the repository's venv, as on a host that prepare_hosts.yml made ready (one module start per task, not
-    a missing /opt/gpuops-nvidia/venv tried first); `none` on a local-connection node, whose modules must run
+    a missing /opt/gpuops-nvidia/venv tried first); empty (no venv) on a local-connection node, whose modules must run
     through its interpreter wrapper, inside the node, and never with a Python of this machine.
     """
     lines = ["[gpunodes]"]
+    python = node_python()
     for name in names:
         info = load_node(name)
         if "ssh" in info:
@@ -1224,14 +1225,14 @@ def inventory_text(names: list[str]) -> str:
                 "ansible_ssh_private_key_file": ssh["private_key"],
                 "ansible_ssh_common_args": f"-o UserKnownHostsFile={ssh['known_hosts']} -o StrictHostKeyChecking=yes",
                 "ansible_ssh_pipelining": "true",
-                "ansible_python_interpreter": node_python(),
-                "gpuops_nvidia_venv": str(VENV_PYTHON.parent.parent) if node_python() == str(VENV_PYTHON) else "none",
+                "ansible_python_interpreter": python,
+                "gpuops_nvidia_venv": str(VENV_PYTHON.parent.parent) if python == str(VENV_PYTHON) else "",
             }
         else:
             host_vars = {
                 "ansible_connection": "local",
                 "ansible_python_interpreter": info["python"],
-                "gpuops_nvidia_venv": "none",
+                "gpuops_nvidia_venv": "",
             }
         lines.append(" ".join([name] + [f"{key}={shlex.quote(value)}" for key, value in host_vars.items()]))
     return "\n".join(lines) + "\n"

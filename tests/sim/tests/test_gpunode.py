@@ -315,7 +315,7 @@ def test_inventory_lists_nodes_with_their_interpreter(simnode):
     first, second = simnode(no_driver=True), simnode(no_driver=True)
     lines = run_gpunode("inventory", first.name, second.name).stdout.splitlines()
     assert lines == ["[gpunodes]"] + [
-        f"{node.name} ansible_connection=local ansible_python_interpreter={node.info['python']} gpuops_nvidia_venv=none"
+        f"{node.name} ansible_connection=local ansible_python_interpreter={node.info['python']} gpuops_nvidia_venv=''"
         for node in (first, second)
     ]
 

@@ -12,6 +12,7 @@ import sys
 import time
 
 import pytest
+from ansible.module_utils import urls
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils import _vllm_api
 
@@ -126,8 +127,15 @@ def test_wait_ready_checks_health_models_and_one_completion(fake_vllm):
 
 def test_a_client_makes_one_tls_context_for_all_its_requests(fake_vllm, monkeypatch):
     made = []
-    real = _vllm_api.make_context
-    monkeypatch.setattr(_vllm_api, "make_context", lambda **kwargs: made.append(kwargs) or real(**kwargs))
+    real = urls.make_context
+
+    def counted(**kwargs):
+        made.append(kwargs)
+        return real(**kwargs)
+
+    # Both names: the client's own, and the one ansible-core's open_url and Request.open call when given no context.
+    monkeypatch.setattr(urls, "make_context", counted)
+    monkeypatch.setattr(_vllm_api, "make_context", counted)
     client = _vllm_api.Client(fake_vllm.url, timeout=5, validate_certs=False)
     result = _vllm_api.wait_ready(client, "served", timeout=5, poll_interval=0.05)
     assert result["ready"] and client.request("/health")[0] == 200

@@ -230,3 +230,22 @@ def test_an_api_key_that_the_environment_file_would_change_is_refused(key):
 
 def test_a_bearer_token_api_key_passes():
     assert check([one(api_key="sk-test_4f1c.9b2e~x+y/z==")])["problems"] == []
+
+
+def test_the_role_numbers_are_refused_before_anything_stops():
+    numbers = {
+        "gpu_max_used_mib": -5,
+        "ready_poll_interval": 0,
+        "drain_timeout": "nan",
+        "kill_wait": "soon",
+        "log_lines": 30,
+    }
+    assert check([one()], numbers=numbers)["problems"] == [
+        "vllm_server_kill_wait 'soon' is not a number",
+        "invalid value: vllm_server_drain_timeout=nan (must be a finite number); vllm_server_gpu_max_used_mib=-5.0 "
+        "(must not be negative); vllm_server_ready_poll_interval=0.0 (must be greater than 0)",
+    ]
+    assert (
+        check([one()], numbers={"gpu_max_used_mib": "256", "ready_poll_interval": 5, "stop_timeout": 0})["problems"]
+        == []
+    )

@@ -264,3 +264,9 @@ def test_an_instance_with_a_refused_port_is_not_probed():
         [instance(port=-1), instance(name="b", port=70000), instance(name="c", port=8001)], SETTINGS
     )
     assert [entry["name"] for entry in request["instances"]] == ["c"]
+
+
+def test_host_request_passes_on_a_max_used_mib_only_where_it_stands():
+    assert p.host_request([instance()], dict(SETTINGS, numbers={"gpu_max_used_mib": 512}))["max_used_mib"] == 512
+    # Refused by the plan: the host is read with the module's default, and the plan says why.
+    assert "max_used_mib" not in p.host_request([instance()], dict(SETTINGS, numbers={"gpu_max_used_mib": -5}))
