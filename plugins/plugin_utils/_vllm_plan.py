@@ -81,10 +81,11 @@ def host_request(instances, settings):
         "unit_prefix": settings["unit_prefix"],
         "systemd_dir": settings["systemd_dir"],
     }
-    # A refused vllm_server_gpu_max_used_mib (plan) is not passed on: the host is read with the module's default.
-    used = {key: value for key, value in (settings.get("numbers") or {}).items() if key == "gpu_max_used_mib"}
-    if used and not number_settings_problems(used):
-        request["max_used_mib"] = used["gpu_max_used_mib"]
+    # A refused vllm_server_gpu_max_used_mib (the plan says why) is not passed on: the host is read with the module's
+    # default.
+    used = (settings.get("numbers") or {}).get("gpu_max_used_mib")
+    if used is not None and not number_settings_problems({"gpu_max_used_mib": used}):
+        request["max_used_mib"] = used
     return request
 
 
