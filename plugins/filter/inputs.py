@@ -24,7 +24,7 @@ import os
 from ansible.errors import AnsibleFilterError
 from ansible.module_utils.parsing.convert_bool import boolean
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _options
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils._numbers import Refused, numbers
 
 import yaml
 
@@ -57,10 +57,6 @@ CHECK_GPUS_KNOWN = (
     "check_gpus_allow_proc_only",
 )
 CHECK_GPUS_RESULTS = ("check_gpus_result",)
-
-
-class Refused(ValueError):
-    """A variable that is refused before anything is signalled or checked; the message names it."""
 
 
 @functools.lru_cache(maxsize=8)
@@ -157,33 +153,6 @@ def selection(name, value, kind):
         else:
             return [entry if isinstance(entry, int) and kind == "gpus" else _text(entry).strip() for entry in entries]
     raise Refused("%s; list %s, or leave %s unset (omit it) to select %s" % (why, what, name, anything))
-
-
-def _number(name, value, whole=False):
-    """A number variable as given: numeric text ("-1", "2.5") becomes int or float, so a message prints it as given."""
-    if isinstance(value, bool) or value is None:
-        raise Refused("%s must be a %s, not %r" % (name, "whole number" if whole else "number", value))
-    if isinstance(value, str):
-        for kind in (int,) if whole else (int, float):
-            try:
-                return kind(value.strip())
-            except ValueError:
-                pass
-        raise Refused("%s must be a %s, not %r" % (name, "whole number" if whole else "number", value))
-    if whole and isinstance(value, float) and value != int(value):
-        raise Refused("%s must be a whole number, not %r" % (name, value))
-    return int(value) if whole else value
-
-
-def numbers(given, positive=(), whole=(), **defaults):
-    """{name: number} of the number variables named in `defaults` (given[name], else the default), checked: finite,
-    not negative, > 0 for names in `positive`, whole for names in `whole`; Refused names each bad one as given."""
-    values = {name: _number(name, given.get(name, default), name in whole) for name, default in defaults.items()}
-    try:
-        _options.check_numbers(positive=positive, **values)
-    except _options.OptionError as exc:
-        raise Refused(str(exc).replace("invalid option value: ", "invalid value: "))
-    return values
 
 
 def _flag(name, value):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _options
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils._numbers import Refused, numbers
 
 # Documentation: plugins/filter/vllm_server_check.yml.
 NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
@@ -419,26 +419,27 @@ def instance_problems(instance, instances, host, gpus, settings):
     return problems, resolved
 
 
-# Role numbers that must be above 0: waiting in steps of 0 s would never end.
+# Role numbers that must be above 0 (waiting in steps of 0 s would never end), and those that count whole things.
 POSITIVE_NUMBERS = ("drain_poll_interval", "ready_poll_interval")
+WHOLE_NUMBERS = ("gpu_max_used_mib", "warmup_max_tokens", "log_lines")
 
 
-def number_settings_problems(numbers):
+def number_settings_problems(settings_numbers):
     """Why the role's numbers ({name without the vllm_server_ prefix: value}) cannot be used: [] when they can.
 
-    A number must be finite and not negative (_options.check_numbers), the poll intervals above 0."""
-    values, problems = {}, []
-    for name, value in sorted(numbers.items()):
-        number = _number(value, False)
-        if number is None:
-            problems.append("vllm_server_%s %r is not a number" % (name, value))
-        else:
-            values["vllm_server_" + name] = number
+    The check of the reset and check variables (plugin_utils/_numbers.py): finite, not negative, whole where the
+    argument spec says int, the poll intervals above 0."""
+    given = {"vllm_server_" + name: value for name, value in settings_numbers.items()}
     try:
-        _options.check_numbers(positive=tuple("vllm_server_" + name for name in POSITIVE_NUMBERS), **values)
-    except _options.OptionError as exc:
-        problems.append(str(exc).replace("invalid option value: ", "invalid value: "))
-    return problems
+        numbers(
+            given,
+            positive=tuple("vllm_server_" + name for name in POSITIVE_NUMBERS),
+            whole=tuple("vllm_server_" + name for name in WHOLE_NUMBERS),
+            **dict.fromkeys(given),
+        )
+    except Refused as exc:
+        return [str(exc)]
+    return []
 
 
 def vllm_server_check(instances, host, settings):

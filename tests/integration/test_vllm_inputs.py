@@ -79,8 +79,8 @@ def test_redeploy_inputs_are_refused_before_anything_stops(simnode, tmp_path):
         port,
         tree,
         {"vllm_server_gpu_max_used_mib": -5, "vllm_server_ready_poll_interval": 0},
-        r"nothing was stopped: invalid value: vllm_server_gpu_max_used_mib=-5.0 \(must not be negative\); "
-        r"vllm_server_ready_poll_interval=0.0 \(must be greater than 0\)",
+        r"nothing was stopped: invalid value: vllm_server_gpu_max_used_mib=-5 \(must not be negative\); "
+        r"vllm_server_ready_poll_interval=0 \(must be greater than 0\)",
     )
 
 

@@ -233,17 +233,16 @@ def test_a_bearer_token_api_key_passes():
 
 
 def test_the_role_numbers_are_refused_before_anything_stops():
-    numbers = {
-        "gpu_max_used_mib": -5,
-        "ready_poll_interval": 0,
-        "drain_timeout": "nan",
-        "kill_wait": "soon",
-        "log_lines": 30,
-    }
+    numbers = {"gpu_max_used_mib": -5, "ready_poll_interval": 0, "drain_timeout": "nan", "log_lines": 30}
     assert check([one()], numbers=numbers)["problems"] == [
-        "vllm_server_kill_wait 'soon' is not a number",
-        "invalid value: vllm_server_drain_timeout=nan (must be a finite number); vllm_server_gpu_max_used_mib=-5.0 "
-        "(must not be negative); vllm_server_ready_poll_interval=0.0 (must be greater than 0)",
+        "invalid value: vllm_server_drain_timeout=nan (must be a finite number); vllm_server_gpu_max_used_mib=-5 "
+        "(must not be negative); vllm_server_ready_poll_interval=0 (must be greater than 0)"
+    ]
+    assert check([one()], numbers={"kill_wait": "soon"})["problems"] == [
+        "vllm_server_kill_wait must be a number, not 'soon'"
+    ]
+    assert check([one()], numbers={"log_lines": 2.5})["problems"] == [
+        "vllm_server_log_lines must be a whole number, not 2.5"
     ]
     assert (
         check([one()], numbers={"gpu_max_used_mib": "256", "ready_poll_interval": 5, "stop_timeout": 0})["problems"]

@@ -1,0 +1,44 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) 2026, gpuops.nvidia contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""The operator's number variables, checked on the controller before anything runs: one check for the reset_gpus
+role, check_gpus.yml (plugins/filter/inputs.py) and the vllm_server role (plugins/plugin_utils/_vllm_checks.py).
+
+numbers(given, positive, whole, **defaults) -> {name: number}, or Refused naming each bad one as given.
+"""
+
+from __future__ import annotations
+
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _options
+
+
+class Refused(ValueError):
+    """A variable that is refused before anything is signalled or checked; the message names it."""
+
+
+def _number(name, value, whole=False):
+    """A number variable as given: numeric text ("-1", "2.5") becomes int or float, so a message prints it as given."""
+    if isinstance(value, bool) or value is None:
+        raise Refused("%s must be a %s, not %r" % (name, "whole number" if whole else "number", value))
+    if isinstance(value, str):
+        for kind in (int,) if whole else (int, float):
+            try:
+                return kind(value.strip())
+            except ValueError:
+                pass
+        raise Refused("%s must be a %s, not %r" % (name, "whole number" if whole else "number", value))
+    if whole and isinstance(value, float) and value != int(value):
+        raise Refused("%s must be a whole number, not %r" % (name, value))
+    return int(value) if whole else value
+
+
+def numbers(given, positive=(), whole=(), **defaults):
+    """{name: number} of the number variables named in `defaults` (given[name], else the default), checked: finite,
+    not negative, > 0 for names in `positive`, whole for names in `whole`; Refused names each bad one as given."""
+    values = {name: _number(name, given.get(name, default), name in whole) for name, default in defaults.items()}
+    try:
+        _options.check_numbers(positive=positive, **values)
+    except _options.OptionError as exc:
+        raise Refused(str(exc).replace("invalid option value: ", "invalid value: "))
+    return values
