@@ -63,15 +63,17 @@ options:
     type: path
     default: /etc/systemd/system
   request_timeout:
-    description: Seconds one HTTP request may take.
+    description: Seconds one HTTP request may take. A negative or non-finite value is refused before anything is read.
     type: float
     default: 5.0
   max_used_mib:
-    description: Used MiB per GPU that the driver's lists may leave unexplained, as in M(gpuops.nvidia.gpu_facts).
+    description:
+      - Used MiB per GPU that the driver's lists may leave unexplained, as in M(gpuops.nvidia.gpu_facts).
+      - A negative value is refused.
     type: int
     default: 256
   driver_timeout:
-    description: Seconds the NVML reading may take, as in M(gpuops.nvidia.gpu_facts).
+    description: Seconds the NVML reading may take, as in M(gpuops.nvidia.gpu_facts). It must be greater than 0.
     type: float
     default: 10.0
 seealso:
