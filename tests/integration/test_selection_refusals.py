@@ -129,6 +129,24 @@ def test_check_gpus_that_would_check_nothing_fails(tmp_path):
     assert rc != 0 and "the inventory lists no host" in out, out
 
 
+def test_reset_gpus_that_would_reset_nothing_fails(simnode, tmp_path):
+    # Ansible itself warns "Could not match supplied host pattern" and exits 0: a pipeline would go on as if reset.
+    node = simnode(gpus=1, release_latency=0.1)
+    holder = start_holder(node, [0], mib=3000)
+    inventory = inventory_file(tmp_path, node)
+    rc, out, recap = playbook(inventory, RESET, "-e", "reset_gpus_hosts=no_such_group")
+    message = "reset_gpus: nothing was signalled: reset_gpus_hosts=no_such_group matches no host of the inventory"
+    assert rc != 0 and message in out and node.name not in recap, out
+    assert alive(node, holder)
+    broken = tmp_path / "broken.ini"
+    broken.write_text("[gpunodes\nnode01 ansible_host=\n")
+    rc, out, recap = playbook(broken, RESET)
+    assert rc != 0 and "reset_gpus: nothing was signalled: the inventory lists no host (did it parse?" in out, out
+    # The pattern that names the node still resets it.
+    rc, out, recap = playbook(inventory, RESET, "-e", "reset_gpus_hosts=%s" % node.name)
+    assert rc == 0 and recap[node.name]["changed"] == 1 and not alive(node, holder), out
+
+
 def test_check_gpus_names_what_check_gpus_exclude_leaves_out(simnode, tmp_path):
     node = simnode(gpus=2, release_latency=0.1)
     holder = start_holder(node, [0], mib=69325, title="vllm-serve")
