@@ -160,6 +160,11 @@ def summary_lines(kill, before, after, check_mode, message):
             for p in kill.get("not_signalled", [])
         )
     lines.extend("  left alone PID %s %s: %s" % (p["pid"], p["comm"], p["reason"]) for p in kill.get("left_alone", []))
+    if kill.get("not_holding"):
+        lines.append(
+            "  PID(s) %s from pids hold none of the selected GPUs (or do not exist): not signalled"
+            % ", ".join(str(pid) for pid in kill["not_holding"])
+        )
     lines.extend("  " + beyond_words(item, check_mode) for item in kill.get("owners_beyond_selection", []))
     if not check_mode:
         lines.append(message)

@@ -276,8 +276,9 @@ after:
 summary:
   description:
     - With O(wait=true), the per-host summary of the reset_gpus role, one string per line, what was (or would be)
-      signalled and left alone, the outcome, and per selected GPU its used memory (MiB) and holder count before and
-      after. Never C(None), empty GPU lists or a false "released".
+      signalled and left alone (PIDs of O(pids) that hold no selected GPU are named), the outcome, and per selected
+      GPU its used memory (MiB) and holder count before and after. Never C(None), empty GPU lists or a false
+      "released".
     - Each holder line names the holder's owner (C(pod NAMESPACE/NAME), C(docker container 12HEX), C(Slurm job ID),
       C(unit NAME)) where one is known; where ending the PID alone will not last, the next line gives C(owner_note)
       and C(owner_command). Units stopped with O(stop_owners=true) are named.

@@ -97,6 +97,11 @@ def test_nvml_exporter_survives_a_full_reset(simnode, tmp_path):
     assert not any(alive(node, pid) for pid in holders)
     assert [gpu["used"] for gpu in driver_lists(node)] == [0, 0]
 
+    # Named in reset_gpus_pids, it is still no holder: not signalled, and the summary says so.
+    rc, out, _recap = playbook(inventory_file(tmp_path, node), RESET, *extra(reset_gpus_pids=[exporter]))
+    assert rc == 0 and alive(node, exporter), out
+    assert "PID(s) %d from pids hold none of the selected GPUs (or do not exist): not signalled" % exporter in out, out
+
 
 @pytest.mark.parametrize("selection", ["match", "pids", "users", "exclude"])
 def test_filtered_reset_does_not_wait_for_what_it_leaves_alone(simnode, tmp_path, selection):

@@ -157,6 +157,23 @@ def test_run_summary_names_stopped_units_and_holders_they_ended():
     ]
 
 
+def test_pids_that_hold_no_selected_gpu_are_named_in_the_summary():
+    # reset_gpus_pids: [1, 77]: neither holds GPU 0, so nothing is signalled; the summary says why.
+    kill = {
+        "gpus": [0],
+        "elapsed_s": 0.01,
+        "signalled": [],
+        "not_signalled": [],
+        "left_alone": [],
+        "not_holding": [1, 77],
+    }
+    before, _after = views([])
+    message = _report.outcome(kill, {}, False, 0)
+    lines = _report.summary_lines(kill, before, before, False, message)
+    assert "  PID(s) 1, 77 from pids hold none of the selected GPUs (or do not exist): not signalled" in lines, lines
+    assert lines[0] == "signalled 0 process(es) in 0.01 s", lines
+
+
 def test_long_command_lines_are_cut_to_80_characters():
     kill = check_kill()
     kill["would_signal"][0]["cmdline"] = "python3 -m vllm.entrypoints.openai.api_server " + "x" * 80
