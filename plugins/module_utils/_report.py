@@ -4,7 +4,7 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """The per-host summary of a reset, in words. Never prints None: unknown memory, names and GPUs are said in words.
 gpu_kill builds it where its run finishes the reset; the reset_gpus role builds it with the same functions on the
-controller after a longer wait, a failed kill or in check mode (plugins/filter/reports.py). The owner of each holder
+controller after a longer wait, a failed kill or in check mode (plugins/filter/reports/reports.py). The owner of each holder
 is said in the words of owner_words; where ending the PID alone will not last, the owner's note and the command that
 stops it follow on the next line (owner_line)."""
 

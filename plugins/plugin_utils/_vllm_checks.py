@@ -13,7 +13,7 @@ import re
 
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._numbers import Refused, numbers
 
-# Documentation: plugins/filter/vllm_server_check.yml.
+# Documentation: plugins/filter/vllm_server/check.yml.
 NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 INDEX = re.compile(r"^[0-9]+$")
 # An API key is sent as a Bearer token and written as VLLM_API_KEY=<key> in an environment file that systemd and

@@ -146,7 +146,7 @@ def test_role_names_the_restarting_unit_in_check_mode_and_stops_it_with_stop_own
 def test_role_summary_report_and_textfile_name_the_owner_of_a_signalled_holder(owned, tmp_path):
     node, pids, inventory = owned
     # The memory is released 1.5 s after the exit, after gpu_kill's first slice of 0.5 s: the role goes on with
-    # gpu_wait and its summary comes from the reset_gpus_result filter (plugins/filter/reports.py), which calls
+    # gpu_wait and its summary comes from the reset_gpus_result filter (plugins/filter/reports/reports.py), which calls
     # _report.summary_lines as gpu_kill does on the common path.
     node.set(release_latency=1.5)
     reports, textfile = tmp_path / "reports", tmp_path / "gpuops_nvidia.prom"

@@ -4,9 +4,11 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """What one filter of the collection costs the task that uses it.
 
-ansible-core finds a collection filter by importing every file of plugins/filter/ (Jinja2Loader.get_with_context in
-ansible/plugins/loader.py), compiled from source in each task's worker process. So every per-host task that uses a
-filter (the checks of reset_gpus and check_gpus variables) imports all of them: none may pull in what only the host
+ansible-core finds a collection filter by importing every file of the directory it is looked up in
+(Jinja2Loader.get_with_context in ansible/plugins/loader.py: plugins/filter/ for gpuops.nvidia.NAME, without its
+subdirectories; plugins/filter/SUB/ for gpuops.nvidia.SUB.NAME), compiled from source in each task's worker process.
+The per-host checks of the reset_gpus and check_gpus variables (plugins/filter/inputs.py) are looked up in
+plugins/filter/: nothing there may pull in the reports, the vllm_server and prepare_hosts logic, or what only the host
 needs, such as the HTTP client of the vLLM servers (docs/architecture.md, "Filters").
 """
 
@@ -17,33 +19,65 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 COLLECTIONS = str(Path(__file__).resolve().parents[4] / ".collections")
-LOOKUP = (
-    """
+FILTERS = Path(COLLECTIONS) / "ansible_collections/gpuops/nvidia/plugins/filter"
+PACKAGE = "ansible_collections.gpuops.nvidia.plugins."
+LOOKUP = """
 import json, sys
 from ansible.plugins.loader import filter_loader, init_plugin_loader
 init_plugin_loader([%r])
-assert filter_loader.get("gpuops.nvidia.check_gpus_plan") is not None
+assert filter_loader.get(sys.argv[1]) is not None, sys.argv[1]
 print(json.dumps(sorted(sys.modules)))
 """
-    % COLLECTIONS
-)
 # Only the host reads and ends processes, or talks to the servers.
 HOST_ONLY = (
     "ansible.module_utils.urls",
-    "ansible_collections.gpuops.nvidia.plugins.module_utils._vllm_api",
-    "ansible_collections.gpuops.nvidia.plugins.module_utils._vllm_host",
-    "ansible_collections.gpuops.nvidia.plugins.module_utils._terminate",
-    "ansible_collections.gpuops.nvidia.plugins.module_utils._detached",
+    PACKAGE + "module_utils._vllm_api",
+    PACKAGE + "module_utils._vllm_host",
+    PACKAGE + "module_utils._terminate",
+    PACKAGE + "module_utils._detached",
+)
+# What the filters of the subdirectories import: 16-40 ms each in a worker, measured with python -X importtime.
+NOT_PER_HOST = (
+    PACKAGE + "module_utils._report",
+    PACKAGE + "module_utils._owners",
+    PACKAGE + "plugin_utils._vllm_plan",
+    PACKAGE + "plugin_utils._vllm_checks",
+    PACKAGE + "module_utils._speculative",
+    "packaging.requirements",
 )
 
 
-def test_a_filter_lookup_imports_every_filter_file_and_nothing_of_the_host():
-    found = subprocess.run([sys.executable, "-c", LOOKUP], capture_output=True, text=True, check=True)
-    modules = set(json.loads(found.stdout))
-    filters = {
-        path.stem for path in (Path(COLLECTIONS) / "ansible_collections/gpuops/nvidia/plugins/filter").glob("*.py")
-    }
-    # The premise: the lookup of one filter imported every filter file.
-    assert {"ansible_collections.gpuops.nvidia.plugins.filter." + name for name in filters} <= modules
+def imported(name):
+    found = subprocess.run(
+        [sys.executable, "-c", LOOKUP % COLLECTIONS, name], capture_output=True, text=True, check=True
+    )
+    return set(json.loads(found.stdout))
+
+
+def test_the_per_host_checks_import_only_the_top_level_filter_files():
+    modules = imported("gpuops.nvidia.reset_gpus_plan")
+    top = {PACKAGE + "filter." + path.stem for path in FILTERS.glob("*.py")}
+    subdirectories = {path.name for path in FILTERS.iterdir() if path.is_dir() and path.name != "__pycache__"}
+    # The premise: the lookup imported every file of plugins/filter/, and no file of a subdirectory.
+    assert top and top <= modules
+    assert subdirectories and not [m for m in modules if m.startswith(PACKAGE + "filter.") and m not in top]
+    assert sorted(modules & set(HOST_ONLY + NOT_PER_HOST)) == []
+
+
+@pytest.mark.parametrize(
+    "name, own",
+    [
+        ("gpuops.nvidia.vllm_server.plan", "vllm_server.vllm_server"),
+        ("gpuops.nvidia.prepare_hosts.plan", "prepare_hosts.prepare_hosts"),
+        ("gpuops.nvidia.reports.reset_gpus_result", "reports.reports"),
+    ],
+)
+def test_a_filter_of_a_subdirectory_imports_its_own_file_and_nothing_of_the_host(name, own):
+    modules = imported(name)
+    filters = {m for m in modules if m.startswith(PACKAGE + "filter.")}
+    assert PACKAGE + "filter." + own in filters
+    assert not [m for m in filters if not m.startswith(PACKAGE + "filter." + own.split(".")[0])], filters
     assert sorted(modules & set(HOST_ONLY)) == []

@@ -2,7 +2,7 @@
 # Copyright (c) 2026, gpuops.nvidia contributors
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""What the prepare_hosts role decides from a host's probe (plugins/filter/prepare_hosts.py), and probe.py itself."""
+"""What the prepare_hosts role decides from a host's probe (plugins/filter/prepare_hosts/prepare_hosts.py), and probe.py itself."""
 
 from __future__ import annotations
 
@@ -14,7 +14,10 @@ from pathlib import Path
 import pytest
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.gpuops.nvidia.plugins.filter.prepare_hosts import prepare_hosts_plan, prepare_hosts_wheels
+from ansible_collections.gpuops.nvidia.plugins.filter.prepare_hosts.prepare_hosts import (
+    prepare_hosts_plan,
+    prepare_hosts_wheels,
+)
 
 ROLE = Path(__file__).resolve().parents[4] / "roles" / "prepare_hosts"
 REQUIREMENTS = ["nvidia-ml-py>=12.535.108", "psutil>=5.9"]

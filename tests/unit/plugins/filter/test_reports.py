@@ -2,13 +2,13 @@
 # Copyright (c) 2026, gpuops.nvidia contributors
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""plugins/filter/reports.py: one host's reset in words, the fleet's closing lines, check_gpus' lines."""
+"""plugins/filter/reports/reports.py: one host's reset in words, the fleet's closing lines, check_gpus' lines."""
 
 from __future__ import annotations
 
 import copy
 
-from ansible_collections.gpuops.nvidia.plugins.filter import reports
+from ansible_collections.gpuops.nvidia.plugins.filter.reports import reports
 from ansible_collections.gpuops.nvidia.plugins.module_utils import _report
 
 

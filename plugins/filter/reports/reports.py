@@ -2,7 +2,9 @@
 # Copyright (c) 2026, gpuops.nvidia contributors
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""What a reset or a check came to, in words, on the controller: per host and for the whole play.
+"""What a reset or a check came to, in words, on the controller: per host and for the whole play. Found as
+gpuops.nvidia.reports.NAME: in a subdirectory of plugins/filter/ so that the per-host checks of the variables
+(plugins/filter/inputs.py) do not import these, nor _report (docs/architecture.md, "Filters").
 
 - reset_gpus_result: one host's reset (the GPUs before and after, the outcome, its sentence, the summary lines of
   _report.summary_lines, the same lines gpu_kill returns on the common path).

@@ -2,7 +2,9 @@
 # Copyright (c) 2026, gpuops.nvidia contributors
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""What the prepare_hosts role does on a host, decided on the controller from what the host has.
+"""What the prepare_hosts role does on a host, decided on the controller from what the host has. Found as
+gpuops.nvidia.prepare_hosts.plan and gpuops.nvidia.prepare_hosts.wheels: in a subdirectory of plugins/filter/ so that a
+lookup of the collection's other filters does not import these, nor packaging (docs/architecture.md, "Filters").
 
 prepare_hosts_plan(probe, venv, requirements, wheels, wheels_dir, check_mode, verify): `probe` is the registered result
 of roles/prepare_hosts/files/probe.py; returns {"install", "remake" (remove a venv whose Python does not run first),
@@ -248,4 +250,4 @@ class FilterModule:
     """Filters of the prepare_hosts role."""
 
     def filters(self):
-        return {"prepare_hosts_plan": prepare_hosts_plan, "prepare_hosts_wheels": prepare_hosts_wheels}
+        return {"plan": prepare_hosts_plan, "wheels": prepare_hosts_wheels}
