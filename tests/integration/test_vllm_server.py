@@ -283,15 +283,16 @@ def test_failed_configurations_are_rolled_back_and_stop_the_rollout(simnode, tmp
     # In one batch of both hosts: the first gets a configuration whose engine crashes after loading, the second a
     # good one. The first is rolled back; the second completes its redeploy; the play fails.
     first, second = nodes
-    # The crashing server loads for 2 s, so that the readiness check's first look finds it still alive on a loaded
-    # machine: with 0.3 s it could be gone before that look ("is not running" instead of "exited after").
+    # The crashing server loads for 6 s, so that the readiness check's first look finds it still alive on a loaded
+    # machine. With 0.3 s it was gone before that look ("is not running" instead of "exited after"). With 2 s this
+    # assertion failed once in a full CI run, without the output; it now prints it.
     crash = {
-        first.name: {"environment": dict(SERVER_ENV, SIMVLLM_CRASH="1", SIMVLLM_LOAD_SECONDS="2")},
+        first.name: {"environment": dict(SERVER_ENV, SIMVLLM_CRASH="1", SIMVLLM_LOAD_SECONDS="6")},
         second.name: {"gpu_memory_utilization": 0.85},
     }
     rc, out, recap = run(inventory, "-e", json.dumps({"test_override_by_host": crash, "vllm_server_serial": 2}))
     assert rc != 0 and recap[first.name]["failed"] == 1 and recap[second.name]["failed"] == 0, out
-    assert "the server process (PID" in out and "exited after" in out
+    assert "the server process (PID" in out and "exited after" in out, out
     assert "RuntimeError: CUDA error: an illegal memory access was encountered" in out
     assert "rolled back to the previous configuration, healthy again after" in out
     restored = server_tree(first, ports[0])
