@@ -24,7 +24,7 @@ import os
 from ansible.errors import AnsibleFilterError
 from ansible.module_utils.parsing.convert_bool import boolean
 
-from ansible_collections.gpuops.nvidia.plugins.plugin_utils._numbers import Refused, numbers
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils._numbers import Refused, numbers, shown
 
 import yaml
 
@@ -128,17 +128,17 @@ def selection(name, value, kind):
             "rendered null)" % name
         )
     elif isinstance(value, str) and not value.strip():
-        why = "%s is %s (%r)" % (name, "empty" if value == "" else "blank", value)
+        why = "%s is %s (%s)" % (name, "empty" if value == "" else "blank", shown(value))
     elif kind == "match":
         return _text(value)
     elif isinstance(value, dict) or isinstance(value, bool):
-        why = "%s must list %s, not %r" % (name, what, value)
+        why = "%s must list %s, not %s" % (name, what, shown(value))
     else:
         entries = _entries(value)
         if not entries:
-            why = "%s is empty (%r): an empty selection selects nothing" % (name, value)
+            why = "%s is empty (%s): an empty selection selects nothing" % (name, shown(value))
         elif any(_blank(entry) for entry in entries):
-            why = "%s has a null or blank entry (%r)" % (name, value)
+            why = "%s has a null or blank entry (%s)" % (name, shown(value))
         elif kind == "pids":
             bad = [
                 entry
@@ -159,7 +159,7 @@ def _flag(name, value):
     try:
         return boolean(value, strict=True)
     except TypeError:
-        raise Refused("%s must be true or false, not %r" % (name, value))
+        raise Refused("%s must be true or false, not %s" % (name, shown(value)))
 
 
 def _names(name, value):
@@ -167,10 +167,10 @@ def _names(name, value):
     if value is None:
         return []
     if isinstance(value, dict):
-        raise Refused("%s must list process names, not %r" % (name, value))
+        raise Refused("%s must list process names, not %s" % (name, shown(value)))
     entries = _entries(value)
     if any(entry is None for entry in entries):
-        raise Refused("%s has a null entry (%r)" % (name, value))
+        raise Refused("%s has a null entry (%s)" % (name, shown(value)))
     return [_text(entry).strip() for entry in entries if _text(entry).strip()]
 
 
@@ -193,7 +193,7 @@ def _textfile_refusal(path, found):
     """Why the textfile `path` cannot be written on the host, from ansible.builtin.stat's result `found` for its
     directory (None or {} when not looked at), or None."""
     if not path.startswith("/"):
-        return "reset_gpus_textfile must be an absolute path on the host, not %r" % path
+        return "reset_gpus_textfile must be an absolute path on the host, not %s" % shown(path)
     found = (found or {}).get("stat")
     if found is None:
         return None
@@ -259,7 +259,7 @@ def _reset_gpus_options(given, spec):
     )
     signal = given.get("reset_gpus_signal", "SIGTERM")
     if _blank(signal):
-        raise Refused("reset_gpus_signal must name a signal (SIGTERM, SIGINT, ...), not %r" % signal)
+        raise Refused("reset_gpus_signal must name a signal (SIGTERM, SIGINT, ...), not %s" % shown(signal))
     kill = dict(
         group,
         signal=_text(signal).strip(),

@@ -6,6 +6,7 @@
 role, check_gpus.yml (plugins/filter/inputs.py) and the vllm_server role (plugins/plugin_utils/_vllm_checks.py).
 
 numbers(given, positive, whole, **defaults) -> {name: number}, or Refused naming each bad one as given.
+shown(value) -> a value as the operator wrote it, for a message: null, true, false, never None.
 """
 
 from __future__ import annotations
@@ -17,19 +18,32 @@ class Refused(ValueError):
     """A variable that is refused before anything is signalled or checked; the message names it."""
 
 
+def shown(value):
+    """`value` in a message as YAML says it (null, true, false), text quoted: [0, null], not [0, None]."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return "[%s]" % ", ".join(shown(item) for item in value)
+    if isinstance(value, dict):
+        return "{%s}" % ", ".join("%s: %s" % (shown(key), shown(item)) for key, item in value.items())
+    return repr(value)
+
+
 def _number(name, value, whole=False):
     """A number variable as given: numeric text ("-1", "2.5") becomes int or float, so a message prints it as given."""
     if isinstance(value, bool) or value is None:
-        raise Refused("%s must be a %s, not %r" % (name, "whole number" if whole else "number", value))
+        raise Refused("%s must be a %s, not %s" % (name, "whole number" if whole else "number", shown(value)))
     if isinstance(value, str):
         for kind in (int,) if whole else (int, float):
             try:
                 return kind(value.strip())
             except ValueError:
                 pass
-        raise Refused("%s must be a %s, not %r" % (name, "whole number" if whole else "number", value))
+        raise Refused("%s must be a %s, not %s" % (name, "whole number" if whole else "number", shown(value)))
     if whole and isinstance(value, float) and value != int(value):
-        raise Refused("%s must be a whole number, not %r" % (name, value))
+        raise Refused("%s must be a whole number, not %s" % (name, shown(value)))
     return int(value) if whole else value
 
 

@@ -40,6 +40,15 @@ def test_unknown_role_variable_is_refused_before_anything_is_signalled(simnode, 
     assert rc != 0 and "nothing was signalled: unknown variable(s) reset_gpus_gpuss (a typo?)" in out, out
     assert "reset_gpus_gpus, reset_gpus_grace_period" in out and "reset_gpus_hosts" in out, out
     assert alive(node, holder)
+    # A typo of the prefix (singular gpu) is refused too: ignored, it would widen the reset to every GPU and host.
+    for given in ('{"reset_gpu_gpus": [1]}', '{"reset_gpu_hosts": "nosuch"}'):
+        rc, out, recap = playbook(inventory, RESET, "-e", given)
+        name = json.loads(given).popitem()[0]
+        assert rc != 0 and "nothing was signalled: unknown variable(s) %s (a typo?)" % name in out, out
+        assert "would signal" not in out and "  PID " not in out, out
+    rc, out, recap = playbook(inventory, CHECK, "-e", '{"check_gpu_gpus": [1]}')
+    assert rc != 0 and "check_gpus: nothing was checked: unknown variable(s) check_gpu_gpus (a typo?)" in out, out
+    assert alive(node, holder)
     # The role's own defaults, the playbook's reset_gpus_hosts and the results it registers are known.
     rc, out, recap = playbook(inventory, RESET, "-e", '{"reset_gpus_hosts": "all", "reset_gpus_timeout": 30}')
     assert rc == 0 and "unknown variable" not in out and not alive(node, holder), out

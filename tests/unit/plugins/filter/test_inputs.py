@@ -25,9 +25,11 @@ SPEC = str(Path(__file__).resolve().parents[4] / "roles" / "reset_gpus" / "meta"
         ([], "reset_gpus_gpus is empty ([])"),
         ("[]", "reset_gpus_gpus is empty ('[]')"),
         (" , ", "reset_gpus_gpus is empty (' , ')"),
-        ([None], "reset_gpus_gpus has a null or blank entry ([None])"),
+        ([None], "reset_gpus_gpus has a null or blank entry ([null])"),
+        ([0, None], "reset_gpus_gpus has a null or blank entry ([0, null])"),
         ([0, " "], "reset_gpus_gpus has a null or blank entry ([0, ' '])"),
-        ({"a": 1}, "reset_gpus_gpus must list GPU indices or UUIDs"),
+        ({"a": None}, "reset_gpus_gpus must list GPU indices or UUIDs, not {'a': null}"),
+        (True, "reset_gpus_gpus must list GPU indices or UUIDs, not true"),
     ],
 )
 def test_a_selection_that_selects_nothing_is_refused_by_name(value, words):
@@ -92,8 +94,10 @@ def test_defaults_and_numbers_as_given():
         ({"reset_gpus_max_used_mib": "lots"}, "reset_gpus_max_used_mib must be a whole number, not 'lots'"),
         ({"reset_gpus_max_used_mib": 2.5}, "reset_gpus_max_used_mib must be a whole number, not 2.5"),
         ({"reset_gpus_stop_owners": "maybe"}, "reset_gpus_stop_owners must be true or false, not 'maybe'"),
-        ({"reset_gpus_exclude": [None]}, "reset_gpus_exclude has a null entry"),
-        ({"reset_gpus_signal": None}, "reset_gpus_signal must name a signal"),
+        ({"reset_gpus_exclude": [None]}, "reset_gpus_exclude has a null entry ([null])"),
+        ({"reset_gpus_signal": None}, "reset_gpus_signal must name a signal (SIGTERM, SIGINT, ...), not null"),
+        ({"reset_gpus_timeout": None}, "reset_gpus_timeout must be a number, not null"),
+        ({"reset_gpus_stop_owners": None}, "reset_gpus_stop_owners must be true or false, not null"),
     ):
         refusal = inputs.reset_gpus_plan(given, SPEC)["refusal"]
         assert refusal.startswith("nothing was signalled: " + words), refusal
