@@ -112,6 +112,13 @@ def outcome(kill, wait, check_mode, waited_s):
         return "FAILED to end the holders: %s" % kill.get("msg", "gpu_kill did not run")
     if wait.get("released"):
         if wait.get("memory_checked", True):
+            kept = sum(gpu.get("left_alone_mib") or 0 for gpu in wait.get("gpus") or ())
+            if kept:
+                # Released means: nothing selected holds the GPUs any more. What the holders left alone hold stays.
+                return "memory released after %.2f s more, besides %d MiB that left-alone processes hold" % (
+                    waited_s,
+                    kept,
+                )
             return "memory released after %.2f s more" % waited_s
         return "no holder left after %.2f s more; used memory not checked (NVIDIA driver library not usable)" % waited_s
     return "FAILED: %s" % _NOT_RELEASED.sub(

@@ -127,6 +127,7 @@ def test_filtered_reset_does_not_wait_for_what_it_leaves_alone(simnode, tmp_path
     assert rc == 0, out
     assert not alive(node, target) and alive(node, left)
     assert str(left) in out, out
+    assert "besides 3072 MiB that left-alone processes hold" in out, out
     assert driver_lists(node)[0] == {"used": 3072, "compute": {left: 3072}, "mps": {}}
 
 

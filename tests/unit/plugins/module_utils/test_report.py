@@ -174,6 +174,18 @@ def test_pids_that_hold_no_selected_gpu_are_named_in_the_summary():
     assert lines[0] == "signalled 0 process(es) in 0.01 s", lines
 
 
+def test_a_release_names_the_memory_that_left_alone_holders_keep():
+    # reset_gpus_pids: [1] where PID 1 holds no GPU and a trainer (left alone) holds 75034 MiB: "memory released"
+    # alone would read as a free GPU.
+    wait = {"released": True, "memory_checked": True, "gpus": [{"index": 0, "left_alone_mib": 75034}]}
+    assert (
+        _report.outcome({}, wait, False, 0.0)
+        == "memory released after 0.00 s more, besides 75034 MiB that left-alone processes hold"
+    )
+    wait["gpus"][0]["left_alone_mib"] = 0
+    assert _report.outcome({}, wait, False, 1.5) == "memory released after 1.50 s more"
+
+
 def test_long_command_lines_are_cut_to_80_characters():
     kill = check_kill()
     kill["would_signal"][0]["cmdline"] = "python3 -m vllm.entrypoints.openai.api_server " + "x" * 80
