@@ -234,6 +234,7 @@ def test_host_without_driver_library(simnode, tmp_path):
     rc, out, recap = playbook(inventory, PLAYBOOK)
     assert rc == 0 and recap[node.name]["changed"] == 1, out
     assert "driver library not usable" in out and not alive(node, holder)
+    assert "1 ok; holders ended on 1 (%s); used memory not read on 1 (%s)" % (node.name, node.name) in out, out
 
 
 def test_check_gpus_probe_changes_nothing_and_fails_on_dirty_gpus(simnode, tmp_path):

@@ -78,7 +78,7 @@ def reset_gpus_fleet_summary(hostvars, play_hosts, all_hosts, check_mode):
     """Filter: the closing lines of playbooks/reset_gpus.yml. First, prefixed with the host's name, the summary lines
     of each host whose gpu_kill run finished the reset (released in its first slice, no report or textfile: the role
     printed nothing for it); then one line that sums up the play: hosts ok, failed or unreachable, on which holders
-    were (or would be) ended, and which summarized above (in the role)."""
+    were (or would be) ended, on which the used memory was not read, and which summarized above (in the role)."""
     lines, done, ended = [], [], []
     for host in all_hosts:
         kill = _var(hostvars, host, "reset_gpus_kill", {})
@@ -90,15 +90,22 @@ def reset_gpus_fleet_summary(hostvars, play_hosts, all_hosts, check_mode):
             lines.extend("%s: %s" % (host, line) for line in kill.get("summary", []))
     failed = [host for host in all_hosts if host not in play_hosts]
     above = [host for host in play_hosts if host not in done]
+    # Ok without the driver library (or where it reports no memory): no holder is left, the memory was not read.
+    unread = [
+        host
+        for host in play_hosts
+        if (_var(hostvars, host, "reset_gpus_kill", {}).get("wait") or {}).get("memory_checked") is False
+    ]
     verb = "would be ended" if check_mode else "ended"
     lines.append(
-        "reset_gpus summary%s: %d host(s): %d ok%s; %s%s"
+        "reset_gpus summary%s: %d host(s): %d ok%s; %s%s%s"
         % (
             " (check mode: nothing was signalled)" if check_mode else "",
             len(all_hosts),
             len(play_hosts),
             ", %d failed or unreachable (%s)" % (len(failed), ", ".join(failed)) if failed else "",
             "holders %s on %d (%s)" % (verb, len(ended), ", ".join(ended)) if ended else "no holder %s" % verb,
+            "; used memory not read on %d (%s)" % (len(unread), ", ".join(unread)) if unread else "",
             "; %d summarized above (%s)" % (len(above), ", ".join(above)) if above else "",
         )
     )

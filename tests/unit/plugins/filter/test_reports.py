@@ -105,6 +105,14 @@ def test_fleet_summary_prints_the_hosts_the_role_did_not_and_sums_up():
         "reset_gpus summary: 4 host(s): 2 ok, 2 failed or unreachable (c, d); holders ended on 2 (a, b); "
         "1 summarized above (b)",
     ]
+    # Without the driver library: ok, no holder left, and the line says the memory was not read.
+    blind = dict(done, wait={"memory_checked": False}, summary=["no holder left after 0.00 s more"])
+    lines = reports.reset_gpus_fleet_summary(
+        Hostvars(a={"reset_gpus_kill": blind}, b={"reset_gpus_kill": done}), ["a", "b"], ["a", "b"], False
+    )
+    assert lines[-1] == (
+        "reset_gpus summary: 2 host(s): 2 ok; holders ended on 2 (a, b); used memory not read on 1 (a)"
+    ), lines
     assert reports.reset_gpus_fleet_summary(Hostvars(a={}), ["a"], ["a"], True) == [
         "reset_gpus summary (check mode: nothing was signalled): 1 host(s): 1 ok; no holder would be ended; "
         "1 summarized above (a)"
