@@ -79,23 +79,20 @@ def reset_gpus_fleet_summary(hostvars, play_hosts, all_hosts, check_mode):
     of each host whose gpu_kill run finished the reset (released in its first slice, no report or textfile: the role
     printed nothing for it); then one line that sums up the play: hosts ok, failed or unreachable, on which holders
     were (or would be) ended, on which the used memory was not read, and which summarized above (in the role)."""
-    lines, done, ended = [], [], []
+    lines, done, ended, unread = [], [], [], []
     for host in all_hosts:
         kill = _var(hostvars, host, "reset_gpus_kill", {})
         if kill.get("changed"):
             ended.append(host)
+        # Ok without the driver library (or where it reports no memory): no holder is left, the memory was not read.
+        if host in play_hosts and (kill.get("wait") or {}).get("memory_checked") is False:
+            unread.append(host)
         own = _var(hostvars, host, "reset_gpus_textfile", "") or _var(hostvars, host, "reset_gpus_report_dir", "")
         if host in play_hosts and kill.get("released") and not own:
             done.append(host)
             lines.extend("%s: %s" % (host, line) for line in kill.get("summary", []))
     failed = [host for host in all_hosts if host not in play_hosts]
     above = [host for host in play_hosts if host not in done]
-    # Ok without the driver library (or where it reports no memory): no holder is left, the memory was not read.
-    unread = [
-        host
-        for host in play_hosts
-        if (_var(hostvars, host, "reset_gpus_kill", {}).get("wait") or {}).get("memory_checked") is False
-    ]
     verb = "would be ended" if check_mode else "ended"
     lines.append(
         "reset_gpus summary%s: %d host(s): %d ok%s; %s%s%s"
