@@ -34,8 +34,7 @@ import signal
 import socket
 import time
 from urllib.error import HTTPError, URLError
-
-from ansible.module_utils.urls import Request, make_context
+from urllib.request import HTTPSHandler, Request, build_opener
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils import _detached, _proc, _terminate
 
@@ -173,40 +172,47 @@ def acceptance_from_counters(before, after):
 
 
 class Client:
-    """HTTP client for one vLLM server: base URL (http://host:port), API key (Bearer), per-request timeout in seconds."""
+    """HTTP client for one vLLM server: base URL (http://host:port), API key (Bearer), per-request timeout in seconds.
+
+    The standard library's urllib sends the requests, as ansible-core's `Request` would: proxies from the environment
+    (`http_proxy`, `no_proxy`), redirects followed. An https URL gets one TLS context, made by ansible-core's
+    `make_context`: with `validate_certs`, the CA certificates of the host's usual paths as well as Python's.
+    """
 
     def __init__(self, base_url, api_key=None, timeout=30.0, validate_certs=True):
         self.base_url = base_url.rstrip("/")
         self.api_key = api_key
         self.timeout = timeout
         self.validate_certs = validate_certs
-        # One TLS context for every request of this client. ansible-core's open_url makes one per request, loading
-        # every CA certificate of the host: about 20 ms of CPU, which a readiness or drain poll paid every 0.2 s.
-        self.tls = make_context(validate_certs=validate_certs)
+        handlers = []
+        if self.base_url.lower().startswith("https:"):
+            # Imported here: plain http, the role's servers on the host itself, does not pay for
+            # ansible.module_utils.urls (50-100 ms of a module run's CPU; it imports cryptography).
+            from ansible.module_utils.urls import make_context
+
+            # One context for every request of this client: making one loads every CA certificate of the host,
+            # about 20 ms of CPU, which a readiness or drain poll would pay every 0.2 s.
+            handlers.append(HTTPSHandler(context=make_context(validate_certs=validate_certs)))
+        self._opener = build_opener(*handlers)
 
     def request(self, path, payload=None):
         """GET `path`, or POST `payload` as JSON; returns (HTTP status, body text).
 
         HTTP errors are returned as their status; an unreachable server raises ConnectionError with the reason.
         """
-        headers = {"Accept": "application/json, text/plain"}
+        headers = {"Accept": "application/json, text/plain", "User-Agent": "gpuops.nvidia"}
         if self.api_key:
             headers["Authorization"] = "Bearer %s" % self.api_key
         data = None
         if payload is not None:
             headers["Content-Type"] = "application/json"
-            data = json.dumps(payload)
+            data = json.dumps(payload).encode("utf-8")
+        request = Request(
+            self.base_url + path, data=data, headers=headers, method="POST" if payload is not None else "GET"
+        )
         try:
-            response = Request().open(
-                "POST" if payload is not None else "GET",
-                self.base_url + path,
-                data=data,
-                headers=headers,
-                timeout=self.timeout,
-                validate_certs=self.validate_certs,
-                context=self.tls,
-            )
-            return response.getcode(), response.read().decode("utf-8", "replace")
+            with self._opener.open(request, timeout=self.timeout) as response:
+                return response.getcode(), response.read().decode("utf-8", "replace")
         except HTTPError as exc:
             body = exc.read().decode("utf-8", "replace") if exc.fp is not None else ""
             return exc.code, body

@@ -2,11 +2,14 @@
 # Copyright (c) 2026, gpuops.nvidia contributors
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""Fixture `fake_vllm`: a small in-process HTTP server with vLLM's endpoints, for the HTTP clients' unit tests."""
+"""Fixtures `fake_vllm` and `fake_vllm_tls`: a small in-process HTTP server with vLLM's endpoints, for the HTTP
+clients' unit tests; the second serves https with a self-signed certificate for 127.0.0.1 (`state.cert`)."""
 
 from __future__ import annotations
 
 import json
+import ssl
+import subprocess
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -66,7 +69,27 @@ class FakeVllm:
 
 @pytest.fixture
 def fake_vllm():
+    yield from _serve(FakeVllm())
+
+
+@pytest.fixture
+def fake_vllm_tls(tmp_path):
+    # vLLM serves https with --ssl-keyfile and --ssl-certfile (uvicorn); a self-signed certificate for 127.0.0.1.
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1"]
+        + ["-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+        check=True,
+        capture_output=True,
+    )
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(str(cert), str(key))
     state = FakeVllm()
+    state.cert = str(cert)
+    yield from _serve(state, context)
+
+
+def _serve(state, tls=None):
 
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args):  # quiet
@@ -108,9 +131,11 @@ def fake_vllm():
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     server.daemon_threads = True
+    if tls is not None:
+        server.socket = tls.wrap_socket(server.socket, server_side=True)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
-    state.url = "http://127.0.0.1:%d" % server.server_port
+    state.url = "%s://127.0.0.1:%d" % ("https" if tls else "http", server.server_port)
     yield state
     server.shutdown()
     server.server_close()

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -125,7 +126,9 @@ def test_wait_ready_checks_health_models_and_one_completion(fake_vllm):
     assert result["healthy_after_s"] is not None and result["last_error"] is None
 
 
-def test_a_client_makes_one_tls_context_for_all_its_requests(fake_vllm, monkeypatch):
+def _counted_contexts(monkeypatch):
+    """The keyword arguments of every make_context call; both names are counted: ansible-core's open_url and
+    Request.open call the module's own when given no context."""
     made = []
     real = urls.make_context
 
@@ -133,14 +136,46 @@ def test_a_client_makes_one_tls_context_for_all_its_requests(fake_vllm, monkeypa
         made.append(kwargs)
         return real(**kwargs)
 
-    # Both names: the client's own, and the one ansible-core's open_url and Request.open call when given no context.
     monkeypatch.setattr(urls, "make_context", counted)
-    monkeypatch.setattr(_vllm_api, "make_context", counted)
-    client = _vllm_api.Client(fake_vllm.url, timeout=5, validate_certs=False)
+    return made
+
+
+def test_a_client_makes_one_tls_context_for_all_its_requests(fake_vllm_tls, monkeypatch):
+    made = _counted_contexts(monkeypatch)
+    client = _vllm_api.Client(fake_vllm_tls.url, timeout=5, validate_certs=False)
     result = _vllm_api.wait_ready(client, "served", timeout=5, poll_interval=0.05)
     assert result["ready"] and client.request("/health")[0] == 200
     # health, models and a completion, then /health again: four requests, one context, made with the client's setting.
     assert made == [{"validate_certs": False}]
+    assert len(fake_vllm_tls.requests) == 4
+
+
+def test_a_client_verifies_the_certificate_of_an_https_server(fake_vllm_tls, monkeypatch):
+    result = _vllm_api.wait_ready(_vllm_api.Client(fake_vllm_tls.url, timeout=5), "served", timeout=0.2)
+    assert not result["ready"] and "CERTIFICATE_VERIFY_FAILED" in result["last_error"], result
+    assert fake_vllm_tls.requests == []
+    # Trusted (OpenSSL reads SSL_CERT_FILE when the context loads its default CA certificates): it answers.
+    monkeypatch.setenv("SSL_CERT_FILE", fake_vllm_tls.cert)
+    result = _vllm_api.wait_ready(_vllm_api.Client(fake_vllm_tls.url, timeout=5), "served", timeout=5)
+    assert result["ready"], result
+
+
+def test_a_plain_http_client_makes_no_tls_context_and_does_not_import_ansibles_url_helpers(fake_vllm, monkeypatch):
+    made = _counted_contexts(monkeypatch)
+    client = _vllm_api.Client(fake_vllm.url, timeout=5)
+    assert _vllm_api.wait_ready(client, "served", timeout=5)["ready"] and made == []
+    # In a fresh interpreter, as a module runs: the whole readiness check over http leaves
+    # ansible.module_utils.urls (and cryptography, which it imports) unimported.
+    code = (
+        "import sys\n"
+        "from ansible_collections.gpuops.nvidia.plugins.module_utils import _vllm_api\n"
+        "result = _vllm_api.wait_ready(_vllm_api.Client(%r, timeout=5), 'served', timeout=5)\n"
+        "assert result['ready'], result\n"
+        "print(sorted(m for m in sys.modules if m == 'ansible.module_utils.urls' or m.startswith('cryptography')))\n"
+    ) % fake_vllm.url
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p.endswith(".collections")))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr
 
 
 @pytest.mark.parametrize(
