@@ -100,6 +100,19 @@ def _text(value):
     return value if isinstance(value, str) else str(value)
 
 
+def no_hosts(hosts, variable, pattern=None):
+    """Filter: why a playbook would act on no host, or "" when `hosts` is not empty.
+
+    `hosts`: the inventory hosts its host pattern matches (query('ansible.builtin.inventory_hostnames', ...)).
+    `variable`: the variable that sets the pattern (reset_gpus_hosts); `pattern`: its value, None when it is not set.
+    Ansible only warns when no host matched and exits 0: a pipeline would go on as if the play had run."""
+    if list(hosts):
+        return ""
+    if pattern is not None:
+        return "%s=%s matches no host of the inventory" % (variable, _text(pattern))
+    return "the inventory lists no host (did it parse? see Ansible's warnings above)"
+
+
 def _entries(value):
     """A list variable's entries, however it was given: a YAML list, one value (0, "GPU-..."), or text from
     `-e name=0,1` or `-e name=[0,1]` (split at commas, brackets, quotes and blanks around each entry dropped)."""
@@ -288,10 +301,9 @@ def _check_gpus_options(given, hosts):
     message = unknown_vars_message(set(given) - set(CHECK_GPUS_RESULTS), CHECK_GPUS_KNOWN)
     if message:
         raise Refused(message)
-    if hosts is not None and not list(hosts):
-        if "check_gpus_hosts" in given:
-            raise Refused("check_gpus_hosts=%s matches no host of the inventory" % _text(given["check_gpus_hosts"]))
-        raise Refused("the inventory lists no host (did it parse? see Ansible's warnings above)")
+    refusal = "" if hosts is None else no_hosts(hosts, "check_gpus_hosts", given.get("check_gpus_hosts"))
+    if refusal:
+        raise Refused(refusal)
     values = numbers(
         given,
         positive=("check_gpus_driver_timeout",),
@@ -321,4 +333,5 @@ class FilterModule(object):
             "refuse_unknown_vars": refuse_unknown_vars,
             "reset_gpus_plan": reset_gpus_plan,
             "check_gpus_plan": check_gpus_plan,
+            "no_hosts": no_hosts,
         }

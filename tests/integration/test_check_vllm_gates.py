@@ -40,3 +40,11 @@ def local_inventory(tmp_path):
 def test_a_check_that_would_check_nothing_fails_and_says_so(local_inventory, args, words):
     rc, out, _recap = playbook(local_inventory, CHECK, *args)
     assert rc != 0 and words in out, out
+
+
+def test_an_inventory_that_lists_no_host_is_refused(tmp_path):
+    # Ansible warns that the inventory did not parse, finds no host and would exit 0.
+    broken = tmp_path / "broken.ini"
+    broken.write_text("[gpu\ngpu01 ansible_host=\n")
+    rc, out, _recap = playbook(broken, CHECK)
+    assert rc != 0 and "check_vllm: nothing was checked: the inventory lists no host (did it parse?" in out, out

@@ -177,3 +177,15 @@ def test_check_gpus_plan():
         refusal = inputs.check_gpus_plan(given, hosts)["refusal"]
         assert refusal.startswith("nothing was checked: " + words), refusal
     assert inputs.check_gpus_plan({"check_gpus_result": {}}, ["h"])["refusal"] is None
+
+
+def test_no_hosts_says_why_a_playbook_would_act_on_no_host():
+    assert inputs.no_hosts(["gpu01"], "reset_gpus_hosts", "gpu01") == ""
+    assert inputs.no_hosts(["gpu01"], "reset_gpus_hosts") == ""
+    assert (
+        inputs.no_hosts([], "reset_gpus_hosts", "nosuch") == "reset_gpus_hosts=nosuch matches no host of the inventory"
+    )
+    assert inputs.no_hosts([], "check_vllm_hosts", 7) == "check_vllm_hosts=7 matches no host of the inventory"
+    assert inputs.no_hosts([], "reset_gpus_hosts") == (
+        "the inventory lists no host (did it parse? see Ansible's warnings above)"
+    )
