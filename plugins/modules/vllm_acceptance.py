@@ -212,6 +212,11 @@ def main():
         result["mean_acceptance_length"],
         result["tokens_per_s"],
     )
+    judge(module, params, result, summary)
+
+
+def judge(module, params, result, summary):
+    """Fail below O(min_acceptance_rate), else exit with `summary`, in both modes."""
     threshold = params["min_acceptance_rate"]
     if threshold is not None and result["acceptance_rate"] < threshold:
         module.fail_json(msg="%s: %s is below the minimum %.1f%%" % (params["url"], summary, 100 * threshold), **result)
@@ -238,10 +243,7 @@ def watch(module, client, params):
         result["drafts"],
         result["window_s"],
     )
-    threshold = params["min_acceptance_rate"]
-    if threshold is not None and result["acceptance_rate"] < threshold:
-        module.fail_json(msg="%s: %s is below the minimum %.1f%%" % (params["url"], summary, 100 * threshold), **result)
-    module.exit_json(changed=False, msg="%s: %s" % (params["url"], summary), **result)
+    judge(module, params, result, summary)
 
 
 if __name__ == "__main__":
