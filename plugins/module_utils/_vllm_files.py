@@ -17,6 +17,8 @@ import os
 import tempfile
 
 KEY_MODE = 0o600
+# <name>.json holds the instance's environment, where an operator may put a secret (HF_TOKEN): root's alone.
+CONFIG_MODE = 0o600
 FILE_MODE = 0o644
 
 
@@ -90,7 +92,9 @@ def config_text(config):
 def files_of(params):
     """The files of the instance in the vllm_server_files parameters `params`."""
     name, config_dir = params["name"], params["config_dir"]
-    files = [File("configuration", os.path.join(config_dir, "%s.json" % name), config_text(params["config"]))]
+    files = [
+        File("configuration", os.path.join(config_dir, "%s.json" % name), config_text(params["config"]), CONFIG_MODE)
+    ]
     files.append(
         File(
             "API key",

@@ -11,9 +11,9 @@ version_added: 0.2.0
 description:
   - Writes the files of one instance of the gpuops.nvidia.vllm_server role in one step, each atomically (a
     temporary file in its directory, then a rename).
-  - C(<config_dir>/<name>.json), the instance's configuration (mode 0644); C(<config_dir>/<name>.env), the API key as
-    C(VLLM_API_KEY=...) (mode 0600, owned by O(owner)), removed when O(api_key) is empty; the systemd unit
-    O(unit_file) when given (mode 0644).
+  - "C(<config_dir>/<name>.json), the instance's configuration (mode 0600: its environment may hold a secret);
+    C(<config_dir>/<name>.env), the API key as C(VLLM_API_KEY=...) (mode 0600, owned by O(owner)), removed when
+    O(api_key) is empty; the systemd unit O(unit_file) when given (mode 0644)."
   - In check mode it writes nothing and says which files differ. The role compares this way before it decides to
     restart an instance.
   - The diff shows the configuration and the unit, never the API key.

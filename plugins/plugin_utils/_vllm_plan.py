@@ -281,7 +281,7 @@ def changed_files(instance, cfg, unit, host):
     """Which of the instance's files differ from what the host has (compared as vllm_server_files compares)."""
     found = (host.get("files") or {}).get(instance["name"]) or {}
     wanted = [
-        ("configuration", _vllm_files.config_text(cfg), _vllm_files.FILE_MODE),
+        ("configuration", _vllm_files.config_text(cfg), _vllm_files.CONFIG_MODE),
         ("API key", _vllm_files.key_text(instance.get("api_key")), _vllm_files.KEY_MODE),
     ]
     if unit is not None:

@@ -47,7 +47,7 @@ def test_files_are_written_then_equal(tmp_path):
     assert text == '{\n  "name": "a",\n  "port": 8000\n}\n' and json.loads(text) == {"name": "a", "port": 8000}
     assert (tmp_path / "a.env").read_text() == "VLLM_API_KEY=%s\n" % SECRET
     assert (
-        os.stat(tmp_path / "a.env").st_mode & 0o777 == 0o600 and os.stat(tmp_path / "a.json").st_mode & 0o777 == 0o644
+        os.stat(tmp_path / "a.env").st_mode & 0o777 == 0o600 and os.stat(tmp_path / "a.json").st_mode & 0o777 == 0o600
     )
     assert sorted(os.listdir(tmp_path)) == ["a.env", "a.json", "vllm-a.service"]  # no temporary file is left
 
@@ -73,3 +73,18 @@ def test_no_api_key_removes_the_file(tmp_path):
     write_all(f for f in files if f.differs())
     assert not (tmp_path / "a.env").exists()
     assert not [f for f in _vllm_files.files_of(params(tmp_path, api_key="")) if f.differs()]
+
+
+def test_a_configuration_readable_by_every_user_is_written_again_for_root_alone(tmp_path):
+    # The configuration holds the instance's environment (an HF_TOKEN, say): 0644 from an earlier write differs.
+    files = _vllm_files.files_of(params(tmp_path, config={"name": "a", "environment": {"HF_TOKEN": "hf_x"}}))
+    write_all(files)
+    os.chmod(tmp_path / "a.json", 0o644)
+    changed = [
+        f
+        for f in _vllm_files.files_of(params(tmp_path, config={"name": "a", "environment": {"HF_TOKEN": "hf_x"}}))
+        if f.differs()
+    ]
+    assert [f.what for f in changed] == ["configuration"]
+    write_all(changed)
+    assert os.stat(tmp_path / "a.json").st_mode & 0o777 == 0o600

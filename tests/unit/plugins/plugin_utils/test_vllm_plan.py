@@ -232,7 +232,7 @@ def test_files_are_compared_with_the_states_the_host_read():
         "not running",
     ]
     same = {
-        "configuration": {"sha256": _vllm_files.digest(_vllm_files.config_text(first["cfg"])), "mode": 0o644},
+        "configuration": {"sha256": _vllm_files.digest(_vllm_files.config_text(first["cfg"])), "mode": 0o600},
         "API key": {"sha256": _vllm_files.digest("VLLM_API_KEY=sk-1\n"), "mode": 0o600},
     }
     running = {"a": {"ready": True, "process_exited": False, "last_error": None, "pid": 7}}
