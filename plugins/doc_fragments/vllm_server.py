@@ -11,7 +11,10 @@ class ModuleDocFragment:
     DOCUMENTATION = r"""
 options:
   url:
-    description: Base URL of the server, for example V(http://127.0.0.1:8000).
+    description:
+      - Base URL of the server, for example V(http://127.0.0.1:8000).
+      - Requests go through the proxy that C(http_proxy) or C(https_proxy) name, unless C(no_proxy) excludes the
+        host. A loopback URL (C(localhost), C(127.0.0.0/8), C(::1)) never does.
     type: str
     required: true
   api_key:

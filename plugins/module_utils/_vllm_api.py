@@ -28,13 +28,17 @@ vLLM creates no stat logger: /metrics then carries no `vllm:` metric at all.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 import signal
 import socket
+import ssl
 import time
+from http.client import HTTPException
 from urllib.error import HTTPError, URLError
-from urllib.request import HTTPSHandler, Request, build_opener
+from urllib.parse import urlsplit
+from urllib.request import HTTPSHandler, ProxyHandler, Request, build_opener
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils import _detached, _proc, _terminate
 
@@ -171,11 +175,16 @@ def acceptance_from_counters(before, after):
     return delta
 
 
+# TLS errors of a connection cut short (a server that stops): the server is going away, not refusing this client.
+_TLS_CUT = (ssl.SSLEOFError, ssl.SSLZeroReturnError, ssl.SSLSyscallError)
+
+
 class Client:
     """HTTP client for one vLLM server: base URL (http://host:port), API key (Bearer), per-request timeout in seconds.
 
     The standard library's urllib sends the requests, as ansible-core's `Request` would: proxies from the environment
-    (`http_proxy`, `no_proxy`), redirects followed. An https URL gets one TLS context, made by ansible-core's
+    (`http_proxy`, `no_proxy`), redirects followed. A loopback URL never goes through a proxy: the proxy would reach
+    its own host's loopback, not this one's. An https URL gets one TLS context, made by ansible-core's
     `make_context`: with `validate_certs`, the CA certificates of the host's usual paths as well as Python's.
     """
 
@@ -184,7 +193,7 @@ class Client:
         self.api_key = api_key
         self.timeout = timeout
         self.validate_certs = validate_certs
-        handlers = []
+        handlers = [ProxyHandler({})] if is_loopback(self.base_url) else []
         if self.base_url.lower().startswith("https:"):
             # Imported here: plain http, the role's servers on the host itself, does not pay for
             # ansible.module_utils.urls (50-100 ms of a module run's CPU; it imports cryptography).
@@ -217,9 +226,15 @@ class Client:
             body = exc.read().decode("utf-8", "replace") if exc.fp is not None else ""
             return exc.code, body
         except URLError as exc:
-            raise ConnectionError(str(exc.reason))
+            if isinstance(exc.reason, ssl.SSLError) and not isinstance(exc.reason, _TLS_CUT):
+                # A certificate this client does not trust, or https to a plain http port: waiting will not help.
+                raise VllmApiError("%s: TLS failed: %s" % (path, exc.reason))
+            raise ConnectionError(str(exc.reason)) from (exc.reason if isinstance(exc.reason, OSError) else exc)
         except (socket.timeout, OSError) as exc:
-            raise ConnectionError(str(exc) or exc.__class__.__name__)
+            raise ConnectionError(str(exc) or exc.__class__.__name__) from exc
+        except HTTPException as exc:
+            # What answers is not HTTP, for example an https server asked over http.
+            raise VllmApiError("%s: the answer is not HTTP (%s: %s)" % (path, exc.__class__.__name__, exc))
 
     def json(self, path, payload=None):
         """request() whose 200 answer must be a JSON object; VllmApiError otherwise (with the status and body)."""
@@ -246,6 +261,22 @@ class Client:
         choices = answer.get("choices") or [{}]
         usage = answer.get("usage") or {}
         return choices[0].get("text", ""), int(usage.get("completion_tokens") or 0)
+
+
+def is_loopback(url):
+    """Whether `url` names this host's loopback: localhost, 127.0.0.0/8 or ::1."""
+    host = (urlsplit(url).hostname or "").lower()
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def refused(exc):
+    """Whether a ConnectionError from Client.request means that nothing listens on the server's port."""
+    return isinstance(exc.__cause__, ConnectionRefusedError)
 
 
 def _brief(body, limit=300):
@@ -521,8 +552,19 @@ def drain(client, served_model_name, timeout, poll_interval=1.0, sleep=time.slee
         result["polls"] += 1
         try:
             samples = read_samples(client)
-        except (ConnectionError, VllmApiError) as exc:
-            result.update(reachable=False, drained=True, msg="the server does not answer (%s): nothing to drain" % exc)
+        except ConnectionError as exc:
+            # Nothing listens: no request can be in flight. Any other failure (a timeout, a reset) says nothing of
+            # the requests: not drained, and the stop that follows is left to vLLM's own drain (--shutdown-timeout).
+            result["reachable"] = False
+            if refused(exc):
+                result.update(drained=True, msg="the server does not answer (%s): nothing to drain" % exc)
+            else:
+                result["msg"] = "the server did not answer GET /metrics (%s): not drained" % exc
+            break
+        except VllmApiError as exc:
+            if exc.status is None or exc.status < 500:
+                raise  # TLS, not HTTP, a wrong URL or API key: the caller's to fix, before anything is stopped
+            result["msg"] = "%s: not drained" % exc
             break
         if result["polls"] == 1:
             label, note = metric_model_name(client, served_model_name, samples)  # VllmApiError: not this server's name

@@ -31,6 +31,7 @@ class FakeVllm:
         self.accepted_per_draft = 3
         self.spec_decode = True
         self.completion_status = 200
+        self.metrics_status = 200
         self.drafts = 0
         self.accepted_per_position = [0] * self.k
         self.requests = []
@@ -113,7 +114,7 @@ def _serve(state, tls=None):
             elif self.path == "/health":
                 self.reply(state.health_status, "")
             elif self.path == "/metrics":
-                self.reply(200, state.metrics())
+                self.reply(state.metrics_status, state.metrics() if state.metrics_status == 200 else "Internal error")
             elif self.path == "/v1/models":
                 self.reply(200, {"object": "list", "data": [{"id": name} for name in state.models]})
             else:

@@ -10,6 +10,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -151,8 +152,9 @@ def test_a_client_makes_one_tls_context_for_all_its_requests(fake_vllm_tls, monk
 
 
 def test_a_client_verifies_the_certificate_of_an_https_server(fake_vllm_tls, monkeypatch):
-    result = _vllm_api.wait_ready(_vllm_api.Client(fake_vllm_tls.url, timeout=5), "served", timeout=0.2)
-    assert not result["ready"] and "CERTIFICATE_VERIFY_FAILED" in result["last_error"], result
+    result = _vllm_api.wait_ready(_vllm_api.Client(fake_vllm_tls.url, timeout=5), "served", timeout=30)
+    # Waiting does not help: the first look ends it.
+    assert not result["ready"] and result["attempts"] == 1 and "CERTIFICATE_VERIFY_FAILED" in result["msg"], result
     assert fake_vllm_tls.requests == []
     # Trusted (OpenSSL reads SSL_CERT_FILE when the context loads its default CA certificates): it answers.
     monkeypatch.setenv("SSL_CERT_FILE", fake_vllm_tls.cert)
@@ -271,3 +273,81 @@ def test_a_name_the_server_does_not_serve_is_refused_not_taken_for_disabled_stat
 def test_no_gauge_message_tells_disabled_stats_from_another_label():
     assert "--disable-log-stats" in _vllm_api._no_gauge([("python_info", {}, 1.0)], "x")
     assert "none labelled model_name='x'" in _vllm_api._no_gauge(GAUGES, "x")
+
+
+@pytest.fixture
+def dead_port():
+    """A port on 127.0.0.1 that is bound and not listening: a connection is refused."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield sock.getsockname()[1]
+
+
+def test_is_loopback():
+    for url in ("http://127.0.0.1:8000", "http://127.0.0.2:1", "https://[::1]:8000", "http://LOCALHOST:8000"):
+        assert _vllm_api.is_loopback(url), url
+    for url in ("http://10.0.0.1:8000", "http://gpu01:8000", "http://[fe80::1]:80", "http://0.0.0.0:8000"):
+        assert not _vllm_api.is_loopback(url), url
+
+
+def test_a_loopback_url_never_goes_through_a_proxy(fake_vllm, dead_port, monkeypatch):
+    # A proxy where nothing listens: every request sent through it is refused.
+    for name in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY"):
+        monkeypatch.setenv(name, "http://127.0.0.1:%d" % dead_port)
+    for name in ("no_proxy", "NO_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    assert _vllm_api.Client(fake_vllm.url, timeout=5).request("/health")[0] == 200
+    assert _vllm_api.Client(fake_vllm.url.replace("127.0.0.1", "localhost"), timeout=5).request("/health")[0] == 200
+    # Another host's URL does go through it (TEST-NET-1: only the proxy can refuse it).
+    with pytest.raises(ConnectionError) as refused:
+        _vllm_api.Client("http://192.0.2.1:8000", timeout=2).request("/health")
+    assert _vllm_api.refused(refused.value), refused.value
+
+
+def test_an_answer_that_is_not_http_is_refused_at_once():
+    # What a TLS port answers to a plain http request: an alert record, not an HTTP status line.
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(4)
+
+        def answer():
+            for _attempt in range(2):
+                connection, _address = server.accept()
+                with connection:
+                    connection.recv(1024)
+                    connection.sendall(b"\x15\x03\x03\x00\x02\x02\x46")
+
+        thread = threading.Thread(target=answer, daemon=True)
+        thread.start()
+        client = _vllm_api.Client("http://127.0.0.1:%d" % server.getsockname()[1], timeout=5)
+        result = _vllm_api.wait_ready(client, "served", timeout=30, poll_interval=0.05)
+        assert not result["ready"] and result["attempts"] == 1 and "the answer is not HTTP" in result["msg"], result
+        with pytest.raises(_vllm_api.VllmApiError, match="not HTTP"):
+            _vllm_api.drain(client, "served", timeout=30)
+        thread.join(5)
+
+
+def test_drain_nothing_listening_has_nothing_to_drain(dead_port):
+    result = _vllm_api.drain(_vllm_api.Client("http://127.0.0.1:%d" % dead_port, timeout=2), "served", timeout=30)
+    assert result["drained"] and not result["reachable"] and "nothing to drain" in result["msg"], result
+
+
+def test_drain_a_server_that_does_not_answer_in_time_is_not_drained():
+    with socket.socket() as server:  # listening, never accepting: the connection is made, no answer comes
+        server.bind(("127.0.0.1", 0))
+        server.listen(4)
+        client = _vllm_api.Client("http://127.0.0.1:%d" % server.getsockname()[1], timeout=0.3)
+        result = _vllm_api.drain(client, "served", timeout=30)
+    assert not result["drained"] and not result["reachable"], result
+    assert result["msg"].startswith("the server did not answer GET /metrics (") and "not drained" in result["msg"]
+
+
+def test_drain_an_error_answer_is_not_drained_and_a_refusal_raises(fake_vllm, fake_vllm_tls):
+    fake_vllm.metrics_status = 500
+    result = _vllm_api.drain(_vllm_api.Client(fake_vllm.url, timeout=5), "served", timeout=30)
+    assert not result["drained"] and result["reachable"] and result["msg"].startswith("GET /metrics: HTTP 500")
+    fake_vllm.metrics_status = 404  # a wrong URL: the caller's to fix
+    with pytest.raises(_vllm_api.VllmApiError, match="HTTP 404"):
+        _vllm_api.drain(_vllm_api.Client(fake_vllm.url, timeout=5), "served", timeout=30)
+    with pytest.raises(_vllm_api.VllmApiError, match="TLS failed: .*CERTIFICATE_VERIFY_FAILED"):
+        _vllm_api.drain(_vllm_api.Client(fake_vllm_tls.url, timeout=5), "served", timeout=30)
