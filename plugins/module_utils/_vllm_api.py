@@ -550,21 +550,8 @@ def drain(client, served_model_name, timeout, poll_interval=1.0, sleep=time.slee
     label = note = None
     while True:
         result["polls"] += 1
-        try:
-            samples = read_samples(client)
-        except ConnectionError as exc:
-            # Nothing listens: no request can be in flight. Any other failure (a timeout, a reset) says nothing of
-            # the requests: not drained, and the stop that follows is left to vLLM's own drain (--shutdown-timeout).
-            result["reachable"] = False
-            if refused(exc):
-                result.update(drained=True, msg="the server does not answer (%s): nothing to drain" % exc)
-            else:
-                result["msg"] = "the server did not answer GET /metrics (%s): not drained" % exc
-            break
-        except VllmApiError as exc:
-            if exc.status is None or exc.status < 500:
-                raise  # TLS, not HTTP, a wrong URL or API key: the caller's to fix, before anything is stopped
-            result["msg"] = "%s: not drained" % exc
+        samples = _drain_read(client, result)
+        if samples is None:
             break
         if result["polls"] == 1:
             label, note = metric_model_name(client, served_model_name, samples)  # VllmApiError: not this server's name
@@ -586,6 +573,26 @@ def drain(client, served_model_name, timeout, poll_interval=1.0, sleep=time.slee
     if note:
         result["msg"] += " (%s)" % note
     return result
+
+
+def _drain_read(client, result):
+    """GET /metrics for drain(): the samples, or None with `result` updated where the drain ends. Raises VllmApiError
+    when the server cannot be asked (TLS, an answer that is not HTTP, a 4xx): the caller's to fix, before any stop."""
+    try:
+        return read_samples(client)
+    except ConnectionError as exc:
+        # Nothing listens: no request can be in flight. Any other failure (a timeout, a reset) says nothing of the
+        # requests: not drained, and the stop that follows is left to vLLM's own drain (--shutdown-timeout).
+        result["reachable"] = False
+        if refused(exc):
+            result.update(drained=True, msg="the server does not answer (%s): nothing to drain" % exc)
+        else:
+            result["msg"] = "the server did not answer GET /metrics (%s): not drained" % exc
+    except VllmApiError as exc:
+        if exc.status is None or exc.status < 500:
+            raise
+        result["msg"] = "%s: not drained" % exc
+    return None
 
 
 def _drain_stop(load, elapsed, timeout, at_start):
