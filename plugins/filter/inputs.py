@@ -100,13 +100,22 @@ def _text(value):
     return value if isinstance(value, str) else str(value)
 
 
-def no_hosts(hosts, variable, pattern=None):
-    """Filter: why a playbook would act on no host, or "" when `hosts` is not empty.
+def no_hosts(hosts, variable, pattern=None, inventory=None):
+    """Filter: why a playbook would act on no host or on one the inventory does not list; "" when neither.
 
     `hosts`: the inventory hosts its host pattern matches (query('ansible.builtin.inventory_hostnames', ...)).
     `variable`: the variable that sets the pattern (reset_gpus_hosts); `pattern`: its value, None when it is not set.
-    Ansible only warns when no host matched and exits 0: a pipeline would go on as if the play had run."""
-    if list(hosts):
+    `inventory`: the hosts the inventory lists (groups['all']). A matched host outside it is Ansible's implicit
+    localhost, the controller itself (the patterns localhost, 127.0.0.1 and ::1 match it although no inventory lists
+    it). Ansible only warns when no host matched and exits 0: a pipeline would go on as if the play had run."""
+    hosts = list(hosts)
+    implicit = [host for host in hosts if inventory is not None and host not in inventory]
+    if implicit:
+        return (
+            "%s=%s matches %s, which the inventory does not list: Ansible's implicit localhost, the controller "
+            "itself; list it in the inventory to act on this machine" % (variable, _text(pattern), ", ".join(implicit))
+        )
+    if hosts:
         return ""
     if pattern is not None:
         return "%s=%s matches no host of the inventory" % (variable, _text(pattern))
@@ -287,21 +296,21 @@ def _reset_gpus_options(given, spec):
     return {"kill": kill, "group": group}
 
 
-def check_gpus_plan(given, hosts=None):
+def check_gpus_plan(given, hosts=None, inventory=None):
     """Filter: check_gpus.yml's variables `given` ({name: value} of every defined check_gpus_ variable) as
     {"refusal": None or why nothing was checked, "options": gpu_wait's options}. With `hosts` (the inventory hosts
-    that check_gpus_hosts matches), a pattern that matches none is refused too."""
+    that check_gpus_hosts matches) and `inventory` (groups['all']), the pattern is checked too (no_hosts)."""
     try:
-        return {"refusal": None, "options": _check_gpus_options(given, hosts)}
+        return {"refusal": None, "options": _check_gpus_options(given, hosts, inventory)}
     except Refused as exc:
         return {"refusal": "nothing was checked: %s" % exc, "options": {}}
 
 
-def _check_gpus_options(given, hosts):
+def _check_gpus_options(given, hosts, inventory):
     message = unknown_vars_message(set(given) - set(CHECK_GPUS_RESULTS), CHECK_GPUS_KNOWN)
     if message:
         raise Refused(message)
-    refusal = "" if hosts is None else no_hosts(hosts, "check_gpus_hosts", given.get("check_gpus_hosts"))
+    refusal = "" if hosts is None else no_hosts(hosts, "check_gpus_hosts", given.get("check_gpus_hosts"), inventory)
     if refusal:
         raise Refused(refusal)
     values = numbers(

@@ -142,6 +142,13 @@ def test_reset_gpus_that_would_reset_nothing_fails(simnode, tmp_path):
     broken.write_text("[gpunodes\nnode01 ansible_host=\n")
     rc, out, recap = playbook(broken, RESET)
     assert rc != 0 and "reset_gpus: nothing was signalled: the inventory lists no host (did it parse?" in out, out
+    # localhost matches Ansible's implicit localhost, the controller itself, which the inventory does not list: the
+    # reset would end holders of this machine (in --check, a newcomer saw other simulated nodes' TP workers listed).
+    for pattern in ("localhost", "%s,127.0.0.1" % node.name):
+        rc, out, recap = playbook(inventory, RESET, "--check", "-e", "reset_gpus_hosts=" + pattern)
+        message = "reset_gpus: nothing was signalled: reset_gpus_hosts=%s matches " % pattern
+        assert rc != 0 and message in out and "which the inventory does not list" in out, out
+        assert "would signal" not in out and node.name not in recap, out
     # The pattern that names the node still resets it.
     rc, out, recap = playbook(inventory, RESET, "-e", "reset_gpus_hosts=%s" % node.name)
     assert rc == 0 and recap[node.name]["changed"] == 1 and not alive(node, holder), out

@@ -189,3 +189,15 @@ def test_no_hosts_says_why_a_playbook_would_act_on_no_host():
     assert inputs.no_hosts([], "reset_gpus_hosts") == (
         "the inventory lists no host (did it parse? see Ansible's warnings above)"
     )
+
+
+def test_no_hosts_refuses_the_implicit_localhost():
+    # query('ansible.builtin.inventory_hostnames', 'localhost') answers ['localhost'] for an inventory without it.
+    message = inputs.no_hosts(["gpu01", "localhost"], "reset_gpus_hosts", "gpu01,localhost", ["gpu01"])
+    assert message == (
+        "reset_gpus_hosts=gpu01,localhost matches localhost, which the inventory does not list: Ansible's implicit "
+        "localhost, the controller itself; list it in the inventory to act on this machine"
+    )
+    assert inputs.no_hosts(["localhost"], "reset_gpus_hosts", "localhost", ["localhost", "gpu01"]) == ""
+    refusal = inputs.check_gpus_plan({"check_gpus_hosts": "127.0.0.1"}, ["127.0.0.1"], ["gpu01"])["refusal"]
+    assert refusal.startswith("nothing was checked: check_gpus_hosts=127.0.0.1 matches 127.0.0.1, which the inventory")
