@@ -575,14 +575,22 @@ def drain(client, served_model_name, timeout, poll_interval=1.0, sleep=time.slee
     return result
 
 
+# Failures of a server that is there and does not answer: a timeout, a connection cut (RemoteDisconnected included).
+_NO_ANSWER = (socket.timeout, TimeoutError, ConnectionResetError, ConnectionAbortedError, BrokenPipeError)
+
+
 def _drain_read(client, result):
     """GET /metrics for drain(): the samples, or None with `result` updated where the drain ends. Raises VllmApiError
-    when the server cannot be asked (TLS, an answer that is not HTTP, a 4xx): the caller's to fix, before any stop."""
+    when the server cannot be asked (a URL that leads nowhere, TLS, an answer that is not HTTP, a 4xx): the caller's to
+    fix, before any stop."""
     try:
         return read_samples(client)
     except ConnectionError as exc:
-        # Nothing listens: no request can be in flight. Any other failure (a timeout, a reset) says nothing of the
-        # requests: not drained, and the stop that follows is left to vLLM's own drain (--shutdown-timeout).
+        # Nothing listens: no request can be in flight. A server that does not answer in time or cuts the connection
+        # (hung, or going away) says nothing of its requests: not drained, and the stop that follows is left to
+        # vLLM's own drain (--shutdown-timeout). Anything else (a name that does not resolve, no route) is the URL.
+        if not refused(exc) and not isinstance(exc.__cause__, _NO_ANSWER):
+            raise VllmApiError("GET /metrics: %s" % exc)
         result["reachable"] = False
         if refused(exc):
             result.update(drained=True, msg="the server does not answer (%s): nothing to drain" % exc)

@@ -17,14 +17,14 @@ description:
     for every process of its session, EngineCore and the workers included). On SIGTERM vLLM 0.33 stops taking requests and
     lets the running ones finish for up to its C(--shutdown-timeout) seconds (0, the default, aborts them at once).
     Nothing is SIGKILLed; what is left is for M(gpuops.nvidia.detached_process), systemd or M(gpuops.nvidia.gpu_kill).
-  - A server on whose port nothing listens has nothing to drain (reported, not a failure). One that does not answer
-    C(/metrics) within O(request_timeout), or answers it with an HTTP 5xx, is reported as not drained; the stop goes
-    ahead, and what is in flight is left to C(--shutdown-timeout). So is it for a server started with
-    C(--disable-log-stats), which exports no C(vllm:) metric (with a warning).
-  - Fails before anything is signalled when the server cannot be asked. That is a failed TLS handshake (a
-    certificate not trusted, see O(validate_certs), or V(https) to a plain http port), an answer that is not HTTP
-    (V(http) to an https port), an HTTP 4xx (a wrong O(url) or O(api_key)), or a server that does not serve
-    O(served_model_name).
+  - A server on whose port nothing listens has nothing to drain (reported, not a failure). One that does not
+    answer C(/metrics) within O(request_timeout), cuts the connection, or answers with an HTTP 5xx, is reported as
+    not drained; the stop goes ahead, and what is in flight is left to C(--shutdown-timeout). So is it for a server
+    started with C(--disable-log-stats), which exports no C(vllm:) metric (with a warning).
+  - Fails before anything is signalled when the server cannot be asked. That is a host that does not resolve or
+    cannot be reached, a failed TLS handshake (a certificate not trusted, see O(validate_certs), or V(https) to a
+    plain http port), an answer that is not HTTP (V(http) to an https port), an HTTP 4xx (a wrong O(url) or
+    O(api_key)), or a server that does not serve O(served_model_name).
   - Fails after the stop only when the main process survives O(grace_period) with O(fail_on_survivors).
 author: gpuops maintainers (@gpuops)
 extends_documentation_fragment:

@@ -351,3 +351,11 @@ def test_drain_an_error_answer_is_not_drained_and_a_refusal_raises(fake_vllm, fa
         _vllm_api.drain(_vllm_api.Client(fake_vllm.url, timeout=5), "served", timeout=30)
     with pytest.raises(_vllm_api.VllmApiError, match="TLS failed: .*CERTIFICATE_VERIFY_FAILED"):
         _vllm_api.drain(_vllm_api.Client(fake_vllm_tls.url, timeout=5), "served", timeout=30)
+
+
+def test_drain_refuses_a_url_that_leads_nowhere(monkeypatch):
+    for name in ("http_proxy", "HTTP_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    # .invalid never resolves (RFC 6761): the URL is wrong, nothing is known of the server's requests.
+    with pytest.raises(_vllm_api.VllmApiError, match="GET /metrics: "):
+        _vllm_api.drain(_vllm_api.Client("http://gpuops-test.invalid:8000", timeout=5), "served", timeout=30)
