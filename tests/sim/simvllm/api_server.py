@@ -51,7 +51,7 @@ def knobs_from_env(environ):
         "teardown_seconds": float(environ.get("SIMVLLM_TEARDOWN_SECONDS", "0")),
         "workers_ignore_sigterm": environ.get("SIMVLLM_WORKERS_IGNORE_SIGTERM") == "1",
         "warmup_orphan": environ.get("SIMVLLM_WARMUP_ORPHAN") == "1",
-        "crash": environ.get("SIMVLLM_CRASH") == "1",
+        "crash": environ.get("SIMVLLM_CRASH") if environ.get("SIMVLLM_CRASH") in ("1", "init") else None,
     }
 
 

@@ -17,7 +17,8 @@ rank (`VLLM::Worker_TP<r>`, `_PP<p>` when pipeline parallel) that holds its GPU.
   `teardown_seconds` (each GPU rank lingers this long after SIGTERM), `workers_ignore_sigterm`,
   `warmup_orphan` (EngineCore keeps SIGTERM's default disposition and workers do not watch the
   death pipe until warm-up ends: a SIGTERM during loading kills EngineCore and orphans its
-  workers, vLLM PR 44751), `crash` (EngineCore dies right after loading).
+  workers, vLLM PR 44751), `crash` ("1": EngineCore dies right after it reported ready; "init": after loading the
+  weights, before it reports ready).
 
 Channel protocol: parent -> child: one config message first; EngineCore -> worker: {"event":
 "warm"} after warm-up; child -> parent: {"event": "ready"}.
@@ -245,11 +246,17 @@ class EngineCore:
                 pass
         if self.shutdown_requested:
             return self.shut_down(0)
+        if config["crash"] == "init":
+            # vllm/v1/engine/core.py: EngineCoreProc.__init__ builds EngineCore (the weights, then
+            # _initialize_kv_caches: profiling and CUDA graph capture) inside _perform_handshakes, which sends READY
+            # after it. An error there ends EngineCore before the API server ever listens.
+            logger.error("RuntimeError: CUDA error: an illegal memory access was encountered")
+            return 1
         try:
             self.api_server.send({"event": "ready"})
         except OSError:
             logger.warning("API server is gone; EngineCore keeps running.")
-        if config["crash"]:
+        if config["crash"] == "1":
             logger.error("EngineCore encountered a fatal error.")
             logger.error("RuntimeError: CUDA error: an illegal memory access was encountered")
             return 1

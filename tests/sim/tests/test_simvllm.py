@@ -498,6 +498,14 @@ def test_engine_core_crash_after_load_fails_health_and_exits_1(serve):
     wait_for(lambda: not server.session(), 5, "every process to exit", server.log)
 
 
+def test_engine_core_crash_before_ready_never_listens_and_exits_1(serve):
+    server = serve(SIMVLLM_CRASH="init")
+    assert server.process.wait(timeout=15) == 1
+    assert health(server.port) is None  # the port never listened
+    assert "Engine core initialization failed" in server.log() and "illegal memory access" in server.log()
+    wait_for(lambda: not server.session(), 5, "every process to exit", server.log)
+
+
 @pytest.mark.parametrize(
     "args, env, status, message",
     [
