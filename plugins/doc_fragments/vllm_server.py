@@ -14,7 +14,7 @@ options:
     description:
       - Base URL of the server, for example V(http://127.0.0.1:8000).
       - Requests go through the proxy that C(http_proxy) or C(https_proxy) name, unless C(no_proxy) excludes the
-        host. A loopback URL (C(localhost), C(127.0.0.0/8), C(::1)) never does.
+        host. A URL of this host itself (C(localhost), C(127.0.0.0/8), C(::1), C(0.0.0.0), C(::)) never does.
     type: str
     required: true
   api_key:

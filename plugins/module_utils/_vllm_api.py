@@ -183,8 +183,8 @@ class Client:
     """HTTP client for one vLLM server: base URL (http://host:port), API key (Bearer), per-request timeout in seconds.
 
     The standard library's urllib sends the requests, as ansible-core's `Request` would: proxies from the environment
-    (`http_proxy`, `no_proxy`), redirects followed. A loopback URL never goes through a proxy: the proxy would reach
-    its own host's loopback, not this one's. An https URL gets one TLS context, made by ansible-core's
+    (`http_proxy`, `no_proxy`), redirects followed. A URL of this host itself (is_loopback) never goes through a
+    proxy: the proxy would reach its own host, not this one. An https URL gets one TLS context, made by ansible-core's
     `make_context`: with `validate_certs`, the CA certificates of the host's usual paths as well as Python's.
     """
 
@@ -264,14 +264,17 @@ class Client:
 
 
 def is_loopback(url):
-    """Whether `url` names this host's loopback: localhost, 127.0.0.0/8 or ::1."""
-    host = (urlsplit(url).hostname or "").lower()
+    """Whether `url` names this host itself: localhost, 127.0.0.0/8, ::1 (also IPv4-mapped), or the unspecified
+    address 0.0.0.0 or :: that vLLM prints when it binds to all addresses (a connection to it reaches this host)."""
+    host = (urlsplit(url).hostname or "").lower().rstrip(".")
     if host == "localhost" or host.endswith(".localhost"):
         return True
     try:
-        return ipaddress.ip_address(host).is_loopback
+        address = ipaddress.ip_address(host)
     except ValueError:
         return False
+    address = getattr(address, "ipv4_mapped", None) or address
+    return address.is_loopback or address.is_unspecified
 
 
 def refused(exc):

@@ -23,8 +23,9 @@ description:
     started with C(--disable-log-stats), which exports no C(vllm:) metric (with a warning).
   - Fails before anything is signalled when the server cannot be asked. That is a host that does not resolve or
     cannot be reached, a failed TLS handshake (a certificate not trusted, see O(validate_certs), or V(https) to a
-    plain http port), an answer that is not HTTP (V(http) to an https port), an HTTP 4xx (a wrong O(url) or
-    O(api_key)), or a server that does not serve O(served_model_name).
+    plain http port), an answer that is not HTTP, an HTTP 4xx (a wrong O(url) or O(api_key)), or a server that does
+    not serve O(served_model_name). V(http) to an https port is not always told apart. A server that cuts the
+    connection instead of answering (as uvicorn does) reads as one that does not answer.
   - Fails after the stop only when the main process survives O(grace_period) with O(fail_on_survivors).
 author: gpuops maintainers (@gpuops)
 extends_documentation_fragment:

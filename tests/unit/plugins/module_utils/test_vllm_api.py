@@ -286,9 +286,18 @@ def dead_port():
 
 
 def test_is_loopback():
-    for url in ("http://127.0.0.1:8000", "http://127.0.0.2:1", "https://[::1]:8000", "http://LOCALHOST:8000"):
+    for url in (
+        "http://127.0.0.1:8000",
+        "http://127.0.0.2:1",
+        "https://[::1]:8000",
+        "http://LOCALHOST:8000",
+        "http://localhost.:8000",
+        "http://[::ffff:127.0.0.1]:8000",
+        "http://0.0.0.0:8000",  # what vLLM prints when it binds to every address: a connection reaches this host
+        "http://[::]:8000",
+    ):
         assert _vllm_api.is_loopback(url), url
-    for url in ("http://10.0.0.1:8000", "http://gpu01:8000", "http://[fe80::1]:80", "http://0.0.0.0:8000"):
+    for url in ("http://10.0.0.1:8000", "http://gpu01:8000", "http://[fe80::1]:80", "http://[::ffff:10.0.0.1]:80"):
         assert not _vllm_api.is_loopback(url), url
 
 
@@ -299,7 +308,8 @@ def test_a_loopback_url_never_goes_through_a_proxy(fake_vllm, dead_port, monkeyp
     for name in ("no_proxy", "NO_PROXY"):
         monkeypatch.delenv(name, raising=False)
     assert _vllm_api.Client(fake_vllm.url, timeout=5).request("/health")[0] == 200
-    assert _vllm_api.Client(fake_vllm.url.replace("127.0.0.1", "localhost"), timeout=5).request("/health")[0] == 200
+    for host in ("localhost", "0.0.0.0"):
+        assert _vllm_api.Client(fake_vllm.url.replace("127.0.0.1", host), timeout=5).request("/health")[0] == 200
     # Another host's URL does go through it (TEST-NET-1: only the proxy can refuse it).
     with pytest.raises(ConnectionError) as refused:
         _vllm_api.Client("http://192.0.2.1:8000", timeout=2).request("/health")
