@@ -28,7 +28,6 @@ vLLM creates no stat logger: /metrics then carries no `vllm:` metric at all.
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import re
 import signal
@@ -37,10 +36,10 @@ import ssl
 import time
 from http.client import HTTPException
 from urllib.error import HTTPError, URLError
-from urllib.parse import urlsplit
 from urllib.request import HTTPSHandler, ProxyHandler, Request, build_opener
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils import _detached, _proc, _terminate
+from ansible_collections.gpuops.nvidia.plugins.module_utils._vllm_address import is_loopback
 
 SPEC_DECODE_PREFIX = "vllm:spec_decode_"
 DRAFTS = "vllm:spec_decode_num_drafts_total"
@@ -183,8 +182,8 @@ class Client:
     """HTTP client for one vLLM server: base URL (http://host:port), API key (Bearer), per-request timeout in seconds.
 
     The standard library's urllib sends the requests, as ansible-core's `Request` would: proxies from the environment
-    (`http_proxy`, `no_proxy`), redirects followed. A URL of this host itself (is_loopback) never goes through a
-    proxy: the proxy would reach its own host, not this one. An https URL gets one TLS context, made by ansible-core's
+    (`http_proxy`, `no_proxy`), redirects followed. A URL of this host itself (_vllm_address.is_loopback) never goes
+    through a proxy: the proxy would reach its own host, not this one. An https URL gets one TLS context, made by ansible-core's
     `make_context`: with `validate_certs`, the CA certificates of the host's usual paths as well as Python's.
     """
 
@@ -261,20 +260,6 @@ class Client:
         choices = answer.get("choices") or [{}]
         usage = answer.get("usage") or {}
         return choices[0].get("text", ""), int(usage.get("completion_tokens") or 0)
-
-
-def is_loopback(url):
-    """Whether `url` names this host itself: localhost, 127.0.0.0/8, ::1 (also IPv4-mapped), or the unspecified
-    address 0.0.0.0 or :: that vLLM prints when it binds to all addresses (a connection to it reaches this host)."""
-    host = (urlsplit(url).hostname or "").lower().rstrip(".")
-    if host == "localhost" or host.endswith(".localhost"):
-        return True
-    try:
-        address = ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    address = getattr(address, "ipv4_mapped", None) or address
-    return address.is_loopback or address.is_unspecified
 
 
 def refused(exc):

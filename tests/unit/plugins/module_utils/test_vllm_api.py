@@ -16,7 +16,7 @@ import time
 import pytest
 from ansible.module_utils import urls
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _vllm_api
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _vllm_address, _vllm_api
 
 METRICS = r"""# HELP vllm:spec_decode_num_drafts Number of spec decoding drafts.
 # TYPE vllm:spec_decode_num_drafts counter
@@ -296,9 +296,9 @@ def test_is_loopback():
         "http://0.0.0.0:8000",  # what vLLM prints when it binds to every address: a connection reaches this host
         "http://[::]:8000",
     ):
-        assert _vllm_api.is_loopback(url), url
+        assert _vllm_address.is_loopback(url), url
     for url in ("http://10.0.0.1:8000", "http://gpu01:8000", "http://[fe80::1]:80", "http://[::ffff:10.0.0.1]:80"):
-        assert not _vllm_api.is_loopback(url), url
+        assert not _vllm_address.is_loopback(url), url
 
 
 def test_a_loopback_url_never_goes_through_a_proxy(fake_vllm, dead_port, monkeypatch):
