@@ -577,13 +577,12 @@ def _drain_read(client, result):
         # Nothing listens: no request can be in flight. A server that does not answer in time or cuts the connection
         # (hung, or going away) says nothing of its requests: not drained, and the stop that follows is left to
         # vLLM's own drain (--shutdown-timeout). Anything else (a name that does not resolve, no route) is the URL.
-        if not refused(exc) and not isinstance(exc.__cause__, _NO_ANSWER):
-            raise VllmApiError("GET /metrics: %s" % exc)
-        result["reachable"] = False
         if refused(exc):
-            result.update(drained=True, msg="the server does not answer (%s): nothing to drain" % exc)
+            result.update(reachable=False, drained=True, msg="the server does not answer (%s): nothing to drain" % exc)
+        elif isinstance(exc.__cause__, _NO_ANSWER):
+            result.update(reachable=False, msg="the server did not answer GET /metrics (%s): not drained" % exc)
         else:
-            result["msg"] = "the server did not answer GET /metrics (%s): not drained" % exc
+            raise VllmApiError("GET /metrics: %s" % exc)
     except VllmApiError as exc:
         if exc.status is None or exc.status < 500:
             raise
