@@ -52,6 +52,30 @@ OWNED = {
     "--uds": "host and port (the health checks and the drain reach the server there)",
     "--headless": "nothing: the role needs the API server for its health checks",
 }
+# vLLM 0.33 vllm/entrypoints/cli/serve.py (ServeSubcommand.cmd) runs headless, with no API server, when
+# api_server_count < 1; -asc is its short form (vllm/entrypoints/openai/cli_args.py).
+API_SERVER_COUNT = "--api-server-count"
+HEADLESS_COUNT = (
+    "extra_args has %s %s: --api-server-count must be a whole number of 1 or more (below 1 vLLM 0.33 runs headless, "
+    "with no API server for the role's health checks and drain: vllm/entrypoints/cli/serve.py)"
+)
+# vLLM's FlexibleArgumentParser (vllm/utils/argparse_utils.py) replaces --config FILE by the keys of that YAML file.
+CONFIG_FILE = (
+    "extra_args has --config: the role does not read that file, so its keys could set the flags the role sets or "
+    "refuses (port, host, --headless, --api-key) unchecked, and a change of the file would not be seen as a change "
+    "of the instance: put its settings in extra_args, or in the instance keys"
+)
+# C0 and C1 control characters, DEL, and the Unicode line and paragraph separators. A newline in a value would start
+# a line of its own in the systemd unit (an ExecStartPre= of the value's choosing) or in the server's log, and any of
+# them splits or ends an argument where a shell or systemd reads the command line.
+CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+CONTROL_TEXT = (
+    "%s has a control character (U+%04X) at character %d, which would start a line of its own in the systemd unit or "
+    "cut the server's command line: remove it (the value is not shown)"
+)
+# The role variables that reach the unit (User=, WorkingDirectory=, EnvironmentFile=, its file name), the files' paths
+# and the command line; the instances' own values are all checked.
+TEXT_SETTINGS = ("user", "config_dir", "state_dir", "log_dir", "systemd_dir", "unit_prefix", "vllm_executable")
 # Flags whose value is a secret: on a command line it is readable by every user of the host (/proc/PID/cmdline),
 # and it would be in the configuration file and the summary.
 SECRETS = {
@@ -74,7 +98,7 @@ def _flag(arg):
     name = arg.split("=", 1)[0]
     if name.startswith("--"):
         return "--" + name[2:].split(".", 1)[0].replace("_", "-")
-    for short in ("-tp", "-pp", "-dp"):  # argparse also takes -tp2, -tp=2
+    for short in ("-tp", "-pp", "-dp", "-asc"):  # argparse also takes -tp2, -tp=2
         if name.startswith(short):
             return short
     return name
@@ -82,12 +106,54 @@ def _flag(arg):
 
 def _owned(flag):
     """The owned flag that `flag` names: itself, or an abbreviation argparse would expand (allow_abbrev)."""
-    if flag in OWNED or flag in SECRETS:
+    names = list(OWNED) + list(SECRETS) + [API_SERVER_COUNT]
+    if flag in names:
         return flag
+    if flag == "-asc":
+        return API_SERVER_COUNT
     if flag.startswith("--") and len(flag) > 4:
-        matches = [name for name in list(OWNED) + list(SECRETS) if name.startswith(flag)]
+        matches = [name for name in names if name.startswith(flag)]
         if matches:
             return matches[0]
+    return None
+
+
+def _value(extra_args, position):
+    """The value given to the flag at `position`: after `=`, glued to a short flag (-asc0), or the next argument."""
+    arg = extra_args[position]
+    if "=" in arg:
+        return arg.split("=", 1)[1]
+    if not arg.startswith("--") and _flag(arg) != arg:
+        return arg[len(_flag(arg)) :]
+    if position + 1 < len(extra_args) and _flag(extra_args[position + 1]) is None:
+        return extra_args[position + 1]
+    return None
+
+
+def _api_server_count_problem(extra_args, position):
+    """Why the --api-server-count at `position` is refused (below 1, not a whole number, no value), or None."""
+    value = _value(extra_args, position)
+    try:
+        if value is not None and int(value) >= 1:
+            return None
+    except ValueError:
+        pass
+    written = extra_args[position].split("=", 1)[0]
+    if not written.startswith("--"):
+        written = _flag(written)  # -asc0: the flag without its value
+    if _flag(written) != API_SERVER_COUNT:
+        written = "%s (%s)" % (written, API_SERVER_COUNT)
+    return HEADLESS_COUNT % (written, "without a value" if value is None else "with %r" % value)
+
+
+def _secret_problem(extra_args, position, owned):
+    arg = extra_args[position]
+    valued = "=" in arg or (position + 1 < len(extra_args) and _flag(extra_args[position + 1]) is None)
+    if owned == "--api-key" or valued:
+        return (
+            "extra_args has %s with a secret, which would be on the server's command line and in "
+            "the summary (its value is not shown): %s" % (owned, SECRETS[owned])
+        )
     return None
 
 
@@ -102,17 +168,17 @@ def extra_args_problems(extra_args, gate):
         flag = _flag(arg)
         owned = _owned(flag) if flag else None
         if owned in SECRETS:
-            valued = "=" in arg or (position + 1 < len(extra_args) and _flag(extra_args[position + 1]) is None)
-            if owned == "--api-key" or valued:
-                problems.append(
-                    "extra_args has %s with a secret, which would be on the server's command line and in "
-                    "the summary (its value is not shown): %s" % (owned, SECRETS[owned])
-                )
+            problems.append(_secret_problem(extra_args, position, owned))
+        elif owned == API_SERVER_COUNT:
+            problems.append(_api_server_count_problem(extra_args, position))
         elif owned:
             problems.append(
                 "extra_args has %s, which the role sets itself: use %s"
                 % (flag if flag == owned else "%s (%s)" % (flag, owned), OWNED[owned])
             )
+        elif flag == "--config":
+            problems.append(CONFIG_FILE)
+    problems = [problem for problem in problems if problem]
     if gate and any(re.match(r"^--disable[-_]log[-_]stats$", arg) for arg in extra_args):
         problems.append(NO_LOG_STATS)
     return problems
@@ -396,10 +462,37 @@ def held_problems(instance, resolved, instances, host, gpus, settings):
     return problems
 
 
+def _strings(value, path=""):
+    """(name, text) of every string in `value`, a dict key too, named as the operator wrote it: environment.FOO,
+    extra_args[2]."""
+    if isinstance(value, str):
+        yield path, value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            if CONTROL.search(str(key)):
+                yield "%s key %r" % (path, str(key)), str(key)
+                continue
+            yield from _strings(item, "%s.%s" % (path, key) if path else str(key))
+    elif isinstance(value, list):
+        for position, item in enumerate(value):
+            yield from _strings(item, "%s[%d]" % (path, position))
+
+
+def control_problems(named):
+    """A problem for each string of `named` ({name: value}) that holds a control character (CONTROL)."""
+    problems = []
+    for name, text in _strings(named):
+        match = CONTROL.search(text)
+        if match:
+            problems.append(CONTROL_TEXT % (name, ord(match.group()), match.start() + 1))
+    return problems
+
+
 def instance_problems(instance, instances, host, gpus, settings):
     """(problems, resolved GPUs) of one instance, in the order the operator reads them."""
     name = instance.get("name")
-    problems = []
+    # api_key has its own check, which says what a key may hold.
+    problems = control_problems({key: value for key, value in instance.items() if key not in ("name", "api_key")})
     if not NAME.match(str(name)):
         problems.append('name must be letters, digits, ".", "_" or "-"')
     if [other.get("name") for other in instances].count(name) > 1:
@@ -446,6 +539,7 @@ def vllm_server_check(instances, host, settings):
     """The checks of the validate phase; see DOCUMENTATION."""
     gpus = Gpus(host.get("nvidia"))
     problems, resolved = number_settings_problems(settings.get("numbers") or {}), {}
+    problems += control_problems({"vllm_server_" + key: settings.get(key) for key in TEXT_SETTINGS})
     if settings["service_manager"] == "systemd" and not host.get("systemd") and not settings.get("render"):
         problems.append(
             "vllm_server_service_manager is systemd, but %s does not run systemd (there is no directory "

@@ -23,6 +23,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._speculative_parse i
 from ansible_collections.gpuops.nvidia.plugins.module_utils import _vllm_files
 from ansible_collections.gpuops.nvidia.plugins.module_utils._vllm_address import local_host, local_url
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._vllm_checks import (
+    CONTROL,
     number_settings_problems,
     port_problems,
     vllm_server_check,
@@ -260,6 +261,10 @@ def unit_text(cfg, settings):
         "[Install]",
         "WantedBy=multi-user.target",
     ]
+    # The checks refuse control characters before anything stops; a line that still has one is not written.
+    for line in lines:
+        if CONTROL.search(line):
+            raise ValueError("%s: a line of its systemd unit has a control character" % cfg["name"])
     return "\n".join(lines) + "\n"
 
 

@@ -258,3 +258,36 @@ def test_no_instance_after_a_failed_one_is_touched(simnode, tmp_path):
     assert server_tree(node, ports[1]) == before_b and (root / "etc" / "b.json").read_text() == file_b
     assert server_tree(node, ports[0]) != before_a  # a was stopped, then rolled back to its previous configuration
     assert "rolled back to the previous configuration" in out, out
+
+
+def test_control_characters_headless_counts_and_config_files_are_refused_before_the_stop(simnode, tmp_path):
+    # Issue 33 items 8 and 12: a newline in environment or extra_args would write its own ExecStartPre= into the unit
+    # (and split the command line); --api-server-count 0 runs vLLM headless, with no API server to answer the ready
+    # gate; --config FILE holds flags nothing checks. Each is refused by name, and the running server keeps its PIDs.
+    node, inventory, port, _spare, tree = deployed(simnode, tmp_path)
+    injected = "x\nExecStartPre=/bin/touch %s" % (tmp_path / "PWN")
+    override = {
+        "environment": {"SIMVLLM_LOAD_SECONDS": "0.3", "FOO": injected},
+        "extra_args": ["--max-num-seqs=8\nExecStartPre=/bin/true", "-asc", "0", "--config", str(tmp_path / "c.yaml")],
+    }
+    text = refused(
+        inventory,
+        node,
+        port,
+        tree,
+        {"test_override": override},
+        r"instance a: environment\.FOO has a control character \(U\+000A\) at character 2",
+        r"extra_args\[0\] has a control character \(U\+000A\)",
+        r"extra_args has -asc \(--api-server-count\) with '0': --api-server-count must be a whole number of 1 or more",
+        r"extra_args has --config: the role does not read that file",
+    )
+    assert "PWN" not in text and not (tmp_path / "PWN").exists(), text
+    for count in (["--api-server-count", "-1"], ["--api-server-count=0"]):
+        refused(
+            inventory,
+            node,
+            port,
+            tree,
+            {"test_override": {"extra_args": count}},
+            r"extra_args has --api-server-count with '(-1|0)': .*runs headless",
+        )

@@ -248,3 +248,79 @@ def test_the_role_numbers_are_refused_before_anything_stops():
         check([one()], numbers={"gpu_max_used_mib": "256", "ready_poll_interval": 5, "stop_timeout": 0})["problems"]
         == []
     )
+
+
+# Issue 33 item 8: a control character in any value that reaches the systemd unit, a file or the command line.
+INJECTED = "x\nExecStartPre=/bin/touch /tmp/PWN"
+
+
+@pytest.mark.parametrize(
+    "extra, variable",
+    [
+        ({"environment": {"FOO": INJECTED}}, "environment.FOO"),
+        ({"environment": {"FOO\nBAR": "1"}}, "environment key 'FOO\\nBAR'"),
+        ({"extra_args": ["--enforce-eager", "--max-num-seqs=8\nExecStartPre=/bin/true"]}, "extra_args[1]"),
+        ({"model": "/m\n"}, "model"),
+        ({"served_model_name": "qwen\rX"}, "served_model_name"),
+        ({"host": "127.0.0.1\x00"}, "host"),
+        ({"vllm_executable": "/usr/bin/vllm\t"}, "vllm_executable"),
+        ({"max_model_len": "32768\n"}, "max_model_len"),
+        ({"speculative_config": {"method": "dflash", "model": "/d\x1b[2J"}}, "speculative_config.model"),
+        ({"drafter_config": "/d/config.json\u2028"}, "drafter_config"),
+        ({"environment": {"FOO": "a\x7fb"}}, "environment.FOO"),
+        ({"environment": {"FOO": "a\x85b"}}, "environment.FOO"),
+    ],
+)
+def test_a_control_character_in_an_instance_value_is_refused_by_its_name(extra, variable):
+    found = [line for line in problems(one(**extra)) if "control character" in line]
+    assert len(found) == 1 and found[0].startswith("instance a: %s has a control character (U+" % variable), found
+    assert "ExecStartPre" not in found[0] and "PWN" not in found[0], found  # the value itself is never shown
+
+
+@pytest.mark.parametrize(
+    "setting", ["user", "config_dir", "state_dir", "log_dir", "systemd_dir", "unit_prefix", "vllm_executable"]
+)
+def test_a_control_character_in_a_role_variable_is_refused_by_its_name(setting):
+    found = [
+        line for line in check([one()], **{setting: "/x\nExecStartPre=/bin/true"})["problems"] if "control" in line
+    ]
+    assert len(found) == 1 and found[0].startswith("vllm_server_%s has a control character (U+000A" % setting), found
+
+
+def test_values_without_control_characters_pass():
+    assert problems(one(environment={"A": "x y = z; $HOME %n \"q\""}, extra_args=["--max-num-seqs", "8"])) == []
+
+
+# Issue 33 item 12: vLLM 0.33 runs headless (no API server) when --api-server-count is below 1
+# (vllm/entrypoints/cli/serve.py); --config FILE holds flags the role cannot see.
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--api-server-count", "0"],
+        ["--api-server-count", "-1"],
+        ["--api-server-count=0"],
+        ["--api_server_count", "0"],
+        ["-asc", "0"],
+        ["-asc=0"],
+        ["-asc0"],
+        ["--api-server-co", "0"],
+        ["--api-server-count", "two"],
+        ["--api-server-count"],
+    ],
+)
+def test_an_api_server_count_below_one_is_refused_as_headless(args):
+    (found,) = problems(one(extra_args=["--enforce-eager"] + args))
+    written = "-asc" if args[0] == "-asc0" else args[0].split("=")[0]
+    assert "extra_args has %s" % written in found and "--api-server-count" in found, found
+    assert "a whole number of 1 or more" in found and "headless" in found, found
+
+
+@pytest.mark.parametrize("args", [["--api-server-count", "2"], ["-asc", "4"], ["--api-server-count=1"], ["-asc3"]])
+def test_an_api_server_count_of_one_or_more_passes(args):
+    assert problems(one(extra_args=args)) == []
+
+
+@pytest.mark.parametrize("args", [["--config", "/etc/vllm/serve.yaml"], ["--config=/etc/vllm/serve.yaml"]])
+def test_a_config_file_in_extra_args_is_refused(args):
+    (found,) = problems(one(extra_args=args))
+    assert "extra_args has --config" in found and "put its settings in extra_args" in found, found

@@ -270,3 +270,20 @@ def test_host_request_passes_on_a_max_used_mib_only_where_it_stands():
     assert p.host_request([instance()], dict(SETTINGS, numbers={"gpu_max_used_mib": 512}))["max_used_mib"] == 512
     # Refused by the plan: the host is read with the module's default, and the plan says why.
     assert "max_used_mib" not in p.host_request([instance()], dict(SETTINGS, numbers={"gpu_max_used_mib": -5}))
+
+
+def test_a_newline_never_reaches_the_systemd_unit():
+    # Issue 33 item 8: the plan refuses it before anything stops, and unit_text refuses to write such a line anyway.
+    settings = dict(SETTINGS, service_manager="systemd")
+    injected = "x\nExecStartPre=/bin/touch /tmp/PWN"
+    planned = p.plan([instance(environment={"FOO": injected})], host(systemd=True), settings)
+    assert planned["instances"] == {} and len(planned["problems"]) == 1, planned
+    assert planned["problems"][0].startswith("instance a: environment.FOO has a control character (U+000A)"), planned
+    cfg = p.plan([instance()], host(systemd=True), settings)["instances"]["a"]["cfg"]
+    for bad in (dict(cfg, environment={"FOO": injected}), dict(cfg, argv=cfg["argv"] + [injected])):
+        try:
+            unit = p.unit_text(bad, settings)
+        except ValueError as exc:
+            assert "control character" in str(exc) and "PWN" not in str(exc), exc
+        else:
+            raise AssertionError("a unit with a newline in a value was written:\n" + unit)
