@@ -26,10 +26,12 @@ from __future__ import annotations
 # NVML memory info v1 `used` includes the reserved memory since driver R510 (the release that added
 # nvmlDeviceGetMemoryInfo_v2 to report it apart: wookayin/gpustat#141, rust-nvml/nvml-wrapper#57), and v1 cannot
 # tell it apart. Where only v1 is there (v2 missing or answering FUNCTION_NOT_FOUND, NVIDIA/nvidia-settings#78), the
-# tolerance grows by this share of the memory: reserved memory is a few hundred MiB to about 1 GiB per GPU
-# (912 MB of an idle 40 GB A100 in nvml-wrapper#57, "a few hundred MB to ~1 GB" on H20/B200/B300 in
-# scitix/sichek#113), while the context of an inference server is tens of GiB (docs/attribution.md, "v1 memory").
+# tolerance grows by this share of the memory, and by no more than V1_RESERVED_MAX_MIB: the most that real GPUs were
+# seen to reserve. Idle, an H200 reserves 615 MiB (measured on an H200, driver 580.159.04, 2026-12-04: v1 used = v2
+# used + reserved), an A100 40GB 912 MB (870 MiB, nvml-wrapper#57), H20/B200/B300 "a few hundred MB to ~1 GB"
+# (scitix/sichek#113). A share alone grew with the GPU (4077 MiB on an 80 GB GPU) and hid a leaked context of 3.5 GiB.
 V1_RESERVED_SHARE = 0.05
+V1_RESERVED_MAX_MIB = 1024
 _RESERVED_IN_V1_SINCE = 510
 
 # /proc/driver/nvidia-caps/mig-minors numbers the MIG capability device files the same way on every host (MIG user
@@ -102,6 +104,38 @@ def _file_indices(handles, by_minor, unmapped):
     return indices
 
 
+def _context_indices(handles, by_minor, zero_fb):
+    """The GPUs (indices) on which a process shows a context: an `rw-s` mapping of the GPU's /dev/nvidiaN, or on a
+    zero-framebuffer GPU (index in `zero_fb`) an `rw-s` nvidiactl mapping beside a mapping of its file
+    (DeviceHandles.context_on). NVML clients, nvidia-smi and CUDA-initialized processes never show it."""
+    return {index for minor, index in by_minor.items() if handles.context_on(minor, index in zero_fb)}
+
+
+def listed_once(items):
+    """({pid: MiB, or None where no entry has a figure}, whether some entry has no figure) of process-list entries: a
+    PID's memory is taken once, however many lists name it (an MPS client is in the compute list and the MPS list
+    with the same memory: measured on an H200, driver 580.159.04). Entries of one list add up (a process in two
+    MIG instances of a GPU); the lists' totals do not (the largest is taken)."""
+    per_list, unknown = {}, False
+    for item in items:
+        figure = item["used_mib"]
+        unknown = unknown or figure is None
+        lists = per_list.setdefault(item["pid"], {})
+        previous = lists.get(item["type"])
+        lists[item["type"]] = figure if previous is None else previous + (figure or 0)
+    memory = {}
+    for pid, lists in per_list.items():
+        figures = [mib for mib in lists.values() if mib is not None]
+        memory[pid] = max(figures) if figures else None
+    return memory, unknown
+
+
+def _listed_mib(items):
+    """(MiB the entries charge, each PID once; whether some entry has no figure)."""
+    memory, unknown = listed_once(items)
+    return sum(mib for mib in memory.values() if mib is not None), unknown
+
+
 def _reserved_in_used(memory, driver):
     """True when `memory` (an _nvml memory dict, or a MIG device's) comes from NVML memory info v1 of a driver whose
     v1 `used` includes reserved memory (R510 and later, or an unknown version)."""
@@ -115,10 +149,11 @@ def _reserved_in_used(memory, driver):
 
 
 def reserved_allowance(total_mib, memory, driver):
-    """MiB added to the tolerance where used memory includes reserved memory (v1), else 0."""
+    """MiB added to the tolerance where used memory includes reserved memory (v1), else 0: 5% of the memory, at most
+    V1_RESERVED_MAX_MIB."""
     if total_mib is None or not _reserved_in_used(memory, driver):
         return 0
-    return int(total_mib * V1_RESERVED_SHARE)
+    return min(int(total_mib * V1_RESERVED_SHARE), V1_RESERVED_MAX_MIB)
 
 
 def lists_explain(nvml_gpu, driver, tolerance_mib):
@@ -143,7 +178,7 @@ def lists_explain(nvml_gpu, driver, tolerance_mib):
         total = part.get("total_mib", part.get("memory_total_mib"))
         used = part.get("used_mib", part.get("memory_used_mib"))
         tolerance = tolerance_mib + reserved_allowance(total, part, driver)
-        if _memory_unexplained(used, sum(item["used_mib"] for item in listed), False, tolerance)[1]:
+        if _memory_unexplained(used, _listed_mib(listed)[0], False, tolerance)[1]:
             return False
     return True
 
@@ -216,8 +251,10 @@ def merge(driver, table, scan, processes, tolerance_mib=256, exclude_pids=(), ca
     nvml_gpus = {gpu["index"]: gpu for gpu in (driver or {}).get("gpus", [])}
     unmapped = set()
     files = {pid: _file_indices(handles, by_minor, unmapped) for pid, handles in scan.items() if pid not in exclude}
+    zero_fb = {i for i, gpu in nvml_gpus.items() if (gpu.get("memory") or {}).get("supported") is False}
     held = _Held()
     context = _context(driver, initial_pidns, scan=scan, files=files, processes=processes, exclude=exclude, held=held)
+    context["contexts"] = {pid: _context_indices(scan[pid], by_minor, zero_fb) for pid in files}
     gpus = []
     for entry in table:
         nvml_gpu = nvml_gpus.get(entry["index"], {})
@@ -232,7 +269,7 @@ def merge(driver, table, scan, processes, tolerance_mib=256, exclude_pids=(), ca
     if not table:
         # No index map at all (no NVML, no /proc/driver/nvidia): CUDA users of any GPU's device file hold "a GPU".
         for pid in sorted(files):
-            if scan[pid].cuda and scan[pid].minors and pid in processes:
+            if scan[pid].contexts and pid in processes:
                 held.entry(pid)
     holders, users = _processes(context)
     _name_pids(gpus, holders, users)
@@ -270,13 +307,13 @@ class _Held:
         return self.pids.setdefault(pid, {"memory": {}, "attribution": {}, "mig": {}, "contexts_of": {}})
 
     def hold(self, pid, index, mib, how, instances=(), contexts_of=()):
-        """PID holds GPU `index`: `mib` more MiB there (None: not reported), attributed `how`, in MIG `instances`;
-        `contexts_of`: the exited creators whose contexts it holds there."""
+        """PID holds GPU `index` with `mib` MiB there (its memory, taken once: listed_once; None: not reported),
+        attributed `how`, in MIG `instances`; `contexts_of`: the exited creators whose contexts it holds there."""
         entry = self.entry(pid)
         if contexts_of:
             entry["contexts_of"].setdefault(index, set()).update(contexts_of)
         previous = entry["memory"].get(index)
-        entry["memory"][index] = mib if previous is None else previous + (mib or 0)
+        entry["memory"][index] = mib if previous is None else max(previous, mib or 0)
         entry["attribution"].setdefault(index, how)
         for device in instances:
             entry["mig"].setdefault(index, set()).add(device["uuid"])
@@ -316,56 +353,47 @@ def _gpu_entry(entry, nvml_gpu, driver, tolerance_mib):
 
 
 def _read_lists(gpu, nvml_gpu, context):
-    """The driver's process lists of one GPU: listed processes that /proc confirms hold it, the others are foreign.
+    """The driver's process lists of one GPU: a listed PID whose process shows a context here holds it; the others
+    are exited creators (their number free, or reused) or foreign. Each PID once, however many lists name it.
     Returns (MiB listed, whether some entry has no figure)."""
-    index, scan, files, processes, exclude = (
-        gpu["index"],
-        context["scan"],
-        context["files"],
-        context["processes"],
-        context["exclude"],
-    )
-    listed, listed_unknown = 0, False
-    for item in nvml_gpu.get("processes", []):
+    index, processes, exclude = gpu["index"], context["processes"], context["exclude"]
+    items = nvml_gpu.get("processes", [])
+    memory, _unknown = listed_once(items)
+    for instance in gpu["mig_devices"]:
+        instance["listed_mib"], instance["listed_unknown"] = _listed_mib(
+            [item for item in items if _instance_of(item, [instance]) is instance]
+        )
+    seen = set()
+    for item in items:
         pid = item["pid"]
-        handles = scan.get(pid)
-        if item["type"] == "mps":
-            verified = handles is not None and handles.ctl
-        else:
-            # A context needs CUDA: /dev/nvidia-uvm open or a mapping of a device, besides this GPU's device file. An
-            # NVML client holds every device file with no context: with a listed number it is a reused PID.
-            verified = handles is not None and index in files.get(pid, ()) and handles.cuda
-        verified = verified and pid in processes and pid not in exclude
+        # A context shows as an rw-s mapping of this GPU's device file. An NVML client, nvidia-smi or a process that
+        # only initialized CUDA with a listed number shows none: the number is reused, the process never a holder.
+        verified = index in context["contexts"].get(pid, ()) and pid in processes and pid not in exclude
         gpu["driver_processes"].append(dict(item, verified=verified))
         instance = _instance_of(item, gpu["mig_devices"])
-        if item["used_mib"] is None:
-            listed_unknown = True
-        else:
-            listed += item["used_mib"]
-        if instance is not None:
-            instance["listed_unknown"] = instance["listed_unknown"] or item["used_mib"] is None
-            instance["listed_mib"] += item["used_mib"] or 0
         if verified:
-            context["held"].hold(pid, index, item["used_mib"], "driver", [instance] if instance else ())
-        elif pid not in exclude:
-            present = processes.get(pid)
-            if context["creators_here"] and item["type"] != "mps":
-                # The creator has exited (its number is free here) or another process has its number now: the context
-                # lives on in whoever holds its handles.
-                key, reason = "exited", "reused" if present else "exited"
-            else:
-                key, reason = "foreign", "not_holding" if present else "absent"
-            foreign = {
-                "pid": pid,
-                "used_mib": item["used_mib"],
-                "type": item["type"],
-                "reason": reason,
-                "comm": present["comm"] if present else None,
-            }
-            gpu[key].append(foreign)
-            if instance is not None:
-                instance[key].append(foreign)
-    return listed, listed_unknown
+            context["held"].hold(pid, index, memory[pid], "driver", [instance] if instance else ())
+        if verified or pid in seen or pid in exclude:
+            continue
+        seen.add(pid)
+        present = processes.get(pid)
+        if context["creators_here"]:
+            # The creator has exited (its number is free here) or another process has its number now: the context
+            # lives on in whoever shows it.
+            key, reason = "exited", "reused" if present else "exited"
+        else:
+            key, reason = "foreign", "not_holding" if present else "absent"
+        foreign = {
+            "pid": pid,
+            "used_mib": memory[pid],
+            "type": item["type"],
+            "reason": reason,
+            "comm": present["comm"] if present else None,
+        }
+        gpu[key].append(foreign)
+        if instance is not None:
+            instance[key].append(foreign)
+    return _listed_mib(items)
 
 
 def _judge_memory(gpu, listed, listed_unknown, tolerance_mib, driver, cause=None):
@@ -394,9 +422,10 @@ def _judge_memory(gpu, listed, listed_unknown, tolerance_mib, driver, cause=None
 
 
 def _needs_holders(part, context, unknown):
-    """Whether the CUDA users of a GPU's (or MIG instance's) device file hold it: it carries the context of an exited
-    creator, or memory outside the lists that this namespace's processes may hold (memory unknown; drivers before
-    535.113.01). On a translating driver memory outside the lists is another namespace's or leaked: never theirs."""
+    """Whether the unlisted processes that show a context on a GPU (or MIG instance) hold it: it carries the context
+    of an exited creator, or memory outside the lists that this namespace's processes may hold (memory unknown;
+    drivers before 535.113.01). On a translating driver memory outside the lists is another namespace's or leaked:
+    never theirs."""
     if part.get("exited"):
         return True
     if not part.get("memory_unexplained"):
@@ -406,37 +435,45 @@ def _needs_holders(part, context, unknown):
 
 def _device_file_holders(gpu, listed_here, lookup, context):
     """Where a GPU (or one of its MIG instances) carries the context of an exited creator, or memory that its
-    processes may hold (_needs_holders), the CUDA users of its device file that the driver lists nowhere hold it;
-    with none, the NVML-only clients there are its suspects."""
+    processes may hold (_needs_holders), the processes the driver lists nowhere that show a context on it (an rw-s
+    mapping of its device file) hold it. With none, the other processes with its device file open are its suspects:
+    named, never signalled."""
     instances = gpu["mig_devices"]
     unknown = gpu["memory_used_mib"] is None and gpu["memory_supported"] is not False
     whole = _needs_holders(gpu, context, unknown)
     wanted = {d["uuid"] for d in instances if _needs_holders(d, context, d.get("memory_used_mib") is None)}
     if not whole and not wanted:
         return
-    exited = sorted({item["pid"] for item in gpu["exited"]})
-    index, scan, files = gpu["index"], context["scan"], context["files"]
+    index, files, contexts = gpu["index"], context["files"], context["contexts"]
     candidates = [
         pid for pid in sorted(files) if index in files[pid] and pid not in listed_here and pid in context["processes"]
     ]
-    held_here = False
+    found = []
     for pid in candidates:
-        if not scan[pid].cuda:
+        if index not in contexts[pid]:
             continue
         # On a MIG GPU, a process holding capability files of instances is judged by those instances' memory.
-        mine = _instances_held(scan[pid].caps, gpu["minor"], instances, lookup) if instances else []
+        mine = _instances_held(context["scan"][pid].caps, gpu["minor"], instances, lookup) if instances else []
         if mine:
             mine = [d for d in mine if d["uuid"] in wanted]
             if mine:
-                context["held"].hold(
-                    pid, index, None, "device_file", mine, sorted({item["pid"] for d in mine for item in d["exited"]})
-                )
-                held_here = True
+                found.append((pid, mine, sorted({item["pid"] for d in mine for item in d["exited"]})))
         elif whole:
-            context["held"].hold(pid, index, None, "device_file", (), exited)
-            held_here = True
-    if not held_here and whole:
-        gpu["suspects"] = [pid for pid in candidates if not scan[pid].cuda]
+            found.append((pid, (), sorted({item["pid"] for item in gpu["exited"]})))
+    for pid, mine, creators in found:
+        context["held"].hold(pid, index, _inherited_mib(gpu, found), "device_file", mine, creators)
+    if not found and whole:
+        gpu["suspects"] = candidates
+
+
+def _inherited_mib(gpu, found):
+    """The memory a device-file holder is charged: the exited creators' listed memory when it alone holds their
+    contexts on the whole GPU (a reused or exited creator's memory goes to whoever shows the context), else None
+    (several share it, or it is memory outside the lists)."""
+    if len(found) != 1 or found[0][1] or not gpu["exited"]:
+        return None
+    figures = [item["used_mib"] for item in gpu["exited"]]
+    return None if None in figures else sum(figures)
 
 
 def _processes(context):

@@ -62,11 +62,15 @@ class DeviceHandles:
     Attributes:
         pid: process ID, in the PID namespace of the scanned /proc.
         minors: set of int, the N of each /dev/nvidiaN held (not the NVML index), by fd or mapping.
-        mapped: set of int, the minors of the /dev/nvidiaN files it maps (a CUDA process maps the
-            device it computes on; an NVML client only opens it).
+        mapped: set of int, the minors of the /dev/nvidiaN files it maps in any way (cuInit maps two write-only
+            64 KiB doorbells; an NVML client maps nothing).
+        contexts: set of int, the minors of the /dev/nvidiaN files it maps read-write and shared (`rw-s` in
+            /proc/PID/maps): a CUDA context's GPU memory mapping, the evidence of a context (docs/attribution.md).
         ctl: True when it holds /dev/nvidiactl (every driver client does, NVML ones included).
-        uvm: True when it holds /dev/nvidia-uvm or /dev/nvidia-uvm-tools: the CUDA runtime opens it at
-            initialization, NVML never does (see docs/attribution.md).
+        ctl_rw: True when it maps /dev/nvidiactl read-write and shared: a context's system memory (on a
+            zero-framebuffer GPU, such as a GB10, all of its memory); nvidia-smi and cuInit map it read-only.
+        uvm: True when it holds /dev/nvidia-uvm or /dev/nvidia-uvm-tools (CUDA and NVML clients both do: not
+            evidence of anything on a real driver).
         control: True when it holds /dev/nvidiactl, /dev/nvidia-uvm*, /dev/nvidia-modeset or
             /dev/nvidia-caps/*: these say "uses the driver", not which GPU.
         seen_in: set of str, where it was seen: "fd" (a thread's open fd) and/or "mapping"
@@ -77,29 +81,45 @@ class DeviceHandles:
             instance has the capability files of its GPU instance and compute instance open (see cap_map).
     """
 
-    __slots__ = ("pid", "minors", "mapped", "ctl", "uvm", "control", "seen_in", "thread_only", "caps")
+    __slots__ = (
+        "pid",
+        "minors",
+        "mapped",
+        "contexts",
+        "ctl",
+        "ctl_rw",
+        "uvm",
+        "control",
+        "seen_in",
+        "thread_only",
+        "caps",
+    )
 
     def __init__(self, pid):
         self.pid = pid
         self.minors = set()
         self.mapped = set()
+        self.contexts = set()
         self.ctl = False
+        self.ctl_rw = False
         self.uvm = False
         self.control = False
         self.seen_in = set()
         self.thread_only = False
         self.caps = set()
 
-    def add(self, path, where):
-        """Record one matching path (a readlink result or a maps pathname)."""
+    def add(self, path, where, perms=""):
+        """Record one matching path (a readlink result, or a maps pathname with its permissions: "rw-s")."""
         match = _DEVICE_RE.match(path)
         if match is None:
             return False
         minor = match.group("minor")
+        shared_rw = perms[:2] == "rw" and perms[3:4] == "s"
         if minor is None:
             self.control = True
             if path == "/dev/nvidiactl":
                 self.ctl = True
+                self.ctl_rw = self.ctl_rw or shared_rw
             elif path.startswith("/dev/nvidia-uvm"):
                 self.uvm = True
             elif match.group("cap") is not None:
@@ -108,22 +128,35 @@ class DeviceHandles:
             self.minors.add(int(minor))
             if where == "mapping":
                 self.mapped.add(int(minor))
+                if shared_rw:
+                    self.contexts.add(int(minor))
         self.seen_in.add(where)
         return True
 
     @property
     def cuda(self):
-        """True for a CUDA user: it holds /dev/nvidia-uvm or maps a device (NVML-only clients do neither)."""
-        return self.uvm or bool(self.mapped)
+        """True for a CUDA user: it maps a GPU's device file (cuInit's doorbells, a context). NVML clients and
+        nvidia-smi map none (nvidia-smi maps nvidiactl read-only)."""
+        return bool(self.mapped)
+
+    def context_on(self, minor, zero_fb=False):
+        """True when this process shows a context on the GPU of `minor`: an `rw-s` mapping of its /dev/nvidiaN.
+        On a zero-framebuffer GPU (`zero_fb`) a context's memory is system memory, mapped through nvidiactl: there
+        an `rw-s` nvidiactl mapping beside a mapping of the GPU's file is the evidence (docs/attribution.md)."""
+        if minor in self.contexts:
+            return True
+        return zero_fb and self.ctl_rw and minor in self.mapped
 
     def as_dict(self):
-        """Plain-data view: {"pid", "minors", "mapped" (sorted lists), "ctl", "uvm", "control", "seen_in" (sorted),
-        "thread_only", "caps" (sorted)}."""
+        """Plain-data view: {"pid", "minors", "mapped", "contexts" (sorted lists), "ctl", "ctl_rw", "uvm", "control",
+        "seen_in" (sorted), "thread_only", "caps" (sorted)}."""
         return {
             "pid": self.pid,
             "minors": sorted(self.minors),
             "mapped": sorted(self.mapped),
+            "contexts": sorted(self.contexts),
             "ctl": self.ctl,
+            "ctl_rw": self.ctl_rw,
             "uvm": self.uvm,
             "control": self.control,
             "seen_in": sorted(self.seen_in),
@@ -137,7 +170,9 @@ class DeviceHandles:
         handles = cls(data["pid"])
         handles.minors = set(data["minors"])
         handles.mapped = set(data["mapped"])
+        handles.contexts = set(data["contexts"])
         handles.ctl = data["ctl"]
+        handles.ctl_rw = data["ctl_rw"]
         handles.uvm = data["uvm"]
         handles.control = data["control"]
         handles.seen_in = set(data["seen_in"])
@@ -363,7 +398,7 @@ def _scan_maps(proc, pid, handles):
                 path = _canonical(path, _maps_identity(fields[3], fields[4]) or _stat(path))
                 if path is None:
                     continue
-            handles.add(path, "mapping")
+            handles.add(path, "mapping", fields[1].decode("ascii", "replace"))
 
 
 class _Identity:  # pylint: disable=too-few-public-methods

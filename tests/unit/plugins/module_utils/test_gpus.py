@@ -346,16 +346,16 @@ def test_read_driver_bounds_each_query_by_driver_timeout():
 
 
 def handles(pid, minors=(), uvm=True, ctl=True):
-    """What _procscan finds for a process: a CUDA user (uvm) maps its device; an NVML client only opens it."""
+    """What _procscan finds for a process: a context holder (`uvm`) maps its device rw-s; an NVML client opens it
+    (and nvidia-uvm, as on driver 580.159.04) and maps nothing."""
     found = _procscan.DeviceHandles(pid)
     if ctl:
         found.add("/dev/nvidiactl", "fd")
-    if uvm:
-        found.add("/dev/nvidia-uvm", "fd")
+    found.add("/dev/nvidia-uvm", "fd")
     for minor in minors:
         found.add("/dev/nvidia%d" % minor, "fd")
         if uvm:
-            found.add("/dev/nvidia%d" % minor, "mapping")
+            found.add("/dev/nvidia%d" % minor, "mapping", "rw-s")
     return found
 
 

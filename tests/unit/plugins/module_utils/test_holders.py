@@ -44,21 +44,25 @@ def children():
         child.wait()
 
 
-def handles(pid, minors=(), ctl=True, uvm=True, mapped=(), seen_in=("fd",), thread_only=False):
-    """A scan entry. Default: a CUDA process (nvidiactl + nvidia-uvm + the device files)."""
+def handles(pid, minors=(), ctl=True, uvm=True, mapped=(), seen_in=("fd",), thread_only=False, contexts=None):
+    """A scan entry. Default: a process with a context on each GPU whose file it holds (nvidiactl, nvidia-uvm, the
+    device files, each mapped rw-s). `contexts=()`: a CUDA-initialized process with no context."""
+    contexts = set(minors) | set(mapped) if contexts is None else set(contexts)
     result = _procscan.DeviceHandles(pid)
-    result.minors = set(minors) | set(mapped)
-    result.mapped = set(mapped)
+    result.minors = set(minors) | set(mapped) | contexts
+    result.mapped = set(mapped) | contexts
+    result.contexts = contexts
     result.ctl, result.uvm = ctl, uvm
     result.control = ctl or uvm
-    result.seen_in = set(seen_in) | ({"mapping"} if mapped else set())
+    result.seen_in = set(seen_in) | ({"mapping"} if result.mapped else set())
     result.thread_only = thread_only
     return result
 
 
 def nvml_client(pid, minors):
-    """What NVML leaves open while initialized: /dev/nvidiactl and every /dev/nvidiaN, no UVM, no mapping."""
-    return handles(pid, minors=minors, uvm=False)
+    """What NVML leaves open while initialized: /dev/nvidiactl, every /dev/nvidiaN and /dev/nvidia-uvm (twice, on
+    driver 580.159.04), no mapping."""
+    return handles(pid, minors=minors, uvm=True, contexts=())
 
 
 def gpu_reading(index, minor, used_mib, processes=(), error=None):
@@ -136,7 +140,7 @@ def test_listed_and_confirmed_pid_holds_its_gpu_with_the_listed_memory():
     view = merge(reading, {10: handles(10, minors=[5])})  # minor 5 is NVML index 0
     (holder,) = view["holders"]
     assert (holder["pid"], holder["gpus"], holder["minors"], holder["memory_mib"]) == (10, [0], [5], {"0": 3000})
-    assert holder["attribution"] == {"0": "driver"} and holder["seen_in"] == ["driver", "fd"]
+    assert holder["attribution"] == {"0": "driver"} and holder["seen_in"] == ["driver", "fd", "mapping"]
     assert holder["kind"] == "cuda" and holder["control_only"] is False
     gpu0, gpu1 = view["gpus"]
     assert (gpu0["index"], gpu0["minor"], gpu1["index"], gpu1["minor"]) == (0, 5, 1, 0)
@@ -182,7 +186,7 @@ def test_unlisted_cuda_user_holds_a_gpu_only_where_memory_is_unexplained_on_olde
     holders = by_pid(view["holders"])
     assert sorted(holders) == [20, 30]
     assert holders[20]["gpus"] == [0] and holders[20]["memory_mib"] == {"0": None}
-    assert holders[20]["attribution"] == {"0": "device_file"} and holders[20]["seen_in"] == ["fd"]
+    assert holders[20]["attribution"] == {"0": "device_file"} and holders[20]["seen_in"] == ["fd", "mapping"]
     assert [u["pid"] for u in view["device_users"]] == [21]
     assert view["gpus"][0]["memory_unexplained"] is True and view["gpus"][0]["unexplained_mib"] == 3000
 
@@ -245,14 +249,25 @@ def test_listed_pid_present_here_but_holding_another_gpu_is_foreign_on_older_dri
     assert [u["pid"] for u in view["device_users"]] == [7]
 
 
-def test_mps_client_is_confirmed_by_nvidiactl_alone():
-    reading = driver(gpu_reading(0, 0, 9000, processes=[(40, 9000), (41, 3000, "mps"), (42, 1000, "mps")]))
-    scan = {40: handles(40, minors=[0]), 41: handles(41)}  # 42 holds nothing here
-    view = merge(reading, scan, details(40, 41, 42))
+def test_mps_client_is_listed_twice_and_counted_once():
+    """Driver 580.159.04 on an H200 lists an MPS client in the compute list and the MPS list with the same memory (1540
+    MiB), the server in the compute list (66 MiB); both map the GPU's file rw-s. The client holds 1540 MiB, once."""
+    reading = driver(gpu_reading(0, 0, 1614, processes=[(40, 66), (41, 1540), (41, 1540, "mps"), (42, 900, "mps")]))
+    scan = {40: handles(40, minors=[0]), 41: handles(41, minors=[0]), 42: nvml_client(42, [0])}
+    view = merge(reading, scan)
     holders = by_pid(view["holders"])
     assert sorted(holders) == [40, 41]
-    assert holders[41]["control_only"] is True and holders[41]["memory_mib"] == {"0": 3000}
-    assert view["gpus"][0]["foreign"][0]["pid"] == 42 and view["gpus"][0]["foreign"][0]["reason"] == "not_holding"
+    assert holders[41]["memory_mib"] == {"0": 1540} and holders[40]["memory_mib"] == {"0": 66}
+    gpu = view["gpus"][0]
+    assert gpu["explained_mib"] == 66 + 1540 + 900 and gpu["unexplained_mib"] == 0
+    # 42's number is listed but it shows no context: a reused number, never a holder.
+    assert [(e["pid"], e["reason"]) for e in gpu["exited"]] == [(42, "reused")]
+
+
+def test_a_pid_in_two_lists_is_one_exited_entry():
+    reading = driver(gpu_reading(0, 0, 1540, processes=[(41, 1540), (41, 1540, "mps")]))
+    view = merge(reading, {}, details())
+    assert [(e["pid"], e["used_mib"], e["type"]) for e in view["gpus"][0]["exited"]] == [(41, 1540, "compute")]
 
 
 def test_list_entry_without_a_figure_explains_the_gpu():
@@ -270,7 +285,7 @@ def test_unknown_memory_makes_cuda_users_of_the_device_file_holders():
     assert view["gpus"][0]["memory_unexplained"] is True and view["gpus"][0]["unexplained_mib"] is None
 
 
-def test_holder_listed_twice_on_one_gpu_sums_its_memory():
+def test_holder_listed_twice_in_one_list_sums_its_memory():
     reading = driver(gpu_reading(0, 0, 3000, processes=[(10, 1000), (10, 2000)]))
     view = merge(reading, {10: handles(10, minors=[0])})
     assert view["holders"][0]["memory_mib"] == {"0": 3000}

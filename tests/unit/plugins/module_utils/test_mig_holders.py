@@ -115,9 +115,11 @@ def plain_gpu(index, used, processes=(), v1=False):
 
 
 def cuda(pid, minors, caps=()):
+    """A process with a context on the parent GPU of its MIG instance: it maps the parent's device file rw-s."""
     handles = _procscan.DeviceHandles(pid)
     handles.minors, handles.ctl, handles.uvm, handles.control = set(minors), True, True, True
-    handles.seen_in, handles.caps = {"fd"}, set(caps)
+    handles.mapped = handles.contexts = set(minors)
+    handles.seen_in, handles.caps = {"fd", "mapping"}, set(caps)
     return handles
 
 

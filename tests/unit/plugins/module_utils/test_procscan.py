@@ -82,7 +82,9 @@ def test_fd_and_mapping_give_minors_control_and_seen_in(proc):
         "pid": 100,
         "minors": [2, 3],
         "mapped": [2],
+        "contexts": [2],
         "ctl": True,
+        "ctl_rw": False,
         "uvm": False,
         "control": True,
         "seen_in": ["fd", "mapping"],
@@ -92,17 +94,65 @@ def test_fd_and_mapping_give_minors_control_and_seen_in(proc):
     assert handles.cuda is True  # a device mapping is CUDA's, NVML never maps a device
 
 
-def test_nvml_client_and_cuda_process_are_told_apart(proc):
-    """NVML opens /dev/nvidiactl and every /dev/nvidiaN; the CUDA runtime also opens /dev/nvidia-uvm."""
-    make_process(proc, 100, fds={3: "/dev/nvidiactl", 4: "/dev/nvidia0", 5: "/dev/nvidia1"})
-    make_process(
-        proc, 101, fds={3: "/dev/nvidiactl", 4: "/dev/nvidia-uvm", 5: "/dev/nvidia0", 6: "/dev/nvidia-uvm-tools"}
-    )
-    nvml, cuda = _procscan.scan_process(100, str(proc)), _procscan.scan_process(101, str(proc))
-    assert (nvml.ctl, nvml.uvm, nvml.cuda, sorted(nvml.minors)) == (True, False, False, [0, 1])
-    assert (cuda.ctl, cuda.uvm, cuda.cuda, sorted(cuda.minors)) == (True, True, True, [0])
-    assert _procscan.DeviceHandles.from_dict(cuda.as_dict()).as_dict() == cuda.as_dict()
+# What real processes open and map on an H200 with driver 580.159.04 (tests/fixtures/hardware/README.md, point 2):
+# an NVML client opens nvidia-uvm twice and maps nothing; nvidia-smi maps nvidiactl read-only; a process that only
+# initialized CUDA maps its GPU's file write-only (the doorbells) and nvidiactl read-only; a context maps its GPU's file
+# rw-s at offset 0 and nvidiactl rw-s many times.
+NVML_FDS = {3: "/dev/nvidiactl", 4: "/dev/nvidia0", 5: "/dev/nvidia1", 6: "/dev/nvidia-uvm", 7: "/dev/nvidia-uvm"}
+NVML_FDS.update({8: "/dev/nvidia-caps/nvidia-cap1", 9: "/dev/nvidia-caps/nvidia-cap2"})
+SMI_MAPS = b"7f0000001000-7f0000002000 r--s 00000000 00:06 141 /dev/nvidiactl\n"
+CUINIT_MAPS = (
+    b"7f0000010000-7f0000020000 -w-s 00000000 00:06 142 /dev/nvidia0\n"
+    b"7f0000020000-7f0000030000 -w-s 00000000 00:06 142 /dev/nvidia0\n"
+) + SMI_MAPS
+CONTEXT_MAPS = (
+    b"200600000-200800000 rw-s 00000000 00:06 142                              /dev/nvidia0\n"
+    b"200800000-204000000 rw-s 00000000 00:06 141                              /dev/nvidiactl\n"
+    b"204a00000-204c00000 rw-s 204a00000 00:06 143                             /dev/nvidia-uvm\n"
+) + CUINIT_MAPS
+
+
+def test_nvml_clients_cuda_initialized_processes_and_contexts_are_told_apart(proc):
+    make_process(proc, 100, fds=NVML_FDS)
+    make_process(proc, 101, fds=NVML_FDS, maps=SMI_MAPS)
+    make_process(proc, 102, fds={3: "/dev/nvidiactl", 4: "/dev/nvidia-uvm", 5: "/dev/nvidia0"}, maps=CUINIT_MAPS)
+    make_process(proc, 103, fds=NVML_FDS, maps=CONTEXT_MAPS)
+    nvml, smi, cuinit, context = (_procscan.scan_process(pid, str(proc)) for pid in (100, 101, 102, 103))
+    assert [(h.uvm, h.cuda, sorted(h.contexts), h.ctl_rw) for h in (nvml, smi, cuinit, context)] == [
+        (True, False, [], False),
+        (True, False, [], False),
+        (True, True, [], False),
+        (True, True, [0], True),
+    ]
+    assert [h.context_on(0) for h in (nvml, smi, cuinit, context)] == [False, False, False, True]
+    assert not context.context_on(1)
+    assert _procscan.DeviceHandles.from_dict(context.as_dict()).as_dict() == context.as_dict()
     assert sorted(_procscan.scan_pids([100, 101, 999], str(proc))) == [100, 101]
+
+
+def test_zero_framebuffer_context_is_an_rw_nvidiactl_mapping_beside_the_gpus_file(proc):
+    """A GB10 has no framebuffer: a context's memory is system memory, mapped through nvidiactl (open-gpu-kernel-modules
+    osapi.c RmCreateMmapContextLocked). Decided from the source, not measured."""
+    ctl_rw = b"7f0000100000-7f0000300000 rw-s 00000000 00:06 141 /dev/nvidiactl\n"
+    make_process(proc, 110, fds={3: "/dev/nvidiactl", 4: "/dev/nvidia0"}, maps=ctl_rw + CUINIT_MAPS)
+    make_process(proc, 111, fds={3: "/dev/nvidiactl", 4: "/dev/nvidia0"}, maps=CUINIT_MAPS)
+    gb10, cuinit = _procscan.scan_process(110, str(proc)), _procscan.scan_process(111, str(proc))
+    assert (gb10.context_on(0, zero_fb=True), gb10.context_on(0)) == (True, False)
+    assert cuinit.context_on(0, zero_fb=True) is False
+
+
+def test_scan_ignores_fd_positions_and_mapping_offsets(tmp_path):
+    """The simulator says which process created a context by fd position; the collection must not read it, nor
+    mapping offsets: the same process with other positions and offsets scans the same."""
+    results = []
+    for variant, (position, offset) in enumerate(((0, b"00000000"), (4242, b"00200000"))):
+        proc = tmp_path / ("proc%d" % variant)
+        base = make_process(proc, 120, fds=NVML_FDS, maps=CONTEXT_MAPS.replace(b"rw-s 00000000", b"rw-s " + offset))
+        (base / "fdinfo").mkdir()
+        for fd in NVML_FDS:
+            (base / "fdinfo" / str(fd)).write_text("pos:\t%d\nflags:\t02100002\nmnt_id:\t24\n" % position)
+        results.append(_procscan.scan_process(120, str(proc)).as_dict())
+    assert results[0] == results[1] and results[0]["contexts"] == [0]
 
 
 def test_control_devices_alone_set_control_without_minors(proc):
