@@ -26,10 +26,11 @@ from __future__ import annotations
 # NVML memory info v1 `used` includes the reserved memory since driver R510 (the release that added
 # nvmlDeviceGetMemoryInfo_v2 to report it apart: wookayin/gpustat#141, rust-nvml/nvml-wrapper#57), and v1 cannot
 # tell it apart. Where only v1 is there (v2 missing or answering FUNCTION_NOT_FOUND, NVIDIA/nvidia-settings#78), the
-# tolerance grows by this share of the memory, and by no more than V1_RESERVED_MAX_MIB: the most that real GPUs were
-# seen to reserve. Idle, an H200 reserves 615 MiB (measured on an H200, driver 580.159.04, 2026-12-04: v1 used = v2
-# used + reserved), an A100 40GB 912 MB (870 MiB, nvml-wrapper#57), H20/B200/B300 "a few hundred MB to ~1 GB"
-# (scitix/sichek#113). A share alone grew with the GPU (4077 MiB on an 80 GB GPU) and hid a leaked context of 3.5 GiB.
+# tolerance grows by this share of the memory, by no more than V1_RESERVED_MAX_MIB (1 GiB), just above what real
+# GPUs were seen to reserve idle: 615 MiB on an H200 (measured on an H200, driver 580.159.04, 2026-12-04: v1 used =
+# v2 used + reserved), 912 MB (870 MiB) on an A100 (nvml-wrapper#57), "a few hundred MB to ~1 GB" on
+# H20/B200/B300 (scitix/sichek#113). The share alone grew with the GPU (4077 MiB on an 80 GB GPU) and hid a leaked
+# context of 3.5 GiB.
 V1_RESERVED_SHARE = 0.05
 V1_RESERVED_MAX_MIB = 1024
 _RESERVED_IN_V1_SINCE = 510

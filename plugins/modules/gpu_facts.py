@@ -15,22 +15,23 @@ description:
     C(nvmlDeviceGetMemoryInfo) v1 where v2 is missing, whose used memory includes reserved memory).
   - Holding a GPU means holding its memory (docs/attribution.md). A PID in GPU i's process lists
     (C(nvmlDeviceGetComputeRunningProcesses_v3), C(..Graphics..), C(..MPSCompute..)) holds GPU i, with the listed
-    memory, once C(/proc) shows it has a context there (a CUDA user holding GPU i's device file; for an MPS client,
-    C(/dev/nvidiactl)).
+    memory (each PID once, however many lists name it), once C(/proc) shows it has a context there: a read-write
+    shared (C(rw-s)) mapping of GPU i's device file, which NVML clients, C(nvidia-smi) and CUDA-initialized
+    processes never have (measured on an H200, driver 580.159.04; docs/attribution.md).
   - The driver lists a context under its creator's PID until the last process holding its handles closes them, and
     (535.113.01 and later) in the caller's PID namespace. A listed PID that is absent here is a creator that has
     exited, one held by a process without a context a reused number (C(exited), reason C(exited) or C(reused)); the
-    CUDA users of GPU i's device file that the lists leave out hold its context (C(contexts_of)); the process with
+    processes the lists leave out that show a context on GPU i hold its context (C(contexts_of)); the process with
     the reused number is never a holder. On older drivers seen from a container, such a PID may be a host process
     (C(foreign)), never a holder, its memory explained.
   - A fuser-style scan of C(/proc) (the fds of every thread in C(/proc/PID/task/TID/fd), and C(/proc/PID/maps)) finds
     the NVIDIA device files by identity (character major 195, the same file as C(/dev/nvidia*) wherever it is
     mounted, C(nvidia-uvm) and C(nvidia-caps) by name). Memory no listed entry explains (C(memory_unexplained), beyond
     O(max_used_mib)) belongs, on a driver that gives PIDs in the caller's namespace, to another namespace or to
-    nobody (C(unexplained_cause)); on older drivers and where memory is unknown the CUDA users of the device file
-    hold it. Among them CUDA users (C(/dev/nvidia-uvm) open, or a device mapping) come first; NVML-only clients are
-    only named as C(suspects). Every other process with device files open (NVML exporters and tools, NCCL workers
-    with every GPU's file open) is a device user.
+    nobody (C(unexplained_cause)); on older drivers and where memory is unknown the unlisted processes that show a
+    context on the GPU hold it. Where nobody shows one, the processes with its device file open are only named as
+    C(suspects). Every other process with device files open (NVML exporters and tools, CUDA-initialized processes,
+    NCCL workers with every GPU's file open) is a device user.
   - A GPU whose memory NVML does not report (NVML_ERROR_NOT_SUPPORTED, a unified-memory GB10) is judged by its lists
     and device files (C(memory_supported) false, C(memory_source) C(process_lists)).
   - GPUs are matched through the minor number of C(/dev/nvidiaN) (C(nvmlDeviceGetMinorNumber)), never assuming
@@ -39,7 +40,7 @@ description:
     C(nvmlInit) has 30 seconds of its own (with persistence mode off it initializes every GPU, seconds on real
     hosts). A child that SIGKILL cannot end (stuck in the driver) is left behind and named in C(scan_problems).
   - Without the NVIDIA driver library the facts say so in C(driver.available) and C(driver.error); memory is
-    unknown, so the CUDA users holding a GPU's device file are its holders, from the C(/proc) scan alone.
+    unknown, so the processes that show a context on a GPU are its holders, from the C(/proc) scan alone.
 author: gpuops maintainers (@gpuops)
 requirements:
   - nvidia-ml-py >= 12.535.108 (module C(pynvml); older releases misread the process lists) and psutil on the managed host
@@ -120,8 +121,8 @@ ansible_facts:
               (drivers before 535.113.01 seen from a container; C(pid), C(used_mib), C(type), C(reason) C(absent) or
               C(not_holding), C(comm) of the unrelated process with that PID, else null). C(exited) are listed creators
               that have exited (the same keys, C(reason) C(exited), or C(reused) when another process has the number);
-              their contexts are held by the device-file holders of the GPU. C(suspects) are the PIDs of NVML-only
-              clients holding the device file where a holder is looked for and no CUDA user holds it (never holders).
+              their contexts are held by the device-file holders of the GPU. C(suspects) are the PIDs of processes
+              holding the device file where a holder is looked for and none shows a context (never holders).
             - C(unexplained_cause) says what memory outside the lists is where it counts, C(other_namespace_or_leaked)
               (a driver that lists the caller's PID namespace only, seen from a container), C(leaked) (the same, from
               the initial PID namespace), C(unlisted) (older drivers); null where nothing counts.
@@ -177,13 +178,11 @@ ansible_facts:
             - C(gpus) are the NVML indices of the GPUs it holds memory on, C(device_gpus) those whose device file it
               has open, C(minors) the C(/dev/nvidiaN) numbers, C(memory_mib) the memory per GPU index where the driver
               reports it (null where not), C(attribution) per GPU index C(driver) (listed by the driver) or
-              C(device_file) (holds the device file of a GPU that carries an exited creator's context, or memory it
-              may hold), C(contexts_of) per GPU index the listed PIDs, exited, whose contexts it holds, C(seen_in) where the process was
-              seen (C(driver), C(fd), C(mapping)), C(kind) C(cuda) (C(/dev/nvidia-uvm) or a device mapping) or
-              C(nvml), C(parent) (C(pid), C(comm) of its parent, null under init), C(mig) the MIG instances it holds
+              C(device_file) (shows a context on a GPU that carries an exited creator's context, or memory it may hold), C(contexts_of) per GPU index the listed PIDs, exited, whose contexts it holds, C(seen_in) where the process was
+              seen (C(driver), C(fd), C(mapping)), C(kind) C(cuda) (it maps a GPU's device file) or C(nvml) (it
+              maps none), C(parent) (C(pid), C(comm) of its parent, null under init), C(mig) the MIG instances it holds
               per GPU index (a dict of GPU index to a list of MIG UUIDs).
-            - C(control_only) is true for a listed process holding no device file (an MPS client, with only
-              C(/dev/nvidiactl) and C(/dev/nvidia-uvm)); C(thread_only) when only a non-main thread holds the handle.
+            - C(control_only) is true for a listed process holding no GPU device file; C(thread_only) when only a non-main thread holds the handle.
             - C(owner) says what will start the process again, read on the host with no runtime client
               (docs/owners.md has each path form and its source). Keys, each null where the host does not show it
               (never guessed; all null for a process that is gone) are C(systemd_unit) (the innermost

@@ -160,7 +160,7 @@ gpus:
       O(max_used_mib)), C(holders) (selected holders still holding it, with C(pid), C(comm), C(state), C(cmdline), C(user),
       C(memory_mib), C(attribution), C(parent)), C(left_alone) (the same fields plus C(reason)) and C(left_alone_mib),
       C(foreign) (driver-listed PIDs that no process here confirms, with C(pid), C(used_mib), C(type), C(reason), C(comm)),
-      C(suspects) (PIDs of NVML-only clients holding the device file where memory is unexplained), C(error),
+      C(suspects) (PIDs holding the device file where a holder is looked for and none shows a context), C(error),
       C(memory_checked) (false when NVML could not be asked) and C(released).
     - C(mig_uuid) is null for a whole GPU; for a selected MIG instance the entry has that instance's figures,
       C(mig_uuid) and C(mig_profile). C(reserved_allowance_mib) is added to O(max_used_mib) where used memory includes
