@@ -131,7 +131,7 @@ def _v1_note(allowance):
         return None
     return (
         "reserved memory cannot be told apart on this driver (NVML memory info v1, whose used memory includes it): "
-        "up to %d MiB (5%% of the memory) more counts as idle" % allowance
+        "up to %d MiB more counts as idle (5%% of the memory, at most 1 GiB: what real GPUs reserve)" % allowance
     )
 
 

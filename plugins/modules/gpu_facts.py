@@ -134,8 +134,8 @@ ansible_facts:
               lists of a MIG GPU need root or the mig/monitor capability; the per-instance lists were read instead).
             - C(memory_used_includes_reserved) is true where C(memory_source) is C(nvmlDeviceGetMemoryInfo) (v1) on a
               driver R510 or later, whose used memory includes reserved memory; then
-              C(memory_used_excluding_reserved_mib) is null and C(reserved_allowance_mib) (5% of the memory) is added
-              to C(tolerance_mib) (docs/attribution.md, "v1 memory").
+              C(memory_used_excluding_reserved_mib) is null and C(reserved_allowance_mib) (5% of the memory, at most
+              1024 MiB) is added to C(tolerance_mib) (docs/attribution.md, "v1 memory").
             - C(mig_mode) (C(current), C(pending); null where the GPU has no MIG) and, when MIG is enabled,
               C(mig_devices), one per MIG instance with C(index), C(uuid) (C(MIG-...)), C(gpu_instance_id),
               C(compute_instance_id), C(name), C(profile), C(memory_total_mib), C(memory_used_mib), C(memory_free_mib),

@@ -53,7 +53,7 @@ options:
       - Used memory in MiB at or below which a GPU without holders counts as released.
       - The default, 256, tolerates the few MiB an idle GPU reports in NVML v2 C(used). Where only NVML memory info
         v1 answers (driver R510 or later), used memory includes reserved memory, which nothing tells apart, so 5% of the
-        GPU's memory (C(reserved_allowance_mib) in RV(gpus)) is added to the threshold there, and C(memory_note)
+        GPU's memory, at most 1024 MiB (C(reserved_allowance_mib) in RV(gpus)), is added to the threshold there, and C(memory_note)
         says so (docs/attribution.md, "v1 memory").
     type: int
     default: 256
