@@ -156,18 +156,42 @@ def describe_foreign(item, index):
 
 
 def describe_unread(result):
-    """The selected GPUs whose used memory was not read (a wait_released() result completed by conclude()), in words."""
-    unread = [gpu for gpu in result["gpus"] if not gpu["memory_checked"]]
+    """The selected GPUs whose used memory was not read (a wait_released() result completed by conclude()), in words:
+    the driver library was not usable (holders from the /proc scan), or the driver does not report memory for them
+    (NVML answers NOT_SUPPORTED, as on a unified-memory GB10; holders from its process lists and /proc)."""
+    unread = [gpu for gpu in result["gpus"] if not gpu.get("memory_checked", True)]
     which = (
         "every GPU"
         if any(gpu["index"] is None for gpu in unread)
         else "GPU %s" % ", ".join(str(gpu["index"]) for gpu in unread)
     )
+    them = "them" if which == "every GPU" or len(unread) > 1 else "it"
+    driver = result.get("driver") or {}
+    if driver.get("available"):
+        return (
+            "used memory of %s not reported by the driver (NVML answers NOT_SUPPORTED, as on a unified-memory GPU "
+            "such as the GB10); no process holds %s (the driver's process lists and /proc)" % (which, them)
+        )
     return "used memory of %s not read (NVIDIA driver library not usable: %s); no process holds %s (/proc scan)" % (
         which,
-        result["driver"].get("error") or "no error given",
-        "them" if which == "every GPU" or len(unread) > 1 else "it",
+        driver.get("error") or "no error given",
+        them,
     )
+
+
+def not_checked(result):
+    """gpu_wait's message where require_memory refuses a wait that found no holder but read no memory."""
+    if (result.get("driver") or {}).get("available"):
+        step = (
+            "the memory of such a GPU cannot be read on this host: leaked memory there stays unseen; accept a check "
+            "of its holders alone (require_memory=false)"
+        )
+    else:
+        step = (
+            "make the NVIDIA driver library usable on this host (libnvidia-ml.so.1 and the nvidia-ml-py package), or "
+            "accept a check from /proc alone (require_memory=false)"
+        )
+    return "not checked: %s; next: %s" % (describe_unread(result), step)
 
 
 def exited_notes(view):

@@ -117,7 +117,8 @@ def _entry(gpu, figures, mig_uuid, split, holds, timed_out, max_used_mib):
         left_alone_mib=left_mib,
         foreign=figures.get("foreign", []),
         suspects=gpu["suspects"],
-        memory_checked=used is not None,
+        # Memory the driver does not report (a GB10: what its lists charge stands in for used memory) is not checked.
+        memory_checked=used is not None and figures.get("memory_supported") is not False,
         error=error,
         reserved_allowance_mib=allowance,
         memory_note=_v1_note(allowance),

@@ -120,7 +120,12 @@ def outcome(kill, wait, check_mode, waited_s):
                     kept,
                 )
             return "memory released after %.2f s more" % waited_s
-        return "no holder left after %.2f s more; used memory not checked (NVIDIA driver library not usable)" % waited_s
+        return "no holder left after %.2f s more; used memory not checked (%s)" % (
+            waited_s,
+            "the driver does not report it"
+            if (wait.get("driver") or {}).get("available")
+            else "NVIDIA driver library not usable",
+        )
     return "FAILED: %s" % _NOT_RELEASED.sub(
         "not released after %.1f s" % waited_s, wait.get("msg", "the wait did not run")
     )
@@ -193,7 +198,13 @@ def _gpu_lines(selected, before, after):
             continue
         later = after_by_index.get(gpu["index"], {})
         problem = later.get("error") or gpu.get("error")
-        if gpu["memory_used_mib"] is None and later.get("memory_used_mib") is None:
+        if "process_lists" in (gpu.get("memory_source"), later.get("memory_source")):
+            # A GB10: NVML reports no memory; the figure is what its process lists charge.
+            memory = "used memory not reported by the driver (its process lists charge %s -> %s MiB)" % (
+                _mib(gpu["memory_used_mib"]),
+                _mib(later.get("memory_used_mib")),
+            )
+        elif gpu["memory_used_mib"] is None and later.get("memory_used_mib") is None:
             memory = "used memory unknown"
         else:
             memory = "%s -> %s MiB used" % (_mib(gpu["memory_used_mib"]), _mib(later.get("memory_used_mib")))

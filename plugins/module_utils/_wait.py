@@ -97,7 +97,10 @@ def conclude(result, driver_timeout, single_look=False):
         named = {"PID %s (%s, %s)" % (h["pid"], h["comm"], h["reason"]) for h in result["left_alone"]}
         left = "; left alone: %s" % ", ".join(sorted(named))
     if result["released"]:
-        what = "released" if result["memory_checked"] else "no holder left (memory not checked: no driver)"
+        what = "released"
+        if not result["memory_checked"]:
+            why = "the driver does not report it" if driver["available"] else "no driver"
+            what = "no holder left (memory not checked: %s)" % why
         return "%s after %.2f s%s" % (what, result["elapsed_s"], left)
     stuck = [gpu for gpu in result["gpus"] if not gpu["released"]]
     for gpu in stuck:

@@ -118,8 +118,9 @@ options:
     default: true
   require_memory:
     description:
-      - Fail when the used memory of a selected GPU could not be read (no usable NVIDIA driver library), even though the
-        C(/proc) scan found no holder. With V(false) such a wait succeeds with a warning (RV(memory_checked) is V(false)).
+      - Fail when the used memory of a selected GPU could not be read (no usable NVIDIA driver library, or a GPU whose
+        memory the driver does not report, a unified-memory GB10), even though no holder was found. With V(false) such
+        a wait succeeds (RV(memory_checked) is V(false)).
       - C(playbooks/check_gpus.yml) sets it unless C(check_gpus_allow_proc_only) is true.
     type: bool
     default: false
@@ -161,7 +162,7 @@ gpus:
       C(memory_mib), C(attribution), C(parent)), C(left_alone) (the same fields plus C(reason)) and C(left_alone_mib),
       C(foreign) (driver-listed PIDs that no process here confirms, with C(pid), C(used_mib), C(type), C(reason), C(comm)),
       C(suspects) (PIDs holding the device file where a holder is looked for and none shows a context), C(error),
-      C(memory_checked) (false when NVML could not be asked) and C(released).
+      C(memory_checked) (false when NVML could not be asked or does not report the memory) and C(released).
     - C(mig_uuid) is null for a whole GPU; for a selected MIG instance the entry has that instance's figures,
       C(mig_uuid) and C(mig_profile). C(reserved_allowance_mib) is added to O(max_used_mib) where used memory includes
       reserved memory (NVML memory info v1), with C(memory_note) saying so; else 0 and null.
@@ -173,7 +174,8 @@ gpus:
   type: list
   elements: dict
 memory_checked:
-  description: False when the memory of some selected GPU could not be read (no driver library, a lost GPU).
+  description: False when the memory of some selected GPU could not be read (no driver library, a lost GPU, memory
+    the driver does not report).
   returned: always
   type: bool
 left_alone:
@@ -265,12 +267,7 @@ def finish(module, params, result):
     if not params["return_after"]:
         del result["after"]
     if result["released"] and not result["memory_checked"] and params["require_memory"]:
-        msg = (
-            "not checked: %s; next: make the NVIDIA driver library usable on this host (libnvidia-ml.so.1 and the "
-            "nvidia-ml-py package), or accept a check from /proc alone (require_memory=false)"
-            % _advice.describe_unread(result)
-        )
-        module.fail_json(msg=msg, changed=False, **result)
+        module.fail_json(msg=_advice.not_checked(result), changed=False, **result)
     if result["released"]:
         module.exit_json(changed=False, msg=msg, **result)
     module.fail_json(msg=msg, changed=False, **result)

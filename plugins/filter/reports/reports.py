@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _report
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _advice, _report
 
 
 def _failed(kill):
@@ -34,6 +34,8 @@ def reset_gpus_result(kill, wait, facts, check_mode, waited_s, waited_more):
     Returns {"before", "after"} (the GPUs in the shape of the nvidia facts: after as the wait last saw them, else as
     gpu_facts read them, else as gpu_kill found them; before as gpu_kill found them, else as after), "memory_checked",
     "outcome" (check, failed, released, no_holders), "message" (one sentence, _report.outcome) and "summary" (lines).
+    A kill refused before it selected anything (no "gpus" in its result) is summarized by its message alone: the
+    GPUs it did not select are not named.
     """
     kill = dict(kill or {})
     failed = _failed(kill)
@@ -41,8 +43,10 @@ def reset_gpus_result(kill, wait, facts, check_mode, waited_s, waited_more):
     wait = wait or {}
     after = wait.get("after") or (facts or {}).get("ansible_facts", {}).get("nvidia") or kill.get("before")
     before = kill.get("before") or after
-    memory_checked = bool(((after or {}).get("driver") or {}).get("available"))
-    message = _report.outcome(kill, dict(wait, memory_checked=memory_checked), check_mode, waited_s)
+    memory_checked = _memory_read(after, wait, kill.get("gpus"))
+    message = _report.outcome(
+        kill, dict(wait, memory_checked=memory_checked, driver=(after or {}).get("driver")), check_mode, waited_s
+    )
     if check_mode:
         outcome = "check"
     elif failed or not wait.get("released"):
@@ -51,7 +55,7 @@ def reset_gpus_result(kill, wait, facts, check_mode, waited_s, waited_more):
         outcome = "released" if memory_checked else "no_holders"
     if kill.get("summary") and not waited_more:
         lines = list(kill["summary"])
-    elif before and after:
+    elif before and after and "gpus" in kill:
         kill.setdefault("left_alone", kill.get("protected", []))
         lines = _report.summary_lines(kill, before, after, check_mode, message)
     else:
@@ -66,6 +70,18 @@ def reset_gpus_result(kill, wait, facts, check_mode, waited_s, waited_more):
     }
 
 
+def _memory_read(after, wait, selected):
+    """Whether the used memory of the selected GPUs (`selected`: indices, None for all) was read: the driver library
+    answered, the wait (where one ran) read it, and the driver reports memory for each of them (a GB10 does not)."""
+    if not ((after or {}).get("driver") or {}).get("available") or wait.get("memory_checked") is False:
+        return False
+    return not any(
+        gpu.get("memory_supported") is False
+        for gpu in (after or {}).get("gpus") or ()
+        if selected is None or gpu.get("index") in selected
+    )
+
+
 def _var(hostvars, host, name, default=None):
     try:
         value = hostvars[host].get(name, default)
@@ -78,7 +94,7 @@ def reset_gpus_fleet_summary(hostvars, play_hosts, all_hosts, check_mode):
     """Filter: the closing lines of playbooks/reset_gpus.yml. First, prefixed with the host's name, the summary lines
     of each host whose gpu_kill run finished the reset (released in its first slice, no report or textfile: the role
     printed nothing for it); then one line that sums up the play: hosts ok, failed or unreachable, on which holders
-    were (or would be) ended, on which the used memory was not read, and which summarized above (in the role)."""
+    were (or would be) ended, on which the used memory was not read, and whose summary the role printed above."""
     lines, done, ended, unread = [], [], [], []
     for host in all_hosts:
         kill = _var(hostvars, host, "reset_gpus_kill", {})
@@ -103,7 +119,10 @@ def reset_gpus_fleet_summary(hostvars, play_hosts, all_hosts, check_mode):
             ", %d failed or unreachable (%s)" % (len(failed), ", ".join(failed)) if failed else "",
             "holders %s on %d (%s)" % (verb, len(ended), ", ".join(ended)) if ended else "no holder %s" % verb,
             "; used memory not read on %d (%s)" % (len(unread), ", ".join(unread)) if unread else "",
-            "; %d summarized above (%s)" % (len(above), ", ".join(above)) if above else "",
+            "; %s printed above (%s)"
+            % ("1 host's summary" if len(above) == 1 else "%d hosts' summaries" % len(above), ", ".join(above))
+            if above
+            else "",
         )
     )
     return lines
@@ -121,56 +140,72 @@ CHECK_LABELS = (
 
 
 def _left_out(result):
-    """The left-alone holders that hold memory, per GPU, in words, and their MiB in all; ("", 0) when none."""
+    """The left-alone holders that hold memory, per GPU, in words, and their MiB in all; ("", 0) when none:
+    "GPU 0: 60000 MiB held by PID 7 vllm (excluded by name)"; each holder's own MiB where several share a GPU."""
     parts, total = [], 0
     for gpu in result.get("gpus", []):
         mib = gpu.get("left_alone_mib") or 0
         if mib <= 0:
             continue
         total += mib
+        holders = gpu.get("left_alone", [])
         held = ", ".join(
-            "PID %s %s (%s)%s"
-            % (h["pid"], h["comm"], h["reason"], ", %s MiB" % h["memory_mib"] if h.get("memory_mib") else "")
-            for h in gpu.get("left_alone", [])
+            "PID %s %s (%s%s)"
+            % (
+                h["pid"],
+                h["comm"],
+                h["reason"],
+                ", %s MiB" % h["memory_mib"] if h.get("memory_mib") and len(holders) > 1 else "",
+            )
+            for h in holders
         )
         index = "?" if gpu.get("index") is None else gpu["index"]
         parts.append("GPU %s: %d MiB held by %s" % (index, mib, held or "no process named"))
     return "; ".join(parts), total
 
 
+def _bound(result, max_used_mib):
+    """(MiB, words) of the used memory that a free GPU of `result` was held to: (256, "") where NVML memory info v2
+    reports it; where only v1 answers, whose used memory includes reserved memory, the threshold plus the reserved
+    allowance and words that say so."""
+    allowance = max([gpu.get("reserved_allowance_mib") or 0 for gpu in result.get("gpus", [])] or [0])
+    if not allowance:
+        return max_used_mib, ""
+    return max_used_mib + allowance, (
+        ", reserved memory included (NVML memory info v1 cannot tell it apart: %s MiB and up to %s MiB of reserved "
+        "memory)" % (max_used_mib, allowance)
+    )
+
+
 def check_gpus_status(result, allow_proc_only, max_used_mib):
     """(status, words) of one host's gpu_wait result: free, free_left_out (free once the memory of left-alone holders,
-    check_gpus_exclude's or the protected daemons', is left out: named with that memory), no_holders (memory not
-    read, accepted by check_gpus_allow_proc_only), not_free, not_checked (memory not read or the driver did not
-    answer), failed (the check itself failed or did not run)."""
+    check_gpus_exclude's or the protected daemons', is left out: that memory and its holders come first), no_holders
+    (memory not read: no driver library, or memory the driver does not report; accepted by check_gpus_allow_proc_only),
+    not_free, not_checked (memory not read or the driver did not answer), failed (the check itself failed or did not
+    run). Used memory is named as it was measured (_bound)."""
     if "gpus" not in result:
         return "failed", "check failed: %s" % (result.get("msg") or "gpu_wait returned no result")
-    driver = result.get("driver") or {}
-    unread = [gpu for gpu in result["gpus"] if "memory_checked" in gpu and not gpu["memory_checked"]]
-    which = "every GPU" if any(gpu.get("index") is None for gpu in unread) else "%d GPU(s)" % len(unread)
-    not_read = (
-        "used memory of %s not read (NVIDIA driver library not usable: %s); checked: no process holds them "
-        "(/proc scan)" % (which, driver.get("error") or "no error given")
-    )
-    if driver.get("timed_out"):
+    if (result.get("driver") or {}).get("timed_out"):
         return "not_checked", "not checked: %s" % result.get("msg", "")
     if not result.get("released"):
         return "not_free", "not free: %s" % re.sub(r"^not (free|released after [0-9.]+ s): ", "", result.get("msg", ""))
+    unread = [gpu for gpu in result["gpus"] if not gpu.get("memory_checked", True)]
     if not unread:
         words, mib = _left_out(result)
         if mib:
             return "free_left_out", (
-                "GPUs free (%d checked) but for what was left out: no other holder; used memory at "
-                "most %s MiB each besides %d MiB that left-alone processes hold (%s)"
-                % (len(result["gpus"]), max_used_mib, mib, words)
+                "GPUs free (%d checked) but for what was left out: %s; no other holder, the rest of each GPU's used "
+                "memory at most %s MiB%s" % ((len(result["gpus"]), words) + _bound(result, max_used_mib))
             )
-        return "free", "GPUs free (%d checked): no holder, used memory at most %s MiB each" % (
-            len(result["gpus"]),
-            max_used_mib,
+        return "free", "GPUs free (%d checked): no holder, used memory at most %s MiB each%s" % (
+            (len(result["gpus"]),) + _bound(result, max_used_mib)
         )
+    not_read = _advice.describe_unread(result)
     if allow_proc_only:
-        return "no_holders", "no holder on %s; %s; accepted by check_gpus_allow_proc_only" % (which, not_read)
-    return "not_checked", "not checked: %s; set check_gpus_allow_proc_only=true to accept a /proc-only check" % not_read
+        return "no_holders", "%s; accepted by check_gpus_allow_proc_only" % not_read
+    return "not_checked", "not checked: %s; set check_gpus_allow_proc_only=true to accept a check without memory" % (
+        not_read
+    )
 
 
 def check_gpus_lines(hostvars, all_hosts, options):

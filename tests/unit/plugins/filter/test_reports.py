@@ -103,7 +103,7 @@ def test_fleet_summary_prints_the_hosts_the_role_did_not_and_sums_up():
         "a: signalled 1 process(es) in 0.50 s",
         "a: memory released after 0.00 s more",
         "reset_gpus summary: 4 host(s): 2 ok, 2 failed or unreachable (c, d); holders ended on 2 (a, b); "
-        "1 summarized above (b)",
+        "1 host's summary printed above (b)",
     ]
     # Without the driver library: ok, no holder left, and the line says the memory was not read.
     blind = dict(done, wait={"memory_checked": False}, summary=["no holder left after 0.00 s more"])
@@ -115,8 +115,10 @@ def test_fleet_summary_prints_the_hosts_the_role_did_not_and_sums_up():
     ), lines
     assert reports.reset_gpus_fleet_summary(Hostvars(a={}), ["a"], ["a"], True) == [
         "reset_gpus summary (check mode: nothing was signalled): 1 host(s): 1 ok; no holder would be ended; "
-        "1 summarized above (a)"
+        "1 host's summary printed above (a)"
     ]
+    both = reports.reset_gpus_fleet_summary(Hostvars(a={}, b={}), ["a", "b"], ["a", "b"], True)
+    assert both[-1].endswith("; 2 hosts' summaries printed above (a, b)"), both
 
 
 def gpu(index, left=(), left_mib=0):
@@ -142,9 +144,8 @@ def test_check_lines_name_what_was_left_out_with_its_memory():
     )
     assert lines == [
         "check_gpus free: GPUs free (2 checked): no holder, used memory at most 256 MiB each",
-        "check_gpus left: GPUs free (2 checked) but for what was left out: no other holder; used memory at most 256 MiB "
-        "each besides 69325 MiB that left-alone processes hold (GPU 0: 69325 MiB held by PID 7 vllm (excluded by name), "
-        "69325 MiB)",
+        "check_gpus left: GPUs free (2 checked) but for what was left out: GPU 0: 69325 MiB held by PID 7 vllm "
+        "(excluded by name); no other holder, the rest of each GPU's used memory at most 256 MiB",
         "check_gpus held: not free: GPU 0: 5000 MiB used",
         "check_gpus gone: check failed: no result: unreachable, or failed before the check",
         "check_gpus summary: 4 host(s): 1 free, 1 free but for what was left out (left), 1 not free (held), "
@@ -169,4 +170,80 @@ def test_check_lines_without_memory_read():
         and "check_gpus_allow_proc_only=true" in words
     )
     status, words = reports.check_gpus_status(result, True, 256)
-    assert status == "no_holders" and words.startswith("no holder on every GPU;")
+    assert status == "no_holders" and words.startswith("used memory of every GPU not read")
+    assert words.endswith("no process holds them (/proc scan); accepted by check_gpus_allow_proc_only"), words
+
+
+def test_check_line_names_the_memory_left_out_first_and_who_holds_it():
+    """check_gpus_exclude's holder with 60000 MiB: the line leads with that memory and its holder; "used memory at
+    most 256 MiB each" is never said of a GPU that holds it (issue 33, item 6)."""
+    excluded = {"pid": 7, "comm": "vllm-serve", "reason": "excluded by name", "memory_mib": 60000}
+    daemon = {"pid": 9, "comm": "nvidia-persistenced", "reason": "protected GPU daemon", "memory_mib": 12}
+    result = {"released": True, "gpus": [gpu(0, [excluded, daemon], 60012), gpu(1)], "driver": {"available": True}}
+    status, words = reports.check_gpus_status(result, False, 256)
+    assert status == "free_left_out" and "used memory at most 256 MiB each" not in words, words
+    assert words == (
+        "GPUs free (2 checked) but for what was left out: GPU 0: 60012 MiB held by PID 7 vllm-serve (excluded by "
+        "name, 60000 MiB), PID 9 nvidia-persistenced (protected GPU daemon, 12 MiB); no other holder, the rest of "
+        "each GPU's used memory at most 256 MiB"
+    )
+
+
+def test_check_line_on_memory_info_v1_says_reserved_memory_is_included():
+    """Without NVML memory info v2, used memory includes reserved memory: the line says the bound it was held to,
+    reserved memory included, not "at most 256 MiB" (issue 33, item 4)."""
+    v1 = dict(gpu(0), reserved_allowance_mib=1024)
+    status, words = reports.check_gpus_status({"released": True, "gpus": [v1], "driver": {"available": True}}, 0, 256)
+    assert status == "free" and "at most 256 MiB each" not in words, words
+    assert words == (
+        "GPUs free (1 checked): no holder, used memory at most 1280 MiB each, reserved memory included (NVML memory "
+        "info v1 cannot tell it apart: 256 MiB and up to 1024 MiB of reserved memory)"
+    )
+
+
+def test_memory_the_driver_does_not_report_is_not_checked():
+    """A GB10: NVML answers NOT_SUPPORTED for memory, the library works. Without a figure the check fails as "not
+    checked" (or, accepted, says no figure), and a reset's report never says memory_checked (issue 33, item 5)."""
+    unread = dict(gpu(0), memory_checked=False)
+    result = {"released": True, "gpus": [unread], "driver": {"available": True, "error": None}}
+    status, words = reports.check_gpus_status(copy.deepcopy(result), False, 256)
+    assert status == "not_checked" and "not reported by the driver" in words and "MiB" not in words, words
+    status, words = reports.check_gpus_status(result, True, 256)
+    assert status == "no_holders" and "MiB" not in words and "(the driver's process lists and /proc)" in words, words
+
+    def gb10(used, pids):
+        view = facts(used, pids)
+        view["gpus"][0].update(name="NVIDIA GB10", memory_source="process_lists", memory_supported=False)
+        return view
+
+    kill = dict(KILL, before=gb10(60043, [42]))
+    wait = {
+        "released": True,
+        "elapsed_s": 0.1,
+        "memory_checked": False,
+        "driver": {"available": True},
+        "after": gb10(0, []),
+    }
+    result = reports.reset_gpus_result(kill, wait, {}, False, 0.1, True)
+    assert result["memory_checked"] is False and result["outcome"] == "no_holders", result
+    assert (
+        result["message"] == "no holder left after 0.10 s more; used memory not checked (the driver does not report it)"
+    )
+    assert result["summary"][-1] == (
+        "GPU 0 NVIDIA GB10: used memory not reported by the driver (its process lists charge 60043 -> 0 MiB), "
+        "holders 1 -> 0"
+    )
+    # Check mode (no wait): the facts alone say the memory is not reported.
+    check = reports.reset_gpus_result(dict(KILL, before=gb10(0, []), would_signal=[]), {}, {}, True, 0.0, False)
+    assert check["memory_checked"] is False and check["outcome"] == "check"
+
+
+def test_a_refused_reset_names_no_gpu_it_did_not_select():
+    """gpu_kill refused before it selected anything (a bad regex with GPU 3 asked for): the summary is the refusal,
+    not the used memory of every GPU of the host that gpu_facts read."""
+    every = facts(0, [])
+    every["gpus"] = [dict(every["gpus"][0], index=i) for i in range(8)]
+    refused = {"failed": True, "msg": "nothing was signalled: match: invalid regex"}
+    result = reports.reset_gpus_result(refused, {}, {"ansible_facts": {"nvidia": every}}, False, 0.0, False)
+    assert result["summary"] == ["FAILED to end the holders: nothing was signalled: match: invalid regex"]
+    assert result["outcome"] == "failed" and result["after"] == every

@@ -112,9 +112,43 @@ def test_require_memory_fails_where_memory_was_not_read(capsys, looks):
     )
 
 
+def test_memory_the_driver_does_not_report_is_not_checked(capsys, looks):
+    """A GB10: NVML answers NOT_SUPPORTED for memory, its process lists answer (the snapshot's used memory is what
+    they charge). No holder is left, but the memory was not read: never "released" as if it had been."""
+    gb10 = dict(gpu(0, 0), memory_supported=False, memory_source="process_lists", memory_reserved_mib=None)
+    looks(view([gb10]))
+    code, result = run_module(capsys, {"timeout": 0})
+    assert code == 0 and result["memory_checked"] is False and result["gpus"][0]["memory_checked"] is False, result
+    assert result["msg"].startswith("no holder left (memory not checked: the driver does not report it)"), result
+    code, result = run_module(capsys, {"timeout": 0, "require_memory": True})
+    assert code == 1 and result["released"] is True, result
+    assert result["msg"] == (
+        "not checked: used memory of GPU 0 not reported by the driver (NVML answers NOT_SUPPORTED, as on a "
+        "unified-memory GPU such as the GB10); no process holds it (the driver's process lists and /proc); next: the "
+        "memory of such a GPU cannot be read on this host: leaked memory there stays unseen; accept a check of its "
+        "holders alone (require_memory=false)"
+    )
+
+
 def test_a_null_selection_option_is_refused_before_the_first_look(capsys, monkeypatch):
     looks = []
     monkeypatch.setattr(_gpus.Inspector, "snapshot", lambda *a, **k: looks.append(1))
     code, result = run_main(gpu_wait, capsys, {"gpus": None})
     assert code == 1 and result["msg"].startswith("gpus is null: a selection that names nothing is refused")
     assert looks == []
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        ({"timeout": 1e308}, "timeout=1e+308 (must be at most 3600 seconds)"),
+        ({"poll_interval": 61}, "poll_interval=61.0 (must be at most 60 seconds)"),
+        ({"driver_timeout": 3600}, "driver_timeout=3600.0 (must be at most 600 seconds)"),
+    ],
+)
+def test_a_time_above_its_bound_is_refused_before_the_first_look(capsys, looks, args, words):
+    # Issue 33 item 11: a finite time no run means (1e308 s) would leave the wait silent for hours.
+    scripted = looks(view([gpu(0)]))
+    code, result = run_module(capsys, args)
+    assert code == 1 and result["msg"] == "invalid option value: " + words, result
+    assert scripted.scopes == []
