@@ -28,6 +28,7 @@ vLLM creates no stat logger: /metrics then carries no `vllm:` metric at all.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import signal
@@ -178,6 +179,41 @@ def acceptance_from_counters(before, after):
 _TLS_CUT = (ssl.SSLEOFError, ssl.SSLZeroReturnError, ssl.SSLSyscallError)
 
 
+class _Expired(BaseException):
+    """Raised by _deadline's SIGALRM handler. A BaseException: no `except OSError` of socket.create_connection (which
+    tries the next address), urllib or http.client takes it for an error to handle or retry after."""
+
+
+@contextlib.contextmanager
+def _deadline(seconds):
+    """Raise _Expired in this (the main) thread once `seconds` have passed. A socket timeout bounds each read alone:
+    a server that sends a line just before it fires keeps an exchange going for ever. SIGALRM interrupts a blocking
+    connect, recv or TLS read (PEP 475: the handler's exception ends the call), so the whole exchange is bounded."""
+
+    def expire(_signum, _frame):
+        raise _Expired()
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, max(float(seconds), 0.001))
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _read_body(response, seen):
+    """The body of `response`, read in pieces so that `seen["body"]` says how much came before a deadline."""
+    seen["body"] = 0
+    pieces = []
+    while True:
+        piece = response.read(65536)
+        if not piece:
+            return b"".join(pieces).decode("utf-8", "replace")
+        seen["body"] += len(piece)
+        pieces.append(piece)
+
+
 class Client:
     """HTTP client for one vLLM server: base URL (http://host:port), API key (Bearer), per-request timeout in seconds.
 
@@ -206,7 +242,9 @@ class Client:
     def request(self, path, payload=None):
         """GET `path`, or POST `payload` as JSON; returns (HTTP status, body text).
 
-        HTTP errors are returned as their status; an unreachable server raises ConnectionError with the reason.
+        HTTP errors are returned as their status; an unreachable server raises ConnectionError with the reason. The
+        whole exchange (connection, request, status, headers, body) ends within `timeout` seconds: past it,
+        ConnectionError names the URL and what had not come (its cause is a TimeoutError).
         """
         headers = {"Accept": "application/json, text/plain", "User-Agent": "gpuops.nvidia"}
         if self.api_key:
@@ -218,12 +256,25 @@ class Client:
         request = Request(
             self.base_url + path, data=data, headers=headers, method="POST" if payload is not None else "GET"
         )
+        seen = {"body": None}
+        try:
+            with _deadline(self.timeout):
+                return self._exchange(request, path, seen)
+        except _Expired:
+            missing = (
+                "the status line and headers did not all come"
+                if seen["body"] is None
+                else "the body was still coming (%d bytes read)" % seen["body"]
+            )
+            why = "no complete answer from %s within %g s: %s" % (request.full_url, self.timeout, missing)
+            raise ConnectionError(why) from TimeoutError(why)
+
+    def _exchange(self, request, path, seen):
         try:
             with self._opener.open(request, timeout=self.timeout) as response:
-                return response.getcode(), response.read().decode("utf-8", "replace")
+                return response.getcode(), _read_body(response, seen)
         except HTTPError as exc:
-            body = exc.read().decode("utf-8", "replace") if exc.fp is not None else ""
-            return exc.code, body
+            return exc.code, _read_body(exc, seen) if exc.fp is not None else ""
         except URLError as exc:
             if isinstance(exc.reason, ssl.SSLError) and not isinstance(exc.reason, _TLS_CUT):
                 # A certificate this client does not trust, or https to a plain http port: waiting will not help.

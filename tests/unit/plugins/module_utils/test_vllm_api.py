@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -371,3 +372,58 @@ def test_drain_refuses_a_url_that_leads_nowhere(monkeypatch):
     # .invalid never resolves (RFC 6761): the URL is wrong, nothing is known of the server's requests.
     with pytest.raises(_vllm_api.VllmApiError, match="GET /metrics: "):
         _vllm_api.drain(_vllm_api.Client("http://gpuops-test.invalid:8000", timeout=5), "served", timeout=30)
+
+
+# Issue 33 item 9: a server that sends its answer a line at a time, each line within the per-read socket timeout.
+@pytest.fixture
+def trickle():
+    from trickle import Trickle
+
+    servers = []
+
+    def make(stage):
+        servers.append(Trickle(stage=stage, interval=0.2, lasting=20))
+        return servers[-1]
+
+    yield make
+    for server in servers:
+        server.close()
+
+
+@pytest.mark.parametrize(
+    "stage, words",
+    [
+        ("body", r"the body was still coming \(\d+ bytes read\)"),
+        ("headers", r"the status line and headers did not all come"),
+    ],
+)
+def test_every_request_has_a_total_deadline_and_its_failure_names_the_url(trickle, stage, words):
+    server = trickle(stage)
+    client = _vllm_api.Client(server.url, timeout=1.0)
+    started = time.monotonic()
+    with pytest.raises(ConnectionError) as failed:
+        client.request("/metrics")
+    elapsed = time.monotonic() - started
+    assert elapsed < 1.8, elapsed  # the total deadline, not one second per line
+    message = str(failed.value)
+    assert message.startswith("no complete answer from %s/metrics within 1 s: " % server.url), message
+    assert re.search(words, message), message
+    assert isinstance(failed.value.__cause__, TimeoutError)  # read as "did not answer" by the drain
+
+
+def test_the_looks_of_ready_drain_and_acceptance_end_at_their_deadline(trickle):
+    server = trickle("body")
+    client = _vllm_api.Client(server.url, timeout=0.5)
+    started = time.monotonic()
+    ready = _vllm_api.wait_ready(client, "served", timeout=0, completion_max_tokens=0)
+    assert (
+        not ready["ready"]
+        and "GET /health: no complete answer from %s/health within 0.5 s" % server.url in (ready["last_error"])
+    ), ready
+    drained = _vllm_api.drain(client, "served", timeout=30)
+    assert not drained["drained"] and "did not answer GET /metrics" in drained["msg"], drained
+    with pytest.raises(ConnectionError, match="^no complete answer from .*/metrics within 0.5 s: "):
+        _vllm_api.watch_acceptance(client, "served", window=0.1)
+    assert time.monotonic() - started < 3.0
+    # A later request is not cut short by an alarm left behind.
+    time.sleep(0.6)
