@@ -16,6 +16,8 @@ import json
 from ansible_collections.gpuops.nvidia.plugins.module_utils._report import cut_cmdline
 
 NOTHING_STOPPED = "nothing was stopped: the running server is as it was (the restore hooks were not run)"
+# How roles/vllm_server/tasks/rollback.yml words a rollback that failed.
+ROLLBACK_FAILED = "the rollback failed too"
 
 
 def failure(result):
@@ -46,10 +48,17 @@ def _drain(result):
     return dict({key: result.get(key) for key in keys}, stop_s=(result.get("stop") or {}).get("stop_s"))
 
 
+def _tail(result, keep):
+    """The last `keep` lines of a registered `tail` result ([] when it did not run)."""
+    lines = (result or {}).get("stdout_lines") or []
+    return lines[-keep:] if keep else []
+
+
 def entry(planned, results):
     """The report entry of one instance. `planned`: its plan entry (_vllm_plan). `results`: "reasons", "check_mode",
     and the registered results and notes of the run: "would_end", "hook_failure", "failure", "rollback", "drain",
-    "kill", "ready", "acceptance", "log_tail", "down_s", "log_lines"."""
+    "kill", "ready", "acceptance", "log_tail" (what the new server wrote), "rollback_log_tail" (what the previous
+    configuration wrote when started again), "down_s", "log_lines"."""
     reasons = results.get("reasons") or []
     found = {
         "name": planned["name"],
@@ -74,19 +83,22 @@ def entry(planned, results):
     acceptance = results.get("acceptance") or {}
     found.update(leftovers=(results.get("kill") or {}).get("signalled") or [], drain=_drain(results.get("drain")))
     if results.get("failure"):
-        lines = (results.get("log_tail") or {}).get("stdout_lines") or []
         keep = int(results.get("log_lines") or 30)
+        rollback = results.get("rollback") or ""
         return dict(
             found,
             action="FAILED",
             error=results["failure"],
-            rollback=results.get("rollback") or "",
+            rollback=rollback,
+            rollback_failed=rollback.startswith(ROLLBACK_FAILED),
             acceptance=acceptance if "acceptance_rate" in acceptance else None,
-            log_tail=lines[-keep:] if keep else [],
+            log_tail=_tail(results.get("log_tail"), keep),
+            rollback_log_tail=_tail(results.get("rollback_log_tail"), keep),
         )
     return dict(
         found,
         action="redeployed",
+        was_running=bool(planned["running"]),
         healthy_after_s=(results.get("ready") or {}).get("healthy_after_s"),
         down_s=round(float(results.get("down_s") or 0), 1),
         acceptance=acceptance if _ran(acceptance) and "acceptance_rate" in acceptance else None,
@@ -94,7 +106,8 @@ def entry(planned, results):
 
 
 def _json(value):
-    return json.dumps(value, sort_keys=True)
+    """A configuration value as the summary shows it: JSON, and "not set" for a key the instance leaves out."""
+    return "not set" if value is None else json.dumps(value, sort_keys=True)
 
 
 def _join(values, separator=","):
@@ -105,9 +118,10 @@ def _change_lines(e):
     if e["action"] == "unchanged":
         return []
     if e["old"] is None:
+        spec = e["new"].get("speculative_config")
         return [
-            "  configuration: none deployed by this role -> speculative_config %s"
-            % _json(e["new"]["speculative_config"])
+            "  configuration: none deployed by this role -> %s"
+            % (("speculative_config " + _json(spec)) if spec else "no speculative config")
         ]
     return [
         "  %s: %s -> %s" % (key, _json(e["old"].get(key)), _json(e["new"][key]))
@@ -174,8 +188,13 @@ def _outcome_lines(e):
             "  ended %d process(es) left on its GPUs: %s"
             % (len(e["leftovers"]), ", ".join("%s %s" % (p["pid"], p["comm"]) for p in e["leftovers"]))
         )
-    if e.get("healthy_after_s") is not None:
+    if e.get("healthy_after_s") is not None and e.get("was_running", True):
         lines.append("  healthy %.1f s after start, down %.1f s in all" % (e["healthy_after_s"], e["down_s"]))
+    elif e.get("healthy_after_s") is not None:
+        lines.append(
+            "  healthy %.1f s after start, %.1f s after its redeploy began (it was not running before)"
+            % (e["healthy_after_s"], e["down_s"])
+        )
     acceptance = e.get("acceptance")
     if acceptance:
         lines.append(
@@ -190,10 +209,21 @@ def _outcome_lines(e):
         )
     if "error" in e:
         lines += ["  failed at %s" % e["error"], "  %s" % e["rollback"]]
-        if e["log_tail"]:
-            lines.append("  last lines the new server wrote to %s:" % e["new"]["log_file"])
-            lines += ["    %s" % line for line in e["log_tail"]]
+        for what, log, when, tail in _logs(e):
+            if tail:
+                lines.append("  last lines %s wrote to %s%s:" % (what, log, when))
+                lines += ["    %s" % line for line in tail]
     return lines
+
+
+def _logs(e):
+    """(who, log file, when, lines) of a FAILED entry: the new server's, then the previous configuration's where its
+    start in the rollback failed."""
+    logs = [("the new server", e["new"]["log_file"], "", e.get("log_tail") or [])]
+    if e.get("rollback_failed"):
+        log = (e["old"] or e["new"]).get("log_file") or e["new"]["log_file"]
+        logs.append(("the previous configuration", log, " when started again", e.get("rollback_log_tail") or []))
+    return logs
 
 
 def summary_lines(report, names):
@@ -226,9 +256,13 @@ def failures(report, host):
             e["error"],
             e["rollback"],
         )
-        if e.get("log_tail"):
-            text += " Last lines the new server wrote to %s:\n%s" % (e["new"]["log_file"], "\n".join(e["log_tail"]))
-        elif not before:
-            text += " The new server wrote nothing to %s." % e["new"]["log_file"]
+        after_lines = False  # a sentence after the lines of a log starts on a line of its own
+        for what, log, when, tail in [] if before else _logs(e):
+            text += "\n" if after_lines else " "
+            if tail:
+                text += "Last lines %s wrote to %s%s:\n%s" % (what, log, when, "\n".join(tail))
+            else:
+                text += "%s wrote nothing to %s." % (what[0].upper() + what[1:], log)
+            after_lines = bool(tail)
         texts.append(text)
     return "\n".join(texts)

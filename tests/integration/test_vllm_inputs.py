@@ -291,3 +291,35 @@ def test_control_characters_headless_counts_and_config_files_are_refused_before_
             {"test_override": {"extra_args": count}},
             r"extra_args has --api-server-count with '(-1|0)': .*runs headless",
         )
+
+
+def test_a_failed_rollback_shows_why_the_previous_configuration_did_not_start(simnode, tmp_path):
+    # Issue 33 item 13: the new configuration crashes, and the previous one no longer starts either (its vLLM
+    # executable now fails). The summary and the failure carry what the previous configuration wrote to its log.
+    node = simnode(gpus=2, release_latency=0.2)
+    port = free_ports(1)[0]
+    inventory = inventory_file(tmp_path, node)
+    vllm = node.state_dir / "bin" / "vllm"
+    previous = tmp_path / "vllm-previous"
+    previous.write_text('#!/bin/sh\nexec %s "$@"\n' % vllm)
+    previous.chmod(0o755)
+    a = instance("a", port, [0, 1], vllm_executable=str(previous))
+    root = write_host_vars(tmp_path, node, [a])
+    rc, out, _recap = run(inventory)
+    assert rc == 0, out
+    previous.write_text("#!/bin/sh\necho 'vllm-previous: error: no model at /models/gone (test)' >&2\nexit 2\n")
+    crash = dict(a["environment"], SIMVLLM_CRASH="init", SIMVLLM_LOAD_SECONDS="2")
+    write_host_vars(tmp_path, node, [dict(a, vllm_executable=str(vllm), environment=crash)])
+    rc, out, recap = run(inventory)
+    assert rc != 0 and recap[node.name]["failed"] == 1, out
+    lines = summary(out, node)
+    log = root / "log" / "a.log"
+    assert any(line.startswith("  the rollback failed too: ") for line in lines), lines
+    shown = lines[lines.index("  last lines the previous configuration wrote to %s when started again:" % log) + 1 :]
+    assert "    vllm-previous: error: no model at /models/gone (test)" in shown, lines
+    assert not any("illegal memory access" in line or "EngineCore" in line for line in shown), shown
+    assert re.search(
+        r"Last lines the previous configuration wrote to %s when started again:\n(.*\n)*"
+        r"vllm-previous: error: no model at /models/gone \(test\)" % re.escape(str(log)),
+        flat(out),
+    ), out

@@ -18,7 +18,7 @@ NEW = {
     "service_manager": "detached",
 }
 OLD = dict(NEW, gpu_memory_utilization=0.9, argv=["vllm", "serve", "old"])
-PLANNED = {"name": "a", "cfg": NEW, "url": "http://127.0.0.1:8000", "old": OLD}
+PLANNED = {"name": "a", "cfg": NEW, "url": "http://127.0.0.1:8000", "old": OLD, "running": True}
 DRAIN = {
     "drained": True,
     "drain_s": 1.23,
@@ -152,3 +152,49 @@ def test_no_report_says_the_checks_failed():
     assert r.summary_lines([], ["a"]) == [
         "no instance was deployed: the checks above failed before anything was stopped"
     ]
+
+
+def test_a_failed_rollback_shows_what_the_previous_configuration_wrote():
+    # Issue 33 item 13: the previous configuration's own start error, from its log, is in the summary and the failure.
+    results = {
+        "reasons": ["configuration changed"],
+        "failure": "Wait until the server is healthy: exited",
+        "rollback": "the rollback failed too: Wait until the server is healthy: the server process (PID 9) exited",
+        "log_tail": {"stdout_lines": ["new: CUDA error"]},
+        "rollback_log_tail": {"stdout_lines": ["=== start", "old: error: cannot open /models/gone"]},
+        "log_lines": 30,
+    }
+    e = r.entry(PLANNED, results)
+    assert r.summary_lines([e], ["a"])[-5:] == [
+        "  last lines the new server wrote to /var/log/vllm/a.log:",
+        "    new: CUDA error",
+        "  last lines the previous configuration wrote to /var/log/vllm/a.log when started again:",
+        "    === start",
+        "    old: error: cannot open /models/gone",
+    ]
+    assert r.failures([e], "h").endswith(
+        "Last lines the new server wrote to /var/log/vllm/a.log:\nnew: CUDA error\nLast lines the previous "
+        "configuration wrote to /var/log/vllm/a.log when started again:\n=== start\nold: error: cannot open /models/gone"
+    )
+    silent = r.entry(PLANNED, dict(results, rollback_log_tail={}))
+    assert r.failures([silent], "h").endswith("The previous configuration wrote nothing to /var/log/vllm/a.log.")
+
+
+def test_an_instance_that_was_not_running_has_no_downtime_and_no_null():
+    # Issue 33, "Docs and words": "down 4.2 s in all" for an instance that was not running; "speculative_config null".
+    first = dict(PLANNED, old=None, running=False, cfg=dict(NEW, speculative_config=None))
+    e = r.entry(
+        first, {"reasons": ["configuration changed", "not running"], "ready": {"healthy_after_s": 0.5}, "down_s": 4.23}
+    )
+    assert r.summary_lines([e], ["a"])[1:] == [
+        "  configuration: none deployed by this role -> no speculative config",
+        "  healthy 0.5 s after start, 4.2 s after its redeploy began (it was not running before)",
+    ]
+    running = dict(PLANNED, running=True, cfg=dict(NEW, speculative_config=None, max_model_len=4096))
+    e = r.entry(running, {"reasons": ["configuration changed"], "ready": {"healthy_after_s": 0.5}, "down_s": 4.23})
+    lines = r.summary_lines([e], ["a"])
+    assert "  healthy 0.5 s after start, down 4.2 s in all" in lines, lines
+    assert (
+        '  speculative_config: {"method": "dflash"} -> not set' in lines and "  max_model_len: not set -> 4096" in lines
+    )
+    assert not any("null" in line or "None" in line for line in lines), lines
