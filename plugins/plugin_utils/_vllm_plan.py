@@ -131,7 +131,7 @@ def _speculative(instance, settings, drafters):
     return result, problems
 
 
-def _path_problems(instance, settings, host):
+def _path_problems(instance, settings, host, names=()):
     paths = host.get("paths") or {}
     problems = []
     model = str(instance.get("model") or "")
@@ -146,11 +146,41 @@ def _path_problems(instance, settings, host):
         )
     answer = (host.get("ports") or {}).get(str(instance.get("name")))
     if answer:
-        problems.append(
-            "port %s is already used on %s by a server that is not this instance (%s): stop it or choose "
-            "another port" % (instance.get("port"), host.get("name"), answer)
-        )
+        problems.append(_port_problem(instance, settings, host, answer, names))
     return problems
+
+
+def _port_problem(instance, settings, host, answer, names):
+    """Why the port an instance takes anew is refused: `answer` came from it. Where an instance this role deployed
+    under another name listens there (a rename), it is named: the look sent no API key, so its answer says little."""
+    port = str(instance.get("port"))
+    owners = [
+        (name, config)
+        for name, config in sorted((host.get("deployed") or {}).items())
+        if name != instance.get("name") and str(config.get("port")) == port
+    ]
+    if not owners:
+        return (
+            "port %s is already used on %s by a server that is not this instance (%s): stop it or choose "
+            "another port" % (port, host.get("name"), answer)
+        )
+    name, config = owners[0]
+    used = "port %s is used by instance %s, deployed by this role (%s/%s.json)" % (
+        port,
+        name,
+        settings["config_dir"],
+        name,
+    )
+    if name in names:
+        return used + ", which moves in this run: deploy in two steps (move %s first)" % name
+    if config.get("service_manager") == "systemd":
+        where = "its unit %s%s.service" % (settings["unit_prefix"], name)
+    else:
+        where = "the session of the PID in %s/%s.pid" % (settings["state_dir"], name)
+    return (
+        used + " and not in vllm_server_instances (renamed?): stop it first (%s) and remove its files, or choose "
+        "another port" % where
+    )
 
 
 def config_of(instance, gpus, spec, manager, settings):
@@ -339,7 +369,7 @@ def plan(instances, host, settings):
             "cannot be used" % (host.get("name"), (nvidia.get("driver") or {}).get("error") or "no driver")
         )
     for instance in instances or []:
-        found = _path_problems(instance, settings, host)
+        found = _path_problems(instance, settings, host, [other.get("name") for other in instances])
         spec, spec_problems = _speculative(instance, settings, host.get("drafters"))
         specs[instance.get("name")] = spec
         warnings += [

@@ -63,21 +63,25 @@ time.sleep(3600)
 """
 
 # A simulated CUDA process (contract: tests/sim/README.md, "Creating a CUDA context"; what real
-# processes open: "Device files per process kind" there). argv[1] is JSON:
-#   gpus     indices where it computes (a context of `mib` MiB on each; none: no context);
-#   visible  indices of CUDA_VISIBLE_DEVICES (null: every GPU of the node): CUDA opens the device
-#            file of each at position 0, the context's file is seeked to the token;
-#   mps      an MPS client: only /dev/nvidiactl (seeked to the token) and /dev/nvidia-uvm, context
-#            lines of type mps;
+# processes open and map: "Device files per process kind" there, done by tests/sim/simcuda.py). argv[1] is JSON:
+#   gpus     indices where it computes (a context of `mib` MiB on each, plus node.conf's context_overhead_mib but
+#            for an MPS server; none: CUDA initialized, no context);
+#   visible  indices of CUDA_VISIBLE_DEVICES (null: every GPU of the node): CUDA opens the device file of each;
+#   kind     simcuda's kind of process (CONTEXT, CUDA_INIT, MPS_CLIENT, MPS_SERVER, MPS_CONTROL; null: CONTEXT
+#            with gpus, else CUDA_INIT); MPS_CLIENT keeps the token on nvidiactl and writes context lines of type mps;
 #   nvml     also initialize NVML through the driver library and never shut it down (NCCL);
+#   pinned   MiB of host memory pinned through the context (context word pinned=, a slower release);
+#   ipc      [exporter's node PID, MiB]: memory imported from that context over CUDA IPC (context word ipc=);
 #   mode     hold | inherit (a forked child keeps the handles, the parent exits) | ignore-term;
-#   ready    file to write "<node PID> <PID here>" into once everything is open.
+#   sim_dir  tests/sim (for simcuda); ready: file to write "<node PID> <PID here>" into once everything is open.
 # Standard library only (it may run under /usr/bin/python3 as another user); setproctitle is
 # imported only for a title.
 CUDA_PROCESS = (
     r"""
 import ctypes, json, os, signal, sys, time
 spec = json.loads(sys.argv[1])
+sys.path.insert(0, spec["sim_dir"])
+import simcuda
 if spec.get("title"):
     import setproctitle
     setproctitle.setproctitle(spec["title"])
@@ -96,24 +100,22 @@ def node_pid():
 
 token = node_pid()
 gpus = spec["gpus"]
-fds = [os.open("/dev/nvidiactl", os.O_RDWR), os.open("/dev/nvidia-uvm", os.O_RDWR)]
-if spec.get("mps"):
-    os.lseek(fds[0], token, os.SEEK_SET)
-else:
-    visible = spec["visible"] if spec.get("visible") is not None else list(range(count))
-    for index in sorted(set(visible) | set(gpus)):
-        fd = os.open("/dev/nvidia%d" % minors[index], os.O_RDWR)
-        if index in gpus:
-            os.lseek(fd, token, os.SEEK_SET)
-        fds.append(fd)
+kind = spec.get("kind") or ("CONTEXT" if gpus else "CUDA_INIT")
+visible = spec["visible"] if spec.get("visible") is not None else list(range(count))
+fds = simcuda.cuda_process("/dev", [minors[i] for i in visible], [minors[i] for i in gpus], getattr(simcuda, kind),
+                           token, token_on_ctl=kind == "MPS_CLIENT")
 if spec.get("nvml"):
     nvml = ctypes.CDLL("libnvidia-ml.so.1")
     assert nvml.nvmlInit_v2() == 0, "nvmlInit_v2 failed"
-if gpus and spec["mib"] > 0:
-    kind = " mps" if spec.get("mps") else ""
+if gpus:
+    # What CUDA itself takes on the device beyond the allocations (518 MiB on an H200); the MPS server's context
+    # is its own small size (66 MiB on an H200).
+    mib = spec["mib"] + (int(conf.get("context_overhead_mib") or 0) if kind != "MPS_SERVER" else 0)
+    words = (" mps" if kind == "MPS_CLIENT" else "") + (" pinned=%d" % spec["pinned"] if spec.get("pinned") else "")
+    words += " ipc=%d:%d" % tuple(spec["ipc"]) if spec.get("ipc") else ""
     tmp = "/run/gpusim/contexts/.%d.tmp" % token
     with open(tmp, "w") as f:
-        f.write("".join("%d %d%s\n" % (index, spec["mib"], kind) for index in gpus))
+        f.write("".join("%d %d%s\n" % (index, mib, words) for index in gpus))
     os.rename(tmp, "/run/gpusim/contexts/%d" % token)
 """
     + PROCESS_TAIL
@@ -123,8 +125,8 @@ if gpus and spec["mib"] > 0:
 HOLDER = CUDA_PROCESS
 
 # An NVML-only client (exporter, nvtop...): pynvml.nvmlInit() through the node's driver library,
-# one query, then it stays initialized: /dev/nvidiactl and every /dev/nvidiaN open, no context, no
-# /dev/nvidia-uvm. argv[1]: title, argv[2]: ready file.
+# one query, then it stays initialized: the fake library holds /dev/nvidiactl, every /dev/nvidiaN,
+# /dev/nvidia-uvm twice and the caps files, maps nothing; no context. argv[1]: title, argv[2]: ready file.
 NVML_MONITOR = r"""
 import os, sys, time
 import setproctitle
@@ -139,12 +141,38 @@ os.rename(sys.argv[2] + ".tmp", sys.argv[2])
 time.sleep(3600)
 """
 
-# The MPS control daemon: titled nvidia-cuda-mps-control, no device files; it starts the MPS
-# server (argv[1]: the server's CUDA_PROCESS spec) as its child, as the real daemon does, then waits.
+# `nvidia-smi -l 1`: NVML initialized and queried once a second, plus what simcuda.nvidia_smi adds (each GPU's file
+# three more times, one r--s mapping of nvidiactl). argv[1]: tests/sim, argv[2]: ready file.
+NVIDIA_SMI = r"""
+import os, sys, time
+import setproctitle
+setproctitle.setproctitle("nvidia-smi -l 1")
+setproctitle.setthreadtitle("nvidia-smi")
+sys.path.insert(0, sys.argv[1])
+import simcuda, pynvml
+pynvml.nvmlInit()
+handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+fds = simcuda.nvidia_smi("/dev", [pynvml.nvmlDeviceGetMinorNumber(h) for h in handles])
+with open(sys.argv[2] + ".tmp", "w") as f:
+    f.write("%d %d\n" % (os.getpid(), os.getpid()))
+os.rename(sys.argv[2] + ".tmp", sys.argv[2])
+while True:
+    for h in handles:
+        pynvml.nvmlDeviceGetMemoryInfo(h)
+    time.sleep(1)
+"""
+
+# The MPS control daemon: titled nvidia-cuda-mps-control, CUDA initialized on the server's GPUs (argv[4]: their
+# minors; simcuda.MPS_CONTROL); it starts the MPS server (argv[1]: the server's CUDA_PROCESS spec) as its child, as
+# the real daemon does, then waits.
 MPS_CONTROL = r"""
 import json, os, subprocess, sys, time
 import setproctitle
 setproctitle.setproctitle("nvidia-cuda-mps-control")
+spec = json.loads(sys.argv[1])
+sys.path.insert(0, spec["sim_dir"])
+import simcuda
+fds = simcuda.cuda_process("/dev", json.loads(sys.argv[4]), (), simcuda.MPS_CONTROL)
 server = subprocess.Popen([sys.executable, "-c", sys.argv[2], sys.argv[1]], stdin=subprocess.DEVNULL,
                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 with open(sys.argv[3] + ".tmp", "w") as f:
@@ -219,7 +247,12 @@ def _launch(node, argv, user=None, prefix=()):
     node.exec("sh", "-c", 'exec "$@" </dev/null >/dev/null 2>&1', "sh", *prefix, "setsid", "-f", *as_user, *argv)
 
 
-def cuda_spec(gpus, mib=1024, visible=None, mode="hold", title=None, nvml=False, mps=False):
+SIM_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "sim")
+
+
+def cuda_spec(
+    gpus, mib=1024, visible=None, mode="hold", title=None, nvml=False, mps=False, kind=None, pinned=0, ipc=None
+):
     """The CUDA_PROCESS spec (see there) of a process with a context of `mib` MiB on each of `gpus`."""
     return {
         "gpus": list(gpus),
@@ -228,30 +261,53 @@ def cuda_spec(gpus, mib=1024, visible=None, mode="hold", title=None, nvml=False,
         "mode": mode,
         "title": title,
         "nvml": nvml,
-        "mps": mps,
+        "kind": "MPS_CLIENT" if mps else kind,
+        "pinned": pinned,
+        "ipc": ipc,
+        "sim_dir": SIM_DIR,
     }
 
 
 def start_cuda_process(
-    node, gpus, mib=1024, visible=None, mode="hold", title=None, nvml=False, mps=False, user=None, container=None, pid=0
+    node,
+    gpus,
+    mib=1024,
+    visible=None,
+    mode="hold",
+    title=None,
+    nvml=False,
+    mps=False,
+    user=None,
+    container=None,
+    pid=0,
+    pinned_gib=0,
+    ipc=None,
 ):
     """Start a simulated CUDA process in `node`; return its PID in the node (for mode inherit: the
     forked child's; with `container`: its PID in the container's namespace).
 
-    It has a context of `mib` MiB on each GPU index in `gpus` and was started with
-    CUDA_VISIBLE_DEVICES = `visible` (indices; None: unset, every GPU visible): it holds
-    /dev/nvidiactl, /dev/nvidia-uvm and the device file of every visible GPU, the context only where
-    it computes. `nvml`: it also keeps NVML initialized, as NCCL does (every /dev/nvidiaN of the
-    node). `mps`: an MPS client instead (tests/sim/README.md, "MPS"). `mode`: hold, inherit (a
-    forked child keeps the handles, the parent exits), ignore-term (ignores SIGTERM). `user`: run
-    as that user (uid or name; /usr/bin/python3, so no `title`). `container`: a Container to start
-    it in; `pid`: the PID it should get there, or in the node without `container` (0: any; not
-    with `user`).
+    It has a context of `mib` MiB on each GPU index in `gpus` (none: CUDA initialized, no context; the
+    driver lists `mib` plus node.conf's context_overhead_mib, what CUDA itself takes on the device) and
+    was started with CUDA_VISIBLE_DEVICES = `visible` (indices; None: unset, every GPU visible): it
+    opens and maps what a real one does (tests/sim/README.md, "Device files per process kind"): the
+    device file of every visible GPU, `rw-s` mappings only of the GPUs where it computes. `nvml`: it
+    also keeps NVML initialized, as NCCL does (every /dev/nvidiaN of the node). `mps`: an MPS client
+    instead (tests/sim/README.md, "MPS"). `pinned_gib`: GiB of host memory pinned through the
+    context (its release after the last handle is slower). `ipc`: (exporter's PID, MiB) imported from
+    that context over CUDA IPC. `mode`: hold, inherit (a forked child keeps the handles, the parent
+    exits), ignore-term (ignores SIGTERM). `user`: run as that user (uid or name; /usr/bin/python3,
+    so no `title`). `container`: a Container to start it in; `pid`: the PID it should get there, or
+    in the node without `container` (0: any; not with `user`).
     """
+    spec = cuda_spec(gpus, mib, visible, mode, title, nvml, mps, pinned=int(pinned_gib * 1024), ipc=ipc)
+    return _start_cuda(node, spec, visible, user=user, container=container, pid=pid)
+
+
+def _start_cuda(node, spec, visible, user=None, container=None, pid=0):
     path, host_path = _ready_file(node, "cuda")
-    spec = dict(cuda_spec(gpus, mib, visible, mode, title, nvml, mps), ready=path)
+    spec = dict(spec, ready=path)
     python = "/usr/bin/python3" if user is not None else node_python()
-    if user is not None and title:
+    if user is not None and spec["title"]:
         raise ValueError("a title needs setproctitle, which only the venv's Python has")
     environment = ["env", "CUDA_VISIBLE_DEVICES=" + ",".join(str(i) for i in visible)] if visible is not None else []
     argv = environment + [python, "-c", CUDA_PROCESS, json.dumps(spec)]
@@ -265,31 +321,57 @@ def start_cuda_process(
     return _await_ready(host_path, "CUDA process %s" % (spec,))[0]
 
 
+def start_cuda_init(node, visible=None, title=None, user=None):
+    """Start a process that only initialized CUDA (cuInit; torch.cuda.is_available()): no context; return its PID.
+    It holds nvidiactl, nvidia-uvm twice and each visible GPU's file four times, maps each visible GPU's file `-w-s`
+    (64 KiB, twice) and nvidiactl `r--s` (4 KiB)."""
+    return start_cuda_process(node, [], 0, visible=visible, title=title, user=user)
+
+
 def start_nvml_monitor(node, title="nvidia_gpu_exporter"):
     """Start an NVML-only client (an exporter, nvtop...) titled `title`; return its PID. It called
     pynvml.nvmlInit() through the node's driver library and stays initialized: it holds
-    /dev/nvidiactl and every /dev/nvidiaN, has no context and no /dev/nvidia-uvm."""
+    /dev/nvidiactl, every /dev/nvidiaN, /dev/nvidia-uvm twice and the caps files, maps nothing and has
+    no context."""
     path, host_path = _ready_file(node, "nvml")
     _launch(node, [node_python(), "-c", NVML_MONITOR, title, path])
     return _await_ready(host_path, "NVML monitor %s" % title)[0]
 
 
+def start_nvidia_smi(node):
+    """Start an `nvidia-smi -l 1`-like process (comm nvidia-smi): an NVML client that also holds each GPU's file
+    three more times and maps nvidiactl `r--s` (4 KiB); return its PID."""
+    path, host_path = _ready_file(node, "nvidia-smi")
+    _launch(node, [node_python(), "-c", NVIDIA_SMI, SIM_DIR, path])
+    return _await_ready(host_path, "nvidia-smi -l 1")[0]
+
+
 def start_mps(node, gpus, server_mib=32):
-    """Start an MPS control daemon (nvidia-cuda-mps-control, no device files) and its MPS server
-    (nvidia-cuda-mps-server, its child: a CUDA process with a context of `server_mib` MiB on each
-    of `gpus`, listed as a compute process). Return (control PID, server PID)."""
+    """Start an MPS control daemon (nvidia-cuda-mps-control: CUDA initialized on `gpus`, no context) and its MPS
+    server (nvidia-cuda-mps-server, its child: a context of `server_mib` MiB on each of `gpus`, listed as a
+    compute process). Return (control PID, server PID)."""
     server_path, server_host_path = _ready_file(node, "mps-server")
     control_path, control_host_path = _ready_file(node, "mps-control")
-    spec = dict(cuda_spec(gpus, server_mib, visible=gpus, title="nvidia-cuda-mps-server"), ready=server_path)
-    _launch(node, [node_python(), "-c", MPS_CONTROL, json.dumps(spec), CUDA_PROCESS, control_path])
+    spec = cuda_spec(gpus, server_mib, visible=gpus, title="nvidia-cuda-mps-server", kind="MPS_SERVER")
+    minors = [node.info["gpus"][index]["minor"] for index in gpus]
+    argv = [node_python(), "-c", MPS_CONTROL, json.dumps(dict(spec, ready=server_path)), CUDA_PROCESS, control_path]
+    _launch(node, argv + [json.dumps(minors)])
     control = _await_ready(control_host_path, "MPS control daemon")[0]
     return control, _await_ready(server_host_path, "MPS server")[0]
 
 
 def start_mps_client(node, gpus, mib=1024, title=None):
-    """Start an MPS client with `mib` MiB on each of `gpus` (listed by the driver in the MPS compute
-    list while it holds only /dev/nvidiactl and /dev/nvidia-uvm); return its PID."""
+    """Start an MPS client with `mib` MiB on each of `gpus` (a context's files and mappings; the driver lists it in
+    the compute list and the MPS list with the same memory); return its PID."""
     return start_cuda_process(node, gpus, mib, mps=True, title=title)
+
+
+def start_ipc_pair(node, gpu, mib=1024, importer_mib=0):
+    """Start a CUDA IPC exporter (a context with `mib` MiB on GPU index `gpu`) and an importer (its own context
+    of `importer_mib` MiB, the exporter's `mib` imported: charged to the exporter while the exporter's context
+    lives, to the importer once it is gone); return (exporter PID, importer PID)."""
+    exporter = start_cuda_process(node, [gpu], mib, visible=[gpu])
+    return exporter, start_cuda_process(node, [gpu], importer_mib, visible=[gpu], ipc=(exporter, mib))
 
 
 class Container:
@@ -379,6 +461,25 @@ def device_fds(node, pid):
     """Sorted [(device path, file position)] of the NVIDIA device fds process `pid` holds (one entry
     per open fd; threads sharing a table counted once)."""
     return [tuple(x) for x in json.loads(node.py(_DEVICE_FDS, str(pid)))]
+
+
+# Prints [[path, perms, KiB, offset, start address], ...] of the /dev/nvidia* lines of /proc/argv[1]/maps.
+_DEVICE_MAPS = r"""
+import json, sys
+out = []
+for line in open("/proc/%s/maps" % sys.argv[1]):
+    fields = line.split()
+    if len(fields) >= 6 and fields[5].startswith("/dev/nvidia"):
+        start, end = (int(x, 16) for x in fields[0].split("-"))
+        out.append([fields[5], fields[1], (end - start) // 1024, int(fields[2], 16), start])
+print(json.dumps(sorted(out)))
+"""
+
+
+def device_maps(node, pid):
+    """Sorted [(device path, permissions, KiB, file offset, start address)] of process `pid`'s mappings of NVIDIA
+    device files (/proc/PID/maps), one entry per mapping."""
+    return [tuple(x) for x in json.loads(node.py(_DEVICE_MAPS, str(pid)))]
 
 
 def driver_lists(node):

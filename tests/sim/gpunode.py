@@ -71,7 +71,22 @@ CONF_DEFAULTS = {
     "memory_info": "",
     "pid_namespace": "",
     "init_seconds": "",
+    "context_overhead_mib": "",
     "driver_variant": "",
+}
+# `up --preset NAME`: node.conf values of a real GPU and driver; explicit `up` options override them.
+# h200: measured on an NVIDIA H200 with driver 580.159.04 (tests/sim/README.md, "The H200 preset").
+PRESETS = {
+    "h200": {
+        "name": "NVIDIA H200",
+        "memory_total_mib": "143771",
+        "reserved_mib": "615",
+        "release_latency": "0.15",
+        "context_overhead_mib": "518",
+        "driver_version": "580.159.04",
+        "nvml_version": "13.580.159.04",
+        "cuda_driver_version": "13000",
+    }
 }
 # The device files under /dev (and /dev/nvidia-caps) and the driver library are made at `up`: these keys
 # cannot change on a running node.
@@ -270,6 +285,7 @@ def validate_conf(conf: dict[str, str]) -> dict[str, str]:
         "memory_info": lambda text: _matching("memory_info", text, r"supported|unsupported"),
         "pid_namespace": lambda text: _matching("pid_namespace", text, r"auto|caller|init"),
         "init_seconds": lambda text: _seconds("init_seconds", text),
+        "context_overhead_mib": lambda text: _int_text("context_overhead_mib", text),
         "driver_variant": lambda text: _matching("driver_variant", text, r"no-v3|v3-32"),
     }
     normalised = {}
@@ -654,6 +670,17 @@ def write_proc_driver(directory: Path, conf: dict[str, str]) -> None:
         location = re.search(r"^Bus Location: \t (\S+)$", text, re.M).group(1)
         (gpus_dir / location).mkdir()
         (gpus_dir / location / "information").write_text(text)
+    # The MIG capabilities of every host, MIG or not (src/nvidia/arch/nvalloc/unix/src/os.c osRmCapRegisterSys):
+    # config, root's alone (/dev/nvidia-caps/nvidia-cap1), and monitor, everyone's (nvidia-cap2).
+    capabilities = directory / "nvidia" / "capabilities" / "mig"
+    write_capability(capabilities / "config", 1, 0o400)
+    write_capability(capabilities / "monitor", 2, 0o444)
+
+
+def write_capability(path: Path, cap_minor: int, mode: int) -> None:
+    """A capability file of /proc/driver/nvidia/capabilities as kernel-open/nvidia/nv-caps.c writes it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"DeviceFileMinor: {cap_minor}\nDeviceFileMode: {mode}\nDeviceFileModify: 1\n")
 
 
 def _read_ready_line(ready_fd: int, deadline: float) -> str:
@@ -914,12 +941,9 @@ def write_proc_driver_mig(directory: Path, conf: dict[str, str]) -> None:
     (directory / "nvidia-caps" / "mig-minors").write_text("\n".join(lines) + "\n")
 
     def access(path: Path, cap_minor: int) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(f"DeviceFileMinor: {cap_minor}\nDeviceFileMode: 292\nDeviceFileModify: 1\n")
+        write_capability(path, cap_minor, 0o444)
 
     capabilities = directory / "nvidia" / "capabilities"
-    access(capabilities / "mig" / "config", 1)
-    access(capabilities / "mig" / "monitor", 2)
     for index, instances in layout.items():
         gpu_dir = capabilities / f"gpu{minors[index]}" / "mig"
         for instance in instances:
@@ -931,9 +955,10 @@ def write_proc_driver_mig(directory: Path, conf: dict[str, str]) -> None:
 
 
 def _make_mig_caps(info: dict) -> None:
-    """/dev/nvidia-caps/nvidia-cap<N> in the node's private /dev (empty regular files, mode 0444 as the
-    driver's DeviceFileMode 292): config, monitor, and the GPU and compute instance of every MIG device."""
-    names = ["nvidia-cap1", "nvidia-cap2"] + [
+    """/dev/nvidia-caps/nvidia-cap<N> of the GPU and compute instance of every MIG device in the node's private /dev
+    (empty regular files, mode 0444 as the driver's DeviceFileMode 292; config and monitor, nvidia-cap1 and -cap2,
+    are on every node: gpusim-init makes them)."""
+    names = [
         f"nvidia-cap{minor}"
         for instances in info["mig"].values()
         for instance in instances
@@ -1245,16 +1270,21 @@ def inventory_text(names: list[str]) -> str:
 def _up(args: argparse.Namespace) -> int:
     gpus = args.gpus
     conf = dict(CONF_DEFAULTS)
+    conf.update(PRESETS.get(args.preset or "", {}))
+    given = {
+        "name": args.model_name,
+        "memory_total_mib": args.memory_mib,
+        "reserved_mib": args.reserved_mib,
+        "release_latency": args.release_latency,
+        "context_overhead_mib": args.context_overhead_mib,
+    }
+    conf.update({key: str(value) for key, value in given.items() if value is not None})
     conf.update(
         {
             "gpus": str(gpus),
-            "name": args.model_name,
-            "memory_total_mib": str(args.memory_mib),
             "minors": args.minors if args.minors is not None else ",".join(map(str, range(gpus))),
-            "reserved_mib": str(args.reserved_mib),
             "idle_used_mib": str(args.idle_used_mib),
             "stray_mib": args.stray_mib,
-            "release_latency": args.release_latency,
             "hang": args.hang,
             "lost": args.lost,
             "uuids": ",".join(default_uuid(args.name, index) for index in range(gpus)),
@@ -1338,13 +1368,17 @@ def _parser() -> argparse.ArgumentParser:
     up = commands.add_parser("up", help="create a node and print its description (JSON)")
     up.add_argument("name")
     up.add_argument("--gpus", type=int, default=int(CONF_DEFAULTS["gpus"]))
-    up.add_argument("--model-name", default=CONF_DEFAULTS["name"])
-    up.add_argument("--memory-mib", type=int, default=int(CONF_DEFAULTS["memory_total_mib"]))
+    up.add_argument("--preset", choices=sorted(PRESETS), help="a real GPU's figures (h200); options override them")
+    up.add_argument("--model-name", help="default %s" % CONF_DEFAULTS["name"])
+    up.add_argument("--memory-mib", type=int, help="default %s" % CONF_DEFAULTS["memory_total_mib"])
     up.add_argument("--minors", help="comma-separated minor numbers (default 0..N-1)")
-    up.add_argument("--reserved-mib", type=int, default=int(CONF_DEFAULTS["reserved_mib"]))
+    up.add_argument("--reserved-mib", type=int, help="default %s" % CONF_DEFAULTS["reserved_mib"])
     up.add_argument("--idle-used-mib", type=int, default=int(CONF_DEFAULTS["idle_used_mib"]))
     up.add_argument("--stray-mib", default="", help="INDEX:MiB,... memory that never frees")
-    up.add_argument("--release-latency", default=CONF_DEFAULTS["release_latency"], help="seconds")
+    up.add_argument("--release-latency", help="seconds (default %s)" % CONF_DEFAULTS["release_latency"])
+    up.add_argument(
+        "--context-overhead-mib", type=int, help="MiB the driver adds to every context's own (default 0; h200: 518)"
+    )
     up.add_argument("--no-driver", action="store_true", help="no libnvidia-ml.so.1 in the node")
     up.add_argument("--hang", default="", help="NVML function that blocks forever (all: every call)")
     up.add_argument("--lost", default="", help="GPU indices that answer NVML_ERROR_GPU_IS_LOST")

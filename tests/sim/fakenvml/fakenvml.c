@@ -17,20 +17,26 @@
  *   GPU i is an fd of any thread (<proc>/PID/task/TID/fd) of the file <dev_dir>/nvidia<minor i>
  *   (matched by device and inode, not by path: a bind mount elsewhere is the same file) whose
  *   file position is T, or a mapping of that file at offset T*4096 (<proc>/PID/maps).
- *   For an "mps" line (an MPS client: it opens no /dev/nvidiaN) the handle is an fd (or
- *   mapping) of <dev_dir>/nvidiactl at position T instead; the line is listed by
- *   nvmlDeviceGetMPSComputeRunningProcesses_v3.
+ *   For an "mps" line (an MPS client) the handle is an fd (or mapping) of <dev_dir>/nvidiactl at
+ *   position T instead; the line is listed by nvmlDeviceGetMPSComputeRunningProcesses_v3 AND by
+ *   the compute lists, with the same memory (counted once in the GPU's used memory), as the real
+ *   driver lists an MPS client. Mappings at offset 0 (what the simulated processes map, as real
+ *   ones do) are no handle: the token is the simulator's bookkeeping, never the collection's.
+ *   Words: "ipc=<E>:<K>": K MiB imported from context E on the
+ *   same GPU (CUDA IPC), charged to E while E's line is held, to this line once it is not;
+ *   "pinned=<M>": M MiB of host memory pinned through the context, which lengthens the release.
  *   Each (context, GPU) line is in one of these states:
  *     held       some process holds a handle with token T: memory counted and the line listed
  *                under the creator's PID, as the caller's PID namespace numbers it (dropped
  *                where it has none; pid_namespace=init: proc_dir's numbers), also after the
  *                creator's exit (the real driver: tests/sim/README.md "The driver model");
- *     releasing  no handle left: still counted until release_latency seconds after the first
- *                call that saw it gone; that moment is kept in <run>/released/<T>.<i>, so all
- *                processes agree. A release is never undone (as in the driver): to create
- *                the context again, write the context file again (a new inode);
- *     freed      not counted. When every line of a context is freed, the context file and its
- *                state files are removed.
+ *     releasing  no handle left: still counted and listed until release_latency (plus the
+ *                pinned memory's share, pinned_seconds) after the first call that saw it gone;
+ *                that moment is kept in <run>/released/<T>.<i>, so all processes agree. A
+ *                release is never undone (as in the driver): to create the context again,
+ *                write the context file again (a new inode);
+ *     freed      not counted, not listed. When every line of a context is freed, the context
+ *                file and its state files are removed.
  *   Cost: the creator's own fds/maps are checked first, then the holder last seen for that
  *   line (<run>/released/<T>.<i>.holder); only when both fail is every process of proc_dir
  *   scanned (one scan is reused for 20 ms). Released lines are not scanned at all.
@@ -39,8 +45,10 @@
  *   free = total - reserved - used (floor 0); nvmlMemory_t (v1) reports used = total - free,
  *   i.e. reserved memory included, like current drivers.
  *
- * - While initialized (reference counted), the library holds <dev_dir>/nvidiactl and every
- *   <dev_dir>/nvidia<minor> open at position 0, like the real one. nvidiactl missing:
+ * - While initialized (reference counted), the library holds <dev_dir>/nvidiactl, every
+ *   <dev_dir>/nvidia<minor>, <dev_dir>/nvidia-uvm twice and nvidia-caps/nvidia-cap1 and -cap2
+ *   (those the caller may open: cap1 is root's) open at position 0 and maps nothing, like the
+ *   real one (tests/sim/README.md, "Device files per process kind"). nvidiactl missing:
  *   NVML_ERROR_DRIVER_NOT_LOADED.
  *
  * - lost: handle-by-index/UUID of those GPUs and calls on their handles answer
@@ -279,7 +287,7 @@ struct node_config {
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct node_config g_cfg;
 static unsigned int g_init_count;
-static int g_held_fds[MAX_GPUS + 1];
+static int g_held_fds[MAX_GPUS + 5]; /* nvidiactl, the GPUs, nvidia-uvm x2, nvidia-cap1 and -cap2 */
 static unsigned int g_held_count;
 static struct nvmlDevice_st g_devices[MAX_GPUS]; /* index set when the handle is handed out */
 static struct nvmlDevice_st g_mig_devices[MAX_GPUS][MAX_MIG];
@@ -478,6 +486,7 @@ static void set_key(struct node_config *cfg, struct raw_lists *raw, const char *
         cfg->pid_namespace = !strcmp(value, "init") ? PIDNS_INIT : !strcmp(value, "caller") ? PIDNS_CALLER : PIDNS_AUTO;
     } else if (!strcmp(key, "init_seconds")) {
         cfg->init_seconds = strtod(value, NULL);
+
     }
 }
 
@@ -1029,8 +1038,12 @@ struct context_line {
     unsigned long long managed_mib; /* "managed=M": cudaMallocManaged memory charged to the GPU, not to the list */
     enum context_type type;
     unsigned int gi, ci; /* MIG instance ("gi=G ci=C"); NO_INSTANCE_ID when not given */
+    unsigned long ipc_token;   /* "ipc=E:K": memory imported from context E (CUDA IPC); 0: none */
+    unsigned long long ipc_mib; /* K */
+    unsigned long long pinned_mib; /* "pinned=M": host memory pinned through the context */
+    int held;    /* some process (the creator or not) holds a handle */
     int counted; /* memory still allocated (held or releasing) */
-    int listed;  /* shown in the process lists: some process (the creator or not) holds a handle */
+    int listed;  /* shown in the process lists: while counted (a dead holder stays listed until the release) */
 };
 
 struct context {
@@ -1041,7 +1054,7 @@ struct context {
 };
 
 /* The device file whose handle keeps a line: the GPU's /dev/nvidia<minor>; for an MPS client's
- * line, /dev/nvidiactl (MPS clients open no /dev/nvidiaN; the MPS server allocates for them). */
+ * line, /dev/nvidiactl (the simulator's bookkeeping: the client holds its GPU's file too). */
 static unsigned int handle_minor(const struct context_line *line)
 {
     return line->type == CONTEXT_MPS ? CTL_MINOR : g_cfg.gpu[line->gpu].minor;
@@ -1055,7 +1068,8 @@ static int parse_context(const char *text, struct context *ctx)
     for (char *line = strtok_r(copy, "\n", &save); line && ctx->count < MAX_GPUS;
          line = strtok_r(NULL, "\n", &save)) {
         unsigned int gpu, gi = NO_INSTANCE_ID, ci = NO_INSTANCE_ID;
-        unsigned long long mib, managed = 0;
+        unsigned long long mib, managed = 0, pinned = 0, ipc_mib = 0;
+        unsigned long ipc_token = 0;
         char type[16] = "compute", *word_save = NULL;
         int words = 0, bad = 0;
         /* "<index> <MiB> [type] [gi=<G> ci=<C>]": the type and the instance ids in any order */
@@ -1071,6 +1085,10 @@ static int parse_context(const char *text, struct context *ctx)
                 ci = (unsigned int)strtoul(word + 3, NULL, 10);
             else if (!strncmp(word, "managed=", 8))
                 managed = strtoull(word + 8, NULL, 10);
+            else if (!strncmp(word, "pinned=", 7))
+                pinned = strtoull(word + 7, NULL, 10);
+            else if (!strncmp(word, "ipc=", 4))
+                bad |= sscanf(word + 4, "%lu:%llu", &ipc_token, &ipc_mib) != 2;
             else
                 copy_text(type, sizeof type, word);
         }
@@ -1092,6 +1110,9 @@ static int parse_context(const char *text, struct context *ctx)
         l->gpu = gpu;
         l->mib = mib;
         l->managed_mib = managed;
+        l->pinned_mib = pinned;
+        l->ipc_token = ipc_token;
+        l->ipc_mib = ipc_mib;
         ctx->count++;
     }
     return ctx->count > 0;
@@ -1348,7 +1369,16 @@ static unsigned long listed_pid(const struct context *ctx, const struct caller_n
     return rec.nr[caller->level];
 }
 
-/* Decides counted/listed for every line of ctx; removes the context once all is freed. */
+/* Seconds that host memory pinned through a context adds to its release. Measured after SIGKILL on an NVIDIA
+ * H200, driver 580.159.04, with 8 GiB on the GPU (tests/sim/README.md): released after 0.151 s without pinned
+ * memory, 0.178 s with 1 GiB, 2.467 s with 32 GiB; here the first GiB adds 0.029 s, each further GiB 0.0739 s. */
+static double pinned_seconds(unsigned long long mib)
+{
+    double gib = (double)mib / 1024.0;
+    return gib <= 1.0 ? 0.029 * gib : 0.029 + 0.0739 * (gib - 1.0);
+}
+
+/* Decides held/counted/listed for every line of ctx; removes the context once all is freed. */
 static void evaluate_context(struct context *ctx, const char *ctx_path, const struct device_ids *ids)
 {
     char path[PATH_MAX + 64];
@@ -1359,17 +1389,21 @@ static void evaluate_context(struct context *ctx, const char *ctx_path, const st
     int any_counted = 0;
     for (unsigned int k = 0; k < ctx->count; k++) {
         struct context_line *l = &ctx->lines[k];
+        double wait = g_cfg.release_latency + pinned_seconds(l->pinned_mib);
         state_path(path, sizeof path, ctx, l->gpu, "");
-        l->listed = 0;
+        l->held = 0;
         if (read_state(path, ctx, &start)) {
-            l->counted = now < start + g_cfg.release_latency;
+            l->counted = now < start + wait;
         } else {
             /* The driver client lives, listed under its creator's PID, while any process holds the file it
              * was made on (the creator or a process that inherited the fd): gpu_rmapi.c gpuGetProcWithObject
              * walks the live clients, osapi.c RmFreeUnusedClients frees them at the file's last close. */
-            l->listed = handle_set_find(&own, handle_minor(l), ctx->token) != NULL || held_by_another(ctx, l, ids);
-            l->counted = l->listed || now < release_start(ctx, l->gpu, now) + g_cfg.release_latency;
+            l->held = handle_set_find(&own, handle_minor(l), ctx->token) != NULL || held_by_another(ctx, l, ids);
+            l->counted = l->held || now < release_start(ctx, l->gpu, now) + wait;
         }
+        /* Listed until the memory is released: a SIGKILLed holder's PID stays in the lists with its memory
+         * (0.15 s on an H200; unlisted at the moment of the release). */
+        l->listed = l->counted;
         any_counted |= l->counted;
     }
     free(own.items);
@@ -1388,10 +1422,14 @@ static void evaluate_context(struct context *ctx, const char *ctx_path, const st
     unlink(path);
 }
 
-/* Calls visit(ctx line) for every line on GPU gpu of every context that has one, after
- * evaluating that context. */
-static void for_each_context_line(unsigned int gpu, void (*visit)(const struct context *, const struct context_line *, void *),
-                                  void *arg)
+/* The contexts with a line on one GPU, read and evaluated. */
+struct context_set {
+    struct context *items;
+    size_t count, capacity;
+};
+
+/* Reads and evaluates every context with a line on GPU gpu into set (the caller frees set->items). */
+static void load_contexts(unsigned int gpu, struct context_set *set)
 {
     char dir_path[PATH_MAX], ctx_path[PATH_MAX + 32], text[8192];
     static struct device_ids ids;
@@ -1417,11 +1455,60 @@ static void for_each_context_line(unsigned int gpu, void (*visit)(const struct c
         if (!on_gpu)
             continue;
         evaluate_context(&ctx, ctx_path, &ids);
-        for (unsigned int k = 0; k < ctx.count; k++)
-            if (ctx.lines[k].gpu == gpu)
-                visit(&ctx, &ctx.lines[k], arg);
+        if (set->count == set->capacity) {
+            size_t capacity = set->capacity ? set->capacity * 2 : 16;
+            struct context *items = realloc(set->items, capacity * sizeof *items);
+            if (!items)
+                break;
+            set->items = items;
+            set->capacity = capacity;
+        }
+        set->items[set->count++] = ctx;
     }
     closedir(dir);
+}
+
+static struct context_line *line_of(struct context_set *set, unsigned long token, unsigned int gpu)
+{
+    for (size_t c = 0; c < set->count; c++)
+        for (unsigned int k = 0; token == set->items[c].token && k < set->items[c].count; k++)
+            if (set->items[c].lines[k].gpu == gpu)
+                return &set->items[c].lines[k];
+    return NULL;
+}
+
+/* CUDA IPC: memory that a live importer took from an exporter is charged to the exporter while the exporter's
+ * line is held, to the importer once it is not (the import keeps the allocation; the exporter's own memory is
+ * released). Measured on an NVIDIA H200, driver 580.159.04 (tests/sim/README.md). */
+static void settle_ipc(struct context_set *set, unsigned int gpu)
+{
+    for (size_t c = 0; c < set->count; c++)
+        for (unsigned int k = 0; k < set->items[c].count; k++) {
+            struct context_line *importer = &set->items[c].lines[k];
+            if (importer->gpu != gpu || !importer->ipc_token || !importer->counted)
+                continue;
+            struct context_line *exporter = line_of(set, importer->ipc_token, gpu);
+            if (exporter && exporter->held)
+                continue;
+            importer->mib += importer->ipc_mib;
+            if (exporter)
+                exporter->mib -= exporter->mib < importer->ipc_mib ? exporter->mib : importer->ipc_mib;
+        }
+}
+
+/* Calls visit(ctx line) for every line on GPU gpu of every context that has one, after
+ * evaluating every such context. */
+static void for_each_context_line(unsigned int gpu, void (*visit)(const struct context *, const struct context_line *, void *),
+                                  void *arg)
+{
+    struct context_set set = {0};
+    load_contexts(gpu, &set);
+    settle_ipc(&set, gpu);
+    for (size_t c = 0; c < set.count; c++)
+        for (unsigned int k = 0; k < set.items[c].count; k++)
+            if (set.items[c].lines[k].gpu == gpu)
+                visit(&set.items[c], &set.items[c].lines[k], arg);
+    free(set.items);
 }
 
 /* Whether a line runs on MIG device mig of its GPU (mig < 0: the whole GPU, every line). A line's
@@ -1453,7 +1540,9 @@ struct process_list {
 static void add_listed_process(const struct context *ctx, const struct context_line *line, void *arg)
 {
     struct process_list *list = arg;
-    if (!line->listed || line->type != list->type || list->count >= 1024 || !line_on(line, list->mig))
+    /* An MPS client is in the compute lists too, with the same memory (measured on an H200, 580.159.04). */
+    int in_list = line->type == list->type || (line->type == CONTEXT_MPS && list->type == CONTEXT_COMPUTE);
+    if (!line->listed || !in_list || list->count >= 1024 || !line_on(line, list->mig))
         return;
     unsigned long pid = listed_pid(ctx, &list->caller);
     if (pid == 0)
@@ -1533,6 +1622,18 @@ EXPORT const char *nvmlErrorString(nvmlReturn_t result)
     return error_text(result);
 }
 
+/* Opens <dev_dir>/name (if it can) and keeps it open until nvmlShutdown. */
+static void hold_file(const char *name, int flags)
+{
+    char path[PATH_MAX + 32];
+    path_join(path, sizeof path, g_cfg.dev_dir, name);
+    int fd = open(path, flags | O_CLOEXEC);
+    if (fd >= 0 && g_held_count < sizeof g_held_fds / sizeof g_held_fds[0])
+        g_held_fds[g_held_count++] = fd;
+    else if (fd >= 0)
+        close(fd);
+}
+
 EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags)
 {
     (void)flags;
@@ -1545,7 +1646,7 @@ EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags)
     }
     char path[PATH_MAX + 32], name[32];
     path_join(path, sizeof path, g_cfg.dev_dir, "nvidiactl");
-    int ctl = open(path, O_RDONLY | O_CLOEXEC);
+    int ctl = open(path, O_RDWR | O_CLOEXEC);
     if (ctl < 0)
         return leave(NVML_ERROR_DRIVER_NOT_LOADED);
     g_held_fds[0] = ctl;
@@ -1560,11 +1661,14 @@ EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags)
     }
     for (unsigned int i = 0; i < g_cfg.gpus; i++) {
         snprintf(name, sizeof name, "nvidia%u", g_cfg.gpu[i].minor);
-        path_join(path, sizeof path, g_cfg.dev_dir, name);
-        int fd = open(path, O_RDONLY | O_CLOEXEC);
-        if (fd >= 0)
-            g_held_fds[g_held_count++] = fd;
+        hold_file(name, O_RDWR);
     }
+    /* A real NVML client keeps nvidia-uvm open twice and the MIG capabilities config (root's alone) and
+     * monitor (everyone's): measured on an H200, driver 580.159.04 (tests/sim/README.md). */
+    hold_file("nvidia-uvm", O_RDWR);
+    hold_file("nvidia-uvm", O_RDWR);
+    hold_file("nvidia-caps/nvidia-cap1", O_RDONLY);
+    hold_file("nvidia-caps/nvidia-cap2", O_RDONLY);
     g_init_count = 1;
     return leave(NVML_SUCCESS);
 }

@@ -9,7 +9,8 @@
  *   2. builds the node's file system view with mount(2) (never touching /run/mount/utab):
  *      /proc of the node, a private /run, a private /dev (null, zero, full, random, urandom, tty
  *      bound from the host, devpts + ptmx, shm, fd links, nvidia<MINOR>, nvidiactl, nvidia-uvm,
- *      nvidia-uvm-tools as empty regular files, mode 0666), /run/gpusim (bind of STATE/run) with
+ *      nvidia-uvm-tools as empty regular files, mode 0666; nvidia-caps/nvidia-cap1 0400 and
+ *      nvidia-cap2 0444), /run/gpusim (bind of STATE/run) with
  *      the node's proc on /run/gpusim/proc, STATE/lib/ld.so.cache bound over /etc/ld.so.cache
  *      and STATE/proc-driver bound over /proc/driver (the simulated /proc/driver/nvidia),
  *   3. writes "ready <host pid>\n" to the ready pipe and closes it,
@@ -155,6 +156,11 @@ static void build_dev(const char *minors)
     make_file(STAGING_DEV "/nvidiactl", 0666);
     make_file(STAGING_DEV "/nvidia-uvm", 0666);
     make_file(STAGING_DEV "/nvidia-uvm-tools", 0666);
+    /* The MIG capabilities every 580 host has, MIG or not: config (root's alone) and monitor
+     * (everyone's), modes as src/nvidia/arch/nvalloc/unix/src/os.c osRmCapRegisterSys gives them. */
+    make_dir(STAGING_DEV "/nvidia-caps", 0755);
+    make_file(STAGING_DEV "/nvidia-caps/nvidia-cap1", 0400);
+    make_file(STAGING_DEV "/nvidia-caps/nvidia-cap2", 0444);
 
     do_mount(STAGING_DEV, "/dev", NULL, MS_MOVE, NULL);
     if (rmdir(STAGING_DEV) != 0)

@@ -2,11 +2,11 @@
 
 Reads `<run dir>/node.conf` (run dir: env GPUSIM_RUN, default /run/gpusim), `key=value` lines:
 `gpus`, `memory_total_mib`, `minors` (comma list, index order), `reserved_mib`, `idle_used_mib`,
-`stray_mib` (`index:MiB,...`) and `dev_dir` (where the nvidia device files are, default /dev).
-A context of M MiB on GPU index i (tests/sim/README.md, "Creating a CUDA context"): open
-/dev/nvidiactl, /dev/nvidia-uvm and /dev/nvidia<minor> of every visible GPU (CUDA_VISIBLE_DEVICES),
-seek GPU i's to our PID in the node's root PID namespace, write `<run dir>/contexts/<PID>` =
-`<i> <M>` atomically. `nccl_init_nvml` initializes NVML and never shuts it down, as NCCL does.
+`stray_mib` (`index:MiB,...`) and `dev_dir` (where the nvidia device files are, default /dev). A context of M MiB on GPU index i (tests/sim/README.md, "Creating a CUDA context"): open and map the device
+files as a real context does (simcuda.cuda_process: nvidiactl, nvidia-uvm, every visible GPU's /dev/nvidia<minor>,
+`rw-s` mappings of GPU i's), seek GPU i's first fd to our PID in the node's root PID namespace, write
+`<run dir>/contexts/<PID>` = `<i> <M>` atomically. `nccl_init_nvml` initializes NVML and never shuts it down, as
+NCCL does.
 
 MIG (node.conf `mig`; tests/sim/README.md "MIG"): CUDA_VISIBLE_DEVICES may name a MIG device (`MIG-<UUID>`, or
 `MIG-GPU-<UUID>/<GI>/<CI>` of drivers before R470); CUDA then enumerates that one device and no other (MIG user
@@ -17,6 +17,8 @@ compute instance's /dev/nvidia-caps/nvidia-cap<N> files open, context line `<i> 
 import os
 from dataclasses import dataclass, field
 from functools import cached_property
+
+import simcuda  # tests/sim, on sys.path wherever simvllm is
 
 DEFAULT_RUN_DIR = "/run/gpusim"
 MIB_PER_GIB = 1024
@@ -273,11 +275,13 @@ class NodeGpus:
     def create_context(self, index, local_rank, gpu_memory_utilization, visible=None, mig=None):
         """Create this process's CUDA context on GPU `index`, sized like vLLM's memory pool.
 
-        Size: int(gpu_memory_utilization * memory_total_mib) MiB. Raises GpuError with vLLM's
-        message when the GPU has less free memory. Opens /dev/nvidiactl, /dev/nvidia-uvm and, as
-        CUDA does at cuInit, the device file of every GPU in `visible` (indices; default [index])
-        at position 0; GPU `index`'s file carries the context (seeked to the token). Returns the
-        open fds; the context lives as long as they stay open.
+        Size: int(gpu_memory_utilization * memory_total_mib) MiB, the context's own cost included (vLLM sizes its
+        KV cache so that the whole process fits the fraction: node.conf's context_overhead_mib changes nothing
+        here). Raises GpuError with vLLM's message when
+        the GPU has less free memory. Opens and maps the device files as a real context does (simcuda.cuda_process:
+        every GPU in `visible`, indices, default [index]; `rw-s` mappings of GPU `index`'s only); GPU `index`'s
+        first fd carries the context (seeked to the token). Returns the open fds; the context lives as long as
+        they stay open.
 
         With `mig` (a MigDevice of GPU `index`): sized and checked against that MIG device's memory (a MIG device
         has no reserved memory of its own in the fake driver); the parent's device file carries the context, the
@@ -299,11 +303,10 @@ class NodeGpus:
                     requested_mib / MIB_PER_GIB,
                 )
             )
-        others = [i for i in (visible or [index]) if i != index]
-        paths = ["nvidiactl", "nvidia-uvm"] + ["nvidia%d" % self.minors[i] for i in others]
-        paths.append("nvidia%d" % self.minors[index])
-        fds = [os.open(os.path.join(self.dev_dir, path), os.O_RDWR) for path in paths]
-        device_fd = fds[-1]
+        token = node_pid(self.run_dir)
+        fds = simcuda.cuda_process(
+            self.dev_dir, [self.minors[i] for i in visible or [index]], [self.minors[index]], token=token
+        )
         line = "%d %d" % (index, requested_mib)
         if mig is not None:
             minor = self.minors[index]
@@ -312,8 +315,6 @@ class NodeGpus:
                 for cap in (_cap_minor(minor, mig.gi), _cap_minor(minor, mig.gi, mig.ci))
             ]
             line += " compute gi=%d ci=%d" % (mig.gi, mig.ci)
-        token = node_pid(self.run_dir)
-        os.lseek(device_fd, token, os.SEEK_SET)
         contexts_dir = os.path.join(self.run_dir, "contexts")
         temporary = os.path.join(contexts_dir, ".%d.tmp" % token)
         with open(temporary, "w") as context_file:
@@ -325,7 +326,8 @@ class NodeGpus:
 def nccl_init_nvml():
     """What NCCL does once per process that uses it (ncclNvmlEnsureInitialized, NCCL
     src/misc/nvmlwrap.cc): load libnvidia-ml.so.1 and call nvmlInit_v2, never nvmlShutdown. While
-    initialized the driver library keeps /dev/nvidiactl and every /dev/nvidiaN of the host open.
+    initialized the driver library keeps /dev/nvidiactl, every /dev/nvidiaN of the host, /dev/nvidia-uvm
+    (twice) and /dev/nvidia-caps/nvidia-cap1 and -cap2 open, and maps none of them.
 
     Returns the library (keep it referenced), or None with the loader's or NVML's error logged
     as NCCL's WARN line; the caller goes on, as vLLM does when NCCL's topology probing degrades.

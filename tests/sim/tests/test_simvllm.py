@@ -177,6 +177,19 @@ class SimNode:
                 handles.setdefault(os.path.basename(target), []).append(position)
         return handles
 
+    def read_write_gpu_maps(self, pid):
+        """Names of the /dev/nvidiaN files `pid` maps `rw-s` (one entry per mapping)."""
+        with open("/proc/%d/maps" % pid) as maps:
+            lines = [line.split() for line in maps]
+        return [
+            os.path.basename(fields[5])
+            for fields in lines
+            if len(fields) >= 6
+            and fields[1] == "rw-s"
+            and os.path.dirname(fields[5]) == str(self.dev_dir)
+            and os.path.basename(fields[5])[6:].isdigit()
+        ]
+
     def holds_gpu(self, pid, index):
         """True when `pid` holds a context on GPU `index` per the contract."""
         handles = self.device_handles(pid)
@@ -315,13 +328,15 @@ def test_tp8_engine_core_and_eight_workers_each_hold_their_gpu(node, serve):
         assert comm(pid) == ("VLLM::Worker_TP%d" % rank)[:15]
         assert node.holds_gpu(pid, rank), node.device_handles(pid)
         handles = node.device_handles(pid)
-        # CUDA opens every visible GPU (all 8: CUDA_VISIBLE_DEVICES unset) and NCCL's NVML opens
-        # every GPU again, all at position 0; only the rank's own GPU carries the context token.
+        # CUDA opens every visible GPU (all 8: CUDA_VISIBLE_DEVICES unset) four times and NCCL's NVML opens
+        # every GPU again, all at position 0; only the rank's own GPU carries the context token, and only its
+        # file is mapped read-write (tests/sim/README.md, "Device files per process kind").
         assert sorted(name for name in handles if name.startswith("nvidia") and name[6:].isdigit()) == sorted(
             "nvidia%d" % minor for minor in MINORS
         )
         assert [name for name, positions in handles.items() if pid in positions] == ["nvidia%d" % MINORS[rank]]
-        assert all(handles["nvidia%d" % minor] == [0, 0] for minor in MINORS if minor != MINORS[rank])
+        assert all(handles["nvidia%d" % minor] == [0] * 5 for minor in MINORS if minor != MINORS[rank])
+        assert node.read_write_gpu_maps(pid) == ["nvidia%d" % MINORS[rank]]
         assert node.context(pid) == "%d %d\n" % (rank, int(0.5 * MEMORY_TOTAL_MIB))
     assert node.device_handles(engine_core) == {}
     assert node.device_handles(server.pid) == {}
