@@ -80,6 +80,10 @@ SERVER_ARGS = dict(
 )
 
 
+# What a 401 answer means, by whether this client sent a key (vLLM checks the Bearer token on /v1: a key or none).
+_UNAUTHORIZED = {True: " (wrong API key)", False: " (the server asks for an API key; none was sent)"}
+
+
 class VllmApiError(Exception):
     """The server answered something that makes the measurement impossible (message says what).
 
@@ -292,7 +296,7 @@ class Client:
         if status != 200:
             raise VllmApiError(
                 ("%s %s: HTTP %d %s" % ("POST" if payload is not None else "GET", path, status, _brief(body))).rstrip()
-                + (" (wrong or missing API key)" if status == 401 else ""),
+                + (_UNAUTHORIZED[bool(self.api_key)] if status == 401 else ""),
                 status,
             )
         try:

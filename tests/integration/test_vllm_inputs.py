@@ -323,3 +323,28 @@ def test_a_failed_rollback_shows_why_the_previous_configuration_did_not_start(si
         r"vllm-previous: error: no model at /models/gone \(test\)" % re.escape(str(log)),
         flat(out),
     ), out
+
+
+def test_a_renamed_instance_is_refused_by_the_name_it_had(simnode, tmp_path):
+    # Issue 33: a rename (same port, same API key) was refused as "(wrong or missing API key)": the look at a port
+    # taken anew sends no key. The refusal now names the instance the role deployed on that port.
+    node = simnode(gpus=2, release_latency=0.2)
+    port = free_ports(1)[0]
+    inventory = inventory_file(tmp_path, node)
+    a = instance("a", port, [0, 1], api_key=API_KEY)
+    root = write_host_vars(tmp_path, node, [a])
+    rc, out, _recap = run(inventory)
+    assert rc == 0, out
+    tree = server_tree(node, port)
+    write_host_vars(tmp_path, node, [dict(a, name="b")])
+    text = refused(
+        inventory,
+        node,
+        port,
+        tree,
+        {},
+        r"instance b: port %d is used by instance a, deployed by this role \(%s\) and not in vllm_server_instances "
+        r"\(renamed\?\): stop it first \(the session of the PID in %s\) and remove its files"
+        % (port, re.escape(str(root / "etc" / "a.json")), re.escape(str(root / "state" / "a.pid"))),
+    )
+    assert "API key" not in text and API_KEY not in text, text

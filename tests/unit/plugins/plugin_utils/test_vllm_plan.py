@@ -287,3 +287,20 @@ def test_a_newline_never_reaches_the_systemd_unit():
             assert "control character" in str(exc) and "PWN" not in str(exc), exc
         else:
             raise AssertionError("a unit with a newline in a value was written:\n" + unit)
+
+
+def test_a_renamed_instance_names_the_deployed_one_on_its_port():
+    # Issue 33: instance a renamed b, same port and key: the port is held by a, deployed by this role. It was refused
+    # as "(wrong or missing API key)", from a look that sends no key.
+    old = {"name": "a", "port": 8000, "gpus": [0, 1], "service_manager": "detached"}
+    answers = host(
+        deployed={"a": old}, ports={"b": "GET /v1/models: HTTP 401 {} (the server asks for an API key; none was sent)"}
+    )
+    planned = p.plan([instance(name="b")], answers, SETTINGS)
+    (problem,) = planned["problems"]
+    assert problem.startswith(
+        "instance b: port 8000 is used by instance a, deployed by this role (/etc/vllm/a.json) and not in "
+        "vllm_server_instances (renamed?): stop it first (the session of the PID in /var/lib/vllm/a.pid) and remove "
+        "its files, or choose another port"
+    ), problem
+    assert "API key" not in problem, problem
