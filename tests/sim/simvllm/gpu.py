@@ -2,11 +2,12 @@
 
 Reads `<run dir>/node.conf` (run dir: env GPUSIM_RUN, default /run/gpusim), `key=value` lines:
 `gpus`, `memory_total_mib`, `minors` (comma list, index order), `reserved_mib`, `idle_used_mib`,
-`stray_mib` (`index:MiB,...`) and `dev_dir` (where the nvidia device files are, default /dev). A context of M MiB on GPU index i (tests/sim/README.md, "Creating a CUDA context"): open and map the device
-files as a real context does (simcuda.cuda_process: nvidiactl, nvidia-uvm, every visible GPU's /dev/nvidia<minor>,
-`rw-s` mappings of GPU i's), seek GPU i's first fd to our PID in the node's root PID namespace, write
-`<run dir>/contexts/<PID>` = `<i> <M>` atomically. `nccl_init_nvml` initializes NVML and never shuts it down, as
-NCCL does.
+`stray_mib` (`index:MiB,...`) and `dev_dir` (where the nvidia device files are, default /dev).
+A context of M MiB on GPU index i (tests/sim/README.md, "Creating a CUDA context"): open and map the
+device files as a real context does (simcuda.cuda_process: nvidiactl, nvidia-uvm, every visible GPU's
+/dev/nvidia<minor>, `rw-s` mappings of GPU i's), seek GPU i's first fd to our PID in the node's root
+PID namespace, write `<run dir>/contexts/<PID>` = `<i> <M>` atomically. `nccl_init_nvml` initializes
+NVML and never shuts it down, as NCCL does.
 
 MIG (node.conf `mig`; tests/sim/README.md "MIG"): CUDA_VISIBLE_DEVICES may name a MIG device (`MIG-<UUID>`, or
 `MIG-GPU-<UUID>/<GI>/<CI>` of drivers before R470); CUDA then enumerates that one device and no other (MIG user
@@ -277,11 +278,10 @@ class NodeGpus:
 
         Size: int(gpu_memory_utilization * memory_total_mib) MiB, the context's own cost included (vLLM sizes its
         KV cache so that the whole process fits the fraction: node.conf's context_overhead_mib changes nothing
-        here). Raises GpuError with vLLM's message when
-        the GPU has less free memory. Opens and maps the device files as a real context does (simcuda.cuda_process:
-        every GPU in `visible`, indices, default [index]; `rw-s` mappings of GPU `index`'s only); GPU `index`'s
-        first fd carries the context (seeked to the token). Returns the open fds; the context lives as long as
-        they stay open.
+        here). Raises GpuError with vLLM's message when the GPU has less free memory. Opens and maps the device
+        files as a real context does (simcuda.cuda_process: every GPU in `visible`, indices, default [index];
+        `rw-s` mappings of GPU `index`'s only); GPU `index`'s first fd carries the context (seeked to the token).
+        Returns the open fds; the context lives as long as they stay open.
 
         With `mig` (a MigDevice of GPU `index`): sized and checked against that MIG device's memory (a MIG device
         has no reserved memory of its own in the fake driver); the parent's device file carries the context, the
