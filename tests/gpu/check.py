@@ -4,16 +4,17 @@
 """Acceptance check of gpuops.nvidia on a real NVIDIA GPU (tests/gpu/README.md).
 
     python3 tests/gpu/check.py [--out DIR] [--gpu INDEX] [--backend auto|torch|cuda|sim]
-                               [--sizes-gib 1,10,50] [--tree-gib 1] [--deadline SECONDS] [--tolerance-mib MIB]
-                               [--only SCENARIO,...]
+                               [--sizes-gib 1,10,50] [--tree-gib 1] [--pinned-gib 32] [--deadline SECONDS]
+                               [--tolerance-mib MIB] [--only SCENARIO,...]
     python3 tests/gpu/check.py --probe                   exit 0 with a driver, else 2 "skipped: no NVIDIA GPU (...)"
     python3 tests/gpu/check.py --missing-packages        pip names of the needed packages this Python lacks
     python3 tests/gpu/check.py --render-md RESULT.json... docs/hardware.md's table for these results
 
-Starts real CUDA workloads (tests/gpu/workload.py) on one GPU, runs gpu_facts, gpu_kill, gpu_wait and
-playbooks/reset_gpus.yml through ansible-playbook against localhost, measures what the driver does,
-and writes DIR/result.json (default tests/gpu/out) and DIR/result.md. Only processes this run started
-are ever signalled (pinned by PID and start time; gpu_kill gets their PIDs and this run's unique marker).
+Starts real CUDA workloads (tests/gpu/workload.py), nvidia-smi and a private MPS daemon on one GPU, runs gpu_facts,
+gpu_kill, gpu_wait, playbooks/check_gpus.yml and playbooks/reset_gpus.yml through ansible-playbook against
+localhost, measures what the driver does, records the device files and mappings of every process it starts, and
+writes DIR/result.json (default tests/gpu/out) and DIR/result.md. Only processes this run started are ever
+signalled (pinned by PID and start time; gpu_kill gets their PIDs and this run's unique marker).
 
 Exit status: 0 every check passed (differences from the simulator are recorded, not failures);
 1 a check failed or a scenario broke; 2 skipped (no NVIDIA GPU, or no way to allocate GPU memory);
@@ -46,6 +47,7 @@ sys.path[:0] = [HERE, os.path.join(REPO, "tests")]
 # pylint: disable=wrong-import-position
 from gpucheck import attribution, driver, procs, report  # noqa: E402
 from gpucheck.ansible_run import Ansible  # noqa: E402
+from gpucheck.scenarios import ATTRIBUTION_TOLERANCE_MIB, CheckError, DriverScenarios, Skip  # noqa: E402
 from gpucheck.timing import Deadline, poll_until, time_events  # noqa: E402
 from gpucheck.workloads import WorkloadError, Workloads, log_tail  # noqa: E402
 
@@ -55,8 +57,6 @@ REQUIRED = {"ansible": "ansible-core", "ansible_runner": "ansible-runner", "pynv
 OPTIONAL = {"setproctitle": "setproctitle"}
 MIN_ANSIBLE = (2, 17)
 MIB = 1 << 20
-# gpu_facts' max_used_mib in the attribution scenario: its default, the tolerance of docs/attribution.md rule 3.
-ATTRIBUTION_TOLERANCE_MIB = 256
 
 
 def translates(driver_version):
@@ -67,24 +67,29 @@ def translates(driver_version):
     return tuple(int(part) for part in (parts + ["0", "0"])[:3]) >= (535, 113, 1)
 
 
-# (scenario, seconds it needs at least): skipped when less time is left.
+# (scenario, seconds it needs at least): skipped when less time is left. On an H200 (driver 580.159.04) the first
+# seven took 96 s together (tests/fixtures/hardware/h200-580.159.04/gpucheck.log); pinned_release allocates 32 GiB of
+# pinned host memory (18 s there) and waits 5 s for the exit.
 SCENARIOS = (
     ("idle", 10),
     ("attribution", 45),
+    ("dead_creator", 50),
+    ("reused_pid", 45),
+    ("mps", 45),
+    ("ipc", 40),
     ("vllm_tree", 40),
     ("inherited", 40),
     ("sigterm_ignored", 30),
     ("nested_pidns", 40),
     ("release_latency", 30),
+    ("pinned_release", 70),
 )
-
-
-class CheckError(RuntimeError):
-    """A step of a scenario could not run (an Ansible run without result, a workload that did not start)."""
-
-
-class Skip(Exception):
-    """The scenario cannot run on this host (the reason is recorded)."""
+# What a simulated node cannot do yet (tests/sim/README.md): those scenarios are skipped there with the reason.
+SIM_CANNOT = {
+    "mps": "a simulated node has no MPS control daemon (nvidia-cuda-mps-control) to start",
+    "ipc": "the simulator models no CUDA IPC (cuIpcGetMemHandle, cuIpcOpenMemHandle)",
+    "pinned_release": "the simulator models no pinned host memory",
+}
 
 
 def parse_args(argv):
@@ -100,6 +105,9 @@ def parse_args(argv):
     parser.add_argument("--sizes-gib", default="1,10,50", help="allocations whose release latency is measured")
     parser.add_argument(
         "--tree-gib", type=int, default=1, help="GiB each allocating process holds in the other scenarios"
+    )
+    parser.add_argument(
+        "--pinned-gib", type=int, default=32, help="GiB of pinned host memory in the pinned_release scenario"
     )
     parser.add_argument("--deadline", type=float, default=420.0, help="overall time budget in seconds")
     parser.add_argument(
@@ -167,11 +175,23 @@ def git_commit():
         return None
 
 
+def settings(args):
+    """The options of a run, as result.json records them."""
+    return {
+        "deadline_s": args.deadline,
+        "sizes_gib": args.sizes_gib,
+        "tree_gib": args.tree_gib,
+        "pinned_gib": args.pinned_gib,
+        "tolerance_mib": args.tolerance_mib,
+        "scenarios": args.only,
+    }
+
+
 def _raise_exit(signum, _frame):
     raise SystemExit(128 + signum)
 
 
-class CheckRun:
+class CheckRun(DriverScenarios):
     """One run of the check on GPU `args.gpu` with workload backend `backend`; execute() -> exit status."""
 
     def __init__(self, args, backend, pynvml):
@@ -192,7 +212,7 @@ class CheckRun:
         )
         self.idle_used_mib = self.used_mib()  # the level "released" returns to; the idle scenario reads it again
         self.result = {
-            "schema": 1,
+            "schema": 2,
             "date": utc_now(),
             "status": None,
             "gpu": {
@@ -222,17 +242,15 @@ class CheckRun:
                 "collection_commit": git_commit(),
                 "marker": self.marker,
             },
-            "settings": {
-                "deadline_s": args.deadline,
-                "sizes_gib": args.sizes_gib,
-                "tree_gib": args.tree_gib,
-                "tolerance_mib": args.tolerance_mib,
-                "scenarios": args.only,
-            },
+            "settings": settings(args),
             "scenarios": {},
+            "processes": {},
             "workdir": self.workdir,
         }
         self.result["gpu"]["all_minors"] = self.gpu.minors()
+        # Each GPU's /dev/nvidiaN as /proc/PID/maps names a mapped file (device, inode): mappings are matched by it.
+        self.identities = {minor: procs.file_identity("/dev/nvidia%d" % minor) for minor in self.gpu.minors()}
+        self.result["gpu"]["device_file_identities"] = {str(k): v for k, v in self.identities.items()}
         self.result["gpu"]["mig_mode"] = self.gpu.mig_mode()  # read only (issue 13): the check never changes it
 
     # ---- readings ------------------------------------------------------------------------------
@@ -414,31 +432,51 @@ class CheckRun:
             gpu["memory_source"],
         )
 
-    def attribution_reading(self, scenario, phase, pids):
-        """One reading of the attribution scenario: raw records of our processes `pids` ({case: PID}) from /proc and
-        the driver's lists of every GPU, the rule applied to them, gpu_facts' view (through ansible-playbook), and
-        the checks comparing them (gpucheck/attribution.py). Returns {case: {"record", "rule", "facts", "meets"}}."""
+    def ready(self, names, launcher, timeout):
+        """Workloads.wait_ready (capped by the deadline), then the device files and mappings of each process."""
+        infos = self.workloads.wait_ready(names, launcher, self.deadline.cap(timeout))
+        for name, info in infos.items():
+            self.record_process(name, info["host_pid"], info["role"])
+        return infos
+
+    def record_process(self, name, pid, role):
+        """Record what process `name` shows of the driver once it is ready (every process the check starts):
+        result["processes"][name] = {"pid", "role", "at_s", "fds" ({path: fds}), "maps" (/dev/nvidia* lines)}."""
+        self.result["processes"][name] = dict(
+            procs.device_record(pid), role=role, at_s=round(time.monotonic() - self.started, 2)
+        )
+
+    def shows_context(self, pid, index):
+        """Whether `pid` maps GPU `index`'s /dev/nvidiaN read-write and shared (attribution.context_gpus)."""
+        lines = procs.device_mappings(pid)
+        return index in attribution.context_gpus(lines, self.result["gpu"]["all_minors"], self.identities)
+
+    def reading(self, scenario, phase, pids, cases=attribution.CASES):
+        """One reading of a scenario's processes `pids` ({case: PID}): raw records from /proc and the driver's lists
+        of every GPU, the rule applied to them, gpu_facts' view (through ansible-playbook), and the checks comparing
+        them (gpucheck/attribution.py, `cases`). Stored as scenario["readings"][phase] = {case: {"record", "rule",
+        "facts", "meets"}}; returns gpu_facts' facts."""
         lists = self.gpu.all_processes()
         memory = attribution.gpu_memory(
             lists,
             self.gpu.all_used_mib(),
             ATTRIBUTION_TOLERANCE_MIB,
             alive=lambda pid: os.path.exists("/proc/%d" % pid),
+            shows_context=self.shows_context,
         )
-        records = {}
-        for case, pid in pids.items():
-            maps = procs.device_mappings(pid)
-            records[case] = attribution.raw_record(pid, procs.device_files(pid), maps, procs.mapped_paths(maps), lists)
-        facts = self.facts({"max_used_mib": ATTRIBUTION_TOLERANCE_MIB})
         minors = self.result["gpu"]["all_minors"]
-        expected = {name: spec for name, _what, _phase, spec in attribution.CASES}
-        reading = {}
+        records = {
+            case: attribution.raw_record(procs.device_record(pid), lists, minors, self.identities)
+            for case, pid in pids.items()
+        }
+        facts = self.facts({"max_used_mib": ATTRIBUTION_TOLERANCE_MIB})
+        expected = {name: spec for name, _what, _phase, spec in cases}
+        reading = scenario.setdefault("readings", {})[phase] = {}
+        translating = translates(self.result["driver"]["driver_version"])
         for case, record in records.items():
-            rule = attribution.by_rule(
-                record, memory, minors, translating=translates(self.result["driver"]["driver_version"])
-            )
+            rule = attribution.by_rule(record, memory, translating=translating)
             view = attribution.facts_view(record["pid"], facts)
-            for name, ok, detail in attribution.judge(case, phase, record, rule, view, self.index):
+            for name, ok, detail in attribution.judge(case, phase, record, rule, view, self.index, cases):
                 self.check(scenario, name, ok, detail)
             reading[case] = {
                 "record": record,
@@ -448,7 +486,7 @@ class CheckRun:
             }
         scenario.setdefault("memory", {})[phase] = memory[self.index]
         scenario.setdefault("gpu_facts", {})[phase] = self.gpu_facts_summary(facts)
-        return reading
+        return facts
 
     def scenario_attribution(self, scenario):
         """Four real processes (gpucheck/attribution.py CASES): a CUDA context, an NVML-only client and CUDA
@@ -463,15 +501,15 @@ class CheckRun:
         launchers = [(name, self.workloads.start(name, **options)) for name, _case, options in starts]
         infos = {}
         for name, launcher in launchers:
-            infos.update(self.workloads.wait_ready([name], launcher, self.deadline.cap(120)))
+            infos.update(self.ready([name], launcher, 120))
         pids = {case: infos[name]["host_pid"] for name, case, _options in starts}
         if self.result["host"]["backend_details"] is None:
             self.result["host"]["backend_details"] = infos["attr.context"]["backend_details"] or None
         scenario["init_details"] = {case: infos[name]["backend_details"] for name, case, _options in starts}
         scenario["pids"] = dict(pids)
-        scenario["readings"] = {"explained": self.attribution_reading(scenario, "explained", pids)}
+        self.reading(scenario, "explained", pids)
         launcher = self.workloads.start("attr.inherit", nbytes=nbytes, fork_child=True)
-        forked = self.workloads.wait_ready(["attr.inherit", "attr.inherit.child"], launcher, self.deadline.cap(120))
+        forked = self.ready(["attr.inherit", "attr.inherit.child"], launcher, 120)
         parent, child = forked["attr.inherit"]["host_pid"], forked["attr.inherit.child"]["host_pid"]
         self.workloads.kill("attr.inherit")
         gone = poll_until(lambda: not self.workloads.alive("attr.inherit"), self.deadline.cap(10))
@@ -487,7 +525,7 @@ class CheckRun:
             "child_device_files": sorted(procs.device_files(child)),
         }
         pids["inherited_child"] = scenario["pids"]["inherited_child"] = child
-        scenario["readings"]["unexplained"] = self.attribution_reading(scenario, "unexplained", pids)
+        self.reading(scenario, "unexplained", pids)
         scenario["table"] = attribution.table_rows(scenario, self.result["gpu"]["all_minors"])
 
     def scenario_vllm_tree(self, scenario):
@@ -495,7 +533,7 @@ class CheckRun:
         names = ["vllm", "vllm.engine", "vllm.engine.tp0", "vllm.engine.tp1"]
         workers, engine = names[2:], names[1]
         launcher = self.workloads.start("vllm", role="api", nbytes=nbytes, tp=2)
-        infos = self.workloads.wait_ready(names, launcher, self.deadline.cap(180))
+        infos = self.ready(names, launcher, 180)
         facts = self.facts()
         holders = scenario["holders"] = self.holder_records(infos, facts)
         scenario["gpu_facts"] = self.gpu_facts_summary(facts)
@@ -552,7 +590,7 @@ class CheckRun:
         nbytes = self.args.tree_gib << 30
         baseline = self.used_mib()
         launcher = self.workloads.start("inherit", nbytes=nbytes, fork_child=True)
-        infos = self.workloads.wait_ready(["inherit", "inherit.child"], launcher, self.deadline.cap(120))
+        infos = self.ready(["inherit", "inherit.child"], launcher, 120)
         holders = scenario["holders"] = self.holder_records(infos, self.facts())
         self.check(
             scenario,
@@ -602,7 +640,7 @@ class CheckRun:
     def scenario_sigterm_ignored(self, scenario):
         nbytes = self.args.tree_gib << 30
         launcher = self.workloads.start("stubborn", nbytes=nbytes, ignore_sigterm=True)
-        infos = self.workloads.wait_ready(["stubborn"], launcher, self.deadline.cap(120))
+        infos = self.ready(["stubborn"], launcher, 120)
         scenario["holders"] = self.holder_records(infos, self.facts())
         before = self.used_mib()
         grace = 2.0
@@ -631,7 +669,7 @@ class CheckRun:
         baseline = self.used_mib()
         launcher = self.workloads.start("nested", nested=True, nbytes=nbytes)
         try:
-            infos = self.workloads.wait_ready(["nested"], launcher, self.deadline.cap(120))
+            infos = self.ready(["nested"], launcher, 120)
         except WorkloadError:
             refusal = log_tail(os.path.join(self.workloads.run_dir, "nested.log")).strip()
             if launcher.poll() is not None and refusal.startswith("unshare:"):
@@ -666,24 +704,7 @@ class CheckRun:
             else "none"
         )
         before = self.used_mib()
-        play = self.ansible.playbook(
-            os.path.join(REPO, "playbooks", "reset_gpus.yml"),
-            {
-                "reset_gpus_hosts": "localhost",
-                "reset_gpus_gpus": [self.index],
-                "reset_gpus_pids": [host],
-                "reset_gpus_match": re.escape(self.marker),
-                "reset_gpus_grace_period": 5,
-                "reset_gpus_timeout": 60,
-            },
-            timeout=self.deadline.cap(240),
-        )
-        scenario["playbook"] = {
-            "rc": play["rc"],
-            "recap": play["recap"],
-            "elapsed_s": play["elapsed_s"],
-            "output_tail": play["output"][-1500:],
-        }
+        play = scenario["playbook"] = self.reset_gpus([host])
         self.check(
             scenario,
             "playbooks/reset_gpus.yml succeeds and changes something",
@@ -729,7 +750,6 @@ class CheckRun:
 
     def scenario_release_latency(self, scenario):
         scenario["sizes"] = {}
-        tolerance = self.args.tolerance_mib * MIB
         for gib in self.args.sizes_gib:
             entry = scenario["sizes"][str(gib)] = {"gib": gib}
             free = self.gpu.memory()["free_mib"]
@@ -739,32 +759,40 @@ class CheckRun:
             if free < gib * 1024 + 2048:
                 entry.update(status="skipped", reason="does not fit: %d MiB free" % free)
                 continue
-            baseline = self.gpu.used_bytes()
-            name = "latency-%dgib" % gib
-            launcher = self.workloads.start(name, nbytes=gib << 30)
-            infos = self.workloads.wait_ready([name], launcher, self.deadline.cap(180))
-            pid = infos[name]["host_pid"]
-            loaded = self.gpu.used_bytes()
-            listed = self.gpu.processes().get(pid) or {}
-            timing = time_events(
-                lambda name=name: self.workloads.kill(name),
-                {
-                    "exited": lambda name=name: not self.workloads.alive(name),
-                    "unlisted": lambda pid=pid: pid not in self.gpu.processes(),
-                    "released": lambda limit=baseline + tolerance: self.gpu.used_bytes() <= limit,
-                },
-                timeout=self.deadline.cap(90),
-                interval=0.01,
-            )
-            entry.update(
-                status="failed" if timing["timed_out"] else "ok",
-                allocated_mib=(loaded - baseline) // MIB,
-                listed_mib=listed.get("used_mib"),
-                lists=listed.get("lists", []),
-                **timing,
-            )
-            self.check(scenario, "%d GiB released after SIGKILL" % gib, not timing["timed_out"], timing["seconds"])
+            entry.update(self.timed_release("latency-%dgib" % gib, nbytes=gib << 30))
+            self.check(scenario, "%d GiB released after SIGKILL" % gib, entry["status"] == "ok", entry["seconds"])
             self.settle()
+
+    def timed_release(self, name, timeout=180, **options):
+        """Start holder `name` (workload options), SIGKILL it once ready and time its exit, its leaving the driver's
+        list and the used memory's return to the level before it (polled every 10 ms): {"status" ("ok", "failed"
+        on the timeout), "allocated_mib", "listed_mib", "lists", "ready_s", "seconds", "polls", "timed_out"}."""
+        baseline = self.gpu.used_bytes()
+        started = time.monotonic()
+        launcher = self.workloads.start(name, **options)
+        infos = self.ready([name], launcher, timeout)
+        ready_s = round(time.monotonic() - started, 2)
+        pid = infos[name]["host_pid"]
+        loaded = self.gpu.used_bytes()
+        listed = self.gpu.processes().get(pid) or {}
+        timing = time_events(
+            lambda: self.workloads.kill(name),
+            {
+                "exited": lambda: not self.workloads.alive(name),
+                "unlisted": lambda: pid not in self.gpu.processes(),
+                "released": lambda: self.gpu.used_bytes() <= baseline + self.args.tolerance_mib * MIB,
+            },
+            timeout=self.deadline.cap(90),
+            interval=0.01,
+        )
+        return dict(
+            status="failed" if timing["timed_out"] else "ok",
+            allocated_mib=(loaded - baseline) // MIB,
+            listed_mib=listed.get("used_mib"),
+            lists=listed.get("lists", []),
+            ready_s=ready_s,
+            **timing,
+        )
 
     # ---- the run -------------------------------------------------------------------------------
 
@@ -772,6 +800,8 @@ class CheckRun:
         scenario = self.result["scenarios"][name] = {"status": None, "checks": []}
         started = time.monotonic()
         try:
+            if self.backend == "sim" and name in SIM_CANNOT:
+                raise Skip("simulated node: %s" % SIM_CANNOT[name])
             if self.deadline.remaining() < min_seconds:
                 raise Skip("not enough time left (%.0f s, needs %d s)" % (self.deadline.remaining(), min_seconds))
             getattr(self, "scenario_" + name)(scenario)

@@ -4,26 +4,34 @@
 """A process that the GPU check (check.py) starts: it holds GPU memory the way vLLM's processes do.
 
     python3 workload.py --name NAME --run-dir DIR --marker MARKER --backend torch|cuda|sim
-                        [--role hold|engine|api|nvml|cuinit] [--bytes N] [--title TITLE] [--ignore-sigterm]
+                        [--role hold|engine|api|nvml|cuinit|available|ipc_export|ipc_import] [--bytes N]
+                        [--pinned-bytes N] [--ipc-handle HEX] [--title TITLE] [--ignore-sigterm]
                         [--fork-child] [--tp K] [--gpu-index I] [--lifeline-fd FD] [--max-lifetime S]
 
 Roles:
 - hold: allocate N bytes of device memory (a CUDA context plus cuMemAlloc, or a torch tensor),
   then wait. --fork-child: after allocating, fork a child that only inherits the device handles
-  (it never calls CUDA); the child reports as NAME.child.
+  (it never calls CUDA); the child reports as NAME.child. --pinned-bytes: also allocate that much
+  page-locked host memory (torch `pin_memory=True`, else cuMemHostAlloc).
 - engine: like vLLM's EngineCore with TP=K > 1: starts K `hold` workers titled
   VLLM::Worker_TP0..K-1 (reporting as NAME.tp0..), holds no GPU itself.
 - api: like vLLM's API server: starts an `engine` (reporting as NAME.engine), holds no GPU.
 - nvml: an NVML-only client, as a GPU exporter or nvtop: pynvml.nvmlInit() and never nvmlShutdown (any
   backend; on a simulated node the fake libnvidia-ml.so.1 answers).
 - cuinit: CUDA initialized without a context: cuInit(0) and cuDeviceGetCount through libcuda.so.1 with
-  ctypes (backends torch and cuda); on a simulated node it opens what tests/sim/README.md's CUDA process
-  opens at cuInit (/dev/nvidiactl, /dev/nvidia-uvm, the visible GPU's /dev/nvidiaN at position 0) and writes
-  no context.
+  ctypes (backends torch and cuda).
+- available: `torch.cuda.is_available()` (backend torch; it initializes CUDA without a context), else as cuinit.
+- ipc_export: a context with N bytes from cuMemAlloc_v2 and a CUDA IPC handle of them (cuIpcGetMemHandle), written
+  hex into the ready file as "ipc_handle"; ipc_import: opens --ipc-handle (cuIpcOpenMemHandle_v2) in its own
+  context. Both through libcuda.so.1 with ctypes, with backend torch too (no CuPy needed).
+
+On a simulated node (backend sim) a process opens and maps the device files as the real one does on an H200 with
+driver 580.159.04 (PLANTS; tests/fixtures/hardware/README.md, table 2) and a context is declared the simulator's
+way (tests/sim/README.md, "Creating a CUDA context"). There is no pinned memory and no IPC there.
 
 Every process writes DIR/NAME.json once ready (atomically): {"name", "pid" (getpid(), in its own
 PID namespace), "role", "comm", "cmdline", "retitled_with", "bytes", "backend", "backend_details",
-"device_files", "error"}; on failure "error" is set and it exits 1.
+"device_files", "error"} (ipc_export also "ipc_handle"); on failure "error" is set and it exits 1.
 
 --title retitles the process as vLLM does, with setproctitle when importable (cmdline and comm;
 MARKER is appended to the title so that the check can still match its own processes), else with
@@ -44,6 +52,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
+import mmap
 import os
 import select
 import signal
@@ -53,6 +62,31 @@ import time
 
 PR_SET_NAME = 15
 COMM_BYTES = 15
+ROLES = ("hold", "engine", "api", "nvml", "cuinit", "available", "ipc_export", "ipc_import")
+CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS = 1
+MADV_DONTFORK = 10
+# What a real process opens and maps, as an H200 with driver 580.159.04 showed it (tests/fixtures/hardware/README.md,
+# table 2), planted by the sim backend: fds ((file, count)), mappings ((file, "rw" | "w" | "r", KiB, count,
+# not inherited by a fork)). "gpu" is the GPU's /dev/nvidiaN. Every offset is 0 (the driver requires it). A context
+# maps its GPU's file read-write and shared (2 MiB) beside a write-only doorbell, nvidiactl read-write many times and
+# nvidia-uvm once (VM_DONTCOPY in the UVM driver: a forked child lacks it); cuInit alone maps two doorbells and
+# nvidiactl read-only.
+PLANTS = {
+    "context": (
+        (("nvidiactl", 2), ("nvidia-uvm", 4), ("gpu", 20)),
+        (
+            ("gpu", "rw", 2048, 1, False),
+            ("gpu", "w", 64, 1, False),
+            ("nvidiactl", "rw", 4, 26, False),
+            ("nvidia-uvm", "rw", 2048, 1, True),
+        ),
+    ),
+    "cuinit": (
+        (("nvidiactl", 1), ("nvidia-uvm", 2), ("gpu", 3)),
+        (("gpu", "w", 64, 2, False), ("nvidiactl", "r", 4, 1, False)),
+    ),
+}
+_PROT = {"rw": mmap.PROT_READ | mmap.PROT_WRITE, "w": mmap.PROT_WRITE, "r": mmap.PROT_READ}
 # What keeps this process's GPU memory allocated (tensor, CUDA context and pointer, or sim fds).
 HELD = []
 
@@ -67,8 +101,10 @@ def parse_args(argv):
     parser.add_argument("--run-dir", required=True)
     parser.add_argument("--marker", required=True)
     parser.add_argument("--backend", choices=("torch", "cuda", "sim"), required=True)
-    parser.add_argument("--role", choices=("hold", "engine", "api", "nvml", "cuinit"), default="hold")
+    parser.add_argument("--role", choices=ROLES, default="hold")
     parser.add_argument("--bytes", type=int, default=0, dest="nbytes")
+    parser.add_argument("--pinned-bytes", type=int, default=0)
+    parser.add_argument("--ipc-handle")
     parser.add_argument("--title")
     parser.add_argument("--ignore-sigterm", action="store_true")
     parser.add_argument("--fork-child", action="store_true")
@@ -106,59 +142,142 @@ def device_files():
     return sorted(paths)
 
 
-def allocate_torch(nbytes):
-    """Allocate `nbytes` on CUDA device 0 with PyTorch; returns (keep-alive object, details)."""
+def allocate_torch(nbytes, pinned_bytes=0):
+    """Allocate `nbytes` on CUDA device 0 with PyTorch (and `pinned_bytes` of page-locked host memory);
+    returns (keep-alive object, details)."""
     import torch
 
     tensor = torch.empty(nbytes, dtype=torch.uint8, device="cuda:0")
+    pinned = torch.empty(pinned_bytes, dtype=torch.uint8, pin_memory=True) if pinned_bytes else None
     torch.cuda.synchronize()
-    return tensor, {"torch": torch.__version__, "torch_cuda": torch.version.cuda}
+    return (tensor, pinned), {"torch": torch.__version__, "torch_cuda": torch.version.cuda}
 
 
-def allocate_cuda(nbytes):
-    """Allocate `nbytes` on CUDA device 0 through the CUDA driver API (libcuda.so.1) with ctypes:
-    cuInit, cuDeviceGet, cuDevicePrimaryCtxRetain + cuCtxSetCurrent, cuMemAlloc_v2.
-    Returns (keep-alive tuple, details). Raises WorkloadError naming the failing call."""
-    try:
-        cuda = ctypes.CDLL("libcuda.so.1")
-    except OSError as error:
-        raise WorkloadError("cannot load libcuda.so.1: %s" % error) from None
+class IpcHandle(ctypes.Structure):  # pylint: disable=too-few-public-methods
+    """CUipcMemHandle (cuda.h): 64 opaque bytes, passed by value to cuIpcOpenMemHandle."""
 
-    def call(name, *args):
-        result = getattr(cuda, name)(*args)
+    _fields_ = [("reserved", ctypes.c_char * 64)]
+
+
+class CudaDriver:
+    """The CUDA driver API through libcuda.so.1 with ctypes. CudaDriver(): call(name, *args) raises WorkloadError
+    naming the failing call; context() makes device 0's primary context current and returns the driver's version."""
+
+    def __init__(self):
+        try:
+            self.lib = ctypes.CDLL("libcuda.so.1")
+        except OSError as error:
+            raise WorkloadError("cannot load libcuda.so.1: %s" % error) from None
+
+    def call(self, name, *args):
+        result = getattr(self.lib, name)(*args)
         if result != 0:
             text = ctypes.c_char_p()
-            cuda.cuGetErrorName(result, ctypes.byref(text))
+            self.lib.cuGetErrorName(result, ctypes.byref(text))
             raise WorkloadError("%s failed: %s (%d)" % (name, (text.value or b"?").decode(), result))
 
-    device, context, pointer, version = ctypes.c_int(), ctypes.c_void_p(), ctypes.c_uint64(), ctypes.c_int()
-    call("cuInit", 0)
-    call("cuDriverGetVersion", ctypes.byref(version))
-    call("cuDeviceGet", ctypes.byref(device), 0)
-    call("cuDevicePrimaryCtxRetain", ctypes.byref(context), device)
-    call("cuCtxSetCurrent", context)
-    if nbytes:
-        call("cuMemAlloc_v2", ctypes.byref(pointer), ctypes.c_size_t(nbytes))
-    return (cuda, context, pointer), {"cuda_driver_api_version": version.value}
+    def context(self):
+        device, context, version = ctypes.c_int(), ctypes.c_void_p(), ctypes.c_int()
+        self.call("cuInit", 0)
+        self.call("cuDriverGetVersion", ctypes.byref(version))
+        self.call("cuDeviceGet", ctypes.byref(device), 0)
+        self.call("cuDevicePrimaryCtxRetain", ctypes.byref(context), device)
+        self.call("cuCtxSetCurrent", context)
+        return version.value
+
+    def alloc(self, nbytes):
+        pointer = ctypes.c_uint64()
+        self.call("cuMemAlloc_v2", ctypes.byref(pointer), ctypes.c_size_t(nbytes))
+        return pointer
+
+
+def allocate_cuda(nbytes, pinned_bytes=0):
+    """Allocate `nbytes` on CUDA device 0 through the CUDA driver API (libcuda.so.1) with ctypes:
+    cuInit, cuDeviceGet, cuDevicePrimaryCtxRetain + cuCtxSetCurrent, cuMemAlloc_v2 (and cuMemHostAlloc for
+    `pinned_bytes`). Returns (keep-alive tuple, details). Raises WorkloadError naming the failing call."""
+    cuda = CudaDriver()
+    version = cuda.context()
+    pointer = cuda.alloc(nbytes) if nbytes else None
+    host = ctypes.c_void_p()
+    if pinned_bytes:
+        cuda.call("cuMemHostAlloc", ctypes.byref(host), ctypes.c_size_t(pinned_bytes), ctypes.c_uint(0))
+    return (cuda, pointer, host), {"cuda_driver_api_version": version}
+
+
+def export_ipc(nbytes):
+    """A context with `nbytes` from cuMemAlloc_v2 and their CUDA IPC handle; returns (keep-alive, details, hex)."""
+    cuda = CudaDriver()
+    version = cuda.context()
+    pointer = cuda.alloc(nbytes)
+    handle = IpcHandle()
+    cuda.lib.cuIpcGetMemHandle.argtypes = [ctypes.POINTER(IpcHandle), ctypes.c_uint64]
+    cuda.call("cuIpcGetMemHandle", ctypes.byref(handle), pointer.value)
+    raw = ctypes.string_at(ctypes.addressof(handle), ctypes.sizeof(handle))
+    return (cuda, pointer), {"cuda_driver_api_version": version, "ipc": "cuIpcGetMemHandle"}, raw.hex()
+
+
+def import_ipc(handle_hex):
+    """Open a CUDA IPC handle (hex of its 64 bytes) in this process's own context; returns (keep-alive, details)."""
+    raw = bytes.fromhex(handle_hex or "")
+    if len(raw) != ctypes.sizeof(IpcHandle):
+        raise WorkloadError("--ipc-handle must be the 64-byte handle in hex, got %d bytes" % len(raw))
+    cuda = CudaDriver()
+    version = cuda.context()
+    handle = IpcHandle()
+    ctypes.memmove(ctypes.addressof(handle), raw, len(raw))
+    name = "cuIpcOpenMemHandle_v2" if hasattr(cuda.lib, "cuIpcOpenMemHandle_v2") else "cuIpcOpenMemHandle"
+    getattr(cuda.lib, name).argtypes = [ctypes.POINTER(ctypes.c_uint64), IpcHandle, ctypes.c_uint]
+    pointer = ctypes.c_uint64()
+    cuda.call(name, ctypes.byref(pointer), handle, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)
+    return (cuda, pointer), {"cuda_driver_api_version": version, "ipc": name}
+
+
+def _sim_gpus():
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "sim"))
+    from simvllm.gpu import NodeGpus
+
+    return NodeGpus.load()
+
+
+def plant(kind, dev_dir, minor):
+    """Open and map the device files as a real process of `kind` (PLANTS) does, GPU file /dev/nvidia<minor> under
+    `dev_dir`; returns (fds of the GPU's file, everything to keep alive)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    opened, mappings = PLANTS[kind]
+    fds = {}
+    for name, count in opened:
+        path = os.path.join(dev_dir, "nvidia%d" % minor if name == "gpu" else name)
+        fds[name] = [os.open(path, os.O_RDWR) for _ in range(count)]
+    addresses = []
+    for name, prot, kib, count, dontfork in mappings:
+        for _ in range(count):
+            address = libc.mmap(None, kib << 10, _PROT[prot], mmap.MAP_SHARED, fds[name][0], 0)
+            if address in (None, ctypes.c_void_p(-1).value):
+                raise WorkloadError("mmap of %s failed: %s" % (name, os.strerror(ctypes.get_errno())))
+            if dontfork:
+                libc.madvise(address, kib << 10, MADV_DONTFORK)
+            addresses.append(address)
+    return fds["gpu"], (fds, addresses)
 
 
 def allocate_sim(nbytes, gpu_index):
-    """Create a context of nbytes // MiB on a simulated node, as simvllm does (tests/sim/README.md):
-    open nvidiactl, nvidia-uvm and nvidia<minor>, seek the latter to our node PID, write the context file.
-    Returns (open fds, details)."""
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "sim"))
-    from simvllm.gpu import NodeGpus, node_pid
+    """Create a context of nbytes // MiB on a simulated node (tests/sim/README.md): open and map the device files as a
+    real context does (plant), seek one handle of the GPU's file to our node PID, write the context file.
+    Returns (what keeps it, details)."""
+    gpus = _sim_gpus()
+    from simvllm.gpu import node_pid  # pylint: disable=import-outside-toplevel
 
-    gpus = NodeGpus.load()
-    paths = ["nvidiactl", "nvidia-uvm", "nvidia%d" % gpus.minors[gpu_index]]
-    fds = [os.open(os.path.join(gpus.dev_dir, path), os.O_RDWR) for path in paths]
     token = node_pid(gpus.run_dir)
-    os.lseek(fds[-1], token, os.SEEK_SET)
+    gpu_fds, kept = plant("context", gpus.dev_dir, gpus.minors[gpu_index])
+    os.lseek(gpu_fds[0], token, os.SEEK_SET)
     temporary = os.path.join(gpus.run_dir, "contexts", ".%d.tmp" % token)
     with open(temporary, "w") as context_file:
         context_file.write("%d %d\n" % (gpu_index, nbytes >> 20))
     os.replace(temporary, os.path.join(gpus.run_dir, "contexts", str(token)))
-    return fds, {"sim_token": token}
+    return kept, {"sim_token": token}
 
 
 def init_nvml():
@@ -172,30 +291,54 @@ def init_nvml():
 def init_cuda(backend, gpu_index):
     """Initialize CUDA without creating a context; returns (keep-alive object, details)."""
     if backend == "sim":
-        sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "sim"))
-        from simvllm.gpu import NodeGpus
-
-        gpus = NodeGpus.load()
-        paths = ["nvidiactl", "nvidia-uvm", "nvidia%d" % gpus.minors[gpu_index]]
-        return [os.open(os.path.join(gpus.dev_dir, path), os.O_RDWR) for path in paths], {"cuda_init": "sim"}
-    try:
-        cuda = ctypes.CDLL("libcuda.so.1")
-    except OSError as error:
-        raise WorkloadError("cannot load libcuda.so.1: %s" % error) from None
+        gpus = _sim_gpus()
+        return plant("cuinit", gpus.dev_dir, gpus.minors[gpu_index]), {"cuda_init": "sim"}
+    cuda = CudaDriver()
     count = ctypes.c_int()
-    for name, call_args in (("cuInit", (0,)), ("cuDeviceGetCount", (ctypes.byref(count),))):
-        result = getattr(cuda, name)(*call_args)
-        if result != 0:
-            raise WorkloadError("%s failed: %d" % (name, result))
+    cuda.call("cuInit", 0)
+    cuda.call("cuDeviceGetCount", ctypes.byref(count))
     return cuda, {"cuda_init": "cuInit", "cuda_device_count": count.value}
 
 
+def init_available(backend, gpu_index):
+    """torch.cuda.is_available() and stay (backend torch), else init_cuda; returns (keep-alive, details)."""
+    if backend != "torch":
+        return init_cuda(backend, gpu_index)
+    import torch
+
+    if not torch.cuda.is_available():
+        raise WorkloadError("torch.cuda.is_available() is False")
+    return torch, {"cuda_init": "torch.cuda.is_available()", "torch": torch.__version__}
+
+
 def allocate(args):
+    if args.backend == "sim" and args.pinned_bytes:
+        raise WorkloadError("a simulated node has no pinned host memory")
     if args.backend == "torch":
-        return allocate_torch(args.nbytes)
+        return allocate_torch(args.nbytes, args.pinned_bytes)
     if args.backend == "cuda":
-        return allocate_cuda(args.nbytes)
+        return allocate_cuda(args.nbytes, args.pinned_bytes)
     return allocate_sim(args.nbytes, args.gpu_index)
+
+
+def initialize(args):
+    """The roles that hold no memory of their own or share it (nvml, cuinit, available, ipc_*): (keep-alive, details,
+    extra ready fields)."""
+    if args.role in ("ipc_export", "ipc_import") and args.backend == "sim":
+        raise WorkloadError("a simulated node has no CUDA IPC")
+    if args.role == "ipc_export":
+        kept, details, handle = export_ipc(args.nbytes)
+        return kept, details, {"ipc_handle": handle, "bytes": args.nbytes}
+    if args.role == "ipc_import":
+        kept, details = import_ipc(args.ipc_handle)
+        return kept, details, {}
+    if args.role == "nvml":
+        kept, details = init_nvml()
+    elif args.role == "available":
+        kept, details = init_available(args.backend, args.gpu_index)
+    else:
+        kept, details = init_cuda(args.backend, args.gpu_index)
+    return kept, details, {}
 
 
 def report(args, name, role, **fields):
@@ -282,10 +425,10 @@ def main(argv=None):
             for rank in range(args.tp):
                 spawn(args, "%s.tp%d" % (args.name, rank), "hold", title="VLLM::Worker_TP%d" % rank)
             report(args, args.name, "engine", retitled_with=retitled_with)
-        elif args.role in ("nvml", "cuinit"):
-            library, details = init_nvml() if args.role == "nvml" else init_cuda(args.backend, args.gpu_index)
-            HELD.append(library)
-            report(args, args.name, args.role, retitled_with=retitled_with, backend_details=details)
+        elif args.role != "hold":
+            kept, details, fields = initialize(args)
+            HELD.append(kept)
+            report(args, args.name, args.role, retitled_with=retitled_with, backend_details=details, **fields)
         else:
             allocation, details = allocate(args)
             HELD.append(allocation)
@@ -298,7 +441,15 @@ def main(argv=None):
                     wait_for_lifeline(args, started)
                 finally:
                     os._exit(1)
-            report(args, args.name, "hold", retitled_with=retitled_with, bytes=args.nbytes, backend_details=details)
+            report(
+                args,
+                args.name,
+                "hold",
+                retitled_with=retitled_with,
+                bytes=args.nbytes,
+                pinned_bytes=args.pinned_bytes,
+                backend_details=details,
+            )
     except Exception as error:  # the check reads the reason from the ready file
         report(args, args.name, args.role, retitled_with=retitled_with, error="%s: %s" % (type(error).__name__, error))
         return 1

@@ -128,16 +128,18 @@ class Ansible:
             "output": run["output"][-3000:],
         }
 
-    def playbook(self, path, extra_vars=None, timeout=300.0):
-        """Run ansible-playbook `path` on localhost with `extra_vars` (a dict, passed as JSON).
+    def playbook(self, path, extra_vars=None, timeout=300.0, check=False):
+        """Run ansible-playbook `path` on localhost with `extra_vars` (a dict, passed as JSON); `check`: --check.
 
-        Returns {"rc", "recap" (localhost's counters or None), "elapsed_s", "output" (last 6,000 characters)}.
+        Returns {"rc", "recap" (localhost's counters or None), "elapsed_s", "output" (last 6,000 characters),
+        "results" ({module name: the last result of a task running it, as its event gave it})}.
         """
+        args = ["-e", json.dumps(extra_vars)] if extra_vars else []
         run = self.api.run(
             self.inventory,
             self.repo,
             playbook=path,
-            args=["-e", json.dumps(extra_vars)] if extra_vars else (),
+            args=args + (["--check"] if check else []),
             envvars=self.env,
             timeout=timeout,
         )
@@ -146,4 +148,18 @@ class Ansible:
             "recap": run.recap().get("localhost"),
             "elapsed_s": run.elapsed_s,
             "output": run.output[-6000:],
+            "results": module_results(run.events),
         }
+
+
+def module_results(events):
+    """{module name (task_action, e.g. "gpuops.nvidia.gpu_kill"): the result (event_data "res") of the last task that
+    ran it} from ansible-runner events; failed tasks count too (check_gpus fails when a GPU is not free)."""
+    found = {}
+    for event in events:
+        if event.get("event") not in ("runner_on_ok", "runner_on_failed"):
+            continue
+        data = event.get("event_data") or {}
+        if data.get("task_action"):
+            found[data["task_action"]] = data.get("res") or {}
+    return found

@@ -117,6 +117,53 @@ def mapped_paths(lines):
     return sorted({line.split(None, 5)[5] for line in lines})
 
 
+def device_fd_counts(pid, proc="/proc"):
+    """{path: number of fds} of the /dev/nvidia* files `pid` holds open, as the probes counted them (its fd table,
+    /proc/PID/fd; a real CUDA context holds /dev/nvidiaN some 20 times, an NVML client once), or {}."""
+    counts = {}
+    try:
+        fds = os.listdir("%s/%d/fd" % (proc, pid))
+    except OSError:
+        return counts
+    for fd in fds:
+        try:
+            target = os.readlink("%s/%d/fd/%s" % (proc, pid, fd))
+        except OSError:
+            continue
+        if target.startswith("/dev/nvidia"):
+            counts[target] = counts.get(target, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def device_record(pid, proc="/proc"):
+    """What a process shows of the driver, as the probes recorded it: {"pid", "fds" (device_fd_counts), "maps"
+    (device_mappings lines)}."""
+    return {"pid": pid, "fds": device_fd_counts(pid, proc), "maps": device_mappings(pid, proc)}
+
+
+def maps_fields(line):
+    """(perms, (major, minor) of the file's device, inode, path) of one /proc/PID/maps line ("rw-s", (0, 6), 142,
+    "/dev/nvidia0"), or None for a line without a file."""
+    fields = line.split(None, 5)
+    if len(fields) < 6:
+        return None
+    try:
+        major, minor = (int(part, 16) for part in fields[3].split(":"))
+        inode = int(fields[4])
+    except ValueError:
+        return None
+    return fields[1], (major, minor), inode, fields[5]
+
+
+def file_identity(path):
+    """((major, minor) of the file system's device, inode) of `path`, as /proc/PID/maps names a mapped file, or None."""
+    try:
+        status = os.stat(path)
+    except OSError:
+        return None
+    return (os.major(status.st_dev), os.minor(status.st_dev)), status.st_ino
+
+
 def processes_with(marker, proc="/proc"):
     """PIDs whose /proc/PID/cmdline contains `marker` (a string unique to one check run)."""
     found = []
@@ -191,3 +238,39 @@ class Pinned:
         if self.pidfd is not None:
             os.close(self.pidfd)
             self.pidfd = None
+
+
+def all_pids(proc="/proc"):
+    """Every PID in `proc`, sorted."""
+    return sorted(int(name) for name in os.listdir(proc) if name.isdigit())
+
+
+def argv0(pid, proc="/proc"):
+    """The basename of `pid`'s argv[0] ("nvidia-cuda-mps-server"), or None."""
+    try:
+        with open("%s/%d/cmdline" % (proc, pid), "rb") as cmdline:
+            first = cmdline.read().split(b"\0", 1)[0]
+    except OSError:
+        return None
+    return os.path.basename(first.decode(errors="replace")) or None
+
+
+def environ(pid, proc="/proc"):
+    """The raw /proc/PID/environ of `pid` (NUL-separated), or b"" where it cannot be read."""
+    try:
+        with open("%s/%d/environ" % (proc, pid), "rb") as environment:
+            return environment.read()
+    except OSError:
+        return b""
+
+
+def mem_available_bytes(meminfo="/proc/meminfo"):
+    """MemAvailable of /proc/meminfo in bytes, or None."""
+    try:
+        with open(meminfo) as info:
+            for line in info:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None

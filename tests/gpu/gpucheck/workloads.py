@@ -10,6 +10,7 @@ RUN_DIR/NAME.json (see workload.py); once ready it is pinned (procs.Pinned) unde
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
@@ -25,8 +26,34 @@ WORKLOAD = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 NESTED_SHELL = ["/bin/sh", "-c", '"$@"; :', "sh"]
 
 
+NS_LAST_PID = "/proc/sys/kernel/ns_last_pid"
+PR_SET_PDEATHSIG = 1
+
+
 class WorkloadError(RuntimeError):
     """A workload failed to start or to allocate its memory (message: the reason and its log's tail)."""
+
+
+class PidUnavailable(WorkloadError):
+    """A workload could not be given the PID number it was meant to reuse (the reason says why)."""
+
+
+def claim_pid(pid, last_pid_file=NS_LAST_PID):
+    """Make `pid` the next PID this PID namespace gives, as CRIU restores PIDs: write pid - 1 to
+    /proc/sys/kernel/ns_last_pid (needs CAP_SYS_ADMIN or CAP_CHECKPOINT_RESTORE in the namespace's user namespace).
+    Raises PidUnavailable when the number is taken or the file cannot be written."""
+    if os.path.exists("/proc/%d" % pid):
+        raise PidUnavailable("PID %d is taken by another process" % pid)
+    try:
+        with open(last_pid_file, "w") as last_pid:
+            last_pid.write(str(pid - 1))
+    except OSError as error:
+        raise PidUnavailable("cannot write %s: %s" % (last_pid_file, error)) from None
+
+
+def _die_with_parent():
+    """In a child before exec: SIGKILL it when the thread that started it ends (a program that reads no lifeline)."""
+    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 def log_tail(path, limit=1500):
@@ -40,9 +67,10 @@ def log_tail(path, limit=1500):
 class Workloads:
     """The check's workloads on one GPU.
 
-    Workloads(run_dir, marker, backend, gpu_index, gpu_uuid): start(name, nested=False, **options) ->
-    the launcher's Popen; wait_ready(names, launcher, timeout) -> {name: ready info with "host_pid"};
-    pid(name), alive(name), kill(name, sig); forget_gone(); stop_all() -> names (and PIDs) still alive afterwards.
+    Workloads(run_dir, marker, backend, gpu_index, gpu_uuid): start(name, nested=False, env=None, **options) ->
+    the launcher's Popen; start_at_pid(name, pid, **options); start_program(name, argv, env); wait_ready(names,
+    launcher, timeout) -> {name: ready info with "host_pid"}; pin(name, pid); pid(name), alive(name), kill(name, sig);
+    forget_gone(); stop_all() -> names (and PIDs) still alive afterwards.
     """
 
     def __init__(self, run_dir, marker, backend, gpu_index, gpu_uuid, python=sys.executable, max_lifetime=600.0):
@@ -58,14 +86,26 @@ class Workloads:
         self.launchers = []
         self.pinned = {}
 
-    def environment(self):
-        """The workloads' environment: CUDA sees only the GPU under test, as device 0."""
+    def environment(self, extra=None):
+        """The workloads' environment: CUDA sees only the GPU under test, as device 0; `extra` added."""
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         if self.backend != "sim":
             env.update(CUDA_VISIBLE_DEVICES=self.gpu_uuid, CUDA_DEVICE_ORDER="PCI_BUS_ID")
+        env.update(extra or {})
         return env
 
-    def command(self, name, role="hold", nbytes=0, title=None, ignore_sigterm=False, fork_child=False, tp=2):
+    def command(  # pylint: disable=too-many-arguments
+        self,
+        name,
+        role="hold",
+        nbytes=0,
+        title=None,
+        ignore_sigterm=False,
+        fork_child=False,
+        tp=2,
+        pinned_bytes=0,
+        ipc_handle=None,
+    ):
         """The workload.py command line for one process (see workload.py for the options)."""
         command = [
             self.python,
@@ -97,11 +137,18 @@ class Workloads:
             command.append("--ignore-sigterm")
         if fork_child:
             command.append("--fork-child")
+        if pinned_bytes:
+            command += ["--pinned-bytes", str(pinned_bytes)]
+        if ipc_handle:
+            command += ["--ipc-handle", ipc_handle]
         return command
 
-    def start(self, name, nested=False, **options):
-        """Start workload `name` (options as command()); nested=True starts it in a new PID namespace
-        with `unshare --pid --fork --mount-proc --kill-child` (plus a user namespace when not root)."""
+    def start(self, name, nested=False, env=None, new_session=True, **options):
+        """Start workload `name` (options as command(); `env`: variables added to its environment); nested=True
+        starts it in a new PID namespace with `unshare --pid --fork --mount-proc --kill-child` (plus a user namespace
+        when not root). new_session=False keeps it in the check's session and process group: a session or group
+        leader's PID number stays taken while a process of its group lives (its forked child), so only such a
+        process's number can be reused after its death."""
         command = self.command(name, **options)
         if nested:
             user = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
@@ -113,15 +160,61 @@ class Workloads:
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env=self.environment(),
+                env=self.environment(env),
                 pass_fds=(self.lifeline_read,),
-                start_new_session=True,
+                start_new_session=new_session,
             )
         finally:
             log.close()
         launcher.gpucheck_name = name
         self.launchers.append(launcher)
         return launcher
+
+    def start_at_pid(self, name, pid, attempts=20, last_pid_file=NS_LAST_PID, **options):
+        """Start workload `name` (as start()) with PID `pid`, a number freed when its process was reaped (claim_pid
+        right before the fork). Another process that forks in between takes the number first: the launcher that
+        got another PID is ended and the claim tried again, `attempts` times. Returns the launcher; raises
+        PidUnavailable."""
+        for _attempt in range(attempts):
+            claim_pid(pid, last_pid_file)
+            launcher = self.start(name, **options)
+            if launcher.pid == pid:
+                return launcher
+            launcher.kill()
+            launcher.wait()
+            self.launchers.remove(launcher)
+        raise PidUnavailable("PID %d went to other processes %d times" % (pid, attempts))
+
+    def start_program(self, name, argv, env=None):
+        """Start a program that is not workload.py (nvidia-smi, the MPS control daemon) as one of ours, pinned under
+        `name` at once; its output goes to RUN_DIR/NAME.log, `env` is added to the workloads' environment. It reads no
+        lifeline: it gets SIGKILL when the check's thread that started it ends (PR_SET_PDEATHSIG), and stop_all ends
+        it like every pinned process. Returns its Popen."""
+        log = open(os.path.join(self.run_dir, name + ".log"), "wb")  # pylint: disable=consider-using-with
+        try:
+            launcher = subprocess.Popen(  # pylint: disable=subprocess-popen-preexec-fn
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.environment(env),
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
+        finally:
+            log.close()
+        launcher.gpucheck_name = name
+        self.launchers.append(launcher)
+        self.pin(name, launcher.pid, launcher)
+        return launcher
+
+    def pin(self, name, pid, popen=None):
+        """Pin our process `pid` under `name` (one that a program of ours started, such as the MPS server)."""
+        self.pinned[name] = procs.Pinned(pid, popen=popen)
+
+    def log_path(self, name):
+        """RUN_DIR/NAME.log: the output of workload or program `name`."""
+        return os.path.join(self.run_dir, name + ".log")
 
     def _ready_info(self, name):
         try:
@@ -177,7 +270,7 @@ class Workloads:
                         "%s: no descendant of unshare (PID %d) has namespace PID %d" % (name, launcher.pid, info["pid"])
                     )
             info["host_pid"] = pid
-            self.pinned[name] = procs.Pinned(pid, popen=launcher if launcher.pid == pid else None)
+            self.pin(name, pid, launcher if launcher.pid == pid else None)
         return infos
 
     def pid(self, name):

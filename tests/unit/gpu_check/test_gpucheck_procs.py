@@ -113,3 +113,61 @@ def test_pinned_never_signals_a_pid_with_another_start_time():
     finally:
         child.kill()
         child.wait()
+
+
+def test_device_fd_counts_and_record(tmp_path):
+    fake_process(tmp_path, 70, 1)
+    fd_dir = tmp_path / "70" / "fd"
+    fd_dir.mkdir()
+    for fd, target in {
+        3: "/dev/nvidiactl",
+        4: "/dev/nvidia0",
+        5: "/dev/nvidia0",
+        6: "/tmp/log",
+        7: "/dev/nvidia-uvm",
+    }.items():
+        os.symlink(target, fd_dir / str(fd))
+    (tmp_path / "70" / "maps").write_text("7f00-7f20 rw-s 00000000 00:06 142 /dev/nvidia0\n")
+    assert procs.device_fd_counts(70, str(tmp_path)) == {"/dev/nvidia-uvm": 1, "/dev/nvidia0": 2, "/dev/nvidiactl": 1}
+    assert procs.device_record(70, str(tmp_path)) == {
+        "pid": 70,
+        "fds": {"/dev/nvidia-uvm": 1, "/dev/nvidia0": 2, "/dev/nvidiactl": 1},
+        "maps": ["7f00-7f20 rw-s 00000000 00:06 142 /dev/nvidia0"],
+    }
+    assert procs.device_fd_counts(71, str(tmp_path)) == {}
+
+
+def test_maps_fields_and_file_identity(tmp_path):
+    assert procs.maps_fields("200600000-200800000 rw-s 00000000 00:06 142 /dev/nvidia0") == (
+        "rw-s",
+        (0, 6),
+        142,
+        "/dev/nvidia0",
+    )
+    assert procs.maps_fields("7f3a00800000-7f3a00a00000 rw-p 00000000 00:00 0") is None
+    assert procs.maps_fields("7f00-7f20 rw-s 00000000 fd:1a 9 /dev/nvidia3") == (
+        "rw-s",
+        (0xFD, 0x1A),
+        9,
+        "/dev/nvidia3",
+    )
+    path = tmp_path / "nvidia3"
+    path.write_bytes(b"")
+    status = os.stat(path)
+    assert procs.file_identity(str(path)) == ((os.major(status.st_dev), os.minor(status.st_dev)), status.st_ino)
+    assert procs.file_identity(str(tmp_path / "absent")) is None
+
+
+def test_argv0_environ_all_pids_and_available_memory(tmp_path):
+    fake_process(tmp_path, 80, 1, cmdline="/usr/local/nvidia/bin/nvidia-cuda-mps-server")
+    (tmp_path / "80" / "environ").write_bytes(b"A=1\0CUDA_MPS_PIPE_DIRECTORY=/tmp/x\0")
+    fake_process(tmp_path, 9, 1)
+    (tmp_path / "self").mkdir()
+    assert procs.argv0(80, str(tmp_path)) == "nvidia-cuda-mps-server" and procs.argv0(81, str(tmp_path)) is None
+    assert b"CUDA_MPS_PIPE_DIRECTORY=/tmp/x" in procs.environ(80, str(tmp_path))
+    assert procs.environ(81, str(tmp_path)) == b""
+    assert procs.all_pids(str(tmp_path)) == [9, 80]
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       131072000 kB\nMemFree:         1000 kB\nMemAvailable:   120000000 kB\n")
+    assert procs.mem_available_bytes(str(meminfo)) == 120000000 * 1024
+    assert procs.mem_available_bytes(str(tmp_path / "none")) is None

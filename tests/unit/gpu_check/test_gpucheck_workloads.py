@@ -8,7 +8,7 @@ import pytest
 
 from gpucheck import procs
 from gpucheck.timing import poll_until
-from gpucheck.workloads import WorkloadError, Workloads
+from gpucheck.workloads import PidUnavailable, WorkloadError, Workloads, claim_pid
 
 MIB = 1 << 20
 
@@ -47,6 +47,27 @@ def open_device_files(pid, dev_dir):
         {os.readlink(os.path.join(fd_dir, fd)) for fd in os.listdir(fd_dir)}
         & {os.path.join(dev_dir, name) for name in os.listdir(dev_dir)}
     )
+
+
+def mappings(pid, dev_dir):
+    """[(perms, KiB, offset, name)] of `pid`'s mappings of files under dev_dir, sorted."""
+    found = []
+    with open("/proc/%d/maps" % pid) as maps:
+        for line in maps:
+            fields = line.split(None, 5)
+            if len(fields) == 6 and fields[5].strip().startswith(str(dev_dir) + "/"):
+                start, end = (int(part, 16) for part in fields[0].split("-"))
+                found.append((fields[1], (end - start) >> 10, int(fields[2], 16), os.path.basename(fields[5].strip())))
+    return sorted(found)
+
+
+def fd_counts(pid, dev_dir):
+    counts = {}
+    for fd in os.listdir("/proc/%d/fd" % pid):
+        target = os.readlink("/proc/%d/fd/%s" % (pid, fd))
+        if target.startswith(str(dev_dir) + "/"):
+            counts[os.path.basename(target)] = counts.get(os.path.basename(target), 0) + 1
+    return counts
 
 
 def context_mib(sim_dir, pid):
@@ -111,8 +132,9 @@ def test_cuda_init_opens_the_device_files_and_creates_no_context(sim_run, make_w
     assert info["role"] == "cuinit" and info["bytes"] == 0 and info["backend_details"] == {"cuda_init": "sim"}
 
 
-def test_nvml_client_holds_every_device_file_but_no_uvm(sim_run, make_workloads, monkeypatch):
-    """The NVML-only client through the simulator's libnvidia-ml.so.1 (tests/sim/build), outside any node."""
+def test_nvml_client_holds_every_device_file_and_maps_none(sim_run, make_workloads, monkeypatch):
+    """The NVML-only client through the simulator's libnvidia-ml.so.1 (tests/sim/build), outside any node: like a real
+    one (an H200, driver 580.159.04) it holds nvidiactl, the GPU's file and nvidia-uvm, and maps none of them."""
     run_dir, sim_dir = sim_run
     library_dir = os.path.join(
         os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "sim", "build"
@@ -124,7 +146,10 @@ def test_nvml_client_holds_every_device_file_but_no_uvm(sim_run, make_workloads,
     launcher = workloads.start("nvml", role="nvml")
     info = workloads.wait_ready(["nvml"], launcher, 60)["nvml"]
     dev_dir = os.path.join(os.path.dirname(sim_dir), "dev")
-    assert open_device_files(info["host_pid"], dev_dir) == [os.path.join(dev_dir, n) for n in ("nvidia4", "nvidiactl")]
+    assert open_device_files(info["host_pid"], dev_dir) == [
+        os.path.join(dev_dir, n) for n in ("nvidia-uvm", "nvidia4", "nvidiactl")
+    ]
+    assert mappings(info["host_pid"], dev_dir) == []
     assert info["backend_details"] == {"nvml_gpu_count": 1} and os.listdir(os.path.join(sim_dir, "contexts")) == []
 
 
@@ -159,3 +184,90 @@ def test_an_allocation_failure_is_reported_at_once(tmp_path, make_workloads):
     launcher = workloads.start("hold", nbytes=MIB)
     with pytest.raises(WorkloadError, match="hold: WorkloadError: cannot load libcuda.so.1"):
         workloads.wait_ready(["hold"], launcher, 60)
+
+
+# What the sim backend plants (workload.py PLANTS), as an H200 with driver 580.159.04 showed it.
+CONTEXT_MAPPINGS = sorted(
+    [("rw-s", 2048, 0, "nvidia4"), ("-w-s", 64, 0, "nvidia4"), ("rw-s", 2048, 0, "nvidia-uvm")]
+    + [("rw-s", 4, 0, "nvidiactl")] * 26
+)
+
+
+def test_a_simulated_context_opens_and_maps_as_a_real_one_and_its_child_inherits_all_but_uvm(sim_run, make_workloads):
+    run_dir, sim_dir = sim_run
+    dev_dir = os.path.join(os.path.dirname(sim_dir), "dev")
+    workloads = make_workloads(run_dir)
+    launcher = workloads.start("inherit", nbytes=32 * MIB, fork_child=True)
+    infos = workloads.wait_ready(["inherit", "inherit.child"], launcher, 60)
+    parent, child = infos["inherit"]["host_pid"], infos["inherit.child"]["host_pid"]
+    assert fd_counts(parent, dev_dir) == {"nvidiactl": 2, "nvidia-uvm": 4, "nvidia4": 20}
+    assert mappings(parent, dev_dir) == CONTEXT_MAPPINGS
+    # nvidia-uvm's mapping is not inherited (VM_DONTCOPY in the UVM driver; here MADV_DONTFORK).
+    assert mappings(child, dev_dir) == [m for m in CONTEXT_MAPPINGS if m[3] != "nvidia-uvm"]
+    # One handle of the GPU's file carries the context's token (the node PID), the others are at position 0.
+    positions = []
+    for fd in os.listdir("/proc/%d/fd" % parent):
+        if os.readlink("/proc/%d/fd/%s" % (parent, fd)).endswith("/nvidia4"):
+            with open("/proc/%d/fdinfo/%s" % (parent, fd)) as fdinfo:
+                positions.append(int(fdinfo.readline().split()[1]))
+    assert sorted(positions) == [0] * 19 + [parent]
+
+
+@pytest.mark.parametrize("role", ["cuinit", "available"])
+def test_cuda_initialized_without_a_context_maps_doorbells_only(sim_run, make_workloads, role):
+    run_dir, sim_dir = sim_run
+    dev_dir = os.path.join(os.path.dirname(sim_dir), "dev")
+    workloads = make_workloads(run_dir)
+    info = workloads.wait_ready([role], workloads.start(role, role=role), 60)[role]
+    assert fd_counts(info["host_pid"], dev_dir) == {"nvidiactl": 1, "nvidia-uvm": 2, "nvidia4": 3}
+    assert mappings(info["host_pid"], dev_dir) == [("-w-s", 64, 0, "nvidia4")] * 2 + [("r--s", 4, 0, "nvidiactl")]
+    assert info["role"] == role and os.listdir(os.path.join(sim_dir, "contexts")) == []
+
+
+@pytest.mark.parametrize(
+    "options, reason",
+    [
+        ({"role": "ipc_export", "nbytes": MIB}, "a simulated node has no CUDA IPC"),
+        ({"role": "ipc_import", "ipc_handle": "00" * 64}, "a simulated node has no CUDA IPC"),
+        ({"nbytes": MIB, "pinned_bytes": MIB}, "a simulated node has no pinned host memory"),
+    ],
+)
+def test_what_a_simulated_node_cannot_do_fails_with_the_reason(sim_run, make_workloads, options, reason):
+    run_dir, _sim_dir = sim_run
+    workloads = make_workloads(run_dir)
+    with pytest.raises(WorkloadError, match=reason):
+        workloads.wait_ready(["w"], workloads.start("w", **options), 60)
+
+
+def test_a_pid_is_claimed_through_ns_last_pid(tmp_path):
+    last_pid = tmp_path / "ns_last_pid"
+    claim_pid(4242, str(last_pid))
+    assert last_pid.read_text() == "4241"
+    with pytest.raises(PidUnavailable, match="PID %d is taken by another process" % os.getpid()):
+        claim_pid(os.getpid(), str(last_pid))
+    with pytest.raises(PidUnavailable, match="cannot write"):
+        claim_pid(4242, str(tmp_path / "absent" / "ns_last_pid"))
+
+
+def test_a_start_that_did_not_get_the_pid_ends_what_it_started(sim_run, make_workloads, tmp_path):
+    """Here ns_last_pid is a plain file (the host's is never written by a unit test): every start gets another PID,
+    each is ended and forgotten, and the failure says so."""
+    run_dir, _sim_dir = sim_run
+    workloads = make_workloads(run_dir)
+    free = max(procs.all_pids()) + 10_000_000  # above any pid_max: never given
+    with pytest.raises(PidUnavailable, match="went to other processes 3 times"):
+        workloads.start_at_pid("reuser", free, attempts=3, last_pid_file=str(tmp_path / "last"), role="cuinit")
+    assert workloads.launchers == [] and (tmp_path / "last").read_text() == str(free - 1)
+    assert [pid for pid in procs.processes_with(workloads.marker) if procs.read_stat(pid)["state"] != "Z"] == []
+
+
+def test_a_program_is_pinned_with_its_environment_and_ended_with_the_others(tmp_path, make_workloads):
+    workloads = make_workloads(tmp_path)
+    launcher = workloads.start_program(
+        "sleeper",
+        ["/bin/sh", "-c", 'echo "$GPUCHECK_TEST"; exec sleep 60'],
+        {"GPUCHECK_TEST": "private pipe directory"},
+    )
+    assert workloads.alive("sleeper") and workloads.pid("sleeper") == launcher.pid
+    assert poll_until(lambda: "private pipe directory" in open(workloads.log_path("sleeper")).read(), 10)
+    assert workloads.stop_all() == [] and launcher.poll() is not None
