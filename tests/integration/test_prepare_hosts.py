@@ -10,6 +10,7 @@ and the node has no network to the package index: the wheels come from a directo
 from __future__ import annotations
 
 import fcntl
+import json
 import re
 import shutil
 import subprocess
@@ -18,6 +19,7 @@ import pytest
 
 from ansible_run import REPO, VENV_BIN, module, only, playbook
 from nodetools import alive, gpu_memory, start_holder
+from ports import free_ports
 from simnode import inventory_file
 
 PREPARE = REPO / "playbooks" / "prepare_hosts.yml"
@@ -211,3 +213,25 @@ def test_a_host_with_neither_python_gets_one_message_and_the_next_step(ssh_node)
     rc, out, recap = playbook(inventory, PREPARE, "-b", "-e", "ansible_python_interpreter=%s" % (VENV_BIN / "python"))
     assert rc == 0 and recap[node.name]["changed"] == 0 and not venv.parent.exists(), out
     assert "prepare_hosts: nothing to do: %s has nvidia-ml-py" % (VENV_BIN / "python") in out, out
+
+
+def test_a_failed_install_leaves_no_half_venv_behind(ssh_node):
+    # Issue 33 item 14: with the package index unreachable, python3 -m venv made the venv and pip then failed. The
+    # venv, without a library, was tried first by every module afterwards ("lacks nvidia-ml-py"), even with a task
+    # interpreter that has both. The failed run now removes it and says so.
+    node, inventory, venv = ssh_node
+    index = "http://127.0.0.1:%d/simple" % free_ports(1)[0]  # reserved, nothing listens: unreachable
+    unreachable = {"prepare_hosts_pip_extra_args": "--index-url %s --retries 0 --timeout 2" % index}
+    rc, out, recap = playbook(inventory, PREPARE, "-b", "-e", json.dumps(unreachable))
+    assert rc != 0 and recap[node.name]["failed"] == 1, out
+    # This machine's pip.conf may add an index of its own (psutil, say): what is missing is nvidia-ml-py at least.
+    assert re.search(
+        r"%s was removed: the failed install left it without nvidia-ml-py(, psutil)?, and the modules would have "
+        r"tried it first\. They use the task's interpreter until prepare_hosts succeeds" % re.escape(str(venv)),
+        out.replace("\\n", " "),
+    ), out
+    assert "prepare_hosts: Make the venv with the host's python3 -m venv and install the libraries into it: " in out
+    assert not venv.exists()
+    # A task interpreter with both libraries (the repository's venv) now runs the modules.
+    rc, out, recap = playbook(inventory, CHECK, "-e", "ansible_python_interpreter=%s" % (VENV_BIN / "python"))
+    assert rc == 0 and "check_gpus %s: GPUs free (2 checked)" % node.name in out, out

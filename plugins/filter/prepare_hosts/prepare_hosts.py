@@ -11,6 +11,8 @@ of roles/prepare_hosts/files/probe.py; returns {"install", "remake" (remove a ve
 "packages", "package_manager", "python", "ready", "line", "error"}.
 prepare_hosts_wheels(directory, requirements): the wheel files of a controller directory, refused with a clear error
 when a required project has none.
+prepare_hosts_after_failure(probe, venv, requirements): {"remove", "line"}: whether a failed install left a venv that
+lacks a library (removed, so that the modules fall back to the task's interpreter), and what the failure says of it.
 """
 
 from __future__ import annotations
@@ -220,6 +222,37 @@ def prepare_hosts_plan(probe, venv, requirements, wheels=None, wheels_dir="", ch
     return plan
 
 
+def prepare_hosts_after_failure(probe, venv, requirements):
+    """What to do with the venv after a failed install, from probe.py's look at it then: {"remove", "line"}.
+
+    A venv that lacks a library (pip unreachable: made, then nothing or part installed) is removed. The modules try the
+    venv's Python first and fall back to the task's interpreter only where it does not exist
+    (plugins/plugin_utils/_interpreter.py): left in place, it would fail every module on the host. A venv with every
+    library, one below its floor perhaps, is what the modules ran with before: it is kept. Only a venv (pyvenv.cfg) is
+    ever removed."""
+    requirements = _requirements(requirements)
+    found, error = _read_probe(probe)
+    if found is None:
+        return {"remove": False, "line": "%s could not be looked at after the failure: %s" % (venv, error)}
+    in_venv, directory = found["venv"], found.get("venv_dir") or {}
+    if not directory.get("exists"):
+        return {"remove": False, "line": "%s was not made" % venv}
+    missing = [
+        requirement.name
+        for requirement in requirements
+        if "version" not in in_venv or not in_venv.get(canonicalize_name(requirement.name))
+    ]
+    if not missing:
+        return {"remove": False, "line": "%s is kept as it was: it has %s" % (venv, _has(in_venv, requirements))}
+    if not directory.get("pyvenv_cfg"):
+        return {"remove": False, "line": "%s is not a venv (no pyvenv.cfg): left as it is" % venv}
+    return {
+        "remove": True,
+        "line": "%s was removed: the failed install left it without %s, and the modules would have tried it first. "
+        "They use the task's interpreter until prepare_hosts succeeds" % (venv, ", ".join(missing)),
+    }
+
+
 def prepare_hosts_wheels(directory, requirements):
     """Sorted paths of the *.whl files in controller directory `directory`; an error names a required project without one."""
     if not directory or not os.path.isdir(str(directory)):
@@ -250,4 +283,8 @@ class FilterModule:
     """Filters of the prepare_hosts role."""
 
     def filters(self):
-        return {"plan": prepare_hosts_plan, "wheels": prepare_hosts_wheels}
+        return {
+            "plan": prepare_hosts_plan,
+            "wheels": prepare_hosts_wheels,
+            "after_failure": prepare_hosts_after_failure,
+        }

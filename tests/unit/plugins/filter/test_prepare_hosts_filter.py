@@ -15,6 +15,7 @@ import pytest
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.gpuops.nvidia.plugins.filter.prepare_hosts.prepare_hosts import (
+    prepare_hosts_after_failure,
     prepare_hosts_plan,
     prepare_hosts_wheels,
 )
@@ -190,3 +191,34 @@ def test_a_venv_whose_python_no_longer_runs_is_made_again_and_a_directory_that_i
     )
     # What an interrupted run leaves (the copied wheels only) is no reason to refuse.
     assert plan(probe(venv_dir={"exists": True, "pyvenv_cfg": False, "entries": ["wheels"]}))["install"]
+
+
+def test_a_failed_install_leaves_no_venv_that_lacks_a_library():
+    # Issue 33 item 14: pip unreachable left a venv with psutil and no nvidia-ml-py, which the modules then tried first.
+    venv_dir = {"exists": True, "pyvenv_cfg": True, "entries": ["bin", "lib", "pyvenv.cfg"]}
+    half = prepare_hosts_after_failure(
+        probe(venv=python(VENV + "/bin/python", None, "7.0.0"), venv_dir=venv_dir), VENV, REQUIREMENTS
+    )
+    assert half == {
+        "remove": True,
+        "line": "%s was removed: the failed install left it without nvidia-ml-py, and the modules would have tried it "
+        "first. They use the task's interpreter until prepare_hosts succeeds" % VENV,
+    }
+    broken = prepare_hosts_after_failure(
+        probe(venv={"path": VENV + "/bin/python", "exists": True, "error": "No such file"}, venv_dir=venv_dir),
+        VENV,
+        REQUIREMENTS,
+    )
+    assert broken["remove"] and "without nvidia-ml-py, psutil" in broken["line"], broken
+    # Both libraries there, one below its floor: the venv the modules ran with before is kept.
+    old = prepare_hosts_after_failure(
+        probe(venv=python(VENV + "/bin/python", "12.535.77", "7.0.0"), venv_dir=venv_dir), VENV, REQUIREMENTS
+    )
+    assert old == {"remove": False, "line": "%s is kept as it was: it has nvidia-ml-py 12.535.77, psutil 7.0.0" % VENV}
+    none = prepare_hosts_after_failure(probe(), VENV, REQUIREMENTS)
+    assert none == {"remove": False, "line": "%s was not made" % VENV}
+    # A directory that is not a venv is never removed.
+    other = {"exists": True, "pyvenv_cfg": False, "entries": ["data"]}
+    assert not prepare_hosts_after_failure(probe(venv_dir=other), VENV, REQUIREMENTS)["remove"]
+    unread = prepare_hosts_after_failure(probe(rc=1), VENV, REQUIREMENTS)
+    assert not unread["remove"] and unread["line"].startswith("%s could not be looked at after the failure" % VENV)
