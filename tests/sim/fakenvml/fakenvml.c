@@ -1370,8 +1370,8 @@ static unsigned long listed_pid(const struct context *ctx, const struct caller_n
 }
 
 /* Seconds that host memory pinned through a context adds to its release. Measured after SIGKILL on an NVIDIA
- * H200, driver 580.159.04, with 8 GiB on the GPU (tests/sim/README.md): released after 0.151 s without pinned
- * memory, 0.178 s with 1 GiB, 2.467 s with 32 GiB; here the first GiB adds 0.029 s, each further GiB 0.0739 s. */
+ * H200, driver 580.159.04 (tests/sim/README.md): released after 0.151 s without pinned memory; with 8 GiB on the
+ * GPU, 0.178 s with 1 GiB pinned, 2.467 s with 32 GiB. Here the first GiB adds 0.029 s, each further GiB 0.0739 s. */
 static double pinned_seconds(unsigned long long mib)
 {
     double gib = (double)mib / 1024.0;

@@ -301,13 +301,16 @@ print(json.dumps({"before": before, "seen": seen}))
 
 
 def watch_release(node, pid, index=0):
-    """(seconds to exit, seconds to unlisted, seconds to released, [the listed MiB at every poll before])."""
+    """(seconds to exit, seconds to released, [the PID's listed MiB at every poll before the release]), each the
+    first poll that saw it. The poll reads the list, then the memory: the poll that sees the memory back may still
+    list the PID (the release fell between its two calls); the next one must not."""
     result = json.loads(node.py(WATCH_RELEASE, str(pid), str(index)))
     seen = result["seen"]
     exited = next(t for t, _used, _mib, running in seen if not running)
-    unlisted = next(t for t, _used, mib, _running in seen if mib is None)
-    released = next(t for t, used, _mib, _running in seen if used < result["before"][0])
-    return exited, unlisted, released, [mib for t, _used, mib, _running in seen if t < released]
+    released = next(k for k, (_t, used, _mib, _running) in enumerate(seen) if used < result["before"][0])
+    unlisted = next(k for k, (_t, _used, mib, _running) in enumerate(seen) if mib is None)
+    assert unlisted in (released, released + 1), seen
+    return exited, seen[released][0], [mib for _t, _used, mib, _running in seen[:released]]
 
 
 def test_a_sigkilled_holder_stays_listed_until_its_memory_is_released_h200_preset(simnode):
@@ -325,23 +328,23 @@ def test_a_sigkilled_holder_stays_listed_until_its_memory_is_released_h200_prese
     sizes = json.loads((RECORDS / "gpucheck-result.json").read_text())["scenarios"]["release_latency"]["sizes"]
     assert driver_lists(node)[0]["compute"] == {pid: sizes["10"]["listed_mib"]} == {pid: 10758}
 
-    exited, unlisted, released, before = watch_release(node, pid)
-    assert unlisted == released and all(mib == 10758 for mib in before) and before
-    assert exited < released and 0.15 <= released < 0.15 + 1.0
+    exited, released, before = watch_release(node, pid)
+    assert before and all(mib == 10758 for mib in before)  # listed with its memory until the release
+    assert exited <= released and 0.15 <= released < 0.15 + 2.0  # the upper bound: polls on 2 busy cores
 
 
 def test_pinned_host_memory_slows_the_release(simnode):
     """probe3-reuse-pinned.json: with 8 GiB on the GPU, the memory was back 0.178 s after SIGKILL with 1 GiB of
-    pinned host memory, 2.467 s with 32 GiB (0.151 s without)."""
+    pinned host memory, 2.467 s with 32 GiB (gpucheck-result.json: 0.151 s without)."""
     node = simnode(gpus=1, preset="h200")
     one = start_cuda_process(node, [0], mib=8192, pinned_gib=1)
     big = start_cuda_process(node, [0], mib=8192, pinned_gib=32)
 
     for pid, name in ((one, "pinned.1gib"), (big, "pinned.32gib")):
         measured = step("probe3-reuse-pinned.json", name)["released"]
-        _exited, unlisted, released, before = watch_release(node, pid)
-        assert unlisted == released and before and all(mib == 8192 + 518 for mib in before)
-        assert measured - 0.01 <= released < measured + 1.0, (name, released)
+        _exited, released, before = watch_release(node, pid)
+        assert before and all(mib == 8192 + 518 for mib in before)
+        assert measured - 0.01 <= released < measured + 2.0, (name, released)
 
 
 def test_every_node_has_the_mig_capability_files_of_a_580_host(simnode):
