@@ -17,9 +17,10 @@ test: setup
 clean:
 	rm -rf tests/sim/build .collections
 
-# Not part of `make test`: downloads the vllm wheel once (pip download, cached in ~/.cache/gpuops-nvidia/wheels)
-# and checks the validator's and the simulator's vLLM tables against its source (docs/vllm_server.md).
-VLLM_VERSION ?= 0.33.0
+# Not part of `make test`: downloads each supported vllm wheel once (pip download, cached in
+# ~/.cache/gpuops-nvidia/wheels) and checks the collection's and the simulator's vLLM tables of each release against
+# its source (docs/vllm_server.md). VLLM_VERSION=0.34.0 checks one release.
+VLLM_VERSION ?=
 check-vllm-source:
 	@[ -x .venv/bin/python ] || ./scripts/setup.sh
-	@.venv/bin/python scripts/check_vllm_source.py --version $(VLLM_VERSION)
+	@.venv/bin/python scripts/check_vllm_source.py $(if $(VLLM_VERSION),--version $(VLLM_VERSION))

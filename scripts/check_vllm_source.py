@@ -2,18 +2,21 @@
 # Copyright (c) 2026, gpuops.nvidia contributors
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""Compare the collection's vLLM tables with the vLLM wheel they were read from (`make check-vllm-source`).
+"""Compare the collection's vLLM tables with the vLLM wheels they were read from (`make check-vllm-source`).
 
-Two tables describe vLLM 0.33: the validator's (plugins/module_utils/_speculative_vllm.py and
-_speculative_parse.py) and the simulator's (tests/sim/simvllm/). Both were written by reading the wheel;
-this script reads the wheel again, with `ast` (the wheel is never installed or imported), and fails
-naming every speculative-config field, method, MTP name, metric name, process title or default that
-either table, or the product's metric names (plugins/module_utils/_vllm_api.py), gets wrong.
+The collection knows several vLLM releases (plugins/module_utils/_vllm_versions.py VERSIONS) and keeps its facts
+per release, keyed by version: the validator's (plugins/module_utils/_speculative_vllm.py, _speculative_parse.py),
+the role's (plugins/module_utils/_vllm_server_facts.py, the metric names of _vllm_api.py, the flags
+plugin_utils/_vllm_checks.py refuses) and the simulator's (tests/sim/simvllm/facts.py). They were written by
+reading each release's wheel; this script reads each wheel again, with `ast` (a wheel is never installed or
+imported), and fails naming every speculative-config field, method, MTP name, metric name, flag, process title or
+default that a table gets wrong for that release.
 
-Usage: scripts/check_vllm_source.py [--version 0.33.0] [--wheel PATH] [--cache DIR]
-The wheel is downloaded once with `pip download --no-deps vllm==VERSION` into the cache directory
-(default: $GPUOPS_WHEEL_CACHE, else ~/.cache/gpuops-nvidia/wheels). Exit status 0 when every fact
-agrees, 1 when one does not, 2 when the wheel cannot be had.
+Usage: scripts/check_vllm_source.py [--version 0.34.0] [--wheel PATH] [--cache DIR]
+Without --version every known release is checked; --wheel checks one wheel already on disk. Each wheel is
+downloaded once with `pip download --no-deps vllm==VERSION` into the cache directory (default:
+$GPUOPS_WHEEL_CACHE, else ~/.cache/gpuops-nvidia/wheels). Exit status 0 when every fact agrees, 1 when one does
+not, 2 when a wheel cannot be had.
 """
 
 from __future__ import annotations
@@ -93,6 +96,8 @@ def module_assign(tree, name):
     for node in tree.body:
         if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
             return node.value
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id == name:
+            return node.value
     raise LookupError("no module-level %s" % name)
 
 
@@ -137,6 +142,28 @@ def call_kw(call, name):
 SPECULATIVE = "vllm/config/speculative.py"
 
 
+def _set_by_vllm(node):
+    """Whether a dataclass field is `field(..., init=False)`: vLLM fills it, pydantic refuses it as an argument."""
+    value = node.value
+    return (
+        isinstance(value, ast.Call)
+        and ast.unparse(value.func) in ("field", "dataclasses.field")
+        and any(
+            k.arg == "init" and isinstance(k.value, ast.Constant) and k.value.value is False for k in value.keywords
+        )
+    )
+
+
+def set_by_vllm(wheel):
+    """SpeculativeConfig fields that vLLM fills itself (init=False): refused as input (custom_method, 0.34)."""
+    body = find(wheel.tree(SPECULATIVE), ast.ClassDef, "SpeculativeConfig").body
+    return {
+        node.target.id
+        for node in body
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and _set_by_vllm(node)
+    }
+
+
 def speculative_fields(wheel):
     """{field: (annotation source, Field keyword dict)} of SpeculativeConfig that a user may set."""
     tree = wheel.tree(SPECULATIVE)
@@ -145,8 +172,8 @@ def speculative_fields(wheel):
         if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
             continue
         annotation = ast.unparse(node.annotation)
-        if annotation.startswith("SkipValidation"):
-            continue  # filled by the engine (target_model_config & co.)
+        if annotation.startswith("SkipValidation") or _set_by_vllm(node):
+            continue  # filled by the engine (target_model_config & co.) or by vLLM itself (custom_method)
         bounds = {}
         if isinstance(node.value, ast.Call) and ast.unparse(node.value.func) == "Field":
             bounds = dict(
@@ -171,25 +198,128 @@ def verify_args_refuses(wheel):
     return refused
 
 
+def _name_marker(node):
+    """ "marker" of a test `"marker" in <draft model>.lower()`, or None."""
+    compare = node.values[0] if isinstance(node, ast.BoolOp) else node
+    if (
+        isinstance(compare, ast.Compare)
+        and isinstance(compare.ops[0], ast.In)
+        and isinstance(compare.left, ast.Constant)
+        and ast.unparse(compare.comparators[0]).endswith(".lower()")
+    ):
+        return compare.left.value
+    return None
+
+
+SPECULATOR_CONFIG = "vllm/v1/worker/gpu/spec_decode/speculator_config.py"
+
+
+def _detected_by_checkpoint(wheel):
+    """0.34: (marker, method) pairs of the speculator configs' matches(), in _CHECKPOINT_DETECTION_ORDER (the MTP
+    config matches by model_type, not by name)."""
+    tree = wheel.tree(SPECULATOR_CONFIG)
+    order = ast.literal_eval(module_assign(tree, "_CHECKPOINT_DETECTION_ORDER"))
+    configs = module_assign(tree, "_CONFIG_BY_METHOD")
+    pairs = []
+    for key, value in zip(configs.keys, configs.values):
+        if key.value not in order or not (isinstance(value, ast.Call) and ast.unparse(value.func) == "_builtin"):
+            continue
+        module, class_name = (argument.value for argument in value.args)
+        path = "vllm/v1/worker/gpu/spec_decode/%s.py" % module.replace(".", "/")
+        matches = find(find(wheel.tree(path), ast.ClassDef, class_name), ast.FunctionDef, "matches")
+        markers = [_name_marker(node.value) for node in ast.walk(matches) if isinstance(node, ast.Return)]
+        pairs += [(order.index(key.value), marker, key.value) for marker in markers if marker]
+    return [(marker, method) for _index, marker, method in sorted(pairs)]
+
+
 def inferred_by_name(wheel):
-    """(marker, method) pairs of __post_init__: `elif "marker" in <draft model>.lower(): self.method = "method"`."""
+    """((marker, method) pairs, where they are read): up to 0.33 `elif "marker" in <draft model>.lower():
+    self.method = "method"` in SpeculativeConfig.__post_init__; in 0.34 the speculator configs' matches()."""
     body = find(wheel.tree(SPECULATIVE), ast.FunctionDef, "__post_init__")
     pairs = []
     for node in ast.walk(body):
-        if not isinstance(node, ast.If):
-            continue
-        compare = node.test.values[0] if isinstance(node.test, ast.BoolOp) else node.test
-        if not (
-            isinstance(compare, ast.Compare)
-            and isinstance(compare.ops[0], ast.In)
-            and isinstance(compare.left, ast.Constant)
-            and ast.unparse(compare.comparators[0]).endswith(".lower()")
+        if isinstance(node, ast.If) and _name_marker(node.test) is not None:
+            assign = node.body[0]
+            if isinstance(assign, ast.Assign) and ast.unparse(assign.targets[0]) == "self.method":
+                pairs.append((_name_marker(node.test), assign.value.value))
+    if pairs:
+        return pairs, SPECULATIVE + " SpeculativeConfig.__post_init__"
+    return _detected_by_checkpoint(wheel), SPECULATOR_CONFIG + " _CHECKPOINT_DETECTION_ORDER, matches()"
+
+
+def custom_methods(wheel):
+    """Whether SpeculativeConfig.method takes any string (`SpeculativeMethod | str`: a method a plugin registers)."""
+    for node in find(wheel.tree(SPECULATIVE), ast.ClassDef, "SpeculativeConfig").body:
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id == "method":
+            return "str" in [part.strip() for part in ast.unparse(node.annotation).split("|")]
+    raise LookupError("no SpeculativeConfig.method")
+
+
+def no_effect_fields(wheel):
+    """SpeculativeConfig fields whose documentation (the string after the field) says it has no effect."""
+    body = find(wheel.tree(SPECULATIVE), ast.ClassDef, "SpeculativeConfig").body
+    found = set()
+    for node, following in zip(body, body[1:]):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(following, ast.Expr)
+            and isinstance(following.value, ast.Constant)
+            and str(following.value.value).startswith("Deprecated and has no effect")
         ):
-            continue
-        assign = node.body[0]
-        if isinstance(assign, ast.Assign) and ast.unparse(assign.targets[0]) == "self.method":
-            pairs.append((compare.left.value, assign.value.value))
-    return pairs
+            found.add(node.target.id)
+    return found
+
+
+def budget_rule(wheel):
+    """(what max_num_batched_tokens must exceed per request, whether a DFlash budget lowers max_num_active_seqs):
+    vllm/config/vllm.py _set_max_num_scheduled_tokens, `if max_num_batched_tokens <= X: raise`."""
+    body = find(wheel.tree("vllm/config/vllm.py"), ast.FunctionDef, "_set_max_num_scheduled_tokens")
+    assigned = dict(
+        (ast.unparse(node.targets[0]), ast.unparse(node.value))
+        for node in ast.walk(body)
+        if isinstance(node, ast.Assign)
+    )
+    rule = None
+    for node in ast.walk(body):
+        if (
+            isinstance(node, ast.Compare)
+            and ast.unparse(node.left) == "max_num_batched_tokens"
+            and isinstance(node.ops[0], ast.LtE)
+        ):
+            compared = ast.unparse(node.comparators[0])
+            rule = assigned.get(compared, compared).rsplit(".", 1)[-1]
+    if rule is None:
+        raise LookupError("no max_num_batched_tokens <= X in _set_max_num_scheduled_tokens")
+    return rule, "self.scheduler_config.max_num_active_seqs" in assigned
+
+
+def has_env(wheel, name):
+    """Whether vllm/envs.py reads the environment variable `name` (a key of its environment_variables)."""
+    for node in ast.walk(wheel.tree("vllm/envs.py")):
+        if isinstance(node, ast.Dict) and any(isinstance(k, ast.Constant) and k.value == name for k in node.keys):
+            return True
+    return False
+
+
+def cli_flags(wheel):
+    """Every option `vllm serve` may take: the strings given to add_argument, and the fields of the dataclasses
+    whose fields become options (--<field-name>) in vllm/entrypoints/**/cli_args.py."""
+    paths = [n for n in wheel.zip.namelist() if n.startswith("vllm/entrypoints/") and n.endswith("cli_args.py")]
+    paths += ["vllm/engine/arg_utils.py", "vllm/utils/argparse_utils.py"]
+    paths += [n for n in wheel.zip.namelist() if n.startswith("vllm/entrypoints/cli/") and n.endswith(".py")]
+    flags = set()
+    for path in paths:
+        tree = wheel.tree(path)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and ast.unparse(node.func).endswith("add_argument"):
+                flags.update(a.value for a in node.args if isinstance(a, ast.Constant) and str(a.value).startswith("-"))
+            if path.endswith("cli_args.py") and isinstance(node, ast.ClassDef):
+                flags.update(
+                    "--" + item.target.id.replace("_", "-")
+                    for item in node.body
+                    if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)
+                )
+    return flags
 
 
 def batch_defaults(wheel):
@@ -339,8 +469,17 @@ def served_name_rule(wheel):
 # ---------------------------------------------------------------- the collection's tables
 
 
+class Tables:
+    """The collection's tables, imported from this checkout: validator (_speculative_vllm), parse
+    (_speculative_parse), server (_vllm_server_facts), product (_vllm_api), checks (_vllm_checks), versions
+    (_vllm_versions), simulator (simvllm.facts), simspec (simvllm.specdecode)."""
+
+    def __init__(self, **modules):
+        self.__dict__.update(modules)
+
+
 def load_tables():
-    """The validator's, the simulator's and the product's tables, imported from this checkout."""
+    """The validator's, the role's, the simulator's and the product's tables, imported from this checkout."""
     collections = os.path.join(REPO, ".collections")
     link = os.path.join(collections, "ansible_collections", "gpuops", "nvidia")
     if not os.path.isdir(link):
@@ -350,10 +489,22 @@ def load_tables():
     from ansible_collections.gpuops.nvidia.plugins.module_utils import _speculative_parse as parse
     from ansible_collections.gpuops.nvidia.plugins.module_utils import _speculative_vllm as validator
     from ansible_collections.gpuops.nvidia.plugins.module_utils import _vllm_api as product
+    from ansible_collections.gpuops.nvidia.plugins.module_utils import _vllm_server_facts as server
+    from ansible_collections.gpuops.nvidia.plugins.module_utils import _vllm_versions as versions
+    from ansible_collections.gpuops.nvidia.plugins.plugin_utils import _vllm_checks as checks
     from simvllm import facts as simulator
     from simvllm import specdecode as simspec
 
-    return validator, parse, simulator, simspec, product
+    return Tables(
+        validator=validator,
+        parse=parse,
+        server=server,
+        product=product,
+        checks=checks,
+        versions=versions,
+        simulator=simulator,
+        simspec=simspec,
+    )
 
 
 # ---------------------------------------------------------------- the comparison
@@ -385,30 +536,45 @@ class Report:
 
 
 def check(wheel, tables):
-    validator, parse, simulator, simspec, product = tables
+    """The Report of one wheel: every table of the release it holds compared with its sources."""
+    version = wheel_version(wheel)
     report = Report()
+    if version not in tables.versions.VERSIONS:
+        report.same(
+            "a known release (_vllm_versions.VERSIONS)", list(tables.versions.VERSIONS), version, "vllm/_version.py"
+        )
+        return report
+    check_fields(report, wheel, tables.validator.facts(version), tables.parse, tables.simulator.Speculative(version))
+    check_methods(report, wheel, tables.validator.facts(version), tables.simulator.Speculative(version))
+    check_process_facts(report, wheel, tables.simulator, version)
+    check_metrics(report, wheel, tables, version)
+    check_flags(report, wheel, tables.checks, version)
+    return report
+
+
+def check_fields(report, wheel, validator, parse, simulated):
+    """The speculative-config fields of a release: settable, refused, set by vLLM, without effect, their kinds."""
     same = report.same
     fields = speculative_fields(wheel)
     names = set(fields)
     refused_by_verify = set(verify_args_refuses(wheel))
+    filled = set_by_vllm(wheel)
     src = SPECULATIVE + " SpeculativeConfig"
-    same("validator VLLM_FIELDS", validator.VLLM_FIELDS, names - refused_by_verify, src + " fields less _verify_args'")
+    same("validator fields", validator.fields, names - refused_by_verify, src + " fields less _verify_args'")
     same(
-        "validator REFUSED_FIELDS that are fields",
-        set(validator.REFUSED_FIELDS) & names,
-        refused_by_verify,
-        src + "._verify_args",
+        "validator refused_fields that are fields",
+        set(validator.refused_fields) & (names | filled),
+        refused_by_verify | filled,
+        src + "._verify_args, fields with init=False",
     )
-    for name in validator.REFUSED_FIELDS:
-        if name not in names and name not in refused_by_verify:
+    for name in validator.refused_fields:
+        if name not in names | filled:
             report.checked += 1  # refused as no field at all: it must indeed be none
+    same("simulator fields", simulated.fields, names, src + " fields")
+    same("simulator set_by_vllm", simulated.set_by_vllm, filled, src + " fields with init=False")
     same(
-        "validator fields refused as gone",
-        {n for n in validator.REFUSED_FIELDS if n not in refused_by_verify} & names,
-        set(),
-        src + " fields",
+        "validator no_effect_fields", validator.no_effect_fields, no_effect_fields(wheel), src + " field documentation"
     )
-    same("simulator FIELDS", simspec.FIELDS, names, src + " fields")
     for name, kind in sorted(parse._FIELD_KINDS.items()):
         if name not in names:
             continue
@@ -422,56 +588,64 @@ def check(wheel, tables):
             )
         elif kind == "bool":
             same("validator %s: a boolean" % name, True, annotation.split(" ")[0] == "bool", src + "." + name)
+
+
+def check_methods(report, wheel, validator, simulated):
+    """The methods of a release: built-in, MTP names, removed, custom (plugins), inferred from the drafter's name."""
+    same = report.same
     methods = set(speculative_literal(wheel, "SpeculativeMethod"))
     mtp = set(speculative_literal(wheel, "MTPModelTypes"))
-    same("validator VLLM_METHODS", validator.VLLM_METHODS, methods, SPECULATIVE + " SpeculativeMethod")
-    same("validator MTP_METHODS (less mtp)", validator.MTP_METHODS, mtp - {"mtp"}, SPECULATIVE + " MTPModelTypes")
+    src = SPECULATIVE + " SpeculativeMethod"
+    same("validator methods", validator.methods, methods, src)
+    same("validator mtp_methods (less mtp)", validator.mtp_methods, mtp - {"mtp"}, SPECULATIVE + " MTPModelTypes")
+    same("validator SUPPORTED_METHODS within vLLM's", set(validator_supported(validator)) - methods, set(), src)
+    same("validator removed_methods still methods", set(validator.removed_methods) & methods, set(), src)
+    same("simulator methods", simulated.methods, methods, src)
+    same("simulator mtp_methods", simulated.mtp_methods, mtp, SPECULATIVE + " MTPModelTypes")
+    custom = custom_methods(wheel)
+    same("validator custom_methods", validator.custom_methods, custom, src + " | str (SpeculativeConfig.method)")
+    same("simulator custom_methods", simulated.custom_methods, custom, src + " | str (SpeculativeConfig.method)")
     same(
-        "validator SUPPORTED_METHODS within vLLM's",
-        set(validator.SUPPORTED_METHODS) - methods,
-        set(),
-        SPECULATIVE + " SpeculativeMethod",
-    )
-    same(
-        "validator REMOVED_METHODS still methods",
-        set(validator.REMOVED_METHODS) & methods,
-        set(),
-        SPECULATIVE + " SpeculativeMethod",
-    )
-    same(
-        "simulator methods",
-        simspec.METHODS_WITH_DRAFTER | simspec.METHODS_WITHOUT_DRAFTER | simspec.MTP_METHODS,
-        methods,
-        SPECULATIVE + " SpeculativeMethod",
-    )
-    same("simulator MTP_METHODS", simspec.MTP_METHODS, mtp, SPECULATIVE + " MTPModelTypes")
-    same(
-        "simulator LEGACY_METHODS still methods",
-        simspec.LEGACY_METHODS & methods,
-        set(),
-        SPECULATIVE + " SpeculativeMethod",
-    )
-    same(
-        "validator DRAFT_SAMPLE_METHODS",
-        validator.DRAFT_SAMPLE_METHODS,
+        "validator draft_sample_methods",
+        validator.draft_sample_methods,
         tuple(speculative_literal(wheel, "DraftSampleMethod")),
         SPECULATIVE + " DraftSampleMethod",
     )
+    pairs, where = inferred_by_name(wheel)
+    same("validator inferred_by_name", list(validator.inferred_by_name), pairs, where)
+    same("validator inferred_at", validator.inferred_at.split(" ")[0], where.split(" ")[0], where)
     same(
-        "validator INFERRED_BY_NAME",
-        list(validator.INFERRED_BY_NAME),
-        inferred_by_name(wheel),
-        SPECULATIVE + " SpeculativeConfig.__post_init__",
-    )
-    same(
-        "validator BATCH_DEFAULTS",
-        [row[1:] for row in validator.BATCH_DEFAULTS],
+        "validator batch_defaults",
+        [row[1:] for row in validator.batch_defaults],
         batch_defaults(wheel)[::-1],
         "vllm/engine/arg_utils.py get_batch_defaults (OPENAI_API_SERVER, small to large GPUs)",
     )
-    check_process_facts(report, wheel, simulator)
-    check_metrics(report, wheel, simulator, product)
-    return report
+    rule, active_seqs = budget_rule(wheel)
+    source = "vllm/config/vllm.py VllmConfig._set_max_num_scheduled_tokens"
+    same("validator budget_rule", validator.budget_rule, rule, source)
+    same("simulator budget_rule", simulated.budget_rule, rule, source)
+    same("validator dflash_active_seqs", validator.dflash_active_seqs, active_seqs, source)
+    v1 = has_env(wheel, "VLLM_USE_V2_MODEL_RUNNER")
+    same("validator v1_runner", validator.v1_runner, v1, "vllm/envs.py VLLM_USE_V2_MODEL_RUNNER")
+    same("simulator v1_runner", simulated.v1_runner, v1, "vllm/envs.py VLLM_USE_V2_MODEL_RUNNER")
+
+
+def validator_supported(validator):
+    from ansible_collections.gpuops.nvidia.plugins.module_utils._speculative_vllm import SUPPORTED_METHODS
+
+    return SUPPORTED_METHODS
+
+
+def check_flags(report, wheel, checks, version):
+    """The flags the role refuses or sets are options of the release's `vllm serve`."""
+    flags = cli_flags(wheel)
+    role = set(checks.OWNED) | set(checks.SECRETS) | {checks.API_SERVER_COUNT, "--config", "--disable-log-stats"}
+    report.same(
+        "flags the role refuses (_vllm_checks) are options of vLLM %s" % version,
+        set(role) - flags,
+        set(),
+        "add_argument calls, cli_args.py dataclass fields",
+    )
 
 
 def wheel_version(wheel):
@@ -482,13 +656,11 @@ def wheel_version(wheel):
     raise LookupError("no __version__ in vllm/_version.py")
 
 
-def check_process_facts(report, wheel, simulator):
+def check_process_facts(report, wheel, simulator, version):
     same = report.same
-    import simvllm
-
     same(
-        "simulator __version__ (vllm --version, /version)",
-        simvllm.__version__,
+        "simulator version string (vllm --version, /version) for SIMVLLM_VERSION=%s" % version,
+        simulator.version({"SIMVLLM_VERSION": version}),
         wheel_version(wheel),
         "vllm/_version.py",
     )
@@ -523,10 +695,10 @@ def check_process_facts(report, wheel, simulator):
         "vllm/v1/executor/multiproc_executor.py MultiprocExecutor._ensure_worker_termination",
     )
     same(
-        "simulator GPU_MEMORY_UTILIZATION_DEFAULT",
-        simulator.GPU_MEMORY_UTILIZATION_DEFAULT,
+        "simulator GPU_MEMORY_UTILIZATION_DEFAULT[%s]" % version,
+        simulator.GPU_MEMORY_UTILIZATION_DEFAULT[version],
         class_default(wheel, "vllm/config/cache.py", "CacheConfig", "gpu_memory_utilization"),
-        "vllm/config/cache.py CacheConfig.gpu_memory_utilization",
+        "vllm/config/cache.py CacheConfig.gpu_memory_utilization (None: resolved_gpu_memory_utilization)",
     )
     same(
         "simulator PROCESS_NAME_PREFIX",
@@ -565,12 +737,15 @@ def check_process_facts(report, wheel, simulator):
     )
 
 
-def check_metrics(report, wheel, simulator, product):
+def check_metrics(report, wheel, tables, version):
     same = report.same
+    simulator, product, server = tables.simulator, tables.product, tables.server.facts(version)
     types = metric_types(wheel)
     source = "vllm/v1/metrics/loggers.py, vllm/v1/spec_decode/metrics.py"
     for name, kind in sorted(simulator.METRICS.items()):
         same("simulator metric %s" % name, kind, types.get(name, "absent"), source)
+    for name, kind in sorted(server["metrics"].items()):
+        same("_vllm_server_facts metric %s" % name, kind, types.get(name, "absent"), source)
     for constant in ("RUNNING", "WAITING", "DRAFTS", "DRAFT_TOKENS", "ACCEPTED_TOKENS", "ACCEPTED_PER_POSITION"):
         exported = getattr(product, constant)
         base = exported[: -len("_total")] if exported.endswith("_total") else exported
@@ -581,46 +756,50 @@ def check_metrics(report, wheel, simulator, product):
             base + "_total" if kind == "counter" else (base if kind == "gauge" else "absent"),
             source + " (prometheus_client adds _total to a counter)",
         )
+        same("_vllm_api %s in _vllm_server_facts" % constant, server["metrics"].get(base), kind, "the role's table")
     same(
         "simulator METRIC_LABELS",
         list(simulator.METRIC_LABELS),
         metric_labels(wheel),
         "vllm/v1/metrics/loggers.py PrometheusStatLogger labelnames",
     )
+    for who, rule in (("simulator", simulator.METRIC_MODEL_NAME), ("_vllm_api", product.METRIC_MODEL_NAME)):
+        same("%s METRIC_MODEL_NAME" % who, rule, served_name_rule(wheel), "vllm/config/model.py get_served_model_name")
+    check_shutdown(report, wheel, server)
+
+
+def check_shutdown(report, wheel, server):
+    """The role's shutdown facts (_vllm_server_facts)."""
+    same = report.same
     same(
-        "simulator METRIC_MODEL_NAME",
-        simulator.METRIC_MODEL_NAME,
-        served_name_rule(wheel),
-        "vllm/config/model.py get_served_model_name",
+        "_vllm_server_facts shutdown_timeout_default",
+        server["shutdown_timeout_default"],
+        class_default(wheel, "vllm/engine/arg_utils.py", "EngineArgs", "shutdown_timeout"),
+        "vllm/engine/arg_utils.py EngineArgs.shutdown_timeout",
     )
     same(
-        "_vllm_api METRIC_MODEL_NAME",
-        product.METRIC_MODEL_NAME,
-        served_name_rule(wheel),
-        "vllm/config/model.py get_served_model_name",
+        "_vllm_server_facts worker_shutdown_default",
+        server["worker_shutdown_default"],
+        int(env_default(wheel, server["worker_shutdown_env"])),
+        "vllm/envs.py %s" % server["worker_shutdown_env"],
+    )
+    same(
+        "_vllm_server_facts worker_sigkill_wait",
+        server["worker_sigkill_wait"],
+        worker_second_wait(wheel),
+        "vllm/v1/executor/multiproc_executor.py MultiprocExecutor._ensure_worker_termination",
     )
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
-    parser.add_argument("--version", default="0.33.0")
-    parser.add_argument("--wheel", help="a vllm wheel already on disk (no download)")
-    parser.add_argument(
-        "--cache",
-        default=os.environ.get("GPUOPS_WHEEL_CACHE")
-        or os.path.join(os.path.expanduser("~"), ".cache", "gpuops-nvidia", "wheels"),
-    )
-    args = parser.parse_args(argv)
-    path = args.wheel or fetch_wheel(args.version, args.cache)
+def check_wheel(path, tables):
+    """Check one wheel; print its name, sha256, problems and result. Returns the number of problems (1 when its
+    source changed shape)."""
     print("wheel: %s" % os.path.basename(path))
     print("sha256: %s" % sha256(path))
-    tables = load_tables()
-    if tables[0].VLLM_VERSION != args.version:
-        print("WRONG: validator VLLM_VERSION %s, checked against %s" % (tables[0].VLLM_VERSION, args.version))
-        return 1
+    wheel = Wheel(path)
     try:
-        report = check(Wheel(path), tables)
-    except (LookupError, KeyError, AttributeError) as error:
+        report = check(wheel, tables)
+    except (LookupError, KeyError, AttributeError, ValueError) as error:
         where = traceback.extract_tb(error.__traceback__)[-1]
         print(
             "WRONG: the wheel's source no longer has the shape this script reads (%s, line %d): %r"
@@ -631,9 +810,30 @@ def main(argv=None):
         print("WRONG: %s" % problem)
     print(
         "%d fact(s) checked against vllm %s: %s"
-        % (report.checked, args.version, "%d wrong" % len(report.problems) if report.problems else "all agree")
+        % (report.checked, wheel_version(wheel), "%d wrong" % len(report.problems) if report.problems else "all agree")
     )
-    return 1 if report.problems else 0
+    return len(report.problems)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
+    parser.add_argument("--version", help="one release to check (default: every known release)")
+    parser.add_argument("--wheel", help="a vllm wheel already on disk (no download)")
+    parser.add_argument(
+        "--cache",
+        default=os.environ.get("GPUOPS_WHEEL_CACHE")
+        or os.path.join(os.path.expanduser("~"), ".cache", "gpuops-nvidia", "wheels"),
+    )
+    args = parser.parse_args(argv)
+    tables = load_tables()
+    versions = [args.version] if args.version else list(tables.versions.VERSIONS)
+    paths = [args.wheel] if args.wheel else [fetch_wheel(version, args.cache) for version in versions]
+    wrong = 0
+    for path in paths:
+        wrong += check_wheel(path, tables)
+    if len(paths) > 1:
+        print("%d release(s) checked: %s" % (len(paths), "%d fact(s) wrong" % wrong if wrong else "all agree"))
+    return 1 if wrong else 0
 
 
 if __name__ == "__main__":

@@ -2,20 +2,20 @@
 # Copyright (c) 2026, gpuops.nvidia contributors
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""Checking a vLLM ``--speculative-config`` against the drafter's config.json, the way vLLM 0.33 reads it.
+"""Checking a vLLM ``--speculative-config`` against the drafter's config.json, the way a vLLM release reads it.
 
 vLLM reads most of what a drafter needs from the drafter's own config.json; a wrong guess
 there rarely fails: the server starts and the acceptance rate collapses. The functions here
 compare what an operator asks for with what the drafter defines, one field at a time, and refuse
-what vLLM 0.33 itself refuses at start, before anything is stopped.
+what the instance's vLLM release (0.32 to 0.34) itself refuses at start, before anything is stopped.
 
-The work is split on its seams: _speculative_vllm (the vLLM 0.33 fact tables, checked against the wheel by
-``make check-vllm-source``), _speculative_parse (method, field names and types of the request),
+The work is split on its seams: _speculative_vllm (the fact tables of each vLLM release, checked against its wheel
+by ``make check-vllm-source``), _speculative_parse (method, field names and types of the request),
 _speculative_checks (per-method checks and the token budget), _speculative_dflash (DFlash). This module ties
 them together in validate_speculative_config.
 
-Sources (vLLM 0.33.0 wheel): vllm/config/speculative.py (fields, methods, ``*_mtp`` rewrite),
-vllm/config/utils.py (``extra="forbid"``: unknown fields fail), vllm/model_executor/models/qwen3_dflash.py
+Sources (vLLM 0.33.0 wheel, and what 0.32.0 and 0.34.0 change: _speculative_vllm): vllm/config/speculative.py
+(fields, methods, ``*_mtp`` rewrite), vllm/config/utils.py (``extra="forbid"``: unknown fields fail), vllm/model_executor/models/qwen3_dflash.py
 (DFlash attention layout, causality, mask token), vllm/v1/worker/gpu/spec_decode/eagle/eagle3_utils.py (V2
 runner) and vllm/v1/worker/gpu_model_runner.py (V1 runner): where the tapped target layers come from,
 vllm/transformers_utils/configs/speculators/algos.py (speculators-format drafters), vllm/model_executor/models/
@@ -26,8 +26,8 @@ whose *output* the drafter was trained on. vLLM numbers the hidden states it can
 target of N layers (state j is the output of layer j - 1, state N the last layer's output before the
 final norm) and taps ``id + 1`` for a DFlash id. Requested ``target_layer_ids`` are compared with the
 drafter's on the DFlash basis (both 0-based, as in config.json); the vLLM taps (id + 1) are reported
-next to them. vLLM's own lookup order of the taps (V2 runner, the default in 0.33): top-level
-``eagle_aux_hidden_state_layer_ids`` (vLLM basis), ``dflash_config.target_layer_ids`` + 1,
+next to them. vLLM's own lookup order of the taps (V2 runner: the default in 0.32 and 0.33, the only one in 0.34):
+top-level ``eagle_aux_hidden_state_layer_ids`` (vLLM basis), ``dflash_config.target_layer_ids`` + 1,
 ``dspark_target_layer_ids`` + 1, top-level ``target_layer_ids`` + 1, ``dflash_config.layer_ids`` /
 ``eagle_config.layer_ids``. The V1 runner reads only the first two, then lets
 ``eagle_config.eagle_aux_hidden_state_layer_ids`` replace them.
@@ -38,11 +38,10 @@ from __future__ import annotations
 import json
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._speculative_vllm import (
-    VLLM_VERSION,
     SUPPORTED_METHODS,
-    MTP_METHODS,
     DFLASH_DRAFTER_FIELDS,
     DISABLE_LOG_STATS,
+    facts as vllm_facts,
 )
 from ansible_collections.gpuops.nvidia.plugins.module_utils._speculative_parse import (
     SpeculativeConfigError,
@@ -72,8 +71,9 @@ def validate_speculative_config(
     environment=None,
     acceptance_gate=False,
     reader=read_drafter,
+    vllm_version=None,
 ):
-    """Validate a requested vLLM speculative config against its drafter and vLLM 0.33; fill in what the drafter defines.
+    """Validate a requested speculative config against its drafter and vLLM `vllm_version`; fill in what it defines.
 
     ``requested``: dict as for ``--speculative-config`` plus, for dflash, DFLASH_DRAFTER_FIELDS (expectations
     checked against config.json, not passed to vLLM). ``drafter_config``: path of the drafter's config.json or its
@@ -82,31 +82,32 @@ def validate_speculative_config(
     ``extra_args``: further ``vllm serve`` arguments of the server (token budget, --enable-lora,
     --disable-log-stats); ``environment``: the server's environment (VLLM_USE_V2_MODEL_RUNNER);
     ``acceptance_gate``: an acceptance gate reads the server's spec-decode metrics (refuses --disable-log-stats).
-    ``reader(model, drafter_config)``: returns (path, config dict) of the drafter's config.json; the default reads
-    this host's disk. The vllm_server role validates on the controller with what vllm_server_host read on the host.
-
+    ``reader(model, drafter_config)``: (path, config dict) of the drafter's config.json; by default from this host's
+    disk (the vllm_server role reads what vllm_server_host read). ``vllm_version``: the release of VERSIONS whose
+    facts apply (default: the newest; the role passes what _vllm_versions.resolve gives for the instance).
     Returns {"speculative_config" (dict for vLLM), "speculative_config_json" (compact JSON of it), "environment"
     (env vars the server needs), "filled" (fields taken from the drafter), "checks" (list of {"field", "status":
     ok|filled|from_drafter|warning|mismatch, "requested", "drafter", "detail"}), "warnings" (list of str),
-    "drafter_config" (path read, None without a drafter)}.
+    "drafter_config" (path read, None without a drafter), "vllm_version"}.
     Raises SpeculativeConfigError; for field mismatches and refusals its ``mismatches`` holds every one of them.
     """
+    facts = vllm_facts(vllm_version)
     notes = []
-    spec = parse_requested(requested, allow_fields, notes)
+    spec = parse_requested(requested, allow_fields, notes, facts)
     server = parse_server_args(extra_args)
     if target_num_layers is not None and target_num_layers < 1:
         raise SpeculativeConfigError("target_num_layers must be >= 1, got %d" % target_num_layers)
-    report = _Report()
+    report = _Report(facts)
     for note in notes:
         report.warn(note.split(":", 1)[0], None, None, note.split(": ", 1)[1])
     method, path = _method_of(report, spec, drafter_config, reader)
     path = _check_drafter(report, spec, method, drafter_config, target_num_layers, environment, reader) or path
     if isinstance(spec.get("num_speculative_tokens"), int):
-        _check_budget(report, method, spec["num_speculative_tokens"], server)
+        _check_budget(report, method, spec["num_speculative_tokens"], server, bool(spec.get("parallel_drafting")))
     if server["disable_log_stats"]:
         _check_log_stats(report, acceptance_gate)
     if report.mismatches:
-        _raise_mismatches(report.mismatches, path)
+        _raise_mismatches(report.mismatches, path, facts.version)
     vllm_config = dict(
         (name, value) for name, value in spec.items() if not (method == "dflash" and name in DFLASH_DRAFTER_FIELDS)
     )
@@ -118,6 +119,7 @@ def validate_speculative_config(
         "checks": report.checks,
         "warnings": report.warnings,
         "drafter_config": path,
+        "vllm_version": facts.version,
     }
 
 
@@ -129,27 +131,28 @@ def _check_log_stats(report, acceptance_gate):
             "extra_args",
             DISABLE_LOG_STATS,
             "no %s with an acceptance gate" % DISABLE_LOG_STATS,
-            disable_log_stats_message(),
+            disable_log_stats_message(report.facts.version),
         )
     else:
         report.warn(
             "extra_args",
             DISABLE_LOG_STATS,
             None,
-            disable_log_stats_message().split(": the", 1)[0] + ": the drafter's acceptance cannot be watched",
+            disable_log_stats_message(report.facts.version).split(": the", 1)[0]
+            + ": the drafter's acceptance cannot be watched",
         )
 
 
-def _raise_mismatches(mismatches, path):
+def _raise_mismatches(mismatches, path, version):
     """Raise SpeculativeConfigError with every mismatch and refusal, under a header that blames the drafter (at
-    `path`, the config.json read) or vLLM."""
+    `path`, the config.json read) or vLLM `version`."""
     drafter_problems = any(item.get("source") != "vllm" for item in mismatches)
     header = (
         "speculative_config does not match the drafter%s" % (" (%s)" % path if path else "")
         if drafter_problems
-        else "speculative_config is refused: vLLM %s would fail or misbehave" % VLLM_VERSION
+        else "speculative_config is refused: vLLM %s would fail or misbehave" % version
     )
-    raise SpeculativeConfigError("%s:\n%s" % (header, format_mismatches(mismatches)), mismatches)
+    raise SpeculativeConfigError("%s:\n%s" % (header, format_mismatches(mismatches, version)), mismatches)
 
 
 def _method_of(report, spec, drafter_config, reader):
@@ -158,16 +161,17 @@ def _method_of(report, spec, drafter_config, reader):
     method = spec.get("method")
     path = None
     if method is None:
-        method = infer_method(spec.get("model"))
+        method = infer_method(spec.get("model"), report.facts)
         if method == "draft_model" and spec.get("model"):
             path, config = reader(spec["model"], drafter_config)
-            if str(config.get("model_type") or "") in MTP_METHODS:
+            if str(config.get("model_type") or "") in report.facts.mtp_methods:
                 method = "mtp"
         report.fill(
             spec,
             "method",
             method,
-            "vLLM %s infers %s from model %s when method is not given" % (VLLM_VERSION, method, spec.get("model")),
+            "vLLM %s infers %s from model %s when method is not given (%s)"
+            % (report.facts.version, method, spec.get("model"), report.facts.inferred_at),
         )
     return method, path
 
@@ -178,13 +182,15 @@ def _check_drafter(report, spec, method, drafter_config, target_num_layers, envi
     if method == "ngram":
         _check_ngram(report, spec)
         return None
+    if method not in report.facts.methods:
+        return None  # a custom method (parse_requested warned): vLLM runs it only where a plugin registers it
     if method not in SUPPORTED_METHODS:
         report.warn(
             "method",
             method,
             None,
             "vLLM %s accepts method %s; this module checks no drafter for it (only %s)"
-            % (VLLM_VERSION, method, ", ".join(SUPPORTED_METHODS)),
+            % (report.facts.version, method, ", ".join(SUPPORTED_METHODS)),
         )
         return None
     model = spec.get("model")

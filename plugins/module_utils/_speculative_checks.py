@@ -10,11 +10,7 @@ The results go into a _Report (one entry per field); DFlash has its own module, 
 from __future__ import annotations
 
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils._speculative_vllm import (
-    VLLM_VERSION,
-    V2_RUNNER_ENV,
-    BATCH_DEFAULTS,
-)
+from ansible_collections.gpuops.nvidia.plugins.module_utils._speculative_vllm import V2_RUNNER_ENV
 from ansible_collections.gpuops.nvidia.plugins.module_utils._speculative_parse import SpeculativeConfigError, _text
 
 
@@ -22,9 +18,11 @@ _COLLAPSE = "no error is raised, acceptance collapses"
 
 
 class _Report:
-    """Per-field results collected while checking: checks, mismatches, warnings, filled fields, environment."""
+    """Per-field results collected while checking: checks, mismatches, warnings, filled fields, environment; `facts`:
+    the tables of the vLLM release checked against (_speculative_vllm.facts)."""
 
-    def __init__(self):
+    def __init__(self, facts):
+        self.facts = facts
         self.checks = []
         self.mismatches = []
         self.warnings = []
@@ -91,8 +89,9 @@ def _layout_text(per_layer):
     return " + ".join("%d x %s" % (count, value) for count, value in runs)
 
 
-def format_mismatches(mismatches):
-    """One line per mismatch: '- field: requested X, drafter Y: explanation'."""
+def format_mismatches(mismatches, version):
+    """One line per mismatch: '- field: requested X, drafter Y: explanation' (vLLM `version`'s refusals: '- field: X;
+    vLLM <version> expects Y: explanation')."""
     lines = []
     for item in mismatches:
         requested, drafter = item["requested"], item["drafter"]
@@ -102,7 +101,7 @@ def format_mismatches(mismatches):
         if item.get("source") == "vllm":
             lines.append(
                 "- %s: %s; vLLM %s expects %s: %s"
-                % (item["field"], _text(requested), VLLM_VERSION, _text(drafter), item["explanation"])
+                % (item["field"], _text(requested), version, _text(drafter), item["explanation"])
             )
         else:
             lines.append(
@@ -255,14 +254,15 @@ def _int_list(value):
     return None
 
 
-def v1_runner_forced(environment):
+def v1_runner_forced(environment, facts):
     """(forced, problem): whether ``environment`` forces vLLM's V1 model runner (VLLM_USE_V2_MODEL_RUNNER=0).
 
-    vllm/envs.py reads the variable with ``bool(int(value))``: unset -> V2 (0.33's default), 0 -> V1, another
-    integer -> V2; a value that is no integer makes vLLM fail at start (``problem`` says so).
+    vllm/envs.py (0.32, 0.33) reads the variable with ``bool(int(value))``: unset -> V2 (the default), 0 -> V1,
+    another integer -> V2; a value that is no integer makes vLLM fail at start (``problem`` says so). A release
+    without a V1 runner (0.34) does not read it: never forced, no problem.
     """
     value = (environment or {}).get(V2_RUNNER_ENV)
-    if value is None:
+    if value is None or not facts.v1_runner:
         return False, None
     try:
         return int(str(value).strip()) == 0, None
@@ -357,24 +357,37 @@ def _check_ngram(report, spec):
     )
 
 
-def disable_log_stats_message():
-    """Why ``--disable-log-stats`` and an acceptance gate cannot go together (for the role and vllm_acceptance)."""
+def disable_log_stats_message(version):
+    """Why ``--disable-log-stats`` and an acceptance gate cannot go together on vLLM `version`."""
     return (
         "--disable-log-stats makes vLLM %s create no stat loggers (vllm/v1/engine/async_llm.py: no "
         "StatLoggerManager without log_stats), so /metrics has no vllm:spec_decode_* counters at all: the "
         "acceptance of the drafter cannot be measured. Remove --disable-log-stats from the server's arguments, or "
-        "configure no acceptance gate" % VLLM_VERSION
+        "configure no acceptance gate" % version
     )
 
 
-def _lookahead(method, tokens):
-    """vllm/config/vllm.py num_lookahead_tokens: K + 1 for DFlash (a bonus query plus K mask queries), K for the
-    EAGLE family, MTP and draft models, 0 for the methods that need no drafter forward."""
-    if method == "dflash":
-        return tokens + 1
-    if method in ("eagle", "eagle3", "mtp", "draft_model"):
-        return tokens
-    return 0
+def _lookahead(method, tokens, facts, parallel=False):
+    """(slots, offset, words): the token slots per request that max_num_batched_tokens must exceed, what K adds to
+    them (slots = K + offset; offset None: K does not count) and their name in a message.
+
+    facts.budget_rule "num_lookahead_tokens" (0.33, 0.34; vllm/config/vllm.py num_lookahead_tokens): K + 1 for
+    DFlash (a bonus query plus K mask queries), K for the EAGLE family, MTP and draft models, 0 for the methods that
+    need no drafter forward. "max_num_new_slots_for_drafting" (0.32; vllm/config/speculative.py): K for DFlash, with
+    parallel_drafting K for a draft model and K - 1 for another method, else 1 for a draft model and 0 otherwise."""
+    if facts.budget_rule == "num_lookahead_tokens":
+        if method == "dflash":
+            return tokens + 1, 1, "K + 1 = %d query tokens" % (tokens + 1)
+        if method in ("eagle", "eagle3", "mtp", "draft_model"):
+            return tokens, 0, "K = %d query tokens" % tokens
+        return 0, None, ""
+    if method == "dflash" or (parallel and method == "draft_model"):
+        return tokens, 0, "K = %d new slots" % tokens
+    if parallel:
+        return tokens - 1, -1, "K - 1 = %d new slots" % (tokens - 1)
+    if method == "draft_model":
+        return 1, None, "1 new slot"
+    return 0, None, ""
 
 
 def _where(case):
@@ -382,73 +395,66 @@ def _where(case):
     return "" if case[3] is None else " (vLLM's default for %s)" % case[3]
 
 
-def _slots_message(case, method, tokens, lookahead):
-    """A budget case whose max_num_batched_tokens leaves no slot beyond the `lookahead` query tokens: vLLM fails."""
+def _slots_message(case, method, slots, version):
+    """A budget case whose max_num_batched_tokens leaves no slot beyond the `slots` (_lookahead) per request: vLLM
+    fails."""
+    count, offset, words = slots
     return (
-        "at most %d with max_num_batched_tokens %d%s: %s drafts K%s = %d query tokens per request and vLLM %s refuses "
-        "to start when max_num_batched_tokens <= %d ('VllmConfig does not have enough slots to schedule a token and "
-        "support the speculative decoding settings'); raise --max-num-batched-tokens above %d or lower "
-        "num_speculative_tokens"
+        "%s with max_num_batched_tokens %d%s: %s takes %s per request and vLLM %s refuses to start when "
+        "max_num_batched_tokens <= %d ('VllmConfig does not have enough slots to schedule a token and support the "
+        "speculative decoding settings'); raise --max-num-batched-tokens above %d%s"
         % (
-            case[1] - (lookahead - tokens) - 1,
+            "at most %d" % (case[1] - offset - 1) if offset is not None else "no value",
             case[1],
             _where(case),
             method,
-            " + 1" if method == "dflash" else "",
-            lookahead,
-            VLLM_VERSION,
-            lookahead,
-            lookahead,
+            words,
+            version,
+            count,
+            count,
+            " or lower num_speculative_tokens" if offset is not None else "",
         )
     )
 
 
-def _lora_message(case, tokens):
+def _lora_message(case, tokens, version):
     """A budget case below max_num_seqs x (K + 1) with --enable-lora: vLLM fails."""
     return (
         "at most %d with --enable-lora, max_num_batched_tokens %d and max_num_seqs %d%s: vLLM %s refuses to start "
         "when max_num_batched_tokens < max_num_seqs x (K + 1) = %d x %d = %d ('Consider increasing "
         "max_num_batched_tokens or decreasing num_speculative_tokens')"
-        % (
-            case[1] // case[2] - 1,
-            case[1],
-            case[2],
-            _where(case),
-            VLLM_VERSION,
-            case[2],
-            tokens + 1,
-            case[2] * (tokens + 1),
-        )
+        % (case[1] // case[2] - 1, case[1], case[2], _where(case), version, case[2], tokens + 1, case[2] * (tokens + 1))
     )
 
 
-def _dflash_seqs_message(case, lookahead):
+def _dflash_seqs_message(case, lookahead, version):
     """A DFlash budget case whose max_num_batched_tokens // (K + 1) is below max_num_seqs: vLLM serves fewer at once."""
     return (
         "max_num_batched_tokens %d // (K + 1 = %d) = %d < max_num_seqs %d%s: vLLM %s starts but serves at most %d "
         "requests at once (it lowers max_num_active_seqs; the DFlash draft pass needs K + 1 query tokens per "
-        "request)"
-        % (case[1], lookahead, case[1] // lookahead, case[2], _where(case), VLLM_VERSION, case[1] // lookahead)
+        "request)" % (case[1], lookahead, case[1] // lookahead, case[2], _where(case), version, case[1] // lookahead)
     )
 
 
-def _check_budget(report, method, tokens, server):
-    """vLLM 0.33's start-up checks of the token budget against num_speculative_tokens (vllm-project/vllm#50708).
+def _check_budget(report, method, tokens, server, parallel=False):
+    """vLLM's start-up checks of the token budget against num_speculative_tokens (vllm-project/vllm#50708).
 
-    vllm/config/vllm.py _set_max_num_scheduled_tokens: max_num_batched_tokens <= num_lookahead_tokens fails at start;
-    for DFlash, max_num_batched_tokens // (K + 1) below max_num_seqs lowers the number of requests served at once
-    (a warning). vllm/engine/arg_utils.py: with --enable-lora, max_num_batched_tokens < max_num_seqs x (K + 1) fails.
-    A value not given takes vLLM's default for the GPU class, which this module does not know: a check fails when it
-    fails for every class, and warns when it fails for some.
+    vllm/config/vllm.py _set_max_num_scheduled_tokens: max_num_batched_tokens at most the per-request slots
+    (_lookahead) fails at start; from 0.33, for DFlash, max_num_batched_tokens // (K + 1) below max_num_seqs lowers
+    the number of requests served at once (a warning). vllm/engine/arg_utils.py: with --enable-lora,
+    max_num_batched_tokens < max_num_seqs x (K + 1) fails. A value not given takes vLLM's default for the GPU class,
+    which this module does not know: a check fails when it fails for every class, and warns when it fails for some.
     """
-    lookahead = _lookahead(method, tokens)
-    if not lookahead:
+    facts = report.facts
+    slots = _lookahead(method, tokens, facts, parallel)
+    if not slots[0]:
         return
+    version, lookahead = facts.version, slots[0]
     given_tokens, given_seqs = server["max_num_batched_tokens"], server["max_num_seqs"]
     # (label, max_num_batched_tokens, max_num_seqs, GPU class whose defaults it takes or None)
     cases = [
         (label, given_tokens or batched, given_seqs or seqs, label if not (given_tokens and given_seqs) else None)
-        for label, batched, seqs in BATCH_DEFAULTS
+        for label, batched, seqs in facts.batch_defaults
     ]
     if given_tokens and given_seqs:
         cases = cases[:1]
@@ -462,14 +468,15 @@ def _check_budget(report, method, tokens, server):
         else:
             report.warn("num_speculative_tokens", tokens, None, "; ".join(message(case) for case in failing))
 
-    judge(
-        [case for case in cases if case[1] <= lookahead], lambda case: _slots_message(case, method, tokens, lookahead)
-    )
+    judge([case for case in cases if case[1] <= lookahead], lambda case: _slots_message(case, method, slots, version))
     if server["enable_lora"]:
-        judge([case for case in cases if case[1] < case[2] * (tokens + 1)], lambda case: _lora_message(case, tokens))
-    if method == "dflash" and (given_tokens or given_seqs):
+        judge(
+            [case for case in cases if case[1] < case[2] * (tokens + 1)],
+            lambda case: _lora_message(case, tokens, version),
+        )
+    if method == "dflash" and facts.dflash_active_seqs and (given_tokens or given_seqs):
         judge(
             [case for case in cases if case[1] // lookahead < case[2]],
-            lambda case: _dflash_seqs_message(case, lookahead),
+            lambda case: _dflash_seqs_message(case, lookahead, version),
             warning_only=True,
         )

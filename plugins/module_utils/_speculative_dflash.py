@@ -2,22 +2,18 @@
 # Copyright (c) 2026, gpuops.nvidia contributors
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""DFlash checks: tapped target layers, mask token, attention layout and block size, as vLLM 0.33 reads them.
+"""DFlash checks: tapped target layers, mask token, attention layout and block size, as vLLM 0.32 to 0.34 read them.
 
-Sources (vLLM 0.33.0 wheel): vllm/model_executor/models/qwen3_dflash.py (layout, causality, mask token),
-vllm/v1/worker/gpu/spec_decode/eagle/eagle3_utils.py (V2 runner taps), vllm/v1/worker/gpu_model_runner.py
-(V1 runner taps), vllm/transformers_utils/configs/speculators/algos.py (speculators-format drafters).
+Sources (vLLM 0.33.0 wheel; 0.32.0 and 0.34.0 read them alike): vllm/model_executor/models/qwen3_dflash.py (layout,
+causality, mask token), vllm/v1/worker/gpu/spec_decode/eagle/eagle3_utils.py (V2 runner taps),
+vllm/v1/worker/gpu_model_runner.py (V1 runner taps; 0.34 has no V1 runner), vllm/transformers_utils/configs/
+speculators/algos.py (speculators-format drafters).
 """
 
 from __future__ import annotations
 
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils._speculative_vllm import (
-    VLLM_VERSION,
-    SLIDING,
-    FULL,
-    V2_RUNNER_ENV,
-)
+from ansible_collections.gpuops.nvidia.plugins.module_utils._speculative_vllm import SLIDING, FULL, V2_RUNNER_ENV
 from ansible_collections.gpuops.nvidia.plugins.module_utils._speculative_parse import SpeculativeConfigError, _text
 from ansible_collections.gpuops.nvidia.plugins.module_utils._speculative_checks import (
     _COLLAPSE,
@@ -33,7 +29,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._speculative_checks 
 
 
 def _dflash_taps(config, dflash_config, v1):
-    """(taps vLLM uses, where they come from) following vLLM 0.33's lookup order; taps None: the target's defaults."""
+    """(taps vLLM uses, where they come from) following vLLM's lookup order; taps None: the target's defaults."""
     taps = _int_list(config.get("eagle_aux_hidden_state_layer_ids"))
     if taps:
         source = "eagle_aux_hidden_state_layer_ids"
@@ -134,10 +130,12 @@ def _check_tap_source(report, config, taps, source, trained, v1):
         return  # vLLM wrote both keys itself from aux_hidden_state_layer_ids
     key, drafter_ids = trained
     trained_taps = [layer_id + 1 for layer_id in drafter_ids]
-    runner = "V1 model runner (%s=0)" % V2_RUNNER_ENV if v1 else "V2 model runner (vLLM %s's default)" % VLLM_VERSION
+    version = report.facts.version
+    runner = "V1 model runner (%s=0)" % V2_RUNNER_ENV if v1 else "V2 model runner (vLLM %s's default)" % version
     eagle_config = config.get("eagle_config")
     if (
         not v1
+        and report.facts.v1_runner
         and isinstance(eagle_config, dict)
         and eagle_config.get("eagle_aux_hidden_state_layer_ids") is not None
         and _int_list(eagle_config["eagle_aux_hidden_state_layer_ids"]) != trained_taps
@@ -179,7 +177,7 @@ def _check_tap_source(report, config, taps, source, trained, v1):
 
 
 def _dflash_layout(config, dflash_config):
-    """Attention of each drafter layer as vLLM 0.33 builds it: (layer types, window, per-layer causal flags, problem).
+    """Attention of each drafter layer as vLLM builds it: (layer types, window, per-layer causal flags, problem).
 
     vllm/model_executor/models/qwen3_dflash.py: layer_types[i] picks sliding or full attention, unless layer_types
     is absent (or has no sliding layer) and dflash_config.use_swa is set, which makes every layer sliding; the
@@ -268,7 +266,7 @@ def _check_is_causal(report, is_causal, num_layers, causal, causal_text):
     stated = [bool(is_causal)] * num_layers
     explanation = (
         "vLLM %s does not read dflash_config.is_causal (it reads the top-level is_causal, then "
-        "dflash_config.causal): the layers run %s" % (VLLM_VERSION, causal_text)
+        "dflash_config.causal): the layers run %s" % (report.facts.version, causal_text)
     )
     if stated == causal:
         report.warn("dflash_config.is_causal", is_causal, None, explanation + ", as stated anyway")
@@ -283,8 +281,13 @@ def _check_is_causal(report, is_causal, num_layers, causal, causal_text):
 
 def _check_mixed_layout_runner(report, environment, layout):
     """A drafter with mixed sliding and full layers (`layout`, in words) needs vLLM's V2 model runner: refused where
-    `environment` forces V1, else VLLM_USE_V2_MODEL_RUNNER=1 is set for the server."""
-    forced_v1, _problem = v1_runner_forced(environment)
+    `environment` forces V1, else VLLM_USE_V2_MODEL_RUNNER=1 is set for the server. A release without a V1 runner
+    (0.34) runs it as it is."""
+    version = report.facts.version
+    if not report.facts.v1_runner:
+        report.ok("layer_types", None, layout, "vLLM %s has only the V2 model runner, which runs it" % version)
+        return
+    forced_v1, _problem = v1_runner_forced(environment, report.facts)
     if forced_v1:
         report.refuse(
             V2_RUNNER_ENV,
@@ -294,7 +297,7 @@ def _check_mixed_layout_runner(report, environment, layout):
             "and full attention layers (%s) on it at start ('Model Runner V1 does not support: mixed "
             "sliding/full dflash drafts'): such a drafter needs several KV-cache groups, which only the "
             "V2 runner supports. Remove the variable (V2 is the default) or set it to 1"
-            % (V2_RUNNER_ENV, VLLM_VERSION, layout),
+            % (V2_RUNNER_ENV, version, layout),
         )
     else:
         report.environment[V2_RUNNER_ENV] = "1"
@@ -305,7 +308,7 @@ def _check_mixed_layout_runner(report, environment, layout):
             "mixed sliding/full drafter layers need several KV-cache groups, which only vLLM's V2 model runner "
             "has; V2 is vLLM %s's default, and with V1 forced (%s=0) vLLM refuses this drafter at start. Set "
             "to 1 so that vLLM fails with the reason instead of falling back to V1 when another option needs "
-            "V1" % (VLLM_VERSION, V2_RUNNER_ENV),
+            "V1" % (version, V2_RUNNER_ENV),
         )
 
 
@@ -344,7 +347,7 @@ def _no_block_size(report, spec, requested_tokens, speculators_tokens):
 def _check_block_size(report, spec, config, dflash_config, speculators_tokens=None):
     """DFlash block size (dflash_config.block_size, else block_size): fills num_speculative_tokens, warns past it.
 
-    vLLM 0.33 does not compare num_speculative_tokens with block_size: more than block_size - 1 is served (the
+    vLLM (0.32 to 0.34) does not compare num_speculative_tokens with block_size: more than block_size - 1 is served (the
     extra positions were never trained and are mostly rejected), so it is a warning, not a refusal.
     """
     block_size = dflash_config.get("block_size", config.get("block_size"))
@@ -374,7 +377,7 @@ def _check_block_size(report, spec, config, dflash_config, speculators_tokens=No
             block_size - 1,
             "more than block_size - 1 = %d: vLLM %s serves it (it does not compare the two), but the drafter "
             "was trained to draft %d tokens per block of %d; the positions past them are mostly rejected and "
-            "cost draft compute" % (block_size - 1, VLLM_VERSION, block_size - 1, block_size),
+            "cost draft compute" % (block_size - 1, report.facts.version, block_size - 1, block_size),
         )
     else:
         report.ok("num_speculative_tokens", requested_tokens, block_size - 1, "at most block_size - 1")
@@ -415,9 +418,16 @@ def _check_dflash(report, spec, config, target_num_layers, environment):
     if not isinstance(dflash_config, dict):
         report.mismatch("dflash_config", None, dflash_config, "dflash_config in config.json must be an object")
         return
-    forced_v1, runner_problem = v1_runner_forced(environment)
+    forced_v1, runner_problem = v1_runner_forced(environment, report.facts)
     if runner_problem:
         report.refuse(V2_RUNNER_ENV, environment[V2_RUNNER_ENV], "0 or 1", runner_problem)
+    elif not report.facts.v1_runner and V2_RUNNER_ENV in (environment or {}):
+        report.warn(
+            V2_RUNNER_ENV,
+            environment[V2_RUNNER_ENV],
+            None,
+            "vLLM %s has no V1 model runner and does not read %s: remove it" % (report.facts.version, V2_RUNNER_ENV),
+        )
 
     _check_block_size(report, spec, config, dflash_config, speculators_tokens)
     num_layers = _target_layer_count(report, config, target_num_layers)

@@ -4,30 +4,26 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Parsing a requested ``--speculative-config``: method, field names, value types, server arguments.
 
-What vLLM 0.33 refuses by name or type is refused here, before any drafter is read.
-The tables come from _speculative_vllm.
+What the instance's vLLM release refuses by name or type is refused here, before any drafter is read.
+The tables come from _speculative_vllm (``facts``: one release's tables).
 """
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 
 from ansible.module_utils.parsing.convert_bool import boolean
 
+from ansible_collections.gpuops.nvidia.plugins.module_utils._vllm_versions import VERSIONS
 from ansible_collections.gpuops.nvidia.plugins.module_utils._speculative_vllm import (
-    DRAFT_SAMPLE_METHODS,
-    INFERRED_BY_NAME,
-    VLLM_VERSION,
     SUPPORTED_METHODS,
-    MTP_METHODS,
-    VLLM_METHODS,
-    REMOVED_METHODS,
-    VLLM_FIELDS,
-    REFUSED_FIELDS,
     DFLASH_DRAFTER_FIELDS,
     SLIDING,
     FULL,
+    facts as vllm_facts,
+    releases_with,
 )
 
 
@@ -68,20 +64,21 @@ class SpeculativeConfigError(Exception):
         self.mismatches = list(mismatches or [])
 
 
-def accepted_fields(method):
-    """Fields of ``speculative_config`` accepted for ``method``: vLLM 0.33's fields plus, for dflash, DFLASH_DRAFTER_FIELDS."""
-    return VLLM_FIELDS + (DFLASH_DRAFTER_FIELDS if method == "dflash" else ())
+def accepted_fields(method, facts):
+    """Fields of ``speculative_config`` accepted for ``method``: the release's fields plus, for dflash,
+    DFLASH_DRAFTER_FIELDS."""
+    return facts.fields + (DFLASH_DRAFTER_FIELDS if method == "dflash" else ())
 
 
-def _coerce(kind, value):
+def _coerce(kind, value, facts):
     """Return ``value`` converted to ``kind``; raise ValueError saying what was expected."""
     if kind == "str":
         if not isinstance(value, str) or not value:
             raise ValueError("expected a non-empty string")
         return value
     if kind == "sample_method":
-        if value not in DRAFT_SAMPLE_METHODS:
-            raise ValueError("vLLM accepts %s" % " or ".join(DRAFT_SAMPLE_METHODS))
+        if value not in facts.draft_sample_methods:
+            raise ValueError("vLLM accepts %s" % " or ".join(facts.draft_sample_methods))
         return value
     if kind == "bool":
         try:
@@ -101,7 +98,7 @@ def _coerce(kind, value):
     if kind == "layer_ids":
         if not isinstance(value, (list, tuple)) or not value:
             raise ValueError("expected a non-empty list of layer indices")
-        return [_coerce("non_negative_int", item) for item in value]
+        return [_coerce("non_negative_int", item, facts) for item in value]
     # layer_types: one type for every drafter layer, or a list with one type per layer
     items = [value] if isinstance(value, str) else value
     if not isinstance(items, (list, tuple)) or not items or any(item not in (SLIDING, FULL) for item in items):
@@ -109,54 +106,94 @@ def _coerce(kind, value):
     return value if isinstance(value, str) else list(items)
 
 
-def _method_problem(method):
-    """Why vLLM 0.33 refuses ``method`` at start (None when it accepts it)."""
-    if method in VLLM_METHODS:
-        return None
-    reason = REMOVED_METHODS.get(method, "")
-    if not reason and isinstance(method, str) and method.endswith("_mtp"):
-        reason = "vLLM 0.33 knows only its own list of per-model MTP names (rewritten to mtp); use method mtp"
+def _method_problem(method, facts):
+    """(why the release refuses ``method`` at start, or None; a warning for a custom method it may run, or None)."""
+    if method in facts.methods:
+        return None, None
+    close = difflib.get_close_matches(str(method), facts.methods, 1, 0.8)
+    if (
+        facts.custom_methods
+        and isinstance(method, str)
+        and method
+        and method not in facts.removed_methods
+        and not close
+    ):
+        return None, (
+            "%r is no built-in method of vLLM %s: vLLM runs it only when a vLLM plugin on the host registers it "
+            "(register_speculative_method; vLLM then sets custom_method to it), and fails at start otherwise "
+            "('Unsupported speculative method'): this module cannot see the host's plugins and checks no drafter "
+            "for it" % (method, facts.version)
+        )
+    reason = facts.removed_methods.get(method, "")
+    custom = [version for version in VERSIONS if vllm_facts(version).custom_methods]
+    if not reason and close:
+        reason = "did you mean %s?" % close[0]
+    elif not reason and releases_with("methods", method):
+        reason = "a method of vLLM %s only" % ", ".join(releases_with("methods", method))
+    elif not reason and isinstance(method, str) and method.endswith("_mtp"):
+        reason = "vLLM %s knows only its own list of per-model MTP names (rewritten to mtp); use method mtp" % (
+            facts.version
+        )
+    elif not reason and custom and not facts.custom_methods:
+        reason = "vLLM %s runs a method a vLLM plugin registers; vLLM %s runs only its built-in ones" % (
+            ", ".join(custom),
+            facts.version,
+        )
     return (
         "speculative_config.method %r is not a method of vLLM %s%s: its method field accepts only %s and the "
-        "per-model *_mtp names, and any other value fails validation when the server starts"
-        % (method, VLLM_VERSION, " (%s)" % reason if reason else "", ", ".join(VLLM_METHODS[:11]))
-    )
+        "per-model *_mtp names%s, and any other value fails validation when the server starts"
+        % (
+            method,
+            facts.version,
+            " (%s)" % reason if reason else "",
+            ", ".join(facts.builtin_methods),
+            " (or a method a vLLM plugin registers)" if facts.custom_methods else "",
+        )
+    ), None
 
 
-def infer_method(model):
-    """The method vLLM 0.33 picks when ``method`` is not given (vllm/config/speculative.py __post_init__), by name only.
+def infer_method(model, facts):
+    """The method a release picks when ``method`` is not given, by name only (``facts.inferred_at`` in its wheel).
 
-    ``model`` "ngram" -> ngram; a dotted import path -> custom_class; a drafter path containing "eagle-" ->
-    eagle, "eagle3" -> eagle3, "dflash" -> dflash, "dspark" -> dspark; else draft_model (vLLM then still
+    ``model`` "ngram" -> ngram; before 0.34 a dotted import path -> custom_class; a drafter path containing
+    "eagle-" -> eagle, "eagle3" -> eagle3, "dflash" -> dflash, "dspark" -> dspark; else draft_model (vLLM then still
     switches to mtp when the checkpoint's model_type is an MTP type: see resolve_method).
     """
     if model in ("ngram", "[ngram]"):
         return "ngram"
-    if isinstance(model, str) and "/" not in model and not model.startswith(("http://", "https://", "file://")):
+    if (
+        "custom_class" in facts.methods
+        and isinstance(model, str)
+        and "/" not in model
+        and not model.startswith(("http://", "https://", "file://"))
+    ):
         parts = model.split(".")
         if len(parts) >= 2 and all(part.isidentifier() for part in parts):
             return "custom_class"
     name = str(model or "").lower()
-    for marker, method in INFERRED_BY_NAME:
+    for marker, method in facts.inferred_by_name:
         if marker in name:
             return method
     return "draft_model"
 
 
-def parse_requested(requested, allow_fields=(), notes=None):
-    """Check the method, the field names and the value types of a requested speculative config, as vLLM 0.33 does.
+def parse_requested(requested, allow_fields=(), notes=None, facts=None):
+    """Check the method, the field names and the value types of a requested speculative config, as the release of
+    ``facts`` (default: the newest known) does.
 
     Keys are spelled with ``_`` (vLLM turns ``-`` into ``_``). ``allow_fields``: extra field names passed to vLLM
     unchecked (fields of newer vLLM releases). ``notes``: a list that receives warnings (per-model MTP method
-    rewritten, fields vLLM ignores for the method). Returns a new dict with values converted (integers given as
-    strings become int; a per-model MTP method becomes mtp). Raises SpeculativeConfigError listing every problem.
+    rewritten, fields vLLM ignores for the method or altogether, a custom method). Returns a new dict with values
+    converted (integers given as strings become int; a per-model MTP method becomes mtp). Raises
+    SpeculativeConfigError listing every problem.
     """
+    facts = facts or vllm_facts()
     notes = [] if notes is None else notes
     if not isinstance(requested, dict):
         raise SpeculativeConfigError("speculative_config must be a dictionary, got %s" % type(requested).__name__)
     requested = dict((str(name).replace("-", "_"), value) for name, value in requested.items())
-    method = _requested_method(requested, notes)
-    _refuse_fields(requested, method, allow_fields)
+    method = _requested_method(requested, notes, facts)
+    _refuse_fields(requested, method, allow_fields, facts)
     parsed, problems = {}, []
     for name, value in requested.items():
         kind = _FIELD_KINDS.get(name)
@@ -164,27 +201,28 @@ def parse_requested(requested, allow_fields=(), notes=None):
             parsed[name] = value
             continue
         try:
-            parsed[name] = _coerce(kind, value)
+            parsed[name] = _coerce(kind, value, facts)
         except ValueError as error:
             problems.append("%s: %s, got %r" % (name, error, value))
     if problems:
         raise SpeculativeConfigError("speculative_config has invalid values: %s" % "; ".join(problems))
+    notes.extend("%s: %s" % (name, facts.no_effect_fields[name]) for name in parsed if name in facts.no_effect_fields)
     if method in ("ngram", "ngram_gpu") and "model" in parsed:
         notes.append(
             "model: %s drafts from the prompt's own tokens; vLLM %s ignores model=%s for it"
-            % (method, VLLM_VERSION, parsed["model"])
+            % (method, facts.version, parsed["model"])
         )
     if method not in (None, "ngram", "ngram_gpu") and any(
         name in parsed for name in ("prompt_lookup_min", "prompt_lookup_max")
     ):
         notes.append(
             "prompt_lookup_min/prompt_lookup_max: only the ngram methods use them; vLLM %s sets them to 0 "
-            "for method %s" % (VLLM_VERSION, method)
+            "for method %s" % (facts.version, method)
         )
     return parsed
 
 
-def _requested_method(requested, notes):
+def _requested_method(requested, notes, facts):
     """The method of `requested` (None: vLLM infers it from the drafter model), a per-model MTP method rewritten to
     mtp in `requested` with a note. Raises SpeculativeConfigError for an unknown method, or neither method nor model."""
     method = requested.get("method")
@@ -195,45 +233,51 @@ def _requested_method(requested, notes):
                 "infer it from" % ", ".join(SUPPORTED_METHODS)
             )
         return None
-    problem = _method_problem(method)
+    problem, warning = _method_problem(method, facts)
     if problem:
         raise SpeculativeConfigError(problem)
-    if method in MTP_METHODS and method != "mtp":
+    if warning:
+        notes.append("method: %s" % warning)
+    if method in facts.mtp_methods and method != "mtp":
         notes.append(
             "method: vLLM %s accepts %r but logs 'method `%s` is deprecated and replaced with mtp' and "
-            "runs it as mtp; passed to vLLM as mtp" % (VLLM_VERSION, method, method)
+            "runs it as mtp; passed to vLLM as mtp" % (facts.version, method, method)
         )
         requested["method"] = method = "mtp"
     return method
 
 
-def _refuse_fields(requested, method, allow_fields):
+def _field_refusal(name, facts):
+    """Why the release of `facts` refuses field `name` of a speculative config."""
+    if name in facts.refused_fields:
+        return facts.refused_fields[name]
+    if name in DFLASH_DRAFTER_FIELDS:
+        return (
+            "not a vLLM field: this module accepts it only with method dflash, as a value checked against "
+            "the drafter's config.json"
+        )
+    elsewhere = releases_with("fields", name)
+    return "%s vLLM %s's SpeculativeConfig, whose config classes forbid unknown fields: the server fails at start" % (
+        "a field of vLLM %s, not of" % ", ".join(elsewhere) if elsewhere else "not a field of",
+        facts.version,
+    )
+
+
+def _refuse_fields(requested, method, allow_fields, facts):
     """Raise SpeculativeConfigError naming every field of `requested` that vLLM (or this module) refuses for `method`."""
-    accepted = accepted_fields(method)
-    refused = []
-    for name, value in requested.items():
-        if name in accepted or name in allow_fields:
-            continue
-        if name in REFUSED_FIELDS:
-            reason = REFUSED_FIELDS[name]
-        elif name in DFLASH_DRAFTER_FIELDS:
-            reason = (
-                "not a vLLM field: this module accepts it only with method dflash, as a value checked against "
-                "the drafter's config.json"
-            )
-        else:
-            reason = (
-                "not a field of vLLM %s's SpeculativeConfig, whose config classes forbid unknown fields: the "
-                "server fails at start" % VLLM_VERSION
-            )
-        refused.append("%s=%s: %s" % (name, _text(value), reason))
+    accepted = accepted_fields(method, facts)
+    refused = [
+        "%s=%s: %s" % (name, _text(value), _field_refusal(name, facts))
+        for name, value in requested.items()
+        if name not in accepted and name not in allow_fields
+    ]
     if refused:
         raise SpeculativeConfigError(
             "speculative_config field(s) refused: %s. Fields vLLM %s accepts: %s%s"
             % (
                 "; ".join(refused),
-                VLLM_VERSION,
-                ", ".join(VLLM_FIELDS),
+                facts.version,
+                ", ".join(facts.fields),
                 " (and, checked against config.json for dflash: %s)" % ", ".join(DFLASH_DRAFTER_FIELDS)
                 if method == "dflash"
                 else "",

@@ -2,24 +2,28 @@
 # Copyright (c) 2026, gpuops.nvidia contributors
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""vLLM 0.33 facts that the speculative-config checks rely on: fields, methods, defaults.
+"""vLLM facts that the speculative-config checks rely on, per vLLM release: fields, methods, defaults.
 
-Every table here is read from the vllm 0.33.0 wheel, and ``make check-vllm-source``
-(scripts/check_vllm_source.py) compares each one with that wheel's source:
-vllm/config/speculative.py (SpeculativeConfig fields, SpeculativeMethod, MTPModelTypes,
-DraftSampleMethod, the method inference of __post_init__, _verify_args),
-vllm/engine/arg_utils.py (get_batch_defaults). Moving to a new vLLM release starts here.
+One table per fact, keyed by release: the vLLM 0.33.0 tables (_BASE) and what 0.32.0 and 0.34.0 change in them
+(_CHANGES). ``facts(version)`` gives one release's tables. ``make check-vllm-source``
+(scripts/check_vllm_source.py) compares each release's tables with that release's wheel:
+vllm/config/speculative.py (SpeculativeConfig fields, SpeculativeMethod, MTPModelTypes, DraftSampleMethod,
+_verify_args, the method inference), vllm/v1/worker/gpu/spec_decode/speculator_config.py (0.34's method
+inference), vllm/engine/arg_utils.py (get_batch_defaults), vllm/envs.py (the V1 model runner's variable).
+Supporting a new vLLM release starts here: add its differences to _CHANGES and its version to VERSIONS.
 """
 
 from __future__ import annotations
 
-# The vLLM release every table below was read from (scripts/check_vllm_source.py downloads its wheel).
-VLLM_VERSION = "0.33.0"
+# The releases whose wheels every table below was read from, oldest first (scripts/check_vllm_source.py).
+from ansible_collections.gpuops.nvidia.plugins.module_utils._vllm_versions import VERSIONS
+
+NEWEST = VERSIONS[-1]
 # Methods whose drafter this module checks.
 SUPPORTED_METHODS = ("dflash", "eagle", "eagle3", "mtp", "ngram")
 
-# vllm/config/speculative.py MTPModelTypes: accepted as method, rewritten to "mtp" with a deprecation warning.
-MTP_METHODS = (
+# vllm/config/speculative.py MTPModelTypes (0.33.0): accepted as method, rewritten to "mtp" with a deprecation warning.
+_MTP_METHODS = (
     "deepseek_mtp",
     "dots3_note_mtp",
     "mimo_mtp",
@@ -49,8 +53,8 @@ MTP_METHODS = (
     "glm5_next_mtp",
 )
 
-# vllm/config/speculative.py SpeculativeMethod (a Literal: any other value fails validation at start).
-VLLM_METHODS = (
+# vllm/config/speculative.py SpeculativeMethod (0.33.0), less the MTP names: a Literal, any other value fails at start.
+_METHODS = (
     "ngram",
     "draft_model",
     "suffix",
@@ -62,17 +66,17 @@ VLLM_METHODS = (
     "dflash",
     "ngram_gpu",
     "dspark",
-) + MTP_METHODS
+)
 
-# Methods of older vLLM releases that 0.33 refuses.
-REMOVED_METHODS = {
-    "medusa": "Medusa heads are no longer a speculative method in vLLM 0.33",
-    "mlp_speculator": "MLP speculators are no longer a speculative method in vLLM 0.33",
+# Methods of older vLLM releases that 0.33.0 refuses, with the reason.
+_REMOVED_METHODS = {
+    "medusa": "Medusa heads are no longer a speculative method (removed in vLLM 0.33)",
+    "mlp_speculator": "MLP speculators are no longer a speculative method (removed in vLLM 0.33)",
 }
 
-# Fields of vllm/config/speculative.py SpeculativeConfig that a --speculative-config may set (the class forbids
-# any other; target_model_config & co. are filled by the engine).
-VLLM_FIELDS = (
+# Fields of vllm/config/speculative.py SpeculativeConfig (0.33.0) that a --speculative-config may set (the class
+# forbids any other; target_model_config & co. are filled by the engine).
+_FIELDS = (
     "method",
     "model",
     "num_speculative_tokens",
@@ -113,32 +117,148 @@ VLLM_FIELDS = (
     "fly_entropy_top_k",
 )
 
-# Field names vLLM 0.33 refuses although they look right, with the reason.
-REFUSED_FIELDS = {
+# Field names vLLM 0.33.0 refuses although they look right, with the reason.
+_REFUSED_FIELDS = {
     "tensor_parallel_size": "vLLM keeps this field only to refuse it ('not a valid argument in the speculative_config'): "
     "the drafter's tensor parallel size is draft_tensor_parallel_size",
-    "speculative_token_tree": "vLLM 0.33 has no speculative_token_tree field any more (tree drafting was removed)",
+    "speculative_token_tree": "vLLM has no speculative_token_tree field any more (tree drafting was removed)",
 }
 
 # What a DFlash drafter defines in its config.json: checked against the drafter, never passed to vLLM.
 DFLASH_DRAFTER_FIELDS = ("target_layer_ids", "mask_token_id", "layer_types", "sliding_window", "block_size")
-
-# vllm/config/speculative.py DraftSampleMethod: the values of draft_sample_method.
-DRAFT_SAMPLE_METHODS = ("greedy", "probabilistic")
-# vllm/config/speculative.py SpeculativeConfig.__post_init__: without a method, a marker in the drafter's name picks
-# it (after "ngram" and a dotted custom-class path); no marker: draft_model (or mtp by the checkpoint's model_type).
-INFERRED_BY_NAME = (("eagle-", "eagle"), ("eagle3", "eagle3"), ("dflash", "dflash"), ("dspark", "dspark"))
 # Attention kinds of DFlash drafter layers (config.json layer_types; vllm/model_executor/models/qwen3_dflash.py).
 SLIDING = "sliding_attention"
 FULL = "full_attention"
-# vllm/envs.py: unset or 1 selects the V2 model runner (0.33's default), 0 the V1 runner.
+# vllm/envs.py (0.32, 0.33): unset or 1 selects the V2 model runner (the default), 0 the V1 runner. 0.34 has no V1
+# runner and does not read the variable.
 V2_RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
-
-# vllm/engine/arg_utils.py get_batch_defaults, API server: (GPU class, max_num_batched_tokens, max_num_seqs)
-BATCH_DEFAULTS = (
-    ("GPUs under 70 GiB and A100", 2048, 256),
-    ("H100/H200 class (70-160 GiB)", 8192, 1024),
-    ("GPUs of 160 GiB and more", 16384, 1024),
-)
-
 DISABLE_LOG_STATS = "--disable-log-stats"
+
+_BASE = {
+    "fields": _FIELDS,
+    "refused_fields": _REFUSED_FIELDS,
+    "mtp_methods": _MTP_METHODS,
+    # SpeculativeMethod with the MTP names (vLLM's Literal), "methods" below.
+    "builtin_methods": _METHODS,
+    "removed_methods": _REMOVED_METHODS,
+    # SpeculativeConfig.method accepts, besides the built-in methods, a name a vLLM plugin registered
+    # (vllm/v1/worker/gpu/spec_decode/speculator_config.py register_speculative_method): 0.34 on.
+    "custom_methods": False,
+    # DraftSampleMethod: the values of draft_sample_method.
+    "draft_sample_methods": ("greedy", "probabilistic"),
+    # Without a method, a marker in the drafter's name picks it (after "ngram" and, before 0.34, a dotted
+    # custom-class path); no marker: draft_model (or mtp by the checkpoint's model_type).
+    "inferred_by_name": (("eagle-", "eagle"), ("eagle3", "eagle3"), ("dflash", "dflash"), ("dspark", "dspark")),
+    "inferred_at": "vllm/config/speculative.py SpeculativeConfig.__post_init__",
+    # vllm/engine/arg_utils.py get_batch_defaults, API server: (GPU class, max_num_batched_tokens, max_num_seqs)
+    "batch_defaults": (
+        ("GPUs under 70 GiB and A100", 2048, 256),
+        ("H100/H200 class (70-160 GiB)", 8192, 1024),
+        ("GPUs of 160 GiB and more", 16384, 1024),
+    ),
+    # vllm/config/vllm.py _set_max_num_scheduled_tokens: what max_num_batched_tokens must exceed per request
+    # (_speculative_checks._lookahead), and whether a DFlash budget lowers max_num_active_seqs.
+    "budget_rule": "num_lookahead_tokens",
+    "dflash_active_seqs": True,
+    # vllm/envs.py has VLLM_USE_V2_MODEL_RUNNER: a V1 model runner exists and the variable selects it.
+    "v1_runner": True,
+    # Fields whose documentation says "Deprecated and has no effect" (vLLM accepts and ignores them).
+    "no_effect_fields": {},
+}
+
+# What each release changes in _BASE: {"add": ..., "remove": ...} for a tuple or a dict, or the release's value.
+_CHANGES = {
+    "0.32.0": {
+        "fields": {
+            "remove": (
+                "disable_lookahead_block_hashes",
+                "draft_lm_head_quantization",
+                "xpress_topc",
+                "fly_window_size",
+                "fly_entropy_threshold",
+                "fly_entropy_top_k",
+            )
+        },
+        "mtp_methods": {"remove": ("step5_mtp",)},
+        "builtin_methods": {"add": ("medusa", "mlp_speculator")},
+        "removed_methods": {"remove": ("medusa", "mlp_speculator")},
+        "budget_rule": "max_num_new_slots_for_drafting",
+        "dflash_active_seqs": False,
+    },
+    "0.34.0": {
+        "fields": {
+            "remove": ("disable_padded_drafter_batch", "use_heterogeneous_vocab"),
+            "add": ("draft_decode_context_parallel_size", "suffix_decoding_corpus_tokens", "speculator_options"),
+        },
+        "refused_fields": {
+            "add": {
+                "custom_method": "vLLM 0.34 sets custom_method itself (a field it does not take as input): name the "
+                "method a plugin registered in method, and vLLM moves it to custom_method"
+            }
+        },
+        "mtp_methods": {"add": ("nemotron3_5_transcribe_mtp",)},
+        "builtin_methods": {"remove": ("custom_class",)},
+        "removed_methods": {
+            "add": {
+                "custom_class": "custom_class was removed in vLLM 0.34: a custom proposer is a method of its own, "
+                "registered by a vLLM plugin (register_speculative_method) and named in method"
+            }
+        },
+        "custom_methods": True,
+        "inferred_at": "vllm/v1/worker/gpu/spec_decode/speculator_config.py _CHECKPOINT_DETECTION_ORDER, the "
+        "matches() of SpeculatorConfig in eagle/, dflash/, dspark/config.py",
+        "v1_runner": False,
+        "no_effect_fields": {
+            "add": {
+                "parallel_drafting": "deprecated in vLLM 0.34 and has no effect: DFlash and DSpark always draft in "
+                "parallel, and no other method supports it",
+                "suffix_decoding_max_spec_factor": "deprecated in vLLM 0.34 and has no effect: the GPU suffix "
+                "speculator always drafts num_speculative_tokens tokens",
+                "suffix_decoding_min_token_prob": "deprecated in vLLM 0.34 and has no effect: the GPU suffix "
+                "speculator always drafts num_speculative_tokens tokens",
+            }
+        },
+    },
+}
+
+
+def _changed(value, change):
+    """`value` with `change` applied: {"add", "remove"} on a tuple or a dict, else `change` itself."""
+    if not (isinstance(change, dict) and change and set(change) <= {"add", "remove"}):
+        return change
+    remove, add = change.get("remove", ()), change.get("add", ())
+    if isinstance(value, dict):
+        kept = dict((key, item) for key, item in value.items() if key not in remove)
+        kept.update(add)
+        return kept
+    return tuple(item for item in value if item not in remove) + tuple(add)
+
+
+class VllmFacts:
+    """One release's tables (attributes named as the keys of _BASE) and its version ("0.34.0")."""
+
+    def __init__(self, version):
+        self.version = version
+        changes = _CHANGES.get(version, {})
+        for key, value in _BASE.items():
+            setattr(self, key, _changed(value, changes[key]) if key in changes else value)
+        # vLLM's SpeculativeMethod Literal: the built-in methods and the per-model MTP names
+        self.methods = self.builtin_methods + self.mtp_methods
+
+
+_FACTS = {}
+
+
+def facts(version=None):
+    """The tables of a release of VERSIONS (default: the newest). Raises KeyError for another version."""
+    version = version or NEWEST
+    if version not in VERSIONS:
+        raise KeyError("no vLLM facts for %s (known: %s)" % (version, ", ".join(VERSIONS)))
+    if version not in _FACTS:
+        _FACTS[version] = VllmFacts(version)
+    return _FACTS[version]
+
+
+def releases_with(attribute, name):
+    """The releases of VERSIONS whose `attribute` table holds `name` (to say where a refused name is valid)."""
+    return [version for version in VERSIONS if name in getattr(facts(version), attribute)]

@@ -13,7 +13,13 @@ from __future__ import annotations
 import json
 import os
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _detached, _speculative_parse, _vllm_api, _vllm_files
+from ansible_collections.gpuops.nvidia.plugins.module_utils import (
+    _detached,
+    _speculative_parse,
+    _vllm_api,
+    _vllm_files,
+    _vllm_versions,
+)
 from ansible_collections.gpuops.nvidia.plugins.module_utils._vllm_address import local_url
 
 SYSTEMD_BOOTED = "/run/systemd/system"  # sd_booted(3): systemd runs when this directory exists
@@ -144,6 +150,7 @@ def read_host(request, inspector, systemctl):
         "ports": ports,
         "files": {entry["name"]: file_states(entry["name"], request) for entry in request["instances"]},
         "paths": {path: _stat(path) for path in request["paths"]},
+        "vllm_versions": {path: _vllm_versions.read_version(path) for path in request.get("executables") or []},
         "drafters": [read_drafter(entry) for entry in request["drafters"]],
         "missing_dirs": [
             path

@@ -14,6 +14,9 @@ description:
   - It reads whether systemd runs (C(/run/systemd/system), the test of sd_booted(3)), the GPUs and their holders as
     M(gpuops.nvidia.gpu_facts) does, the configurations the role deployed (C(<config_dir>/<name>.json)), whether
     the given paths exist, and the drafter C(config.json) of each speculative config.
+  - It reads the vLLM release of each executable of O(executables), once each: the C(Version) of the
+    C(vllm-*.dist-info/METADATA) of the Python environment the executable runs in (that of the interpreter its
+    first line names, or C(<bin>/..) of the executable), else what C(EXECUTABLE --version) prints (at most 60 s).
   - It reads the state of each instance's files (the SHA-256 of their content and their mode, never an API key).
   - It asks the running server of each deployed instance once whether it is healthy (C(GET /health), C(GET /v1/models))
     at the address its deployed configuration gives, with its API key file. It asks once whether a server answers
@@ -34,6 +37,11 @@ options:
     required: true
   paths:
     description: Paths to look for (model directories, vLLM executables).
+    type: list
+    elements: path
+    default: []
+  executables:
+    description: vLLM executables whose vLLM release to read.
     type: list
     elements: path
     default: []
@@ -130,6 +138,15 @@ paths:
   description: For each path of O(paths), C(exists), C(isdir) and C(executable).
   returned: always
   type: dict
+vllm_versions:
+  description:
+    - For each path of O(executables), C(version) (the vLLM release, as its package metadata or C(--version) gives
+      it, or null), C(source) (the C(METADATA) file read, or the command run) and C(error) (why no version was
+      read, or null).
+  returned: always
+  type: dict
+  sample: {"/opt/vllm/bin/vllm": {"version": "0.34.0", "error": null,
+           "source": "/opt/vllm/lib/python3.12/site-packages/vllm-0.34.0.dist-info/METADATA"}}
 drafters:
   description:
     - One entry per item of O(drafters), its C(model) and C(drafter_config), with C(path) (the C(config.json) read),
@@ -154,6 +171,7 @@ def main():
         argument_spec=dict(
             instances=dict(type="list", elements="dict", required=True),
             paths=dict(type="list", elements="path", default=[]),
+            executables=dict(type="list", elements="path", default=[]),
             drafters=dict(type="list", elements="dict", default=[]),
             config_dir=dict(type="path", required=True),
             state_dir=dict(type="path", required=True),

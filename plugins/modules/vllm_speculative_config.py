@@ -10,24 +10,29 @@ short_description: Validate a vLLM speculative decoding config against the draft
 version_added: 0.1.0
 description:
   - Reads the drafter's C(config.json) on the managed host and checks the requested vLLM
-    C(--speculative-config) against it, field by field, the way vLLM 0.33 reads it, before a server is started with it.
+    C(--speculative-config) against it, field by field, the way the vLLM release of O(vllm_version) reads it (0.32,
+    0.33 or 0.34; default 0.34), before a server is started with it.
   - Wrong values there rarely make vLLM fail; the server starts and the acceptance rate collapses.
     Every mismatch is reported with the requested value, the drafter's value and what happens in vLLM.
-  - What vLLM 0.33 itself refuses at start is refused here too, naming the field, the value, what vLLM expects and why
-    (sources in the vLLM 0.33.0 wheel, C(vllm/config/speculative.py), C(vllm/config/utils.py), C(vllm/config/vllm.py)).
-    Unknown fields (vLLM's config classes forbid them), C(tensor_parallel_size), C(speculative_token_tree) (gone in
-    0.33), methods vLLM does not know (V(medusa), V(mlp_speculator), unknown C(*_mtp) names).
+  - What that vLLM release itself refuses at start is refused here too, naming the field, the value, what vLLM expects
+    and why (sources in the vLLM wheels, C(vllm/config/speculative.py), C(vllm/config/utils.py),
+    C(vllm/config/vllm.py)). Unknown fields (vLLM's config classes forbid them; a field of another release is named as
+    such, for example C(disable_padded_drafter_batch) on 0.34), C(tensor_parallel_size), C(speculative_token_tree),
+    C(custom_method) (0.34 fills it itself), methods the release does not know (V(medusa), V(mlp_speculator) from
+    0.33, V(custom_class) in 0.34, unknown C(*_mtp) names). vLLM 0.34 also runs a method a vLLM plugin registers: a
+    method that is not built in is then accepted with a warning (the module cannot see the plugins), unless it is
+    close to a built-in name (a typo).
     Per-model MTP methods such as V(deepseek_mtp) are accepted with a warning and passed as V(mtp), as vLLM rewrites them.
   - Values the drafter defines are filled in when not given (C(num_speculative_tokens) in O(speculative_config);
     C(method) when only C(model) is given, inferred from the drafter path as vLLM does).
   - The drafters of methods V(dflash), V(eagle), V(eagle3), V(mtp) are checked; V(ngram) needs none. vLLM's other
-    methods (V(draft_model), V(suffix), V(ngram_gpu), V(dspark), V(custom_class), V(extract_hidden_states)) are
-    accepted with a warning that no drafter was checked.
+    methods (V(draft_model), V(suffix), V(ngram_gpu), V(dspark), V(custom_class) before 0.34,
+    V(extract_hidden_states)) are accepted with a warning that no drafter was checked.
   - "DFlash: a requested C(target_layer_ids) is compared with C(dflash_config.target_layer_ids) on the
     same basis: both are 0-based target layer indices whose output the drafter was trained on. vLLM taps hidden state
     C(id + 1); hidden states 0..N exist on an N-layer target (N is the last layer's output, before the final norm),
     so C(id) up to N - 1 is valid (for EAGLE-3 aux ids, up to N). The vLLM tap ids are shown in RV(checks)."
-  - "DFlash: the tapped layers are looked up in vLLM 0.33's order (V2 model runner): top-level
+  - "DFlash: the tapped layers are looked up in vLLM's order (V2 model runner): top-level
     C(eagle_aux_hidden_state_layer_ids), C(dflash_config.target_layer_ids) + 1, C(dspark_target_layer_ids) + 1, top-level
     C(target_layer_ids) + 1, C(dflash_config.layer_ids)/C(eagle_config.layer_ids). Speculators-format drafters
     (C(speculators_model_type: dflash), C(aux_hidden_state_layer_ids)) are converted as vLLM does. A key vLLM reads before
@@ -37,14 +42,16 @@ description:
     from C(layer_types), C(dflash_config.use_swa), C(dflash_config.swa_window_size) else C(sliding_window); causality
     from the top-level C(is_causal), else C(dflash_config.causal) (C(dflash_config.is_causal) is not read by vLLM: it
     fails when it disagrees with what vLLM does). Mixed sliding/full layers need vLLM's V2 model runner, the default in
-    0.33: RV(environment) holds C(VLLM_USE_V2_MODEL_RUNNER=1) to keep it, and O(environment) forcing V1
-    (C(VLLM_USE_V2_MODEL_RUNNER=0)) is refused, as vLLM refuses it at start."
-  - "DFlash: C(num_speculative_tokens) above C(block_size - 1) is a warning: vLLM 0.33 serves it, the extra positions
+    0.32 and 0.33: RV(environment) holds C(VLLM_USE_V2_MODEL_RUNNER=1) to keep it, and O(environment) forcing V1
+    (C(VLLM_USE_V2_MODEL_RUNNER=0)) is refused, as vLLM refuses it at start. vLLM 0.34 has no V1 runner and does not
+    read the variable (a warning when it is set)."
+  - "DFlash: C(num_speculative_tokens) above C(block_size - 1) is a warning: vLLM serves it, the extra positions
     were never trained."
   - "Token budget (vllm-project/vllm#50708): with O(extra_args), C(num_speculative_tokens) is checked against
-    C(--max-num-batched-tokens), C(--max-num-seqs) and C(--enable-lora) as vLLM 0.33 checks it at start (DFlash needs
-    C(K + 1) query tokens per request), with the arithmetic in the message; values not given take vLLM's defaults for
-    each GPU class (2048/256, 8192/1024, 16384/1024)."
+    C(--max-num-batched-tokens), C(--max-num-seqs) and C(--enable-lora) as the release checks it at start (0.33 and
+    0.34: DFlash needs C(K + 1) query tokens per request, EAGLE, MTP and draft models C(K); 0.32: DFlash C(K) new
+    slots, a draft model 1, the others none), with the arithmetic in the message; values not given take vLLM's
+    defaults for each GPU class (2048/256, 8192/1024, 16384/1024)."
   - Read-only; C(changed) is always V(false).
 author: gpuops maintainers (@gpuops)
 extends_documentation_fragment:
@@ -54,15 +61,17 @@ options:
   speculative_config:
     description:
       - The config as passed to C(vllm serve --speculative-config), as a dictionary.
-      - C(method) (a vLLM 0.33 method; omitted, it is inferred from C(model) as vLLM does) and C(model) (the drafter
+      - C(method) (a method of the release; omitted, it is inferred from C(model) as vLLM does) and C(model) (the drafter
         directory on the managed host; not for V(ngram); for V(mtp) it may be omitted, vLLM then uses the target
         checkpoint and O(drafter_config) must point at the target's config.json).
-      - "Every field of vLLM 0.33's C(SpeculativeConfig) is accepted (C(-) in a key is read as C(_), as vLLM does); the
+      - "Every field of the release's C(SpeculativeConfig) is accepted (C(-) in a key is read as C(_), as vLLM does); the
         common ones are type-checked: C(num_speculative_tokens), C(draft_tensor_parallel_size) (1 or the target's tensor
         parallel size), C(quantization), C(max_model_len), C(revision), C(code_revision), C(attention_backend),
         C(draft_sample_method) (V(greedy) or V(probabilistic)), C(enforce_eager), C(disable_padded_drafter_batch),
         C(parallel_drafting), C(prompt_lookup_min), C(prompt_lookup_max); the others are passed for vLLM to check.
-        C(prompt_lookup_*) with another method than ngram, or C(model) with ngram, are warnings (vLLM ignores them)."
+        C(prompt_lookup_*) with another method than ngram, or C(model) with ngram, are warnings (vLLM ignores them), and
+        so are the fields vLLM 0.34 documents as without effect (C(parallel_drafting),
+        C(suffix_decoding_max_spec_factor), C(suffix_decoding_min_token_prob))."
       - "For V(dflash), what the drafter defines can be stated to have it checked: C(target_layer_ids) (0-based,
         as in C(dflash_config.target_layer_ids)), C(mask_token_id), C(layer_types) (one of V(sliding_attention) or
         V(full_attention) for all layers, or a list with one per drafter layer), C(sliding_window), C(block_size).
@@ -84,7 +93,7 @@ options:
   allow_fields:
     description:
       - Further field names to accept and pass to vLLM unchecked, for fields of vLLM releases newer than this
-        module knows (vLLM 0.33 refuses unknown fields at start).
+        module knows (vLLM refuses unknown fields at start).
     type: list
     elements: str
     default: []
@@ -102,6 +111,14 @@ options:
         sliding/full DFlash drafters and reads C(eagle_config.eagle_aux_hidden_state_layer_ids).
     type: dict
     default: {}
+  vllm_version:
+    description:
+      - The vLLM release the server runs, whose facts apply. V(0.32.0), V(0.33.0) or V(0.34.0) (what
+        C(make check-vllm-source) compares with their wheels). The vllm_server role passes the release it read from
+        the instance's executable.
+    type: str
+    choices: ["0.32.0", "0.33.0", "0.34.0"]
+    default: "0.34.0"
   acceptance_gate:
     description:
       - An acceptance gate will read the server's speculative-decoding metrics; C(--disable-log-stats) in O(extra_args)
@@ -110,9 +127,8 @@ options:
     default: false
 notes:
   - The drafter must be on the managed host; Hugging Face ids are not downloaded.
-  - Checked against vLLM 0.33.0. vLLM releases before the DFlash layer fix tapped C(target_layer_ids) without the
-    C(+ 1), one layer early; releases before 0.33 refused a DFlash token budget of
-    C(max_num_batched_tokens - num_speculative_tokens x max_num_seqs <= 0) (vllm-project/vllm#50708).
+  - Checked against the vLLM 0.32.0, 0.33.0 and 0.34.0 wheels. vLLM releases before the DFlash layer fix tapped
+    C(target_layer_ids) without the C(+ 1), one layer early.
 seealso:
   - name: vLLM speculative decoding
     description: vLLM's documentation of C(--speculative-config).
@@ -190,6 +206,11 @@ filled:
   type: list
   elements: str
   sample: ["num_speculative_tokens"]
+vllm_version:
+  description: The vLLM release whose facts were applied (O(vllm_version)).
+  returned: success
+  type: str
+  sample: "0.34.0"
 drafter_config:
   description: Path of the drafter config.json that was read; V(null) for V(ngram).
   returned: success
@@ -256,6 +277,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._speculative import 
     SpeculativeConfigError,
     validate_speculative_config,
 )
+from ansible_collections.gpuops.nvidia.plugins.module_utils._speculative_vllm import NEWEST, VERSIONS
 
 
 def main():
@@ -268,6 +290,7 @@ def main():
             extra_args=dict(type="list", elements="str", default=[]),
             environment=dict(type="dict", default={}),
             acceptance_gate=dict(type="bool", default=False),
+            vllm_version=dict(type="str", default=NEWEST, choices=list(VERSIONS)),
         ),
         supports_check_mode=True,
     )
@@ -280,6 +303,7 @@ def main():
             extra_args=module.params["extra_args"],
             environment=module.params["environment"],
             acceptance_gate=module.params["acceptance_gate"],
+            vllm_version=module.params["vllm_version"],
         )
     except SpeculativeConfigError as error:
         module.fail_json(msg=str(error), mismatches=error.mismatches)

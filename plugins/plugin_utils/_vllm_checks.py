@@ -44,6 +44,10 @@ OWNED = {
     "--gpu-memory-utilization": "gpu_memory_utilization",
     "--max-model-len": "max_model_len",
     "--speculative-config": "speculative_config",
+    # vLLM 0.32 to 0.34 merge these into the speculative config (EngineArgs.create_speculative_config), unchecked
+    "--spec-method": "speculative_config.method",
+    "--spec-model": "speculative_config.model",
+    "--spec-tokens": "speculative_config.num_speculative_tokens",
     "--shutdown-timeout": "shutdown_timeout",
     "--pipeline-parallel-size": "gpus (the role runs tensor parallelism over all of them)",
     "-pp": "gpus",

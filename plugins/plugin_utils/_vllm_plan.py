@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._speculative import validate_speculative_config
 from ansible_collections.gpuops.nvidia.plugins.module_utils._speculative_parse import SpeculativeConfigError
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _vllm_files
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _vllm_files, _vllm_server_facts, _vllm_versions
 from ansible_collections.gpuops.nvidia.plugins.module_utils._vllm_address import local_host, local_url
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._vllm_checks import (
     CONTROL,
@@ -56,7 +56,8 @@ def host_request(instances, settings):
     the drafters of the speculative configs."""
     instances = [instance for instance in instances or [] if isinstance(instance, dict)]
     paths = [instance["model"] for instance in instances if str(instance.get("model") or "").startswith("/")]
-    paths += [_executable(instance, settings) for instance in instances]
+    executables = [str(_executable(instance, settings)) for instance in instances]
+    paths += executables
     drafters = [
         {"model": (instance["speculative_config"] or {}).get("model"), "drafter_config": instance.get("drafter_config")}
         for instance in instances
@@ -75,6 +76,8 @@ def host_request(instances, settings):
             if not port_problems(instance)
         ],
         "paths": sorted(set(str(path) for path in paths)),
+        # whose vLLM release to read (_vllm_versions.read_version)
+        "executables": sorted(set(path for path in executables if path.startswith("/"))),
         "drafters": drafters,
         "config_dir": settings["config_dir"],
         "state_dir": settings["state_dir"],
@@ -104,10 +107,28 @@ def _reader(drafters):
     return read
 
 
-def _speculative(instance, settings, drafters):
-    """(validation result or None, problems) of the instance's speculative config."""
+def _release(instance, settings, host):
+    """(release of _vllm_versions.VERSIONS whose facts apply or None, problems, warnings) of the instance's vLLM,
+    from the version vllm_server_host read for its executable."""
+    executable = str(_executable(instance, settings))
+    read = (host.get("vllm_versions") or {}).get(executable) or {}
+    if not read.get("version"):
+        if not (host.get("paths") or {}).get(executable, {}).get("executable"):
+            return None, [], []  # _path_problems says that the executable is missing
+        return None, ["cannot tell which vLLM %s runs: %s" % (executable, read.get("error") or "it was not read")], []
+    found = _vllm_versions.resolve(read["version"])
+    if found["problem"]:
+        return None, ["%s (%s, read from %s)" % (found["problem"], executable, read.get("source"))], []
+    problems, warnings = _vllm_server_facts.release_problems(
+        found["facts"], instance.get("environment"), settings.get("stop_timeout"), _gate(instance, settings)
+    )
+    return found["facts"], problems, warnings + ([found["warning"]] if found["warning"] else [])
+
+
+def _speculative(instance, settings, drafters, release):
+    """(validation result or None, problems) of the instance's speculative config, as vLLM `release` reads it."""
     spec = instance.get("speculative_config")
-    if not spec:
+    if not spec or release is None:
         return None, []
     environment = instance.get("environment") or {}
     try:
@@ -119,6 +140,7 @@ def _speculative(instance, settings, drafters):
             environment=environment,
             acceptance_gate=_gate(instance, settings),
             reader=_reader(drafters),
+            vllm_version=release,
         )
     except SpeculativeConfigError as exc:
         return None, [str(exc)]
@@ -370,12 +392,14 @@ def plan(instances, host, settings):
         )
     for instance in instances or []:
         found = _path_problems(instance, settings, host, [other.get("name") for other in instances])
-        spec, spec_problems = _speculative(instance, settings, host.get("drafters"))
+        release, release_problems, release_warnings = _release(instance, settings, host)
+        spec, spec_problems = _speculative(instance, settings, host.get("drafters"), release)
         specs[instance.get("name")] = spec
         warnings += [
-            "instance %s: %s" % (instance.get("name"), warning) for warning in (spec or {}).get("warnings", [])
+            "instance %s: %s" % (instance.get("name"), warning)
+            for warning in release_warnings + (spec or {}).get("warnings", [])
         ]
-        found += spec_problems
+        found += release_problems + spec_problems
         if found:
             problems.append("instance %s: %s" % (instance.get("name"), "; ".join(found)))
     result = {"problems": problems, "warnings": warnings, "manager": manager, "instances": {}}

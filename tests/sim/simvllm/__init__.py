@@ -6,7 +6,6 @@ creates per the simulator contract (tests/sim/README.md), the signal behaviour (
 shutdown, orphans after SIGKILL, the warm-up orphan bug), and an OpenAI-compatible HTTP surface
 with Prometheus metrics including speculative-decoding acceptance counters.
 
-Entry point: `simvllm.cli.main()` (the node's `vllm` script).
+Entry point: `simvllm.cli.main()` (the node's `vllm` script). The vLLM release modelled is SIMVLLM_VERSION
+(default 0.33.0; `simvllm.facts.version`), and `simvllm.install` writes an installation of one release.
 """
-
-__version__ = "0.33.0"  # vllm/_version.py of the wheel modelled (checked by make check-vllm-source)

@@ -29,7 +29,7 @@ import time
 
 import psutil
 
-from simvllm import __version__, facts
+from simvllm import facts
 from simvllm.engine import engine_core_name
 from simvllm.openai_api import ApiHttpServer, ServingState
 from simvllm.runtime import SignalWaker, next_event, process_title, setup_logging, spawn_child
@@ -136,7 +136,7 @@ def _drain(state, timeout):
 def run_api_server(args):
     """Run `vllm serve` with parsed `args` (see simvllm.cli). Returns the exit status."""
     setup_logging("APIServer")
-    logger.info("vLLM API server version %s", __version__)
+    logger.info("vLLM API server version %s", facts.version(os.environ))
     if args.ignored_arguments:
         logger.warning("Ignoring arguments the simulation does not model: %s", args.ignored_arguments)
     try:

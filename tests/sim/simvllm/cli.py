@@ -10,7 +10,7 @@ import json
 import os
 import sys
 
-from simvllm import __version__, facts
+from simvllm import facts
 
 
 def _json_object(text):
@@ -37,7 +37,7 @@ def _normalize(argv):
 def build_parser():
     """The argparse parser of the `vllm` command."""
     parser = argparse.ArgumentParser(prog="vllm", allow_abbrev=False)
-    parser.add_argument("-v", "--version", action="version", version=__version__)
+    parser.add_argument("-v", "--version", action="version", version=facts.version(os.environ))
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", allow_abbrev=False, help="Start the OpenAI-compatible API server.")
     serve.add_argument("model_tag", nargs="?", help="model path or name")
@@ -46,7 +46,7 @@ def build_parser():
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
     serve.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1)
-    # vLLM 0.33 vllm/config/cache.py CacheConfig.gpu_memory_utilization: 0.92 (0.9 before; SIMVLLM_VERSION < 0.33)
+    # vllm/config/cache.py CacheConfig.gpu_memory_utilization: facts.GPU_MEMORY_UTILIZATION_DEFAULT (0.9 for LEGACY)
     serve.add_argument("--gpu-memory-utilization", type=float, default=None)
     serve.add_argument("--max-num-batched-tokens", type=int, default=None)
     serve.add_argument("--max-model-len", type=int, default=4096)
@@ -73,10 +73,10 @@ def main(argv=None):
     if not args.model:
         parser.error("serve: a model is required (vllm serve MODEL)")
     if args.gpu_memory_utilization is None:
-        from simvllm.specdecode import is_legacy
-
-        args.gpu_memory_utilization = 0.9 if is_legacy(os.environ) else facts.GPU_MEMORY_UTILIZATION_DEFAULT
-    if not 0 < args.gpu_memory_utilization <= 1:
+        # None (0.34): the extensible KV cache, sized from the memory free at start (simvllm.engine)
+        default = facts.GPU_MEMORY_UTILIZATION_DEFAULT[facts.release(os.environ)]
+        args.gpu_memory_utilization = 0.9 if facts.is_legacy(os.environ) else default
+    elif not 0 < args.gpu_memory_utilization <= 1:
         parser.error("--gpu-memory-utilization must be in (0, 1], got %s" % args.gpu_memory_utilization)
     if args.tensor_parallel_size < 1 or args.pipeline_parallel_size < 1:
         parser.error("--tensor-parallel-size and --pipeline-parallel-size must be at least 1")

@@ -79,6 +79,17 @@ def run_idle(config, waker):
     return 0
 
 
+def _utilization(gpus, config, mig):
+    """--gpu-memory-utilization, or without it in vLLM 0.34 (None) the extensible KV cache: a cap of 1.0 that takes
+    the memory free at start (vllm/v1/worker/utils.py request_memory: no free-memory check; the cache is sized from
+    what is free after warm-up), as a fraction of the device's memory."""
+    if config["gpu_memory_utilization"] is not None:
+        return config["gpu_memory_utilization"]
+    total = mig.memory_total_mib if mig else gpus.memory_total_mib
+    free = total - gpus.context_mib(config["gpu_index"], mig) if mig else gpus.free_mib(config["gpu_index"])
+    return max(free, 0) / total
+
+
 def _create_context(config):
     """Create the CUDA context of one GPU rank; returns its fds or None after logging the error.
 
@@ -90,12 +101,9 @@ def _create_context(config):
     try:
         gpus = NodeGpus.load()
         visible, mig = gpus.enumerate(os.environ.get("CUDA_VISIBLE_DEVICES"))
+        mig = mig if mig is not None and mig.index == config["gpu_index"] else None
         fds = gpus.create_context(
-            config["gpu_index"],
-            config["local_rank"],
-            config["gpu_memory_utilization"],
-            visible=visible,
-            mig=mig if mig is not None and mig.index == config["gpu_index"] else None,
+            config["gpu_index"], config["local_rank"], _utilization(gpus, config, mig), visible=visible, mig=mig
         )
         if config["tensor_parallel_size"] * config["pipeline_parallel_size"] > 1:
             config["_nvml"] = nccl_init_nvml()

@@ -21,6 +21,7 @@ Timing and shutdown (vLLM 0.33, see tests/sim/simvllm/README.md for the sources)
 
 import hashlib
 import json
+import os
 import random
 import socket
 import socketserver
@@ -32,7 +33,7 @@ from dataclasses import dataclass, field
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from simvllm import __version__
+from simvllm import facts
 from simvllm.specdecode import draft_counts
 
 VOCABULARY = (
@@ -292,7 +293,7 @@ class Handler(BaseHTTPRequestHandler):
         if path == "/health":
             self._reply(503 if state.engine_dead else 200, "", "text/plain")
         elif path == "/version":
-            self._reply(200, {"version": __version__})
+            self._reply(200, {"version": facts.version(os.environ)})
         elif path == "/metrics":
             self._reply(200, state.render_metrics(), "text/plain; version=0.0.4; charset=utf-8")
         elif path == "/v1/models":

@@ -1,26 +1,30 @@
 """Speculative decoding as the simulated vLLM models it: start-up checks and draft acceptance.
 
 This models vLLM's behaviour; it deliberately shares nothing with the collection's validator.
-The default is vLLM 0.33.0 (sources: the vllm-0.33.0 wheel, paths below); SIMVLLM_VERSION below 0.33
-(for example "0.26") restores the older behaviours listed under LEGACY.
+The release modelled is SIMVLLM_VERSION (default 0.33.0; the fields and methods of 0.32.0, 0.33.0 and 0.34.0 are in
+facts.py, read from their wheels, paths below); below 0.32 (for example "0.26") the older behaviours listed under
+LEGACY apply.
 
-Start-up errors (SpeculativeConfigError, the server exits 1), vLLM 0.33:
-- a key that is not a SpeculativeConfig field (vllm/config/utils.py: extra="forbid"; `-` read as `_`,
-  vllm/engine/arg_utils.py create_speculative_config), `tensor_parallel_size` (refused by
-  _verify_args), `speculative_token_tree` (no such field any more);
-- a method outside vLLM's Literal (medusa and mlp_speculator are gone); per-model `*_mtp` names are
-  accepted and run as mtp (vllm/config/speculative.py __post_init__);
+Start-up errors (SpeculativeConfigError, the server exits 1), vLLM 0.32 to 0.34:
+- a key that is not a SpeculativeConfig field of the release (vllm/config/utils.py: extra="forbid"; `-` read as
+  `_`, vllm/engine/arg_utils.py create_speculative_config), `tensor_parallel_size` (refused by
+  _verify_args), `speculative_token_tree` (no such field any more); in 0.34 `custom_method`, which vLLM fills
+  itself (field(init=False): "Unexpected keyword argument");
+- a method outside vLLM's Literal (medusa and mlp_speculator are gone in 0.33, custom_class in 0.34); per-model
+  `*_mtp` names are accepted and run as mtp (vllm/config/speculative.py __post_init__). 0.34 also runs a method a
+  plugin registered (SIMVLLM_SPECULATIVE_PLUGINS="name=base_method" stands for the plugin) and fails with
+  "Unsupported speculative method" for another name (speculator_config.py get_method_config_class);
 - no num_speculative_tokens (no n_predict in the drafter config), a missing drafter directory;
 - DFlash: sliding layers without a window (qwen3_dflash.py _resolve_layer_attention); a mixed
   sliding/full drafter on the V1 model runner (VLLM_USE_V2_MODEL_RUNNER=0; vllm/config/vllm.py
-  _validate_v1_model_runner); max_num_batched_tokens <= num_speculative_tokens + 1
-  (vllm/config/vllm.py _set_max_num_scheduled_tokens).
-vLLM 0.33 does not compare DFlash num_speculative_tokens with block_size.
+  _validate_v1_model_runner; 0.34 has no V1 runner and ignores the variable); max_num_batched_tokens <=
+  num_speculative_tokens + 1 (vllm/config/vllm.py _set_max_num_scheduled_tokens).
+vLLM 0.32 to 0.34 do not compare DFlash num_speculative_tokens with block_size.
 
 Silent mismatch (the server starts, acceptance collapses to ~1 %), DFlash only: what vLLM reads from
 the drafter's config.json disagrees with what the drafter was trained on. The training truth is the
 drafter directory's `trained.json` when present (the simulated weights), else config.json itself:
-- tapped target layers, looked up as vLLM 0.33 does (V2 runner, eagle3_utils.py
+- tapped target layers, looked up as vLLM 0.32 to 0.34 do (V2 runner, eagle3_utils.py
   get_eagle3_aux_layers_from_config): top-level eagle_aux_hidden_state_layer_ids, then
   dflash_config.target_layer_ids + 1, dspark_target_layer_ids + 1, top-level target_layer_ids + 1,
   dflash_config/eagle_config layer_ids; V1 runner (gpu_model_runner.py): the first two, then an
@@ -29,7 +33,7 @@ drafter directory's `trained.json` when present (the simulated weights), else co
 - attention layout and causality (qwen3_dflash.py): layer_types, dflash_config.use_swa, top-level
   is_causal, then dflash_config.causal.
 
-LEGACY (SIMVLLM_VERSION < 0.33): unknown keys are ignored except the drafter keys target_layer_ids,
+LEGACY (SIMVLLM_VERSION < 0.32): unknown keys are ignored except the drafter keys target_layer_ids,
 mask_token_id, layer_types and use_swa, which override config.json (a test device standing for a
 hand-edited drafter, no vLLM source); medusa and mlp_speculator are methods; DFlash
 num_speculative_tokens > block_size - 1 fails; the V1 runner is the default and runs a mixed
@@ -42,81 +46,9 @@ import json
 import os
 from dataclasses import dataclass
 
-VLLM_VERSION = "0.33.0"
-MTP_METHODS = {
-    "deepseek_mtp",
-    "dots3_note_mtp",
-    "mimo_mtp",
-    "mimo_v2_mtp",
-    "glm4_moe_mtp",
-    "glm4_moe_lite_mtp",
-    "glm_ocr_mtp",
-    "ernie_mtp",
-    "nemotron_h_mtp",
-    "exaone_moe_mtp",
-    "exaone4_5_mtp",
-    "qwen3_next_mtp",
-    "qwen4_exp_mtp",
-    "qwen3_5_mtp",
-    "longcat_flash_mtp",
-    "bailing_hybrid_v3_mtp",
-    "minimax_m3_mtp",
-    "bailing_hybrid_mtp",
-    "mtp",
-    "kimi_k3_mtp",
-    "pangu_ultra_moe_mtp",
-    "step3p5_mtp",
-    "step5_mtp",
-    "hy_v3_mtp",
-    "hy_v4_mtp",
-    "gemma4_mtp",
-    "inkling_mtp",
-    "glm5_next_mtp",
-}
-METHODS_WITH_DRAFTER = {"draft_model", "eagle", "eagle3", "dflash", "dspark"}
-METHODS_WITHOUT_DRAFTER = {"ngram", "suffix", "ngram_gpu", "custom_class", "extract_hidden_states"}
+from simvllm import facts
+
 LEGACY_METHODS = {"medusa", "mlp_speculator"}
-FIELDS = {
-    "enforce_eager",
-    "num_speculative_tokens",
-    "model",
-    "method",
-    "draft_tensor_parallel_size",
-    "tensor_parallel_size",
-    "quantization",
-    "moe_backend",
-    "attention_backend",
-    "kv_cache_dtype",
-    "max_model_len",
-    "revision",
-    "code_revision",
-    "index_share_for_mtp_iteration",
-    "disable_padded_drafter_batch",
-    "disable_eagle_block_drop",
-    "disable_lookahead_block_hashes",
-    "draft_lm_head_quantization",
-    "use_local_argmax_reduction",
-    "use_heterogeneous_vocab",
-    "prompt_lookup_max",
-    "prompt_lookup_min",
-    "parallel_drafting",
-    "num_speculative_tokens_per_batch_size",
-    "suffix_decoding_max_tree_depth",
-    "suffix_decoding_max_cached_requests",
-    "suffix_decoding_max_spec_factor",
-    "suffix_decoding_min_token_prob",
-    "draft_load_config",
-    "rejection_sample_method",
-    "synthetic_acceptance_rates",
-    "synthetic_acceptance_length",
-    "enable_adaptive_verification",
-    "draft_sample_method",
-    "dspark_draft_topk",
-    "xpress_topc",
-    "fly_window_size",
-    "fly_entropy_threshold",
-    "fly_entropy_top_k",
-}
 LEGACY_DRAFTER_KEYS = ("target_layer_ids", "mask_token_id", "layer_types", "use_swa")
 AGREEING_ACCEPTANCE = (0.6, 0.8)
 DISAGREEING_ACCEPTANCE = 0.01
@@ -128,24 +60,18 @@ class SpeculativeConfigError(ValueError):
     """The speculative config makes vLLM fail at start-up."""
 
 
-def version_tuple(text):
-    """(major, minor) of a version string such as "0.33.0"; (0, 33) for an unparsable one."""
-    try:
-        parts = [int(part) for part in str(text).split(".")[:2]]
-        return (parts + [0])[0], (parts + [0, 0])[1]
-    except ValueError:
-        return 0, 33
-
-
 def is_legacy(environ):
-    """Whether SIMVLLM_VERSION asks for vLLM before 0.33."""
-    return version_tuple(environ.get("SIMVLLM_VERSION", VLLM_VERSION)) < (0, 33)
+    """Whether SIMVLLM_VERSION asks for vLLM before 0.32 (the LEGACY behaviours)."""
+    return facts.is_legacy(environ)
 
 
 def v2_runner(environ):
     """Whether vLLM runs its V2 model runner: VLLM_USE_V2_MODEL_RUNNER read as bool(int(value)) (vllm/envs.py);
-    unset: V2 in 0.33 (vllm/config/vllm.py use_v2_model_runner), V1 before. Raises for a value that is no integer."""
+    unset: V2 in 0.32 and 0.33 (vllm/config/vllm.py use_v2_model_runner), V1 before (LEGACY). 0.34 has no V1 runner
+    and does not read the variable. Raises for a value that is no integer."""
     value = environ.get("VLLM_USE_V2_MODEL_RUNNER")
+    if not facts.speculative(environ).v1_runner:
+        return True
     if value is None:
         return not is_legacy(environ)
     try:
@@ -193,7 +119,7 @@ def _ids(value):
 
 
 def dflash_taps(config, v2):
-    """Hidden states vLLM 0.33 taps for a DFlash drafter config (None: the target's default layers)."""
+    """Hidden states vLLM taps for a DFlash drafter config (None: the target's default layers)."""
     dflash = config.get("dflash_config") or {}
     taps = _ids(config.get("eagle_aux_hidden_state_layer_ids"))
     if not taps and _ids(dflash.get("target_layer_ids")):
@@ -285,16 +211,84 @@ def _dflash_agrees(speculative_config, model, num_speculative_tokens, environ):
     return agrees
 
 
-def _check_budget(speculative_config, method, num_tokens, max_num_batched_tokens):
-    """vllm/config/vllm.py _set_max_num_scheduled_tokens: max_num_batched_tokens must exceed the lookahead."""
-    lookahead = (
-        num_tokens + 1 if method == "dflash" else (num_tokens if method in METHODS_WITH_DRAFTER | {"mtp"} else 0)
-    )
+def _slots(method, num_tokens, spec, parallel):
+    """What max_num_batched_tokens must exceed per request (facts.BUDGET_RULE)."""
+    if spec.budget_rule == "num_lookahead_tokens":
+        if method == "dflash":
+            return num_tokens + 1
+        return num_tokens if method in spec.methods_with_drafter | {"mtp"} else 0
+    if method == "dflash" or (parallel and method == "draft_model"):
+        return num_tokens
+    return num_tokens - 1 if parallel else (1 if method == "draft_model" else 0)
+
+
+def _check_budget(method, num_tokens, max_num_batched_tokens, spec, parallel=False):
+    """vllm/config/vllm.py _set_max_num_scheduled_tokens: max_num_batched_tokens must exceed the slots per request."""
+    lookahead = _slots(method, num_tokens, spec, parallel)
     if lookahead and max_num_batched_tokens is not None and max_num_batched_tokens <= lookahead:
+        name = "num_lookahead_tokens" if spec.budget_rule == "num_lookahead_tokens" else "scheduled_token_delta"
         raise SpeculativeConfigError(
             "VllmConfig does not have enough slots to schedule a token and support the speculative decoding "
-            "settings. Got max_num_batched_tokens=%d and num_lookahead_tokens=%d." % (max_num_batched_tokens, lookahead)
+            "settings. Got max_num_batched_tokens=%d and %s=%d." % (max_num_batched_tokens, name, lookahead)
         )
+
+
+def _check_fields(speculative_config, spec):
+    """Keys that are no SpeculativeConfig field (vllm/config/utils.py: pydantic extra="forbid"), fields vLLM fills
+    itself (field(init=False): pydantic refuses them as arguments) and tensor_parallel_size (_verify_args)."""
+    for key in sorted(speculative_config):
+        if key in spec.set_by_vllm:
+            raise SpeculativeConfigError(
+                "1 validation error for SpeculativeConfig\n%s\n  Unexpected keyword argument "
+                "[type=unexpected_keyword_argument, input_value=%r]" % (key, speculative_config[key])
+            )
+        if key not in spec.fields:
+            raise SpeculativeConfigError(
+                "1 validation error for SpeculativeConfig\n%s\n  Extra inputs are not permitted "
+                "[type=extra_forbidden, input_value=%r]" % (key, speculative_config[key])
+            )
+    if speculative_config.get("tensor_parallel_size") is not None:
+        raise SpeculativeConfigError(
+            "'tensor_parallel_size' is not a valid argument in the speculative_config. "
+            "Please pass 'draft_tensor_parallel_size' instead."
+        )
+
+
+def plugin_methods(environ):
+    """{method: base method} that SIMVLLM_SPECULATIVE_PLUGINS ("name=base,...", base empty for none) registers, as a
+    vLLM plugin does with register_speculative_method (vllm/v1/worker/gpu/spec_decode/speculator_config.py)."""
+    found = {}
+    for item in (environ.get("SIMVLLM_SPECULATIVE_PLUGINS") or "").split(","):
+        if "=" in item:
+            name, base = item.split("=", 1)
+            found[name.strip()] = base.strip() or None
+    return found
+
+
+def _method(speculative_config, spec, environ):
+    """The method vLLM runs (vllm/config/speculative.py __post_init__). Raises SpeculativeConfigError."""
+    model, method = speculative_config.get("model"), speculative_config.get("method")
+    known = spec.methods | (LEGACY_METHODS if is_legacy(environ) else set())
+    if method is not None and method not in known:
+        plugins = plugin_methods(environ) if spec.custom_methods else {}
+        if method in plugins:  # custom_method = method; method = the base method of its config
+            return plugins[method] or "custom"
+        if spec.custom_methods and isinstance(method, str):
+            raise SpeculativeConfigError("Unsupported speculative method: '%s'" % method)
+        raise SpeculativeConfigError(
+            "1 validation error for SpeculativeConfig\nmethod\n  Input should be 'ngram', 'draft_model', "
+            "'suffix', 'eagle', 'eagle3', 'extract_hidden_states', 'deepseek_mtp', ... "
+            "[type=literal_error, input_value=%r]" % (method,)
+        )
+    if method in spec.mtp_methods:
+        return "mtp"
+    if method is None:
+        name = str(model or "").lower()
+        markers = (("eagle-", "eagle"), ("eagle3", "eagle3"), ("dflash", "dflash"), ("dspark", "dspark"))
+        method = next(
+            (m for marker, m in markers if marker in name), "ngram" if model in ("ngram", "[ngram]") else "draft_model"
+        )
+    return method
 
 
 @dataclass(frozen=True)
@@ -325,44 +319,15 @@ class SpeculativeDecoding:
         `environ` defaults to os.environ. Raises SpeculativeConfigError.
         """
         environ = os.environ if environ is None else environ
-        legacy = is_legacy(environ)
+        spec = facts.speculative(environ)
         if not isinstance(speculative_config, dict):
             raise SpeculativeConfigError("--speculative-config must be a JSON object.")
         speculative_config = {str(key).replace("-", "_"): value for key, value in speculative_config.items()}
-        if not legacy:
-            unknown = sorted(key for key in speculative_config if key not in FIELDS)
-            if unknown:
-                raise SpeculativeConfigError(
-                    "1 validation error for SpeculativeConfig\n%s\n  Extra inputs are not permitted "
-                    "[type=extra_forbidden, input_value=%r]" % (unknown[0], speculative_config[unknown[0]])
-                )
-            if speculative_config.get("tensor_parallel_size") is not None:
-                raise SpeculativeConfigError(
-                    "'tensor_parallel_size' is not a valid argument in the speculative_config. "
-                    "Please pass 'draft_tensor_parallel_size' instead."
-                )
+        if not is_legacy(environ):
+            _check_fields(speculative_config, spec)
+        method = _method(speculative_config, spec, environ)
         model = speculative_config.get("model")
-        method = speculative_config.get("method")
-        known = METHODS_WITH_DRAFTER | METHODS_WITHOUT_DRAFTER | MTP_METHODS | (LEGACY_METHODS if legacy else set())
-        if method is not None and method not in known:
-            raise SpeculativeConfigError(
-                "1 validation error for SpeculativeConfig\nmethod\n  Input should be 'ngram', 'draft_model', "
-                "'suffix', 'custom_class', 'eagle', 'eagle3', 'extract_hidden_states', 'deepseek_mtp', ... "
-                "[type=literal_error, input_value=%r]" % (method,)
-            )
-        if method in MTP_METHODS:
-            method = "mtp"
-        if method is None:
-            name = str(model or "").lower()
-            method = next(
-                (
-                    m
-                    for marker, m in (("eagle-", "eagle"), ("eagle3", "eagle3"), ("dflash", "dflash"))
-                    if marker in name
-                ),
-                "ngram" if model in ("ngram", "[ngram]") else "draft_model",
-            )
-        needs_drafter = method in METHODS_WITH_DRAFTER or method in LEGACY_METHODS or method == "mtp"
+        needs_drafter = method in spec.methods_with_drafter or method in LEGACY_METHODS or method == "mtp"
         if needs_drafter and not model and method != "mtp":
             raise SpeculativeConfigError("num_speculative_tokens was provided but without speculative model.")
         drafter = _load_drafter_config(model) if needs_drafter and model else {}
@@ -372,7 +337,8 @@ class SpeculativeDecoding:
                 "num_speculative_tokens must be provided with speculative model unless the draft model config "
                 "contains an n_predict parameter (got %r)." % (num_tokens,)
             )
-        _check_budget(speculative_config, method, num_tokens, max_num_batched_tokens)
+        parallel = bool(speculative_config.get("parallel_drafting"))
+        _check_budget(method, num_tokens, max_num_batched_tokens, spec, parallel)
         agrees = method != "dflash" or _dflash_agrees(speculative_config, model, num_tokens, environ)
         return cls(method=method, num_speculative_tokens=num_tokens, drafter_agrees=agrees)
 

@@ -13,7 +13,7 @@ import pytest
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils._speculative import (
     SpeculativeConfigError,
-    validate_speculative_config,
+    validate_speculative_config as validate_for_version,
 )
 
 DRAFTERS = pathlib.Path(__file__).resolve().parents[3] / "fixtures" / "drafters"
@@ -27,6 +27,13 @@ GUESSED = {
     "mask_token_id": 248064,
     "layer_types": "full_attention",
 }
+
+
+def validate_speculative_config(requested, **kwargs):
+    """The checks as vLLM 0.33.0 reads a config, which these tests describe (test_speculative_versions.py: the
+    differences of 0.32 and 0.34)."""
+    kwargs.setdefault("vllm_version", "0.33.0")
+    return validate_for_version(requested, **kwargs)
 
 
 def drafter_variant(tmp_path, base, remove=(), **changes):

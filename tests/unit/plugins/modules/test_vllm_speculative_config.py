@@ -33,12 +33,13 @@ def test_corrected_dflash_config(capsys, check_mode):
                 "target_layer_ids": [1, 16, 31, 46, 61],
                 "mask_token_id": 248070,
             },
+            "vllm_version": "0.33.0",
             "_ansible_check_mode": check_mode,
         },
     )
     assert code == 0 and result["changed"] is False and "failed" not in result
     assert result["speculative_config_json"] == '{"method":"dflash","model":"%s","num_speculative_tokens":15}' % DFLASH
-    assert result["environment"] == {"VLLM_USE_V2_MODEL_RUNNER": "1"}
+    assert result["environment"] == {"VLLM_USE_V2_MODEL_RUNNER": "1"} and result["vllm_version"] == "0.33.0"
     assert result["filled"] == ["num_speculative_tokens"]
     assert result["drafter_config"] == DFLASH + "/config.json"
     assert "warnings" not in result
@@ -117,6 +118,7 @@ def test_server_arguments_and_environment_are_checked(capsys):
             "extra_args": ["--max-num-batched-tokens", "16", "--disable-log-stats"],
             "environment": {"VLLM_USE_V2_MODEL_RUNNER": "0"},
             "acceptance_gate": True,
+            "vllm_version": "0.33.0",
         },
     )
     assert code == 1
@@ -126,3 +128,16 @@ def test_server_arguments_and_environment_are_checked(capsys):
         ("extra_args", "vllm"),
     ]
     assert result["msg"].startswith("speculative_config is refused: vLLM 0.33.0 would fail or misbehave:")
+
+
+def test_the_newest_release_applies_by_default_and_others_are_refused(capsys):
+    """vLLM 0.34 (the default) has only the V2 model runner: nothing to pin for a mixed drafter, and a field 0.34
+    removed is refused naming the release that still has it."""
+    code, result = run_module(capsys, {"speculative_config": {"method": "dflash", "model": DFLASH}})
+    assert code == 0 and result["vllm_version"] == "0.34.0" and result["environment"] == {}, result
+    code, result = run_module(
+        capsys, {"speculative_config": {"method": "dflash", "model": DFLASH, "disable_padded_drafter_batch": True}}
+    )
+    assert code == 1 and "a field of vLLM 0.32.0, 0.33.0, not of vLLM 0.34.0" in result["msg"], result
+    code, result = run_module(capsys, {"speculative_config": {"method": "ngram"}, "vllm_version": "0.35.0"})
+    assert code == 1 and "0.35.0" in result["msg"] and "0.34.0" in result["msg"], result

@@ -47,6 +47,8 @@ def host(**extra):
             "/models/q": {"exists": True, "isdir": True, "executable": False},
             "/usr/local/bin/vllm": {"exists": True, "isdir": False, "executable": True},
         },
+        # what vllm_server_host read of the executable's vLLM release (these tests describe 0.33.0)
+        "vllm_versions": {"/usr/local/bin/vllm": {"version": "0.33.0", "source": "METADATA", "error": None}},
         "nvidia": {
             "driver": {"available": True},
             "gpus": [{"index": i, "uuid": "GPU-%d" % i} for i in range(4)],
