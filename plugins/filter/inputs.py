@@ -24,7 +24,7 @@ import os
 from ansible.errors import AnsibleFilterError
 from ansible.module_utils.parsing.convert_bool import boolean
 
-from ansible_collections.gpuops.nvidia.plugins.plugin_utils._numbers import Refused, numbers, shown
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils._numbers import Refused, numbers, seconds_bounds, shown
 
 import yaml
 
@@ -261,6 +261,14 @@ def _reset_gpus_options(given, spec):
         given,
         positive=("reset_gpus_driver_timeout", "reset_gpus_progress_interval"),
         whole=("reset_gpus_max_used_mib",),
+        # The bounds of the gpu_kill and gpu_wait options they set (the progress interval is a slice of the wait).
+        at_most=seconds_bounds(
+            reset_gpus_grace_period="grace_period",
+            reset_gpus_kill_wait="kill_wait",
+            reset_gpus_timeout="timeout",
+            reset_gpus_driver_timeout="driver_timeout",
+            reset_gpus_progress_interval="wait_timeout",
+        ),
         reset_gpus_grace_period=10,
         reset_gpus_kill_wait=5,
         reset_gpus_timeout=120,
@@ -317,6 +325,7 @@ def _check_gpus_options(given, hosts, inventory):
         given,
         positive=("check_gpus_driver_timeout",),
         whole=("check_gpus_max_used_mib",),
+        at_most=seconds_bounds(check_gpus_wait="timeout", check_gpus_driver_timeout="driver_timeout"),
         check_gpus_wait=5,
         check_gpus_max_used_mib=256,
         check_gpus_driver_timeout=10,

@@ -48,6 +48,7 @@ def run(params, given=None, check_mode=False, run_command=None, which=None):
     try:
         _options.check_numbers(
             positive=("driver_timeout",),
+            at_most=_options.MAX_SECONDS,
             grace_period=params["grace_period"],
             kill_wait=params["kill_wait"],
             driver_timeout=params["driver_timeout"],

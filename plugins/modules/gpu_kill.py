@@ -39,7 +39,8 @@ description:
     invalid regex, an unknown user, a PID of 0 or less, a selection option given as null, an empty or blank
     string, an empty list or a list with a blank entry (a template that rendered nothing would otherwise mean
     "everything"; leave the option out to select any), with O(stop_owners=true) a unit that reaches beyond the
-    selection (see O(stop_spanning_owners)), a negative or non-finite (nan, inf) time, an
+    selection (see O(stop_spanning_owners)), a negative or non-finite (nan, inf) time, a time above its bound (given
+    with each option: a typo or milliseconds for seconds would otherwise leave the run silent for hours), an
     O(driver_timeout) of 0, an unknown signal.
   - Without the NVIDIA driver library it works from the C(/proc) scan alone (all GPUs, or GPUs mapped through
     C(/proc/driver/nvidia)) and says so in a warning.
@@ -87,11 +88,11 @@ options:
     type: str
     default: SIGTERM
   grace_period:
-    description: Seconds to wait after O(signal) before sending SIGKILL.
+    description: Seconds to wait after O(signal) before sending SIGKILL (at most 3600).
     type: float
     default: 10.0
   kill_wait:
-    description: Seconds to wait for exit after SIGKILL before reporting a process as a survivor.
+    description: Seconds to wait for exit after SIGKILL before reporting a process as a survivor (at most 600).
     type: float
     default: 5.0
   exclude:
@@ -104,7 +105,7 @@ options:
     type: bool
     default: false
   driver_timeout:
-    description: Seconds to wait for NVML to answer (greater than 0) before going on from the C(/proc) scan alone.
+    description: Seconds to wait for NVML to answer (greater than 0, at most 600) before going on from the C(/proc) scan alone.
     type: float
     default: 10.0
   units:
@@ -161,7 +162,7 @@ options:
     type: bool
     default: false
   wait_timeout:
-    description: With O(wait=true), seconds to wait for the release (a finite number, 0 or more; 0 is one look).
+    description: With O(wait=true), seconds to wait for the release (0 is one look; at most 3600).
     type: float
     default: 60.0
   max_used_mib:
@@ -171,7 +172,7 @@ options:
     type: int
     default: 256
   poll_interval:
-    description: With O(wait=true), seconds between two looks at the GPUs.
+    description: With O(wait=true), seconds between two looks at the GPUs (at most 60).
     type: float
     default: 0.02
 notes:

@@ -45,7 +45,7 @@ options:
     type: list
     elements: raw
   timeout:
-    description: Seconds to wait before failing with the report.
+    description: Seconds to wait before failing with the report (0 is one look; at most 3600).
     type: float
     default: 60.0
   max_used_mib:
@@ -60,7 +60,7 @@ options:
   poll_interval:
     description:
       - Seconds between two looks at the GPUs. A look costs a few milliseconds of CPU on a node with a few hundred
-        processes; with the default the module returns within about 0.05 s of the release there.
+        processes; with the default the module returns within about 0.05 s of the release there. At most 60.
     type: float
     default: 0.02
   pids:
@@ -105,8 +105,8 @@ options:
     elements: str
   driver_timeout:
     description:
-      - Longest wait in seconds for one NVML query (greater than 0); after the first, also bounded by the time left
-        before O(timeout) plus one second.
+      - Longest wait in seconds for one NVML query (greater than 0, at most 600); after the first, also bounded by the
+        time left before O(timeout) plus one second.
     type: float
     default: 10.0
   return_after:
@@ -221,6 +221,7 @@ def main():
     try:
         _options.check_numbers(
             positive=("driver_timeout",),
+            at_most=_options.MAX_SECONDS,
             timeout=params["timeout"],
             max_used_mib=params["max_used_mib"],
             poll_interval=params["poll_interval"],

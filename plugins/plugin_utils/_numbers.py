@@ -5,7 +5,8 @@
 """The operator's number variables, checked on the controller before anything runs: one check for the reset_gpus
 role, check_gpus.yml (plugins/filter/inputs.py) and the vllm_server role (plugins/plugin_utils/_vllm_checks.py).
 
-numbers(given, positive, whole, **defaults) -> {name: number}, or Refused naming each bad one as given.
+numbers(given, positive, whole, at_most, **defaults) -> {name: number}, or Refused naming each bad one as given.
+seconds_bounds(variable=option, ...) -> {variable: the bound of that gpu_kill/gpu_wait time option} (at_most).
 shown(value) -> a value as the operator wrote it, for a message: null, true, false, never None.
 """
 
@@ -47,12 +48,19 @@ def _number(name, value, whole=False):
     return int(value) if whole else value
 
 
-def numbers(given, positive=(), whole=(), **defaults):
+def seconds_bounds(**options):
+    """{variable: the largest value in seconds} for variables that set a time option of gpu_kill or gpu_wait:
+    seconds_bounds(reset_gpus_grace_period="grace_period") bounds it as the module bounds grace_period."""
+    return {variable: _options.MAX_SECONDS[option] for variable, option in options.items()}
+
+
+def numbers(given, positive=(), whole=(), at_most=None, **defaults):
     """{name: number} of the number variables named in `defaults` (given[name], else the default), checked: finite,
-    not negative, > 0 for names in `positive`, whole for names in `whole`; Refused names each bad one as given."""
+    not negative, > 0 for names in `positive`, whole for names in `whole`, at most at_most[name] (seconds) for the
+    names there; Refused names each bad one as given."""
     values = {name: _number(name, given.get(name, default), name in whole) for name, default in defaults.items()}
     try:
-        _options.check_numbers(positive=positive, **values)
+        _options.check_numbers(positive=positive, at_most=at_most, **values)
     except _options.OptionError as exc:
         raise Refused(str(exc).replace("invalid option value: ", "invalid value: "))
     return values

@@ -318,6 +318,21 @@ def test_negative_time_fails_before_anything_is_signalled(simnode, tmp_path):
     assert rc != 0 and "nothing was signalled" in out and alive(node, holder), out
 
 
+def test_a_time_beyond_its_bound_is_refused_by_name_at_once(simnode, tmp_path):
+    """Issue 33 item 11: reset_gpus_grace_period: 1e308 was accepted, and the reset of a holder that ignores SIGTERM
+    then printed nothing for minutes. Every time the role, check_gpus and the modules take has a bound."""
+    node = simnode(gpus=1)
+    holder = start_holder(node, [0], mib=500, mode="ignore-term")
+    inventory = inventory_file(tmp_path, node)
+    started = time.monotonic()
+    rc, out, _recap = playbook(inventory, PLAYBOOK, "-e", '{"reset_gpus_grace_period": 1e308}')
+    assert rc != 0 and time.monotonic() - started < 60, out
+    assert "nothing was signalled: invalid value: reset_gpus_grace_period=1e+308 (must be at most 3600 seconds)" in out
+    rc, out, _recap = playbook(inventory, REPO / "playbooks" / "check_gpus.yml", "-e", '{"check_gpus_wait": 1e308}')
+    assert rc != 0 and "check_gpus_wait=1e+308 (must be at most 3600 seconds)" in out, out
+    assert alive(node, holder)
+
+
 def test_lost_gpu_is_never_reported_free(simnode, tmp_path):
     node = simnode(gpus=2, lost=[1])
     rc, out, recap = playbook(inventory_file(tmp_path, node), REPO / "playbooks" / "check_gpus.yml")
@@ -369,6 +384,7 @@ BAD_VALUES = [
     ("gpuops.nvidia.gpu_kill", {"kill_wait": "inf"}, "kill_wait=inf (must be a finite number)"),
     ("gpuops.nvidia.gpu_kill", {"driver_timeout": "nan"}, "driver_timeout=nan"),
     ("gpuops.nvidia.gpu_kill", {"driver_timeout": 0}, "driver_timeout=0.0 (must be greater than 0)"),
+    ("gpuops.nvidia.gpu_kill", {"grace_period": 1e308}, "grace_period=1e+308 (must be at most 3600 seconds)"),
     ("gpuops.nvidia.gpu_kill", {"gpus": []}, "gpus is empty"),
     ("gpuops.nvidia.gpu_kill", {"pids": []}, "pids is empty"),
     ("gpuops.nvidia.gpu_kill", {"users": []}, "users is empty"),
@@ -379,6 +395,7 @@ BAD_VALUES = [
     ("gpuops.nvidia.gpu_kill", {"gpus": ["\u0661"]}, "unknown GPU"),
     ("gpuops.nvidia.gpu_wait", {"timeout": "inf"}, "timeout=inf (must be a finite number)"),
     ("gpuops.nvidia.gpu_wait", {"poll_interval": "nan"}, "poll_interval=nan"),
+    ("gpuops.nvidia.gpu_wait", {"timeout": 1e308}, "timeout=1e+308 (must be at most 3600 seconds)"),
     ("gpuops.nvidia.gpu_wait", {"gpus": []}, "gpus is empty"),
     ("gpuops.nvidia.gpu_facts", {"driver_timeout": "inf"}, "driver_timeout=inf"),
 ]

@@ -103,6 +103,35 @@ def test_defaults_and_numbers_as_given():
         assert refusal.startswith("nothing was signalled: " + words), refusal
 
 
+@pytest.mark.parametrize(
+    "name, bound",
+    [
+        ("reset_gpus_grace_period", 3600),
+        ("reset_gpus_kill_wait", 600),
+        ("reset_gpus_timeout", 3600),
+        ("reset_gpus_driver_timeout", 600),
+        ("reset_gpus_progress_interval", 3600),
+    ],
+)
+def test_a_time_above_its_bound_is_refused_naming_the_variable_and_the_bound(name, bound):
+    # Issue 33 item 11: reset_gpus_grace_period: 1e308 was accepted, and the reset then printed nothing for minutes.
+    assert inputs.reset_gpus_plan({name: bound}, SPEC)["refusal"] is None
+    for value, shown in ((1e308, "1e+308"), ("1e308", "1e+308"), (bound + 1, str(bound + 1))):
+        refusal = inputs.reset_gpus_plan({name: value}, SPEC)["refusal"]
+        assert refusal == "nothing was signalled: invalid value: %s=%s (must be at most %d seconds)" % (
+            name,
+            shown,
+            bound,
+        ), refusal
+
+
+@pytest.mark.parametrize("name, bound", [("check_gpus_wait", 3600), ("check_gpus_driver_timeout", 600)])
+def test_check_gpus_times_above_their_bound_are_refused_by_name(name, bound):
+    assert inputs.check_gpus_plan({name: bound}, ["h"])["refusal"] is None
+    refusal = inputs.check_gpus_plan({name: 1e308}, ["h"])["refusal"]
+    assert refusal == "nothing was checked: invalid value: %s=1e+308 (must be at most %d seconds)" % (name, bound)
+
+
 def test_unknown_variables_are_refused_with_what_the_role_knows():
     refusal = inputs.reset_gpus_plan({"reset_gpus_gpuss": [1], "reset_gpus_hosts": "all"}, SPEC)["refusal"]
     assert refusal.startswith(

@@ -63,3 +63,20 @@ def test_option_errors_are_value_errors_and_selection_errors_are_option_errors()
     # gpu_kill catches ValueError (unknown signals too), gpu_wait catches OptionError: both see selection errors.
     assert issubclass(_options.OptionError, ValueError)
     assert issubclass(_select.SelectionError, _options.OptionError)
+
+
+@pytest.mark.parametrize("name", sorted(_options.MAX_SECONDS))
+def test_a_time_above_its_bound_is_refused_naming_the_bound(name):
+    # Issue 33 item 11: 1e308 s is finite, and a run given it prints nothing for hours.
+    bound = _options.MAX_SECONDS[name]
+    assert _options.check_numbers(at_most=_options.MAX_SECONDS, **{name: bound}) is None
+    for value in (bound + 0.5, 1e308):
+        with pytest.raises(_options.OptionError) as info:
+            _options.check_numbers(at_most=_options.MAX_SECONDS, **{name: value})
+        assert str(info.value) == "invalid option value: %s=%s (must be at most %s seconds)" % (name, value, bound)
+
+
+def test_bounds_apply_only_where_given():
+    # Sizes (max_used_mib) and the options of modules that pass no bound are not bounded here.
+    assert _options.check_numbers(timeout=1e308, max_used_mib=10**9) is None
+    assert "max_used_mib" not in _options.MAX_SECONDS

@@ -223,6 +223,12 @@ def warnings(result):
         ({"driver_timeout": 0}, "driver_timeout=0.0 (must be greater than 0)", 0),
         ({"grace_period": "nan"}, "grace_period=nan (must be a finite number)", 0),
         ({"kill_wait": "inf"}, "kill_wait=inf (must be a finite number)", 0),
+        # Issue 33 item 11: finite, yet no run means them.
+        ({"grace_period": 1e308}, "grace_period=1e+308 (must be at most 3600 seconds)", 0),
+        ({"kill_wait": 601}, "kill_wait=601.0 (must be at most 600 seconds)", 0),
+        ({"driver_timeout": 1e9}, "driver_timeout=1000000000.0 (must be at most 600 seconds)", 0),
+        ({"wait": True, "wait_timeout": 86400}, "wait_timeout=86400.0 (must be at most 3600 seconds)", 0),
+        ({"wait": True, "poll_interval": 3600}, "poll_interval=3600.0 (must be at most 60 seconds)", 0),
         ({"match": "VLLM::("}, "invalid regex in match 'VLLM::('", 0),
         ({"match": ""}, "match is empty", 0),
         ({"gpus": []}, "gpus is empty", 0),
