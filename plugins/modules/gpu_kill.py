@@ -40,7 +40,7 @@ description:
     string, an empty list or a list with a blank entry (a template that rendered nothing would otherwise mean
     "everything"; leave the option out to select any), with O(stop_owners=true) a unit that reaches beyond the
     selection (see O(stop_spanning_owners)), a negative or non-finite (nan, inf) time, a time above its bound (given
-    with each option: a typo or milliseconds for seconds would otherwise leave the run silent for hours), an
+    with each option; a typo, or milliseconds for seconds, would otherwise leave the run silent for hours), an
     O(driver_timeout) of 0, an unknown signal.
   - Without the NVIDIA driver library it works from the C(/proc) scan alone (all GPUs, or GPUs mapped through
     C(/proc/driver/nvidia)) and says so in a warning.
