@@ -32,6 +32,7 @@ def test_check_vllm_against_a_trickling_server_ends_at_its_bound(simnode, tmp_pa
     write_host_vars(tmp_path, node, [instance("q", trickling.port, [0])])
     rc, out, recap = playbook(inventory, CHECK, "-e", "check_vllm_window=2", "-e", "check_vllm_request_timeout=3")
     seconds = playbook.last_seconds
+    print("check_vllm.yml against a trickling server: %.1f s" % seconds)
     assert rc != 0 and recap[node.name]["failed"] == 1, out
     url = "http://127.0.0.1:%d" % trickling.port
     assert re.search(
@@ -49,6 +50,7 @@ def test_redeploy_check_mode_against_a_trickling_server_ends_and_names_it(simnod
     write_host_vars(tmp_path, node, [instance("a", trickling.port, [0, 1])])
     rc, out, recap = run(inventory, "--check")
     seconds = playbook.last_seconds
+    print("redeploy_vllm.yml --check against a trickling server: %.1f s" % seconds)
     assert rc != 0 and recap[node.name]["failed"] == 1 and recap[node.name]["changed"] == 0, out
     url = "http://127.0.0.1:%d" % trickling.port
     text = out.replace("\\n", "\n")
