@@ -160,8 +160,8 @@ def test_check_gpus_names_what_check_gpus_exclude_leaves_out(simnode, tmp_path):
     inventory = inventory_file(tmp_path, node)
     rc, out, recap = playbook(inventory, CHECK, "-e", '{"check_gpus_exclude": ["vllm-serve"], "check_gpus_wait": 0}')
     line = next(line for line in out.splitlines() if "check_gpus %s:" % node.name in line)
-    assert "used memory at most 256 MiB each besides 69325 MiB that left-alone processes hold" in line, out
-    assert "GPU 0: 69325 MiB held by PID %d vllm-serve" % holder in line, line
-    assert "no holder, used memory at most 256 MiB each" not in out, out
+    assert "but for what was left out: GPU 0: 69325 MiB held by PID %d vllm-serve" % holder in line, line
+    assert "the rest of each GPU's used memory at most 256 MiB" in line, line
+    assert "used memory at most 256 MiB each" not in out, out
     assert "1 free but for what was left out (%s)" % node.name in out, out
     assert alive(node, holder)
