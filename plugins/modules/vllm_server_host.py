@@ -14,7 +14,7 @@ description:
   - It reads whether systemd runs (C(/run/systemd/system), the test of sd_booted(3)), the GPUs and their holders as
     M(gpuops.nvidia.gpu_facts) does, the configurations the role deployed (C(<config_dir>/<name>.json)), whether
     the given paths exist, and the drafter C(config.json) of each speculative config.
-  - It reads the vLLM release of each executable of O(executables), once each: the C(Version) of the
+  - It reads the vLLM release of each executable of O(executables), once each. That is the C(Version) of the
     C(vllm-*.dist-info/METADATA) of the Python environment the executable runs in (that of the interpreter its
     first line names, or C(<bin>/..) of the executable), else what C(EXECUTABLE --version) prints (at most 60 s).
   - It reads the state of each instance's files (the SHA-256 of their content and their mode, never an API key).

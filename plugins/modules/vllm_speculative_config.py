@@ -19,8 +19,8 @@ description:
     C(vllm/config/vllm.py)). Unknown fields (vLLM's config classes forbid them; a field of another release is named as
     such, for example C(disable_padded_drafter_batch) on 0.34), C(tensor_parallel_size), C(speculative_token_tree),
     C(custom_method) (0.34 fills it itself), methods the release does not know (V(medusa), V(mlp_speculator) from
-    0.33, V(custom_class) in 0.34, unknown C(*_mtp) names). vLLM 0.34 also runs a method a vLLM plugin registers: a
-    method that is not built in is then accepted with a warning (the module cannot see the plugins), unless it is
+    0.33, V(custom_class) in 0.34, unknown C(*_mtp) names). vLLM 0.34 also runs a method a vLLM plugin registers, so
+    there a method that is not built in is accepted with a warning (the module cannot see the plugins), unless it is
     close to a built-in name (a typo).
     Per-model MTP methods such as V(deepseek_mtp) are accepted with a warning and passed as V(mtp), as vLLM rewrites them.
   - Values the drafter defines are filled in when not given (C(num_speculative_tokens) in O(speculative_config);
