@@ -544,8 +544,8 @@ def check(wheel, tables):
             "a known release (_vllm_versions.VERSIONS)", list(tables.versions.VERSIONS), version, "vllm/_version.py"
         )
         return report
-    check_fields(report, wheel, tables.validator.facts(version), tables.parse, tables.simulator.Speculative(version))
-    check_methods(report, wheel, tables.validator.facts(version), tables.simulator.Speculative(version))
+    check_fields(report, wheel, tables.validator.facts(version), tables.parse, tables.simulator.Release(version))
+    check_methods(report, wheel, tables.validator.facts(version), tables.simulator.Release(version))
     check_process_facts(report, wheel, tables.simulator, version)
     check_metrics(report, wheel, tables, version)
     check_flags(report, wheel, tables.checks, version)
@@ -695,8 +695,8 @@ def check_process_facts(report, wheel, simulator, version):
         "vllm/v1/executor/multiproc_executor.py MultiprocExecutor._ensure_worker_termination",
     )
     same(
-        "simulator GPU_MEMORY_UTILIZATION_DEFAULT[%s]" % version,
-        simulator.GPU_MEMORY_UTILIZATION_DEFAULT[version],
+        "simulator gpu_memory_utilization (%s)" % version,
+        simulator.Release(version).gpu_memory_utilization,
         class_default(wheel, "vllm/config/cache.py", "CacheConfig", "gpu_memory_utilization"),
         "vllm/config/cache.py CacheConfig.gpu_memory_utilization (None: resolved_gpu_memory_utilization)",
     )

@@ -25,7 +25,7 @@ def literal(values):
 
 
 def _field_lines(version):
-    validator, simulated = TABLES.validator.facts(version), TABLES.simulator.Speculative(version)
+    validator, simulated = TABLES.validator.facts(version), TABLES.simulator.Release(version)
     lines = []
     for name in sorted(simulated.fields):
         kind = TABLES.parse._FIELD_KINDS.get(name)
@@ -47,7 +47,7 @@ def _field_lines(version):
 
 def speculative_source(version):
     """vllm/config/speculative.py of a release, and 0.34's speculator configs when the inference moved there."""
-    validator, simulated = TABLES.validator.facts(version), TABLES.simulator.Speculative(version)
+    validator, simulated = TABLES.validator.facts(version), TABLES.simulator.Release(version)
     mtp = sorted(simulated.mtp_methods)
     others = [m for m in validator.methods if m not in mtp]
     in_post_init = validator.inferred_at.startswith("vllm/config/speculative.py")
@@ -157,7 +157,7 @@ def sources(version="0.33.0"):
             % (simulator.ENGINE_CORE_DP_TITLE, simulator.ENGINE_CORE_TITLE),
             "vllm/v1/engine/coordinator.py": "def run():\n    set_process_title(%r)\n" % simulator.DP_COORDINATOR_TITLE,
             "vllm/config/cache.py": "class CacheConfig:\n    gpu_memory_utilization: float = Field(default=%r, gt=0, le=1)\n"
-            % simulator.GPU_MEMORY_UTILIZATION_DEFAULT[version],
+            % simulator.Release(version).gpu_memory_utilization,
             "vllm/v1/metrics/loggers.py": "labelnames = %r\n%s\n"
             % (
                 list(simulator.METRIC_LABELS),
@@ -245,7 +245,7 @@ def test_a_wheel_that_agrees_with_the_tables_of_its_release_passes(tmp_path, ver
         ),
         ("envs_py", "    'VLLM_USE_V2_MODEL_RUNNER'", "    'VLLM_NO_SUCH'", "validator v1_runner"),
         ("config__speculative_py", "elif 'dflash' in", "elif 'dflash-' in", "validator inferred_by_name"),
-        ("config__cache_py", "default=0.92", "default=None", "simulator GPU_MEMORY_UTILIZATION_DEFAULT[0.33.0]"),
+        ("config__cache_py", "default=0.92", "default=None", "simulator gpu_memory_utilization (0.33.0)"),
         ("config__vllm_py", "<= self.num_lookahead_tokens", "<= scheduled_token_delta", "validator budget_rule"),
         ("engine__arg_utils_py", "        parser.add_argument('--spec-model')\n", "", "--spec-model"),
     ],

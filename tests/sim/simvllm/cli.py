@@ -46,7 +46,7 @@ def build_parser():
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
     serve.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1)
-    # vllm/config/cache.py CacheConfig.gpu_memory_utilization: facts.GPU_MEMORY_UTILIZATION_DEFAULT (0.9 for LEGACY)
+    # vllm/config/cache.py CacheConfig.gpu_memory_utilization: facts.facts_of(environ).gpu_memory_utilization (0.9 for LEGACY)
     serve.add_argument("--gpu-memory-utilization", type=float, default=None)
     serve.add_argument("--max-num-batched-tokens", type=int, default=None)
     serve.add_argument("--max-model-len", type=int, default=4096)
@@ -74,7 +74,7 @@ def main(argv=None):
         parser.error("serve: a model is required (vllm serve MODEL)")
     if args.gpu_memory_utilization is None:
         # None (0.34): the extensible KV cache, sized from the memory free at start (simvllm.engine)
-        default = facts.GPU_MEMORY_UTILIZATION_DEFAULT[facts.release(os.environ)]
+        default = facts.facts_of(os.environ).gpu_memory_utilization
         args.gpu_memory_utilization = 0.9 if facts.is_legacy(os.environ) else default
     elif not 0 < args.gpu_memory_utilization <= 1:
         parser.error("--gpu-memory-utilization must be in (0, 1], got %s" % args.gpu_memory_utilization)

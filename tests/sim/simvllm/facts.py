@@ -4,7 +4,7 @@ windows, process titles, metrics.
 Every value here is read from the vllm wheels (0.32.0, 0.33.0, 0.34.0); scripts/check_vllm_source.py
 (`make check-vllm-source`) reads each wheel again and fails when one differs. The source of each is beside it.
 The release modelled is SIMVLLM_VERSION (default DEFAULT_VERSION): `version(environ)`; the tables of its series:
-`release(environ)` and `speculative(environ)`. Below 0.32 the simulator's LEGACY behaviours apply (specdecode.py),
+`release(environ)` and `facts_of(environ)`. Below 0.32 the simulator's LEGACY behaviours apply (specdecode.py),
 with the 0.32.0 tables. The process, shutdown and metric facts are the same in the three releases.
 """
 
@@ -116,23 +116,26 @@ _SPECULATIVE_CHANGES = {
         "set_by_vllm": ({"custom_method"}, set()),
     },
 }
-# vllm/config/cache.py CacheConfig.gpu_memory_utilization: 0.92 in 0.32 and 0.33; None in 0.34, which resolves to
-# 1.0 with the extensible KV cache (the default on CUDA: a cap, the KV cache sized from the memory free after
-# warm-up; `resolved_gpu_memory_utilization`, vllm/v1/worker/utils.py request_memory).
-GPU_MEMORY_UTILIZATION_DEFAULT = {"0.32.0": 0.92, "0.33.0": 0.92, "0.34.0": None}
-# What a release has: vllm/config/speculative.py method `SpeculativeMethod | str` (a method a plugin registers,
-# vllm/v1/worker/gpu/spec_decode/speculator_config.py register_speculative_method); vllm/envs.py
-# VLLM_USE_V2_MODEL_RUNNER (a V1 model runner to fall back to).
-CUSTOM_METHODS = {"0.32.0": False, "0.33.0": False, "0.34.0": True}
-V1_RUNNER = {"0.32.0": True, "0.33.0": True, "0.34.0": False}
-# vllm/config/vllm.py _set_max_num_scheduled_tokens: max_num_batched_tokens must exceed, per request,
-# num_lookahead_tokens (0.33, 0.34: DFlash K + 1; EAGLE, EAGLE-3, MTP, draft model K) or, in 0.32,
-# SpeculativeConfig.max_num_new_slots_for_drafting (DFlash K; with parallel_drafting K for a draft model, K - 1
-# otherwise; else 1 for a draft model).
-BUDGET_RULE = {
-    "0.32.0": "max_num_new_slots_for_drafting",
-    "0.33.0": "num_lookahead_tokens",
-    "0.34.0": "num_lookahead_tokens",
+# One value per release (0.33.0's here, then what 0.32.0 and 0.34.0 change: _VALUE_CHANGES).
+_VALUES = {
+    # vllm/config/speculative.py: method `SpeculativeMethod | str`, a method a plugin registers
+    # (vllm/v1/worker/gpu/spec_decode/speculator_config.py register_speculative_method).
+    "custom_methods": False,
+    # vllm/envs.py VLLM_USE_V2_MODEL_RUNNER: a V1 model runner to fall back to.
+    "v1_runner": True,
+    # vllm/config/vllm.py _set_max_num_scheduled_tokens: max_num_batched_tokens must exceed, per request,
+    # num_lookahead_tokens (0.33, 0.34: DFlash K + 1; EAGLE, EAGLE-3, MTP, draft model K) or, in 0.32,
+    # SpeculativeConfig.max_num_new_slots_for_drafting (DFlash K; with parallel_drafting K for a draft model, K - 1
+    # otherwise; else 1 for a draft model).
+    "budget_rule": "num_lookahead_tokens",
+    # vllm/config/cache.py CacheConfig.gpu_memory_utilization: 0.92; None in 0.34, which resolves to 1.0 with the
+    # extensible KV cache (the default on CUDA: a cap, the KV cache sized from the memory free after warm-up;
+    # `resolved_gpu_memory_utilization`, vllm/v1/worker/utils.py request_memory).
+    "gpu_memory_utilization": 0.92,
+}
+_VALUE_CHANGES = {
+    "0.32.0": {"budget_rule": "max_num_new_slots_for_drafting"},
+    "0.34.0": {"custom_methods": True, "v1_runner": False, "gpu_memory_utilization": None},
 }
 
 
@@ -163,10 +166,10 @@ def release(environ):
     return older[-1] if older else VERSIONS[0]
 
 
-class Speculative:
-    """The speculative-config sets of one release: fields (every field), set_by_vllm (fields vLLM fills itself and
-    refuses as input), mtp_methods, methods_with_drafter, methods_without_drafter, custom_methods, v1_runner,
-    budget_rule."""
+class Release:
+    """The facts of one release: the speculative-config sets fields (every field), set_by_vllm (fields vLLM fills
+    itself and refuses as input), mtp_methods, methods_with_drafter, methods_without_drafter, methods; and the values
+    custom_methods, v1_runner, budget_rule, gpu_memory_utilization (its default; None: the extensible KV cache)."""
 
     def __init__(self, name):
         base = {
@@ -179,16 +182,14 @@ class Speculative:
         for key, value in base.items():
             added, removed = _SPECULATIVE_CHANGES.get(name, {}).get(key, (set(), set()))
             setattr(self, key, frozenset((value - removed) | added))
+        self.__dict__.update(_VALUES, **_VALUE_CHANGES.get(name, {}))
         self.version = name
         self.methods = self.mtp_methods | self.methods_with_drafter | self.methods_without_drafter
-        self.custom_methods = CUSTOM_METHODS[name]
-        self.v1_runner = V1_RUNNER[name]
-        self.budget_rule = BUDGET_RULE[name]
 
 
-def speculative(environ):
-    """The Speculative sets of the release modelled in `environ`."""
-    return Speculative(release(environ))
+def facts_of(environ):
+    """The Release facts of the release modelled in `environ`."""
+    return Release(release(environ))
 
 
 # The facts below are the same in 0.32.0, 0.33.0 and 0.34.0.

@@ -70,7 +70,7 @@ def v2_runner(environ):
     unset: V2 in 0.32 and 0.33 (vllm/config/vllm.py use_v2_model_runner), V1 before (LEGACY). 0.34 has no V1 runner
     and does not read the variable. Raises for a value that is no integer."""
     value = environ.get("VLLM_USE_V2_MODEL_RUNNER")
-    if not facts.speculative(environ).v1_runner:
+    if not facts.facts_of(environ).v1_runner:
         return True
     if value is None:
         return not is_legacy(environ)
@@ -212,7 +212,7 @@ def _dflash_agrees(speculative_config, model, num_speculative_tokens, environ):
 
 
 def _slots(method, num_tokens, spec, parallel):
-    """What max_num_batched_tokens must exceed per request (facts.BUDGET_RULE)."""
+    """What max_num_batched_tokens must exceed per request (facts.Release: budget_rule)."""
     if spec.budget_rule == "num_lookahead_tokens":
         if method == "dflash":
             return num_tokens + 1
@@ -319,7 +319,7 @@ class SpeculativeDecoding:
         `environ` defaults to os.environ. Raises SpeculativeConfigError.
         """
         environ = os.environ if environ is None else environ
-        spec = facts.speculative(environ)
+        spec = facts.facts_of(environ)
         if not isinstance(speculative_config, dict):
             raise SpeculativeConfigError("--speculative-config must be a JSON object.")
         speculative_config = {str(key).replace("-", "_"): value for key, value in speculative_config.items()}
