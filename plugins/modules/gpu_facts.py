@@ -15,7 +15,7 @@ description:
     C(nvmlDeviceGetMemoryInfo) v1 where v2 is missing, whose used memory includes reserved memory).
   - Holding a GPU means holding its memory (docs/attribution.md). A PID in GPU i's process lists
     (C(nvmlDeviceGetComputeRunningProcesses_v3), C(..Graphics..), C(..MPSCompute..)) holds GPU i, with the listed
-    memory (each PID once, however many lists name it), once C(/proc) shows it has a context there: a read-write
+    memory (each PID once, however many lists name it), once C(/proc) shows it has a context there, a read-write
     shared (C(rw-s)) mapping of GPU i's device file, which NVML clients, C(nvidia-smi) and CUDA-initialized
     processes never have (measured on an H200, driver 580.159.04; docs/attribution.md).
   - The driver lists a context under its creator's PID until the last process holding its handles closes them, and
