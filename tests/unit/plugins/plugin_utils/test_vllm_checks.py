@@ -269,6 +269,17 @@ INJECTED = "x\nExecStartPre=/bin/touch /tmp/PWN"
         ({"drafter_config": "/d/config.json\u2028"}, "drafter_config"),
         ({"environment": {"FOO": "a\x7fb"}}, "environment.FOO"),
         ({"environment": {"FOO": "a\x85b"}}, "environment.FOO"),
+        # Numbers given as text: int() and float() would strip the newline, the check does not rely on it.
+        ({"port": "8000\n"}, "port"),
+        ({"gpus": [0, "1\n"]}, "gpus[1]"),
+        ({"tensor_parallel_size": "2\n"}, "tensor_parallel_size"),
+        ({"data_parallel_size": "1\n"}, "data_parallel_size"),
+        ({"gpu_memory_utilization": "0.9\n"}, "gpu_memory_utilization"),
+        ({"shutdown_timeout": "5\n"}, "shutdown_timeout"),
+        ({"ready_timeout": "60\n"}, "ready_timeout"),
+        ({"drain_timeout": "60\n"}, "drain_timeout"),
+        ({"min_acceptance_rate": "0.1\n"}, "min_acceptance_rate"),
+        ({"target_num_layers": "64\n"}, "target_num_layers"),
     ],
 )
 def test_a_control_character_in_an_instance_value_is_refused_by_its_name(extra, variable):
