@@ -147,27 +147,34 @@ class DriverScenarios:
     # ---- a dead creator among bystanders, its number reused ---------------------------------------------------------
 
     def start_nvidia_smi(self, name, scenario, case):
-        """`nvidia-smi -l 1` as one of ours, pinned as `name`; its log file's name carries the marker, so the reset's
-        match selects it like our other processes. Returns its PID once it holds /dev/nvidiactl, or None with the
-        reason in scenario["not_run"][case] where there is no nvidia-smi."""
+        """`nvidia-smi -l 1` as one of ours, pinned as `name`: with `-f` to a log file named after the marker, so that
+        the reset's match selects it like our other processes; where nvidia-smi refuses that, without (then the match
+        alone leaves it out: recorded in scenario["nvidia_smi"]). Returns its PID once it holds /dev/nvidiactl, or
+        None with the reason in scenario["not_run"][case] (no nvidia-smi, or it exits at once)."""
         program = find_program("nvidia-smi")
         if program is None:
             scenario.setdefault("not_run", {})[case] = "nvidia-smi not found on PATH or in %s" % ", ".join(PROGRAM_DIRS)
             return None
         log = os.path.join(self.workloads.run_dir, "nvidia-smi-%s.log" % self.marker)
-        launcher = self.workloads.start_program(name, [program, "-l", "1", "-f", log])
-        opened = poll_until(
-            lambda: "/dev/nvidiactl" in procs.device_fd_counts(launcher.pid) or launcher.poll() is not None,
-            self.deadline.cap(20),
-            interval=0.05,
-        )
-        if not opened or launcher.poll() is not None:
-            raise CheckError(
-                "%s -l 1 did not open /dev/nvidiactl (status %s): %s"
-                % (program, launcher.poll(), log_tail(os.path.join(self.workloads.run_dir, name + ".log")))
+        tried = scenario["nvidia_smi"] = []
+        for argv in ([program, "-l", "1", "-f", log], [program, "-l", "1"]):
+            launcher = self.workloads.start_program(name, argv)
+            opened = poll_until(
+                lambda launcher=launcher: (
+                    "/dev/nvidiactl" in procs.device_fd_counts(launcher.pid) or launcher.poll() is not None
+                ),
+                self.deadline.cap(20),
+                interval=0.05,
             )
-        self.record_process(name, launcher.pid, "nvidia_smi")
-        return launcher.pid
+            running = bool(opened) and launcher.poll() is None
+            tried.append({"argv": argv, "running": running, "marker_in_cmdline": self.marker in " ".join(argv)})
+            if running:
+                self.record_process(name, launcher.pid, "nvidia_smi")
+                return launcher.pid
+            self.workloads.kill(name)
+            tried[-1]["log"] = log_tail(self.workloads.log_path(name), 500)
+        scenario.setdefault("not_run", {})[case] = "nvidia-smi -l 1 did not keep running: %s" % tried[-1]["log"]
+        return None
 
     def start_dead_creator(self, name, scenario):
         """A holder of --tree-gib GiB that forks a child inheriting its handles; the holder is SIGKILLed (and reaped).
@@ -292,7 +299,7 @@ class DriverScenarios:
             raise CheckError("nvidia-cuda-mps-control -f exited: %s" % log_tail(self.workloads.log_path("mps.control")))
         self.record_process("mps.control", control_pid, "mps_control")
         launcher = self.workloads.start("mps.client", nbytes=self.args.tree_gib << 30, env=env)
-        client_pid = self.ready(["mps.client"], launcher, 120)["mps.client"]["host_pid"]
+        client_pid = self.ready(["mps.client"], launcher, 60)["mps.client"]["host_pid"]
         server_pid = poll_until(lambda: mps_server(control_pid, env), self.deadline.cap(10))
         if server_pid is None:
             raise CheckError("no nvidia-cuda-mps-server under the control daemon (PID %d)" % control_pid)
@@ -369,9 +376,9 @@ class DriverScenarios:
         cases = attribution.SCENARIO_CASES["ipc"]
         baseline = self.used_mib()
         launcher = self.workloads.start("ipc.exporter", role="ipc_export", nbytes=self.args.tree_gib << 30)
-        handle = self.ready(["ipc.exporter"], launcher, 120)["ipc.exporter"]["ipc_handle"]
+        handle = self.ready(["ipc.exporter"], launcher, 60)["ipc.exporter"]["ipc_handle"]
         launcher = self.workloads.start("ipc.importer", role="ipc_import", ipc_handle=handle)
-        self.ready(["ipc.importer"], launcher, 120)
+        self.ready(["ipc.importer"], launcher, 60)
         pids = scenario["pids"] = {case: self.workloads.pid("ipc." + case) for case in ("exporter", "importer")}
         self.reading(scenario, "both_alive", pids, cases)
         scenario["listed_both_alive"] = {case: self.gpu.processes().get(pid) for case, pid in pids.items()}
