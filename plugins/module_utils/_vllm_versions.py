@@ -127,8 +127,9 @@ def _from_metadata(executable):
 
 def _from_command(executable, timeout):
     command = "%s --version" % executable
+    # Not AnsibleModule.run_command: it has no timeout, and a vLLM that hangs at import must not hang the play.
     try:
-        done = subprocess.run(
+        done = subprocess.run(  # pylint: disable=ansible-bad-function
             [executable, "--version"], stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout, check=False
         )
     except subprocess.TimeoutExpired:
