@@ -21,6 +21,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils import (
     _release,
     _report,
     _select,
+    _stop_owners,
     _terminate,
     _wait,
 )
@@ -43,7 +44,7 @@ def refused(msg, **result):
 def run(params, given=None, check_mode=False, run_command=None, which=None):
     """gpu_kill with `params` (the module's validated options) and `given` (its arguments as passed, for
     null selection options). `run_command(argv)` -> (rc, out, err) and `which(name)` -> path run systemctl
-    for stop_owners."""
+    for stop_owners. A real run holds the host's lock (_terminate.HostLock) from its first look to its last."""
     started = time.monotonic()
     try:
         _options.check_numbers(
@@ -55,11 +56,48 @@ def run(params, given=None, check_mode=False, run_command=None, which=None):
             wait_timeout=params["wait_timeout"],
             max_used_mib=params["max_used_mib"],
             poll_interval=params["poll_interval"],
+            lock_timeout=params["lock_timeout"],
         )
         sig = _terminate.parse_signal(params["signal"])
         checked = _select.check_options(params, given)
     except ValueError as exc:  # OptionError, SelectionError and unknown signals
         return refused(str(exc))
+    lock = _terminate.HostLock()
+    try:
+        waited, lock_warnings = take_lock(lock, params["lock_timeout"], check_mode)
+        outcome = look_and_end(params, checked, sig, check_mode, run_command, which, started)
+    except _terminate.LockTimeout as exc:
+        return refused(str(exc))
+    finally:
+        lock.release()
+    outcome.result["lock_waited_s"] = waited
+    outcome.warnings[:0] = lock_warnings
+    if waited:
+        outcome.result["msg"] = "%s; %s" % (lock_warnings[0], outcome.result["msg"])
+    return outcome
+
+
+def take_lock(lock, timeout, check_mode):
+    """(seconds waited for another gpu_kill run on this host, warnings). Check mode signals nothing and takes no
+    lock: it says when another run is ending processes now. Raises LockTimeout after `timeout` seconds."""
+    if check_mode:
+        busy = lock.holders()
+        return 0.0, [
+            "another gpu_kill run on this host (%s) is ending processes now: what this check reports may change"
+            % ", ".join("PID %s" % h["pid"] for h in busy)
+        ] if busy else []
+    try:
+        waited = lock.acquire(timeout)
+    except OSError as exc:
+        return 0.0, [
+            "the host's lock for gpu_kill could not be taken (%s): a gpu_kill run at the same time would signal the "
+            "same processes" % exc
+        ]
+    return waited, [_terminate.waited_words(waited, lock.waited_for)] if waited else []
+
+
+def look_and_end(params, checked, sig, check_mode, run_command, which, started):
+    """Look, select, plan stop_owners, stop units and end the targets, wait; the Outcome."""
     inspector = _gpus.Inspector(driver_timeout=params["driver_timeout"])
     try:
         snapshot = inspector.snapshot(scope="listed", owners=True, tolerance_mib=params["max_used_mib"])
@@ -69,18 +107,20 @@ def run(params, given=None, check_mode=False, run_command=None, which=None):
             return refused(str(exc), driver=snapshot["driver"])
         warnings = driver_warnings(snapshot["driver"], params["driver_timeout"])
         result, targets = start_result(selection, snapshot)
-        beyond = owners_beyond(targets, snapshot, selection) if params["stop_owners"] else []
-        result["owners_beyond_selection"] = beyond
-        units_beyond = [item for item in beyond if item["kind"] == "unit"]
-        if units_beyond and not params["stop_spanning_owners"]:
-            return refused(spanning_refusal(units_beyond), **result)
+        stop = _stop_owners.plan(targets, snapshot, selection) if params["stop_owners"] else None
+        result["owners_beyond_selection"] = stop["beyond"] if stop else []
+        result["unit_processes"] = stop["unit_processes"] if stop else {}
+        why = _stop_owners.refusal(stop["beyond"], params["stop_spanning_owners"]) if stop else None
+        if why:
+            return refused(why, **result)
         if check_mode:
             result["would_signal"] = targets
-            result["would_stop_units"] = units_to_stop(targets) if params["stop_owners"] else []
+            result["would_stop_units"] = stop["units"] if stop else []
             result["changed"] = bool(targets)
         else:
-            if params["stop_owners"]:
-                failure = stop_units(targets, result, run_command, which)
+            if stop:
+                result["owner_commands"] = _stop_owners.owner_commands(targets)
+                failure = _stop_owners.stop_units(stop["units"], result, run_command, which)
                 if failure:
                     return Outcome(dict(result, msg=failure), failed=True, warnings=warnings)
             end(inspector, selection, targets, sig, params, result)
@@ -132,122 +172,9 @@ def start_result(selection, snapshot):
         before=snapshot,
         stopped_units=[],
         owner_commands=[],
+        unit_processes={},
+        lock_waited_s=0.0,
     ), [_report.annotate(dict(target)) for target in split["targets"]]
-
-
-def _stoppable_unit(owner):
-    """The systemd unit that stop_owners stops for a holder with this owner block, or None."""
-    owner = owner or {}
-    if owner.get("unit_restart") in (None, "no") or owner.get("container_id") or owner.get("pod_uid"):
-        return None
-    return owner.get("systemd_unit")
-
-
-def units_to_stop(targets):
-    """The systemd units with a Restart= policy that own a target (stop_owners stops them first)."""
-    return sorted({unit for unit in (_stoppable_unit(t.get("owner")) for t in targets) if unit})
-
-
-def _owner_key(owner):
-    """What stop_owners acts on for this owner: ("unit", name), ("container", id), ("pod", uid), or None."""
-    owner = owner or {}
-    if owner.get("pod_uid"):
-        return ("pod", owner["pod_uid"])
-    if owner.get("container_id"):
-        return ("container", owner["container_id"])
-    unit = _stoppable_unit(owner)
-    return ("unit", unit) if unit else None
-
-
-def owners_beyond(targets, snapshot, selection):
-    """The owners stop_owners would stop (or report) whose processes hold GPUs beyond the selection.
-
-    Stopping an owner ends all its processes. Its holders that are not targets (on GPUs outside the
-    selection, or left alone by pids, match, users or protection) would be ended with it. Returns
-    [{"kind": "unit", "container" or "pod", "owner": words, "command": the stop command,
-    "processes": [{"pid", "comm", "gpus", "reason"}]}]. Only units are stopped by stop_owners; for containers
-    and pods the command is reported, and so is what it would end beyond the selection.
-    """
-    keys = {}
-    for target in targets:
-        key = _owner_key(target.get("owner"))
-        if key and key not in keys:
-            keys[key] = target["owner"]
-    target_pids = {t["pid"] for t in targets}
-    found = []
-    for key, owner in sorted(keys.items()):
-        others = []
-        for holder in snapshot["holders"]:
-            if holder["pid"] in target_pids or _owner_key(holder.get("owner")) != key:
-                continue
-            reason = (
-                "outside the selection"
-                if not selection.covers(holder)
-                else "not selected (%s)" % (selection.narrowing_reason(holder) or "protected or excluded")
-            )
-            others.append(
-                {"pid": holder["pid"], "comm": holder["comm"], "gpus": sorted(holder["gpus"]), "reason": reason}
-            )
-        if others:
-            words = "systemd unit %s" % key[1] if key[0] == "unit" else _report.owner_words(owner)
-            found.append({"kind": key[0], "owner": words, "command": _owners.stop_command(owner), "processes": others})
-    return found
-
-
-def _beyond_words(item):
-    return "%s, whose %s" % (
-        item["owner"],
-        ", ".join(
-            "PID %s (%s) holds GPU%s %s, %s"
-            % (
-                p["pid"],
-                p["comm"],
-                "s" if len(p["gpus"]) > 1 else "",
-                ", ".join(str(g) for g in p["gpus"]),
-                p["reason"],
-            )
-            for p in item["processes"]
-        ),
-    )
-
-
-def spanning_refusal(beyond):
-    """Why stop_owners refuses owners that reach beyond the selection, and what the operator can do."""
-    return (
-        "stop_owners would stop %s; stopping an owner ends all its processes. Select those GPUs and processes too, "
-        "set stop_spanning_owners=true (role: reset_gpus_stop_spanning_owners: true) to stop the owner anyway, or "
-        "leave stop_owners off to end only the selected PIDs" % "; and ".join(_beyond_words(item) for item in beyond)
-    )
-
-
-def stop_units(targets, result, run_command, which):
-    """stop_owners: `systemctl stop` each unit with a Restart= policy that owns a target, before the PIDs are ended;
-    for containers and pods, the command to run is reported (the runtime is never called). Returns a failure
-    message, or None."""
-    units = units_to_stop(targets)
-    systemctl = which("systemctl") if units else None
-    if units and not systemctl:
-        return "stop_owners: systemctl is not on this host, so units %s cannot be stopped; nothing was signalled" % (
-            ", ".join(units)
-        )
-    for unit in units:
-        rc, _out, err = run_command([systemctl, "stop", unit])
-        if rc != 0:
-            return "systemctl stop %s failed (rc %s): %s; nothing was signalled" % (
-                unit,
-                rc,
-                err.strip() or "no error text",
-            )
-        result["stopped_units"].append(unit)
-    result["changed"] = bool(units)
-    result["owner_commands"] = sorted(
-        {
-            _owners.stop_command(t["owner"])
-            for t in targets
-            if (t.get("owner") or {}).get("container_id") or (t.get("owner") or {}).get("pod_uid")
-        }
-    )
-    return None
 
 
 def end(inspector, selection, targets, sig, params, result):
@@ -351,8 +278,7 @@ def message(result, check_mode):
             len(result["would_signal"]),
             ": " + _names(result["would_signal"]) if result["would_signal"] else "",
         )
-        if result["would_stop_units"]:
-            msg += "; would stop systemd unit(s) %s first" % ", ".join(result["would_stop_units"])
+        msg += "".join("; " + line.strip() for line in _stop_owners.unit_lines(result, check_mode))
     else:
         msg = "signalled %d process(es), %d exited" % (len(result["signalled"]), len(result["exited"]))
     if result["driver"]["timed_out"]:
@@ -371,10 +297,9 @@ def message(result, check_mode):
             "memory not reported" if item["used_mib"] is None else "%s MiB" % item["used_mib"],
             item["gpu"],
         )
-    if result["stopped_units"]:
-        msg += "; stopped systemd unit(s) %s first" % ", ".join(result["stopped_units"])
-    for item in result["owners_beyond_selection"]:
-        msg += "; " + _report.beyond_words(item, check_mode)
+    if not check_mode:
+        msg += "".join("; " + line.strip() for line in _stop_owners.unit_lines(result, check_mode))
+    msg += "".join("; " + line.strip() for line in _stop_owners.beyond_lines(result, check_mode))
     if result.get("released"):
         msg += "; %s" % result["wait"]["msg"]
     return msg

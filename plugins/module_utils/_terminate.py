@@ -2,25 +2,144 @@
 # Copyright (c) 2026, gpuops.nvidia contributors
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""Ending processes safely: signal, wait, escalate to SIGKILL, confirm exit.
+"""Ending processes safely: signal, wait, escalate to SIGKILL, confirm exit; one run at a time per host.
 
 Each target is pinned before the first signal: a pidfd (Linux >= 5.3, Python >= 3.9)
 opened and checked against the start time recorded at scan time, so a PID reused between
 scan and signal is never hit, and exit is observed by polling the pidfd (readable once the
 process has exited: a zombie counts as exited). Where pidfds are unavailable, the start
 time (/proc/PID/stat field 22) is re-read right before every signal instead.
+
+HostLock serializes the runs that end processes on one host (gpu_kill): two runs at once would
+signal the same processes, and each would report the other's signals and exits as its own.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
 import select
 import signal
+import tempfile
 import time
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils import _proc
 
 _POLL_SECONDS = 0.02
+# Where the lock file of HostLock is made, the first directory that takes it: /run/lock is the FHS place
+# (a tmpfs, so it never outlives a boot), /run where a distribution has no /run/lock, the temp directory for a
+# user who can write to neither.
+LOCK_NAME = "gpuops-nvidia-gpu_kill.lock"
+LOCK_DIRS = ("/run/lock", "/run")
+_LOCK_POLL_S = 0.05
+
+
+class LockTimeout(Exception):
+    """HostLock.acquire waited its whole timeout: another run holds the lock. The message names it."""
+
+
+class HostLock:
+    """One run at a time per host: an exclusive POSIX record lock (fcntl.lockf) on LOCK_NAME.
+
+    A record lock belongs to the process that took it: the workers it forks (NVML, the /proc scan) do not
+    inherit it, and it goes when the process exits, however it ends (no stale lock file to clean up).
+    `acquire(timeout)` waits at most `timeout` seconds and returns the seconds waited (0.0 when the lock was
+    free; `waited_for` then names the runs that held it), or raises LockTimeout naming the run that holds it;
+    `holders()` names the runs that hold it now, without taking it (check mode); `release()` lets it go.
+    """
+
+    def __init__(self, dirs=None, proc="/proc", clock=time.monotonic, sleep=time.sleep):
+        self.dirs = tuple(LOCK_DIRS if dirs is None else dirs) + (tempfile.gettempdir(),)
+        self.proc = proc
+        self.clock = clock
+        self.sleep = sleep
+        self.fd = None
+        self.path = None
+        self.waited_for = []
+
+    def _open(self, create=True):
+        """Open the lock file in the first directory that has (or takes) it; the OSError of the last, if none does."""
+        error = None
+        for directory in self.dirs:
+            path = os.path.join(directory, LOCK_NAME)
+            try:
+                # O_NOFOLLOW: /run/lock is world-writable on many hosts; a symlink planted there is never followed.
+                flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_CREAT if create else 0)
+                fd = os.open(path, flags, 0o666)
+            except OSError as exc:
+                error = exc
+                continue
+            # Made by root 0644 (umask), a user's run could not open it for writing and would lock another file.
+            if create and os.fstat(fd).st_uid == os.geteuid():
+                os.fchmod(fd, 0o666)
+            self.fd, self.path = fd, path
+            return
+        raise error or OSError(errno.ENOENT, "no lock directory")
+
+    def acquire(self, timeout):
+        """Take the lock, waiting at most `timeout` seconds; return the seconds waited."""
+        self._open()
+        started = self.clock()
+        deadline = started + timeout
+        while True:
+            try:
+                fcntl.lockf(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return round(self.clock() - started, 3)
+            except OSError as exc:
+                if exc.errno not in (errno.EACCES, errno.EAGAIN):
+                    raise
+            if not self.waited_for:
+                self.waited_for = self.holders()
+            if self.clock() >= deadline:
+                holders = self.holders()
+                self.release()
+                raise LockTimeout(
+                    "another gpu_kill run on this host (%s) held its lock (%s) for the whole lock_timeout (%s s): "
+                    "wait for it to end, then run again"
+                    % (_runs(holders) or "PID not visible from here", self.path, timeout)
+                )
+            self.sleep(min(_LOCK_POLL_S, max(0.0, deadline - self.clock())))
+
+    def holders(self):
+        """[{"pid", "cmdline"}] of the processes holding the lock now ([] when none, or no lock file yet), from
+        /proc/locks (PIDs as this PID namespace numbers them)."""
+        if self.fd is None:
+            try:
+                self._open(create=False)
+            except OSError:
+                return []
+        found = os.fstat(self.fd)
+        device = "%02x:%02x:%d" % (os.major(found.st_dev), os.minor(found.st_dev), found.st_ino)
+        pids = set()
+        try:
+            with open(os.path.join(self.proc, "locks")) as handle:
+                for line in handle:
+                    fields = line.split()
+                    # "1: POSIX  ADVISORY  WRITE 1234 00:19:5678 0 EOF"; "1: -> POSIX ..." is a waiter, not a holder.
+                    if len(fields) >= 6 and fields[1] != "->" and fields[5] == device and fields[4].isdigit():
+                        pids.add(int(fields[4]))
+        except OSError:
+            return []
+        return [{"pid": pid, "cmdline": _proc.read_cmdline(pid, self.proc)} for pid in sorted(pids - {os.getpid()})]
+
+    def release(self):
+        if self.fd is not None:
+            os.close(self.fd)  # closing any fd of the file drops the process's record locks on it
+            self.fd = None
+
+
+def _runs(holders):
+    """The processes holding the lock, in words: "PID 7 (python3 .../AnsiballZ_gpu_kill.py)"."""
+    return ", ".join("PID %s (%s)" % (h["pid"], (h["cmdline"] or "command line not readable")[:120]) for h in holders)
+
+
+def waited_words(waited_s, holders):
+    """The warning of a run that waited for another: what it waited for, and that it reports only its own actions."""
+    return (
+        "waited %.2f s for another gpu_kill run on this host%s to end: the processes that run ended are its own to "
+        "report; this run reports only what it ended itself" % (waited_s, " (%s)" % _runs(holders) if holders else "")
+    )
 
 
 def parse_signal(name):

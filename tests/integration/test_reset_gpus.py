@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import re
 import time
 
@@ -288,7 +289,7 @@ def test_reports_for_pipelines_and_progress_while_waiting(simnode, tmp_path):
     assert [g["memory_used_mib"] for g in report["gpus_after"]] == [0, 5000]
     metrics = textfile.read_text()
     assert "gpuops_nvidia_reset_success 0\n" in metrics and "gpuops_nvidia_reset_signalled_processes 1\n" in metrics
-    assert re.search(r'gpuops_nvidia_gpu_unexplained_memory_mib\{gpu="1",uuid="GPU-[0-9a-f-]+"\} 5000\n', metrics)
+    assert re.search(r'gpuops_nvidia_gpu_unexplained_memory_bytes\{gpu="1",uuid="GPU-[0-9a-f-]+"\} 5242880000\n', metrics)
     assert re.search(r'gpuops_nvidia_gpu_holders\{gpu="0",uuid="GPU-[0-9a-f-]+"\} 0\n', metrics)
 
     node.set(stray_mib=None)
@@ -412,3 +413,25 @@ def test_every_bad_value_is_refused_before_any_signal(simnode, tmp_path):
         assert "Traceback" not in str(result) and time.monotonic() - started < 30, (name, args)
         assert all(alive(node, pid) for pid in holders), (name, args)
     assert gpu_memory(node) == [(512, [holders[0]]), (512, [holders[1]])]
+
+
+def test_two_gpu_kill_runs_at_once_never_both_end_the_same_holders(simnode, tmp_path):
+    """Issue 33 item 10: two resets of one host at once both reported `signalled 8`, one of them "SIGTERM, exited
+    after 1.96 s" for holders the other run had SIGKILLed. A run holds the host's lock from its first look to its
+    last; the second waits for it, looks again and reports only what it ended itself (nothing, here)."""
+    node = simnode(gpus=8, release_latency=0.1)
+    # Holders that ignore SIGTERM keep the first run busy for its whole grace period, so the runs overlap.
+    holders = sorted(start_holder(node, [index], mib=1000, mode="ignore-term") for index in range(8))
+    inventory = inventory_file(tmp_path, node)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        runs = [pool.submit(module, inventory, "gpuops.nvidia.gpu_kill", {"grace_period": 4}) for _ in range(2)]
+        results = [only(run.result()) for run in runs]
+    assert all(status in ("SUCCESS", "CHANGED") for status, _result in results), results
+    ended = sorted(([p["pid"] for p in result["signalled"]] for _status, result in results), key=len)
+    assert ended == [[], holders], results
+    first, second = sorted((result for _status, result in results), key=lambda result: len(result["signalled"]))[::-1]
+    assert all(p["signals"] == ["SIGTERM", "SIGKILL"] for p in first["signalled"]), first["signalled"]
+    assert second["changed"] is False and second["lock_waited_s"] > 1.0, second
+    assert re.match(r"waited [0-9.]+ s for another gpu_kill run on this host \(PID [0-9]+ \(", second["msg"]), second
+    assert "this run reports only what it ended itself; signalled 0 process(es)" in second["msg"], second
+    assert not any(alive(node, pid) for pid in holders)

@@ -305,3 +305,83 @@ def test_end_until_gone_ends_a_respawned_child(spawn):
     assert respawn["pid"] == later[0].pid and respawn["replaces"] == first.pid
     assert respawn["parent"] == {"pid": os.getpid(), "comm": _proc.read_stat(os.getpid())["comm"]}
     assert first.wait(timeout=5) == -signal.SIGTERM and later[0].wait(timeout=5) == -signal.SIGTERM
+
+
+# --- HostLock: one gpu_kill run at a time per host (issue 33 item 10) -------------------------------------------------
+
+# Another run: takes the POSIX record lock on the file argv[1], says so, holds it until killed.
+HOLD_LOCK = (
+    "import fcntl, os, sys, time\n"
+    "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o666)\n"
+    "fcntl.lockf(fd, fcntl.LOCK_EX)\n"
+    "print('locked', flush=True)\n"
+    "time.sleep(60)\n"
+)
+
+
+def hold_lock(spawn, directory):
+    child = spawn(
+        [sys.executable, "-c", HOLD_LOCK, os.path.join(str(directory), _terminate.LOCK_NAME)], stdout=subprocess.PIPE
+    )
+    assert child.stdout.readline().strip() == b"locked"
+    return child
+
+
+def test_a_second_run_waits_for_the_lock_and_names_the_run_it_waited_for(spawn, tmp_path):
+    other = hold_lock(spawn, tmp_path)
+    lock = _terminate.HostLock(dirs=[str(tmp_path)])
+    with pytest.raises(_terminate.LockTimeout) as info:
+        lock.acquire(0.3)
+    assert str(info.value).startswith("another gpu_kill run on this host (PID %d (%s -c " % (other.pid, sys.executable))
+    assert "held its lock (%s) for the whole lock_timeout (0.3 s)" % (tmp_path / _terminate.LOCK_NAME) in str(
+        info.value
+    )
+    # Seen from outside (check mode takes no lock).
+    assert [h["pid"] for h in _terminate.HostLock(dirs=[str(tmp_path)]).holders()] == [other.pid]
+
+    waiting = _terminate.HostLock(dirs=[str(tmp_path)], sleep=lambda s: other.kill() or other.wait())
+    waited = waiting.acquire(10)
+    assert waited > 0 and [h["pid"] for h in waiting.waited_for] == [other.pid]
+    words = _terminate.waited_words(waited, waiting.waited_for)
+    assert "waited %.2f s for another gpu_kill run on this host (PID %d" % (waited, other.pid) in words
+    # Held now: another process is kept out until it is released.
+    assert try_lock(tmp_path).returncode == 1
+    waiting.release()
+    assert try_lock(tmp_path).returncode == 0
+
+
+def try_lock(directory):
+    """Another process's attempt to take the lock at once: exit status 0 when it got it, 1 when it is held."""
+    code = (
+        "import fcntl, os, sys\n"
+        "fd = os.open(sys.argv[1], os.O_RDWR)\n"
+        "try:\n"
+        "    fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)\n"
+        "except OSError:\n"
+        "    sys.exit(1)\n"
+    )
+    return subprocess.run([sys.executable, "-c", code, str(directory / _terminate.LOCK_NAME)], timeout=10, check=False)
+
+
+def test_the_lock_is_the_process_s_own_never_its_forked_workers(tmp_path):
+    """The NVML and /proc scan workers are forked while the lock is held; one stuck in the driver (state D) may be
+    left behind. A record lock is not inherited: the next run is not kept out by such a worker."""
+    lock = _terminate.HostLock(dirs=[str(tmp_path)])
+    assert lock.acquire(0) == 0.0
+    worker = _proc.fork_worker(lambda: __import__("time").sleep(30))
+    try:
+        lock.release()
+        assert try_lock(tmp_path).returncode == 0
+    finally:
+        os.kill(worker, signal.SIGKILL)
+        os.waitpid(worker, 0)
+
+
+def test_a_symlink_planted_where_the_lock_goes_is_never_followed(tmp_path):
+    target = tmp_path / "elsewhere"
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / _terminate.LOCK_NAME).symlink_to(target)
+    lock = _terminate.HostLock(dirs=[str(tmp_path / "run"), str(tmp_path)])
+    assert lock.acquire(0) == 0.0 and lock.path == str(tmp_path / _terminate.LOCK_NAME)
+    assert not target.exists()
+    lock.release()
