@@ -81,15 +81,7 @@ def session_members(record, proc="/proc"):
         stat = _proc.read_stat(pid, proc)
         if stat is None or stat["sid"] != sid or stat["start_ticks"] < leader_ticks or stat["state"] in ("Z", "X"):
             continue
-        members.append(
-            {
-                "pid": pid,
-                "ppid": stat["ppid"],
-                "comm": stat["comm"],
-                "cmdline": _proc.read_cmdline(pid, proc),
-                "start_ticks": stat["start_ticks"],
-            }
-        )
+        members.append(_proc.brief(pid, stat, proc))
     return sorted(members, key=lambda member: member["pid"])
 
 

@@ -187,6 +187,31 @@ def read_cgroup(pid, proc="/proc"):
         return None
 
 
+def unit_cgroup(text, unit):
+    """The cgroup of systemd unit `unit` as a /proc/PID/cgroup text shows it: the path up to the innermost
+    component named `unit`, from the first line (in parse_cgroup's order) that has one; None when none has.
+    "0::/system.slice/cron.service/job" -> "/system.slice/cron.service"."""
+    for _hierarchy, _controllers, path in _cgroup_lines(text or ""):
+        parts = path.split("/")
+        if unit in parts:
+            last = len(parts) - 1 - parts[::-1].index(unit)
+            return "/".join(parts[: last + 1])
+    return None
+
+
+def cgroup_members(path, proc="/proc"):
+    """PIDs of the processes in cgroup `path` (as unit_cgroup gives it) or a cgroup below it, read from every
+    /proc/PID/cgroup (any of its lines: v2, or a v1 hierarchy). What `systemctl stop` ends with the unit
+    (systemd.kill(5): KillMode=control-group, the default)."""
+    found = []
+    for pid in _proc.list_pids(proc):
+        for _hierarchy, _controllers, own in _cgroup_lines(read_cgroup(pid, proc) or ""):
+            if own == path or own.startswith(path + "/"):
+                found.append(pid)
+                break
+    return sorted(found)
+
+
 def pod_names(pod_uid, pods_log_dir="/var/log/pods"):
     """(namespace, name) of the pod with UID `pod_uid`, from the kubelet's log directory.
 
@@ -340,6 +365,26 @@ def owner_label(owner):
         return "slurm_job:%s" % owner["slurm_job"]
     if owner.get("systemd_unit"):
         return "unit:%s" % owner["systemd_unit"]
+    return ""
+
+
+def owner_words(owner):
+    """The owner of a holder in a few words, in the order of owner_label: "pod NAMESPACE/NAME" (or the pod UID),
+    "docker container 4f1c3a9e0b7d" (the runtime where the path says it), "Slurm job 42", "unit vllm@a.service";
+    "" when none is known (no owner block, or a block of nulls)."""
+    owner = owner or {}
+    if owner.get("pod_uid"):
+        return "pod %s" % (
+            "%s/%s" % (owner["pod_namespace"], owner["pod_name"]) if owner.get("pod_name") else owner["pod_uid"]
+        )
+    if owner.get("container_id"):
+        return " ".join(
+            word for word in (owner.get("runtime"), "container", owner["container_id"][:CONTAINER_PREFIX_MIN]) if word
+        )
+    if owner.get("slurm_job"):
+        return "Slurm job %s" % owner["slurm_job"]
+    if owner.get("systemd_unit"):
+        return "unit %s" % owner["systemd_unit"]
     return ""
 
 

@@ -90,6 +90,17 @@ class ProcessId(collections.namedtuple("ProcessId", ("pid", "start_ticks"))):
         return stat is not None and stat["start_ticks"] == self.start_ticks and stat["state"] not in ("Z", "X")
 
 
+def brief(pid, stat, proc="/proc"):
+    """{"pid", "ppid", "comm", "cmdline", "start_ticks"} of a process, from its read_stat() `stat`."""
+    return {
+        "pid": pid,
+        "ppid": stat["ppid"],
+        "comm": stat["comm"],
+        "cmdline": read_cmdline(pid, proc),
+        "start_ticks": stat["start_ticks"],
+    }
+
+
 def read_argv(pid, proc="/proc"):
     """Arguments of /proc/PID/cmdline as a list of str ([] for a kernel thread or a zombie), or None when the
     process is gone or unreadable. A title set with setproctitle (vLLM's VLLM::*) comes back as one argument."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _owners
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _owners, _stop_owners
 
 # Command lines in the summary are cut to this many characters, "..." included.
 _CMDLINE_WIDTH = 80
@@ -44,26 +44,8 @@ def annotate(process):
     return process
 
 
-def owner_words(owner):
-    """The owner of a holder in a few words, in the order of _owners.owner_label: "pod NAMESPACE/NAME" (or the pod
-    UID), "docker container 4f1c3a9e0b7d" (the runtime where the path says it), "Slurm job 42", "unit vllm@a.service";
-    "" when none is known (no owner block, or a block of nulls)."""
-    owner = owner or {}
-    if owner.get("pod_uid"):
-        return "pod %s" % (
-            "%s/%s" % (owner["pod_namespace"], owner["pod_name"]) if owner.get("pod_name") else owner["pod_uid"]
-        )
-    if owner.get("container_id"):
-        return " ".join(
-            word
-            for word in (owner.get("runtime"), "container", owner["container_id"][: _owners.CONTAINER_PREFIX_MIN])
-            if word
-        )
-    if owner.get("slurm_job"):
-        return "Slurm job %s" % owner["slurm_job"]
-    if owner.get("systemd_unit"):
-        return "unit %s" % owner["systemd_unit"]
-    return ""
+# The owner in a few words: "pod NS/NAME", "docker container 4f1c3a9e0b7d", "Slurm job 42", "unit vllm@a.service".
+owner_words = _owners.owner_words
 
 
 def place(process):
@@ -80,21 +62,6 @@ def owner_line(process, stopped_units=()):
     if not note or command in set("systemctl stop %s" % unit for unit in stopped_units):
         return None
     return "    ending it alone will not last: %s%s" % (note, "; stop the owner: %s" % command if command else "")
-
-
-def beyond_words(item, check_mode):
-    """An owner that stop_owners stops (or reports) and its processes beyond the selection, in words:
-    "stopped systemd unit vllm@a.service, and with it, beyond the selection: PID 8 (python3) on GPU 4"."""
-    if item["kind"] == "unit":
-        what = "would stop" if check_mode else "stopped"
-    else:
-        what = "%s (reported, not run) would stop" % item["command"]
-    processes = ", ".join(
-        "PID %s (%s) on GPU%s %s"
-        % (p["pid"], p["comm"], "s" if len(p["gpus"]) > 1 else "", ", ".join(str(g) for g in p["gpus"]))
-        for p in item["processes"]
-    )
-    return "%s %s, and with it, beyond the selection: %s" % (what, item["owner"], processes)
 
 
 def _mib(value):
@@ -149,12 +116,10 @@ def summary_lines(kill, before, after, check_mode, message):
                 "  would signal PID %s %s (%s): %s" % (p["pid"], p["comm"], place(p), cut_cmdline(p.get("cmdline")))
             )
             add_owner_line(p)
-        lines.extend(
-            "  would stop systemd unit %s first (stop_owners)" % unit for unit in kill.get("would_stop_units", [])
-        )
+        lines.extend(_stop_owners.unit_lines(kill, check_mode))
     else:
         lines.append("signalled %d process(es) in %.2f s" % (len(kill.get("signalled", [])), kill.get("elapsed_s", 0)))
-        lines.extend("  stopped systemd unit %s first (stop_owners)" % unit for unit in stopped)
+        lines.extend(_stop_owners.unit_lines(kill, check_mode))
         for p in kill.get("signalled", []):
             lines.append(
                 "  PID %s %s (%s): %s, %s"
@@ -177,7 +142,7 @@ def summary_lines(kill, before, after, check_mode, message):
             "  PID(s) %s from pids hold none of the selected GPUs (or do not exist): not signalled"
             % ", ".join(str(pid) for pid in kill["not_holding"])
         )
-    lines.extend("  " + beyond_words(item, check_mode) for item in kill.get("owners_beyond_selection", []))
+    lines.extend(_stop_owners.beyond_lines(kill, check_mode))
     if not check_mode:
         lines.append(message)
     if not before["driver"]["available"]:

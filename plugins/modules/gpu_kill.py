@@ -35,6 +35,12 @@ description:
   - Holders of the selected GPUs that O(pids), O(match), O(users), O(exclude) or the protection rules leave alone are
     listed in RV(left_alone) with the reason, and named in the message.
   - Returns C(changed=true) only when something was signalled, so a second run reports C(changed=false).
+  - One run at a time per host. A run holds the host's lock (a POSIX record lock on
+    C(/run/lock/gpuops-nvidia-gpu_kill.lock); C(/run), then the temp directory, where that cannot be made) from its
+    first look to its last; a second run waits for it up to O(lock_timeout), then looks and reports only what it ended
+    itself (with a warning saying it waited, and for which run). Two runs at once would signal the same processes,
+    and each would report the other's signals and exits as its own. The lock goes with the process that held it,
+    however it ended. Check mode takes no lock; it warns when another run is ending processes now.
   - Bad input fails before anything is signalled; an unknown GPU index (indices are ASCII digits) or UUID, an
     invalid regex, an unknown user, a PID of 0 or less, a selection option given as null, an empty or blank
     string, an empty list or a list with a blank entry (a template that rendered nothing would otherwise mean
@@ -132,6 +138,14 @@ options:
     description:
       - When a selected holder belongs to a systemd unit with a C(Restart=) policy, run C(systemctl stop UNIT) before
         its PIDs are ended, so the unit does not start it again (RV(stopped_units)).
+      - Stopping a unit ends every process of its cgroup, not only the selected holders. A unit is stopped only when all
+        it runs is the selection's own work (the selected holders, what they started, and where their owner block
+        names a vLLM API server, torchrun or an MPI launcher (agents whose processes are one job), that agent and what
+        it started). A unit that also runs anything else (a holder of another GPU, a holder the selection leaves alone,
+        a process that holds no GPU, such as cron beside a cron job) is stopped only with O(stop_spanning_owners).
+        A unit that runs this module itself (its Ansible process chain) is never stopped.
+      - Every process a stop ends is named, in check mode and in the run (RV(unit_processes), the message and the
+        summary of O(wait=true)).
       - For holders in a container or a pod the runtime is never called; the command that stops the owner is reported
         in RV(owner_commands) and a warning, and the PIDs are ended.
       - When false (the default), the PIDs are ended and a warning names each owner that will restart them.
@@ -141,15 +155,24 @@ options:
     default: false
   stop_spanning_owners:
     description:
-      - With O(stop_owners=true), also stop a unit whose processes hold GPUs outside the selection, or are left
-        alone by O(pids), O(match), O(users) or the protection rules. Stopping the unit ends them too; the message and
-        RV(owners_beyond_selection) name them and their GPUs.
+      - With O(stop_owners=true), also stop a unit that runs processes beyond the selection (holders of GPUs outside
+        the selection, holders left alone by O(pids), O(match), O(users) or the protection rules, and processes that
+        hold no GPU and are not the selection's own work; see O(stop_owners)). Stopping the unit ends them too; the
+        message and RV(owners_beyond_selection) name them and their GPUs.
+      - One option for all of them, as one question is asked of the operator (stop this unit although it runs more
+        than what was selected?). The list of what it runs beyond the selection says what that means.
       - When false (the default), such a unit is not stopped and nothing is signalled. The module fails, naming the
         unit, its processes beyond the selection and their GPUs; check mode fails the same way.
       - Containers and pods are never stopped (see O(stop_owners)); what their stop command would end beyond the
         selection is named in RV(owners_beyond_selection) and the message.
     type: bool
     default: false
+  lock_timeout:
+    description:
+      - Seconds to wait for another gpu_kill run on this host to end (at most 3600). When it has not ended by then,
+        the module fails, naming that run, and signals nothing.
+    type: float
+    default: 120.0
   wait:
     description:
       - After ending the holders, wait until the selected GPUs are released, exactly as M(gpuops.nvidia.gpu_wait) with the
@@ -295,11 +318,27 @@ would_stop_units:
   returned: always
   type: list
   elements: str
+unit_processes:
+  description:
+    - With O(stop_owners=true), per systemd unit that is (or in check mode would be) stopped, every process of its
+      cgroup, which the stop ends, the selected holders first. Each has C(pid), C(comm), C(cmdline), C(start_ticks),
+      C(gpus) (the GPUs it holds; empty for none), C(beyond) (true for a process beyond the selection) and C(why)
+      (C(selected), C(part of the selected work), C(holds no GPU), C(outside the selection),
+      C(not selected (REASON))); in a real run also C(ended), whether it was gone once C(systemctl stop) returned.
+  returned: always
+  type: dict
+  sample: {"cron.service": [{"pid": 9, "comm": "python3", "gpus": [4], "beyond": false, "why": "selected"},
+           {"pid": 5, "comm": "cron", "gpus": [], "beyond": true, "why": "holds no GPU"}]}
+lock_waited_s:
+  description: Seconds this run waited for another gpu_kill run on this host to end (0.0 when none ran).
+  returned: always
+  type: float
 owners_beyond_selection:
   description:
-    - With O(stop_owners=true), the owners of selected holders whose other processes hold GPUs beyond the selection
-      (stopping the owner would end them too). Each has C(kind) (V(unit), V(container) or V(pod)), C(owner) (in words),
-      C(command) (what stops it) and C(processes) (C(pid), C(comm), C(gpus), C(reason)).
+    - With O(stop_owners=true), the owners of selected holders that run processes beyond the selection (stopping
+      the owner would end them too), holders of other GPUs or left alone and, for a unit, processes that hold no GPU.
+      Each has C(kind) (V(unit), V(container) or V(pod)), C(owner) (in words), C(unit) (the unit's name; null for a
+      container or pod), C(command) (what stops it) and C(processes) (C(pid), C(comm), C(gpus), C(reason)).
   returned: always
   type: list
   elements: dict
@@ -375,6 +414,7 @@ def main():
             stop_spanning_owners=dict(type="bool", default=False),
             wait=dict(type="bool", default=False),
             wait_timeout=dict(type="float", default=60.0),
+            lock_timeout=dict(type="float", default=120.0),
             **dict(_wait.WAIT_ARGS, **_select.HOLDER_ARGS, **_gpus.SELECTION_ARGS),
         ),
         supports_check_mode=True,

@@ -55,12 +55,19 @@ def start_in_cgroup(node, gpu, cgroup, title):
     return _await_ready(host_path, title)[0]
 
 
-@pytest.fixture
-def owned(simnode, tmp_path):
-    node = simnode(gpus=5, release_latency=0.2)
+def unit_node(simnode, units, gpus=5):
+    """A node with owner cgroups (skipped where this machine gives nodes none) and the unit table `units` of its
+    simulated systemctl ({name: Restart= policy})."""
+    node = simnode(gpus=gpus, release_latency=0.2)
     if node.cgroup_root is None:
         pytest.skip("this machine gives simulated nodes no owner cgroups: %s" % node.info.get("cgroup_unsupported"))
-    node.set_units({"vllm@a.service": {"Restart": "always", "TimeoutStopSec": 5}})
+    node.set_units({name: {"Restart": restart, "TimeoutStopSec": 5} for name, restart in units.items()})
+    return node
+
+
+@pytest.fixture
+def owned(simnode, tmp_path):
+    node = unit_node(simnode, {"vllm@a.service": "always"})
     pids = {
         kind: start_in_cgroup(node, gpu, cgroup, "holder-%s" % kind)
         for gpu, (kind, cgroup) in enumerate(CGROUPS.items())

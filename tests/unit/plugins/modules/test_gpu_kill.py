@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import copy
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -191,7 +193,10 @@ class Recorder:
 
 
 @pytest.fixture
-def recorder(monkeypatch):
+def recorder(monkeypatch, tmp_path):
+    # The host's lock of gpu_kill runs (_terminate.HostLock) in this test's directory, not in this machine's /run/lock.
+    monkeypatch.setattr(_terminate, "LOCK_DIRS", (str(tmp_path),))
+
     def install(*views, survive=()):
         rec = Recorder(*views, survive=survive)
         # A bound method set on the class is not bound again: Inspector.snapshot(...) calls rec.snapshot(...).
@@ -564,7 +569,8 @@ def test_stop_spanning_owners_stops_the_unit_and_names_what_it_ends(capsys, reco
     assert code == 0 and systemctl == [["/usr/bin/systemctl", "stop", "vllm@a.service"]]
     assert result["stopped_units"] == ["vllm@a.service"] and rec.ended[0][0] == [5000011, 5000013]
     assert (
-        "stopped systemd unit vllm@a.service, and with it, beyond the selection: PID 5000012 (VLLM::Worker_TP) on GPU 1"
+        "stopped systemd unit vllm@a.service, and with it, beyond the selection: PID 5000012 (VLLM::Worker_TP) holds "
+        "GPU 1, outside the selection"
     ) in result["msg"]
 
 
@@ -575,7 +581,7 @@ def test_check_mode_with_stop_spanning_owners_names_the_unit_and_what_it_would_e
     )
     assert code == 0 and systemctl == [] and rec.ended == []
     assert result["would_stop_units"] == ["vllm@a.service"] and pids(result["would_signal"]) == [5000011, 5000013]
-    assert "would stop systemd unit(s) vllm@a.service first" in result["msg"]
+    assert "would stop systemd unit vllm@a.service first (stop_owners)" in result["msg"]
     assert "would stop systemd unit vllm@a.service, and with it, beyond the selection: PID 5000012" in result["msg"]
 
 
@@ -584,3 +590,31 @@ def test_an_owner_unit_inside_the_selection_is_stopped_as_before(capsys, recorde
     code, result = run_module(capsys, {"gpus": [0, 1], "stop_owners": True})
     assert code == 0 and systemctl == [["/usr/bin/systemctl", "stop", "vllm@a.service"]]
     assert result["owners_beyond_selection"] == [] and rec.ended[0][0] == [5000011, 5000012, 5000013]
+
+
+# --- one run at a time per host (issue 33 item 10) --------------------------------------------------------------------
+
+
+def test_a_run_that_cannot_get_the_host_lock_in_time_signals_nothing_and_names_the_other_run(
+    capsys, recorder, tmp_path
+):
+    rec = recorder(VIEW)
+    code = "import fcntl, os, sys, time\nfd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)\nfcntl.lockf(fd, fcntl.LOCK_EX)\nprint('locked', flush=True)\ntime.sleep(60)\n"
+    other = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / _terminate.LOCK_NAME)], stdout=subprocess.PIPE)
+    try:
+        assert other.stdout.readline().strip() == b"locked"
+        code, result = run_module(capsys, {"lock_timeout": 0.2})
+        assert code == 1 and rec.ended == [] and rec.snapshots == [], result
+        assert result["msg"].startswith(
+            "nothing was signalled: another gpu_kill run on this host (PID %d (" % other.pid
+        )
+        # Check mode takes no lock: it looks, and says another run is ending processes now.
+        code, result = run_module(capsys, {"_ansible_check_mode": True})
+        assert code == 0 and pids(result["would_signal"]) == [5000001, 5000002, 5000004], result
+        assert "another gpu_kill run on this host (PID %d) is ending processes now" % other.pid in warnings(result)[0]
+    finally:
+        other.kill()
+        other.wait()
+        other.stdout.close()
+    code, result = run_module(capsys, {"grace_period": 1})
+    assert code == 0 and result["lock_waited_s"] == 0.0 and not result["msg"].startswith("waited")
