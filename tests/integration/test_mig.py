@@ -153,7 +153,7 @@ def test_reset_of_one_instance_ends_only_its_holder_check_mode_and_idempotence(s
     assert mig_lines == [
         'gpuops_nvidia_mig_%s{gpu="0",uuid="%s",mig_uuid="%s",profile="2g.20gb"} 0'
         % (name, node.info["gpus"][0]["uuid"], uuids[4])
-        for name in ("memory_used_mib", "holders", "unexplained_memory_mib")
+        for name in ("memory_used_bytes", "holders", "unexplained_memory_bytes")
     ]
     (report,) = [json.loads(path.read_text()) for path in reports.iterdir()]
     assert {d["uuid"]: d["holder_pids"] for d in report["gpus_after"][0]["mig_devices"]} == {

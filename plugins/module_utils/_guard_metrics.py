@@ -1,0 +1,149 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) 2026, gpuops.nvidia contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""The guard's node_exporter textfile: GPU memory, holders, orphans and vLLM states of one host (docs/guard.md).
+
+Prometheus text exposition format 0.0.4: base units (bytes, seconds), one HELP and TYPE per family, label values
+escaped (backslash, double quote, newline). Written atomically: a temporary file in the same directory, then a
+rename, so node_exporter never reads half a file.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+MIB = 1024 * 1024
+PREFIX = "gpuops_nvidia_guard_"
+TIMESTAMP = PREFIX + "last_run_timestamp_seconds"
+
+# (name, help) in the order written; every family is a gauge.
+FAMILIES = (
+    ("last_run_timestamp_seconds", "Unix time of the guard's last look at this host."),
+    ("driver_ok", "1 when the NVIDIA driver answered the guard's last look in time, else 0."),
+    ("driver_translates_pids", "1 when the driver lists PIDs in the caller's PID namespace (535.113.01 and later)."),
+    ("gpu_memory_used_bytes", "GPU memory used (NVML memory info v2: reserved memory excluded; v1 includes it)."),
+    ("gpu_memory_reserved_bytes", "GPU memory the driver reserves (NVML memory info v2)."),
+    ("gpu_memory_unexplained_bytes", "Used GPU memory that no process listed by the driver explains."),
+    ("gpu_memory_tolerance_bytes", "Unexplained memory below this is not counted (max_used_mib plus v1 reserved)."),
+    ("gpu_holders", "Processes holding the GPU's memory."),
+    ("gpu_orphaned_holders", "Holders whose server or job is gone (docs/guard.md)."),
+    ("orphan_memory_bytes", "Memory an orphaned holder holds on a GPU, per process (pid, start_ticks: its identity)."),
+    ("vllm_state", "State of a vLLM instance: 1 for its state (healthy, stalled, down, unknown), 0 for the others."),
+    ("vllm_requests_running", "Requests running in a vLLM instance at the end of the guard's watch."),
+)
+VLLM_STATES = ("healthy", "stalled", "down", "unknown")
+
+
+def escape(value):
+    """A label value as the text format writes it."""
+    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _labels(pairs):
+    return "{%s}" % ",".join('%s="%s"' % (key, escape(value)) for key, value in pairs) if pairs else ""
+
+
+def _number(value):
+    return repr(float(value)) if isinstance(value, float) else str(int(value))
+
+
+def _gpu_samples(gpu, orphans):
+    """{family: [(labels, value)]} of one GPU."""
+    ident = [("gpu", gpu["index"]), ("uuid", gpu.get("uuid") or "")]
+    out = {}
+    reported = gpu.get("memory_supported") is not False and not gpu.get("error")
+    for family, key in (
+        ("gpu_memory_used_bytes", "memory_used_mib"),
+        ("gpu_memory_reserved_bytes", "memory_reserved_mib"),
+        ("gpu_memory_unexplained_bytes", "unexplained_mib"),
+        ("gpu_memory_tolerance_bytes", "tolerance_mib"),
+    ):
+        if reported and gpu.get(key) is not None:
+            out.setdefault(family, []).append((ident, gpu[key] * MIB))
+    out.setdefault("gpu_holders", []).append((ident, len(gpu.get("holder_pids") or [])))
+    mine = [orphan for orphan in orphans if gpu["index"] in orphan["gpus"]]
+    out.setdefault("gpu_orphaned_holders", []).append((ident, len(mine)))
+    held = {item["pid"]: item["used_mib"] for item in gpu.get("exited") or [] if item.get("used_mib") is not None}
+    for orphan in mine:
+        mib = orphan["memory_mib"].get(str(gpu["index"]))
+        if mib is None:  # a context shared with others: the exited creator's listed memory
+            mib = sum(held.values())
+        labels = ident + [
+            ("pid", orphan["pid"]),
+            ("start_ticks", orphan["start_ticks"]),
+            ("comm", orphan["comm"]),
+            ("reason", orphan["reason"]),
+            ("owner", orphan["owner_label"]),
+        ]
+        out.setdefault("orphan_memory_bytes", []).append((labels, mib * MIB))
+    return out
+
+
+def samples(snapshot, orphans, vllm, translating, now, host=None):
+    """{family: [(labels [(key, value)], value)]} of one look. `vllm`: [{"name", "url", "state",
+    "requests_running"}]; `host`: the inventory hostname, added to the orphans' labels (the remediation's limit)."""
+    out = {"last_run_timestamp_seconds": [([], round(now, 3))]}
+    driver_ok = not (snapshot.get("driver") or {}).get("timed_out") and bool(snapshot.get("gpus"))
+    out["driver_ok"] = [([], 1 if driver_ok else 0)]
+    if translating is not None:
+        out["driver_translates_pids"] = [([], 1 if translating else 0)]
+    for gpu in snapshot.get("gpus") or []:
+        if gpu.get("index") is None:
+            continue
+        for family, items in _gpu_samples(gpu, orphans).items():
+            out.setdefault(family, []).extend(items)
+    if host is not None:
+        out["orphan_memory_bytes"] = [
+            (labels + [("inventory_hostname", host)], value) for labels, value in out.get("orphan_memory_bytes", [])
+        ]
+    for instance in vllm:
+        ident = [("vllm_instance", instance["name"]), ("url", instance["url"])]
+        for state in VLLM_STATES:
+            out.setdefault("vllm_state", []).append(
+                (ident + [("state", state)], 1 if instance["state"] == state else 0)
+            )
+        if instance.get("requests_running") is not None:
+            out.setdefault("vllm_requests_running", []).append((ident, instance["requests_running"]))
+    return out
+
+
+def render(found):
+    """The textfile of `samples`' result: every family in FAMILIES order, HELP and TYPE only where it has samples."""
+    lines = []
+    for family, help_text in FAMILIES:
+        if not found.get(family):
+            continue
+        name = PREFIX + family
+        lines += ["# HELP %s %s" % (name, help_text), "# TYPE %s gauge" % name]
+        lines += ["%s%s %s" % (name, _labels(labels), _number(value)) for labels, value in found[family]]
+    return "\n".join(lines) + "\n"
+
+
+def without_timestamp(text):
+    """`text` less the line of the last run's time: what tells whether the figures changed."""
+    return "\n".join(line for line in (text or "").splitlines() if not line.startswith(TIMESTAMP + " "))
+
+
+def read(path):
+    try:
+        with open(path, "r") as handle:
+            return handle.read()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def write(path, text, mode=0o644):
+    """Write `text` to `path` atomically (a temporary file in its directory, then rename). Raises OSError."""
+    directory = os.path.dirname(path) or "."
+    handle, temporary = tempfile.mkstemp(prefix=".%s." % os.path.basename(path), dir=directory)
+    try:
+        with os.fdopen(handle, "w") as out:
+            out.write(text)
+        os.chmod(temporary, mode)
+        os.replace(temporary, path)
+    except BaseException:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+        raise

@@ -1,0 +1,130 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) 2026, gpuops.nvidia contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Is a vLLM engine stalled? Its /health and its own counters, watched for a bounded time (docs/guard.md).
+
+An engine stuck in a CUDA or NCCL call keeps its process alive, so `GET /health` answers 200, while the requests it
+admitted stay running and no token comes out. vLLM counts both on /metrics: the gauge `vllm:num_requests_running`
+and the counter `vllm:generation_tokens_total` (vLLM 0.33 `vllm/v1/metrics/loggers.py`, recorded at every engine
+step; both per engine, summed here). States:
+
+- `stalled`: /health answered 200 at the start and at the end, requests ran at every reading, and the token counter
+  did not move for `stall_seconds`;
+- `healthy`: /health answered 200 and tokens came, or no request ran at some reading (an idle server);
+- `down`: /health did not answer 200 (or did not answer at all);
+- `unknown`: /health answered 200 but /metrics has neither figure (`--disable-log-stats`).
+"""
+
+from __future__ import annotations
+
+import time
+
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _vllm_api
+
+GENERATION_TOKENS = "vllm:generation_tokens_total"
+STATES = ("healthy", "stalled", "down", "unknown")
+
+
+def figures(samples):
+    """(requests running, generation tokens) summed over engines and models, each None when /metrics lacks it."""
+    running = tokens = None
+    for name, _labels, value in samples:
+        if name == _vllm_api.RUNNING:
+            running = (running or 0) + value
+        elif name == GENERATION_TOKENS:
+            tokens = (tokens or 0) + value
+    return (None if running is None else int(running)), tokens
+
+
+def _health(client):
+    """None when /health answers 200, else why not."""
+    try:
+        status, body = client.request("/health")
+    except (ConnectionError, _vllm_api.VllmApiError) as exc:
+        return "GET /health: %s" % exc
+    return None if status == 200 else "GET /health: HTTP %d" % status
+
+
+def _read(client):
+    try:
+        return figures(_vllm_api.read_samples(client)), None
+    except (ConnectionError, _vllm_api.VllmApiError) as exc:
+        return (None, None), "GET /metrics: %s" % exc
+
+
+def _result(state, why, running=None, tokens=None, watched=0.0):
+    return {
+        "state": state,
+        "reason": why,
+        "requests_running": running,
+        "generation_tokens": tokens,
+        "watched_s": watched,
+    }
+
+
+class _Watch:
+    """One server's watch: started, stepped at each poll, finished at the end of the window."""
+
+    def __init__(self, client, stall_seconds, clock):
+        self.client, self.stall_seconds, self.clock = client, stall_seconds, clock
+        self.result = None
+        self.started = clock()
+        self.first = self.tokens = self.running = None
+
+    def _elapsed(self):
+        return round(self.clock() - self.started, 3)
+
+    def start(self):
+        why = _health(self.client)
+        if why:
+            self.result = _result("down", why)
+            return
+        self.started = self.clock()
+        self._take(*_read(self.client))
+        self.first = self.tokens
+
+    def _take(self, found, why):
+        self.running, self.tokens = found
+        if why or self.running is None or self.tokens is None:
+            why = why or "/metrics has no %s or %s" % (_vllm_api.RUNNING, GENERATION_TOKENS)
+            self.result = _result("unknown", why, self.running, self.tokens, self._elapsed())
+
+    def judge(self):
+        """Healthy as soon as it shows so; the end of the window otherwise (True when the watch is over)."""
+        if self.result is not None:
+            return True
+        watched = self._elapsed()
+        if not self.running:
+            self.result = _result("healthy", "no request running", self.running, self.tokens, watched)
+        elif self.tokens > self.first:
+            words = "%d token(s) generated in %.1f s" % (self.tokens - self.first, watched)
+            self.result = _result("healthy", words, self.running, self.tokens, watched)
+        elif watched >= self.stall_seconds:
+            why = _health(self.client)
+            words = why or (
+                "%d request(s) running and no token generated for %.1f s while /health answers 200"
+                % (self.running, watched)
+            )
+            self.result = _result("down" if why else "stalled", words, self.running, self.tokens, watched)
+        return self.result is not None
+
+    def step(self):
+        self._take(*_read(self.client))
+
+
+def watch(clients, stall_seconds, poll_interval=1.0, clock=time.monotonic, sleep=time.sleep):
+    """The state of each server of `clients` (see the module's docstring), watched at the same time in one thread
+    (the HTTP client's deadline uses SIGALRM): [{"state", "reason", "requests_running", "generation_tokens",
+    "watched_s"}], in order. A server is judged as soon as its answer is known; the whole watch takes at most
+    stall_seconds plus one poll and the requests' deadlines (the clients' timeout each)."""
+    watches = [_Watch(client, stall_seconds, clock) for client in clients]
+    for one in watches:
+        one.start()
+    began = clock()
+    while not all([one.judge() for one in watches]):
+        sleep(max(0.0, min(poll_interval, stall_seconds - (clock() - began))))
+        for one in watches:
+            if one.result is None:
+                one.step()
+    return [one.result for one in watches]

@@ -1,0 +1,231 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) 2026, gpuops.nvidia contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: gpu_guard
+short_description: Write a host's GPU memory, orphaned holders and vLLM engine states as a node_exporter textfile
+version_added: 0.1.0
+description:
+  - One look at the host, as M(gpuops.nvidia.gpu_facts) takes it (the driver's process lists and a scan of
+    C(/proc), with each holder's owner), turned into Prometheus gauges for node_exporter's textfile collector.
+  - Per GPU, memory used, reserved and unexplained (bytes), the holders and the orphaned holders. A holder is
+    orphaned when its server or job is gone (docs/guard.md) - vLLM engine processes whose API server has exited, a
+    holder whose systemd service is inactive or failed, whose Kubernetes pod is gone or whose Slurm job has ended,
+    and a holder of an exited creator's context.
+  - Per orphan and GPU, C(gpuops_nvidia_guard_orphan_memory_bytes) with the labels C(pid) and C(start_ticks) (the
+    start time in clock ticks since boot, field 22 of C(/proc/PID/stat)), which name the process exactly, so that a
+    remediation can end that process and no other (M(gpuops.nvidia.gpu_kill)'s O(gpuops.nvidia.gpu_kill#module:pid_start_ticks)).
+  - Per vLLM instance of O(vllm_instances), its state - V(stalled) when C(/health) answers 200 while requests run
+    and C(vllm:generation_tokens_total) does not move for O(stall_seconds); V(healthy) when tokens come or no
+    request runs; V(down) when C(/health) does not answer 200; V(unknown) when C(/metrics) lacks the figures. The
+    instances are watched at the same time, so the module takes at most O(stall_seconds) plus the requests'
+    deadlines; an idle instance, or one that generates, is judged at once.
+  - Signals nothing and changes nothing on the host but the textfile.
+author: gpuops maintainers (@gpuops)
+extends_documentation_fragment:
+  - gpuops.nvidia.attributes
+attributes:
+  check_mode:
+    support: full
+    details:
+      - Looks and watches as usual; writes no textfile, and says whether it would change.
+  diff_mode:
+    support: none
+options:
+  textfile:
+    description:
+      - Absolute path of the textfile on the host, in node_exporter's C(--collector.textfile.directory), ending in
+        C(.prom). Written atomically. Not set, nothing is written and the text is returned.
+    type: path
+  inventory_hostname:
+    description:
+      - The host's name in the inventory, added as the label C(inventory_hostname) to each orphan's series, so that
+        an alert names the host to remediate as Ansible knows it.
+    type: str
+  vllm_instances:
+    description:
+      - The vLLM instances of the host to watch. Each has C(name) (the label C(vllm_instance)), C(url) (as the host
+        reaches it, for example V(http://127.0.0.1:8000)), and optionally C(api_key) and C(validate_certs).
+    type: list
+    elements: dict
+    default: []
+  stall_seconds:
+    description: Seconds without a generated token, with requests running, after which an instance is V(stalled).
+    type: float
+    default: 30
+  request_timeout:
+    description: Deadline of each HTTP request to an instance, in seconds.
+    type: float
+    default: 5
+  driver_timeout:
+    description: Seconds the NVIDIA driver may take to answer.
+    type: float
+    default: 10
+  max_used_mib:
+    description: Unexplained memory up to this many MiB is not counted (reported as the tolerance).
+    type: int
+    default: 256
+"""
+
+EXAMPLES = r"""
+- name: Write the guard's textfile beside the reset's
+  gpuops.nvidia.gpu_guard:
+    textfile: /var/lib/prometheus/node-exporter/gpuops_nvidia_guard.prom
+    inventory_hostname: "{{ inventory_hostname }}"
+    vllm_instances:
+      - {name: qwen, url: "http://127.0.0.1:8000"}
+    stall_seconds: 30
+"""
+
+RETURN = r"""
+orphans:
+  description: The orphaned holders, by PID.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    pid: {description: PID, type: int}
+    start_ticks: {description: start time in clock ticks since boot (field 22 of /proc/PID/stat), type: int}
+    comm: {description: process name, type: str}
+    reason: {description: why it is orphaned (vllm_server_exited, unit_inactive, slurm_job_ended, pod_gone, exited_creator), type: str}
+    owner_label: {description: its owner as a label value (docs/owners.md), type: str}
+    gpus: {description: GPU indices it holds, type: list, elements: int}
+    memory_mib: {description: MiB it holds per GPU index (null where it shares an exited creator's context), type: dict}
+vllm:
+  description: The state of each instance of O(vllm_instances), in order.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    name: {description: the instance's name, type: str}
+    url: {description: its URL, type: str}
+    state: {description: healthy, stalled, down or unknown, type: str}
+    reason: {description: why, in words, type: str}
+    requests_running: {description: requests running at the last reading (null when not read), type: int}
+    generation_tokens: {description: vllm:generation_tokens_total at the last reading (null when not read), type: float}
+    watched_s: {description: seconds watched, type: float}
+metrics:
+  description: The textfile's text.
+  returned: always
+  type: str
+textfile:
+  description: Where the text was written; null when O(textfile) is not set or in check mode.
+  returned: always
+  type: str
+"""
+
+import time
+
+from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+
+from ansible_collections.gpuops.nvidia.plugins.module_utils import (
+    _gpus,
+    _guard_metrics,
+    _holders,
+    _options,
+    _orphans,
+    _vllm_api,
+    _vllm_stall,
+)
+
+
+def watch_instances(instances, stall_seconds, request_timeout):
+    """The state of each instance, watched at the same time (_vllm_stall.watch)."""
+    clients = [
+        _vllm_api.Client(
+            instance["url"], instance.get("api_key"), request_timeout, instance.get("validate_certs", True)
+        )
+        for instance in instances
+    ]
+    states = _vllm_stall.watch(clients, stall_seconds)
+    return [dict(state, name=instance["name"], url=instance["url"]) for state, instance in zip(states, instances)]
+
+
+def instance_problems(instances):
+    """Why O(vllm_instances) cannot be watched ([] when it can)."""
+    problems = []
+    for position, instance in enumerate(instances):
+        for key in ("name", "url"):
+            if not isinstance(instance.get(key), str) or not instance[key].strip():
+                problems.append("vllm_instances[%d] needs a %s (text)" % (position, key))
+    names = [instance.get("name") for instance in instances]
+    problems += ["vllm_instances names %r twice" % name for name in sorted(set(n for n in names if names.count(n) > 1))]
+    return problems
+
+
+def look(params):
+    """(snapshot, orphans) of one look at the host."""
+    inspector = _gpus.Inspector(driver_timeout=params["driver_timeout"])
+    try:
+        view = inspector.snapshot(tolerance_mib=params["max_used_mib"], owners=True)
+    finally:
+        inspector.close()
+    judge = _orphans.Judge(initial_pidns=_gpus.initial_pid_namespace())
+    return view, _orphans.orphans(view, judge)
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            textfile=dict(type="path"),
+            inventory_hostname=dict(type="str"),
+            vllm_instances=dict(type="list", elements="dict", default=[]),
+            stall_seconds=dict(type="float", default=30.0),
+            request_timeout=dict(type="float", default=5.0),
+            driver_timeout=dict(type="float", default=10.0),
+            max_used_mib=dict(type="int", default=_gpus.DEFAULT_TOLERANCE_MIB),
+        ),
+        supports_check_mode=True,
+    )
+    params = module.params
+    _gpus.check_libraries(module, missing_required_lib)
+    problems = instance_problems(params["vllm_instances"])
+    path = params["textfile"]
+    if path is not None and (not path.startswith("/") or not path.endswith(".prom")):
+        problems.append("textfile must be an absolute path ending in .prom, got %s" % path)
+    try:
+        _options.check_numbers(
+            positive=("stall_seconds", "request_timeout", "driver_timeout"),
+            stall_seconds=params["stall_seconds"],
+            request_timeout=params["request_timeout"],
+            driver_timeout=params["driver_timeout"],
+            max_used_mib=params["max_used_mib"],
+        )
+    except _options.OptionError as exc:
+        problems.append(str(exc))
+    if problems:
+        module.fail_json(msg="nothing was looked at: %s" % "; ".join(problems))
+    vllm = watch_instances(params["vllm_instances"], params["stall_seconds"], params["request_timeout"])
+    view, orphans = look(params)
+    found = _guard_metrics.samples(
+        view, orphans, vllm, _holders.translates_pids(view["driver"]), time.time(), params["inventory_hostname"]
+    )
+    finish(module, path, _guard_metrics.render(found), orphans, vllm)
+
+
+def finish(module, path, text, orphans, vllm):
+    """Write the textfile (not in check mode) and exit; changed when the figures differ from the file's."""
+    before = _guard_metrics.read(path) if path else None
+    changed = bool(path) and _guard_metrics.without_timestamp(before) != _guard_metrics.without_timestamp(text)
+    written = None
+    if path and not module.check_mode:
+        try:
+            _guard_metrics.write(path, text)
+        except OSError as exc:
+            module.fail_json(msg="textfile %s not written: %s" % (path, exc), orphans=orphans, vllm=vllm, metrics=text)
+        written = path
+    stalled = [item["name"] for item in vllm if item["state"] == "stalled"]
+    msg = "%d orphaned holder(s)%s; %d vLLM instance(s) watched%s" % (
+        len(orphans),
+        (": " + ", ".join("PID %d %s (%s)" % (o["pid"], o["comm"], o["reason"]) for o in orphans)) if orphans else "",
+        len(vllm),
+        (", stalled: " + ", ".join(stalled)) if stalled else "",
+    )
+    module.exit_json(changed=changed, msg=msg, orphans=orphans, vllm=vllm, metrics=text, textfile=written)
+
+
+if __name__ == "__main__":
+    main()
