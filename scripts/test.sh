@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Every test of this checkout: ansible-test sanity, ansible-lint (production profile), then pytest
+# Every test of this checkout: ansible-test sanity, ansible-lint (production profile), promtool (the guard's rules
+# and metrics), then pytest
 # (unit tests, simulator tests, integration tests on simulated GPU nodes). Run after scripts/setup.sh.
 set -uo pipefail
 cd "$(dirname "$(readlink -f "$0")")/.." || exit 1
@@ -15,6 +16,7 @@ step() { # NAME COMMAND...
 
 step "ansible-test sanity" tests/sanity/run.sh
 step "ansible-lint" tests/sanity/lint.sh
+step "promtool (guard rules, their tests, metrics)" tests/prometheus/check.sh
 [ ${#failed[@]} -gt 0 ] && echo "FAILED so far: ${failed[*]} (pytest runs anyway)"
 # pytest last, so that its summary line closes the output.
 echo "== pytest (unit, simulator, integration on simulated GPU nodes)"
