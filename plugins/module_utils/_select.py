@@ -58,6 +58,7 @@ PROTECTED_NAMES = (
 # Options shared by every module that selects holders (gpu_kill, gpu_wait), beside `gpus`.
 HOLDER_ARGS = dict(
     pids=dict(type="list", elements="int"),
+    pid_start_ticks=dict(type="dict"),
     match=dict(type="str"),
     users=dict(type="list", elements="str"),
     exclude=dict(type="list", elements="str", default=[]),
@@ -243,8 +244,32 @@ def check_pids(pids):
     return set(pids)
 
 
+def check_start_ticks(ticks, pids):
+    """pid_start_ticks as {PID: start ticks}, or None when not given. Each key must be one of `pids` (pids must be
+    given), each value a start time in clock ticks since boot (field 22 of /proc/PID/stat), a whole number >= 0."""
+    if ticks is None:
+        return None
+    if pids is None:
+        raise SelectionError("pid_start_ticks needs pids: give the PIDs whose start times it pins")
+    found, bad = {}, []
+    for key, value in ticks.items():
+        pid, start = str(key).strip(), str(value).strip()
+        if not pid.isdigit() or int(pid) not in pids or isinstance(value, bool) or not start.isdigit():
+            bad.append("%s: %s" % (key, value))
+        else:
+            found[int(pid)] = int(start)
+    if bad:
+        raise SelectionError(
+            "pid_start_ticks maps PIDs of pids to start times in clock ticks (whole numbers), got %s" % ", ".join(bad)
+        )
+    return found
+
+
 class Checked:
     """The selection options of one module run, checked once, before the first look at the GPUs."""
+
+    # {PID: start ticks} (check_start_ticks) or None: a listed PID whose process started at another time is left alone.
+    pid_start_ticks = None
 
     def __init__(self, gpus=None, pids=None, regex=None, users=None, owners=None, exclude=(), include_protected=False):
         self.gpus = gpus
@@ -272,7 +297,7 @@ def check_options(params, given=None):
     errors = _owners.container_ref_errors(params["containers"]) if params.get("containers") else None
     if errors:
         raise SelectionError("; ".join(errors))
-    return Checked(
+    checked = Checked(
         gpus=params.get("gpus"),
         pids=check_pids(params.get("pids")),
         regex=compile_match(params.get("match")),
@@ -281,6 +306,8 @@ def check_options(params, given=None):
         exclude=params.get("exclude"),
         include_protected=params.get("include_protected", False),
     )
+    checked.pid_start_ticks = check_start_ticks(params.get("pid_start_ticks"), checked.pids)
+    return checked
 
 
 def ancestors(pid=None, proc="/proc"):
@@ -333,6 +360,9 @@ class Selection:
     with indices from select_gpus (None = all GPUs), pids/users as sets or None (any), regex compiled or None.
     """
 
+    # {PID: start ticks} or None (from_params sets it from Checked.pid_start_ticks).
+    pid_start_ticks = None
+
     def __init__(
         self,
         indices,
@@ -370,7 +400,7 @@ class Selection:
             errors = _owners.container_ref_errors(checked.owners["containers"], known)
             if errors:
                 raise SelectionError("; ".join(errors))
-        return cls(
+        selection = cls(
             select_gpus(checked.gpus, snapshot),
             pids=checked.pids,
             regex=checked.regex,
@@ -379,6 +409,8 @@ class Selection:
             include_protected=checked.include_protected,
             owners=checked.owners,
         )
+        selection.pid_start_ticks = checked.pid_start_ticks
+        return selection
 
     @property
     def narrowed(self):
@@ -399,6 +431,13 @@ class Selection:
         """Why pids, match, users or an owner filter leave this holder alone, or None (the protection rules aside)."""
         if self.pids is not None and holder["pid"] not in self.pids:
             return "not in pids"
+        wanted = (self.pid_start_ticks or {}).get(holder["pid"])
+        if wanted is not None and holder.get("start_ticks") != wanted:
+            return "PID %d now names a process started at tick %s, not the one pid_start_ticks names (tick %d)" % (
+                holder["pid"],
+                holder.get("start_ticks"),
+                wanted,
+            )
         if self.regex is not None and not self.regex.search(holder.get("cmdline") or ""):
             return "command line does not match %r" % self.regex.pattern
         if self.users is not None and holder.get("user") not in self.users and str(holder.get("uid")) not in self.users:

@@ -250,10 +250,10 @@ def plant(kind, dev_dir, minor):
     fds = {}
     for name, count in opened:
         path = os.path.join(dev_dir, "nvidia%d" % minor if name == "gpu" else name)
-        fds[name] = [os.open(path, os.O_RDWR) for _ in range(count)]
+        fds[name] = [os.open(path, os.O_RDWR) for _copy in range(count)]
     addresses = []
     for name, prot, kib, count, dontfork in mappings:
-        for _ in range(count):
+        for _copy in range(count):
             address = libc.mmap(None, kib << 10, _PROT[prot], mmap.MAP_SHARED, fds[name][0], 0)
             if address in (None, ctypes.c_void_p(-1).value):
                 raise WorkloadError("mmap of %s failed: %s" % (name, os.strerror(ctypes.get_errno())))
