@@ -416,7 +416,8 @@ class DriverScenarios:
         scenario.update(pinned_gib=pinned, gpu_gib=PINNED_GPU_GIB, host_available_mib=(available or 0) // MIB)
         if available is not None and available < (pinned + PINNED_HEADROOM_GIB) << 30:
             raise Skip(
-                "%d GiB pinned needs %d GiB of host memory free, %d MiB are" % (pinned, pinned + 8, available >> 20)
+                "%d GiB pinned needs %d GiB of host memory available, %d MiB are"
+                % (pinned, pinned + PINNED_HEADROOM_GIB, available >> 20)
             )
         free = self.gpu.memory()["free_mib"]
         if free < PINNED_GPU_GIB * 1024 + 2048:
