@@ -291,6 +291,19 @@ def test_set_rewrites_node_conf(simnode):
     assert gpunode.read_conf(node.run_dir / "node.conf") == conf
 
 
+def test_h200_preset_sets_the_measured_figures_and_options_beside_it_win(simnode):
+    node = simnode(gpus=1, no_driver=True, preset="h200", reserved_mib=700)
+    conf = gpunode.read_conf(node.run_dir / "node.conf")
+    assert {key: conf[key] for key in gpunode.PRESETS["h200"]} == dict(gpunode.PRESETS["h200"], reserved_mib="700")
+    assert conf["memory_total_mib"] == "143771" and conf["context_overhead_mib"] == "518"
+    assert node.info["gpus"][0]["name"] == "NVIDIA H200" and node.info["release_latency"] == 0.15
+    plain = gpunode.read_conf(simnode(gpus=1, no_driver=True).run_dir / "node.conf")
+    assert plain["name"] == "NVIDIA H100 80GB HBM3" and "context_overhead_mib" not in plain
+    result = run_gpunode("up", "bad", "--no-driver", "--preset", "h100")
+    assert result.returncode == 2 and "invalid choice: 'h100'" in result.stderr, result.stderr
+    assert run_gpunode("set", node.name, "context_overhead_mib=-1").returncode == 1
+
+
 def test_down_all_leaves_nothing_behind(tmp_path):
     root = tmp_path / "root"
     try:
