@@ -257,6 +257,13 @@ def _reset_gpus_options(given, spec):
         for kind in SELECTIONS
         if "reset_gpus_" + kind in given
     }
+    if "reset_gpus_pid_start_ticks" in given:
+        ticks = given["reset_gpus_pid_start_ticks"]
+        if not isinstance(ticks, dict) or not ticks:
+            raise Refused(
+                "reset_gpus_pid_start_ticks must map PIDs of reset_gpus_pids to start times, not %s" % shown(ticks)
+            )
+        group["pid_start_ticks"] = dict(ticks)
     values = numbers(
         given,
         positive=("reset_gpus_driver_timeout", "reset_gpus_progress_interval"),

@@ -69,6 +69,13 @@ options:
         left alone and their memory does not make the wait fail. Omitted, any; null, an empty list or a blank entry is refused.
     type: list
     elements: int
+  pid_start_ticks:
+    description:
+      - Pins PIDs of O(pids) to processes, as a mapping of each PID to its start ticks (the start time in clock ticks since boot,
+        field 22 of C(/proc/PID/stat); the label C(start_ticks) of M(gpuops.nvidia.gpu_guard)'s orphan metric).
+        A listed PID whose process started at another time (the PID was reused) is left alone, with the reason.
+      - Every key must be one of O(pids); each value a whole number. Omitted, no PID is pinned.
+    type: dict
   match:
     description:
       - Only holders whose full command line matches this Python regex count (as in M(gpuops.nvidia.gpu_kill)).
