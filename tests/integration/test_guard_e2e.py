@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import threading
@@ -230,8 +229,12 @@ def test_orphans_alert_remediate_resolve(simnode, tmp_path, daemons):
     node_a, node_b = simnode(gpus=4), simnode(gpus=2)
     dead = start_vllm(node_a, "/models/m", "--tensor-parallel-size", "2", env={"CUDA_VISIBLE_DEVICES": "0,1"})
     port_a, port_b, webhook_port = free_ports(3)
-    live_a = start_vllm(node_a, "/models/m", "--port", str(port_a), "--host", "127.0.0.1", env={"CUDA_VISIBLE_DEVICES": "2"})
-    live_b = start_vllm(node_b, "/models/m", "--port", str(port_b), "--host", "127.0.0.1", env={"CUDA_VISIBLE_DEVICES": "0"})
+    live_a = start_vllm(
+        node_a, "/models/m", "--port", str(port_a), "--host", "127.0.0.1", env={"CUDA_VISIBLE_DEVICES": "2"}
+    )
+    live_b = start_vllm(
+        node_b, "/models/m", "--port", str(port_b), "--host", "127.0.0.1", env={"CUDA_VISIBLE_DEVICES": "0"}
+    )
     bystander = start_nvml_monitor(node_a)
     engines, workers = vllm_instance(node_a, dead)
     _live_engines, live_workers = vllm_instance(node_a, live_a)
