@@ -264,25 +264,7 @@ def _reset_gpus_options(given, spec):
                 "reset_gpus_pid_start_ticks must map PIDs of reset_gpus_pids to start times, not %s" % shown(ticks)
             )
         group["pid_start_ticks"] = dict(ticks)
-    values = numbers(
-        given,
-        positive=("reset_gpus_driver_timeout", "reset_gpus_progress_interval"),
-        whole=("reset_gpus_max_used_mib",),
-        # The bounds of the gpu_kill and gpu_wait options they set (the progress interval is a slice of the wait).
-        at_most=seconds_bounds(
-            reset_gpus_grace_period="grace_period",
-            reset_gpus_kill_wait="kill_wait",
-            reset_gpus_timeout="timeout",
-            reset_gpus_driver_timeout="driver_timeout",
-            reset_gpus_progress_interval="wait_timeout",
-        ),
-        reset_gpus_grace_period=10,
-        reset_gpus_kill_wait=5,
-        reset_gpus_timeout=120,
-        reset_gpus_max_used_mib=256,
-        reset_gpus_driver_timeout=10,
-        reset_gpus_progress_interval=15,
-    )
+    values = _reset_gpus_numbers(given)
     report_dir = _text(given.get("reset_gpus_report_dir") or "")
     if report_dir.strip():
         why = _writable_dir(report_dir)
@@ -309,6 +291,29 @@ def _reset_gpus_options(given, spec):
     if _flag("reset_gpus_stop_spanning_owners", given.get("reset_gpus_stop_spanning_owners", False)):
         kill["stop_spanning_owners"] = True
     return {"kill": kill, "group": group}
+
+
+def _reset_gpus_numbers(given):
+    """The role's number variables, checked (_numbers.numbers), with the bounds of the gpu_kill and gpu_wait options
+    they set (the progress interval is a slice of the wait)."""
+    return numbers(
+        given,
+        positive=("reset_gpus_driver_timeout", "reset_gpus_progress_interval"),
+        whole=("reset_gpus_max_used_mib",),
+        at_most=seconds_bounds(
+            reset_gpus_grace_period="grace_period",
+            reset_gpus_kill_wait="kill_wait",
+            reset_gpus_timeout="timeout",
+            reset_gpus_driver_timeout="driver_timeout",
+            reset_gpus_progress_interval="wait_timeout",
+        ),
+        reset_gpus_grace_period=10,
+        reset_gpus_kill_wait=5,
+        reset_gpus_timeout=120,
+        reset_gpus_max_used_mib=256,
+        reset_gpus_driver_timeout=10,
+        reset_gpus_progress_interval=15,
+    )
 
 
 def check_gpus_plan(given, hosts=None, inventory=None):

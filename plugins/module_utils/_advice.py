@@ -24,6 +24,8 @@ def describe(gpu):
         parts.append("%s MiB used" % gpu["memory_used_mib"])
         if gpu["left_alone_mib"]:
             parts.append("%s MiB of it by holders left alone" % gpu["left_alone_mib"])
+        if gpu.get("protected_mib"):
+            parts.append("%s MiB of it by protected holders, which counts" % gpu["protected_mib"])
         if gpu["unexplained_mib"]:
             parts.append("%s MiB that no listed process explains" % gpu["unexplained_mib"])
     elif gpu.get("error"):
@@ -108,6 +110,8 @@ def next_step(gpu):
                 "or a systemd unit) first" % ", ".join(sorted(set(parents)))
             )
         return text
+    if gpu.get("protected_mib"):
+        return protected_step(gpu)
     if gpu.get("foreign"):
         return "%s; run the check on the host (outside this PID namespace) to see and end that process" % "; ".join(
             describe_foreign(item, index) for item in gpu["foreign"]
@@ -129,6 +133,20 @@ def next_step(gpu):
             )
         return text
     return "the driver did not report memory for %s: check the NVIDIA driver (nvidia-smi)" % which
+
+
+def protected_step(gpu):
+    """The next step for a GPU whose used memory is held by processes the protection rules leave alone."""
+    return (
+        "%s holds its memory and is left alone by default (it is never signalled), yet a GPU whose memory a process "
+        "holds is not free. End it with include_protected=true (role: reset_gpus_include_protected), or leave it out "
+        "knowingly with exclude (check_gpus_exclude, reset_gpus_exclude), which names it and its memory"
+        % ", ".join(
+            "PID %s (%s, %s MiB)" % (h["pid"], h["comm"], h["memory_mib"])
+            for h in gpu["left_alone"]
+            if h.get("counted") and h["memory_mib"]
+        )
+    )
 
 
 def describe_foreign(item, index):

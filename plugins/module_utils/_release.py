@@ -8,8 +8,11 @@ gpu_kill (its check-mode prediction and its wait), gpu_wait (and so check_gpus.y
 role's gates) call `gpu_status`. A GPU, or a selected MIG instance, is released when:
 - no target of the selection holds it,
 - the driver answers it without an error and did not hang,
-- its used memory (MiB), less what the left-alone holders hold there, is at most max_used_mib
-  (plus the reserved-memory allowance of NVML memory info v1), or the memory is not reported.
+- its used memory (MiB), less what the holders left out by the operator's choice (pids, match, users, the owner
+  filters, exclude) hold there, is at most max_used_mib (plus the reserved-memory allowance of NVML memory info
+  v1), or the memory is not reported.
+What the protection rules leave alone (the GPU daemons, this module's own chain) is never signalled, but its memory
+counts: nobody chose to leave it out, and a process that holds memory keeps the GPU from being free whatever it is.
 """
 
 from __future__ import annotations
@@ -22,6 +25,26 @@ def is_released(holders, error, timed_out, used_mib, left_alone_mib, max_used_mi
     if holders or error or timed_out:
         return False
     return used_mib is None or used_mib - left_alone_mib <= max_used_mib + allowance_mib
+
+
+def left_alone(split, index, holds):
+    """The left-alone holders of Selection.split's `split` that `holds` tells hold GPU `index` (brief), with their
+    "reason" and "counted" (left alone by the protection rules: their memory counts)."""
+    counted = set(split["counted"])
+    return [
+        dict(brief(h, index), reason=h["reason"], counted=h["pid"] in counted) for h in split["left_alone"] if holds(h)
+    ]
+
+
+def held_by_protected(entry, max_used_mib):
+    """True when only the memory of holders the protection rules leave alone keeps a gpu_status entry from being
+    released: no target holds it, the driver answers it, and without that memory it would be. Waiting cannot change
+    that (nothing will end them); the wait stops there."""
+    used = entry["memory_used_mib"]
+    if entry["holders"] or entry["error"] or used is None or not entry["protected_mib"]:
+        return False
+    rest = used - entry["left_alone_mib"] - entry["protected_mib"]
+    return rest <= max_used_mib + entry["reserved_allowance_mib"]
 
 
 def left_alone_mib(left, figures):
@@ -38,9 +61,11 @@ def gpu_status(selection, snapshot, max_used_mib):
     """Per selected GPU or MIG instance, is it released? A list of dicts with _shapes.WAIT_GPU_KEYS.
 
     "holders" are the targets still holding it (brief), "left_alone" the left-alone holders (brief and
-    reason), "left_alone_mib" their memory. MIG instances add "mig_profile"; a whole GPU in MIG mode that
-    is not released adds "mig_in_use" (its instances that hold memory or processes). "memory_note" says
-    why more used memory counts as idle (NVML memory info v1).
+    reason, and "counted": whether its memory counts), "left_alone_mib" the memory of those the operator left out
+    (subtracted), "protected_mib" that of those the protection rules leave alone (counted: see the module's
+    docstring). MIG instances add "mig_profile"; a whole GPU in MIG mode that is not released adds "mig_in_use" (its
+    instances that hold memory or processes). "memory_note" says why more used memory counts as idle (NVML memory
+    info v1).
     Without any index map (no NVML, no /proc/driver/nvidia) there is one entry with index None for all GPUs.
     """
     split = selection.split(snapshot)
@@ -49,8 +74,9 @@ def gpu_status(selection, snapshot, max_used_mib):
             _shapes.entry(
                 _shapes.WAIT_GPU_KEYS,
                 holders=[brief(h, None) for h in split["targets"]],
-                left_alone=[dict(brief(h, None), reason=h["reason"]) for h in split["left_alone"]],
+                left_alone=left_alone(split, None, lambda h: True),
                 left_alone_mib=0,
+                protected_mib=0,
                 foreign=[],
                 suspects=[],
                 memory_checked=False,
@@ -96,13 +122,14 @@ def _entry(gpu, figures, mig_uuid, split, holds, timed_out, max_used_mib):
     MIG device, {} when it is gone); `holds(holder)` tells whether a holder holds this GPU or instance."""
     index = gpu["index"]
     holders = [brief(h, index) for h in split["targets"] if holds(h)]
-    left = [dict(brief(h, index), reason=h["reason"]) for h in split["left_alone"] if holds(h)]
+    left = left_alone(split, index, holds)
+    protected_mib = sum(h["memory_mib"] or 0 for h in left if h["counted"])
     error = gpu.get("error")
     if mig_uuid is not None and not figures and not error:
         error = "MIG device %s is no longer there (MIG reconfigured?)" % mig_uuid
     used = figures.get("memory_used_mib")
     allowance = figures.get("reserved_allowance_mib") or 0
-    left_mib = left_alone_mib(left, figures)
+    left_mib = left_alone_mib([h for h in left if not h["counted"]], figures)
     return _shapes.entry(
         _shapes.WAIT_GPU_KEYS,
         index=index,
@@ -115,6 +142,7 @@ def _entry(gpu, figures, mig_uuid, split, holds, timed_out, max_used_mib):
         holders=holders,
         left_alone=left,
         left_alone_mib=left_mib,
+        protected_mib=protected_mib,
         foreign=figures.get("foreign", []),
         suspects=gpu["suspects"],
         # Memory the driver does not report (a GB10: what its lists charge stands in for used memory) is not checked.

@@ -18,13 +18,16 @@ from __future__ import annotations
 import os
 import pwd
 import re
+import stat
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils import _owners, _proc
 from ansible_collections.gpuops.nvidia.plugins.module_utils._options import OptionError
 
-# Daemons that hold GPUs legitimately; never signalled unless the operator says so explicitly.
-# Matched against the process name (comm) and the basename of argv[0].
+# Daemons that hold GPUs legitimately; never signalled unless the operator says so explicitly. Known by what they
+# run, not by their title: the basename of the executable /proc/PID/exe points to (daemon_name). A title (exec -a,
+# setproctitle, prctl PR_SET_NAME) changes argv[0] and comm, never the executable.
 PROTECTED_NAMES = (
+    # NVIDIA's daemons and tools (docs/attribution.md, "Protected by default").
     "nvidia-persistenced",
     "nv-hostengine",
     "dcgm-exporter",
@@ -32,14 +35,15 @@ PROTECTED_NAMES = (
     "nvidia-fabricmanager",
     "nvidia-cuda-mps-control",
     "nvidia-cuda-mps-server",
-    "Xorg",
-    "Xwayland",
-    "X",
     "nvidia-device-plugin",
     "gpu-feature-discovery",
     "nvidia-mig-manager",
     "nvidia-smi",
-    # Display servers and compositors (docs/attribution.md, "Protected by default"): a desktop's graphics contexts.
+    # Display servers (Ubuntu's /usr/lib/xorg/Xorg, Fedora's /usr/libexec/Xorg; /usr/bin/Xorg is a wrapper script).
+    "Xorg",
+    "Xwayland",
+    "X",
+    # Compositors and desktop shells, display managers and their sessions: a desktop's graphics contexts.
     "gnome-shell",
     "mutter",
     "kwin_wayland",
@@ -48,12 +52,15 @@ PROTECTED_NAMES = (
     "sway",
     "weston",
     "gdm",
+    "gdm3",
     "gdm-wayland-session",
     "gdm-x-session",
     "sddm",
     "sddm-helper",
     "sddm-greeter",
 )
+# The prefix of the reason of a holder left alone by the exclude option: the operator's choice, unlike the others.
+EXCLUDED = "excluded by the exclude option"
 
 # Options shared by every module that selects holders (gpu_kill, gpu_wait), beside `gpus`.
 HOLDER_ARGS = dict(
@@ -321,12 +328,38 @@ def ancestors(pid=None, proc="/proc"):
     return chain
 
 
-def protection(holder, own_chain, exclude=(), include_protected=False):
+def daemon_name(pid, start_ticks, proc="/proc", owner=0):
+    """The name in PROTECTED_NAMES that process `pid` runs, judged by its executable, or None.
+
+    /proc/PID/exe names the file the kernel runs (a deleted one ends in " (deleted)", as after a package upgrade).
+    Its basename must be one of PROTECTED_NAMES, and the file a regular one that only `owner` (root) could have put
+    there: owned by it, writable by no one else. So `exec -a nvidia-persistenced python3` (exe python3) is not a
+    daemon, and neither is a copy of a binary renamed by a user (owned by that user). None also when the process is
+    gone, or its PID no longer names the process with `start_ticks`, or its exe cannot be read (another user's
+    process, read without privileges).
+    """
+    path = "%s/%d/exe" % (proc, pid)
+    try:
+        target = os.readlink(path)
+        found = os.stat(path)
+    except OSError:
+        return None
+    if _proc.read_start_ticks(pid, proc) != start_ticks:
+        return None
+    name = os.path.basename(target[: -len(" (deleted)")] if target.endswith(" (deleted)") else target)
+    trusted = (
+        stat.S_ISREG(found.st_mode) and found.st_uid == owner and not found.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    )
+    return name if trusted and name in PROTECTED_NAMES else None
+
+
+def protection(holder, own_chain, exclude=(), include_protected=False, proc="/proc"):
     """Why `holder` must not be signalled, or None.
 
     Never: PID 1, kernel threads, this process and its ancestors (the Ansible process chain
-    and the SSH session). By default also the daemons of PROTECTED_NAMES and the names in
-    `exclude`; `include_protected=True` lifts PROTECTED_NAMES (never `exclude`).
+    and the SSH session). By default also the daemons of PROTECTED_NAMES, by their executable
+    (daemon_name), and the names in `exclude`; `include_protected=True` lifts PROTECTED_NAMES
+    (never `exclude`).
     """
     pid = holder["pid"]
     if pid == 1:
@@ -337,10 +370,10 @@ def protection(holder, own_chain, exclude=(), include_protected=False):
         return "kernel thread"
     excluded = _matching_names(holder, exclude)
     if excluded:
-        return "excluded by the exclude option (%s)" % ", ".join(excluded)
-    daemons = [] if include_protected else _matching_names(holder, PROTECTED_NAMES)
-    if daemons:
-        return "protected GPU daemon (%s)" % ", ".join(daemons)
+        return "%s (%s)" % (EXCLUDED, ", ".join(excluded))
+    daemon = None if include_protected else daemon_name(pid, holder.get("start_ticks"), proc)
+    if daemon:
+        return "protected GPU daemon (%s)" % daemon
     return None
 
 
@@ -373,8 +406,10 @@ class Selection:
         include_protected=False,
         own_chain=None,
         owners=None,
+        proc="/proc",
     ):
         self.indices = indices
+        self.proc = proc
         # {index: MIG UUIDs} where only some MIG instances of a GPU are selected (select_gpus).
         self.instances = getattr(indices, "instances", None) or {}
         self.owners = {name: value for name, value in (owners or {}).items() if value is not None}
@@ -448,18 +483,28 @@ class Selection:
 
     def split(self, snapshot):
         """{"targets": [holder], "left_alone": [holder + reason], "protected": [the left_alone entries that the
-        protection rules or `exclude` leave alone, rather than pids, match, users or an owner filter], "not_holding":
-        [PIDs from `pids` that hold none of the selected GPUs]} for the holders of the selected GPUs in `snapshot`."""
-        targets, left, protected = [], [], []
+        protection rules or `exclude` leave alone, rather than pids, match, users or an owner filter], "counted": [the
+        PIDs of those the protection rules leave alone, `exclude` aside: nobody chose to leave them out, so their
+        memory counts in the release decision], "not_holding": [PIDs from `pids` that hold none of the selected
+        GPUs]} for the holders of the selected GPUs in `snapshot`."""
+        targets, left, protected, counted = [], [], [], []
         covered = [h for h in snapshot["holders"] if self.covers(h)]
         for holder in covered:
             narrowed = self.narrowing_reason(holder)
-            reason = narrowed or protection(holder, self.own_chain, self.exclude, self.include_protected)
+            reason = narrowed or protection(holder, self.own_chain, self.exclude, self.include_protected, self.proc)
             if reason is None:
                 targets.append(holder)
                 continue
             left.append(dict(holder, reason=reason))
             if narrowed is None:
                 protected.append(left[-1])
+                if not reason.startswith(EXCLUDED):
+                    counted.append(holder["pid"])
         not_holding = sorted((self.pids or set()) - {h["pid"] for h in covered})
-        return {"targets": targets, "left_alone": left, "protected": protected, "not_holding": not_holding}
+        return {
+            "targets": targets,
+            "left_alone": left,
+            "protected": protected,
+            "counted": counted,
+            "not_holding": not_holding,
+        }

@@ -182,9 +182,11 @@ class BriefHolder(TypedDict):
 
 
 class LeftAlone(BriefHolder):
-    """A left-alone holder in a wait report, with why it was left alone."""
+    """A left-alone holder in a wait report, with why it was left alone, and whether its memory counts in the
+    release decision (left alone by the protection rules rather than by the operator's choice: _release)."""
 
     reason: str
+    counted: bool
 
 
 class WaitGpu(TypedDict):
@@ -202,6 +204,7 @@ class WaitGpu(TypedDict):
     holders: List[BriefHolder]
     left_alone: List[LeftAlone]
     left_alone_mib: int
+    protected_mib: int
     foreign: List[dict]
     suspects: List[dict]
     memory_checked: bool

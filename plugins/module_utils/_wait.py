@@ -70,9 +70,12 @@ def wait_released(
         status = _release.gpu_status(selection, snapshot, max_used_mib)
         done = all(gpu["released"] for gpu in status)
         now = clock()
-        # Waiting cannot help a hung driver, nor GPUs that answer with an error; the others are still waited for.
+        # Waiting cannot help a hung driver, nor GPUs that answer with an error or that only the memory of protected
+        # holders keeps (nothing ends them); the others are still waited for.
         pending = [gpu for gpu in status if not gpu["released"]]
-        hopeless = snapshot["driver"]["timed_out"] or (pending and all(gpu.get("error") for gpu in pending))
+        hopeless = snapshot["driver"]["timed_out"] or (
+            pending and all(gpu.get("error") or _release.held_by_protected(gpu, max_used_mib) for gpu in pending)
+        )
         if done or now >= deadline or hopeless:
             return {
                 "released": done and not snapshot["driver"]["timed_out"],

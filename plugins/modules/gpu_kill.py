@@ -26,8 +26,11 @@ description:
     never signalled.
   - Never signals itself or its ancestors (the Ansible process chain and the SSH session), PID 1 or kernel threads.
     By default it also leaves alone the GPU daemons nvidia-persistenced, nv-hostengine (DCGM), dcgm-exporter,
-    nvidia-fabricmanager, the MPS control daemon and server, and Xorg / Xwayland; O(exclude) adds names, and only
-    O(include_protected=true) lifts the default list.
+    nvidia-fabricmanager, the MPS control daemon and server, Xorg / Xwayland and desktop compositors, known by what
+    they run (C(/proc/PID/exe) is a root-owned binary of that name), never by a title anyone can set (C(exec -a),
+    setproctitle). O(exclude) adds names, and only O(include_protected=true) lifts the default list. With
+    O(wait=true), the memory a protected holder keeps counts, and such a GPU is not released (docs/attribution.md,
+    "Protected by default").
   - When several holders are selected they are signalled together (vLLM's EngineCore and its TP workers end in
     parallel). After the round the GPUs are looked at again and new selected holders (for example children started
     meanwhile) are ended too, for at most 3 rounds. One that has the parent or the command line of a process just
@@ -114,7 +117,7 @@ options:
     elements: str
     default: []
   include_protected:
-    description: Also signal the default protected GPU daemons (nvidia-persistenced, DCGM, fabric manager, MPS, Xorg).
+    description: Also signal the default protected GPU daemons (nvidia-persistenced, DCGM, fabric manager, MPS, Xorg, compositors).
     type: bool
     default: false
   driver_timeout:

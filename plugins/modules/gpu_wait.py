@@ -10,20 +10,23 @@ short_description: Wait until NVIDIA GPUs are really released
 version_added: 0.1.0
 description:
   - Waits until every selected GPU has no selected holder left and its used memory (NVML memory info v2, C(used),
-    which excludes reserved memory), minus the memory of the holders the selection leaves alone, is at or below
-    O(max_used_mib).
+    which excludes reserved memory), minus the memory of the holders the operator leaves out (O(pids), O(match),
+    O(users), the owner filters, O(exclude)), is at or below O(max_used_mib).
   - Holding a GPU means holding its memory (docs/attribution.md); processes that merely have device files open (NVML
     exporters, nvtop, NCCL workers of other GPUs) are device users and never count. O(pids), O(match), O(users),
     O(exclude) and O(include_protected) select holders exactly as in M(gpuops.nvidia.gpu_kill); a holder they leave
-    alone is reported (RV(left_alone)) and does not make the wait fail.
+    alone is reported (RV(left_alone)) and is not waited for.
   - Where the driver's process lists explain the selected GPUs' memory, each look reads only the listed processes'
     fds; a full C(/proc) scan runs only where memory is unexplained.
   - A selected GPU that the driver answers with an error (a lost GPU) fails the wait, naming the GPU and the next step,
     as soon as the other selected GPUs are released (at the first look when they already are); they are still
     waited for.
   - Holders are found as in M(gpuops.nvidia.gpu_facts). The protected GPU daemons (nvidia-persistenced, DCGM,
-    fabric manager, MPS, Xorg; see M(gpuops.nvidia.gpu_kill)) and the Ansible process chain do not count, as they
-    hold the device files of healthy GPUs too.
+    fabric manager, MPS, Xorg, desktop compositors, known by their executable, never by a title; see
+    M(gpuops.nvidia.gpu_kill)) and the Ansible process chain are not waited for, but the memory they hold counts, as a GPU
+    whose memory a process holds is not free, whatever that process is (docs/attribution.md, "Protected by
+    default"). A GPU that only their memory keeps from being free fails the wait at once, naming them and the next
+    step, as nothing will end them. To leave such a holder's memory out, name it in O(exclude).
   - Polls every O(poll_interval) seconds with no fixed sleeps, so it returns within one poll interval of the
     release (the driver frees a dead process's memory some time after its last handle closes).
   - On timeout it fails with a report per GPU (RV(gpus)) giving the memory still used, the processes still holding it
@@ -86,7 +89,10 @@ options:
     type: list
     elements: str
   exclude:
-    description: Process names that do not count as holders, added to the protected daemons.
+    description:
+      - Process names (kernel comm or basename of argv[0]) left out, added to the protected daemons; their memory is
+        left out of the release decision too, and named (RV(gpus)). A name is what anyone can give a process, so
+        only what the operator names here is left out by name.
     type: list
     elements: str
     default: []
@@ -166,7 +172,9 @@ gpus:
     - Per selected GPU at the last look, C(index), C(uuid), C(memory_used_mib), C(memory_reserved_mib), C(unexplained_mib)
       (used memory the driver's lists do not explain, null when unknown), C(memory_unexplained) (beyond the tolerance
       O(max_used_mib)), C(holders) (selected holders still holding it, with C(pid), C(comm), C(state), C(cmdline), C(user),
-      C(memory_mib), C(attribution), C(parent)), C(left_alone) (the same fields plus C(reason)) and C(left_alone_mib),
+      C(memory_mib), C(attribution), C(parent)), C(left_alone) (the same fields plus C(reason) and C(counted), true
+      where its memory counts, for a protected holder), C(left_alone_mib) (the memory of those the operator left out,
+      subtracted), C(protected_mib) (the memory of the protected holders, which counts),
       C(foreign) (driver-listed PIDs that no process here confirms, with C(pid), C(used_mib), C(type), C(reason), C(comm)),
       C(suspects) (PIDs holding the device file where a holder is looked for and none shows a context), C(error),
       C(memory_checked) (false when NVML could not be asked or does not report the memory) and C(released).

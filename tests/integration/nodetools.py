@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 from polling import wait_for  # noqa: F401  (tests import it from here)
 from ports import free_ports
@@ -173,8 +174,8 @@ spec = json.loads(sys.argv[1])
 sys.path.insert(0, spec["sim_dir"])
 import simcuda
 fds = simcuda.cuda_process("/dev", json.loads(sys.argv[4]), (), simcuda.MPS_CONTROL)
-server = subprocess.Popen([sys.executable, "-c", sys.argv[2], sys.argv[1]], stdin=subprocess.DEVNULL,
-                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+server = subprocess.Popen([spec.get("executable") or sys.executable, "-c", sys.argv[2], sys.argv[1]],
+                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 with open(sys.argv[3] + ".tmp", "w") as f:
     f.write("%d %d\n" % (os.getpid(), os.getpid()))
 os.rename(sys.argv[3] + ".tmp", sys.argv[3])
@@ -282,6 +283,7 @@ def start_cuda_process(
     pid=0,
     pinned_gib=0,
     ipc=None,
+    executable=None,
 ):
     """Start a simulated CUDA process in `node`; return its PID in the node (for mode inherit: the
     forked child's; with `container`: its PID in the container's namespace).
@@ -297,16 +299,30 @@ def start_cuda_process(
     that context over CUDA IPC. `mode`: hold, inherit (a forked child keeps the handles, the parent
     exits), ignore-term (ignores SIGTERM). `user`: run as that user (uid or name; /usr/bin/python3,
     so no `title`). `container`: a Container to start it in; `pid`: the PID it should get there, or
-    in the node without `container` (0: any; not with `user`).
+    in the node without `container` (0: any; not with `user`). `executable`: the Python it runs
+    under (daemon_executable: a GPU daemon by what it runs; no `title` then).
     """
     spec = cuda_spec(gpus, mib, visible, mode, title, nvml, mps, pinned=int(pinned_gib * 1024), ipc=ipc)
-    return _start_cuda(node, spec, visible, user=user, container=container, pid=pid)
+    return _start_cuda(node, spec, visible, user=user, container=container, pid=pid, executable=executable)
 
 
-def _start_cuda(node, spec, visible, user=None, container=None, pid=0):
+def daemon_executable(node, name):
+    """The path in `node` of an executable named `name` that only root could have put there, as a GPU daemon's binary
+    is (/usr/bin/nvidia-persistenced, root:root 0755): a copy of the node's Python (its standard library only; no
+    setproctitle), so its processes run what that daemon runs (/proc/PID/exe), whatever their title."""
+    directory = node.run_dir / "daemons"
+    directory.mkdir(exist_ok=True)
+    path = directory / name
+    if not path.exists():
+        shutil.copy(os.path.realpath(node_python()), path)
+        path.chmod(0o755)
+    return "/run/gpusim/daemons/" + name
+
+
+def _start_cuda(node, spec, visible, user=None, container=None, pid=0, executable=None):
     path, host_path = _ready_file(node, "cuda")
     spec = dict(spec, ready=path)
-    python = "/usr/bin/python3" if user is not None else node_python()
+    python = "/usr/bin/python3" if user is not None else executable or node_python()
     if user is not None and spec["title"]:
         raise ValueError("a title needs setproctitle, which only the venv's Python has")
     environment = ["env", "CUDA_VISIBLE_DEVICES=" + ",".join(str(i) for i in visible)] if visible is not None else []
@@ -352,7 +368,9 @@ def start_mps(node, gpus, server_mib=32):
     compute process). Return (control PID, server PID)."""
     server_path, server_host_path = _ready_file(node, "mps-server")
     control_path, control_host_path = _ready_file(node, "mps-control")
-    spec = cuda_spec(gpus, server_mib, visible=gpus, title="nvidia-cuda-mps-server", kind="MPS_SERVER")
+    # The server runs nvidia-cuda-mps-server (its executable, as the real one: protected by what it is, not a title).
+    spec = cuda_spec(gpus, server_mib, visible=gpus, kind="MPS_SERVER")
+    spec["executable"] = daemon_executable(node, "nvidia-cuda-mps-server")
     minors = [node.info["gpus"][index]["minor"] for index in gpus]
     argv = [node_python(), "-c", MPS_CONTROL, json.dumps(dict(spec, ready=server_path)), CUDA_PROCESS, control_path]
     _launch(node, argv + [json.dumps(minors)])

@@ -19,6 +19,7 @@ from nodetools import (
     _launch,
     _ready_file,
     alive,
+    daemon_executable,
     driver_lists,
     node_python,
     start_cuda_process,
@@ -98,9 +99,19 @@ print(child.pid)
 
 
 def start_trainer(
-    node, index=0, mib=6000, workers=2, device=None, kind="compute", title="python3 train.py", mapped=False, pid=0
+    node,
+    index=0,
+    mib=6000,
+    workers=2,
+    device=None,
+    kind="compute",
+    title="python3 train.py",
+    mapped=False,
+    pid=0,
+    executable=None,
 ):
-    """Start TRAINER (with PID `pid` when given); return (its PID, [worker PIDs]) in the node."""
+    """Start TRAINER (with PID `pid` when given; under `executable`, nodetools.daemon_executable, instead of the node's
+    Python, with no title then); return (its PID, [worker PIDs]) in the node."""
     path, host_path = _ready_file(node, "trainer")
     spec = {
         "device": device or "/dev/nvidia%d" % node.info["gpus"][index]["minor"],
@@ -115,7 +126,7 @@ def start_trainer(
     if pid:
         node.exec(node_python(), "-c", LAUNCH_AS, "%d:group" % pid, node_python(), "-c", TRAINER, json.dumps(spec))
     else:
-        _launch(node, [node_python(), "-c", TRAINER, json.dumps(spec)])
+        _launch(node, [executable or node_python(), "-c", TRAINER, json.dumps(spec)])
     pids = _await_ready(host_path, "trainer %s" % spec)
     return pids[0], list(pids[1:])
 
@@ -208,7 +219,11 @@ def test_gb10_without_memory_figures_resets_the_orphan_only_and_spares_the_deskt
     is protected, the CUDA tool without a context is a device user, the orphaned EngineCore is ended."""
     node = simnode(gpus=1, model_name="NVIDIA GB10", release_latency=0.2)
     node.set(memory_info="unsupported")
-    compositor, _none = start_trainer(node, 0, 43, workers=0, kind="graphics", title="gnome-shell", mapped=True)
+    # The compositor runs gnome-shell's executable: protected by what it is, not by a title (issue 33 item 2).
+    shell = daemon_executable(node, "gnome-shell")
+    compositor, _none = start_trainer(
+        node, 0, 43, workers=0, kind="graphics", title=None, mapped=True, executable=shell
+    )
     engine = start_holder(node, [0], mib=60000, title="VLLM::EngineCore")
     tool = start_cuda_process(node, [], mib=0, visible=[0])
     inventory = inventory_file(tmp_path, node)

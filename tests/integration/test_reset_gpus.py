@@ -9,7 +9,17 @@ import time
 import pytest
 
 from ansible_run import REPO, module, only, playbook
-from nodetools import alive, gpu_memory, processes, start_holder, start_vllm, vllm_tree, wait_for
+from nodetools import (
+    alive,
+    daemon_executable,
+    gpu_memory,
+    processes,
+    start_cuda_process,
+    start_holder,
+    start_vllm,
+    vllm_tree,
+    wait_for,
+)
 from simnode import inventory_file
 
 PLAYBOOK = REPO / "playbooks" / "reset_gpus.yml"
@@ -77,7 +87,10 @@ def test_facts_report_vllm_holders_with_identity_and_memory(simnode, tmp_path):
 
 def test_protected_daemons_and_unselected_holders_survive(simnode, tmp_path):
     node = simnode(gpus=4, release_latency=0.2)
-    daemon = start_holder(node, [0, 1, 2, 3], mib=16, title="nvidia-persistenced")
+    # A daemon by its executable (a root-owned binary named nvidia-persistenced), whatever it is titled.
+    daemon = start_cuda_process(
+        node, [0, 1, 2, 3], mib=16, visible=[0, 1, 2, 3], executable=daemon_executable(node, "nvidia-persistenced")
+    )
     outside_match = start_holder(node, [1], mib=2048)
     outside_gpus = start_holder(node, [3], mib=2048, title="VLLM::Worker_TP0")
     target = start_holder(node, [1], mib=4096, title="VLLM::Worker_TP1")
@@ -289,7 +302,9 @@ def test_reports_for_pipelines_and_progress_while_waiting(simnode, tmp_path):
     assert [g["memory_used_mib"] for g in report["gpus_after"]] == [0, 5000]
     metrics = textfile.read_text()
     assert "gpuops_nvidia_reset_success 0\n" in metrics and "gpuops_nvidia_reset_signalled_processes 1\n" in metrics
-    assert re.search(r'gpuops_nvidia_gpu_unexplained_memory_bytes\{gpu="1",uuid="GPU-[0-9a-f-]+"\} 5242880000\n', metrics)
+    assert re.search(
+        r'gpuops_nvidia_gpu_unexplained_memory_bytes\{gpu="1",uuid="GPU-[0-9a-f-]+"\} 5242880000\n', metrics
+    )
     assert re.search(r'gpuops_nvidia_gpu_holders\{gpu="0",uuid="GPU-[0-9a-f-]+"\} 0\n', metrics)
 
     node.set(stray_mib=None)
@@ -435,3 +450,34 @@ def test_two_gpu_kill_runs_at_once_never_both_end_the_same_holders(simnode, tmp_
     assert re.match(r"waited [0-9.]+ s for another gpu_kill run on this host \(PID [0-9]+ \(", second["msg"]), second
     assert "this run reports only what it ended itself; signalled 0 process(es)" in second["msg"], second
     assert not any(alive(node, pid) for pid in holders)
+
+
+def test_a_daemon_s_name_protects_nothing_and_a_daemon_s_memory_counts(simnode, tmp_path):
+    """Issue 33 item 2: a process titled nvidia-persistenced (`exec -a`, setproctitle) with 40000 MiB on a GPU was
+    left alone as a "protected GPU daemon" and check_gpus passed. A daemon is what it runs: the impostor is ended
+    like any holder. A real one (its executable) is left alone, but its memory keeps the GPU from being free: the
+    reset says so at once, with the next step, and check_gpus fails until the operator leaves it out knowingly."""
+    node = simnode(gpus=2, release_latency=0.2)
+    impostor = start_cuda_process(node, [0], mib=40000, visible=[0], title="nvidia-persistenced")
+    daemon = start_cuda_process(node, [1], mib=3000, visible=[1], executable=daemon_executable(node, "nv-hostengine"))
+    inventory = inventory_file(tmp_path, node)
+    check = REPO / "playbooks" / "check_gpus.yml"
+
+    rc, out, _recap = playbook(inventory, check)
+    assert rc != 0 and "not free" in out and "PID %d" % impostor in out, out
+
+    started = time.monotonic()
+    rc, out, _recap = playbook(inventory, PLAYBOOK, "-e", '{"reset_gpus_timeout": 60}')
+    assert rc != 0 and time.monotonic() - started < 45, out  # no wait for what nothing will end
+    assert not alive(node, impostor) and alive(node, daemon), out
+    assert re.search(r"PID %d \S+ \(GPUs 0\): SIGTERM, exited after" % impostor, out), out
+    assert "left alone PID %d nv-hostengine: protected GPU daemon (nv-hostengine)" % daemon in out, out
+    assert "MiB of it by protected holders, which counts" in out and "include_protected=true" in out, out
+
+    rc, out, _recap = playbook(inventory, check, "-e", '{"check_gpus_gpus": [0]}')
+    assert rc == 0, out
+    rc, out, _recap = playbook(inventory, check)
+    assert rc != 0 and "PID %d (nv-hostengine" % daemon in out, out
+    rc, out, _recap = playbook(inventory, check, "-e", '{"check_gpus_exclude": ["nv-hostengine"]}')
+    assert rc == 0, out
+    assert alive(node, daemon)

@@ -12,13 +12,25 @@ from __future__ import annotations
 import os
 import pwd
 import re
+import shutil
+import subprocess
+import sys
 
 import pytest
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _advice, _release, _select
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _advice, _proc, _release, _select
 
 OWN_CHAIN = {1, 700, 701}
 ME = pwd.getpwuid(os.getuid()).pw_name
+
+
+@pytest.fixture(autouse=True)
+def daemons(monkeypatch):
+    """{PID: the protected executable it runs}: _select.daemon_name reads /proc/PID/exe, which these fake PIDs lack.
+    Tests add entries; daemon_name itself is tested on a fake /proc below."""
+    running = {5000003: "nvidia-persistenced", 5000011: "nvidia-persistenced"}
+    monkeypatch.setattr(_select, "daemon_name", lambda pid, start_ticks, proc="/proc", owner=0: running.get(pid))
+    return running
 
 
 def holder(
@@ -292,17 +304,24 @@ def test_protection_never_pid_1_own_chain_or_kernel_threads():
 
 
 @pytest.mark.parametrize("name", _select.PROTECTED_NAMES)
-def test_protection_of_each_gpu_daemon_by_comm_and_by_argv0(name):
-    by_comm = holder(comm=name[:15], cmdline="")  # the kernel cuts comm to 15 bytes
-    by_argv0 = holder(comm="daemon", cmdline="/usr/bin/%s --verbose" % name)
-    for entry in (by_comm, by_argv0):
-        reason = _select.protection(entry, OWN_CHAIN)
-        assert reason.startswith("protected GPU daemon (") and name in reason
-        assert _select.protection(entry, OWN_CHAIN, include_protected=True) is None
+def test_each_gpu_daemon_is_protected_by_its_executable(daemons, name):
+    daemons[5000050] = name
+    entry = holder(pid=5000050, comm="daemon", cmdline="daemon")
+    assert _select.protection(entry, OWN_CHAIN) == "protected GPU daemon (%s)" % name
+    assert _select.protection(entry, OWN_CHAIN, include_protected=True) is None
 
 
-def test_protected_name_only_in_arguments_is_not_protected():
-    assert _select.protection(holder(cmdline="python3 watch.py nvidia-persistenced"), OWN_CHAIN) is None
+@pytest.mark.parametrize("name", _select.PROTECTED_NAMES)
+def test_a_daemon_s_name_as_title_protects_nothing(name):
+    """Issue 33 item 2: any user can run `exec -a nvidia-persistenced python3 ...` (argv[0]) or set comm (prctl,
+    setproctitle): a name is not an identity. Only the executable counts."""
+    for entry in (
+        holder(comm=name[:15], cmdline=""),
+        holder(comm="python3", cmdline="%s --verbose" % name),
+        holder(comm=name[:15], cmdline="/usr/bin/%s" % name),
+        holder(cmdline="python3 watch.py %s" % name),
+    ):
+        assert _select.protection(entry, OWN_CHAIN) is None, entry
 
 
 def test_exclude_holds_even_with_include_protected():
@@ -622,8 +641,9 @@ def test_without_any_map_there_is_one_entry_for_all_gpus():
         "unexplained_mib": None,
         "memory_unexplained": None,
         "holders": [],
-        "left_alone": [dict(_release.brief(daemon, None), reason=entry["left_alone"][0]["reason"])],
+        "left_alone": [dict(_release.brief(daemon, None), reason=entry["left_alone"][0]["reason"], counted=True)],
         "left_alone_mib": 0,
+        "protected_mib": 0,
         "foreign": [],
         "suspects": [],
         "memory_checked": False,
@@ -688,3 +708,87 @@ def test_check_options_refuses_a_given_option_that_names_nothing(given, message)
 def test_check_options_takes_none_as_left_out_without_the_given_arguments():
     assert _select.check_options({"gpus": None, "pids": None}).gpus is None
     assert _select.check_options({"gpus": None}, given={"max_used_mib": 5}).gpus is None
+
+
+# --- protected by what they are (issue 33 item 2) --------------------------------------------------------------------
+
+DAEMON_NAME = _select.daemon_name  # the real one: the autouse fixture replaces the module's
+
+
+def fake_process(tmp_path, pid, executable, mode=0o755, ticks=None):
+    """A fake /proc entry of `pid` whose exe links to a file `executable` (a path under tmp_path) with `mode`."""
+    path = tmp_path / executable.lstrip("/")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("binary")
+    path.chmod(mode)
+    entry = tmp_path / "proc" / str(pid)
+    entry.mkdir(parents=True)
+    (entry / "exe").symlink_to(path)
+    fields = ["S", "1", str(pid), str(pid)] + ["0"] * 15 + [str(ticks or pid * 10)] + ["0"] * 30
+    (entry / "stat").write_text("%d (x) %s\n" % (pid, " ".join(fields)))
+    return str(tmp_path / "proc")
+
+
+def test_daemon_name_is_the_executable_that_only_root_could_have_put_there(tmp_path):
+    me = os.geteuid()  # the owner these files have; on a host, root (0)
+    proc = fake_process(tmp_path, 11, "/usr/bin/nvidia-persistenced")
+    assert DAEMON_NAME(11, 110, proc, owner=me) == "nvidia-persistenced"
+    assert DAEMON_NAME(11, 110, proc, owner=me + 1) is None  # a user's copy of a binary, renamed
+    assert DAEMON_NAME(11, 999, proc, owner=me) is None  # the PID names another process now
+    assert DAEMON_NAME(12, 120, proc, owner=me) is None  # gone
+    for pid, mode in ((13, 0o775), (14, 0o757)):  # writable by others: anyone could have written it
+        proc = fake_process(tmp_path, pid, "/opt/w%d/nvidia-persistenced" % pid, mode=mode)
+        assert DAEMON_NAME(pid, pid * 10, proc, owner=me) is None
+    proc = fake_process(tmp_path, 15, "/usr/bin/python3.12")  # exec -a nvidia-persistenced python3: exe is python3
+    assert DAEMON_NAME(15, 150, proc, owner=me) is None
+    # Replaced by a package upgrade while it runs: the kernel adds " (deleted)" to the link.
+    proc = fake_process(tmp_path, 16, "/usr/lib/xorg/Xorg (deleted)")
+    assert DAEMON_NAME(16, 160, proc, owner=me) == "Xorg"
+
+
+def test_daemon_name_of_real_processes(spawn, tmp_path):
+    """A real process started from a root-owned binary named nvidia-cuda-mps-server is that daemon; python3 started
+    with argv[0] and comm set to nvidia-persistenced (exec -a, prctl) is not."""
+    binary = tmp_path / "bin" / "nvidia-cuda-mps-server"
+    binary.parent.mkdir()
+    shutil.copy(os.path.realpath(sys.executable), binary)
+    binary.chmod(0o755)
+    code = "import ctypes, time\nctypes.CDLL(None).prctl(15, b'nvidia-persistenced')\nprint('ready', flush=True)\ntime.sleep(60)\n"
+    daemon = spawn([str(binary), "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    titled = spawn(
+        ["nvidia-persistenced", "-c", code], executable=sys.executable, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    for child in (daemon, titled):
+        assert child.stdout.readline().strip() == b"ready", child.stdout.read()
+    me = os.geteuid()
+    assert DAEMON_NAME(daemon.pid, _proc.read_start_ticks(daemon.pid), owner=me) == "nvidia-cuda-mps-server"
+    assert _proc.read_stat(titled.pid)["comm"] == "nvidia-persiste" and _proc.read_argv(titled.pid)[0] == (
+        "nvidia-persistenced"
+    )
+    assert DAEMON_NAME(titled.pid, _proc.read_start_ticks(titled.pid), owner=me) is None
+
+
+def test_a_protected_holder_s_memory_keeps_the_gpu_from_being_free(daemons):
+    """Issue 33 item 2: a left-alone protected holder's memory is not subtracted as harmless. What the operator
+    leaves out (pids, match, users, owner filters, exclude) is."""
+    daemon = holder(5000003, {0: 40000}, comm="nvidia-persiste", cmdline="/usr/bin/nvidia-persistenced")
+    view = make_view([gpu(0, 40003)], [daemon])
+    (entry,) = _release.gpu_status(selection(), view, 256)
+    assert entry["released"] is False and entry["holders"] == []
+    assert (entry["protected_mib"], entry["left_alone_mib"]) == (40000, 0)
+    assert entry["left_alone"][0]["counted"] is True and _release.held_by_protected(entry, 256) is True
+    step = _advice.next_step(entry)
+    assert step.startswith("PID 5000003 (nvidia-persiste, 40000 MiB) holds its memory and is left alone by default")
+    assert "include_protected=true" in step and "exclude" in step
+    assert "40000 MiB of it by protected holders, which counts" in _advice.describe(dict(entry, next_step=step))
+    # Left out by the operator's choice: subtracted, and named.
+    (entry,) = _release.gpu_status(selection(exclude=["nvidia-persistenced"]), view, 256)
+    assert entry["released"] is True and (entry["protected_mib"], entry["left_alone_mib"]) == (0, 40000)
+    assert entry["left_alone"][0]["counted"] is False
+    # A protected holder with little memory (an MPS server's context, a persistence daemon) leaves the GPU free.
+    small = make_view([gpu(0, 35)], [dict(daemon, memory_mib={"0": 32})])
+    (entry,) = _release.gpu_status(selection(), small, 256)
+    assert entry["released"] is True and entry["protected_mib"] == 32
+    # Memory still being released besides the daemon's: not yet a matter of the daemon alone.
+    (entry,) = _release.gpu_status(selection(), make_view([gpu(0, 70000)], [daemon]), 256)
+    assert entry["released"] is False and _release.held_by_protected(entry, 256) is False

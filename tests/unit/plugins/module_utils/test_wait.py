@@ -14,6 +14,15 @@ import pytest
 from ansible_collections.gpuops.nvidia.plugins.module_utils import _advice, _select, _wait
 from polling import FakeClock
 
+
+@pytest.fixture(autouse=True)
+def daemons(monkeypatch):
+    """{PID: the protected executable it runs} (_select.daemon_name reads /proc/PID/exe, which fake PIDs lack)."""
+    running = {}
+    monkeypatch.setattr(_select, "daemon_name", lambda pid, start_ticks, proc="/proc", owner=0: running.get(pid))
+    return running
+
+
 DRIVER_OK = {"available": True, "error": None, "timed_out": False}
 DRIVER_HUNG = {
     "available": False,
@@ -158,7 +167,10 @@ def test_only_the_selected_gpus_are_waited_for():
     assert result["released"] is True and [g["index"] for g in result["gpus"]] == [0]
 
 
-def test_protected_daemons_and_device_users_do_not_count_but_mps_clients_listed_by_the_driver_do():
+def test_protected_daemons_without_memory_and_device_users_do_not_count_but_mps_clients_listed_by_the_driver_do(
+    daemons,
+):
+    daemons.update({5000002: "nvidia-persistenced", 5000003: "nv-hostengine"})
     daemons = [
         holder(5000002, {0: 0, 1: 0}, comm="nvidia-persiste", cmdline="/usr/bin/nvidia-persistenced --verbose"),
         holder(5000003, {0: 0}, comm="nv-hostengine", cmdline="nv-hostengine -n"),
@@ -302,6 +314,7 @@ def test_without_any_map_there_is_one_entry_for_all_gpus():
             "holders": [],
             "left_alone": [],
             "left_alone_mib": 0,
+            "protected_mib": 0,
             "foreign": [],
             "suspects": [],
             "memory_checked": False,
@@ -420,3 +433,19 @@ def test_describe_foreign():
 def test_next_step_unexplained_memory_names_the_nvml_only_suspects():
     text = _advice.next_step(status_of(unexplained_mib=30000, suspects=[11, 12]))
     assert "only NVML clients hold its device file (PIDs 11, 12)" in text and "--gpu-reset -i 3" in text
+
+
+def test_a_gpu_held_only_by_a_protected_daemon_ends_the_wait_at_once_not_free(daemons):
+    """Issue 33 item 2: a protected holder's memory counts (nothing ends it): the wait says so at once rather than
+    waiting its whole timeout, and names the holder and what to do."""
+    daemons[5000002] = "nvidia-persistenced"
+    daemon = holder(5000002, {0: 40000}, comm="nvidia-persiste", cmdline="/usr/bin/nvidia-persistenced")
+    result, clock = wait(Scripted(view([gpu(0, 40003)], [daemon])), timeout=60.0)
+    assert result["released"] is False and result["polls"] == 1 and clock.sleeps == []
+    message = _wait.conclude(result, 10.0)
+    assert message.startswith("not released after 0.0 s: GPU 0: 40003 MiB used, 40000 MiB of it by protected holders")
+    assert "PID 5000002 (nvidia-persiste, 40000 MiB) holds its memory and is left alone by default" in message
+    # While a target's memory is still being released, the wait goes on.
+    inspector = Scripted(view([gpu(0, 70003)], [daemon]), view([gpu(0, 40003)], [daemon]))
+    result, _clock = wait(inspector, timeout=60.0)
+    assert result["released"] is False and result["polls"] == 2

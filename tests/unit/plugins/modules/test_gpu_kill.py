@@ -109,6 +109,15 @@ def pids(entries):
     return [e["pid"] for e in entries]
 
 
+@pytest.fixture(autouse=True)
+def daemons(monkeypatch):
+    """PERSISTENCED runs /usr/bin/nvidia-persistenced: _select.daemon_name reads /proc/PID/exe, which these fake
+    PIDs lack ({PID: the protected executable it runs})."""
+    running = {PERSISTENCED["pid"]: "nvidia-persistenced"}
+    monkeypatch.setattr(_select, "daemon_name", lambda pid, start_ticks, proc="/proc", owner=0: running.get(pid))
+    return running
+
+
 def select(indices=None, regex=None, pids=None, users=None, exclude=(), include_protected=False, view=None):
     """(targets, left alone, not holding) as gpu_kill.run splits them."""
     view = VIEW if view is None else view
@@ -618,3 +627,13 @@ def test_a_run_that_cannot_get_the_host_lock_in_time_signals_nothing_and_names_t
         other.stdout.close()
     code, result = run_module(capsys, {"grace_period": 1})
     assert code == 0 and result["lock_waited_s"] == 0.0 and not result["msg"].startswith("waited")
+
+
+def test_a_process_titled_as_a_gpu_daemon_is_ended_like_any_holder(capsys, recorder):
+    """Issue 33 item 2: `exec -a nvidia-persistenced python3 ...` with 40000 MiB on GPU 0 was left alone as a
+    "protected GPU daemon". Its executable is python3: it is a holder like any other."""
+    titled = holder(5000007, {0: 40000}, "nvidia-persistenced", comm="nvidia-persiste", user="root", uid=0)
+    rec = recorder(make_view([titled, PERSISTENCED]))
+    code, result = run_module(capsys, {"gpus": [0], "grace_period": 1})
+    assert code == 0 and rec.ended[0][0] == [5000007], result
+    assert pids(result["protected"]) == [5000003]
