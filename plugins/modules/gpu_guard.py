@@ -35,6 +35,10 @@ attributes:
   diff_mode:
     support: none
 options:
+  gpus:
+    description: V(false) watches the vLLM instances only (C(playbooks/check_vllm.yml)); no GPU is looked at.
+    type: bool
+    default: true
   textfile:
     description:
       - Absolute path of the textfile on the host, in node_exporter's C(--collector.textfile.directory), ending in
@@ -170,6 +174,7 @@ def look(params):
 def main():
     module = AnsibleModule(
         argument_spec=dict(
+            gpus=dict(type="bool", default=True),
             textfile=dict(type="path"),
             inventory_hostname=dict(type="str"),
             vllm_instances=dict(type="list", elements="dict", default=[]),
@@ -181,7 +186,8 @@ def main():
         supports_check_mode=True,
     )
     params = module.params
-    _gpus.check_libraries(module, missing_required_lib)
+    if params["gpus"]:
+        _gpus.check_libraries(module, missing_required_lib)
     problems = instance_problems(params["vllm_instances"])
     path = params["textfile"]
     if path is not None and (not path.startswith("/") or not path.endswith(".prom")):
@@ -199,7 +205,7 @@ def main():
     if problems:
         module.fail_json(msg="nothing was looked at: %s" % "; ".join(problems))
     vllm = watch_instances(params["vllm_instances"], params["stall_seconds"], params["request_timeout"])
-    view, orphans = look(params)
+    view, orphans = look(params) if params["gpus"] else ({"gpus": [], "driver": {}}, [])
     found = _guard_metrics.samples(
         view, orphans, vllm, _holders.translates_pids(view["driver"]), time.time(), params["inventory_hostname"]
     )

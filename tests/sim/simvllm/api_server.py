@@ -56,11 +56,14 @@ def knobs_from_env(environ):
 
 
 def serving_knobs_from_env(environ):
-    """Knobs of the HTTP side: seconds per generated token, seconds until acceptance collapses (None: never)."""
+    """Knobs of the HTTP side: seconds per generated token, seconds until acceptance collapses and until the engine
+    stalls (None: never)."""
     collapse = environ.get("SIMVLLM_ACCEPTANCE_COLLAPSE_AFTER")
+    stall = environ.get("SIMVLLM_STALL_AFTER")
     return {
         "token_seconds": float(environ.get("SIMVLLM_TOKEN_SECONDS", "0")),
         "collapse_after_s": float(collapse) if collapse not in (None, "") else None,
+        "stall_after_s": float(stall) if stall not in (None, "") else None,
     }
 
 

@@ -82,6 +82,7 @@ class ServingState:
     max_num_seqs: int = 1024
     log_stats: bool = True
     collapse_after_s: float = None
+    stall_after_s: float = None
     num_requests_waiting: int = 0
     serving_since: float = None
     shutting_down: bool = False
@@ -102,6 +103,15 @@ class ServingState:
             self.collapse_after_s is not None
             and self.serving_since is not None
             and time.monotonic() - self.serving_since >= self.collapse_after_s
+        )
+
+    def stalled(self):
+        """True once the engine is stuck (stall_after_s seconds after the port started listening): /health still
+        answers 200, running requests stay running, and no token comes out (SIMVLLM_STALL_AFTER)."""
+        return (
+            self.stall_after_s is not None
+            and self.serving_since is not None
+            and time.monotonic() - self.serving_since >= self.stall_after_s
         )
 
     def begin_shutdown(self):
@@ -139,10 +149,17 @@ class ServingState:
             generated = 0
             step = max(1, int(0.05 / self.token_seconds)) if self.token_seconds > 0 else num_tokens
             while generated < num_tokens:
+                if self.stalled():
+                    if self.aborted.wait(0.05):
+                        return generated, "abort"
+                    continue
                 chunk = min(step, num_tokens - generated)
                 if self.aborted.wait(self.token_seconds * chunk) if self.token_seconds > 0 else self.aborted.is_set():
                     return generated, "abort"
                 generated += chunk
+                # Counted as they come, as vLLM's stat logger records every engine step's tokens.
+                with self.lock:
+                    self.generation_tokens += chunk
             return generated, "length"
         finally:
             with self.lock:
@@ -157,7 +174,6 @@ class ServingState:
             drafts = draft_counts(self.speculative.num_speculative_tokens, rate, generated_tokens)
         with self.lock:
             self.prompt_tokens += prompt_tokens
-            self.generation_tokens += generated_tokens
             if drafts:
                 self.num_drafts += drafts[0]
                 self.num_draft_tokens += drafts[0] * self.speculative.num_speculative_tokens
