@@ -91,26 +91,26 @@ orphans:
   type: list
   elements: dict
   contains:
-    pid: {description: PID, type: int}
-    start_ticks: {description: start time in clock ticks since boot (field 22 of /proc/PID/stat), type: int}
-    comm: {description: process name, type: str}
-    reason: {description: why it is orphaned (vllm_server_exited, unit_inactive, slurm_job_ended, pod_gone, exited_creator), type: str}
-    owner_label: {description: its owner as a label value (docs/owners.md), type: str}
-    gpus: {description: GPU indices it holds, type: list, elements: int}
-    memory_mib: {description: MiB it holds per GPU index (null where it shares an exited creator's context), type: dict}
+    pid: {description: "PID", type: int}
+    start_ticks: {description: "start time in clock ticks since boot (field 22 of /proc/PID/stat)", type: int}
+    comm: {description: "process name", type: str}
+    reason: {description: "why it is orphaned (vllm_server_exited, unit_inactive, slurm_job_ended, pod_gone, exited_creator)", type: str}
+    owner_label: {description: "its owner as a label value (docs/owners.md)", type: str}
+    gpus: {description: "GPU indices it holds", type: list, elements: int}
+    memory_mib: {description: "MiB it holds per GPU index (null where it shares an exited creator's context)", type: dict}
 vllm:
   description: The state of each instance of O(vllm_instances), in order.
   returned: always
   type: list
   elements: dict
   contains:
-    name: {description: the instance's name, type: str}
-    url: {description: its URL, type: str}
-    state: {description: healthy, stalled, down or unknown, type: str}
-    reason: {description: why, in words, type: str}
-    requests_running: {description: requests running at the last reading (null when not read), type: int}
-    generation_tokens: {description: vllm:generation_tokens_total at the last reading (null when not read), type: float}
-    watched_s: {description: seconds watched, type: float}
+    name: {description: "the instance's name", type: str}
+    url: {description: "its URL", type: str}
+    state: {description: "healthy, stalled, down or unknown", type: str}
+    reason: {description: "why, in words", type: str}
+    requests_running: {description: "requests running at the last reading (null when not read)", type: int}
+    generation_tokens: {description: "vllm:generation_tokens_total at the last reading (null when not read)", type: float}
+    watched_s: {description: "seconds watched", type: float}
 metrics:
   description: The textfile's text.
   returned: always
