@@ -15,11 +15,13 @@ import ansible_api
 from ansible_run import REPO, VENV_BIN, module, only, playbook
 from nodetools import (
     NVML_MONITOR,
+    SIM_DIR,
     _await_ready,
     _launch,
     _ready_file,
     alive,
     daemon_executable,
+    device_maps,
     driver_lists,
     node_python,
     start_cuda_process,
@@ -35,18 +37,21 @@ CHECK = REPO / "playbooks" / "check_gpus.yml"
 # A CUDA process that forks workers which inherit its handles (a trainer and its DataLoader workers), as the
 # contract says (tests/sim/README.md, "Creating a CUDA context"). argv[1]: {"device" (the path it opens: the GPU's
 # /dev/nvidiaN or a bind mount of it), "index", "mib", "kind" (compute | graphics), "workers", "title", "map"
-# (hold the context by a mapping instead of the fd's position), "ready"}. Reports "<its PID> <worker PIDs...>".
+# (the simulator's bookkeeping by a mapping's offset instead of the fd's position), "ready", "sim_dir"}. Reports "<its PID> <worker PIDs...>".
 TRAINER = r"""
 import json, os, sys, time
 spec = json.loads(sys.argv[1])
 if spec.get("title"):
     import setproctitle
     setproctitle.setproctitle(spec["title"])
+sys.path.insert(0, spec["sim_dir"])
+import simcuda
 token = os.getpid()
-files = [os.open("/dev/nvidiactl", os.O_RDWR)]
-if not spec.get("map"):
-    files.append(os.open("/dev/nvidia-uvm", os.O_RDWR))
+files = [os.open("/dev/nvidiactl", os.O_RDWR), os.open("/dev/nvidia-uvm", os.O_RDWR)]
 fd = os.open(spec["device"], os.O_RDWR)
+# What a context maps (tests/sim/README.md, "Device files per process kind"): its GPU's file rw-s at offset 0 (on a
+# zero-framebuffer GB10 node not that one), nvidiactl rw-s, nvidia-uvm (not inherited by the workers).
+simcuda.map_context(fd, files[0], files[1])
 if spec.get("map"):  # mmap(2) itself: Python's mmap refuses an offset past the (empty) file's end
     import ctypes
     libc = ctypes.CDLL(None, use_errno=True)
@@ -122,6 +127,7 @@ def start_trainer(
         "title": title,
         "map": mapped,
         "ready": path,
+        "sim_dir": SIM_DIR,
     }
     if pid:
         node.exec(node_python(), "-c", LAUNCH_AS, "%d:group" % pid, node_python(), "-c", TRAINER, json.dumps(spec))
@@ -227,6 +233,10 @@ def test_gb10_without_memory_figures_resets_the_orphan_only_and_spares_the_deskt
     engine = start_holder(node, [0], mib=60000, title="VLLM::EngineCore")
     tool = start_cuda_process(node, [], mib=0, visible=[0])
     inventory = inventory_file(tmp_path, node)
+    # Zero framebuffer: the contexts map nvidiactl rw-s and their GPU's file only write-only (docs/attribution.md).
+    minor = node.info["gpus"][0]["minor"]
+    engine_maps = {(path, perms) for path, perms, *_rest in device_maps(node, engine)}
+    assert ("/dev/nvidiactl", "rw-s") in engine_maps and ("/dev/nvidia%d" % minor, "rw-s") not in engine_maps
 
     view = facts(inventory)
     gpu = view["gpus"][0]

@@ -11,14 +11,14 @@ from __future__ import annotations
 import json
 
 from ansible_run import REPO, module, only, playbook
-from nodetools import PROCESS_TAIL, _await_ready, _launch, _ready_file, alive, node_python, start_holder
+from nodetools import PROCESS_TAIL, SIM_DIR, _await_ready, _launch, _ready_file, alive, node_python, start_holder
 from simnode import inventory_file
 
 RESET = REPO / "playbooks" / "reset_gpus.yml"
 CHECK = REPO / "playbooks" / "check_gpus.yml"
 
 # A CUDA process on one MIG instance (argv[1]: JSON spec): /dev/nvidiactl, /dev/nvidia-uvm, the parent's
-# /dev/nvidia<minor> seeked to its token (its context), the GPU instance's and compute instance's capability
+# /dev/nvidia<minor> mapped as a context maps it (simcuda.map_context) and seeked to its token (its context), the GPU instance's and compute instance's capability
 # files (the driver installs both in a CUDA process on a MIG device: nv-caps.c nv_cap_validate_and_dup_fd), and
 # the context line "<index> <MiB> compute gi=<G> ci=<C>". mode "inherit": a forked child keeps every handle and the
 # parent exits; the driver still lists the parent's PID with the memory (its context lives in the child).
@@ -31,8 +31,11 @@ def node_pid():
         if line.startswith("NSpid:"):
             return int(line.split()[1])
 token = node_pid()
+sys.path.insert(0, spec["sim_dir"])
+import simcuda
 fds = [os.open("/dev/nvidiactl", os.O_RDWR), os.open("/dev/nvidia-uvm", os.O_RDWR)]
 device = os.open("/dev/nvidia%d" % spec["minor"], os.O_RDWR)
+simcuda.map_context(device, fds[0], fds[1])  # what a context maps: the parent GPU's file rw-s, nvidiactl, nvidia-uvm
 os.lseek(device, token, os.SEEK_SET)
 fds += [device] + [os.open("/dev/nvidia-caps/nvidia-cap%d" % cap, os.O_RDONLY) for cap in spec["caps"]]
 tmp = "/run/gpusim/contexts/.%d.tmp" % token
@@ -58,6 +61,7 @@ def start_on_instance(node, instance, mib, mode="hold", index=0):
         "mib": mib,
         "mode": mode,
         "ready": path,
+        "sim_dir": SIM_DIR,
     }
     _launch(node, [node_python(), "-c", MIG_PROCESS, json.dumps(spec)])
     return _await_ready(host_path, "MIG process %s" % spec)[0]

@@ -88,6 +88,32 @@ def open_caps(dev_dir):
     return fds
 
 
+def zero_framebuffer(run_dir=None):
+    """True on a node that models a zero-framebuffer GPU (NVIDIA GB10): node.conf `memory_info=unsupported`, the
+    driver's answer on a GB10 (tests/sim/README.md, "The driver model")."""
+    run_dir = run_dir or os.environ.get("GPUSIM_RUN", "/run/gpusim")
+    try:
+        with open(os.path.join(run_dir, "node.conf")) as conf:
+            return any(line.strip() == "memory_info=unsupported" for line in conf)
+    except OSError:
+        return False
+
+
+def map_context(gpu_fd, ctl_fd, uvm_fd=None, kind=CONTEXT, zero_fb=None):
+    """Map what a context maps besides cuInit's: its GPU's file `rw-s` (2 MiB, offset 0), nvidiactl `rw-s`
+    (kind.ctl_maps_kib) and, with `uvm_fd`, nvidia-uvm (map_uvm: not inherited by a forked child).
+
+    A zero-framebuffer GPU (GB10; `zero_fb` None: zero_framebuffer()) has no framebuffer to map: its memory is
+    system memory, which open-gpu-kernel-modules (src/nvidia/arch/nvalloc/unix/src/osapi.c RmCreateMmapContextLocked)
+    attaches to nvidiactl; its GPU's file gets no `rw-s` mapping there. Decided from the source, not measured."""
+    if not (zero_framebuffer() if zero_fb is None else zero_fb):
+        map_file(gpu_fd, 2 * MIB, mmap.PROT_READ | mmap.PROT_WRITE)
+    for size in kind.ctl_maps_kib:
+        map_file(ctl_fd, size * KIB, mmap.PROT_READ | mmap.PROT_WRITE)
+    if uvm_fd is not None:
+        map_uvm(uvm_fd)
+
+
 def cuda_process(dev_dir, visible, compute=(), kind=CONTEXT, token=0, token_on_ctl=False):
     """Open and map what a CUDA process of `kind` does; return its fds.
 
@@ -95,9 +121,10 @@ def cuda_process(dev_dir, visible, compute=(), kind=CONTEXT, token=0, token_on_c
     also visible). Every visible GPU's file is opened (the context's GPU more often) and mapped write-only twice
     (`-w-s`, 64 KiB: cuInit's); nvidiactl is mapped read-only once (`r--s`, 4 KiB). With a context: each
     context's GPU mapped `rw-s` (2 MiB, offset 0), nvidiactl `rw-s` (kind.ctl_maps_kib), nvidia-uvm `rw-s` once
-    (see map_uvm). `token` > 0: the simulator's bookkeeping (tests/sim/README.md, "Creating a CUDA context"): the
+    (see map_uvm); on a zero-framebuffer node no `rw-s` GPU mapping (map_context). `token` > 0: the simulator's bookkeeping (tests/sim/README.md, "Creating a CUDA context"): the
     first fd of each context's GPU (of nvidiactl with `token_on_ctl`, an MPS client) is seeked to it.
     """
+    zero_fb = zero_framebuffer()
     ctl = _open(dev_dir, "nvidiactl", kind.ctl_fds)
     uvm = _open(dev_dir, "nvidia-uvm", kind.uvm_fds)
     fds = ctl + uvm
@@ -107,7 +134,8 @@ def cuda_process(dev_dir, visible, compute=(), kind=CONTEXT, token=0, token_on_c
         for _ in range(2):
             map_file(gpu[0], 64 * KIB, mmap.PROT_WRITE)
         if minor in compute:
-            map_file(gpu[0], 2 * MIB, mmap.PROT_READ | mmap.PROT_WRITE)
+            if not zero_fb:  # see map_context
+                map_file(gpu[0], 2 * MIB, mmap.PROT_READ | mmap.PROT_WRITE)
             if token and not token_on_ctl:
                 os.lseek(gpu[0], token, os.SEEK_SET)
     if kind.caps:
