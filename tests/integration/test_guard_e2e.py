@@ -224,6 +224,7 @@ def serves(node, port):
     return node.exec("python3", "-c", code).stdout.strip() == "2"
 
 
+@pytest.mark.slow
 def test_orphans_alert_remediate_resolve(simnode, tmp_path, daemons):
     started = time.monotonic()
     node_a, node_b = simnode(gpus=4), simnode(gpus=2)
