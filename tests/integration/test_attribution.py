@@ -131,17 +131,20 @@ def test_filtered_reset_does_not_wait_for_what_it_leaves_alone(simnode, tmp_path
     assert driver_lists(node)[0] == {"used": 3072, "compute": {left: 3072}, "mps": {}}
 
 
+@pytest.mark.parametrize("visible", [[1], [0, 1]], ids=["sees-gpu1", "sees-both"])
 @pytest.mark.parametrize("driver_version", ["580.95.05", "535.104.05"])
 def test_reset_inside_a_container_spares_its_job_whose_pid_the_driver_lists_elsewhere(
-    simnode, tmp_path, driver_version
+    simnode, tmp_path, driver_version, visible
 ):
     """Defect 4: inside a container PID N is another process than the node's PID N. 580.95.05: the container sees
-    its own numbers and not the node's job (gpu_rmapi.c _gpuConvertPid); 535.104.05: it sees the node's numbers."""
+    its own numbers and not the node's job (gpu_rmapi.c _gpuConvertPid); 535.104.05: it sees the node's numbers.
+    "sees-both" (issue 33 item 3): the container's job also sees GPU 0, so it holds GPU 0's file and maps it
+    write-only as cuInit does, but has no context there (no rw-s mapping): still not the listed holder of GPU 0."""
     node = simnode(gpus=2, release_latency=0.1)
     node.set(driver_version=driver_version)
     host_job = start_holder(node, [0], mib=5000)
     container = Container(node, tmp_path)
-    job = start_cuda_process(node, [1], mib=4000, visible=[1], container=container, pid=host_job)
+    job = start_cuda_process(node, [1], mib=4000, visible=visible, container=container, pid=host_job)
     assert job == host_job  # container PID == the node PID of the job on GPU 0
 
     status, result = only(

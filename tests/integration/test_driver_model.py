@@ -220,6 +220,44 @@ def test_dead_trainers_number_reused_by_an_nvml_exporter_which_survives(simnode,
     assert driver_lists(node)[0] == {"used": 0, "compute": {}, "mps": {}}
 
 
+# A process that only initialized CUDA (cuInit, torch.cuda.is_available()): argv[1] the sim dir, argv[2] the GPU's
+# minor, argv[3] the ready file. It opens and maps what one does on driver 580.159.04 (simcuda.CUDA_INIT).
+CUDA_INIT = r"""
+import os, sys, time
+sys.path.insert(0, sys.argv[1])
+import simcuda
+fds = simcuda.cuda_process("/dev", [int(sys.argv[2])], (), simcuda.CUDA_INIT)
+with open(sys.argv[3] + ".tmp", "w") as f:
+    f.write("%d\n" % os.getpid())
+os.rename(sys.argv[3] + ".tmp", sys.argv[3])
+while True:
+    time.sleep(1)
+"""
+
+
+def test_dead_trainers_number_reused_by_a_cuda_initialized_process_which_survives(simnode, tmp_path):
+    """Issue 33 item 3: the number goes to a process that initialized CUDA (nvidia-uvm, the GPU's file, write-only
+    mappings) but has no context. The rule of uvm-or-mapping called it the listed holder and ended it; the workers
+    that hold the context are the holders."""
+    node = simnode(gpus=1, release_latency=0.2)
+    trainer, workers = start_trainer(node, 0, 5000, workers=1, pid=4322)
+    kill_and_wait(node, trainer)
+    path, host_path = _ready_file(node, "cuinit")
+    minor = str(node.info["gpus"][0]["minor"])
+    node.exec(node_python(), "-c", LAUNCH_AS, str(trainer), node_python(), "-c", CUDA_INIT, SIM_DIR, minor, path)
+    reuser = _await_ready(host_path, "CUDA-initialized process at PID %d" % trainer)[0]
+    assert reuser == trainer and driver_lists(node)[0]["compute"] == {trainer: 5000}
+
+    inventory = inventory_file(tmp_path, node)
+    gpu = facts(inventory)["gpus"][0]
+    assert gpu["exited"][0]["reason"] == "reused" and gpu["holder_pids"] == workers
+
+    rc, out, recap = playbook(inventory, RESET, *extra(reset_gpus_timeout=15))
+    assert rc == 0 and recap[node.name]["changed"] == 1, out
+    assert alive(node, reuser) and not any(alive(node, pid) for pid in workers), out
+    assert driver_lists(node)[0] == {"used": 0, "compute": {}, "mps": {}}
+
+
 def test_gb10_without_memory_figures_resets_the_orphan_only_and_spares_the_desktop(simnode, tmp_path):
     """NVIDIA GB10: memory info v1 and v2 answer NOT_SUPPORTED, the lists answer. The compositor's graphics context
     is protected, the CUDA tool without a context is a device user, the orphaned EngineCore is ended."""

@@ -77,7 +77,7 @@ def test_facts_report_vllm_holders_with_identity_and_memory(simnode, tmp_path):
         assert worker["comm"] == "VLLM::Worker_TP"  # the kernel's 15 bytes, not psutil's guess
         assert worker["ppid"] == engines[0] and worker["state"] in "RS"
         assert worker["gpus"] == [rank] and worker["memory_mib"] == {str(rank): 75034}
-        assert worker["seen_in"] == ["driver", "fd"]
+        assert worker["seen_in"] == ["driver", "fd", "mapping"]  # a context maps its GPU's file rw-s
         assert worker["user"] == "root" and worker["start_time"] and worker["start_ticks"] > 0
     for gpu in facts["gpus"]:
         assert gpu["memory_used_mib"] == 75034 and gpu["memory_reserved_mib"] == 529
@@ -159,7 +159,8 @@ def test_inherited_handle_is_found_and_memory_released(simnode, tmp_path):
     assert gpu1["exited"] == [{"pid": listed, "used_mib": 3000, "type": "compute", "reason": "exited", "comm": None}]
     assert gpu1["holder_pids"] == [child]
     holder = facts["holders"][0]
-    assert holder["pid"] == child and holder["seen_in"] == ["fd"] and holder["memory_mib"] == {"1": None}
+    # The child alone shows the context (its inherited rw-s mapping): the exited creator's memory goes to it.
+    assert holder["pid"] == child and holder["seen_in"] == ["fd", "mapping"] and holder["memory_mib"] == {"1": 3000}
     assert holder["contexts_of"] == {"1": [listed]}
     rc, out, recap = playbook(inventory, PLAYBOOK)
     assert rc == 0 and recap[node.name]["changed"] == 1, out
