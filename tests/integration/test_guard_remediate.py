@@ -5,6 +5,7 @@ reused PID alone by itself too. Remediation is on (guard_remediate: true) so tha
 from __future__ import annotations
 
 import json
+import time
 
 from ansible_run import module, only, playbook
 from nodetools import alive, start_cuda_process, start_holder, start_nvml_monitor, wait_for
@@ -76,6 +77,15 @@ def test_only_the_named_orphans_as_they_were(simnode, tmp_path):
     assert rc == 0 and alive(node, again), out
     last = json.loads(log.read_text().splitlines()[-1])
     assert last["host"] == node.name and "remediation of %s" % node.name in last["refused"], last
+
+    # While the vllm_server role redeploys the host (its marker in /run), nothing is ended, even with a fresh slot.
+    marker = '{"started": %f, "instances": ["a"]}' % time.time()
+    node.exec("sh", "-c", "mkdir -p /run/gpuops-nvidia && printf '%s' > /run/gpuops-nvidia/redeploy.json" % marker)
+    extra["guard_state_dir"] = str(tmp_path / "state-2")
+    rc, out, _recap = playbook(inventory, "playbooks/guard_remediate.yml", "-e", json.dumps(extra))
+    assert rc == 0 and alive(node, again), out
+    last = json.loads(log.read_text().splitlines()[-1])
+    assert last["pid"] == again and last["why"].startswith("a redeploy of this host is running (started "), last
 
     # gpu_kill alone: a PID pinned to another start time is left alone.
     status, result = only(
