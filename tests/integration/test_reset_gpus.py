@@ -292,7 +292,7 @@ def test_reports_for_pipelines_and_progress_while_waiting(simnode, tmp_path):
     rc, out, recap = playbook(inventory, PLAYBOOK, "-e", extra)
     # GPU 1 keeps 5000 MiB that no process explains: the wait reports progress, then fails with the summary.
     assert rc != 0 and recap[node.name]["failed"] == 1, out
-    assert out.count("still waiting after") >= 2 and "GPU 1 5000 MiB used, held by no process" in out, out
+    assert out.count("still waiting after") >= 2 and "GPU 1 5000 MiB used, held by no selected process" in out, out
     assert re.search(r"FAILED: not released after 1\.[0-9] s: GPU 1: 5000 MiB used", out) and not alive(node, holder), (
         out
     )
