@@ -613,7 +613,9 @@ def check_methods(report, wheel, validator, simulated):
     )
     pairs, where = inferred_by_name(wheel)
     same("validator inferred_by_name", list(validator.inferred_by_name), pairs, where)
-    same("validator inferred_at", validator.inferred_at.split(" ")[0], where.split(" ")[0], where)
+    same(
+        "validator inferred_at", validator.inferred_at.split(" ", maxsplit=1)[0], where.split(" ", maxsplit=1)[0], where
+    )
     same(
         "validator batch_defaults",
         [row[1:] for row in validator.batch_defaults],

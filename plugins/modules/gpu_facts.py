@@ -178,8 +178,9 @@ ansible_facts:
             - C(gpus) are the NVML indices of the GPUs it holds memory on, C(device_gpus) those whose device file it
               has open, C(minors) the C(/dev/nvidiaN) numbers, C(memory_mib) the memory per GPU index where the driver
               reports it (null where not), C(attribution) per GPU index C(driver) (listed by the driver) or
-              C(device_file) (shows a context on a GPU that carries an exited creator's context, or memory it may hold), C(contexts_of) per GPU index the listed PIDs, exited, whose contexts it holds, C(seen_in) where the process was
-              seen (C(driver), C(fd), C(mapping)), C(kind) C(cuda) (it maps a GPU's device file) or C(nvml) (it
+              C(device_file) (shows a context on a GPU that carries an exited creator's context, or memory it may hold),
+              C(contexts_of) per GPU index the listed PIDs, exited, whose contexts it holds, C(seen_in) where the
+              process was seen (C(driver), C(fd), C(mapping)), C(kind) C(cuda) (it maps a GPU's device file) or C(nvml) (it
               maps none), C(parent) (C(pid), C(comm) of its parent, null under init), C(mig) the MIG instances it holds
               per GPU index (a dict of GPU index to a list of MIG UUIDs).
             - C(control_only) is true for a listed process holding no GPU device file; C(thread_only) when only a non-main thread holds the handle.

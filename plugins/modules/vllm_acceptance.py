@@ -60,7 +60,9 @@ options:
     description: Fail when RV(acceptance_rate) is below this fraction (0-1). Not set, the rate is only reported.
     type: float
   request_timeout:
-    description: Seconds one HTTP request may take in all (connection, request, status line, headers and body). A server that sends its answer slowly fails at this deadline, with the URL and what had not come.
+    description: >-
+      Seconds one HTTP request may take in all (connection, request, status line, headers and body). A server that sends its
+      answer slowly fails at this deadline, with the URL and what had not come.
     type: float
     default: 120.0
   window:

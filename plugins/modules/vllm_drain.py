@@ -57,7 +57,9 @@ options:
     type: float
     default: 1.0
   request_timeout:
-    description: Seconds one HTTP request may take in all (connection, request, status line, headers and body). A server that sends its answer slowly fails at this deadline, with the URL and what had not come.
+    description: >-
+      Seconds one HTTP request may take in all (connection, request, status line, headers and body). A server that sends its
+      answer slowly fails at this deadline, with the URL and what had not come.
     type: float
     default: 10.0
   pid:

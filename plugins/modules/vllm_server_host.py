@@ -71,7 +71,10 @@ options:
     type: path
     default: /etc/systemd/system
   request_timeout:
-    description: Seconds one HTTP request may take in all (connection, request, status line, headers and body). A server that sends its answer slowly fails at this deadline, with the URL and what had not come. A negative or non-finite value is refused before anything is read.
+    description: >-
+      Seconds one HTTP request may take in all (connection, request, status line, headers and body). A server that sends its
+      answer slowly fails at this deadline, with the URL and what had not come. A negative or non-finite value is refused
+      before anything is read.
     type: float
     default: 5.0
   max_used_mib:

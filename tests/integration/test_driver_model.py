@@ -273,7 +273,7 @@ def test_gb10_without_memory_figures_resets_the_orphan_only_and_spares_the_deskt
     inventory = inventory_file(tmp_path, node)
     # Zero framebuffer: the contexts map nvidiactl rw-s and their GPU's file only write-only (docs/attribution.md).
     minor = node.info["gpus"][0]["minor"]
-    engine_maps = {(path, perms) for path, perms, *_rest in device_maps(node, engine)}
+    engine_maps = {(entry[0], entry[1]) for entry in device_maps(node, engine)}
     assert ("/dev/nvidiactl", "rw-s") in engine_maps and ("/dev/nvidia%d" % minor, "rw-s") not in engine_maps
 
     view = facts(inventory)

@@ -189,6 +189,7 @@ class MetricsLoop(threading.Thread):
                 + ["-e", json.dumps({"guard_textfile": "{{ guard_test_textfile }}", "guard_stall_seconds": 2})],
                 cwd=REPO,
                 env=env,
+                check=False,
                 capture_output=True,
                 text=True,
                 timeout=120,

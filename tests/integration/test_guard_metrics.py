@@ -71,7 +71,9 @@ def test_orphans_of_a_killed_server_only(simnode, tmp_path, promtool):
     assert counts == {"0": 1, "1": 1, "2": 0, "3": 0}, text
     states = {labels["state"]: value for labels, value in series(text, "gpuops_nvidia_guard_vllm_state")}
     assert states == {"healthy": 1, "stalled": 0, "down": 0, "unknown": 0}, text
-    check = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=30)
+    check = subprocess.run(
+        [promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=30, check=False
+    )
     assert check.returncode == 0, check.stdout + check.stderr
     # Nothing changed on the host: the figures are the same, only the time of the look moves.
     rc, out, recap = playbook(inventory, "playbooks/guard_metrics.yml", "-e", extra)

@@ -18,7 +18,8 @@ RESET = REPO / "playbooks" / "reset_gpus.yml"
 CHECK = REPO / "playbooks" / "check_gpus.yml"
 
 # A CUDA process on one MIG instance (argv[1]: JSON spec): /dev/nvidiactl, /dev/nvidia-uvm, the parent's
-# /dev/nvidia<minor> mapped as a context maps it (simcuda.map_context) and seeked to its token (its context), the GPU instance's and compute instance's capability
+# /dev/nvidia<minor> mapped as a context maps it (simcuda.map_context) and seeked to its token (its context), the
+# GPU instance's and compute instance's capability
 # files (the driver installs both in a CUDA process on a MIG device: nv-caps.c nv_cap_validate_and_dup_fd), and
 # the context line "<index> <MiB> compute gi=<G> ci=<C>". mode "inherit": a forked child keeps every handle and the
 # parent exits; the driver still lists the parent's PID with the memory (its context lives in the child).

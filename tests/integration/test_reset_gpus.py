@@ -440,7 +440,7 @@ def test_two_gpu_kill_runs_at_once_never_both_end_the_same_holders(simnode, tmp_
     holders = sorted(start_holder(node, [index], mib=1000, mode="ignore-term") for index in range(8))
     inventory = inventory_file(tmp_path, node)
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        runs = [pool.submit(module, inventory, "gpuops.nvidia.gpu_kill", {"grace_period": 4}) for _ in range(2)]
+        runs = [pool.submit(module, inventory, "gpuops.nvidia.gpu_kill", {"grace_period": 4}) for _run in range(2)]
         results = [only(run.result()) for run in runs]
     assert all(status in ("SUCCESS", "CHANGED") for status, _result in results), results
     ended = sorted(([p["pid"] for p in result["signalled"]] for _status, result in results), key=len)

@@ -212,14 +212,14 @@ def test_check_gpus_without_driver_library_fails_by_default(simnode, tmp_path):
     rc, out, recap = playbook(inventory, CHECK, "-e", "check_gpus_wait=0")
     assert rc != 0 and "GPUs free" not in out, out
     # Without the library the GPUs may be known from /proc/driver/nvidia (2 GPUs) or not at all (every GPU).
-    assert re.search(r"check_gpus %s: not checked: used memory of (GPU 0, 1|every GPU) not read" % node.name, out), (
-        out
-    )
+    assert re.search(r"check_gpus %s: not checked: used memory of (GPU 0, 1|every GPU) not read" % node.name, out), out
     assert "no process holds them" in out and "check_gpus_allow_proc_only" in out
     assert "check_gpus summary: 1 host(s): 1 not checked (%s)" % node.name in out
     rc, out, recap = playbook(inventory, CHECK, "-e", '{"check_gpus_wait": 0, "check_gpus_allow_proc_only": true}')
     assert rc == 0 and "GPUs free" not in out, out
-    assert re.search(r"used memory of (GPU 0, 1|every GPU) not read .*; accepted by check_gpus_allow_proc_only", out), out
+    assert re.search(r"used memory of (GPU 0, 1|every GPU) not read .*; accepted by check_gpus_allow_proc_only", out), (
+        out
+    )
     assert "check_gpus summary: 1 host(s): 1 without holders, memory not read (%s)" % node.name in out
 
 

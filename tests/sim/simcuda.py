@@ -73,7 +73,7 @@ def map_uvm(fd, size=2 * MIB):
 
 
 def _open(dev_dir, name, count, flags=os.O_RDWR):
-    return [os.open(os.path.join(dev_dir, name), flags) for _ in range(count)]
+    return [os.open(os.path.join(dev_dir, name), flags) for _fd in range(count)]
 
 
 def open_caps(dev_dir):
@@ -121,7 +121,8 @@ def cuda_process(dev_dir, visible, compute=(), kind=CONTEXT, token=0, token_on_c
     also visible). Every visible GPU's file is opened (the context's GPU more often) and mapped write-only twice
     (`-w-s`, 64 KiB: cuInit's); nvidiactl is mapped read-only once (`r--s`, 4 KiB). With a context: each
     context's GPU mapped `rw-s` (2 MiB, offset 0), nvidiactl `rw-s` (kind.ctl_maps_kib), nvidia-uvm `rw-s` once
-    (see map_uvm); on a zero-framebuffer node no `rw-s` GPU mapping (map_context). `token` > 0: the simulator's bookkeeping (tests/sim/README.md, "Creating a CUDA context"): the
+    (see map_uvm); on a zero-framebuffer node no `rw-s` GPU mapping (map_context). `token` > 0: the simulator's
+    bookkeeping (tests/sim/README.md, "Creating a CUDA context"): the
     first fd of each context's GPU (of nvidiactl with `token_on_ctl`, an MPS client) is seeked to it.
     """
     zero_fb = zero_framebuffer()
@@ -131,7 +132,7 @@ def cuda_process(dev_dir, visible, compute=(), kind=CONTEXT, token=0, token_on_c
     for minor in sorted(set(visible) | set(compute)):
         gpu = _open(dev_dir, "nvidia%d" % minor, kind.gpu_fds if minor in compute else kind.visible_fds)
         fds += gpu
-        for _ in range(2):
+        for _doorbell in range(2):
             map_file(gpu[0], 64 * KIB, mmap.PROT_WRITE)
         if minor in compute:
             if not zero_fb:  # see map_context

@@ -48,7 +48,7 @@ def plant(proc, pid, record):
     (base / "fd").mkdir(parents=True)
     fd = 3
     for path, count in sorted(record["fds"].items()):
-        for _ in range(count):
+        for _copy in range(count):
             os.symlink(path, str(base / "fd" / str(fd)))
             fd += 1
     (base / "task" / str(pid)).mkdir(parents=True)

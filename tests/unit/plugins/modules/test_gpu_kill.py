@@ -608,7 +608,10 @@ def test_a_run_that_cannot_get_the_host_lock_in_time_signals_nothing_and_names_t
     capsys, recorder, tmp_path
 ):
     rec = recorder(VIEW)
-    code = "import fcntl, os, sys, time\nfd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)\nfcntl.lockf(fd, fcntl.LOCK_EX)\nprint('locked', flush=True)\ntime.sleep(60)\n"
+    code = (
+        "import fcntl, os, sys, time\nfd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)\n"
+        "fcntl.lockf(fd, fcntl.LOCK_EX)\nprint('locked', flush=True)\ntime.sleep(60)\n"
+    )
     other = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / _terminate.LOCK_NAME)], stdout=subprocess.PIPE)
     try:
         assert other.stdout.readline().strip() == b"locked"
