@@ -9,10 +9,12 @@ Everything is created by one launcher process inside the node (detached, stdio o
 forks the rest without exec, so 2,000 processes take a second or two and little memory:
 - idle sleepers (3 fds each: stdio on /dev/null);
 - fd helpers, each opening thousands of fds on /dev/null (most of the node's fds);
-- GPU holders creating contexts per tests/sim/README.md, each with `threads` idle threads, in four
-  kinds: fd (the device file only), cuda (device file + /dev/nvidiactl + /dev/nvidia-uvm, as a CUDA
-  process), mapping (the device file mmapped, the fd closed) and inherited (a child that only
-  inherited the parent's handle; the parent exits);
+- GPU holders creating contexts per tests/sim/README.md, each with `threads` idle threads. Each maps what a
+  real context maps (tests/sim/simcuda.py map_context: its GPU's file rw-s, nvidiactl, nvidia-uvm), the evidence
+  the collection needs (docs/attribution.md). Four kinds, by how the simulator's handle is held: fd (the
+  device file's fd), cuda (the fd, and /dev/nvidiactl and /dev/nvidia-uvm kept open, as a CUDA process),
+  mapping (the simulator's token by a mapping, the fd closed) and inherited (a child that only inherited
+  the parent's handles and mappings; the parent exits);
 - control-only holders (/dev/nvidiactl and /dev/nvidia-uvm, no GPU), like a monitoring agent.
 The processes end with the node (gpunode down).
 """
@@ -28,6 +30,8 @@ LOAD_PROGRAM = r"""
 import ctypes, json, mmap, os, resource, signal, sys, threading
 
 spec = json.loads(sys.argv[1])
+sys.path.insert(0, spec["sim_dir"])
+import simcuda
 conf = dict(line.strip().split("=", 1) for line in open("/run/gpusim/node.conf") if "=" in line)
 minors = [int(x) for x in conf["minors"].split(",")]
 ready_r, ready_w = os.pipe()
@@ -75,9 +79,14 @@ def start_threads(count):
 
 
 def create_context(index, mib):
-    # Open /dev/nvidia<minor>, seek to our PID (the token), write the context file; return the fd.
+    # Open /dev/nvidia<minor>, map what a context maps, seek to our PID (the token), write the context file;
+    # return the fd.
     pid = os.getpid()
     fd = os.open("/dev/nvidia%d" % minors[index], os.O_RDWR)
+    ctl, uvm = os.open("/dev/nvidiactl", os.O_RDWR), os.open("/dev/nvidia-uvm", os.O_RDWR)
+    simcuda.map_context(fd, ctl, uvm)
+    os.close(ctl)
+    os.close(uvm)
     os.lseek(fd, pid, os.SEEK_SET)
     temporary = "/run/gpusim/contexts/.%d" % pid
     with open(temporary, "w") as context:
@@ -165,6 +174,8 @@ import json, os, signal, sys
 import setproctitle
 
 tp = int(sys.argv[1])
+sys.path.insert(0, sys.argv[2])
+import simcuda
 conf = dict(line.strip().split("=", 1) for line in open("/run/gpusim/node.conf") if "=" in line)
 minors = [int(x) for x in conf["minors"].split(",")]
 ready_r, ready_w = os.pipe()
@@ -178,12 +189,9 @@ if engine == 0:
         if worker == 0:
             setproctitle.setproctitle("VLLM::Worker_TP%d" % rank)
             pid = os.getpid()
-            # A CUDA process: /dev/nvidiactl and /dev/nvidia-uvm besides its GPU's device file (the driver
-            # confirms a listed PID only with such evidence of a context, docs/attribution.md).
-            os.open("/dev/nvidiactl", os.O_RDWR)
-            os.open("/dev/nvidia-uvm", os.O_RDWR)
-            fd = os.open("/dev/nvidia%d" % minors[rank], os.O_RDWR)
-            os.lseek(fd, pid, os.SEEK_SET)
+            # A context: its GPU's device file mapped rw-s (the evidence of a context, docs/attribution.md),
+            # nvidiactl and nvidia-uvm besides (simcuda.cuda_process, as tests/sim/README.md says).
+            simcuda.cuda_process("/dev", [minors[rank]], [minors[rank]], simcuda.CONTEXT, token=pid)
             with open("/run/gpusim/contexts/.%d" % pid, "w") as context:
                 context.write("%d 1024\n" % rank)
             os.rename("/run/gpusim/contexts/.%d" % pid, "/run/gpusim/contexts/%d" % pid)
@@ -208,6 +216,7 @@ with open("/run/gpusim/.tree.json", "w") as out:
 os.rename("/run/gpusim/.tree.json", "/run/gpusim/tree.json")
 """
 
+SIM_DIR = Path(__file__).resolve().parents[2] / "tests" / "sim"
 SLEEPER_FDS = 3
 FD_HELPER_MAX_FDS = 10_000
 
@@ -250,7 +259,7 @@ def populate(
     "sleepers", "fd_helpers", "launcher", "processes" and "fds" (counted afterwards)}. PIDs are the
     node's. Raises TimeoutError when the launcher has not reported after `timeout` seconds.
     """
-    spec = plan(processes, fds, holders, threads, control_only)
+    spec = dict(plan(processes, fds, holders, threads, control_only), sim_dir=str(SIM_DIR))
     node.exec(
         "sh",
         "-c",
@@ -274,7 +283,13 @@ def orphaned_tree(node, tp: int = 8, timeout: float = 60.0) -> dict:
     report = Path(node.run_dir) / "tree.json"
     report.unlink(missing_ok=True)
     node.exec(
-        "sh", "-c", 'setsid -f "$0" -c "$1" "$2" </dev/null >/dev/null 2>&1', str(node_python()), TREE_PROGRAM, str(tp)
+        "sh",
+        "-c",
+        'setsid -f "$0" -c "$1" "$2" "$3" </dev/null >/dev/null 2>&1',
+        str(node_python()),
+        TREE_PROGRAM,
+        str(tp),
+        str(SIM_DIR),
     )
     return json.loads(_wait_for_file(report, timeout, "the TP tree in node %s" % node.name))
 

@@ -269,6 +269,12 @@ def run_every_module(node, inventory, tmp_path):
     assert run("vllm_server_files", files)["changed_files"] == ["configuration", "API key"]
     run("vllm_acceptance", dict(url, max_tokens=16))
     run("vllm_acceptance", dict(url, window=0.5))
+    guard = {"textfile": str(tmp_path / "guard.prom"), "inventory_hostname": node.name, "stall_seconds": 0.5}
+    run("gpu_guard", dict(guard, vllm_instances=[{"name": "m", "url": url["url"]}]), check=True)
+    run("gpu_guard", dict(guard, vllm_instances=[{"name": "m", "url": url["url"]}]))
+    ledger = {"state_dir": str(tmp_path / "guard"), "log": str(tmp_path / "guard.jsonl"), "interval": 60}
+    run("guard_ledger", dict(ledger, claim_host=node.name, entries=[{"host": node.name, "action": "test"}]))
+    run("guard_ledger", dict(ledger, claim_host=node.name))  # the slot is taken: a refusal, not a failure
     run("vllm_drain", dict(url, timeout=5, poll_interval=0.2))
     run("detached_process", {"pidfile": server["pidfile"], "state": "stopped"}, check=True)
     run("vllm_drain", dict(url, timeout=5, poll_interval=0.2, pidfile=server["pidfile"], grace_period=10))

@@ -14,6 +14,7 @@ import time
 
 from ansible_run import module, only
 from nodetools import gpu_memory, processes
+from polling import poll_until
 from simnode import inventory_file
 from test_vllm_drain import Load
 from test_vllm_server import MODEL, free_ports, instance, run, summary, write_host_vars
@@ -81,7 +82,9 @@ def test_a_stop_during_loading_frees_the_gpus_within_grace_period_plus_kill_wait
     workers = [entry for entry in result["signalled"] if "SIGKILL" in entry["signals"]]
     assert len(workers) >= 2, result  # the loading workers outlived SIGTERM: ended by SIGKILL after the grace period
     assert all(entry["exited_after_s"] >= grace for entry in workers), result
-    assert holders(node, [0, 1]) == {}, gpu_memory(node)
+    # A SIGKILLed holder stays listed until the driver releases its memory (0.2 s here; 0.15 s on an H200,
+    # tests/fixtures/hardware/README.md point 6).
+    assert poll_until(lambda: not holders(node, [0, 1]), timeout=5), gpu_memory(node)
     assert elapsed < grace + kill_wait + 10, elapsed  # not the 600 s load
     assert not [pid for pid, entry in processes(node).items() if "VLLM::" in entry[3] and entry[1] != "Z"]
 
