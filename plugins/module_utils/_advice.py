@@ -128,8 +128,9 @@ def next_step(gpu):
             "or reboot)" % index
         )
         if gpu.get("suspects"):
-            text += "; only NVML clients hold its device file (PIDs %s), and they hold no memory" % ", ".join(
-                str(p) for p in gpu["suspects"]
+            text += (
+                "; its device file is open only in processes that show no context there (PIDs %s: NVML clients or "
+                "CUDA-initialized processes), named and never ended" % ", ".join(str(p) for p in gpu["suspects"])
             )
         return text
     return "the driver did not report memory for %s: check the NVIDIA driver (nvidia-smi)" % which

@@ -432,7 +432,7 @@ def test_describe_foreign():
 
 def test_next_step_unexplained_memory_names_the_nvml_only_suspects():
     text = _advice.next_step(status_of(unexplained_mib=30000, suspects=[11, 12]))
-    assert "only NVML clients hold its device file (PIDs 11, 12)" in text and "--gpu-reset -i 3" in text
+    assert "open only in processes that show no context there (PIDs 11, 12" in text and "--gpu-reset -i 3" in text
 
 
 def test_a_gpu_held_only_by_a_protected_daemon_ends_the_wait_at_once_not_free(daemons):
