@@ -8,8 +8,9 @@ Holding a GPU means holding its memory (docs/attribution.md). The driver lists a
 creator's PID until the last process holding its file closes it, also after the creator has exited,
 and (535.113.01 and later) gives that PID in the caller's PID namespace, leaving out creators it has
 no number for. A holder of GPU i is then either a process the driver lists on GPU i (compute,
-graphics, MPS) that shows a context there (a CUDA user holding GPU i's device file; an MPS client:
-/dev/nvidiactl), or a CUDA user of GPU i's device file that the lists leave out where GPU i carries
+graphics, MPS) that shows a context there (an rw-s mapping of GPU i's device file: what every real context shows
+and NVML clients, nvidia-smi and CUDA-initialized processes never do), or a process that the lists leave out and that
+shows a context on GPU i where GPU i carries
 the context of a listed PID that has exited (or whose number another process now has): it holds
 that context's handles. Every other process with NVIDIA device files open is a device user: NVML
 clients and NCCL workers open every /dev/nvidiaN of the host with no context there. GPUs are matched
@@ -83,8 +84,8 @@ def unexplained_cause(translating, initial_pidns):
 def _memory_unexplained(used, listed, listed_unknown, tolerance_mib):
     """(unexplained MiB or None, whether it counts) for one GPU.
 
-    Unknown used memory (no driver, a lost GPU) counts: nothing explains it, so CUDA users of the
-    device file are its holders, as a fuser-style tool would say. A list entry without a figure
+    Unknown used memory (no driver, a lost GPU) counts: nothing explains it, so the processes that show a context
+    on the GPU are its holders. A list entry without a figure
     (NVML_VALUE_NOT_AVAILABLE) explains the GPU's memory as far as can be told: it does not count.
     """
     if used is None:
@@ -239,8 +240,8 @@ def merge(driver, table, scan, processes, tolerance_mib=256, exclude_pids=(), ca
             the lists say), "unexplained_mib" (used minus listed, None when unknown), "memory_unexplained" (beyond
             tolerance_mib, or unknown), "foreign" ([_shapes.FOREIGN_KEYS]: listed PIDs maybe another namespace's),
             "exited" (the same shape, reason "exited"/"reused": creators gone, their contexts held by device-file
-            holders), "memory_supported", "unexplained_cause" (see unexplained_cause), "suspects" (NVML-only
-            clients of the device file where no CUDA user holds it), "mig_devices" ([_shapes.MIG_DEVICE_KEYS]).
+            holders), "memory_supported", "unexplained_cause" (see unexplained_cause), "suspects" (processes
+            with the device file open where a holder is looked for and none shows a context), "mig_devices" ([_shapes.MIG_DEVICE_KEYS]).
       holders: [dicts with _shapes.HOLDER_KEYS]: process details plus "gpus" (indices held), "memory_mib"
                ({"<index>": MiB or None}), "attribution" ({"<index>": "driver" or "device_file"}), "mig"
                ({"<index>": [MIG UUIDs]}), "control_only" (listed while holding no device file: an MPS client).
@@ -268,7 +269,7 @@ def merge(driver, table, scan, processes, tolerance_mib=256, exclude_pids=(), ca
     for gpu in gpus:
         _device_file_holders(gpu, listed_here, lookup, context)
     if not table:
-        # No index map at all (no NVML, no /proc/driver/nvidia): CUDA users of any GPU's device file hold "a GPU".
+        # No index map at all (no NVML, no /proc/driver/nvidia): processes that show a context hold "a GPU".
         for pid in sorted(files):
             if scan[pid].contexts and pid in processes:
                 held.entry(pid)
