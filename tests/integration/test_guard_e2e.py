@@ -85,6 +85,22 @@ def daemons(tmp_path):
     started.stop()
 
 
+def await_ready(daemons, name, process, url, timeout=60):
+    """Until `url` answers 200: a daemon listens some time after it starts (seconds on a loaded CI machine).
+    Fails with the daemon's log when it exits or does not answer within `timeout` seconds."""
+
+    def answers():
+        if process.poll() is not None:
+            raise AssertionError("%s exited (%s):\n%s" % (name, process.returncode, daemons.log(name)))
+        try:
+            with urllib.request.urlopen(url, timeout=2) as answer:  # noqa: S310 (loopback, this test's own server)
+                return answer.status == 200
+        except OSError:
+            return False
+
+    wait_for(answers, timeout, 0.5, "%s to answer %s" % (name, url), log=lambda: daemons.log(name))
+
+
 def short_rules(tmp_path):
     """The shipped rules with every `for:` shortened to 2 s (the expressions as shipped)."""
     text = (REPO / "extensions" / "prometheus" / "gpuops_nvidia_guard.rules.yml").read_text()
@@ -98,11 +114,12 @@ def start_monitoring(daemons, tmp_path, textfile_dirs, webhook_port):
     exporters = free_ports(len(textfile_dirs))
     prometheus_port, am_port = free_ports(2)
     for number, (port, directory) in enumerate(zip(exporters, textfile_dirs)):
-        daemons.start(
+        exporter = daemons.start(
             "node_exporter%d" % number,
             [TOOLS["node_exporter"], "--web.listen-address=127.0.0.1:%d" % port, "--collector.disable-defaults"]
             + ["--collector.textfile", "--collector.textfile.directory=%s" % directory],
         )
+        await_ready(daemons, "node_exporter%d" % number, exporter, "http://127.0.0.1:%d/metrics" % port)
     (tmp_path / "alertmanager.yml").write_text(
         json.dumps(
             {
@@ -128,12 +145,13 @@ def start_monitoring(daemons, tmp_path, textfile_dirs, webhook_port):
             }
         )
     )
-    daemons.start(
+    alertmanager = daemons.start(
         "alertmanager",
         [TOOLS["alertmanager"], "--config.file=%s" % (tmp_path / "alertmanager.yml")]
         + ["--storage.path=%s" % (tmp_path / "am-data"), "--web.listen-address=127.0.0.1:%d" % am_port]
         + ["--cluster.listen-address="],
     )
+    await_ready(daemons, "alertmanager", alertmanager, "http://127.0.0.1:%d/-/ready" % am_port)
     (tmp_path / "prometheus.yml").write_text(
         json.dumps(
             {
@@ -146,11 +164,12 @@ def start_monitoring(daemons, tmp_path, textfile_dirs, webhook_port):
             }
         )
     )
-    daemons.start(
+    prometheus = daemons.start(
         "prometheus",
         [TOOLS["prometheus"], "--config.file=%s" % (tmp_path / "prometheus.yml")]
         + ["--storage.tsdb.path=%s" % (tmp_path / "prom-data"), "--web.listen-address=127.0.0.1:%d" % prometheus_port],
     )
+    await_ready(daemons, "prometheus", prometheus, "http://127.0.0.1:%d/-/ready" % prometheus_port)
     return "http://127.0.0.1:%d" % prometheus_port, "http://127.0.0.1:%d" % am_port
 
 
