@@ -4,9 +4,9 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Compare the collection's vLLM tables with the vLLM wheels they were read from (`make check-vllm-source`).
 
-The collection knows several vLLM releases (plugins/module_utils/_vllm_versions.py VERSIONS) and keeps its facts
-per release, keyed by version: the validator's (plugins/module_utils/_speculative_vllm.py, _speculative_parse.py),
-the role's (plugins/module_utils/_vllm_server_facts.py, the metric names of _vllm_api.py, the flags
+The collection knows several vLLM releases (plugins/module_utils/vllm/_vllm_versions.py VERSIONS) and keeps its facts
+per release, keyed by version: the validator's (plugins/module_utils/vllm/_speculative_vllm.py, _speculative_parse.py),
+the role's (plugins/module_utils/vllm/_vllm_server_facts.py, the metric names of _vllm_api.py, the flags
 plugin_utils/_vllm_checks.py refuses) and the simulator's (tests/sim/simvllm/facts.py). They were written by
 reading each release's wheel; this script reads each wheel again, with `ast` (a wheel is never installed or
 imported), and fails naming every speculative-config field, method, MTP name, metric name, flag, process title or
@@ -486,11 +486,11 @@ def load_tables():
         os.makedirs(os.path.dirname(link), exist_ok=True)
         os.symlink("../../..", link)
     sys.path[:0] = [collections, os.path.join(REPO, "tests", "sim")]
-    from ansible_collections.gpuops.nvidia.plugins.module_utils import _speculative_parse as parse
-    from ansible_collections.gpuops.nvidia.plugins.module_utils import _speculative_vllm as validator
-    from ansible_collections.gpuops.nvidia.plugins.module_utils import _vllm_api as product
-    from ansible_collections.gpuops.nvidia.plugins.module_utils import _vllm_server_facts as server
-    from ansible_collections.gpuops.nvidia.plugins.module_utils import _vllm_versions as versions
+    from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _speculative_parse as parse
+    from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _speculative_vllm as validator
+    from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _vllm_api as product
+    from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _vllm_server_facts as server
+    from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _vllm_versions as versions
     from ansible_collections.gpuops.nvidia.plugins.plugin_utils import _vllm_checks as checks
     from simvllm import facts as simulator
     from simvllm import specdecode as simspec
@@ -633,7 +633,7 @@ def check_methods(report, wheel, validator, simulated):
 
 
 def validator_supported(validator):
-    from ansible_collections.gpuops.nvidia.plugins.module_utils._speculative_vllm import SUPPORTED_METHODS
+    from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._speculative_vllm import SUPPORTED_METHODS
 
     return SUPPORTED_METHODS
 

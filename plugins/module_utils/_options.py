@@ -59,3 +59,13 @@ def check_numbers(positive=(), at_most=None, **values):
             bad.append("%s=%s (must be at most %s seconds)" % (name, value, at_most[name]))
     if bad:
         raise OptionError("invalid option value: %s" % "; ".join(bad))
+
+
+def refuse_bad_numbers(module, names, positive=(), at_most=None, prefix=""):
+    """The one numbers guard of the modules: module.fail_json(msg=prefix + why) when an option named in `names`
+    (read from module.params) is not a finite number >= 0, > 0 for names in `positive`, at most at_most[name]
+    (seconds). Returns nothing when every value is good."""
+    try:
+        check_numbers(positive=positive, at_most=at_most, **{name: module.params[name] for name in names})
+    except OptionError as exc:
+        module.fail_json(msg=prefix + str(exc))

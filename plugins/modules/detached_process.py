@@ -167,7 +167,9 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _detached, _options, _proc
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _options
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _proc
+from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _detached
 
 
 def ensure_started(module):
@@ -241,10 +243,7 @@ def main():
     )
     if module.params["state"] == "started" and not module.params["argv"]:
         module.fail_json(msg="argv must not be empty")
-    try:
-        _options.check_numbers(grace_period=module.params["grace_period"], kill_wait=module.params["kill_wait"])
-    except _options.OptionError as exc:
-        module.fail_json(msg="nothing was signalled: %s" % exc)
+    _options.refuse_bad_numbers(module, ("grace_period", "kill_wait"), prefix="nothing was signalled: ")
     started = time.monotonic()
     try:
         if module.params["state"] == "started":

@@ -266,7 +266,8 @@ ansible_facts:
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _advice, _gpus, _options
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _options
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _advice, _gpus
 
 
 def main():
@@ -278,14 +279,7 @@ def main():
         supports_check_mode=True,
     )
     _gpus.check_libraries(module, missing_required_lib)
-    try:
-        _options.check_numbers(
-            positive=("driver_timeout",),
-            driver_timeout=module.params["driver_timeout"],
-            max_used_mib=module.params["max_used_mib"],
-        )
-    except _options.OptionError as exc:
-        module.fail_json(msg=str(exc))
+    _options.refuse_bad_numbers(module, ("driver_timeout", "max_used_mib"), positive=("driver_timeout",))
     inspector = _gpus.Inspector(driver_timeout=module.params["driver_timeout"])
     try:
         view = inspector.snapshot(tolerance_mib=module.params["max_used_mib"])

@@ -125,15 +125,9 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import (
-    _gpus,
-    _guard_metrics,
-    _holders,
-    _options,
-    _orphans,
-    _vllm_api,
-    _vllm_stall,
-)
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _options
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _gpus, _guard_metrics, _holders, _orphans
+from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _vllm_api, _vllm_stall
 
 
 def watch_instances(instances, stall_seconds, request_timeout):

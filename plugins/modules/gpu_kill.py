@@ -411,7 +411,7 @@ before:
 
 from ansible.module_utils.basic import AnsibleModule, _load_params, missing_required_lib
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _gpus, _kill, _select, _wait
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _gpus, _kill, _select, _wait
 
 
 def main():

@@ -218,7 +218,8 @@ after:
 
 from ansible.module_utils.basic import AnsibleModule, _load_params, missing_required_lib
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _advice, _gpus, _options, _select, _wait
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _options
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _advice, _gpus, _select, _wait
 
 
 def main():
@@ -233,15 +234,13 @@ def main():
     )
     _gpus.check_libraries(module, missing_required_lib)
     params = module.params
+    _options.refuse_bad_numbers(
+        module,
+        ("timeout", "max_used_mib", "poll_interval", "driver_timeout"),
+        positive=("driver_timeout",),
+        at_most=_options.MAX_SECONDS,
+    )
     try:
-        _options.check_numbers(
-            positive=("driver_timeout",),
-            at_most=_options.MAX_SECONDS,
-            timeout=params["timeout"],
-            max_used_mib=params["max_used_mib"],
-            poll_interval=params["poll_interval"],
-            driver_timeout=params["driver_timeout"],
-        )
         # _load_params: the arguments as passed, where a null selection option is still there (params says None).
         checked = _select.check_options(params, given=_load_params())
     except _options.OptionError as exc:

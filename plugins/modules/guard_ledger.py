@@ -82,7 +82,8 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _guard_ledger, _options
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _options
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _guard_ledger
 
 
 def main():
@@ -98,10 +99,7 @@ def main():
         supports_check_mode=True,
     )
     params = module.params
-    try:
-        _options.check_numbers(interval=params["interval"])
-    except _options.OptionError as exc:
-        module.fail_json(msg=str(exc))
+    _options.refuse_bad_numbers(module, ("interval",))
     now = time.time()
     claimed, refusal, entries = True, None, list(params["entries"])
     try:

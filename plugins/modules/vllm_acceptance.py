@@ -164,7 +164,8 @@ after:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _options, _vllm_api
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _options
+from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _vllm_api
 
 
 def main():
@@ -183,15 +184,7 @@ def main():
     prompts = params["prompts"] if params["prompts"] is not None else list(_vllm_api.DEFAULT_PROMPTS)
     if not prompts or params["max_tokens"] < 1:
         module.fail_json(msg="the warm-up needs at least one prompt and max_tokens >= 1")
-    try:
-        _options.check_numbers(
-            positive=("window",),
-            window=params["window"],
-            request_timeout=params["request_timeout"],
-            min_acceptance_rate=params["min_acceptance_rate"],
-        )
-    except _options.OptionError as exc:
-        module.fail_json(msg=str(exc))
+    _options.refuse_bad_numbers(module, ("window", "request_timeout", "min_acceptance_rate"), positive=("window",))
     if params["min_acceptance_rate"] is not None and params["min_acceptance_rate"] > 1:
         module.fail_json(msg="min_acceptance_rate must be between 0 and 1, got %s" % params["min_acceptance_rate"])
     client = _vllm_api.Client(params["url"], params["api_key"], params["request_timeout"], params["validate_certs"])

@@ -160,7 +160,9 @@ stop:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _detached, _options, _proc, _vllm_api
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _options
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _proc
+from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _detached, _vllm_api
 
 
 def _main_process(module):
@@ -195,16 +197,9 @@ def main():
         supports_check_mode=True,
     )
     params = module.params
-    try:
-        _options.check_numbers(
-            positive=("poll_interval",),
-            timeout=params["timeout"],
-            poll_interval=params["poll_interval"],
-            request_timeout=params["request_timeout"],
-            grace_period=params["grace_period"],
-        )
-    except _options.OptionError as exc:
-        module.fail_json(msg=str(exc))
+    _options.refuse_bad_numbers(
+        module, ("timeout", "poll_interval", "request_timeout", "grace_period"), positive=("poll_interval",)
+    )
     record = _main_process(module)
     client = _vllm_api.Client(params["url"], params["api_key"], params["request_timeout"], params["validate_certs"])
     try:

@@ -125,7 +125,8 @@ process_exited:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _detached, _options, _vllm_api
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _options
+from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _detached, _vllm_api
 
 
 def main():
@@ -143,15 +144,7 @@ def main():
         supports_check_mode=True,
     )
     params = module.params
-    try:
-        _options.check_numbers(
-            timeout=params["timeout"],
-            poll_interval=params["poll_interval"],
-            request_timeout=params["request_timeout"],
-            completion_max_tokens=params["completion_max_tokens"],
-        )
-    except _options.OptionError as exc:
-        module.fail_json(msg=str(exc))
+    _options.refuse_bad_numbers(module, ("timeout", "poll_interval", "request_timeout", "completion_max_tokens"))
     process = None if params["pid"] is None else params["pid"] or (0, 0)
     if params["pidfile"]:
         try:

@@ -76,7 +76,7 @@ changed_files:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _vllm_files
+from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _vllm_files
 
 
 def main():

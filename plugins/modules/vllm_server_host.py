@@ -166,7 +166,9 @@ missing_dirs:
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _advice, _gpus, _options, _vllm_host
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _options
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _advice, _gpus
+from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _vllm_host
 
 
 def main():
@@ -187,15 +189,9 @@ def main():
         ),
         supports_check_mode=True,
     )
-    try:
-        _options.check_numbers(
-            positive=("driver_timeout",),
-            request_timeout=module.params["request_timeout"],
-            max_used_mib=module.params["max_used_mib"],
-            driver_timeout=module.params["driver_timeout"],
-        )
-    except _options.OptionError as exc:
-        module.fail_json(msg=str(exc))
+    _options.refuse_bad_numbers(
+        module, ("request_timeout", "max_used_mib", "driver_timeout"), positive=("driver_timeout",)
+    )
     _gpus.check_libraries(module, missing_required_lib)
 
     def systemctl(unit):

@@ -273,11 +273,11 @@ mismatches:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils._speculative import (
+from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._speculative import (
     SpeculativeConfigError,
     validate_speculative_config,
 )
-from ansible_collections.gpuops.nvidia.plugins.module_utils._speculative_vllm import NEWEST, VERSIONS
+from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._speculative_vllm import NEWEST, VERSIONS
 
 
 def main():

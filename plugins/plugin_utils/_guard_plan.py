@@ -14,7 +14,7 @@ from __future__ import annotations
 import base64
 import json
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils._vllm_address import local_url
+from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._vllm_address import local_url
 
 ORPHAN_ALERT = "GpuopsNvidiaOrphanedGpuMemory"
 

@@ -29,7 +29,7 @@ from ansible.utils.display import Display
 DEFAULT_VENV = "/opt/gpuops-nvidia/venv"
 VENV_VARIABLE = "gpuops_nvidia_venv"
 NEXT_STEP = "ansible-playbook -i INVENTORY gpuops.nvidia.prepare_hosts -b (playbooks/prepare_hosts.yml)"
-# ansible.module_utils.basic.missing_required_lib, which the modules' library check calls (module_utils/_gpus.py).
+# ansible.module_utils.basic.missing_required_lib, which the modules' library check calls (module_utils/gpu/_gpus.py).
 MISSING_LIBRARY = re.compile(r"Failed to import the required Python library \(([^)]+)\)")
 # Exit statuses of a shell whose command could not be run: not found, not executable.
 NOT_STARTED = (126, 127)

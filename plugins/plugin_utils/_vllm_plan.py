@@ -18,10 +18,10 @@ the running server found, "probe"; "running", "pid").
 from __future__ import annotations
 
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils._speculative import validate_speculative_config
-from ansible_collections.gpuops.nvidia.plugins.module_utils._speculative_parse import SpeculativeConfigError
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _vllm_files, _vllm_server_facts, _vllm_versions
-from ansible_collections.gpuops.nvidia.plugins.module_utils._vllm_address import local_host, local_url
+from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._speculative import validate_speculative_config
+from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._speculative_parse import SpeculativeConfigError
+from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _vllm_files, _vllm_server_facts, _vllm_versions
+from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._vllm_address import local_host, local_url
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._vllm_checks import (
     CONTROL,
     number_settings_problems,

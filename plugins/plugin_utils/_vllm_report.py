@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils._report import cut_cmdline
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu._report import cut_cmdline
 
 NOTHING_STOPPED = "nothing was stopped: the running server is as it was (the restore hooks were not run)"
 # How roles/vllm_server/tasks/rollback.yml words a rollback that failed.

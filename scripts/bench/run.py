@@ -58,7 +58,7 @@ CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 SCAN_PROGRAM = r"""
 import glob, json, os, subprocess, sys, time
 sys.path.insert(0, %(collections)r)
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _procscan
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _procscan
 
 files = sorted(glob.glob("/dev/nvidia*"))
 
@@ -73,7 +73,7 @@ def lsof():
     return {int(line.split()[1]) for line in result.stdout.splitlines()[1:]}
 
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _gpus
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _gpus
 
 inspector = _gpus.Inspector()
 inspector.snapshot(scope="listed")  # NVML initialized once, as in a module's first look

@@ -4,7 +4,7 @@ Both ways, recursively: a key documented `returned: always` (or `success`, in a 
 lacks fails, and so does a key a result has that the documentation does not name. Where RETURN gives `contains`,
 the nested keys are compared with it; where it describes a dict (or a list of dicts) in prose, every key found at
 any depth must be named there as C(key) or appear in its sample. The holder and GPU shapes are also compared with
-plugins/module_utils/_shapes.py, exactly.
+plugins/module_utils/gpu/_shapes.py, exactly.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from test_docs_examples import free_port
 
 # The collection as ansible-playbook resolves it (ansible.cfg: .collections), for the shapes.
 sys.path.insert(0, str(REPO / ".collections"))
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _owners, _shapes  # noqa: E402  pylint: disable=wrong-import-position
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _owners, _shapes
 
 MODULES = sorted(path.stem for path in (REPO / "plugins" / "modules").glob("*.py"))
 DRAFTER = str(REPO / "tests" / "fixtures" / "drafters" / "dflash-qwen3")

@@ -20,7 +20,7 @@ ENSURE_TOOLS = REPO / "scripts" / "bench" / "ensure_tools.sh"
 _SCANS = r"""
 import glob, json, subprocess, sys
 sys.path.insert(0, sys.argv[1])
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _procscan
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _procscan
 fuser = subprocess.run(["fuser", "-v"] + sorted(glob.glob("/dev/nvidia*")), capture_output=True, text=True)
 print(json.dumps({"scan": sorted(_procscan.scan_holders()), "serial": sorted(_procscan.scan_holders(workers=1)),
                   "parallel": sorted(_procscan.scan_holders(workers=3)),

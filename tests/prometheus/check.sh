@@ -10,7 +10,7 @@ command -v "$promtool" >/dev/null || { echo "promtool is missing: run scripts/se
 "$promtool" check rules extensions/prometheus/gpuops_nvidia_guard.rules.yml
 "$promtool" test rules tests/prometheus/gpuops_nvidia_guard.test.yml
 PYTHONPATH=.collections .venv/bin/python - <<'PY' | "$promtool" check metrics
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _guard_metrics
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _guard_metrics
 
 gpu = {"index": 0, "uuid": "GPU-1", "memory_used_mib": 75034, "memory_reserved_mib": 529, "unexplained_mib": 0,
        "tolerance_mib": 256, "holder_pids": [11], "exited": []}

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _advice, _report
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _advice, _report
 
 
 def _failed(kill):

@@ -396,7 +396,7 @@ COLLECTIONS = REPO / ".collections"
 _READ_OWNER = (
     "import json, sys\n"
     f"sys.path.insert(0, {str(COLLECTIONS)!r})\n"
-    "from ansible_collections.gpuops.nvidia.plugins.module_utils import _owners as owners\n"
+    "from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _owners as owners\n"
     "text = open('/proc/%s/cgroup' % sys.argv[1]).read()\n"
     "line = [l for l in text.splitlines() if ':name=systemd:' in l][0]\n"
     "print(json.dumps({'path': line.split(':', 2)[2], 'owner': owners.parse_cgroup(text),\n"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import copy
 
 from ansible_collections.gpuops.nvidia.plugins.filter.reports import reports
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _report
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _report
 
 
 def facts(used, pids, available=True):

@@ -19,7 +19,8 @@ import sys
 
 import pytest
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _detached, _proc
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _proc
+from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _detached
 from polling import wait_for
 
 # A leader with two children; on SIGTERM it waits for them (they get SIGTERM too) and exits.
@@ -170,7 +171,8 @@ def test_stale_pidfile_of_a_reused_pid_signals_nothing(tmp_path):
 ORPHAN_SCENARIO = r"""
 import ctypes, json, os, signal, sys, time
 ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _detached, _proc
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _proc
+from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _detached
 directory = sys.argv[1]
 pidfile, log = os.path.join(directory, "orphan.pid"), os.path.join(directory, "orphan.log")
 leader = ("import subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "

@@ -21,7 +21,7 @@ import psutil
 import pynvml
 import pytest
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _gpus, _holders, _proc, _procscan
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _gpus, _holders, _proc, _procscan
 from polling import wait_for
 
 NO_SUCH_PID = 5000001  # above the largest pid_max (2^22): never a process

@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _advice, _gpus, _holders, _proc, _procscan
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _advice, _gpus, _holders, _proc, _procscan
 from polling import wait_for
 
 # A PID no process can have (above the kernel's maximum pid_max, 2**22).

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _gpus, _holders, _procscan, _release, _select
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _gpus, _holders, _procscan, _release, _select
 
 OWN_CHAIN = {1, 700}
 # The default layout of the simulator (tests/sim/README.md "MIG"): GPU instances 2 (3g), 4 (2g), 7 (1g), CI 0 each.

@@ -21,7 +21,7 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _nvml
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _nvml
 
 MIB = 1 << 20
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _orphans
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _orphans
 
 
 def fake_proc(tmp_path, processes):

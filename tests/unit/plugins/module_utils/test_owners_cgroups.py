@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _owners
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _owners
 
 CID = "4f1c3a9e0b7d2c6e8a5f1b3d9c7e2a4b6d8f0e1c3a5b7d9f2e4c6a8b0d1f3e5a"
 CID2 = "4f1c3a9e0b7d" + "0" * 52
@@ -495,7 +495,7 @@ def test_module_is_python39_compatible():
 
 def test_a_ray_actor_names_its_raylet_and_how_to_stop_it():
     """vLLM's Ray executor: workers are actors of the raylet (vllm/v1/executor/ray_executor_v2.py)."""
-    from ansible_collections.gpuops.nvidia.plugins.module_utils import _owners
+    from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _owners
 
     owner = dict(_owners.empty_owner(), agent={"pid": 812, "comm": "raylet", "cmdline": "raylet", "kind": "ray"})
     note = _owners.restart_note(owner)

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _proc, _procscan
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _proc, _procscan
 
 # A /proc/PID/stat whose comm holds spaces and ") ": field 22 (starttime) is 987654, every other number differs.
 STAT_TRICKY = (

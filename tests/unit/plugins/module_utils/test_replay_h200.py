@@ -21,7 +21,7 @@ import pathlib
 
 import pytest
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _holders, _procscan
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _holders, _procscan
 
 RECORDS = pathlib.Path(__file__).resolve().parents[3] / "fixtures" / "hardware" / "h200-580.159.04"
 TOTAL_MIB, RESERVED_MIB = 143771, 615

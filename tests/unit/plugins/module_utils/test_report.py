@@ -10,7 +10,7 @@ import copy
 
 import pytest
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _owners, _report
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _owners, _report
 
 CID = "4f1c3a9e0b7d2c6e8a5f1b3d9c7e2a4b6d8f0e1c3a5b7d9f2e4c6a8b0d1f3e5a"
 UID = "0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d"

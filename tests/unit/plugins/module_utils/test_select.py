@@ -18,7 +18,7 @@ import sys
 
 import pytest
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _advice, _proc, _release, _select
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _advice, _proc, _release, _select
 
 OWN_CHAIN = {1, 700, 701}
 ME = pwd.getpwuid(os.getuid()).pw_name

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _select
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _select
 
 
 def holder(pid, start_ticks):

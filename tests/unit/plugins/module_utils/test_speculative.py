@@ -11,7 +11,7 @@ import pathlib
 
 import pytest
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils._speculative import (
+from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._speculative import (
     SpeculativeConfigError,
     validate_speculative_config as validate_for_version,
 )

@@ -11,8 +11,8 @@ import pathlib
 
 import pytest
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _speculative_vllm
-from ansible_collections.gpuops.nvidia.plugins.module_utils._speculative import (
+from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _speculative_vllm
+from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._speculative import (
     SpeculativeConfigError,
     validate_speculative_config,
 )

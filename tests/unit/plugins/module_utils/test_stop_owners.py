@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _select, _stop_owners
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _select, _stop_owners
 
 OWN_CHAIN = {1, 900}
 

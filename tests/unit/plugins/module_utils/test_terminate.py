@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _proc, _terminate
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _proc, _terminate
 import polling
 from polling import wait_exec
 

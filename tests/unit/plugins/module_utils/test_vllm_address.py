@@ -2,11 +2,11 @@
 # Copyright (c) 2026, gpuops.nvidia contributors
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""plugins/module_utils/_vllm_address.py: where a server is reached from its own host."""
+"""plugins/module_utils/vllm/_vllm_address.py: where a server is reached from its own host."""
 
 from __future__ import annotations
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _vllm_address
+from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _vllm_address
 
 
 def test_local_url():

@@ -17,7 +17,7 @@ import time
 import pytest
 from ansible.module_utils import urls
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _vllm_address, _vllm_api
+from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _vllm_address, _vllm_api
 
 METRICS = r"""# HELP vllm:spec_decode_num_drafts Number of spec decoding drafts.
 # TYPE vllm:spec_decode_num_drafts counter
@@ -171,7 +171,7 @@ def test_a_plain_http_client_makes_no_tls_context_and_does_not_import_ansibles_u
     # ansible.module_utils.urls (and cryptography, which it imports) unimported.
     code = (
         "import sys\n"
-        "from ansible_collections.gpuops.nvidia.plugins.module_utils import _vllm_api\n"
+        "from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _vllm_api\n"
         "result = _vllm_api.wait_ready(_vllm_api.Client(%r, timeout=5), 'served', timeout=5)\n"
         "assert result['ready'], result\n"
         "print(sorted(m for m in sys.modules if m == 'ansible.module_utils.urls' or m.startswith('cryptography')))\n"

@@ -2,14 +2,14 @@
 # Copyright (c) 2026, gpuops.nvidia contributors
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""plugins/module_utils/_vllm_files.py: an instance's files compared and written."""
+"""plugins/module_utils/vllm/_vllm_files.py: an instance's files compared and written."""
 
 from __future__ import annotations
 
 import json
 import os
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _vllm_files
+from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _vllm_files
 
 SECRET = "sk-never-in-a-diff-4711"
 

@@ -2,7 +2,7 @@
 # Copyright (c) 2026, gpuops.nvidia contributors
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""plugins/module_utils/_vllm_host.py: what the vllm_server role reads on a host, in one pass."""
+"""plugins/module_utils/vllm/_vllm_host.py: what the vllm_server role reads on a host, in one pass."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _detached, _vllm_files, _vllm_host
+from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _detached, _vllm_files, _vllm_host
 
 
 class Inspector:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _vllm_stall
+from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _vllm_stall
 
 
 class Clock:

@@ -2,7 +2,7 @@
 # Copyright (c) 2026, gpuops.nvidia contributors
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""plugins/module_utils/_vllm_versions.py: which vLLM release an executable runs, and whose facts validate it."""
+"""plugins/module_utils/vllm/_vllm_versions.py: which vLLM release an executable runs, and whose facts validate it."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _vllm_versions as v
+from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _vllm_versions as v
 
 SIM = Path(__file__).resolve().parents[3] / "sim"
 sys.path.insert(0, str(SIM))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _advice, _select, _wait
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _advice, _select, _wait
 from polling import FakeClock
 
 

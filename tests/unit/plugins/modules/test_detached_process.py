@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _detached, _proc
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _proc
+from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _detached
 from ansible_collections.gpuops.nvidia.plugins.modules import detached_process
 from module_main import run_main
 

@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _gpus, _select, _terminate
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _gpus, _select, _terminate
 from ansible_collections.gpuops.nvidia.plugins.modules import gpu_kill
 from module_main import run_main
 

@@ -10,7 +10,7 @@ import copy
 
 import pytest
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _gpus
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _gpus
 from ansible_collections.gpuops.nvidia.plugins.modules import gpu_wait
 from module_main import run_main
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _gpus
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _gpus
 from ansible_collections.gpuops.nvidia.plugins.modules import vllm_server_host
 from module_main import run_main
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import json
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _guard_ledger
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _guard_ledger
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils import _guard_plan
 
 

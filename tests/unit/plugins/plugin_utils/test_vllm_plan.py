@@ -225,7 +225,7 @@ def test_plan_without_driver_warns_and_resolves_indices_only():
 
 
 def test_files_are_compared_with_the_states_the_host_read():
-    from ansible_collections.gpuops.nvidia.plugins.module_utils import _vllm_files
+    from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _vllm_files
 
     first = p.plan([instance(api_key="sk-1")], host(), SETTINGS)["instances"]["a"]
     assert first["changed"] == ["configuration", "API key"] and first["reasons"] == [

@@ -34,7 +34,7 @@ import os
 import re
 import subprocess
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _proc
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _proc
 
 OWNER_KEYS = (
     "systemd_unit",

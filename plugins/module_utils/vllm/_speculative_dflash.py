@@ -13,9 +13,9 @@ speculators/algos.py (speculators-format drafters).
 from __future__ import annotations
 
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils._speculative_vllm import SLIDING, FULL, V2_RUNNER_ENV
-from ansible_collections.gpuops.nvidia.plugins.module_utils._speculative_parse import SpeculativeConfigError, _text
-from ansible_collections.gpuops.nvidia.plugins.module_utils._speculative_checks import (
+from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._speculative_vllm import SLIDING, FULL, V2_RUNNER_ENV
+from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._speculative_parse import SpeculativeConfigError, _text
+from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._speculative_checks import (
     _COLLAPSE,
     _layout_text,
     _speculators_tokens,

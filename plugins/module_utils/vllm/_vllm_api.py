@@ -39,8 +39,9 @@ from http.client import HTTPException
 from urllib.error import HTTPError, URLError
 from urllib.request import HTTPSHandler, ProxyHandler, Request, build_opener
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _detached, _proc, _terminate
-from ansible_collections.gpuops.nvidia.plugins.module_utils._vllm_address import is_loopback
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _proc, _terminate
+from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _detached
+from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._vllm_address import is_loopback
 
 SPEC_DECODE_PREFIX = "vllm:spec_decode_"
 DRAFTS = "vllm:spec_decode_num_drafts_total"

@@ -17,7 +17,7 @@ release_problems(version, environment, stop_timeout, gate) -> (problems, warning
 
 from __future__ import annotations
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils._vllm_versions import VERSIONS
+from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._vllm_versions import VERSIONS
 
 # Metrics the drain (vllm_drain: the scheduler gauges) and the acceptance gate (vllm_acceptance: the spec-decode
 # counters; prometheus_client adds _total to a counter's samples) read, as _vllm_api names them.

@@ -17,7 +17,7 @@ counts: nobody chose to leave it out, and a process that holds memory keeps the 
 
 from __future__ import annotations
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _shapes
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _shapes
 
 
 def is_released(holders, error, timed_out, used_mib, left_alone_mib, max_used_mib, allowance_mib=0):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _advice, _release
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _advice, _release
 
 # Default threshold: NVML v2 `used` excludes reserved memory, so an idle GPU reports a few MiB;
 # 256 MiB tolerates idle usage and small driver allocations, and no CUDA context is that small.

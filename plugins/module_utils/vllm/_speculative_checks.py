@@ -10,8 +10,8 @@ The results go into a _Report (one entry per field); DFlash has its own module, 
 from __future__ import annotations
 
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils._speculative_vllm import V2_RUNNER_ENV
-from ansible_collections.gpuops.nvidia.plugins.module_utils._speculative_parse import SpeculativeConfigError, _text
+from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._speculative_vllm import V2_RUNNER_ENV
+from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._speculative_parse import SpeculativeConfigError, _text
 
 
 _COLLAPSE = "no error is raised, acceptance collapses"

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import os
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _owners, _proc
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _owners, _proc
 
 REASONS = ("vllm_server_exited", "unit_inactive", "slurm_job_ended", "pod_gone", "exited_creator")
 VLLM_TITLE = "VLLM::"

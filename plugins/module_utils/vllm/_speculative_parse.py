@@ -16,8 +16,8 @@ import os
 
 from ansible.module_utils.parsing.convert_bool import boolean
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils._vllm_versions import VERSIONS
-from ansible_collections.gpuops.nvidia.plugins.module_utils._speculative_vllm import (
+from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._vllm_versions import VERSIONS
+from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._speculative_vllm import (
     SUPPORTED_METHODS,
     DFLASH_DRAFTER_FIELDS,
     SLIDING,

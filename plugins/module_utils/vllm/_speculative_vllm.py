@@ -16,7 +16,7 @@ Supporting a new vLLM release starts here: add its differences to _CHANGES and i
 from __future__ import annotations
 
 # The releases whose wheels every table below was read from, oldest first (scripts/check_vllm_source.py).
-from ansible_collections.gpuops.nvidia.plugins.module_utils._vllm_versions import VERSIONS
+from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._vllm_versions import VERSIONS
 
 NEWEST = VERSIONS[-1]
 # Methods whose drafter this module checks.

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _vllm_api
+from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _vllm_api
 
 GENERATION_TOKENS = "vllm:generation_tokens_total"
 STATES = ("healthy", "stalled", "down", "unknown")

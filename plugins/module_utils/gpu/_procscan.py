@@ -30,7 +30,7 @@ import signal
 import stat
 import time
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _proc
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _proc
 
 # /dev/nvidia<minor> (195:<minor>), the control and UVM devices, and MIG capabilities.
 _DEVICE_RE = re.compile(

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import time
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import (
+from ansible_collections.gpuops.nvidia.plugins.module_utils import _options
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import (
     _gpus,
-    _options,
     _owners,
     _release,
     _report,

@@ -20,7 +20,7 @@ import pwd
 import re
 import stat
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _owners, _proc
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _owners, _proc
 from ansible_collections.gpuops.nvidia.plugins.module_utils._options import OptionError
 
 # Daemons that hold GPUs legitimately; never signalled unless the operator says so explicitly. Known by what they

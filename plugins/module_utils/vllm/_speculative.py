@@ -37,20 +37,20 @@ from __future__ import annotations
 
 import json
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils._speculative_vllm import (
+from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._speculative_vllm import (
     SUPPORTED_METHODS,
     DFLASH_DRAFTER_FIELDS,
     DISABLE_LOG_STATS,
     facts as vllm_facts,
 )
-from ansible_collections.gpuops.nvidia.plugins.module_utils._speculative_parse import (
+from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._speculative_parse import (
     SpeculativeConfigError,
     infer_method,
     parse_requested,
     read_drafter,
     parse_server_args,
 )
-from ansible_collections.gpuops.nvidia.plugins.module_utils._speculative_checks import (
+from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._speculative_checks import (
     _Report,
     format_mismatches,
     _check_eagle,
@@ -59,7 +59,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils._speculative_checks 
     disable_log_stats_message,
     _check_budget,
 )
-from ansible_collections.gpuops.nvidia.plugins.module_utils._speculative_dflash import _check_dflash
+from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._speculative_dflash import _check_dflash
 
 
 def validate_speculative_config(

@@ -24,7 +24,7 @@ import signal
 import tempfile
 import time
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _proc
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _proc
 
 _POLL_SECONDS = 0.02
 # Where the lock file of HostLock is made, the first directory that takes it: /run/lock is the FHS place

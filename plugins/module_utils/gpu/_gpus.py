@@ -18,7 +18,7 @@ import os
 import pwd
 import traceback
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _holders, _nvml, _proc, _procscan, _shapes
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _holders, _nvml, _proc, _procscan, _shapes
 
 # psutil describes holders only: a look that finds none (a clean host, most runs across an inventory) does not
 # import it (about 8 ms of the module's CPU); its presence is checked here, the import is in Inspector.snapshot.
@@ -207,7 +207,7 @@ class Inspector:
         if owners or (owners is None and listed is None):
             # Imported here: a look without owners (every poll of a wait, check_gpus) spares the module the
             # compilation of _owners, which Ansible ships as source.
-            from ansible_collections.gpuops.nvidia.plugins.module_utils._owners import owner_of
+            from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu._owners import owner_of
 
             cache = {}
             for process in view["holders"] + view["device_users"]:

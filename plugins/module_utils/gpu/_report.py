@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _owners, _stop_owners
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _owners, _stop_owners
 
 # Command lines in the summary are cut to this many characters, "..." included.
 _CMDLINE_WIDTH = 80

@@ -25,7 +25,7 @@ import signal
 import subprocess
 import time
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _proc, _terminate
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _proc, _terminate
 
 
 class DetachedError(Exception):

@@ -21,7 +21,7 @@ stopped: the command that stops them is reported, with the holders it would end 
 
 from __future__ import annotations
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _owners, _proc
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _owners, _proc
 
 # Agents (_owners.agent_kind) whose processes are one job that ends with its workers. A Ray raylet and supervisord
 # run other work beside the selected processes: what they started is not the selection's.

@@ -20,7 +20,7 @@ import select
 import signal
 import time
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _proc
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _proc
 
 MIB = 1 << 20
 # nvml.h return codes used here.

@@ -13,14 +13,14 @@ from __future__ import annotations
 import json
 import os
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import (
+from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import (
     _detached,
     _speculative_parse,
     _vllm_api,
     _vllm_files,
     _vllm_versions,
 )
-from ansible_collections.gpuops.nvidia.plugins.module_utils._vllm_address import local_url
+from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._vllm_address import local_url
 
 SYSTEMD_BOOTED = "/run/systemd/system"  # sd_booted(3): systemd runs when this directory exists
 

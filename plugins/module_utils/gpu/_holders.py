@@ -15,7 +15,7 @@ the context of a listed PID that has exited (or whose number another process now
 that context's handles. Every other process with NVIDIA device files open is a device user: NVML
 clients and NCCL workers open every /dev/nvidiaN of the host with no context there. GPUs are matched
 through the minor number -> NVML index map; minor == index is never assumed. `merge` is pure: the
-snapshot (module_utils/_gpus.py) reads /proc and psutil.
+snapshot (module_utils/gpu/_gpus.py) reads /proc and psutil.
 
 On a MIG-enabled GPU every instance (MIG device) gets the same view: a listed process belongs to the instance
 whose GPU/compute instance ids its list entry carries; a process the driver lists nowhere is tied to an instance
