@@ -13,6 +13,10 @@ meant (1e308 s): the times of gpu_kill and gpu_wait have an upper bound, MAX_SEC
 from __future__ import annotations
 
 import math
+from typing import Any, Collection, Mapping, Optional, Union
+
+# An option's value as the modules receive it (type int or float), or None when it is not given.
+Number = Union[int, float, None]
 
 
 # The longest time, in seconds, that each time option of gpu_kill and gpu_wait (and the role variables that set them)
@@ -38,14 +42,16 @@ class OptionError(ValueError):
     """An option value that the module refuses before doing anything."""
 
 
-def check_numbers(positive=(), at_most=None, **values):
+def check_numbers(
+    positive: Collection[str] = (), at_most: Optional[Mapping[str, float]] = None, **values: Number
+) -> None:
     """Raise OptionError naming every value that is not a finite number >= 0 (> 0 for names in `positive`), or
     that is above its bound in `at_most` ({name: the largest value, in seconds}).
 
     None values (options not given) are skipped. Returns nothing.
     """
     at_most = at_most or {}
-    bad = []
+    bad: list[str] = []
     for name, value in sorted(values.items()):
         if value is None:
             continue
@@ -61,7 +67,13 @@ def check_numbers(positive=(), at_most=None, **values):
         raise OptionError("invalid option value: %s" % "; ".join(bad))
 
 
-def refuse_bad_numbers(module, names, positive=(), at_most=None, prefix=""):
+def refuse_bad_numbers(
+    module: Any,
+    names: Collection[str],
+    positive: Collection[str] = (),
+    at_most: Optional[Mapping[str, float]] = None,
+    prefix: str = "",
+) -> None:
     """The one numbers guard of the modules: module.fail_json(msg=prefix + why) when an option named in `names`
     (read from module.params) is not a finite number >= 0, > 0 for names in `positive`, at most at_most[name]
     (seconds). Returns nothing when every value is good."""

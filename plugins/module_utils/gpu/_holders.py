@@ -24,6 +24,38 @@ by the MIG capability files it holds (/dev/nvidia-caps/nvidia-capN of its GPU an
 
 from __future__ import annotations
 
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Callable,
+    Dict,
+    Iterable,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Set,
+    Tuple,
+    TypeVar,
+    cast,
+)
+
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _shapes
+
+if TYPE_CHECKING:  # the scan's types only: merge stays pure, and a look that does not scan never imports _procscan
+    from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu._procscan import CapMap, DeviceHandles
+
+# (GPU minor, GPU instance id, compute instance id or None for the GPU instance's own file): what a MIG capability
+# file grants (mig_cap, _procscan.cap_map).
+CapGrant = Tuple[int, int, Optional[int]]
+# A GPU (or MIG device) of the view while merge builds it: a dict that ends with the keys of _shapes.Gpu
+# (_shapes.MigDevice), plus working keys ("listed_unknown") that merge removes.
+_Building = Dict[str, Any]
+# What one merge shares (_context): the scan, the processes, what is held, how this driver numbers PIDs.
+_Context = Dict[str, Any]
+# A dict with MIG ids ("gpu_instance_id", "compute_instance_id"): a MIG device, built or read from NVML.
+_Instance = TypeVar("_Instance", bound=Mapping[str, Any])
+
 # NVML memory info v1 `used` includes the reserved memory since driver R510 (the release that added
 # nvmlDeviceGetMemoryInfo_v2 to report it apart: wookayin/gpustat#141, rust-nvml/nvml-wrapper#57), and v1 cannot
 # tell it apart. Where only v1 is there (v2 missing or answering FUNCTION_NOT_FOUND, NVIDIA/nvidia-settings#78), the
@@ -49,7 +81,7 @@ _CAPS_PER_GPU = 135
 _CAPS_PER_GI = 9
 
 
-def mig_cap(cap_minor):
+def mig_cap(cap_minor: int) -> Optional[CapGrant]:
     """(GPU minor, GPU instance id, compute instance id or None for the GPU instance's own file) that
     /dev/nvidia-caps/nvidia-cap<cap_minor> grants, by the driver's fixed numbering; None for config, monitor
     or a number outside it."""
@@ -60,7 +92,7 @@ def mig_cap(cap_minor):
     return (gpu_minor, gi, None if slot == 0 else slot - 1)
 
 
-def translates_pids(driver):
+def translates_pids(driver: Optional[Mapping[str, Any]]) -> Optional[bool]:
     """True when the driver gives PIDs in the caller's PID namespace (535.113.01+); None when the version is unknown."""
     version = str((driver or {}).get("driver_version") or "")
     parts = version.split(".")
@@ -70,7 +102,7 @@ def translates_pids(driver):
     return numbers[:3] >= _TRANSLATING_SINCE
 
 
-def unexplained_cause(translating, initial_pidns):
+def unexplained_cause(translating: Optional[bool], initial_pidns: bool) -> _shapes.UnexplainedCause:
     """What memory that no listed entry explains is, on this driver and in this PID namespace:
     "leaked" (a translating driver seen from the initial PID namespace: every creator has a number here),
     "other_namespace_or_leaked" (a translating driver seen from another namespace: a creator outside it is left out
@@ -81,7 +113,9 @@ def unexplained_cause(translating, initial_pidns):
     return "unlisted"
 
 
-def _memory_unexplained(used, listed, listed_unknown, tolerance_mib):
+def _memory_unexplained(
+    used: Optional[int], listed: int, listed_unknown: bool, tolerance_mib: int
+) -> Tuple[Optional[int], bool]:
     """(unexplained MiB or None, whether it counts) for one GPU.
 
     Unknown used memory (no driver, a lost GPU) counts: nothing explains it, so the processes that show a context
@@ -96,7 +130,7 @@ def _memory_unexplained(used, listed, listed_unknown, tolerance_mib):
     return unexplained, unexplained > tolerance_mib
 
 
-def _file_indices(handles, by_minor, unmapped):
+def _file_indices(handles: DeviceHandles, by_minor: Mapping[int, int], unmapped: Set[int]) -> Set[int]:
     indices = set()
     for minor in handles.minors:
         if minor in by_minor:
@@ -106,39 +140,40 @@ def _file_indices(handles, by_minor, unmapped):
     return indices
 
 
-def _context_indices(handles, by_minor, zero_fb):
+def _context_indices(handles: DeviceHandles, by_minor: Mapping[int, int], zero_fb: Set[int]) -> Set[int]:
     """The GPUs (indices) on which a process shows a context: an `rw-s` mapping of the GPU's /dev/nvidiaN, or on a
     zero-framebuffer GPU (index in `zero_fb`) an `rw-s` nvidiactl mapping beside a mapping of its file
     (DeviceHandles.context_on). NVML clients, nvidia-smi and CUDA-initialized processes never show it."""
     return {index for minor, index in by_minor.items() if handles.context_on(minor, index in zero_fb)}
 
 
-def listed_once(items):
+def listed_once(items: Iterable[_shapes.ListEntry]) -> Tuple[Dict[int, Optional[int]], bool]:
     """({pid: MiB, or None where no entry has a figure}, whether some entry has no figure) of process-list entries: a
     PID's memory is taken once, however many lists name it (an MPS client is in the compute list and the MPS list
     with the same memory: measured on an H200, driver 580.159.04). Entries of one list add up (a process in two
     MIG instances of a GPU); the lists' totals do not (the largest is taken)."""
-    per_list, unknown = {}, False
+    per_list: Dict[int, Dict[str, Optional[int]]] = {}
+    unknown = False
     for item in items:
         figure = item["used_mib"]
         unknown = unknown or figure is None
         lists = per_list.setdefault(item["pid"], {})
         previous = lists.get(item["type"])
         lists[item["type"]] = figure if previous is None else previous + (figure or 0)
-    memory = {}
+    memory: Dict[int, Optional[int]] = {}
     for pid, lists in per_list.items():
         figures = [mib for mib in lists.values() if mib is not None]
         memory[pid] = max(figures) if figures else None
     return memory, unknown
 
 
-def _listed_mib(items):
+def _listed_mib(items: Iterable[_shapes.ListEntry]) -> Tuple[int, bool]:
     """(MiB the entries charge, each PID once; whether some entry has no figure)."""
     memory, unknown = listed_once(items)
     return sum(mib for mib in memory.values() if mib is not None), unknown
 
 
-def _reserved_in_used(memory, driver):
+def _reserved_in_used(memory: Mapping[str, Any], driver: Optional[Mapping[str, Any]]) -> bool:
     """True when `memory` (an _nvml memory dict, or a MIG device's) comes from NVML memory info v1 of a driver whose
     v1 `used` includes reserved memory (R510 and later, or an unknown version)."""
     if (
@@ -150,7 +185,7 @@ def _reserved_in_used(memory, driver):
     return not (major.isdigit() and int(major) < _RESERVED_IN_V1_SINCE)
 
 
-def reserved_allowance(total_mib, memory, driver):
+def reserved_allowance(total_mib: Optional[int], memory: Mapping[str, Any], driver: Optional[Mapping[str, Any]]) -> int:
     """MiB added to the tolerance where used memory includes reserved memory (v1), else 0: 5% of the memory, at most
     V1_RESERVED_MAX_MIB."""
     if total_mib is None or not _reserved_in_used(memory, driver):
@@ -158,13 +193,13 @@ def reserved_allowance(total_mib, memory, driver):
     return min(int(total_mib * V1_RESERVED_SHARE), V1_RESERVED_MAX_MIB)
 
 
-def lists_explain(nvml_gpu, driver, tolerance_mib):
+def lists_explain(nvml_gpu: _shapes.NvmlGpu, driver: Optional[Mapping[str, Any]], tolerance_mib: int) -> bool:
     """True when the driver's lists explain a GPU's used memory, and each of its MIG instances', within the tolerance
     (plus the v1 reserved allowance), as merge judges it: then no process the lists leave out can be a holder there,
     and a look needs only the listed PIDs' fds (_gpus.Inspector.snapshot, scope "listed"). Stricter than merge in one
     case: an entry without a figure (NVML_VALUE_NOT_AVAILABLE) is not taken as explaining anything here, so such a
     GPU is always looked at with a full scan."""
-    memory = nvml_gpu.get("memory") or {}
+    memory: Mapping[str, Any] = nvml_gpu.get("memory") or {}
     items = nvml_gpu.get("processes", [])
     if memory.get("supported") is False and not nvml_gpu.get("error"):
         # No memory figures (a unified-memory GPU): the lists are all there is; the snapshot rescans in full where a
@@ -172,7 +207,7 @@ def lists_explain(nvml_gpu, driver, tolerance_mib):
         return True
     if nvml_gpu.get("error") or memory.get("used_mib") is None or any(item["used_mib"] is None for item in items):
         return False
-    parts = [(memory, items)] + [
+    parts: List[Tuple[Mapping[str, Any], List[_shapes.ListEntry]]] = [(memory, items)] + [
         (device, [item for item in items if _instance_of(item, [device]) is device])
         for device in nvml_gpu.get("mig_devices") or ()
     ]
@@ -185,11 +220,17 @@ def lists_explain(nvml_gpu, driver, tolerance_mib):
     return True
 
 
-def _instances_held(cap_minors, gpu_minor, instances, lookup):
+def _instances_held(
+    cap_minors: Iterable[int],
+    gpu_minor: Optional[int],
+    instances: Sequence[_Building],
+    lookup: Callable[[int], Optional[CapGrant]],
+) -> List[_Building]:
     """The MIG devices of GPU minor `gpu_minor` (`instances`: mig_devices entries) whose capability files a process
     holds (`cap_minors`): those whose compute instance file it holds, or, for a GPU instance file alone, every
     compute instance of that GPU instance."""
-    gis, cis = set(), set()
+    gis: Set[int] = set()
+    cis: Set[Tuple[int, int]] = set()
     for cap in cap_minors:
         granted = lookup(cap)
         if granted is None or granted[0] != gpu_minor:
@@ -207,7 +248,7 @@ def _instances_held(cap_minors, gpu_minor, instances, lookup):
     ]
 
 
-def _instance_of(item, instances):
+def _instance_of(item: Mapping[str, Any], instances: Iterable[_Instance]) -> Optional[_Instance]:
     """The MIG device whose ids a process-list entry carries, or None (no ids: not MIG, or a v1 list)."""
     for device in instances:
         if (
@@ -219,7 +260,16 @@ def _instance_of(item, instances):
     return None
 
 
-def merge(driver, table, scan, processes, tolerance_mib=256, exclude_pids=(), caps=None, initial_pidns=False):
+def merge(
+    driver: Optional[_shapes.Reading],
+    table: Sequence[_shapes.GpuTable],
+    scan: Mapping[int, DeviceHandles],
+    processes: Mapping[int, _shapes.Process],
+    tolerance_mib: int = 256,
+    exclude_pids: Iterable[int] = (),
+    caps: Optional[CapMap] = None,
+    initial_pidns: bool = False,
+) -> _shapes.Merged:
     """Build the per-GPU view, the holders and the device users from one NVML reading and one /proc scan.
 
     Args:
@@ -249,22 +299,16 @@ def merge(driver, table, scan, processes, tolerance_mib=256, exclude_pids=(), ca
       unmapped_minors: minors held by some process that no known GPU has.
     """
     exclude = set(exclude_pids)
-    by_minor = {gpu["minor"]: gpu["index"] for gpu in table if gpu.get("minor") is not None}
-    nvml_gpus = {gpu["index"]: gpu for gpu in (driver or {}).get("gpus", [])}
-    unmapped = set()
+    by_minor = {cast(int, gpu.get("minor")): gpu["index"] for gpu in table if gpu.get("minor") is not None}
+    nvml_gpus: Dict[int, Mapping[str, Any]] = {gpu["index"]: gpu for gpu in (driver.get("gpus", []) if driver else [])}
+    unmapped: Set[int] = set()
     files = {pid: _file_indices(handles, by_minor, unmapped) for pid, handles in scan.items() if pid not in exclude}
     zero_fb = {i for i, gpu in nvml_gpus.items() if (gpu.get("memory") or {}).get("supported") is False}
     held = _Held()
     context = _context(driver, initial_pidns, scan=scan, files=files, processes=processes, exclude=exclude, held=held)
     context["contexts"] = {pid: _context_indices(scan[pid], by_minor, zero_fb) for pid in files}
-    gpus = []
-    for entry in table:
-        nvml_gpu = nvml_gpus.get(entry["index"], {})
-        gpu = _gpu_entry(entry, nvml_gpu, driver, tolerance_mib)
-        listed, listed_unknown = _read_lists(gpu, nvml_gpu, context)
-        _judge_memory(gpu, listed, listed_unknown, tolerance_mib, driver, context["cause"])
-        gpus.append(gpu)
-    lookup = mig_cap if caps is None else caps.get
+    gpus = [_listed_gpu(entry, nvml_gpus.get(entry["index"], {}), driver, tolerance_mib, context) for entry in table]
+    lookup: Callable[[int], Optional[CapGrant]] = mig_cap if caps is None else caps.get
     listed_here = set(held.pids)
     for gpu in gpus:
         _device_file_holders(gpu, listed_here, lookup, context)
@@ -273,12 +317,37 @@ def merge(driver, table, scan, processes, tolerance_mib=256, exclude_pids=(), ca
         for pid in sorted(files):
             if scan[pid].contexts and pid in processes:
                 held.entry(pid)
+    return _merged(gpus, context, unmapped)
+
+
+def _listed_gpu(
+    entry: _shapes.GpuTable,
+    nvml_gpu: Mapping[str, Any],
+    driver: Optional[Mapping[str, Any]],
+    tolerance_mib: int,
+    context: _Context,
+) -> _Building:
+    """A GPU of the view with what the driver's lists say: its listed holders, exited creators and foreign PIDs, and
+    its explained and unexplained memory. The device-file holders come after (_device_file_holders)."""
+    gpu = _gpu_entry(entry, nvml_gpu, driver, tolerance_mib)
+    listed, listed_unknown = _read_lists(gpu, nvml_gpu, context)
+    _judge_memory(gpu, listed, listed_unknown, tolerance_mib, driver, context["cause"])
+    return gpu
+
+
+def _merged(gpus: List[_Building], context: _Context, unmapped: Set[int]) -> _shapes.Merged:
+    """merge's result, once every GPU is judged and every holder found."""
     holders, users = _processes(context)
     _name_pids(gpus, holders, users)
-    return {"gpus": gpus, "holders": holders, "device_users": users, "unmapped_minors": sorted(unmapped)}
+    return {
+        "gpus": cast(List[_shapes.Gpu], gpus),
+        "holders": cast(List[_shapes.Holder], holders),
+        "device_users": cast(List[_shapes.DeviceUser], users),
+        "unmapped_minors": sorted(unmapped),
+    }
 
 
-def _name_pids(gpus, holders, users):
+def _name_pids(gpus: List[_Building], holders: List[_Building], users: List[_Building]) -> None:
     """Give each GPU and each of its MIG devices the PIDs of its holders ("holder_pids"), and each GPU the PIDs of its
     device users ("device_user_pids")."""
     for gpu in gpus:
@@ -290,7 +359,7 @@ def _name_pids(gpus, holders, users):
             ]
 
 
-def _context(driver, initial_pidns, **parts):
+def _context(driver: Optional[Mapping[str, Any]], initial_pidns: bool, **parts: Any) -> _Context:
     """What one merge shares: `parts` plus how this driver numbers PIDs here."""
     translating = translates_pids(driver)
     # A listed PID absent here is an exited creator where the driver numbers PIDs in this namespace, or where this is
@@ -302,13 +371,21 @@ def _context(driver, initial_pidns, **parts):
 class _Held:
     """What each holder holds: {pid: {"memory": {index: MiB or None}, "attribution": {index: how}, "mig": {index: {uuid}}}}."""
 
-    def __init__(self):
-        self.pids = {}
+    def __init__(self) -> None:
+        self.pids: Dict[int, Dict[str, Dict[int, Any]]] = {}
 
-    def entry(self, pid):
+    def entry(self, pid: int) -> Dict[str, Dict[int, Any]]:
         return self.pids.setdefault(pid, {"memory": {}, "attribution": {}, "mig": {}, "contexts_of": {}})
 
-    def hold(self, pid, index, mib, how, instances=(), contexts_of=()):
+    def hold(
+        self,
+        pid: int,
+        index: int,
+        mib: Optional[int],
+        how: _shapes.Attribution,
+        instances: Iterable[_Building] = (),
+        contexts_of: Iterable[int] = (),
+    ) -> None:
         """PID holds GPU `index` with `mib` MiB there (its memory, taken once: listed_once; None: not reported),
         attributed `how`, in MIG `instances`; `contexts_of`: the exited creators whose contexts it holds there."""
         entry = self.entry(pid)
@@ -321,10 +398,12 @@ class _Held:
             entry["mig"].setdefault(index, set()).add(device["uuid"])
 
 
-def _gpu_entry(entry, nvml_gpu, driver, tolerance_mib):
+def _gpu_entry(
+    entry: _shapes.GpuTable, nvml_gpu: Mapping[str, Any], driver: Optional[Mapping[str, Any]], tolerance_mib: int
+) -> _Building:
     """A GPU of the view from its table entry and its NVML reading, before the lists are read."""
-    memory = nvml_gpu.get("memory") or {}
-    gpu = dict(entry)
+    memory: Mapping[str, Any] = nvml_gpu.get("memory") or {}
+    gpu: _Building = dict(entry)
     gpu.update(
         {
             "memory_total_mib": memory.get("total_mib"),
@@ -354,7 +433,7 @@ def _gpu_entry(entry, nvml_gpu, driver, tolerance_mib):
     return gpu
 
 
-def _read_lists(gpu, nvml_gpu, context):
+def _read_lists(gpu: _Building, nvml_gpu: Mapping[str, Any], context: _Context) -> Tuple[int, bool]:
     """The driver's process lists of one GPU: a listed PID whose process shows a context here holds it; the others
     are exited creators (their number free, or reused) or foreign. Each PID once, however many lists name it.
     Returns (MiB listed, whether some entry has no figure)."""
@@ -365,7 +444,7 @@ def _read_lists(gpu, nvml_gpu, context):
         instance["listed_mib"], instance["listed_unknown"] = _listed_mib(
             [item for item in items if _instance_of(item, [instance]) is instance]
         )
-    seen = set()
+    seen: Set[int] = set()
     for item in items:
         pid = item["pid"]
         # A context shows as an rw-s mapping of this GPU's device file. An NVML client, nvidia-smi or a process that
@@ -379,13 +458,14 @@ def _read_lists(gpu, nvml_gpu, context):
             continue
         seen.add(pid)
         present = processes.get(pid)
+        reason: _shapes.ForeignReason
         if context["creators_here"]:
             # The creator has exited (its number is free here) or another process has its number now: the context
             # lives on in whoever shows it.
             key, reason = "exited", "reused" if present else "exited"
         else:
             key, reason = "foreign", "not_holding" if present else "absent"
-        foreign = {
+        foreign: _shapes.Foreign = {
             "pid": pid,
             "used_mib": memory[pid],
             "type": item["type"],
@@ -398,7 +478,14 @@ def _read_lists(gpu, nvml_gpu, context):
     return _listed_mib(items)
 
 
-def _judge_memory(gpu, listed, listed_unknown, tolerance_mib, driver, cause=None):
+def _judge_memory(
+    gpu: _Building,
+    listed: int,
+    listed_unknown: bool,
+    tolerance_mib: int,
+    driver: Optional[Mapping[str, Any]],
+    cause: Optional[_shapes.UnexplainedCause] = None,
+) -> None:
     """Explained and unexplained memory of a GPU and of each of its MIG instances, against the tolerance."""
     gpu["explained_mib"] = listed
     gpu["tolerance_mib"] = tolerance_mib + gpu["reserved_allowance_mib"]
@@ -423,7 +510,7 @@ def _judge_memory(gpu, listed, listed_unknown, tolerance_mib, driver, cause=None
         )
 
 
-def _needs_holders(part, context, unknown):
+def _needs_holders(part: _Building, context: _Context, unknown: bool) -> bool:
     """Whether the unlisted processes that show a context on a GPU (or MIG instance) hold it: it carries the context
     of an exited creator, or memory outside the lists that this namespace's processes may hold (memory unknown;
     drivers before 535.113.01). On a translating driver memory outside the lists is another namespace's or leaked:
@@ -435,7 +522,13 @@ def _needs_holders(part, context, unknown):
     return unknown or context["cause"] == "unlisted"
 
 
-def _device_file_holders(gpu, listed_here, lookup, context):
+# A device-file holder found on a GPU: (PID, the MIG devices it holds there, the exited creators whose contexts it holds).
+_Found = Tuple[int, Sequence[_Building], List[int]]
+
+
+def _device_file_holders(
+    gpu: _Building, listed_here: Set[int], lookup: Callable[[int], Optional[CapGrant]], context: _Context
+) -> None:
     """Where a GPU (or one of its MIG instances) carries the context of an exited creator, or memory that its
     processes may hold (_needs_holders), the processes the driver lists nowhere that show a context on it (an rw-s
     mapping of its device file) hold it. With none, the other processes with its device file open are its suspects:
@@ -450,7 +543,7 @@ def _device_file_holders(gpu, listed_here, lookup, context):
     candidates = [
         pid for pid in sorted(files) if index in files[pid] and pid not in listed_here and pid in context["processes"]
     ]
-    found = []
+    found: List[_Found] = []
     for pid in candidates:
         if index not in contexts[pid]:
             continue
@@ -462,13 +555,13 @@ def _device_file_holders(gpu, listed_here, lookup, context):
                 found.append((pid, mine, sorted({item["pid"] for d in mine for item in d["exited"]})))
         elif whole:
             found.append((pid, (), sorted({item["pid"] for item in gpu["exited"]})))
-    for pid, mine, creators in found:
-        context["held"].hold(pid, index, _inherited_mib(gpu, found), "device_file", mine, creators)
+    for pid, held_mig, creators in found:
+        context["held"].hold(pid, index, _inherited_mib(gpu, found), "device_file", held_mig, creators)
     if not found and whole:
         gpu["suspects"] = candidates
 
 
-def _inherited_mib(gpu, found):
+def _inherited_mib(gpu: _Building, found: List[_Found]) -> Optional[int]:
     """The memory a device-file holder is charged: the exited creators' listed memory when it alone holds their
     contexts on the whole GPU (a reused or exited creator's memory goes to whoever shows the context), else None
     (several share it, or it is memory outside the lists)."""
@@ -478,15 +571,16 @@ def _inherited_mib(gpu, found):
     return None if None in figures else sum(figures)
 
 
-def _processes(context):
+def _processes(context: _Context) -> Tuple[List[_Building], List[_Building]]:
     """(holders, device users): the details of every process with device files or held memory."""
     scan, files, processes, held = context["scan"], context["files"], context["processes"], context["held"].pids
-    holders, users = [], []
+    holders: List[_Building] = []
+    users: List[_Building] = []
     for pid in sorted(set(files) | set(held)):
         if pid not in processes:
             continue
         handles = scan.get(pid)
-        details = dict(processes[pid])
+        details: _Building = dict(processes[pid])
         details.update(
             {
                 "device_gpus": sorted(files.get(pid, ())),

@@ -19,8 +19,14 @@ import os
 import select
 import signal
 import time
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Type, Union, cast
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _proc
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _proc, _shapes
+
+# pynvml (nvidia-ml-py) has no type information: the module, its handles and its structs are Any here.
+Pynvml = Any
+# A process-list function: handle -> entries (pynvml's structs, or the ctypes structs of _raw_list).
+ListFunction = Callable[[Any], Sequence[Any]]
 
 MIB = 1 << 20
 # nvml.h return codes used here.
@@ -43,7 +49,7 @@ _NO_PERMISSION_TEXT = (
 # pynvml's public functions (which pin _v3 since nvidia-ml-py 12.535.108); the older ones pynvml does not
 # wrap (12.535.108 has no _v2 wrappers, no release has a v1 one with the 16-byte v1 struct), so _raw_list
 # calls them by name through pynvml's own symbol lookup, with the struct nvml.h gives each.
-_LIST_KINDS = ("compute", "graphics", "mps")
+_LIST_KINDS: Tuple[_shapes.ListType, ...] = ("compute", "graphics", "mps")
 _OLDER_LISTS = (
     (
         "v2",
@@ -101,7 +107,7 @@ _V3_SYMBOLS = (
 )
 
 
-def _has_symbol(pynvml, symbol):
+def _has_symbol(pynvml: Pynvml, symbol: str) -> bool:
     try:
         pynvml._nvmlGetFunctionPointer(symbol)  # pylint: disable=protected-access
     except Exception:  # pylint: disable=broad-except
@@ -109,7 +115,7 @@ def _has_symbol(pynvml, symbol):
     return True
 
 
-def _legacy_v3(pynvml):
+def _legacy_v3(pynvml: Pynvml) -> bool:
     """Whether the library writes 32-byte _v3 entries: nvitop 1.7.2's probe (api/libnvml.py): early R535 libraries
     have nvmlDeviceGetConfComputeMemSizeInfo and not yet nvmlDeviceGetRunningProcessDetailList, which came when the
     _v3 layout went back to 24 bytes."""
@@ -139,11 +145,11 @@ class NvmlWorkerError(Exception):
     """The NVML worker failed with a Python error, or exited on its own: a defect, not a driver that did not answer."""
 
 
-def _text(value):
+def _text(value: Union[bytes, str]) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
 
 
-def _process_list(pynvml, function, handle):
+def _process_list(pynvml: Pynvml, function: ListFunction, handle: Any) -> Sequence[Any]:
     """Call one of the *RunningProcesses functions, retrying when the list grows mid-call."""
     for attempt in range(_LIST_RETRIES):
         try:
@@ -154,12 +160,12 @@ def _process_list(pynvml, function, handle):
     return []
 
 
-def _raw_list(pynvml, symbol, entry_type):
+def _raw_list(pynvml: Pynvml, symbol: str, entry_type: Type[ctypes.Structure]) -> ListFunction:
     """A process-list function pynvml does not wrap, called with pynvml's count-probe protocol
     (count 0 and no buffer first, then count*2+5 entries) and the `entry_type` struct."""
     function = pynvml._nvmlGetFunctionPointer(symbol)  # pylint: disable=protected-access
 
-    def call(handle):
+    def call(handle: Any) -> List[Any]:
         count = ctypes.c_uint(0)
         ret = function(handle, ctypes.byref(count), None)
         if ret == _NVML_SUCCESS:
@@ -176,7 +182,7 @@ def _raw_list(pynvml, symbol, entry_type):
     return call
 
 
-def _missing_symbol(pynvml, exc):
+def _missing_symbol(pynvml: Pynvml, exc: BaseException) -> bool:
     """Whether `exc` says the driver library lacks the function: pynvml 13.x raises NVMLLibraryMismatchError
     for a missing _v3 process-list symbol, 12.x NVMLError_FunctionNotFound."""
     mismatch = getattr(pynvml, "NVMLLibraryMismatchError", None)
@@ -185,11 +191,11 @@ def _missing_symbol(pynvml, exc):
     return isinstance(exc, pynvml.NVMLError) and getattr(exc, "value", None) == _NVML_ERROR_FUNCTION_NOT_FOUND
 
 
-def _instance_id(value):
+def _instance_id(value: Optional[int]) -> Optional[int]:
     return None if value is None or value == _NO_INSTANCE_ID else int(value)
 
 
-def _entry(proc, kind):
+def _entry(proc: Any, kind: _shapes.ListType) -> _shapes.ListEntry:
     used = getattr(proc, "usedGpuMemory", None)
     if used is not None and used >= (1 << 64) - 1:  # NVML_VALUE_NOT_AVAILABLE (pynvml maps it to None itself)
         used = None
@@ -202,7 +208,9 @@ def _entry(proc, kind):
     }
 
 
-def _process_lists(pynvml, handle, versions):
+def _process_lists(
+    pynvml: Pynvml, handle: Any, versions: List[_shapes.ListVersion]
+) -> Tuple[List[_shapes.ListEntry], _shapes.ListVersion]:
     """Compute, graphics and MPS lists of `handle` (a GPU or MIG device handle) as entries; the list
     version that answered ("v3", "v2" or "v1"). `versions` is the list of versions still worth trying
     (the first missing symbol removes its version for the rest of the reading)."""
@@ -222,7 +230,7 @@ def _process_lists(pynvml, handle, versions):
             else:
                 entry_type = _ProcessInfoV2 if version == "v2" else _ProcessInfoV1
                 functions = tuple(_raw_list(pynvml, symbol, entry_type) for symbol in dict(_OLDER_LISTS)[version])
-            entries = []
+            entries: List[_shapes.ListEntry] = []
             for kind, function in zip(_LIST_KINDS, functions):
                 try:
                     processes = _process_list(pynvml, function, handle)
@@ -236,7 +244,7 @@ def _process_lists(pynvml, handle, versions):
             versions.pop(0)
 
 
-_UNSUPPORTED_MEMORY = {
+_UNSUPPORTED_MEMORY: _shapes.Memory = {
     "total_mib": None,
     "used_mib": None,
     "free_mib": None,
@@ -248,7 +256,7 @@ _UNSUPPORTED_MEMORY = {
 }
 
 
-def _memory(pynvml, handle):
+def _memory(pynvml: Pynvml, handle: Any) -> _shapes.Memory:
     """Memory of one GPU (or MIG device) in MiB: NVML memory info v2 (reserved separate), v1 where v2 is missing.
 
     `used_excluding_reserved_mib` is the figure to hold against a tolerance such as max_used_mib: v2 `used`
@@ -273,7 +281,7 @@ def _memory(pynvml, handle):
         except pynvml.NVMLError_NotSupported:
             # A unified-memory GPU (NVIDIA GB10) reports no memory, v1 and v2 alike, while its process lists answer
             # (XuehaiPan/nvitop PR 208): not an error of the GPU; it is judged by its lists and device files.
-            return dict(_UNSUPPORTED_MEMORY)
+            return _UNSUPPORTED_MEMORY.copy()
         # v1 `used` includes reserved memory; v1 cannot tell them apart.
         return {
             "total_mib": info.total // MIB,
@@ -286,15 +294,15 @@ def _memory(pynvml, handle):
         }
 
 
-def _mig_name_profile(name):
+def _mig_name_profile(name: str) -> Optional[str]:
     """ "NVIDIA H100 80GB HBM3 MIG 1g.10gb" -> "1g.10gb" (the MIG device name ends with its profile)."""
     head, sep, profile = name.rpartition(" MIG ")
     return profile if sep and head else None
 
 
-def _mig_devices(pynvml, handle):
+def _mig_devices(pynvml: Pynvml, handle: Any) -> List[Tuple[Any, _shapes.NvmlMigDevice]]:
     """The MIG devices of a MIG-enabled GPU: [(mig handle, description)]."""
-    devices = []
+    devices: List[Tuple[Any, _shapes.NvmlMigDevice]] = []
     for position in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
         try:
             mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, position)
@@ -322,7 +330,7 @@ def _mig_devices(pynvml, handle):
     return devices
 
 
-def _mig_mode(pynvml, handle):
+def _mig_mode(pynvml: Pynvml, handle: Any) -> Optional[_shapes.MigMode]:
     """{"current": bool, "pending": bool}, or None where the GPU or the driver has no MIG."""
     try:
         current, pending = pynvml.nvmlDeviceGetMigMode(handle)
@@ -331,18 +339,18 @@ def _mig_mode(pynvml, handle):
     return {"current": current == _NVML_DEVICE_MIG_ENABLE, "pending": pending == _NVML_DEVICE_MIG_ENABLE}
 
 
-def _no_permission(pynvml, exc):
+def _no_permission(pynvml: Pynvml, exc: BaseException) -> bool:
     return isinstance(exc, pynvml.NVMLError) and getattr(exc, "value", None) == _NVML_ERROR_NO_PERMISSION
 
 
-def _optional(call, *args):
+def _optional(call: Callable[..., Any], *args: Any) -> Optional[str]:
     try:
         return _text(call(*args))
     except Exception:  # pylint: disable=broad-except
         return None
 
 
-def read_gpu(pynvml, index, list_versions=None):
+def read_gpu(pynvml: Pynvml, index: int, list_versions: Optional[List[_shapes.ListVersion]] = None) -> _shapes.NvmlGpu:
     """Everything NVML says about GPU `index`, as plain data.
 
     Returns {"index", "minor", "uuid", "name", "pci_bus_id",
@@ -360,8 +368,8 @@ def read_gpu(pynvml, index, list_versions=None):
     "error" (None, or the NVML error text, e.g. a lost GPU)}.
     `list_versions` (shared by the GPUs of one reading) is the process-list versions still worth trying.
     """
-    versions = list_versions if list_versions is not None else ["v3", "v2", "v1"]
-    gpu = {
+    versions: List[_shapes.ListVersion] = list_versions if list_versions is not None else ["v3", "v2", "v1"]
+    gpu: _shapes.NvmlGpu = {
         "index": index,
         "minor": None,
         "uuid": None,
@@ -391,7 +399,7 @@ def read_gpu(pynvml, index, list_versions=None):
     return gpu
 
 
-def _gpu_memory(pynvml, handle, migs):
+def _gpu_memory(pynvml: Pynvml, handle: Any, migs: List[Tuple[Any, _shapes.NvmlMigDevice]]) -> _shapes.Memory:
     """read_gpu's "memory" of GPU `handle`: NVML's aggregate, or on a MIG-enabled GPU that refuses it for lack of
     privileges, the sum of its MIG devices (`migs`: _mig_devices' (handle, description) pairs)."""
     try:
@@ -402,17 +410,29 @@ def _gpu_memory(pynvml, handle, migs):
     # nvml.h: on a MIG-enabled GPU the aggregate needs privileges; per-instance figures do not.
     mig_devices = [description for _mig, description in migs]
     return {
-        "total_mib": sum(m["memory_total_mib"] for m in mig_devices),
-        "used_mib": sum(m["memory_used_mib"] for m in mig_devices),
-        "free_mib": sum(m["memory_free_mib"] for m in mig_devices),
+        "total_mib": _sum_mib([m["memory_total_mib"] for m in mig_devices]),
+        "used_mib": _sum_mib([m["memory_used_mib"] for m in mig_devices]),
+        "free_mib": _sum_mib([m["memory_free_mib"] for m in mig_devices]),
         "reserved_mib": None,
         "source": "mig_devices",
         "used_includes_reserved": False,
-        "used_excluding_reserved_mib": sum(m["memory_used_mib"] for m in mig_devices),
+        "used_excluding_reserved_mib": _sum_mib([m["memory_used_mib"] for m in mig_devices]),
     }
 
 
-def _read_processes(pynvml, handle, migs, versions, gpu):
+def _sum_mib(figures: List[Optional[int]]) -> int:
+    """The sum of the MIG devices' figures (MiB). Each is known where the aggregate is refused (a MIG device without
+    a figure raises TypeError here, as sum() always did)."""
+    return sum(cast(List[int], figures))
+
+
+def _read_processes(
+    pynvml: Pynvml,
+    handle: Any,
+    migs: List[Tuple[Any, _shapes.NvmlMigDevice]],
+    versions: List[_shapes.ListVersion],
+    gpu: _shapes.NvmlGpu,
+) -> None:
     """Set read_gpu's "processes" and "process_list_version" of `gpu`: the GPU's lists, or on a MIG-enabled GPU that
     refuses them for lack of privileges, its MIG devices' lists, with "processes_error" saying why."""
     try:
@@ -426,7 +446,7 @@ def _read_processes(pynvml, handle, migs, versions, gpu):
             gpu["processes"].extend(entries)
 
 
-def _errors(pynvml):
+def _errors(pynvml: Pynvml) -> Tuple[Type[BaseException], ...]:
     """Exceptions that mean "the driver said no": NVML errors, and pynvml's NVMLLibraryMismatchError
     (a driver library without the _v3 process-list functions; not an NVMLError subclass)."""
     return (pynvml.NVMLError,) + tuple(
@@ -434,14 +454,14 @@ def _errors(pynvml):
     )
 
 
-def read_driver(pynvml, initialized=False):
+def read_driver(pynvml: Pynvml, initialized: bool = False) -> _shapes.Reading:
     """One full NVML reading (run inside the worker): versions and every GPU.
 
     Returns {"available": bool, "error": str or None, "driver_version", "nvml_version",
     "cuda_driver_version", "gpus": [read_gpu(...)]}. A missing library or driver gives
     available=False with the NVML error text; it never raises NVMLError.
     """
-    reading = {
+    reading: _shapes.Reading = {
         "available": False,
         "error": None,
         "driver_version": None,
@@ -460,12 +480,12 @@ def read_driver(pynvml, initialized=False):
         reading["error"] = "%s: %s" % (type(exc).__name__, exc)
         return reading
     reading["available"] = True
-    list_versions = ["v3", "v2", "v1"]
+    list_versions: List[_shapes.ListVersion] = ["v3", "v2", "v1"]
     reading["gpus"] = [read_gpu(pynvml, index, list_versions) for index in range(count)]
     return reading
 
 
-def _worker(pynvml, requests, replies):
+def _worker(pynvml: Pynvml, requests: int, replies: int) -> None:
     """Worker loop: one JSON reading per request line, until the request pipe closes."""
     initialized = False
     with os.fdopen(requests, "rb", 0) as req, os.fdopen(replies, "wb", 0) as rep:
@@ -485,7 +505,7 @@ def _worker(pynvml, requests, replies):
             rep.write(json.dumps(reading).encode("utf-8") + b"\n")
 
 
-def _exited_within(pid, timeout):
+def _exited_within(pid: int, timeout: float) -> bool:
     """Whether our child `pid` exits within `timeout` seconds; reaped when it did. Waited for through a pidfd (Linux 5.3+,
     Python 3.9+), one wakeup when it exits; else by polling waitpid every 5 ms, each poll a wakeup of this process that
     costs CPU on a busy host."""
@@ -518,17 +538,18 @@ class DriverQuery:
     raise NvmlTimeout at once: a wedged driver does not recover within one module run.
     """
 
-    def __init__(self, pynvml):
+    def __init__(self, pynvml: Pynvml) -> None:
         self._pynvml = pynvml
-        self.pid = None
-        self._req = self._rep = None
+        self.pid: Optional[int] = None
+        self._req: Optional[int] = None
+        self._rep: Optional[int] = None
         self._buffer = b""
-        self.timed_out = None  # the first failure's text, once NVML stopped answering
-        self.failed = None  # the worker's Python error, once it had one
-        self.left_behind = []  # workers that SIGKILL did not end within KILLED_EXIT_S (stuck in the driver)
+        self.timed_out: Optional[str] = None  # the first failure's text, once NVML stopped answering
+        self.failed: Optional[str] = None  # the worker's Python error, once it had one
+        self.left_behind: List[int] = []  # workers that SIGKILL did not end within KILLED_EXIT_S (stuck in the driver)
         self._initialized = False  # the worker has answered its nvmlInit
 
-    def _start(self):
+    def _start(self) -> None:
         req_r, req_w = os.pipe()
         rep_r, rep_w = os.pipe()
         pid = _proc.fork_worker(lambda: _worker(self._pynvml, req_r, rep_w), close=(req_w, rep_r))
@@ -537,7 +558,7 @@ class DriverQuery:
         self.pid, self._req, self._rep = pid, req_w, rep_r
         self._initialized = False
 
-    def read(self, timeout):
+    def read(self, timeout: float) -> _shapes.Reading:
         """One reading (see read_driver), or NvmlTimeout after `timeout` seconds (the worker's first nvmlInit has
         INIT_TIMEOUT_S of its own)."""
         if self.timed_out:
@@ -546,20 +567,22 @@ class DriverQuery:
             raise NvmlWorkerError(self.failed)
         if self.pid is None:
             self._start()
+        # Set by _start: the ends of the request and reply pipes.
+        req, rep = cast(int, self._req), cast(int, self._rep)
         deadline = time.monotonic() + (timeout if self._initialized else max(timeout, INIT_TIMEOUT_S))
         try:
-            os.write(self._req, b"r\n")
+            os.write(req, b"r\n")
             while True:
                 while b"\n" not in self._buffer:
                     left = deadline - time.monotonic()
-                    if left <= 0 or not select.select([self._rep], [], [], left)[0]:
+                    if left <= 0 or not select.select([rep], [], [], left)[0]:
                         raise NvmlTimeout(
                             "an NVML call did not return within %.1f s (driver hung?)" % timeout
                             if self._initialized
                             else "nvmlInit did not return within %.1f s (a first initialization with persistence mode "
                             "off takes seconds; this long: driver hung?)" % max(timeout, INIT_TIMEOUT_S)
                         )
-                    chunk = os.read(self._rep, 65536)
+                    chunk = os.read(rep, 65536)
                     if not chunk:
                         raise NvmlWorkerError("the NVML worker exited unexpectedly (a defect, not a driver that hung)")
                     self._buffer += chunk
@@ -570,28 +593,28 @@ class DriverQuery:
                     continue
                 break
         except (NvmlTimeout, NvmlWorkerError, OSError) as exc:
-            left = self.close()
+            behind = self.close()
             if isinstance(exc, NvmlWorkerError):
                 self.failed = str(exc)
                 raise
             if not isinstance(exc, NvmlTimeout):
                 exc = NvmlTimeout("the NVML worker failed: %s" % exc)
-            self.timed_out = str(exc) + _left_behind_text(left)
+            self.timed_out = str(exc) + _left_behind_text(behind)
             raise NvmlTimeout(self.timed_out)
         line, _newline, self._buffer = self._buffer.partition(b"\n")
-        reading = json.loads(line.decode("utf-8"))
+        reading: Dict[str, Any] = json.loads(line.decode("utf-8"))
         if "worker_error" in reading:
             self.close()
             self.failed = "the NVML worker failed with a Python error: %s" % reading["worker_error"]
             raise NvmlWorkerError(self.failed)
-        return reading
+        return cast(_shapes.Reading, reading)
 
-    def close(self):
+    def close(self) -> Optional[int]:
         """End the worker (SIGKILL if it does not leave at once, e.g. stuck in a driver call). Returns the worker's PID
         when it was left behind (not reaped within KILLED_EXIT_S of SIGKILL: stuck in the driver), else None."""
         if self.pid is None:
             return None
-        for fd in (self._req, self._rep):
+        for fd in (cast(int, self._req), cast(int, self._rep)):
             try:
                 os.close(fd)
             except OSError:
@@ -609,7 +632,7 @@ class DriverQuery:
         return pid
 
 
-def _left_behind_text(pid):
+def _left_behind_text(pid: Optional[int]) -> str:
     if pid is None:
         return ""
     return (

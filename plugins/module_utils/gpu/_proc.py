@@ -15,23 +15,46 @@ from __future__ import annotations
 import collections
 import errno
 import os
+from typing import Any, Callable, Collection, List, Mapping, Optional, TypedDict
 
 _PF_KTHREAD = 0x00200000  # include/linux/sched.h: "I am a kernel thread"
 # errno values that mean "the process or thread is gone, or not ours to read": skip it.
 _SKIP_ERRNOS = (errno.ENOENT, errno.ESRCH, errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EINVAL)
 
 
-def skip_error(exc):
+class Stat(TypedDict):
+    """The fields of /proc/PID/stat that read_stat returns."""
+
+    comm: str
+    state: str
+    ppid: int
+    pgid: int
+    sid: int
+    start_ticks: int
+    kernel_thread: bool
+
+
+class Brief(TypedDict):
+    """A process in a few fields (brief)."""
+
+    pid: int
+    ppid: int
+    comm: str
+    cmdline: str
+    start_ticks: int
+
+
+def skip_error(exc: OSError) -> bool:
     """True when OSError `exc` means the process or fd vanished or is not ours to read."""
     return exc.errno in _SKIP_ERRNOS
 
 
-def list_pids(proc="/proc"):
+def list_pids(proc: str = "/proc") -> List[int]:
     """PIDs of the scanned /proc, as ints (threads are not listed)."""
     return [int(name) for name in os.listdir(proc) if name.isdigit()]
 
 
-def read_stat(pid, proc="/proc"):
+def read_stat(pid: int, proc: str = "/proc") -> Optional[Stat]:
     """Fields of /proc/PID/stat, or None if the process is gone.
 
     Returns {"comm" (the kernel's name, cut to 15 bytes), "state" (one letter: R, S, D, Z...),
@@ -70,27 +93,27 @@ class ProcessId(collections.namedtuple("ProcessId", ("pid", "start_ticks"))):
     __slots__ = ()
 
     @classmethod
-    def of(cls, pid, proc="/proc"):
+    def of(cls, pid: int, proc: str = "/proc") -> Optional[ProcessId]:
         """The identity of the process that has `pid` now, or None when there is none."""
         ticks = read_start_ticks(pid, proc)
         return None if ticks is None else cls(pid, ticks)
 
     @classmethod
-    def from_process(cls, process):
+    def from_process(cls, process: Mapping[str, Any]) -> ProcessId:
         """The identity of a process dict (holder, session member) with "pid" and "start_ticks"."""
         return cls(process["pid"], process["start_ticks"])
 
-    def same(self, proc="/proc"):
+    def same(self, proc: str = "/proc") -> bool:
         """True while `pid` still names this process (zombies included)."""
-        return read_start_ticks(self.pid, proc) == self.start_ticks
+        return bool(read_start_ticks(self.pid, proc) == self.start_ticks)
 
-    def alive(self, proc="/proc"):
+    def alive(self, proc: str = "/proc") -> bool:
         """True while this process runs: same start time, and not a zombie."""
         stat = read_stat(self.pid, proc)
         return stat is not None and stat["start_ticks"] == self.start_ticks and stat["state"] not in ("Z", "X")
 
 
-def brief(pid, stat, proc="/proc"):
+def brief(pid: int, stat: Stat, proc: str = "/proc") -> Brief:
     """{"pid", "ppid", "comm", "cmdline", "start_ticks"} of a process, from its read_stat() `stat`."""
     return {
         "pid": pid,
@@ -101,7 +124,7 @@ def brief(pid, stat, proc="/proc"):
     }
 
 
-def read_argv(pid, proc="/proc"):
+def read_argv(pid: int, proc: str = "/proc") -> Optional[List[str]]:
     """Arguments of /proc/PID/cmdline as a list of str ([] for a kernel thread or a zombie), or None when the
     process is gone or unreadable. A title set with setproctitle (vLLM's VLLM::*) comes back as one argument."""
     try:
@@ -114,18 +137,18 @@ def read_argv(pid, proc="/proc"):
     return [arg.decode("utf-8", "replace") for arg in data.split(b"\0")] if data else []
 
 
-def read_cmdline(pid, proc="/proc"):
+def read_cmdline(pid: int, proc: str = "/proc") -> str:
     """/proc/PID/cmdline joined by spaces ("" for a kernel thread or a process that is gone)."""
     return " ".join(read_argv(pid, proc) or ())
 
 
-def read_start_ticks(pid, proc="/proc"):
+def read_start_ticks(pid: int, proc: str = "/proc") -> Optional[int]:
     """Start time of PID in clock ticks since boot (field 22 of /proc/PID/stat), or None if gone."""
     stat = read_stat(pid, proc)
     return None if stat is None else stat["start_ticks"]
 
 
-def read_nspids(pid, proc="/proc"):
+def read_nspids(pid: int, proc: str = "/proc") -> List[int]:
     """The NSpid line of /proc/PID/status: PIDs from the outermost to the innermost namespace."""
     try:
         with open("%s/%d/status" % (proc, pid), "r") as status:
@@ -139,7 +162,7 @@ def read_nspids(pid, proc="/proc"):
     return [pid]
 
 
-def fork_worker(work, close=()):
+def fork_worker(work: Callable[[], object], close: Collection[int] = ()) -> int:
     """Fork a worker process that runs `work()` and exits; return its PID (in the caller).
 
     The worker closes the descriptors in `close` (the caller's ends of its pipes) and lets go of the
@@ -164,7 +187,7 @@ def fork_worker(work, close=()):
         os._exit(status)  # pylint: disable=lost-exception
 
 
-def single_threaded():
+def single_threaded() -> bool:
     """True when this process runs one thread (its task directory has exactly one entry)."""
     try:
         return os.stat("/proc/self/task").st_nlink == 3

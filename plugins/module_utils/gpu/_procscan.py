@@ -29,6 +29,7 @@ import select
 import signal
 import stat
 import time
+from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple, TypedDict, Union
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _proc
 
@@ -47,13 +48,42 @@ _CONTROL_MINORS = {255: "/dev/nvidiactl", 254: "/dev/nvidia-modeset"}
 # nvidia-uvm and the MIG capability files have dynamic majors: they are known by name wherever they are.
 _NAMED_RE = re.compile(r"/(nvidia-uvm(?:-tools)?|nvidia-caps/nvidia-cap\d+)$")
 # {(st_dev, st_ino): /dev path} of the device files under /dev, read once per process (see _known_files).
-_KNOWN = {}
+_KNOWN: Dict[str, Dict[Tuple[int, int], str]] = {}
 # Per proc root: does st_size of PROC/PID/fd count the open fds? (see _size_counts_fds)
-_SIZE_COUNTS_FDS = {}
+_SIZE_COUNTS_FDS: Dict[str, bool] = {}
 # "0", "1", "2"...: fd numbers as names, grown on demand (see _fd_names)
-_FD_NAMES = []
+_FD_NAMES: List[str] = []
 # Holes in an fd table read by number before listing the directory instead (see _probe_fds)
 _MAX_HOLES = 16
+# (fd names, their link targets) of one fd table.
+FdTable = Tuple[List[str], List[str]]
+# {cap minor: (GPU minor, GPU instance id, compute instance id or None)}: what a MIG capability file grants.
+CapMap = Dict[int, Tuple[int, int, Optional[int]]]
+
+
+class HandlesDict(TypedDict):
+    """DeviceHandles.as_dict(): sets as sorted lists."""
+
+    pid: int
+    minors: List[int]
+    mapped: List[int]
+    contexts: List[int]
+    ctl: bool
+    ctl_rw: bool
+    uvm: bool
+    control: bool
+    seen_in: List[str]
+    thread_only: bool
+    caps: List[int]
+
+
+class KernelGpu(TypedDict):
+    """A GPU the kernel module knows (proc_driver_minors)."""
+
+    pci_bus_id: str
+    minor: Optional[int]
+    uuid: Optional[str]
+    name: Optional[str]
 
 
 class DeviceHandles:
@@ -95,20 +125,20 @@ class DeviceHandles:
         "caps",
     )
 
-    def __init__(self, pid):
+    def __init__(self, pid: int) -> None:
         self.pid = pid
-        self.minors = set()
-        self.mapped = set()
-        self.contexts = set()
+        self.minors: Set[int] = set()
+        self.mapped: Set[int] = set()
+        self.contexts: Set[int] = set()
         self.ctl = False
         self.ctl_rw = False
         self.uvm = False
         self.control = False
-        self.seen_in = set()
+        self.seen_in: Set[str] = set()
         self.thread_only = False
-        self.caps = set()
+        self.caps: Set[int] = set()
 
-    def add(self, path, where, perms=""):
+    def add(self, path: str, where: str, perms: str = "") -> bool:
         """Record one matching path (a readlink result, or a maps pathname with its permissions: "rw-s")."""
         match = _DEVICE_RE.match(path)
         if match is None:
@@ -134,12 +164,12 @@ class DeviceHandles:
         return True
 
     @property
-    def cuda(self):
+    def cuda(self) -> bool:
         """True for a CUDA user: it maps a GPU's device file (cuInit's doorbells, a context). NVML clients and
         nvidia-smi map none (nvidia-smi maps nvidiactl read-only)."""
         return bool(self.mapped)
 
-    def context_on(self, minor, zero_fb=False):
+    def context_on(self, minor: int, zero_fb: bool = False) -> bool:
         """True when this process shows a context on the GPU of `minor`: an `rw-s` mapping of its /dev/nvidiaN.
         On a zero-framebuffer GPU (`zero_fb`) a context's memory is system memory, mapped through nvidiactl: there
         an `rw-s` nvidiactl mapping beside a mapping of the GPU's file is the evidence (docs/attribution.md)."""
@@ -147,7 +177,7 @@ class DeviceHandles:
             return True
         return zero_fb and self.ctl_rw and minor in self.mapped
 
-    def as_dict(self):
+    def as_dict(self) -> HandlesDict:
         """Plain-data view: {"pid", "minors", "mapped", "contexts" (sorted lists), "ctl", "ctl_rw", "uvm", "control",
         "seen_in" (sorted), "thread_only", "caps" (sorted)}."""
         return {
@@ -165,7 +195,7 @@ class DeviceHandles:
         }
 
     @classmethod
-    def from_dict(cls, data):
+    def from_dict(cls, data: HandlesDict) -> DeviceHandles:
         """The DeviceHandles whose as_dict() is `data`."""
         handles = cls(data["pid"])
         handles.minors = set(data["minors"])
@@ -181,7 +211,7 @@ class DeviceHandles:
         return handles
 
 
-def _listdir(path):
+def _listdir(path: Union[str, int]) -> Optional[List[str]]:
     try:
         return os.listdir(path)
     except OSError as exc:
@@ -190,7 +220,7 @@ def _listdir(path):
         raise
 
 
-def _readlinks(dir_fd, names):
+def _readlinks(dir_fd: int, names: List[str]) -> FdTable:
     """(names, targets) of the fd entries `names` of the open fd directory `dir_fd`; vanished ones left out."""
     readlink = os.readlink
     try:
@@ -210,14 +240,14 @@ def _readlinks(dir_fd, names):
     return kept, targets
 
 
-def _fd_names(count):
+def _fd_names(count: int) -> List[str]:
     """["0", "1", ...]: at least `count` fd numbers as directory entry names (built once, reused)."""
     if len(_FD_NAMES) < count:
         _FD_NAMES.extend(str(number) for number in range(len(_FD_NAMES), count))
     return _FD_NAMES
 
 
-def _probe_fds(dir_fd, count):
+def _probe_fds(dir_fd: int, count: int) -> Optional[FdTable]:
     """Read fds 0, 1, 2... of the open fd directory `dir_fd` until `count` are found, without listing it.
 
     Listing a /proc fd directory costs a third or more of reading every link, and fd tables are nearly
@@ -229,7 +259,8 @@ def _probe_fds(dir_fd, count):
     budget = 2 * count + 64
     numbers = _fd_names(budget)
     readlink = os.readlink
-    names, targets = [], []
+    names: List[str] = []
+    targets: List[str] = []
     start = holes = 0
     while len(targets) < count:
         run = numbers[start : start + count - len(targets)]
@@ -258,7 +289,7 @@ def _probe_fds(dir_fd, count):
     return names, targets
 
 
-def _size_counts_fds(proc):
+def _size_counts_fds(proc: str) -> bool:
     """True when st_size of PROC/PID/fd is the number of open fds (procfs of Linux >= 6.2).
 
     Checked once per proc root on our own fd directory: opening a pipe must add exactly 2.
@@ -280,7 +311,7 @@ def _size_counts_fds(proc):
     return _SIZE_COUNTS_FDS[proc]
 
 
-def _fd_table(fd_dir, size_counts_fds):
+def _fd_table(fd_dir: str, size_counts_fds: bool) -> Optional[FdTable]:
     """(names, targets) of the fds open in `fd_dir` (/proc/PID/fd or /proc/PID/task/TID/fd).
 
     None when it cannot be read (the process vanished, or is not ours). Where the directory's
@@ -306,7 +337,7 @@ def _fd_table(fd_dir, size_counts_fds):
         os.close(dir_fd)
 
 
-def _known_files(dev="/dev"):
+def _known_files(dev: str = "/dev") -> Dict[Tuple[int, int], str]:
     """{(st_dev, st_ino): path} of DEV/nvidia* and DEV/nvidia-caps/*: the files a bind mount elsewhere is the same as."""
     if dev not in _KNOWN:
         known = {}
@@ -323,7 +354,7 @@ def _known_files(dev="/dev"):
     return _KNOWN[dev]
 
 
-def _canonical(path, info):
+def _canonical(path: str, info: Optional[Union[os.stat_result, _Identity]]) -> Optional[str]:
     """The /dev path an NVIDIA device file outside /dev stands for (`info`: its stat), or None when it is none."""
     named = _NAMED_RE.search(path)
     if named:
@@ -336,14 +367,16 @@ def _canonical(path, info):
     return _known_files().get((info.st_dev, info.st_ino))
 
 
-def _stat(path):
+def _stat(path: str) -> Optional[os.stat_result]:
     try:
         return os.stat(path)
     except OSError:
         return None
 
 
-def _record_fds(targets, handles, fd_dir=None, names=()):
+def _record_fds(
+    targets: List[str], handles: DeviceHandles, fd_dir: Optional[str] = None, names: Sequence[str] = ()
+) -> bool:
     """Record the NVIDIA device files among fd `targets` (of `names` in `fd_dir`) in `handles`; True if there was one."""
     # One search of all targets joined (in C) first: nearly every process holds none.
     if _NAME_MARK not in "\n".join(targets):
@@ -355,15 +388,16 @@ def _record_fds(targets, handles, fd_dir=None, names=()):
         if not target.startswith(_DEVICE_PREFIX):
             # Outside /dev: the file itself says what it is (the fd's stat follows it in the holder's mount namespace).
             name = names[position] if fd_dir and position < len(names) else None
-            target = _canonical(target, _stat("%s/%s" % (fd_dir, name)) if name else None)
-            if target is None:
+            canonical = _canonical(target, _stat("%s/%s" % (fd_dir, name)) if name else None)
+            if canonical is None:
                 continue
+            target = canonical
         if handles.add(target, "fd"):
             found = True
     return found
 
 
-def _maybe_other_threads(base):
+def _maybe_other_threads(base: str) -> bool:
     """False when /proc/PID/task has exactly one entry, seen from its link count without listing it.
 
     procfs gives the task directory 2 + (number of threads) links, as ordinary file systems count
@@ -377,7 +411,7 @@ def _maybe_other_threads(base):
         raise
 
 
-def _scan_maps(proc, pid, handles):
+def _scan_maps(proc: str, pid: int, handles: DeviceHandles) -> None:
     try:
         with open("%s/%d/maps" % (proc, pid), "rb") as maps:
             data = maps.read()
@@ -395,9 +429,10 @@ def _scan_maps(proc, pid, handles):
                 continue
             path = fields[5].decode("utf-8", "replace")
             if not path.startswith(_DEVICE_PREFIX):
-                path = _canonical(path, _maps_identity(fields[3], fields[4]) or _stat(path))
-                if path is None:
+                canonical = _canonical(path, _maps_identity(fields[3], fields[4]) or _stat(path))
+                if canonical is None:
                     continue
+                path = canonical
             handles.add(path, "mapping", fields[1].decode("ascii", "replace"))
 
 
@@ -405,12 +440,13 @@ class _Identity:  # pylint: disable=too-few-public-methods
     """The (st_dev, st_ino) of a maps line, shaped like a stat result for _canonical (never a character device)."""
 
     st_mode = stat.S_IFREG
+    st_rdev = 0  # never read: not a character device
 
-    def __init__(self, dev, ino):
+    def __init__(self, dev: int, ino: int) -> None:
         self.st_dev, self.st_ino = dev, ino
 
 
-def _maps_identity(dev, inode):
+def _maps_identity(dev: bytes, inode: bytes) -> Optional[_Identity]:
     """The identity of the file a maps line names ("fd:01", "1234"), when it is one of the known device files."""
     try:
         major, minor = (int(part, 16) for part in dev.split(b":"))
@@ -420,7 +456,7 @@ def _maps_identity(dev, inode):
     return identity if (identity.st_dev, identity.st_ino) in _known_files() else None
 
 
-def scan_process(pid, proc="/proc"):
+def scan_process(pid: int, proc: str = "/proc") -> Optional[DeviceHandles]:
     """Scan one process; return its DeviceHandles, or None when it holds no NVIDIA device file.
 
     Reads /proc/PID/fd, the fd tables of its other threads where they differ (a thread can
@@ -459,7 +495,12 @@ def scan_process(pid, proc="/proc"):
     return handles
 
 
-def scan_holders(proc="/proc", skip_pids=(), workers=None, problems=None):
+def scan_holders(
+    proc: str = "/proc",
+    skip_pids: Iterable[int] = (),
+    workers: Optional[int] = None,
+    problems: Optional[List[str]] = None,
+) -> Dict[int, DeviceHandles]:
     """Every process holding an NVIDIA device file: {pid: DeviceHandles}.
 
     Args:
@@ -488,7 +529,7 @@ WORKER_REPLY_S = 20.0
 KILLED_EXIT_S = 1.0
 
 
-def _worker_count(pid_count):
+def _worker_count(pid_count: int) -> int:
     try:
         cpus = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
@@ -496,7 +537,7 @@ def _worker_count(pid_count):
     return max(1, min(cpus, MAX_WORKERS, pid_count // PIDS_PER_WORKER))
 
 
-def _scan_pids(pids, proc):
+def _scan_pids(pids: Iterable[int], proc: str) -> Dict[int, DeviceHandles]:
     holders = {}
     for pid in pids:
         handles = scan_process(pid, proc)
@@ -505,7 +546,7 @@ def _scan_pids(pids, proc):
     return holders
 
 
-def _scan_parallel(pids, proc, workers, problems):
+def _scan_parallel(pids: List[int], proc: str, workers: int, problems: List[str]) -> Dict[int, DeviceHandles]:
     """scan_holders' result for `pids`, read by `workers` processes: this one and forked children.
 
     Each child scans every workers-th PID and sends its holders as JSON through a pipe. A child that fails (or a
@@ -560,9 +601,9 @@ def _scan_parallel(pids, proc, workers, problems):
     return holders
 
 
-def _read_until(fd, deadline):
+def _read_until(fd: int, deadline: float) -> Optional[bytes]:
     """Everything from pipe `fd` until its end, or None when `deadline` (monotonic) passes first; `fd` is closed."""
-    chunks = []
+    chunks: List[bytes] = []
     try:
         while True:
             left = deadline - time.monotonic()
@@ -576,7 +617,7 @@ def _read_until(fd, deadline):
         os.close(fd)
 
 
-def _reap(child, answered):
+def _reap(child: int, answered: bool) -> Optional[int]:
     """Reap our worker `child`: its exit status, or None when it is left behind. One that did not answer is
     SIGKILLed first; each wait is bounded (KILLED_EXIT_S after SIGKILL, WORKER_REPLY_S after an answer)."""
     if not answered:
@@ -594,14 +635,14 @@ def _reap(child, answered):
         time.sleep(0.005)
 
 
-def _send_scan(pids, proc, write_end):
+def _send_scan(pids: List[int], proc: str, write_end: int) -> None:
     """A worker's share of _scan_parallel: scan `pids`, write their holders as JSON to `write_end`."""
     found = _scan_pids(pids, proc)
     with os.fdopen(write_end, "wb") as out:
         out.write(json.dumps([handles.as_dict() for handles in found.values()]).encode("utf-8"))
 
 
-def proc_driver_minors(proc="/proc"):
+def proc_driver_minors(proc: str = "/proc") -> List[KernelGpu]:
     """GPUs known to the kernel module, from /proc/driver/nvidia/gpus/*/information.
 
     Used when the NVML library is missing but the kernel driver is loaded. Returns a list of
@@ -612,7 +653,7 @@ def proc_driver_minors(proc="/proc"):
     gpus = []
     for bus in sorted(_listdir(base) or ()):
         # The directory is named 0000:2a:00.0 (nv-procfs.c, lower-case hex); NVML writes 00000000:2A:00.0.
-        info = {"pci_bus_id": bus.rjust(16, "0").upper(), "minor": None, "uuid": None, "name": None}
+        info: KernelGpu = {"pci_bus_id": bus.rjust(16, "0").upper(), "minor": None, "uuid": None, "name": None}
         try:
             with open(os.path.join(base, bus, "information")) as handle:
                 for line in handle:
@@ -631,7 +672,7 @@ def proc_driver_minors(proc="/proc"):
     return gpus
 
 
-def scan_pids(pids, proc="/proc"):
+def scan_pids(pids: Iterable[int], proc: str = "/proc") -> Dict[int, DeviceHandles]:
     """scan_holders' result for these PIDs only (those that hold no NVIDIA device file, or are gone, are left out)."""
     return _scan_pids(pids, proc)
 
@@ -640,7 +681,7 @@ def scan_pids(pids, proc="/proc"):
 _MIG_MINOR_RE = re.compile(r"^gpu(?P<gpu>\d+)/gi(?P<gi>\d+)/(?:ci(?P<ci>\d+)/)?access$")
 
 
-def cap_map(proc="/proc"):
+def cap_map(proc: str = "/proc") -> Optional[CapMap]:
     """{cap minor: (GPU minor, GPU instance id, compute instance id or None)} from
     PROC/driver/nvidia-caps/mig-minors (lines "gpu0/gi7/access 66", "gpu0/gi7/ci0/access 67", "config 1");
     None when the file is absent (no MIG-capable driver loaded): _holders.mig_cap numbers them then."""

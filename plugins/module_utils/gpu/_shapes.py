@@ -13,7 +13,27 @@ Memory is in MiB (int), times in seconds (float); None means "not known", never 
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, TypedDict
+from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple, TypedDict
+
+# How a holder holds a GPU (docs/attribution.md): listed by the driver, or showing the context of an exited creator.
+Attribution = Literal["driver", "device_file"]
+# A process with device files open: "cuda" maps a GPU's device file, "nvml" maps none.
+ProcessKind = Literal["cuda", "nvml"]
+# Where a process was seen: a thread's open fd, a line of /proc/PID/maps, the driver's lists.
+SeenIn = Literal["fd", "mapping", "driver"]
+# The driver's process lists.
+ListType = Literal["compute", "graphics", "mps"]
+# The process-list versions that answered ("v3-32": the 32-byte _v3 entries of early R535 drivers).
+ListVersion = Literal["v3", "v3-32", "v2", "v1"]
+# Why a listed PID is not a holder here: its creator exited (its number free, or reused), or it is another
+# namespace's (absent here, or another process here that does not hold the GPU).
+ForeignReason = Literal["exited", "reused", "not_holding", "absent"]
+# What memory that no listed entry explains is (_holders.unexplained_cause).
+UnexplainedCause = Literal["leaked", "other_namespace_or_leaked", "unlisted"]
+# Which processes a look scanned: all of /proc, or only the PIDs the driver lists.
+Scope = Literal["full", "listed"]
+# Where the index/minor table came from.
+IndexSource = Literal["nvml", "proc_driver"]
 
 
 class Process(TypedDict):
@@ -29,8 +49,8 @@ class Process(TypedDict):
     kernel_thread: bool
     user: Optional[str]
     uid: Optional[int]
-    cmdline: str
-    start_time: Optional[float]
+    cmdline: Optional[str]
+    start_time: Optional[str]
 
 
 class DeviceUser(Process):
@@ -38,8 +58,8 @@ class DeviceUser(Process):
 
     device_gpus: List[int]
     minors: List[int]
-    kind: str
-    seen_in: List[str]
+    kind: ProcessKind
+    seen_in: List[SeenIn]
     thread_only: bool
 
 
@@ -48,16 +68,23 @@ class Holder(DeviceUser):
 
     gpus: List[int]
     memory_mib: Dict[str, Optional[int]]
-    attribution: Dict[str, str]
+    attribution: Dict[str, Attribution]
     control_only: bool
     mig: Dict[str, List[str]]
     contexts_of: Dict[str, List[int]]
 
 
+class Parent(TypedDict):
+    """A holder's parent process."""
+
+    pid: int
+    comm: str
+
+
 class SnapshotHolder(Holder):
     """A holder in a snapshot, with its parent ({"pid", "comm"} or None)."""
 
-    parent: Optional[dict]
+    parent: Optional[Parent]
 
 
 class GpuTable(TypedDict):
@@ -70,59 +97,42 @@ class GpuTable(TypedDict):
     pci_bus_id: Optional[str]
 
 
-class Gpu(GpuTable):
-    """One GPU of the snapshot (_holders.merge)."""
-
-    memory_total_mib: Optional[int]
-    memory_used_mib: Optional[int]
-    memory_free_mib: Optional[int]
-    memory_reserved_mib: Optional[int]
-    memory_source: Optional[str]
-    error: Optional[str]
-    driver_processes: List[dict]
-    foreign: List[dict]
-    suspects: List[dict]
-    tolerance_mib: int
-    mig_mode: Optional[bool]
-    process_list_version: Optional[str]
-    processes_error: Optional[str]
-    memory_used_includes_reserved: Optional[bool]
-    memory_used_excluding_reserved_mib: Optional[int]
-    reserved_allowance_mib: int
-    mig_devices: List[dict]
-    explained_mib: Optional[int]
-    unexplained_mib: Optional[int]
-    memory_unexplained: Optional[bool]
-    holder_pids: List[int]
-    device_user_pids: List[int]
-    exited: List[dict]
-    memory_supported: Optional[bool]
-    unexplained_cause: Optional[str]
-
-
-class DriverProcess(TypedDict):
-    """One entry of a GPU's driver_processes: the driver's list entry (_nvml) and whether /proc confirms it."""
+class ListEntry(TypedDict):
+    """One entry of the driver's process lists (_nvml): memory in MiB (None: not available), the list, the MIG ids
+    (None when not MIG)."""
 
     pid: int
     used_mib: Optional[int]
-    type: str
+    type: ListType
     gpu_instance_id: Optional[int]
     compute_instance_id: Optional[int]
-    verified: bool
 
 
-class Foreign(TypedDict):
-    """A PID the driver lists that no process here confirms (foreign; exited, with reason "exited" or "reused")."""
-
-    pid: int
+class _MemoryFigures(TypedDict):
+    total_mib: Optional[int]
     used_mib: Optional[int]
-    type: str
-    reason: str
-    comm: Optional[str]
+    free_mib: Optional[int]
+    reserved_mib: Optional[int]
+    source: Optional[str]
+    used_includes_reserved: Optional[bool]
+    used_excluding_reserved_mib: Optional[int]
 
 
-class MigDevice(TypedDict):
-    """One MIG instance of a GPU: _nvml's MIG device, then its holders as for a GPU (_holders.merge)."""
+class Memory(_MemoryFigures, total=False):
+    """NVML's memory of a GPU (_nvml.read_gpu "memory"), in MiB; "supported" False where the driver reports none."""
+
+    supported: bool
+
+
+class MigMode(TypedDict):
+    """Whether MIG is enabled now, and after the next reset."""
+
+    current: bool
+    pending: bool
+
+
+class NvmlMigDevice(TypedDict):
+    """A MIG device as NVML describes it (_nvml._mig_devices); memory in MiB."""
 
     index: int
     uuid: str
@@ -134,14 +144,92 @@ class MigDevice(TypedDict):
     memory_used_mib: Optional[int]
     memory_free_mib: Optional[int]
     memory_source: Optional[str]
+
+
+class NvmlGpu(GpuTable):
+    """Everything NVML says about one GPU (_nvml.read_gpu)."""
+
+    memory: Optional[Memory]
+    processes: List[ListEntry]
+    process_list_version: Optional[ListVersion]
+    processes_error: Optional[str]
+    mig_mode: Optional[MigMode]
+    mig_devices: List[NvmlMigDevice]
+    error: Optional[str]
+
+
+class _ReadingBase(TypedDict):
+    available: bool
+    error: Optional[str]
+    driver_version: Optional[str]
+    nvml_version: Optional[str]
+    cuda_driver_version: Optional[str]
+    gpus: List[NvmlGpu]
+
+
+class Reading(_ReadingBase, total=False):
+    """One NVML reading (_nvml.read_driver); "timed_out" where the worker did not answer (_gpus.Inspector)."""
+
+    timed_out: bool
+
+
+class Gpu(GpuTable):
+    """One GPU of the snapshot (_holders.merge)."""
+
+    memory_total_mib: Optional[int]
+    memory_used_mib: Optional[int]
+    memory_free_mib: Optional[int]
+    memory_reserved_mib: Optional[int]
+    memory_source: Optional[str]
+    error: Optional[str]
+    driver_processes: List[DriverProcess]
+    foreign: List[Foreign]
+    suspects: List[int]
+    tolerance_mib: int
+    mig_mode: Optional[bool]
+    process_list_version: Optional[str]
+    processes_error: Optional[str]
+    memory_used_includes_reserved: Optional[bool]
+    memory_used_excluding_reserved_mib: Optional[int]
+    reserved_allowance_mib: int
+    mig_devices: List[MigDevice]
+    explained_mib: Optional[int]
+    unexplained_mib: Optional[int]
+    memory_unexplained: Optional[bool]
+    holder_pids: List[int]
+    device_user_pids: List[int]
+    exited: List[Foreign]
+    memory_supported: Optional[bool]
+    unexplained_cause: Optional[UnexplainedCause]
+
+
+class DriverProcess(ListEntry):
+    """One entry of a GPU's driver_processes: the driver's list entry (_nvml) and whether /proc confirms it."""
+
+    verified: bool
+
+
+class Foreign(TypedDict):
+    """A PID the driver lists that no process here confirms (foreign; exited, with reason "exited" or "reused")."""
+
+    pid: int
+    used_mib: Optional[int]
+    type: ListType
+    reason: ForeignReason
+    comm: Optional[str]
+
+
+class MigDevice(NvmlMigDevice):
+    """One MIG instance of a GPU: _nvml's MIG device, then its holders as for a GPU (_holders.merge)."""
+
     listed_mib: Optional[int]
-    foreign: List[dict]
+    foreign: List[Foreign]
     holder_pids: List[int]
     reserved_allowance_mib: int
     tolerance_mib: int
     unexplained_mib: Optional[int]
     memory_unexplained: Optional[bool]
-    exited: List[dict]
+    exited: List[Foreign]
 
 
 class Driver(TypedDict):
@@ -162,10 +250,19 @@ class Snapshot(TypedDict):
     holders: List[SnapshotHolder]
     device_users: List[DeviceUser]
     unmapped_minors: List[int]
-    index_source: Optional[str]
-    scan: str
+    index_source: Optional[IndexSource]
+    scan: Scope
     driver: Driver
     scan_problems: List[str]
+
+
+class Merged(TypedDict):
+    """What _holders.merge returns: the GPUs, their holders and device users; the snapshot adds the rest."""
+
+    gpus: List[Gpu]
+    holders: List[Holder]
+    device_users: List[DeviceUser]
+    unmapped_minors: List[int]
 
 
 class BriefHolder(TypedDict):
@@ -177,8 +274,8 @@ class BriefHolder(TypedDict):
     cmdline: str
     user: Optional[str]
     memory_mib: Optional[int]
-    attribution: Optional[str]
-    parent: Optional[dict]
+    attribution: Optional[Attribution]
+    parent: Optional[Parent]
 
 
 class LeftAlone(BriefHolder):
@@ -205,8 +302,8 @@ class WaitGpu(TypedDict):
     left_alone: List[LeftAlone]
     left_alone_mib: int
     protected_mib: int
-    foreign: List[dict]
-    suspects: List[dict]
+    foreign: List[Foreign]
+    suspects: List[int]
     memory_checked: bool
     error: Optional[str]
     reserved_allowance_mib: int
@@ -214,7 +311,25 @@ class WaitGpu(TypedDict):
     released: bool
 
 
-def keys_of(shape):
+class MigInUse(TypedDict):
+    """A MIG instance that keeps a whole GPU in MIG mode from being released (_release.gpu_status)."""
+
+    uuid: Optional[str]
+    profile: Optional[str]
+    memory_used_mib: Optional[int]
+    holder_pids: Optional[List[int]]
+
+
+class WaitStatus(WaitGpu, total=False):
+    """A WaitGpu with the keys only some entries have: "mig_profile" (a MIG instance), "mig_in_use" (a whole GPU in
+    MIG mode, not released), "next_step" (not released after a wait: _wait.conclude)."""
+
+    mig_profile: Optional[str]
+    mig_in_use: List[MigInUse]
+    next_step: str
+
+
+def keys_of(shape: type) -> Tuple[str, ...]:
     """The keys of a TypedDict shape, in order, inherited ones first."""
     return tuple(shape.__annotations__)
 
@@ -237,7 +352,7 @@ LEFT_ALONE_KEYS = keys_of(LeftAlone)
 WAIT_GPU_KEYS = keys_of(WaitGpu)
 
 
-def entry(keys, **values):
+def entry(keys: Sequence[str], **values: Any) -> Dict[str, Any]:
     """A dict with exactly `keys`: `values` where given, None for the others. Raises KeyError for a value of a
     key that is not in `keys` (a shape that drifted)."""
     unknown = set(values) - set(keys)
