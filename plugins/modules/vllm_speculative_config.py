@@ -277,10 +277,11 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._speculative im
     SpeculativeConfigError,
     validate_speculative_config,
 )
-from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._speculative_vllm import NEWEST, VERSIONS
+from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._speculative_vllm import NEWEST
+from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._vllm_versions import VERSIONS
 
 
-def main():
+def main() -> None:
     module = AnsibleModule(
         argument_spec=dict(
             speculative_config=dict(type="dict", required=True),
@@ -307,9 +308,9 @@ def main():
         )
     except SpeculativeConfigError as error:
         module.fail_json(msg=str(error), mismatches=error.mismatches)
-    for warning in result.pop("warnings"):
+    for warning in result["warnings"]:
         module.warn(warning)
-    module.exit_json(changed=False, **result)
+    module.exit_json(changed=False, **{key: value for key, value in result.items() if key != "warnings"})
 
 
 if __name__ == "__main__":

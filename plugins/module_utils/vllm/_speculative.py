@@ -36,7 +36,9 @@ top-level ``eagle_aux_hidden_state_layer_ids`` (vLLM basis), ``dflash_config.tar
 from __future__ import annotations
 
 import json
+from typing import Any, Dict, Iterable, List, Mapping, NoReturn, Optional, Sequence, Tuple, TypedDict
 
+from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._vllm_versions import Release
 from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._speculative_vllm import (
     SUPPORTED_METHODS,
     DFLASH_DRAFTER_FIELDS,
@@ -44,6 +46,9 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._speculative_vl
     facts as vllm_facts,
 )
 from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._speculative_parse import (
+    DrafterReader,
+    Mismatch,
+    SpecConfig,
     SpeculativeConfigError,
     infer_method,
     parse_requested,
@@ -51,28 +56,44 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._speculative_pa
     parse_server_args,
 )
 from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._speculative_checks import (
-    _Report,
+    Check,
+    Report,
     format_mismatches,
-    _check_eagle,
-    _check_mtp,
-    _check_ngram,
+    check_eagle,
+    check_mtp,
+    check_ngram,
     disable_log_stats_message,
-    _check_budget,
+    check_budget,
 )
-from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._speculative_dflash import _check_dflash
+from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._speculative_dflash import check_dflash
+
+__all__ = ["SpeculativeConfigError", "SpeculativeResult", "validate_speculative_config"]
+
+
+class SpeculativeResult(TypedDict):
+    """What validate_speculative_config returns (the module's RETURN, plus the warnings it turns into warnings)."""
+
+    speculative_config: SpecConfig
+    speculative_config_json: str
+    environment: Dict[str, str]
+    filled: List[str]
+    checks: List[Check]
+    warnings: List[str]
+    drafter_config: Optional[str]
+    vllm_version: Release
 
 
 def validate_speculative_config(
-    requested,
-    drafter_config=None,
-    target_num_layers=None,
-    allow_fields=(),
-    extra_args=None,
-    environment=None,
-    acceptance_gate=False,
-    reader=read_drafter,
-    vllm_version=None,
-):
+    requested: object,
+    drafter_config: Optional[str] = None,
+    target_num_layers: Optional[int] = None,
+    allow_fields: Sequence[str] = (),
+    extra_args: Optional[Iterable[object]] = None,
+    environment: Optional[Mapping[str, Any]] = None,
+    acceptance_gate: bool = False,
+    reader: DrafterReader = read_drafter,
+    vllm_version: Optional[str] = None,
+) -> SpeculativeResult:
     """Validate a requested speculative config against its drafter and vLLM `vllm_version`; fill in what it defines.
 
     ``requested``: dict as for ``--speculative-config`` plus, for dflash, DFLASH_DRAFTER_FIELDS (expectations
@@ -92,18 +113,18 @@ def validate_speculative_config(
     Raises SpeculativeConfigError; for field mismatches and refusals its ``mismatches`` holds every one of them.
     """
     facts = vllm_facts(vllm_version)
-    notes = []
+    notes: List[str] = []
     spec = parse_requested(requested, allow_fields, notes, facts)
     server = parse_server_args(extra_args)
     if target_num_layers is not None and target_num_layers < 1:
         raise SpeculativeConfigError("target_num_layers must be >= 1, got %d" % target_num_layers)
-    report = _Report(facts)
+    report = Report(facts)
     for note in notes:
         report.warn(note.split(":", 1)[0], None, None, note.split(": ", 1)[1])
     method, path = _method_of(report, spec, drafter_config, reader)
     path = _check_drafter(report, spec, method, drafter_config, target_num_layers, environment, reader) or path
     if isinstance(spec.get("num_speculative_tokens"), int):
-        _check_budget(report, method, spec["num_speculative_tokens"], server, bool(spec.get("parallel_drafting")))
+        check_budget(report, method, spec["num_speculative_tokens"], server, bool(spec.get("parallel_drafting")))
     if server["disable_log_stats"]:
         _check_log_stats(report, acceptance_gate)
     if report.mismatches:
@@ -123,7 +144,7 @@ def validate_speculative_config(
     }
 
 
-def _check_log_stats(report, acceptance_gate):
+def _check_log_stats(report: Report, acceptance_gate: bool) -> None:
     """A server started with --disable-log-stats: refused with an acceptance gate (it reads the spec-decode metrics),
     else a warning that the drafter's acceptance cannot be watched."""
     if acceptance_gate:
@@ -143,7 +164,7 @@ def _check_log_stats(report, acceptance_gate):
         )
 
 
-def _raise_mismatches(mismatches, path, version):
+def _raise_mismatches(mismatches: Sequence[Mismatch], path: Optional[str], version: str) -> NoReturn:
     """Raise SpeculativeConfigError with every mismatch and refusal, under a header that blames the drafter (at
     `path`, the config.json read) or vLLM `version`."""
     drafter_problems = any(item.get("source") != "vllm" for item in mismatches)
@@ -155,11 +176,13 @@ def _raise_mismatches(mismatches, path, version):
     raise SpeculativeConfigError("%s:\n%s" % (header, format_mismatches(mismatches, version)), mismatches)
 
 
-def _method_of(report, spec, drafter_config, reader):
+def _method_of(
+    report: Report, spec: SpecConfig, drafter_config: Optional[str], reader: DrafterReader
+) -> Tuple[str, Optional[str]]:
     """(method, path of the config.json read or None): the requested one, or the one vLLM infers from the model
     (filled into `spec` and reported)."""
     method = spec.get("method")
-    path = None
+    path: Optional[str] = None
     if method is None:
         method = infer_method(spec.get("model"), report.facts)
         if method == "draft_model" and spec.get("model"):
@@ -176,11 +199,19 @@ def _method_of(report, spec, drafter_config, reader):
     return method, path
 
 
-def _check_drafter(report, spec, method, drafter_config, target_num_layers, environment, reader):
+def _check_drafter(
+    report: Report,
+    spec: SpecConfig,
+    method: str,
+    drafter_config: Optional[str],
+    target_num_layers: Optional[int],
+    environment: Optional[Mapping[str, Any]],
+    reader: DrafterReader,
+) -> Optional[str]:
     """Check `spec` against its drafter's config.json for the methods with a drafter; return the path read (None for
     ngram and the methods this module checks no drafter for)."""
     if method == "ngram":
-        _check_ngram(report, spec)
+        check_ngram(report, spec)
         return None
     if method not in report.facts.methods:
         return None  # a custom method (parse_requested warned): vLLM runs it only where a plugin registers it
@@ -206,9 +237,9 @@ def _check_drafter(report, spec, method, drafter_config, target_num_layers, envi
         )
     path, config = reader(model, drafter_config)
     if method == "dflash":
-        _check_dflash(report, spec, config, target_num_layers, environment)
+        check_dflash(report, spec, config, target_num_layers, environment)
     elif method == "mtp":
-        _check_mtp(report, spec, config)
+        check_mtp(report, spec, config)
     else:
-        _check_eagle(report, spec, method, config, target_num_layers)
+        check_eagle(report, spec, method, config, target_num_layers)
     return path

@@ -4,52 +4,78 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Per-method checks of a speculative config against its drafter: EAGLE, EAGLE-3, MTP, ngram, token budget.
 
-The results go into a _Report (one entry per field); DFlash has its own module, _speculative_dflash.
+The results go into a Report (one entry per field); DFlash has its own module, _speculative_dflash.
 """
 
 from __future__ import annotations
 
+from typing import Any, Callable, Dict, List, Literal, Mapping, Optional, Sequence, Tuple, TypedDict
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._speculative_vllm import V2_RUNNER_ENV
-from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._speculative_parse import SpeculativeConfigError, _text
+from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._speculative_vllm import V2_RUNNER_ENV, VllmFacts
+from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._speculative_parse import (
+    DrafterConfig,
+    Mismatch,
+    ServerArgs,
+    SpecConfig,
+    SpeculativeConfigError,
+    _text,
+)
 
+# What a check found for a field (the module's RETURN: checks[].status).
+CheckStatus = Literal["ok", "filled", "from_drafter", "warning", "mismatch"]
+# The kind of drafter a config.json describes (drafter_kind).
+DrafterKind = Literal["dflash", "eagle3", "eagle", "mtp", "causal_lm"]
+# A budget case: (label, max_num_batched_tokens, max_num_seqs, GPU class whose vLLM defaults it takes or None).
+_Case = Tuple[str, int, int, Optional[str]]
+# _lookahead's (slots per request, what K adds to them or None, their name in a message).
+_Slots = Tuple[int, Optional[int], str]
 
 _COLLAPSE = "no error is raised, acceptance collapses"
 
 
-class _Report:
+class Check(TypedDict):
+    """One checked field: what was requested, what the drafter (or vLLM) defines, the finding and its reason."""
+
+    field: str
+    status: CheckStatus
+    requested: Any
+    drafter: Any
+    detail: str
+
+
+class Report:
     """Per-field results collected while checking: checks, mismatches, warnings, filled fields, environment; `facts`:
     the tables of the vLLM release checked against (_speculative_vllm.facts)."""
 
-    def __init__(self, facts):
+    def __init__(self, facts: VllmFacts) -> None:
         self.facts = facts
-        self.checks = []
-        self.mismatches = []
-        self.warnings = []
-        self.filled = []
-        self.environment = {}
+        self.checks: List[Check] = []
+        self.mismatches: List[Mismatch] = []
+        self.warnings: List[str] = []
+        self.filled: List[str] = []
+        self.environment: Dict[str, str] = {}
 
-    def _check(self, field, status, requested, drafter, detail):
+    def _check(self, field: str, status: CheckStatus, requested: object, drafter: object, detail: str) -> None:
         self.checks.append(
             {"field": field, "status": status, "requested": requested, "drafter": drafter, "detail": detail}
         )
 
-    def ok(self, field, requested, drafter, detail=""):
+    def ok(self, field: str, requested: object, drafter: object, detail: str = "") -> None:
         self._check(field, "ok", requested, drafter, detail)
 
-    def from_drafter(self, field, drafter, detail=""):
+    def from_drafter(self, field: str, drafter: object, detail: str = "") -> None:
         self._check(field, "from_drafter", None, drafter, detail)
 
-    def fill(self, spec, field, value, detail):
+    def fill(self, spec: SpecConfig, field: str, value: object, detail: str) -> None:
         spec[field] = value
         self.filled.append(field)
         self._check(field, "filled", None, value, detail)
 
-    def warn(self, field, requested, drafter, detail):
+    def warn(self, field: str, requested: object, drafter: object, detail: str) -> None:
         self.warnings.append("%s: %s" % (field, detail))
         self._check(field, "warning", requested, drafter, detail)
 
-    def mismatch(self, field, requested, drafter, explanation):
+    def mismatch(self, field: str, requested: object, drafter: object, explanation: str) -> None:
         self.mismatches.append(
             {
                 "field": field,
@@ -61,14 +87,14 @@ class _Report:
         )
         self._check(field, "mismatch", requested, drafter, explanation)
 
-    def refuse(self, field, requested, expected, explanation):
+    def refuse(self, field: str, requested: object, expected: object, explanation: str) -> None:
         """A value vLLM itself refuses at start (not a drafter mismatch): ``expected`` is what vLLM accepts."""
         self.mismatches.append(
             {"field": field, "requested": requested, "drafter": expected, "explanation": explanation, "source": "vllm"}
         )
         self._check(field, "mismatch", requested, expected, explanation)
 
-    def compare(self, field, requested, drafter, explanation, detail=""):
+    def compare(self, field: str, requested: object, drafter: object, explanation: str, detail: str = "") -> None:
         """Record requested vs drafter: from_drafter when not requested, ok when equal, else a mismatch."""
         if requested is None:
             self.from_drafter(field, drafter, detail)
@@ -78,9 +104,9 @@ class _Report:
             self.mismatch(field, requested, drafter, explanation)
 
 
-def _layout_text(per_layer):
+def _layout_text(per_layer: Sequence[object]) -> str:
     """'4 x sliding_attention + 1 x full_attention' for a per-layer list (runs of equal values)."""
-    runs = []
+    runs: List[List[Any]] = []
     for value in per_layer:
         if runs and runs[-1][1] == value:
             runs[-1][0] += 1
@@ -89,7 +115,7 @@ def _layout_text(per_layer):
     return " + ".join("%d x %s" % (count, value) for count, value in runs)
 
 
-def format_mismatches(mismatches, version):
+def format_mismatches(mismatches: Sequence[Mismatch], version: str) -> str:
     """One line per mismatch: '- field: requested X, drafter Y: explanation' (vLLM `version`'s refusals: '- field: X;
     vLLM <version> expects Y: explanation')."""
     lines = []
@@ -111,12 +137,12 @@ def format_mismatches(mismatches, version):
     return "\n".join(lines)
 
 
-def _architectures(config):
+def _architectures(config: DrafterConfig) -> List[str]:
     names = config.get("architectures") or []
     return [name for name in names if isinstance(name, str)] if isinstance(names, list) else []
 
 
-def _text_config_value(config, name):
+def _text_config_value(config: DrafterConfig, name: str) -> Any:
     """``config[name]``, else ``config["text_config"][name]`` (multimodal checkpoints nest the text model)."""
     if config.get(name) is not None:
         return config[name]
@@ -124,7 +150,7 @@ def _text_config_value(config, name):
     return text_config.get(name) if isinstance(text_config, dict) else None
 
 
-def _mtp_layers(config):
+def _mtp_layers(config: DrafterConfig) -> Tuple[Optional[int], Optional[str]]:
     """(number of MTP layers, key it came from) declared by a checkpoint, or (None, None)."""
     for key in ("n_predict", "num_nextn_predict_layers", "mtp_num_hidden_layers"):
         value = _text_config_value(config, key)
@@ -133,17 +159,18 @@ def _mtp_layers(config):
     return None, None
 
 
-def _speculators_tokens(config):
+def _speculators_tokens(config: DrafterConfig) -> Optional[int]:
     """num_speculative_tokens a speculators-format checkpoint declares (speculators_config.proposal_methods), or None."""
     speculators = config.get("speculators_config")
     methods = speculators.get("proposal_methods") if isinstance(speculators, dict) else None
     for proposal in methods if isinstance(methods, list) else []:
-        if isinstance(proposal, dict) and isinstance(proposal.get("speculative_tokens"), int):
-            return proposal["speculative_tokens"]
+        tokens = proposal.get("speculative_tokens") if isinstance(proposal, dict) else None
+        if isinstance(tokens, int):
+            return tokens
     return None
 
 
-def drafter_kind(config):
+def drafter_kind(config: DrafterConfig) -> Optional[DrafterKind]:
     """What kind of drafter a config.json describes: 'dflash', 'eagle3', 'eagle', 'mtp', 'causal_lm' or None.
 
     'causal_lm' is a plain *ForCausalLM checkpoint without any marker: EAGLE-1 heads ship that way.
@@ -171,7 +198,7 @@ def drafter_kind(config):
     return None
 
 
-def _check_drafter_kind(report, method, config):
+def _check_drafter_kind(report: Report, method: str, config: DrafterConfig) -> bool:
     """Record whether the checkpoint's kind fits ``method``; return False when it does not (further checks are moot)."""
     kind = drafter_kind(config)
     architectures = _architectures(config)
@@ -208,7 +235,7 @@ def _check_drafter_kind(report, method, config):
     return False
 
 
-def _target_layer_count(report, config, target_num_layers):
+def _target_layer_count(report: Report, config: DrafterConfig, target_num_layers: Optional[int]) -> Optional[int]:
     """Number of target layers to check tap ids against: the option, else the drafter's num_target_layers."""
     trained_for = config.get("num_target_layers")
     if not isinstance(trained_for, int) or isinstance(trained_for, bool):
@@ -225,12 +252,12 @@ def _target_layer_count(report, config, target_num_layers):
     return target_num_layers if target_num_layers is not None else trained_for
 
 
-def _untappable(layer_ids, num_layers):
+def _untappable(layer_ids: Sequence[int], num_layers: int) -> List[int]:
     """DFlash ids whose output vLLM cannot tap on a target of ``num_layers`` layers (tap id + 1 must be <= num_layers)."""
     return [layer_id for layer_id in layer_ids if layer_id + 1 > num_layers]
 
 
-def _tap_explanation(layer_ids, num_layers):
+def _tap_explanation(layer_ids: Sequence[int], num_layers: int) -> str:
     bad = _untappable(layer_ids, num_layers)
     if not bad:
         return ""
@@ -243,7 +270,7 @@ def _tap_explanation(layer_ids, num_layers):
     )
 
 
-def _int_list(value):
+def _int_list(value: object) -> Optional[List[int]]:
     """``value`` when it is a non-empty list of non-negative ints, else None."""
     if (
         isinstance(value, (list, tuple))
@@ -254,7 +281,7 @@ def _int_list(value):
     return None
 
 
-def v1_runner_forced(environment, facts):
+def v1_runner_forced(environment: Optional[Mapping[str, Any]], facts: VllmFacts) -> Tuple[bool, Optional[str]]:
     """(forced, problem): whether ``environment`` forces vLLM's V1 model runner (VLLM_USE_V2_MODEL_RUNNER=0).
 
     vllm/envs.py (0.32, 0.33) reads the variable with ``bool(int(value))``: unset -> V2 (the default), 0 -> V1,
@@ -273,7 +300,9 @@ def v1_runner_forced(environment, facts):
         )
 
 
-def _check_eagle(report, spec, method, config, target_num_layers):
+def check_eagle(
+    report: Report, spec: SpecConfig, method: str, config: DrafterConfig, target_num_layers: Optional[int]
+) -> None:
     """EAGLE / EAGLE-3: architecture, num_speculative_tokens default, EAGLE-3 aux layer ids within the target."""
     if not _check_drafter_kind(report, method, config):
         return
@@ -293,7 +322,7 @@ def _check_eagle(report, spec, method, config, target_num_layers):
     if method == "eagle3" and isinstance(aux_ids, list):
         num_layers = target_num_layers if target_num_layers is not None else config.get("num_target_layers")
         beyond = [layer_id for layer_id in aux_ids if isinstance(num_layers, int) and layer_id > num_layers]
-        if beyond:
+        if beyond and isinstance(num_layers, int):  # beyond is empty unless num_layers is an int
             report.mismatch(
                 "eagle_aux_hidden_state_layer_ids",
                 None,
@@ -311,7 +340,7 @@ def _check_eagle(report, spec, method, config, target_num_layers):
             )
 
 
-def _check_mtp(report, spec, config):
+def check_mtp(report: Report, spec: SpecConfig, config: DrafterConfig) -> None:
     """MTP: the checkpoint declares MTP layers; num_speculative_tokens defaults to, and must be a multiple of, their number."""
     if not _check_drafter_kind(report, "mtp", config):
         return
@@ -346,7 +375,7 @@ def _check_mtp(report, spec, config):
         report.ok("num_speculative_tokens", requested, n_predict)
 
 
-def _check_ngram(report, spec):
+def check_ngram(report: Report, spec: SpecConfig) -> None:
     if spec.get("num_speculative_tokens") is None:
         raise SpeculativeConfigError("ngram needs num_speculative_tokens: there is no drafter to take it from")
     low, high = spec.get("prompt_lookup_min"), spec.get("prompt_lookup_max")
@@ -357,7 +386,7 @@ def _check_ngram(report, spec):
     )
 
 
-def disable_log_stats_message(version):
+def disable_log_stats_message(version: str) -> str:
     """Why ``--disable-log-stats`` and an acceptance gate cannot go together on vLLM `version`."""
     return (
         "--disable-log-stats makes vLLM %s create no stat loggers (vllm/v1/engine/async_llm.py: no "
@@ -367,7 +396,7 @@ def disable_log_stats_message(version):
     )
 
 
-def _lookahead(method, tokens, facts, parallel=False):
+def _lookahead(method: str, tokens: int, facts: VllmFacts, parallel: bool = False) -> _Slots:
     """(slots, offset, words): the token slots per request that max_num_batched_tokens must exceed, what K adds to
     them (slots = K + offset; offset None: K does not count) and their name in a message.
 
@@ -390,12 +419,12 @@ def _lookahead(method, tokens, facts, parallel=False):
     return 0, None, ""
 
 
-def _where(case):
+def _where(case: _Case) -> str:
     """The words that say a budget case takes vLLM's default for a GPU class; none for the server's own values."""
     return "" if case[3] is None else " (vLLM's default for %s)" % case[3]
 
 
-def _slots_message(case, method, slots, version):
+def _slots_message(case: _Case, method: str, slots: _Slots, version: str) -> str:
     """A budget case whose max_num_batched_tokens leaves no slot beyond the `slots` (_lookahead) per request: vLLM
     fails."""
     count, offset, words = slots
@@ -417,7 +446,7 @@ def _slots_message(case, method, slots, version):
     )
 
 
-def _lora_message(case, tokens, version):
+def _lora_message(case: _Case, tokens: int, version: str) -> str:
     """A budget case below max_num_seqs x (K + 1) with --enable-lora: vLLM fails."""
     return (
         "at most %d with --enable-lora, max_num_batched_tokens %d and max_num_seqs %d%s: vLLM %s refuses to start "
@@ -427,7 +456,7 @@ def _lora_message(case, tokens, version):
     )
 
 
-def _dflash_seqs_message(case, lookahead, version):
+def _dflash_seqs_message(case: _Case, lookahead: int, version: str) -> str:
     """A DFlash budget case whose max_num_batched_tokens // (K + 1) is below max_num_seqs: vLLM serves fewer at once."""
     return (
         "max_num_batched_tokens %d // (K + 1 = %d) = %d < max_num_seqs %d%s: vLLM %s starts but serves at most %d "
@@ -436,7 +465,7 @@ def _dflash_seqs_message(case, lookahead, version):
     )
 
 
-def _check_budget(report, method, tokens, server, parallel=False):
+def check_budget(report: Report, method: str, tokens: int, server: ServerArgs, parallel: bool = False) -> None:
     """vLLM's start-up checks of the token budget against num_speculative_tokens (vllm-project/vllm#50708).
 
     vllm/config/vllm.py _set_max_num_scheduled_tokens: max_num_batched_tokens at most the per-request slots
@@ -452,14 +481,14 @@ def _check_budget(report, method, tokens, server, parallel=False):
     version, lookahead = facts.version, slots[0]
     given_tokens, given_seqs = server["max_num_batched_tokens"], server["max_num_seqs"]
     # (label, max_num_batched_tokens, max_num_seqs, GPU class whose defaults it takes or None)
-    cases = [
+    cases: List[_Case] = [
         (label, given_tokens or batched, given_seqs or seqs, label if not (given_tokens and given_seqs) else None)
         for label, batched, seqs in facts.batch_defaults
     ]
     if given_tokens and given_seqs:
         cases = cases[:1]
 
-    def judge(failing, message, warning_only=False):
+    def judge(failing: List[_Case], message: Callable[[_Case], str], warning_only: bool = False) -> None:
         if not failing:
             return
         if len(failing) == len(cases) and not warning_only:

@@ -12,10 +12,17 @@ speculators/algos.py (speculators-format drafters).
 
 from __future__ import annotations
 
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, cast
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._speculative_vllm import SLIDING, FULL, V2_RUNNER_ENV
-from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._speculative_parse import SpeculativeConfigError, _text
+from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._speculative_parse import (
+    DrafterConfig,
+    SpecConfig,
+    SpeculativeConfigError,
+    _text,
+)
 from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._speculative_checks import (
+    Report,
     _COLLAPSE,
     _layout_text,
     _speculators_tokens,
@@ -27,10 +34,17 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._speculative_ch
     v1_runner_forced,
 )
 
+# (taps vLLM uses or None, the config.json key they come from or None): _dflash_taps.
+_Taps = Tuple[Optional[List[int]], Optional[str]]
+# The attention of a drafter's layers as vLLM builds it (_dflash_layout): (layer types, window, per-layer causal
+# flags, problem); with a problem the first three may be None.
+_Layout = Tuple[Optional[List[str]], Any, Optional[List[bool]], Optional[str]]
 
-def _dflash_taps(config, dflash_config, v1):
+
+def _dflash_taps(config: DrafterConfig, dflash_config: DrafterConfig, v1: bool) -> _Taps:
     """(taps vLLM uses, where they come from) following vLLM's lookup order; taps None: the target's defaults."""
     taps = _int_list(config.get("eagle_aux_hidden_state_layer_ids"))
+    source: Optional[str]
     if taps:
         source = "eagle_aux_hidden_state_layer_ids"
     else:
@@ -59,7 +73,7 @@ def _dflash_taps(config, dflash_config, v1):
     return taps, source
 
 
-def _trained_ids(config, dflash_config):
+def _trained_ids(config: DrafterConfig, dflash_config: DrafterConfig) -> Tuple[Optional[List[int]], Optional[str]]:
     """(0-based DFlash ids the drafter was trained on, key they come from): dflash_config.target_layer_ids, else the
     top-level target_layer_ids; None when the drafter states neither."""
     for key, value in (
@@ -72,7 +86,14 @@ def _trained_ids(config, dflash_config):
     return None, None
 
 
-def _check_target_layer_ids(report, spec, config, dflash_config, num_layers, v1):
+def _check_target_layer_ids(
+    report: Report,
+    spec: SpecConfig,
+    config: DrafterConfig,
+    dflash_config: DrafterConfig,
+    num_layers: Optional[int],
+    v1: bool,
+) -> None:
     """Requested vs drafter target_layer_ids (0-based, DFlash basis), the taps vLLM really uses (id + 1), their range."""
     drafter_ids, key = _trained_ids(config, dflash_config)
     requested = spec.get("target_layer_ids")
@@ -121,10 +142,18 @@ def _check_target_layer_ids(report, spec, config, dflash_config, num_layers, v1)
         explanation,
         "%s; vLLM taps hidden states %s (id + 1)" % (key, _text(trained_taps)),
     )
-    _check_tap_source(report, config, taps, source, (key, drafter_ids), v1)
+    # key names where drafter_ids came from: None only with no ids, which returned above
+    _check_tap_source(report, config, taps, source, (cast(str, key), drafter_ids), v1)
 
 
-def _check_tap_source(report, config, taps, source, trained, v1):
+def _check_tap_source(
+    report: Report,
+    config: DrafterConfig,
+    taps: Optional[List[int]],
+    source: Optional[str],
+    trained: Tuple[str, List[int]],
+    v1: bool,
+) -> None:
     """Another key of config.json that vLLM reads before (or, in V1, instead of) the trained ids."""
     if config.get("speculators_model_type"):
         return  # vLLM wrote both keys itself from aux_hidden_state_layer_ids
@@ -176,7 +205,7 @@ def _check_tap_source(report, config, taps, source, trained, v1):
     report.mismatch(field, taps, trained_taps, explanation)
 
 
-def _dflash_layout(config, dflash_config):
+def _dflash_layout(config: DrafterConfig, dflash_config: DrafterConfig) -> _Layout:
     """Attention of each drafter layer as vLLM builds it: (layer types, window, per-layer causal flags, problem).
 
     vllm/model_executor/models/qwen3_dflash.py: layer_types[i] picks sliding or full attention, unless layer_types
@@ -219,12 +248,19 @@ def _dflash_layout(config, dflash_config):
     return types, (window if SLIDING in types else None), causal, None
 
 
-def _check_dflash_layout(report, spec, config, dflash_config, environment):
+def _check_dflash_layout(
+    report: Report,
+    spec: SpecConfig,
+    config: DrafterConfig,
+    dflash_config: DrafterConfig,
+    environment: Mapping[str, Any],
+) -> None:
     """Requested layer_types / sliding_window vs the drafter's layout; mixed layouts and the model runner."""
     types, window, causal, problem = _dflash_layout(config, dflash_config)
     if problem:
         report.mismatch("layer_types", spec.get("layer_types"), config.get("layer_types"), problem)
         return
+    types, causal = cast(List[str], types), cast(List[bool], causal)  # set whenever there is no problem
     requested = spec.get("layer_types")
     if isinstance(requested, str):
         requested = [requested] * len(types)
@@ -260,7 +296,9 @@ def _check_dflash_layout(report, spec, config, dflash_config, environment):
         _check_mixed_layout_runner(report, environment, layout)
 
 
-def _check_is_causal(report, is_causal, num_layers, causal, causal_text):
+def _check_is_causal(
+    report: Report, is_causal: object, num_layers: int, causal: Sequence[bool], causal_text: str
+) -> None:
     """dflash_config.is_causal, which vLLM does not read: a warning where all `num_layers` layers run as it states
     (`causal`: one flag a layer, in words `causal_text`), a mismatch where they do not."""
     stated = [bool(is_causal)] * num_layers
@@ -279,7 +317,7 @@ def _check_is_causal(report, is_causal, num_layers, causal, causal_text):
         )
 
 
-def _check_mixed_layout_runner(report, environment, layout):
+def _check_mixed_layout_runner(report: Report, environment: Mapping[str, Any], layout: str) -> None:
     """A drafter with mixed sliding and full layers (`layout`, in words) needs vLLM's V2 model runner: refused where
     `environment` forces V1, else VLLM_USE_V2_MODEL_RUNNER=1 is set for the server. A release without a V1 runner
     (0.34) runs it as it is."""
@@ -312,7 +350,9 @@ def _check_mixed_layout_runner(report, environment, layout):
         )
 
 
-def _no_block_size(report, spec, requested_tokens, speculators_tokens):
+def _no_block_size(
+    report: Report, spec: SpecConfig, requested_tokens: Optional[int], speculators_tokens: Optional[int]
+) -> None:
     """_check_block_size for a drafter that defines no usable block size: a requested block_size is a mismatch, and
     num_speculative_tokens comes from speculators_config or must be given (it cannot be checked then)."""
     if spec.get("block_size") is not None:
@@ -344,7 +384,13 @@ def _no_block_size(report, spec, requested_tokens, speculators_tokens):
     )
 
 
-def _check_block_size(report, spec, config, dflash_config, speculators_tokens=None):
+def _check_block_size(
+    report: Report,
+    spec: SpecConfig,
+    config: DrafterConfig,
+    dflash_config: DrafterConfig,
+    speculators_tokens: Optional[int] = None,
+) -> None:
     """DFlash block size (dflash_config.block_size, else block_size): fills num_speculative_tokens, warns past it.
 
     vLLM (0.32 to 0.34) does not compare num_speculative_tokens with block_size: more than block_size - 1 is served (the
@@ -383,7 +429,7 @@ def _check_block_size(report, spec, config, dflash_config, speculators_tokens=No
         report.ok("num_speculative_tokens", requested_tokens, block_size - 1, "at most block_size - 1")
 
 
-def speculators_to_vllm(config):
+def speculators_to_vllm(config: DrafterConfig) -> DrafterConfig:
     """A speculators-format DFlash config.json as vLLM sees it (vllm/transformers_utils/configs/speculators/algos.py
     update_dflash): transformer_layer_config plus eagle_aux_hidden_state_layer_ids = aux_hidden_state_layer_ids and
     dflash_config {mask_token_id, target_layer_ids: aux - 1, causal: not sliding_window_non_causal (default True)}.
@@ -398,9 +444,13 @@ def speculators_to_vllm(config):
     aux = config.get("aux_hidden_state_layer_ids")
     if aux is not None:
         converted["eagle_aux_hidden_state_layer_ids"] = aux
-    dflash = {"mask_token_id": config.get("mask_token_id"), "causal": not config.get("sliding_window_non_causal", True)}
-    if _int_list(aux):
-        dflash["target_layer_ids"] = [i - 1 for i in aux]
+    dflash: Dict[str, Any] = {
+        "mask_token_id": config.get("mask_token_id"),
+        "causal": not config.get("sliding_window_non_causal", True),
+    }
+    aux_ids = _int_list(aux)
+    if aux_ids:
+        dflash["target_layer_ids"] = [i - 1 for i in aux_ids]
     converted["dflash_config"] = dflash
     for key in ("block_size", "num_target_layers"):
         if key in config and key not in converted:
@@ -408,10 +458,17 @@ def speculators_to_vllm(config):
     return converted
 
 
-def _check_dflash(report, spec, config, target_num_layers, environment):
+def check_dflash(
+    report: Report,
+    spec: SpecConfig,
+    config: DrafterConfig,
+    target_num_layers: Optional[int],
+    environment: Optional[Mapping[str, Any]],
+) -> None:
     """DFlash: architecture, block size and num_speculative_tokens, target layers, mask token, attention layout."""
     if not _check_drafter_kind(report, "dflash", config):
         return
+    environment = environment or {}  # as vLLM reads it: no environment, no variables set
     speculators_tokens = _speculators_tokens(config)
     config = speculators_to_vllm(config)
     dflash_config = config.get("dflash_config") or {}
@@ -433,7 +490,9 @@ def _check_dflash(report, spec, config, target_num_layers, environment):
     num_layers = _target_layer_count(report, config, target_num_layers)
     _check_target_layer_ids(report, spec, config, dflash_config, num_layers, forced_v1)
 
-    eagle_config = config.get("eagle_config") if isinstance(config.get("eagle_config"), dict) else {}
+    eagle_config = config.get("eagle_config")
+    if not isinstance(eagle_config, dict):
+        eagle_config = {}
     merged = dict(eagle_config, **dflash_config)  # qwen3_dflash.py: eagle_config updated with dflash_config
     mask_token_id = merged.get("mask_token_id", config.get("mask_token_id"))
     if not isinstance(mask_token_id, int) or isinstance(mask_token_id, bool):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import difflib
 import json
 import os
+from typing import Any, Callable, Dict, Iterable, List, Literal, Optional, Sequence, Tuple, TypedDict, cast
 
 from ansible.module_utils.parsing.convert_bool import boolean
 
@@ -22,12 +23,46 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._speculative_vl
     DFLASH_DRAFTER_FIELDS,
     SLIDING,
     FULL,
+    VllmFacts,
     facts as vllm_facts,
     releases_with,
 )
 
+# A speculative config as the operator wrote it (module parameter, role variable) or as checked: field -> value. Its
+# fields are open (every field of the release, allow_fields), its values JSON from outside.
+SpecConfig = Dict[str, Any]
+# A drafter's config.json, as read from disk: JSON from outside.
+DrafterConfig = Dict[str, Any]
+# reader(model, drafter_config) -> (path, config.json) of a drafter (read_drafter, or the role's reader).
+DrafterReader = Callable[[Optional[str], Optional[str]], Tuple[str, DrafterConfig]]
+# How _coerce checks and converts a field's value.
+FieldKind = Literal["str", "sample_method", "positive_int", "non_negative_int", "bool", "layer_ids", "layer_types"]
+# The flags of `vllm serve` that parse_server_args reads, as ServerArgs keys.
+_SWITCHES: Tuple[Literal["enable_lora", "disable_log_stats"], ...] = ("enable_lora", "disable_log_stats")
+_COUNTS: Tuple[Literal["max_num_batched_tokens", "max_num_seqs"], ...] = ("max_num_batched_tokens", "max_num_seqs")
 
-_FIELD_KINDS = {
+
+class Mismatch(TypedDict):
+    """A field that does not match the drafter (source "drafter") or that vLLM refuses at start (source "vllm"; then
+    `drafter` holds what vLLM expects)."""
+
+    field: str
+    requested: Any
+    drafter: Any
+    explanation: str
+    source: Literal["drafter", "vllm"]
+
+
+class ServerArgs(TypedDict):
+    """What the budget and metrics checks read from further `vllm serve` arguments (parse_server_args)."""
+
+    max_num_batched_tokens: Optional[int]
+    max_num_seqs: Optional[int]
+    enable_lora: bool
+    disable_log_stats: bool
+
+
+_FIELD_KINDS: Dict[str, FieldKind] = {
     "method": "str",
     "model": "str",
     "quantization": "str",
@@ -59,18 +94,18 @@ class SpeculativeConfigError(Exception):
     (empty when the problem is not a field mismatch: missing file, unknown method...).
     """
 
-    def __init__(self, message, mismatches=None):
+    def __init__(self, message: str, mismatches: Optional[Iterable[Mismatch]] = None) -> None:
         super().__init__(message)
-        self.mismatches = list(mismatches or [])
+        self.mismatches: List[Mismatch] = list(mismatches or [])
 
 
-def accepted_fields(method, facts):
+def accepted_fields(method: Optional[str], facts: VllmFacts) -> Tuple[str, ...]:
     """Fields of ``speculative_config`` accepted for ``method``: the release's fields plus, for dflash,
     DFLASH_DRAFTER_FIELDS."""
     return facts.fields + (DFLASH_DRAFTER_FIELDS if method == "dflash" else ())
 
 
-def _coerce(kind, value, facts):
+def _coerce(kind: FieldKind, value: object, facts: VllmFacts) -> object:
     """Return ``value`` converted to ``kind``; raise ValueError saying what was expected."""
     if kind == "str":
         if not isinstance(value, str) or not value:
@@ -106,7 +141,7 @@ def _coerce(kind, value, facts):
     return value if isinstance(value, str) else list(items)
 
 
-def _method_problem(method, facts):
+def _method_problem(method: Any, facts: VllmFacts) -> Tuple[Optional[str], Optional[str]]:
     """(why the release refuses ``method`` at start, or None; a warning for a custom method it may run, or None)."""
     if method in facts.methods:
         return None, None
@@ -152,7 +187,7 @@ def _method_problem(method, facts):
     ), None
 
 
-def infer_method(model, facts):
+def infer_method(model: object, facts: VllmFacts) -> str:
     """The method a release picks when ``method`` is not given, by name only (``facts.inferred_at`` in its wheel).
 
     ``model`` "ngram" -> ngram; before 0.34 a dotted import path -> custom_class; a drafter path containing
@@ -177,7 +212,12 @@ def infer_method(model, facts):
     return "draft_model"
 
 
-def parse_requested(requested, allow_fields=(), notes=None, facts=None):
+def parse_requested(
+    requested: object,
+    allow_fields: Sequence[str] = (),
+    notes: Optional[List[str]] = None,
+    facts: Optional[VllmFacts] = None,
+) -> SpecConfig:
     """Check the method, the field names and the value types of a requested speculative config, as the release of
     ``facts`` (default: the newest known) does.
 
@@ -194,7 +234,8 @@ def parse_requested(requested, allow_fields=(), notes=None, facts=None):
     requested = dict((str(name).replace("-", "_"), value) for name, value in requested.items())
     method = _requested_method(requested, notes, facts)
     _refuse_fields(requested, method, allow_fields, facts)
-    parsed, problems = {}, []
+    parsed: SpecConfig = {}
+    problems: List[str] = []
     for name, value in requested.items():
         kind = _FIELD_KINDS.get(name)
         if kind is None:  # a vLLM field this module does not check, or an allow_fields entry: vLLM validates it
@@ -222,7 +263,7 @@ def parse_requested(requested, allow_fields=(), notes=None, facts=None):
     return parsed
 
 
-def _requested_method(requested, notes, facts):
+def _requested_method(requested: SpecConfig, notes: List[str], facts: VllmFacts) -> Optional[str]:
     """The method of `requested` (None: vLLM infers it from the drafter model), a per-model MTP method rewritten to
     mtp in `requested` with a note. Raises SpeculativeConfigError for an unknown method, or neither method nor model."""
     method = requested.get("method")
@@ -247,7 +288,7 @@ def _requested_method(requested, notes, facts):
     return method
 
 
-def _field_refusal(name, facts):
+def _field_refusal(name: str, facts: VllmFacts) -> str:
     """Why the release of `facts` refuses field `name` of a speculative config."""
     if name in facts.refused_fields:
         return facts.refused_fields[name]
@@ -263,7 +304,7 @@ def _field_refusal(name, facts):
     )
 
 
-def _refuse_fields(requested, method, allow_fields, facts):
+def _refuse_fields(requested: SpecConfig, method: Optional[str], allow_fields: Sequence[str], facts: VllmFacts) -> None:
     """Raise SpeculativeConfigError naming every field of `requested` that vLLM (or this module) refuses for `method`."""
     accepted = accepted_fields(method, facts)
     refused = [
@@ -285,14 +326,15 @@ def _refuse_fields(requested, method, allow_fields, facts):
         )
 
 
-def drafter_config_path(model, drafter_config=None):
+def drafter_config_path(model: Optional[str], drafter_config: Optional[str] = None) -> str:
     """Path of the drafter's config.json: ``drafter_config`` (a file, or a directory holding config.json) or <model>/config.json."""
     if not drafter_config:
-        return os.path.join(model, "config.json")
+        # model is None only for mtp with a drafter_config (_speculative._check_drafter refuses the rest)
+        return os.path.join(cast(str, model), "config.json")
     return os.path.join(drafter_config, "config.json") if os.path.isdir(drafter_config) else drafter_config
 
 
-def load_drafter_config(path):
+def load_drafter_config(path: str) -> DrafterConfig:
     """Read a drafter config.json and return it as a dict.
 
     Raises SpeculativeConfigError when the file is missing, unreadable, not JSON or not an object.
@@ -314,13 +356,13 @@ def load_drafter_config(path):
     return config
 
 
-def read_drafter(model, drafter_config=None):
+def read_drafter(model: Optional[str], drafter_config: Optional[str] = None) -> Tuple[str, DrafterConfig]:
     """(path, config dict) of the drafter's config.json on this host. Raises SpeculativeConfigError."""
     path = drafter_config_path(model, drafter_config)
     return path, load_drafter_config(path)
 
 
-def _text(value):
+def _text(value: object) -> str:
     """Compact rendering of a value for messages."""
     if value is None:
         return "not set"
@@ -329,25 +371,30 @@ def _text(value):
     return str(value)
 
 
-def parse_server_args(args):
+def parse_server_args(args: Optional[Iterable[object]]) -> ServerArgs:
     """What the budget and metrics checks need from further ``vllm serve`` arguments (a list of str).
 
     Returns {"max_num_batched_tokens": int or None, "max_num_seqs": int or None, "enable_lora": bool,
     "disable_log_stats": bool}. ``--flag value``, ``--flag=value`` and ``--flag_name`` spellings are read as vLLM's
     parser reads them; a value that is not an integer raises SpeculativeConfigError.
     """
-    found = {"max_num_batched_tokens": None, "max_num_seqs": None, "enable_lora": False, "disable_log_stats": False}
-    args = [str(arg) for arg in (args or [])]
-    for index, arg in enumerate(args):
+    found: ServerArgs = {
+        "max_num_batched_tokens": None,
+        "max_num_seqs": None,
+        "enable_lora": False,
+        "disable_log_stats": False,
+    }
+    words = [str(arg) for arg in (args or [])]
+    for index, arg in enumerate(words):
         if not arg.startswith("--"):
             continue
         name, sep, value = arg[2:].partition("=")
         name = name.replace("-", "_")
-        if name in ("enable_lora", "disable_log_stats"):
+        if name in _SWITCHES:
             found[name] = True
-        elif name in ("max_num_batched_tokens", "max_num_seqs"):
+        elif name in _COUNTS:
             if not sep:
-                value = args[index + 1] if index + 1 < len(args) else ""
+                value = words[index + 1] if index + 1 < len(words) else ""
             try:
                 found[name] = int(value)
             except ValueError:

@@ -15,12 +15,73 @@ Supporting a new vLLM release starts here: add its differences to _CHANGES and i
 
 from __future__ import annotations
 
+from typing import Dict, List, Literal, Mapping, Optional, Tuple, TypedDict, cast
+
 # The releases whose wheels every table below was read from, oldest first (scripts/check_vllm_source.py).
-from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._vllm_versions import VERSIONS
+from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._vllm_versions import VERSIONS, Release
 
 NEWEST = VERSIONS[-1]
+# A method whose drafter this module checks.
+SupportedMethod = Literal["dflash", "eagle", "eagle3", "mtp", "ngram"]
 # Methods whose drafter this module checks.
-SUPPORTED_METHODS = ("dflash", "eagle", "eagle3", "mtp", "ngram")
+SUPPORTED_METHODS: Tuple[SupportedMethod, ...] = ("dflash", "eagle", "eagle3", "mtp", "ngram")
+# How a release counts the token slots a request takes from max_num_batched_tokens (_speculative_checks._lookahead).
+BudgetRule = Literal["num_lookahead_tokens", "max_num_new_slots_for_drafting"]
+# A GPU class's defaults of the API server: (GPU class, max_num_batched_tokens, max_num_seqs).
+BatchDefault = Tuple[str, int, int]
+
+
+class FactTables(TypedDict):
+    """One vLLM release's tables (_BASE for 0.33.0; VllmFacts holds them as attributes). Comments at _BASE."""
+
+    fields: Tuple[str, ...]
+    refused_fields: Dict[str, str]
+    mtp_methods: Tuple[str, ...]
+    builtin_methods: Tuple[str, ...]
+    removed_methods: Dict[str, str]
+    custom_methods: bool
+    draft_sample_methods: Tuple[str, ...]
+    inferred_by_name: Tuple[Tuple[str, str], ...]
+    inferred_at: str
+    batch_defaults: Tuple[BatchDefault, ...]
+    budget_rule: BudgetRule
+    dflash_active_seqs: bool
+    v1_runner: bool
+    no_effect_fields: Dict[str, str]
+
+
+class TupleChange(TypedDict, total=False):
+    """What a release adds to and removes from a tuple table of _BASE."""
+
+    add: Tuple[str, ...]
+    remove: Tuple[str, ...]
+
+
+class DictChange(TypedDict, total=False):
+    """What a release adds to a dict table of _BASE (name: reason) and which names it removes."""
+
+    add: Dict[str, str]
+    remove: Tuple[str, ...]
+
+
+class FactChanges(TypedDict, total=False):
+    """What a release changes in _BASE: a change of a tuple or dict table, or the release's own value."""
+
+    fields: TupleChange
+    refused_fields: DictChange
+    mtp_methods: TupleChange
+    builtin_methods: TupleChange
+    removed_methods: DictChange
+    custom_methods: bool
+    draft_sample_methods: TupleChange
+    inferred_by_name: Tuple[Tuple[str, str], ...]
+    inferred_at: str
+    batch_defaults: Tuple[BatchDefault, ...]
+    budget_rule: BudgetRule
+    dflash_active_seqs: bool
+    v1_runner: bool
+    no_effect_fields: DictChange
+
 
 # vllm/config/speculative.py MTPModelTypes (0.33.0): accepted as method, rewritten to "mtp" with a deprecation warning.
 _MTP_METHODS = (
@@ -69,7 +130,7 @@ _METHODS = (
 )
 
 # Methods of older vLLM releases that 0.33.0 refuses, with the reason.
-_REMOVED_METHODS = {
+_REMOVED_METHODS: Dict[str, str] = {
     "medusa": "Medusa heads are no longer a speculative method (removed in vLLM 0.33)",
     "mlp_speculator": "MLP speculators are no longer a speculative method (removed in vLLM 0.33)",
 }
@@ -118,14 +179,20 @@ _FIELDS = (
 )
 
 # Field names vLLM 0.33.0 refuses although they look right, with the reason.
-_REFUSED_FIELDS = {
+_REFUSED_FIELDS: Dict[str, str] = {
     "tensor_parallel_size": "vLLM keeps this field only to refuse it ('not a valid argument in the speculative_config'): "
     "the drafter's tensor parallel size is draft_tensor_parallel_size",
     "speculative_token_tree": "vLLM has no speculative_token_tree field any more (tree drafting was removed)",
 }
 
 # What a DFlash drafter defines in its config.json: checked against the drafter, never passed to vLLM.
-DFLASH_DRAFTER_FIELDS = ("target_layer_ids", "mask_token_id", "layer_types", "sliding_window", "block_size")
+DFLASH_DRAFTER_FIELDS: Tuple[str, ...] = (
+    "target_layer_ids",
+    "mask_token_id",
+    "layer_types",
+    "sliding_window",
+    "block_size",
+)
 # Attention kinds of DFlash drafter layers (config.json layer_types; vllm/model_executor/models/qwen3_dflash.py).
 SLIDING = "sliding_attention"
 FULL = "full_attention"
@@ -134,7 +201,7 @@ FULL = "full_attention"
 V2_RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
 DISABLE_LOG_STATS = "--disable-log-stats"
 
-_BASE = {
+_BASE: FactTables = {
     "fields": _FIELDS,
     "refused_fields": _REFUSED_FIELDS,
     "mtp_methods": _MTP_METHODS,
@@ -167,7 +234,7 @@ _BASE = {
 }
 
 # What each release changes in _BASE: {"add": ..., "remove": ...} for a tuple or a dict, or the release's value.
-_CHANGES = {
+_CHANGES: Dict[Release, FactChanges] = {
     "0.32.0": {
         "fields": {
             "remove": (
@@ -222,8 +289,9 @@ _CHANGES = {
 }
 
 
-def _changed(value, change):
-    """`value` with `change` applied: {"add", "remove"} on a tuple or a dict, else `change` itself."""
+def _changed(value: object, change: object) -> object:
+    """`value` (a table of _BASE) with `change` (of _CHANGES) applied: {"add", "remove"} on a tuple or a dict, else
+    `change` itself."""
     if not (isinstance(change, dict) and change and set(change) <= {"add", "remove"}):
         return change
     remove, add = change.get("remove", ()), change.get("add", ())
@@ -231,25 +299,41 @@ def _changed(value, change):
         kept = dict((key, item) for key, item in value.items() if key not in remove)
         kept.update(add)
         return kept
-    return tuple(item for item in value if item not in remove) + tuple(add)
+    return tuple(item for item in cast(Tuple[str, ...], value) if item not in remove) + tuple(add)
 
 
 class VllmFacts:
     """One release's tables (attributes named as the keys of _BASE) and its version ("0.34.0")."""
 
-    def __init__(self, version):
-        self.version = version
-        changes = _CHANGES.get(version, {})
+    # Set from _BASE and _CHANGES by __init__; types as in FactTables.
+    fields: Tuple[str, ...]
+    refused_fields: Dict[str, str]
+    mtp_methods: Tuple[str, ...]
+    builtin_methods: Tuple[str, ...]
+    removed_methods: Dict[str, str]
+    custom_methods: bool
+    draft_sample_methods: Tuple[str, ...]
+    inferred_by_name: Tuple[Tuple[str, str], ...]
+    inferred_at: str
+    batch_defaults: Tuple[BatchDefault, ...]
+    budget_rule: BudgetRule
+    dflash_active_seqs: bool
+    v1_runner: bool
+    no_effect_fields: Dict[str, str]
+
+    def __init__(self, version: Release) -> None:
+        self.version: Release = version
+        changes: Mapping[str, object] = _CHANGES.get(version, {})
         for key, value in _BASE.items():
             setattr(self, key, _changed(value, changes[key]) if key in changes else value)
         # vLLM's SpeculativeMethod Literal: the built-in methods and the per-model MTP names
         self.methods = self.builtin_methods + self.mtp_methods
 
 
-_FACTS = {}
+_FACTS: Dict[Release, VllmFacts] = {}
 
 
-def facts(version=None):
+def facts(version: Optional[str] = None) -> VllmFacts:
     """The tables of a release of VERSIONS (default: the newest). Raises KeyError for another version."""
     version = version or NEWEST
     if version not in VERSIONS:
@@ -259,6 +343,6 @@ def facts(version=None):
     return _FACTS[version]
 
 
-def releases_with(attribute, name):
+def releases_with(attribute: str, name: object) -> List[Release]:
     """The releases of VERSIONS whose `attribute` table holds `name` (to say where a refused name is valid)."""
     return [version for version in VERSIONS if name in getattr(facts(version), attribute)]

@@ -21,33 +21,59 @@ import glob
 import os
 import re
 import subprocess
+from typing import Dict, List, Literal, Optional, Tuple, TypedDict, cast
 
+# A release of VERSIONS: the versions whose fact tables the collection keeps.
+Release = Literal["0.32.0", "0.33.0", "0.34.0"]
 # The vLLM releases whose wheels the collection's tables were read from, oldest first (scripts/check_vllm_source.py
 # checks each one; _speculative_vllm, _vllm_facts and the simulator key their tables by these).
-VERSIONS = ("0.32.0", "0.33.0", "0.34.0")
+VERSIONS: Tuple[Release, ...] = ("0.32.0", "0.33.0", "0.34.0")
 # Seconds `vllm --version` may take (vLLM imports torch before it answers: seconds to tens of seconds).
 VERSION_TIMEOUT = 60
 _NUMBER = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?")
 
 
-def parse(text):
+class VersionRead(TypedDict):
+    """What read_version found: the version text or None, where it was read, why none was."""
+
+    version: Optional[str]
+    source: Optional[str]
+    error: Optional[str]
+
+
+class Resolved(TypedDict):
+    """What resolve gives: the version read, the release whose facts apply (None when refused), a warning, a
+    refusal."""
+
+    version: Optional[str]
+    facts: Optional[Release]
+    warning: Optional[str]
+    problem: Optional[str]
+
+
+def parse(text: object) -> Optional[Tuple[int, ...]]:
     """(major, minor, patch) of a version text such as "0.34.0", "0.34.1rc1", "0.35.0.dev12+gabc" or None."""
     match = _NUMBER.match(str(text or "").strip())
     return tuple(int(part or 0) for part in match.groups()) if match else None
 
 
-def supported_range():
+def _known(version: Release) -> Tuple[int, ...]:
+    """(major, minor, patch) of a release of VERSIONS, which are all version numbers."""
+    return cast(Tuple[int, ...], parse(version))
+
+
+def supported_range() -> str:
     return "%s to %s" % (".".join(VERSIONS[0].split(".")[:2]), ".".join(VERSIONS[-1].split(".")[:2]))
 
 
-def resolve(version):
+def resolve(version: Optional[str]) -> Resolved:
     """See the module docstring. `version` is the text the host read (None when it could not be read)."""
-    found = {"version": version, "facts": None, "warning": None, "problem": None}
+    found: Resolved = {"version": version, "facts": None, "warning": None, "problem": None}
     number = parse(version)
     if number is None:
         found["problem"] = "the vLLM version %r is not a version number" % (version,)
         return found
-    series = dict((parse(known)[:2], known) for known in VERSIONS)
+    series: Dict[Tuple[int, ...], Release] = dict((_known(known)[:2], known) for known in VERSIONS)
     if number[:2] in series:
         found["facts"] = series[number[:2]]
         if found["facts"] != version:
@@ -55,7 +81,7 @@ def resolve(version):
                 "vLLM %s is validated against the facts of vLLM %s, the release of its series this collection was "
                 "checked against" % (version, found["facts"])
             )
-    elif number > parse(VERSIONS[-1]):
+    elif number > _known(VERSIONS[-1]):
         found["facts"] = VERSIONS[-1]
         found["warning"] = (
             "vLLM %s is newer than the releases this collection knows (%s): its speculative config, flags, metrics "
@@ -70,7 +96,7 @@ def resolve(version):
     return found
 
 
-def _interpreter(executable):
+def _interpreter(executable: str) -> Optional[str]:
     """The Python interpreter a console script names in its first lines (pip's `#!PYTHON`, or its `/bin/sh` form
     for long paths: `'''exec' "PYTHON" "$0" "$@"`), or None."""
     try:
@@ -90,9 +116,9 @@ def _interpreter(executable):
     return None
 
 
-def _prefixes(executable):
+def _prefixes(executable: str) -> List[str]:
     """Environment prefixes to look for vLLM's metadata in: the interpreter's, then the executable's (bin/..)."""
-    prefixes = []
+    prefixes: List[str] = []
     interpreter = _interpreter(executable)
     for path in ([interpreter] if interpreter else []) + [executable, os.path.realpath(executable)]:
         prefix = os.path.dirname(os.path.dirname(os.path.abspath(path)))
@@ -101,7 +127,7 @@ def _prefixes(executable):
     return prefixes
 
 
-def _metadata_version(path):
+def _metadata_version(path: str) -> Optional[str]:
     """The Version: header of a METADATA file, or None."""
     try:
         with open(path, encoding="utf-8", errors="replace") as handle:
@@ -115,7 +141,7 @@ def _metadata_version(path):
     return None
 
 
-def _from_metadata(executable):
+def _from_metadata(executable: str) -> Optional[VersionRead]:
     for prefix in _prefixes(executable):
         for pattern in ("lib*/python3*/site-packages", "lib*/python3*/dist-packages"):
             for path in sorted(glob.glob(os.path.join(prefix, pattern, "vllm-*.dist-info", "METADATA"))):
@@ -125,7 +151,7 @@ def _from_metadata(executable):
     return None
 
 
-def _from_command(executable, timeout):
+def _from_command(executable: str, timeout: float) -> VersionRead:
     command = "%s --version" % executable
     # Not AnsibleModule.run_command: it has no timeout, and a vLLM that hangs at import must not hang the play.
     try:
@@ -149,7 +175,7 @@ def _from_command(executable, timeout):
     return {"version": versions[-1], "source": command, "error": None}
 
 
-def read_version(executable, timeout=VERSION_TIMEOUT):
+def read_version(executable: str, timeout: float = VERSION_TIMEOUT) -> VersionRead:
     """{"version": text or None, "source": the METADATA file or the command, "error": why none, or None}."""
     if not (os.path.isfile(executable) and os.access(executable, os.X_OK)):
         return {"version": None, "source": None, "error": "%s is not an executable file" % executable}
