@@ -11,9 +11,16 @@ from __future__ import annotations
 
 import re
 
-from ansible_collections.gpuops.nvidia.plugins.plugin_utils._numbers import Refused, numbers
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Set, Tuple, Union
+
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils._numbers import Refused, number_or_none, numbers
 
 # Documentation: plugins/filter/vllm_server/check.yml.
+# An instance of vllm_server_instances, and the role variables without their prefix: operator data, any shape.
+Instance = Dict[str, Any]
+Settings = Mapping[str, Any]
+# A GPU as the role uses it: an index, or a MIG UUID.
+GpuRef = Union[int, str]
 NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 INDEX = re.compile(r"^[0-9]+$")
 # An API key is sent as a Bearer token and written as VLLM_API_KEY=<key> in an environment file that systemd and
@@ -90,11 +97,11 @@ SECRETS = {
 }
 
 
-def _text(values):
+def _text(values: Any) -> str:
     return ", ".join(str(value) for value in values)
 
 
-def _flag(arg):
+def _flag(arg: object) -> Optional[str]:
     """The option an argument names as vLLM's FlexibleArgumentParser reads it (underscores as dashes, no `=value`,
     no `.key` of a JSON option), or None for a value. vLLM 0.33 vllm/utils/argparse_utils.py, parse_args."""
     if not isinstance(arg, str) or not arg.startswith("-") or arg in ("-", "--") or re.match(r"^-[0-9.]", arg):
@@ -108,7 +115,7 @@ def _flag(arg):
     return name
 
 
-def _owned(flag):
+def _owned(flag: str) -> Optional[str]:
     """The owned flag that `flag` names: itself, or an abbreviation argparse would expand (allow_abbrev)."""
     names = list(OWNED) + list(SECRETS) + [API_SERVER_COUNT]
     if flag in names:
@@ -122,19 +129,20 @@ def _owned(flag):
     return None
 
 
-def _value(extra_args, position):
+def _value(extra_args: List[str], position: int) -> Optional[str]:
     """The value given to the flag at `position`: after `=`, glued to a short flag (-asc0), or the next argument."""
     arg = extra_args[position]
     if "=" in arg:
         return arg.split("=", 1)[1]
-    if not arg.startswith("--") and _flag(arg) != arg:
-        return arg[len(_flag(arg)) :]
+    flag = _flag(arg)
+    if not arg.startswith("--") and flag is not None and flag != arg:
+        return arg[len(flag) :]
     if position + 1 < len(extra_args) and _flag(extra_args[position + 1]) is None:
         return extra_args[position + 1]
     return None
 
 
-def _api_server_count_problem(extra_args, position):
+def _api_server_count_problem(extra_args: List[str], position: int) -> Optional[str]:
     """Why the --api-server-count at `position` is refused (below 1, not a whole number, no value), or None."""
     value = _value(extra_args, position)
     try:
@@ -144,13 +152,13 @@ def _api_server_count_problem(extra_args, position):
         pass
     written = extra_args[position].split("=", 1)[0]
     if not written.startswith("--"):
-        written = _flag(written)  # -asc0: the flag without its value
+        written = _flag(written) or written  # -asc0: the flag without its value
     if _flag(written) != API_SERVER_COUNT:
         written = "%s (%s)" % (written, API_SERVER_COUNT)
     return HEADLESS_COUNT % (written, "without a value" if value is None else "with %r" % value)
 
 
-def _secret_problem(extra_args, position, owned):
+def _secret_problem(extra_args: List[str], position: int, owned: str) -> Optional[str]:
     arg = extra_args[position]
     valued = "=" in arg or (position + 1 < len(extra_args) and _flag(extra_args[position + 1]) is None)
     if owned == "--api-key" or valued:
@@ -161,51 +169,37 @@ def _secret_problem(extra_args, position, owned):
     return None
 
 
-def extra_args_problems(extra_args, gate):
+def extra_args_problems(extra_args: object, gate: bool) -> List[str]:
     """What is wrong with an instance's extra_args; never quotes a value (it may be a secret)."""
     if extra_args is None:
         return []
     if not isinstance(extra_args, list) or not all(isinstance(arg, str) for arg in extra_args):
         return ["extra_args must be a list of strings, one vllm serve argument each"]
-    problems = []
+    found: List[Optional[str]] = []
     for position, arg in enumerate(extra_args):
         flag = _flag(arg)
         owned = _owned(flag) if flag else None
         if owned in SECRETS:
-            problems.append(_secret_problem(extra_args, position, owned))
+            found.append(_secret_problem(extra_args, position, owned))
         elif owned == API_SERVER_COUNT:
-            problems.append(_api_server_count_problem(extra_args, position))
+            found.append(_api_server_count_problem(extra_args, position))
         elif owned:
-            problems.append(
+            found.append(
                 "extra_args has %s, which the role sets itself: use %s"
                 % (flag if flag == owned else "%s (%s)" % (flag, owned), OWNED[owned])
             )
         elif flag == "--config":
-            problems.append(CONFIG_FILE)
-    problems = [problem for problem in problems if problem]
+            found.append(CONFIG_FILE)
+    problems = [problem for problem in found if problem]
     if gate and any(re.match(r"^--disable[-_]log[-_]stats$", arg) for arg in extra_args):
         problems.append(NO_LOG_STATS)
     return problems
 
 
-def _number(value, integer):
-    """The number in value (an int, float or their text), or None; booleans are not numbers."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, (int, float)) and (not integer or float(value).is_integer()):
-        return int(value) if integer else float(value)
-    if isinstance(value, str):
-        try:
-            return int(value.strip()) if integer else float(value.strip())
-        except ValueError:
-            return None
-    return None
-
-
-def port_problems(instance):
+def port_problems(instance: Instance) -> List[str]:
     if instance.get("port") in (None, ""):
         return ["port is not set: give the TCP port of the instance (1 to 65535)"]
-    port = _number(instance.get("port"), True)
+    port = number_or_none(instance.get("port"), True)
     if port is None:
         return ["port %r is not a TCP port number" % (instance.get("port"),)]
     if not 1 <= port <= 65535:
@@ -213,16 +207,16 @@ def port_problems(instance):
     return []
 
 
-def number_problems(instance, settings):
+def number_problems(instance: Instance, settings: Settings) -> List[str]:
     problems = []
     tp = instance.get("tensor_parallel_size")
     dp = instance.get("data_parallel_size")
     gpus = instance.get("gpus")
     count = len(gpus) if isinstance(gpus, list) else None
-    dp_number = 1 if dp in (None, "") else _number(dp, True)
+    dp_number = 1 if dp in (None, "") else number_or_none(dp, True)
     if dp_number is None or dp_number < 1:
         problems.append("data_parallel_size %r is not a whole number of 1 or more" % (dp,))
-    elif tp not in (None, "") and count is not None and (_number(tp, True) or 0) * dp_number != count:
+    elif tp not in (None, "") and count is not None and (number_or_none(tp, True) or 0) * dp_number != count:
         problems.append(
             "tensor_parallel_size %s%s does not match the %d GPUs %s"
             % (tp, " x data_parallel_size %d" % dp_number if dp_number > 1 else "", count, gpus)
@@ -230,19 +224,19 @@ def number_problems(instance, settings):
     elif tp in (None, "") and count is not None and count % dp_number:
         problems.append("data_parallel_size %d does not divide the %d GPUs %s" % (dp_number, count, gpus))
     memory = instance.get("gpu_memory_utilization")
-    memory = 0.9 if memory in (None, "") else _number(memory, False)
+    memory = 0.9 if memory in (None, "") else number_or_none(memory, False)
     if memory is None or not 0 < memory <= 1:
         problems.append("gpu_memory_utilization must be in (0, 1]")
     length = instance.get("max_model_len")
     if length is not None and length != "":
-        number = _number(length, True)
+        number = number_or_none(length, True)
         if number is None or (number < 1 and number != -1):
             problems.append(
                 "max_model_len %s must be a number of tokens of at least 1, or -1 for vLLM's fit to GPU "
                 "memory (vLLM 0.33 vllm/config/model.py)" % (length,)
             )
     shutdown = instance.get("shutdown_timeout")
-    if shutdown not in (None, "", 0) and (_number(shutdown, False) or 0) >= float(settings["stop_timeout"]):
+    if shutdown not in (None, "", 0) and (number_or_none(shutdown, False) or 0) >= float(settings["stop_timeout"]):
         problems.append(
             "shutdown_timeout %s must be below vllm_server_stop_timeout %s: SIGKILL would cut the drain short"
             % (shutdown, settings["stop_timeout"])
@@ -250,7 +244,7 @@ def number_problems(instance, settings):
     return problems
 
 
-def other_problems(instance, settings):
+def other_problems(instance: Instance, settings: Settings) -> List[str]:
     problems = []
     environment = instance.get("environment") or {}
     reserved = [key for key in environment if key in ("CUDA_VISIBLE_DEVICES", "VLLM_API_KEY")]
@@ -267,21 +261,21 @@ def other_problems(instance, settings):
         )
     rate = instance.get("min_acceptance_rate")
     rate = settings["min_acceptance_rate"] if rate is None else rate
-    gate = bool(instance.get("speculative_config")) and (_number(rate, False) or 0) > 0
+    gate = bool(instance.get("speculative_config")) and (number_or_none(rate, False) or 0) > 0
     return problems + extra_args_problems(instance.get("extra_args"), gate)
 
 
 class Gpus:
     """The host's GPUs as gpu_facts reports them: references (index text, GPU UUID, MIG UUID) to what the role uses."""
 
-    def __init__(self, nvidia):
+    def __init__(self, nvidia: Optional[Mapping[str, Any]]) -> None:
         nvidia = nvidia or {}
         self.known = bool((nvidia.get("driver") or {}).get("available"))
         gpus = (nvidia.get("gpus") or []) if self.known else []
-        self.ids = {}  # index text and GPU UUID -> index
-        self.migs = {}  # MIG UUID -> index of its GPU
-        self.mig_mode = set()
-        self.errors = {}
+        self.ids: Dict[str, int] = {}  # index text and GPU UUID -> index
+        self.migs: Dict[str, int] = {}  # MIG UUID -> index of its GPU
+        self.mig_mode: Set[int] = set()
+        self.errors: Dict[int, str] = {}
         for gpu in gpus:
             self.ids[str(gpu["index"])] = gpu["index"]
             if gpu.get("uuid"):
@@ -293,19 +287,19 @@ class Gpus:
             if gpu.get("error"):
                 self.errors[gpu["index"]] = gpu["error"]
 
-    def ref(self, entry):
+    def ref(self, entry: object) -> GpuRef:
         """What the role uses for entry: an index, or a MIG UUID as it is."""
         text = str(entry)
         return text if text in self.migs else self.ids[text]
 
-    def parent(self, entry):
+    def parent(self, entry: object) -> int:
         text = str(entry)
         return self.migs[text] if text in self.migs else self.ids[text]
 
-    def known_entry(self, entry):
+    def known_entry(self, entry: object) -> bool:
         return str(entry) in self.ids or str(entry) in self.migs
 
-    def overlap(self, mine, theirs):
+    def overlap(self, mine: Sequence[object], theirs: Sequence[object]) -> bool:
         """Whether two resolved GPU lists share a GPU: the same GPU or MIG instance, or a whole GPU and one of its
         MIG instances. Two MIG instances of one GPU do not overlap."""
         for a in mine:
@@ -320,7 +314,7 @@ class Gpus:
         return False
 
 
-def _intersect(first, second):
+def _intersect(first: Sequence[Any], second: Any) -> List[Any]:
     """Ansible's intersect on lists: the items of first that are in second, once each, in first's order."""
     found = []
     for item in first:
@@ -329,11 +323,9 @@ def _intersect(first, second):
     return found
 
 
-def shared_gpus(instance, instances, gpus):
+def shared_gpus(instance: Instance, instances: Sequence[Instance], gpus: Gpus) -> List[str]:
     """GPUs of instance that another instance of the list uses too (as written, or as indices for whole GPUs)."""
-    others = [
-        o.get("gpus") for o in instances if o.get("name") != instance.get("name") and isinstance(o.get("gpus"), list)
-    ]
+    others = [o["gpus"] for o in instances if o.get("name") != instance.get("name") and isinstance(o.get("gpus"), list)]
     other = [str(entry) for entries in others for entry in entries]
     own = [str(entry) for entry in instance["gpus"]]
     if not gpus.known:
@@ -348,7 +340,7 @@ def shared_gpus(instance, instances, gpus):
     return _intersect(found, found)
 
 
-def _gpu_entry_problems(raw, gpus):
+def _gpu_entry_problems(raw: object, gpus: Gpus) -> Tuple[List[str], Optional[List[GpuRef]]]:
     """Problems of the entries themselves, and the resolved GPUs (None when they cannot be resolved)."""
     if isinstance(raw, str):
         parts = [part.strip() for part in raw.split(",") if part.strip()]
@@ -374,9 +366,11 @@ def _gpu_entry_problems(raw, gpus):
     return [], [int(entry) for entry in raw]
 
 
-def gpu_problems(instance, instances, gpus, render=False):
+def gpu_problems(
+    instance: Instance, instances: Sequence[Instance], gpus: Gpus, render: bool = False
+) -> Tuple[List[str], Optional[List[GpuRef]]]:
     """(problems, resolved GPUs or None) of an instance's gpus."""
-    raw = instance.get("gpus")
+    raw: Any = instance.get("gpus")
     problems, resolved = _gpu_entry_problems(raw, gpus)
     if resolved is None:
         return problems, None
@@ -411,14 +405,14 @@ def gpu_problems(instance, instances, gpus, render=False):
     return problems, resolved
 
 
-def _holds(holder, ref, gpus):
+def _holds(holder: Mapping[str, Any], ref: GpuRef, gpus: Gpus) -> bool:
     """Whether a gpu_facts holder holds GPU reference ref (an index, or a MIG UUID)."""
     if isinstance(ref, str) and ref in gpus.migs:
         return ref in (holder.get("mig") or {}).get(str(gpus.migs[ref]), [])
     return ref in (holder.get("gpus") or [])
 
 
-def _belongs(holder, name, config, settings):
+def _belongs(holder: Mapping[str, Any], name: str, config: Mapping[str, Any], settings: Settings) -> bool:
     """Whether a holder is a process of the instance `name` deployed with `config`: in its systemd unit, or under a
     vllm serve API server listening on its port (gpu_facts' owner.agent)."""
     owner = holder.get("owner") or {}
@@ -431,7 +425,14 @@ def _belongs(holder, name, config, settings):
     return agent.get("kind") == "vllm" and on_port
 
 
-def held_problems(instance, resolved, instances, host, gpus, settings):
+def held_problems(
+    instance: Instance,
+    resolved: List[GpuRef],
+    instances: Sequence[Instance],
+    host: Mapping[str, Any],
+    gpus: Gpus,
+    settings: Settings,
+) -> List[str]:
     """An instance deployed by this role that runs on these GPUs and would still be there when this one is deployed
     (not in the list, or after this one): the stop would end it."""
     names = [other.get("name") for other in instances]
@@ -466,7 +467,7 @@ def held_problems(instance, resolved, instances, host, gpus, settings):
     return problems
 
 
-def _strings(value, path=""):
+def _strings(value: object, path: str = "") -> Iterator[Tuple[str, str]]:
     """(name, text) of every string in `value`, a dict key too, named as the operator wrote it: environment.FOO,
     extra_args[2]."""
     if isinstance(value, str):
@@ -482,7 +483,7 @@ def _strings(value, path=""):
             yield from _strings(item, "%s[%d]" % (path, position))
 
 
-def control_problems(named):
+def control_problems(named: Mapping[str, Any]) -> List[str]:
     """A problem for each string of `named` ({name: value}) that holds a control character (CONTROL)."""
     problems = []
     for name, text in _strings(named):
@@ -492,7 +493,9 @@ def control_problems(named):
     return problems
 
 
-def instance_problems(instance, instances, host, gpus, settings):
+def instance_problems(
+    instance: Instance, instances: Sequence[Instance], host: Mapping[str, Any], gpus: Gpus, settings: Settings
+) -> Tuple[List[str], Optional[List[GpuRef]]]:
     """(problems, resolved GPUs) of one instance, in the order the operator reads them."""
     name = instance.get("name")
     # api_key has its own check, which says what a key may hold.
@@ -505,7 +508,10 @@ def instance_problems(instance, instances, host, gpus, settings):
     problems += ports
     if (
         not ports
-        and [_number(other.get("port"), True) for other in instances].count(_number(instance["port"], True)) > 1
+        and [number_or_none(other.get("port"), True) for other in instances].count(
+            number_or_none(instance["port"], True)
+        )
+        > 1
     ):
         problems.append("port %s is used by another instance" % instance["port"])
     render = settings.get("render", False)
@@ -521,7 +527,7 @@ POSITIVE_NUMBERS = ("drain_poll_interval", "ready_poll_interval")
 WHOLE_NUMBERS = ("gpu_max_used_mib", "warmup_max_tokens", "log_lines")
 
 
-def number_settings_problems(settings_numbers):
+def number_settings_problems(settings_numbers: Mapping[str, Any]) -> List[str]:
     """Why the role's numbers ({name without the vllm_server_ prefix: value}) cannot be used: [] when they can.
 
     The check of the reset and check variables (plugin_utils/_numbers.py): finite, not negative, whole where the
@@ -539,10 +545,13 @@ def number_settings_problems(settings_numbers):
     return []
 
 
-def vllm_server_check(instances, host, settings):
+def vllm_server_check(
+    instances: Optional[Sequence[Instance]], host: Mapping[str, Any], settings: Settings
+) -> Dict[str, Any]:
     """The checks of the validate phase; see DOCUMENTATION."""
     gpus = Gpus(host.get("nvidia"))
-    problems, resolved = number_settings_problems(settings.get("numbers") or {}), {}
+    problems = number_settings_problems(settings.get("numbers") or {})
+    resolved: Dict[Any, Optional[List[GpuRef]]] = {}
     problems += control_problems({"vllm_server_" + key: settings.get(key) for key in TEXT_SETTINGS})
     if settings["service_manager"] == "systemd" and not host.get("systemd") and not settings.get("render"):
         problems.append(
@@ -550,8 +559,9 @@ def vllm_server_check(instances, host, settings):
             "/run/systemd/system, the test of sd_booted(3)): set vllm_server_service_manager to detached or "
             "auto" % host.get("name")
         )
-    for instance in instances or []:
-        found, resolved[instance.get("name")] = instance_problems(instance, instances, host, gpus, settings)
+    listed = list(instances or [])
+    for instance in listed:
+        found, resolved[instance.get("name")] = instance_problems(instance, listed, host, gpus, settings)
         if found:
             problems.append("instance %s: %s" % (instance.get("name"), "; ".join(found)))
     return {"problems": problems, "gpus": resolved}

@@ -17,6 +17,7 @@ the running server found, "probe"; "running", "pid").
 
 from __future__ import annotations
 
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._speculative import validate_speculative_config
 from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._speculative_parse import SpeculativeConfigError
@@ -24,34 +25,39 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _vllm_fi
 from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._vllm_address import local_host, local_url
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._vllm_checks import (
     CONTROL,
+    GpuRef,
+    Instance,
+    Settings,
     number_settings_problems,
     port_problems,
     vllm_server_check,
 )
 
+# The vllm_server_host result with "name", the inventory host, added.
+Host = Mapping[str, Any]
 UNIT_HEADER = "# Ansible managed: written by the gpuops.nvidia.vllm_server role"
 
 
-def _given(instance, key, default):
+def _given(instance: Instance, key: str, default: Any) -> Any:
     """The instance's value for key, or `default` where it is missing or empty (Jinja's default(x, true))."""
     value = instance.get(key)
     return value if value not in (None, "", [], {}) and value is not False else default
 
 
-def _executable(instance, settings):
+def _executable(instance: Instance, settings: Settings) -> Any:
     return _given(instance, "vllm_executable", settings["vllm_executable"])
 
 
-def _min_rate(instance, settings):
+def _min_rate(instance: Instance, settings: Settings) -> float:
     rate = instance.get("min_acceptance_rate")
     return float(settings["min_acceptance_rate"] if rate is None else rate)
 
 
-def _gate(instance, settings):
+def _gate(instance: Instance, settings: Settings) -> bool:
     return bool(instance.get("speculative_config")) and _min_rate(instance, settings) > 0
 
 
-def host_request(instances, settings):
+def host_request(instances: Optional[Sequence[Any]], settings: Settings) -> Dict[str, Any]:
     """What vllm_server_host reads: the instances' addresses, the model directories and executables to look for, and
     the drafters of the speculative configs."""
     instances = [instance for instance in instances or [] if isinstance(instance, dict)]
@@ -93,10 +99,10 @@ def host_request(instances, settings):
     return request
 
 
-def _reader(drafters):
+def _reader(drafters: Optional[Sequence[Mapping[str, Any]]]) -> Callable[[Any, Any], Tuple[Any, Any]]:
     """A drafter reader for validate_speculative_config over what vllm_server_host read on the host."""
 
-    def read(model, drafter_config):
+    def read(model: Any, drafter_config: Any) -> Tuple[Any, Any]:
         for found in drafters or []:
             if found.get("model") == model and found.get("drafter_config") == drafter_config:
                 if found.get("error"):
@@ -107,7 +113,7 @@ def _reader(drafters):
     return read
 
 
-def _release(instance, settings, host):
+def _release(instance: Instance, settings: Settings, host: Host) -> Tuple[Optional[str], List[str], List[str]]:
     """(release of _vllm_versions.VERSIONS whose facts apply or None, problems, warnings) of the instance's vLLM,
     from the version vllm_server_host read for its executable."""
     executable = str(_executable(instance, settings))
@@ -125,7 +131,9 @@ def _release(instance, settings, host):
     return found["facts"], problems, warnings + ([found["warning"]] if found["warning"] else [])
 
 
-def _speculative(instance, settings, drafters, release):
+def _speculative(
+    instance: Instance, settings: Settings, drafters: Any, release: Optional[str]
+) -> Tuple[Optional[Dict[str, Any]], List[str]]:
     """(validation result or None, problems) of the instance's speculative config, as vLLM `release` reads it."""
     spec = instance.get("speculative_config")
     if not spec or release is None:
@@ -153,7 +161,7 @@ def _speculative(instance, settings, drafters, release):
     return result, problems
 
 
-def _path_problems(instance, settings, host, names=()):
+def _path_problems(instance: Instance, settings: Settings, host: Host, names: Sequence[Any] = ()) -> List[str]:
     paths = host.get("paths") or {}
     problems = []
     model = str(instance.get("model") or "")
@@ -172,7 +180,7 @@ def _path_problems(instance, settings, host, names=()):
     return problems
 
 
-def _port_problem(instance, settings, host, answer, names):
+def _port_problem(instance: Instance, settings: Settings, host: Host, answer: Any, names: Sequence[Any]) -> str:
     """Why the port an instance takes anew is refused: `answer` came from it. Where an instance this role deployed
     under another name listens there (a rename), it is named: the look sent no API key, so its answer says little."""
     port = str(instance.get("port"))
@@ -205,7 +213,9 @@ def _port_problem(instance, settings, host, answer, names):
     )
 
 
-def config_of(instance, gpus, spec, manager, settings):
+def config_of(
+    instance: Instance, gpus: List[GpuRef], spec: Optional[Dict[str, Any]], manager: str, settings: Settings
+) -> Dict[str, Any]:
     """The configuration of an instance as deployed (<name>.json), with its command line."""
     dp = int(_given(instance, "data_parallel_size", 1))
     cfg = {
@@ -257,14 +267,14 @@ def config_of(instance, gpus, spec, manager, settings):
     return cfg
 
 
-def _quote(word, exec_line=False):
+def _quote(word: object, exec_line: bool = False) -> str:
     """systemd quoting: a double-quoted word with \\ and " escaped, % doubled (specifiers), and in ExecStart= $ doubled
     (variables). systemd.service(5) "Command lines", systemd.unit(5) "Specifiers"."""
     word = str(word).replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%")
     return '"%s"' % (word.replace("$", "$$") if exec_line else word)
 
 
-def unit_text(cfg, settings):
+def unit_text(cfg: Mapping[str, Any], settings: Settings) -> str:
     """The systemd unit of a configuration. Stopping ends the whole process tree (KillMode=control-group): SIGTERM to
     every process of the unit (API server, EngineCore, TP workers) at once, SIGKILL to those left after
     TimeoutStopSec; KillMode=process would leave EngineCore and the workers holding the GPUs."""
@@ -320,7 +330,7 @@ def unit_text(cfg, settings):
     return "\n".join(lines) + "\n"
 
 
-def _probe_reasons(running):
+def _probe_reasons(running: Optional[Mapping[str, Any]]) -> List[str]:
     """Reasons to restart from the look at the running server (None: not deployed, so not running)."""
     if not running or running.get("process_exited"):
         return ["not running"]
@@ -329,12 +339,12 @@ def _probe_reasons(running):
     return []
 
 
-def _address(config):
+def _address(config: Mapping[str, Any]) -> List[Any]:
     """(host, port) where a check on the host reaches a server of `config`: loopback for the wildcard addresses."""
     return [local_host(config.get("host")), config.get("port")]
 
 
-def changed_files(instance, cfg, unit, host):
+def changed_files(instance: Instance, cfg: Dict[str, Any], unit: Optional[str], host: Host) -> List[str]:
     """Which of the instance's files differ from what the host has (compared as vllm_server_files compares)."""
     found = (host.get("files") or {}).get(instance["name"]) or {}
     wanted = [
@@ -346,7 +356,9 @@ def changed_files(instance, cfg, unit, host):
     return [what for what, content, mode in wanted if _vllm_files.differs(found.get(what), content, mode)]
 
 
-def _entry(instance, cfg, host, settings, spec):
+def _entry(
+    instance: Instance, cfg: Dict[str, Any], host: Host, settings: Settings, spec: Optional[Dict[str, Any]]
+) -> Dict[str, Any]:
     name = instance["name"]
     old = (host.get("deployed") or {}).get(name)
     current = old or cfg
@@ -371,12 +383,12 @@ def _entry(instance, cfg, host, settings, spec):
         "address": _address(cfg),
         "old_address": _address(current),
         "probe": _probe_reasons(running),
-        "running": bool(running) and not running.get("process_exited"),
+        "running": running is not None and bool(running) and not running.get("process_exited"),
         "pid": (running or {}).get("pid", 0),
     }
 
 
-def plan(instances, host, settings):
+def plan(instances: Optional[Sequence[Instance]], host: Host, settings: Settings) -> Dict[str, Any]:
     """The checks of every instance and, when all pass, what each deploys (see the module docstring)."""
     manager = settings["service_manager"]
     if manager == "auto":
@@ -390,8 +402,9 @@ def plan(instances, host, settings):
             "%s: the NVIDIA driver library did not answer (%s): GPU indices are not checked and GPU UUIDs "
             "cannot be used" % (host.get("name"), (nvidia.get("driver") or {}).get("error") or "no driver")
         )
-    for instance in instances or []:
-        found = _path_problems(instance, settings, host, [other.get("name") for other in instances])
+    listed = list(instances or [])
+    for instance in listed:
+        found = _path_problems(instance, settings, host, [other.get("name") for other in listed])
         release, release_problems, release_warnings = _release(instance, settings, host)
         spec, spec_problems = _speculative(instance, settings, host.get("drafters"), release)
         specs[instance.get("name")] = spec
@@ -402,10 +415,11 @@ def plan(instances, host, settings):
         found += release_problems + spec_problems
         if found:
             problems.append("instance %s: %s" % (instance.get("name"), "; ".join(found)))
-    result = {"problems": problems, "warnings": warnings, "manager": manager, "instances": {}}
+    entries: Dict[str, Any] = {}
+    result = {"problems": problems, "warnings": warnings, "manager": manager, "instances": entries}
     if problems:
         return result
-    for instance in instances:
+    for instance in listed:
         cfg = config_of(instance, checks["gpus"][instance["name"]], specs[instance["name"]], manager, settings)
-        result["instances"][instance["name"]] = _entry(instance, cfg, host, settings, specs[instance["name"]])
+        entries[instance["name"]] = _entry(instance, cfg, host, settings, specs[instance["name"]])
     return result

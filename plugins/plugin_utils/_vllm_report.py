@@ -12,15 +12,18 @@ failure(result) -> what a failed task says, in one line.
 from __future__ import annotations
 
 import json
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu._report import cut_cmdline
 
+# A report entry (entry): name, gpus, url, old, new, reasons, action, and what the run found; see entry.yml.
+Entry = Dict[str, Any]
 NOTHING_STOPPED = "nothing was stopped: the running server is as it was (the restore hooks were not run)"
 # How roles/vllm_server/tasks/rollback.yml words a rollback that failed.
 ROLLBACK_FAILED = "the rollback failed too"
 
 
-def failure(result):
+def failure(result: Optional[Mapping[str, Any]]) -> str:
     """What a failed task's result says, for the summary: its msg, the exit status of a command and the last lines it
     wrote to stderr (a drain hook's "non-zero return code" alone says nothing)."""
     result = result or {}
@@ -35,26 +38,26 @@ def failure(result):
     return text
 
 
-def _ran(result):
+def _ran(result: Optional[Mapping[str, Any]]) -> bool:
     """Whether a registered result is of a task that ran (not skipped, not left unset)."""
-    return bool(result) and not result.get("skipped")
+    return bool(result) and not (result or {}).get("skipped")
 
 
-def _drain(result):
+def _drain(result: Optional[Mapping[str, Any]]) -> Optional[Dict[str, Any]]:
     """What the summary says about a vllm_drain result, or None when the drain did not run."""
-    if not _ran(result) or "drain_s" not in result:
+    if result is None or not _ran(result) or "drain_s" not in result:
         return None
     keys = ("drained", "drain_s", "running", "waiting", "running_at_start", "metrics", "reachable")
     return dict({key: result.get(key) for key in keys}, stop_s=(result.get("stop") or {}).get("stop_s"))
 
 
-def _tail(result, keep):
+def _tail(result: Optional[Mapping[str, Any]], keep: int) -> List[str]:
     """The last `keep` lines of a registered `tail` result ([] when it did not run)."""
     lines = (result or {}).get("stdout_lines") or []
     return lines[-keep:] if keep else []
 
 
-def entry(planned, results):
+def entry(planned: Mapping[str, Any], results: Mapping[str, Any]) -> Entry:
     """The report entry of one instance. `planned`: its plan entry (_vllm_plan). `results`: "reasons", "check_mode",
     and the registered results and notes of the run: "would_end", "hook_failure", "failure", "rollback", "drain",
     "kill", "ready", "acceptance", "log_tail" (what the new server wrote), "rollback_log_tail" (what the previous
@@ -105,16 +108,16 @@ def entry(planned, results):
     )
 
 
-def _json(value):
+def _json(value: object) -> str:
     """A configuration value as the summary shows it: JSON, and "not set" for a key the instance leaves out."""
     return "not set" if value is None else json.dumps(value, sort_keys=True)
 
 
-def _join(values, separator=","):
+def _join(values: Iterable[object], separator: str = ",") -> str:
     return separator.join(str(value) for value in values)
 
 
-def _change_lines(e):
+def _change_lines(e: Entry) -> List[str]:
     if e["action"] == "unchanged":
         return []
     if e["old"] is None:
@@ -130,7 +133,7 @@ def _change_lines(e):
     ]
 
 
-def _drain_lines(drain):
+def _drain_lines(drain: Optional[Mapping[str, Any]]) -> List[str]:
     if not drain:
         return []
     if not drain["reachable"]:
@@ -153,7 +156,7 @@ def _drain_lines(drain):
     ]
 
 
-def _would_end_lines(e):
+def _would_end_lines(e: Entry) -> List[str]:
     would_end = e.get("would_end") or []
     lines = []
     if would_end:
@@ -181,7 +184,7 @@ def _would_end_lines(e):
     return lines
 
 
-def _outcome_lines(e):
+def _outcome_lines(e: Entry) -> List[str]:
     lines = []
     if e.get("leftovers"):
         lines.append(
@@ -216,7 +219,7 @@ def _outcome_lines(e):
     return lines
 
 
-def _logs(e):
+def _logs(e: Entry) -> List[Tuple[str, str, str, List[str]]]:
     """(who, log file, when, lines) of a FAILED entry: the new server's, then the previous configuration's where its
     start in the rollback failed."""
     logs = [("the new server", e["new"]["log_file"], "", e.get("log_tail") or [])]
@@ -226,7 +229,7 @@ def _logs(e):
     return logs
 
 
-def summary_lines(report, names):
+def summary_lines(report: Optional[Sequence[Entry]], names: Optional[Iterable[str]]) -> List[str]:
     """The host's summary: a line per instance, then what changed, the drain, what was ended, health and gates."""
     if not report:
         return ["no instance was deployed: the checks above failed before anything was stopped"]
@@ -242,7 +245,7 @@ def summary_lines(report, names):
     return lines
 
 
-def failures(report, host):
+def failures(report: Optional[Sequence[Entry]], host: str) -> str:
     """Why the host fails: a paragraph per FAILED instance, or "" when none failed."""
     texts = []
     for e in report or []:

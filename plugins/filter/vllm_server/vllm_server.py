@@ -9,13 +9,15 @@ collection's other filters does not import these (docs/architecture.md, "Filters
 
 from __future__ import annotations
 
+from typing import Any, Callable, Dict
+
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils import _vllm_checks, _vllm_plan, _vllm_report
 
 
 class FilterModule:
     """The vllm_server role's filters."""
 
-    def filters(self):
+    def filters(self) -> Dict[str, Callable[..., Any]]:
         return {
             "check": _vllm_checks.vllm_server_check,
             "host_request": _vllm_plan.host_request,
