@@ -6,135 +6,222 @@
 
 The module gives its parameters and a few callables of AnsibleModule (run_command, get_bin_path); `run`
 returns an Outcome: the result dict, whether the run failed, and the warnings. Nothing here calls
-exit_json or fail_json. The parts are the other module_utils: _select chooses the targets, _terminate
-ends them, _wait and _release wait for the release, _report and _owners word the result.
+exit_json or fail_json. Each step returns what it found (take_lock a Lock, first_look a Look, _stop_owners a
+StopPlan and a Stopped, end an _terminate.Ended, wait a Waited); `assemble` builds the result from them once.
+The parts are the other module_utils: _select chooses the targets, _stop_owners stops their owners, _terminate
+ends them, _wait and _release wait for the release, _report words the result.
 """
 
 from __future__ import annotations
 
+import signal
 import time
+from typing import Any, Dict, Iterable, List, Mapping, NamedTuple, Optional
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils import _options
 from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import (
     _gpus,
-    _owners,
     _release,
     _report,
     _select,
+    _shapes,
     _stop_owners,
     _terminate,
     _wait,
 )
 
+# The module's result and the processes in it: JSON-ish dicts whose keys RETURN in plugins/modules/gpu_kill.py
+# documents (a process is a snapshot holder plus what a step adds: owner words, signals, exit times, reasons).
+Result = Dict[str, Any]
+Entry = _terminate.Entry
+
 
 class Outcome:
     """What gpu_kill returns: `result` (the module's result dict, with "msg"), `failed` and `warnings`."""
 
-    def __init__(self, result, failed=False, warnings=()):
+    def __init__(self, result: Result, failed: bool = False, warnings: Iterable[str] = ()) -> None:
         self.result = result
         self.failed = failed
         self.warnings = list(warnings)
 
 
-def refused(msg, **result):
+class Lock(NamedTuple):
+    """What taking the host's lock came to: the seconds waited for another run (0.0: none), and its warnings."""
+
+    waited_s: float
+    warnings: List[str]
+
+
+class Look(NamedTuple):
+    """The first look: the snapshot, the selection made from it, and how the selection splits its holders."""
+
+    snapshot: _shapes.Snapshot
+    selection: _select.Selection
+    targets: List[Entry]  # the selected holders, with their owners' words (_report.annotate)
+    left_alone: List[Entry]
+    protected: List[Entry]
+    not_holding: List[int]
+    foreign: List[Entry]
+
+
+class Waited(NamedTuple):
+    """wait=true after a real run: the last snapshot, whether the GPUs were released, and the wait's report
+    ({"elapsed_s", "polls", "msg", "gpus" with next steps, "memory_checked", "driver"})."""
+
+    after: _shapes.Snapshot
+    released: bool
+    report: Dict[str, Any]
+
+
+class Steps(NamedTuple):
+    """What each step of a run found; None for a step that did not run."""
+
+    driver: _shapes.Driver
+    look: Optional[Look]  # None: the selection was refused (`refusal` says why)
+    refusal: Optional[str]  # why nothing was signalled: the selection or stop_owners refused
+    warnings: List[str]  # about the driver
+    plan: Optional[_stop_owners.StopPlan]  # stop_owners=true
+    stopped: Optional[_stop_owners.Stopped]  # stop_owners=true, in a real run
+    ended: Optional[_terminate.Ended]  # a real run whose units were stopped
+    elapsed_s: Optional[float]  # seconds from the start to the end of the targets
+    waited: Optional[Waited]
+    would_fail: Optional[str]  # check mode, wait=true: why a real run's wait would fail whatever it ended
+
+
+def refused(msg: str, **result: Any) -> Outcome:
     """The Outcome of input refused before anything was signalled."""
     return Outcome(dict(result, changed=False, msg="nothing was signalled: %s" % msg), failed=True)
 
 
-def run(params, given=None, check_mode=False, run_command=None, which=None):
+def run(
+    params: Mapping[str, Any],
+    given: Optional[Mapping[str, Any]] = None,
+    check_mode: bool = False,
+    run_command: Optional[_stop_owners.RunCommand] = None,
+    which: Optional[_stop_owners.Which] = None,
+) -> Outcome:
     """gpu_kill with `params` (the module's validated options) and `given` (its arguments as passed, for
     null selection options). `run_command(argv)` -> (rc, out, err) and `which(name)` -> path run systemctl
     for stop_owners. A real run holds the host's lock (_terminate.HostLock) from its first look to its last."""
     started = time.monotonic()
     try:
-        _options.check_numbers(
-            positive=("driver_timeout",),
-            at_most=_options.MAX_SECONDS,
-            grace_period=params["grace_period"],
-            kill_wait=params["kill_wait"],
-            driver_timeout=params["driver_timeout"],
-            wait_timeout=params["wait_timeout"],
-            max_used_mib=params["max_used_mib"],
-            poll_interval=params["poll_interval"],
-            lock_timeout=params["lock_timeout"],
-        )
-        sig = _terminate.parse_signal(params["signal"])
-        checked = _select.check_options(params, given)
+        sig, checked = check(params, given)
     except ValueError as exc:  # OptionError, SelectionError and unknown signals
         return refused(str(exc))
-    lock = _terminate.HostLock()
+    host_lock = _terminate.HostLock()
     try:
-        waited, lock_warnings = take_lock(lock, params["lock_timeout"], check_mode)
-        outcome = look_and_end(params, checked, sig, check_mode, run_command, which, started)
+        lock = take_lock(host_lock, params["lock_timeout"], check_mode)
+        steps = look_and_end(params, checked, sig, check_mode, run_command, which, started)
     except _terminate.LockTimeout as exc:
         return refused(str(exc))
     finally:
-        lock.release()
-    outcome.result["lock_waited_s"] = waited
-    outcome.warnings[:0] = lock_warnings
-    if waited:
-        outcome.result["msg"] = "%s; %s" % (lock_warnings[0], outcome.result["msg"])
-    return outcome
+        host_lock.release()
+    return assemble(steps, lock, check_mode, params["wait"])
 
 
-def take_lock(lock, timeout, check_mode):
-    """(seconds waited for another gpu_kill run on this host, warnings). Check mode signals nothing and takes no
-    lock: it says when another run is ending processes now. Raises LockTimeout after `timeout` seconds."""
+def check(params: Mapping[str, Any], given: Optional[Mapping[str, Any]]) -> tuple[signal.Signals, _select.Checked]:
+    """(the signal, the checked selection options); ValueError (OptionError, SelectionError) for input refused."""
+    _options.check_numbers(
+        positive=("driver_timeout",),
+        at_most=_options.MAX_SECONDS,
+        grace_period=params["grace_period"],
+        kill_wait=params["kill_wait"],
+        driver_timeout=params["driver_timeout"],
+        wait_timeout=params["wait_timeout"],
+        max_used_mib=params["max_used_mib"],
+        poll_interval=params["poll_interval"],
+        lock_timeout=params["lock_timeout"],
+    )
+    return _terminate.parse_signal(params["signal"]), _select.check_options(params, given)
+
+
+def take_lock(lock: _terminate.HostLock, timeout: float, check_mode: bool) -> Lock:
+    """The seconds waited for another gpu_kill run on this host, and the warnings. Check mode signals nothing and
+    takes no lock: it says when another run is ending processes now. Raises LockTimeout after `timeout` seconds."""
     if check_mode:
         busy = lock.holders()
-        return 0.0, [
-            "another gpu_kill run on this host (%s) is ending processes now: what this check reports may change"
-            % ", ".join("PID %s" % h["pid"] for h in busy)
-        ] if busy else []
+        return Lock(
+            0.0,
+            [
+                "another gpu_kill run on this host (%s) is ending processes now: what this check reports may change"
+                % ", ".join("PID %s" % h["pid"] for h in busy)
+            ]
+            if busy
+            else [],
+        )
     try:
         waited = lock.acquire(timeout)
     except OSError as exc:
-        return 0.0, [
-            "the host's lock for gpu_kill could not be taken (%s): a gpu_kill run at the same time would signal the "
-            "same processes" % exc
-        ]
-    return waited, [_terminate.waited_words(waited, lock.waited_for)] if waited else []
+        return Lock(
+            0.0,
+            [
+                "the host's lock for gpu_kill could not be taken (%s): a gpu_kill run at the same time would signal "
+                "the same processes" % exc
+            ],
+        )
+    return Lock(waited, [_terminate.waited_words(waited, lock.waited_for)] if waited else [])
 
 
-def look_and_end(params, checked, sig, check_mode, run_command, which, started):
-    """Look, select, plan stop_owners, stop units and end the targets, wait; the Outcome."""
+def look_and_end(
+    params: Mapping[str, Any],
+    checked: _select.Checked,
+    sig: signal.Signals,
+    check_mode: bool,
+    run_command: Optional[_stop_owners.RunCommand],
+    which: Optional[_stop_owners.Which],
+    started: float,
+) -> Steps:
+    """Look, select, plan stop_owners, stop units and end the targets, wait: what each step found."""
     inspector = _gpus.Inspector(driver_timeout=params["driver_timeout"])
     try:
         snapshot = inspector.snapshot(scope="listed", owners=True, tolerance_mib=params["max_used_mib"])
+        steps = Steps(snapshot["driver"], None, None, [], None, None, None, None, None, None)
         try:
-            selection = _select.Selection.from_params(params, snapshot, checked)
+            look = first_look(params, snapshot, checked)
         except _select.SelectionError as exc:
-            return refused(str(exc), driver=snapshot["driver"])
-        warnings = driver_warnings(snapshot["driver"], params["driver_timeout"])
-        result, targets = start_result(selection, snapshot)
-        stop = _stop_owners.plan(targets, snapshot, selection) if params["stop_owners"] else None
-        result["owners_beyond_selection"] = stop["beyond"] if stop else []
-        result["unit_processes"] = stop["unit_processes"] if stop else {}
-        why = _stop_owners.refusal(stop["beyond"], params["stop_spanning_owners"]) if stop else None
+            return steps._replace(refusal=str(exc))
+        steps = steps._replace(look=look, warnings=driver_warnings(snapshot["driver"], params["driver_timeout"]))
+        plan = _stop_owners.plan(look.targets, snapshot, look.selection) if params["stop_owners"] else None
+        why = _stop_owners.refusal(plan["beyond"], params["stop_spanning_owners"]) if plan else None
+        steps = steps._replace(plan=plan, refusal=why)
         if why:
-            return refused(why, **result)
-        if check_mode:
-            result["would_signal"] = targets
-            result["would_stop_units"] = stop["units"] if stop else []
-            result["changed"] = bool(targets)
-        else:
-            if stop:
-                result["owner_commands"] = _stop_owners.owner_commands(targets)
-                failure = _stop_owners.stop_units(stop["units"], result, run_command, which)
-                if failure:
-                    return Outcome(dict(result, msg=failure), failed=True, warnings=warnings)
-            end(inspector, selection, targets, sig, params, result)
-        result["elapsed_s"] = round(time.monotonic() - started, 3)
-        if params["wait"] and not check_mode and not result["survived"]:
-            ended = result["signalled"] or result["stopped_units"]
-            wait(inspector, selection, None if ended else snapshot, params, result)
-        failure = would_fail(selection, snapshot, params) if params["wait"] and check_mode else None
+            return steps
+        if not check_mode:
+            if plan:
+                if run_command is None or which is None:
+                    raise TypeError("stop_owners needs run_command and which")
+                stopped = _stop_owners.stop_units(plan["units"], plan["unit_processes"], run_command, which)
+                steps = steps._replace(stopped=stopped)
+                if stopped.failure:
+                    return steps
+            steps = steps._replace(ended=end(inspector, look, sig, params))
+        steps = steps._replace(elapsed_s=round(time.monotonic() - started, 3))
+        if params["wait"] and not check_mode and steps.ended is not None and not steps.ended["survived"]:
+            ended = steps.ended["signalled"] or (steps.stopped is not None and steps.stopped.units)
+            steps = steps._replace(waited=wait(inspector, look.selection, None if ended else snapshot, params))
+        if params["wait"] and check_mode:
+            steps = steps._replace(would_fail=would_fail(look.selection, snapshot, params))
     finally:
         inspector.close()
-    return finish(result, failure, check_mode, params["wait"], warnings)
+    return steps
 
 
-def driver_warnings(driver, driver_timeout):
+def first_look(params: Mapping[str, Any], snapshot: _shapes.Snapshot, checked: _select.Checked) -> Look:
+    """The selection made from the first snapshot and how it splits the holders; raises SelectionError."""
+    selection = _select.Selection.from_params(params, snapshot, checked)
+    split = selection.split(snapshot)
+    return Look(
+        snapshot,
+        selection,
+        [_report.annotate(dict(target)) for target in split["targets"]],
+        split["left_alone"],
+        split["protected"],
+        split["not_holding"],
+        foreign(snapshot, selection),
+    )
+
+
+def driver_warnings(driver: _shapes.Driver, driver_timeout: float) -> List[str]:
     """Warnings for a driver that did not answer or a library that is not usable."""
     if driver["timed_out"]:
         return [
@@ -150,37 +237,11 @@ def driver_warnings(driver, driver_timeout):
     return []
 
 
-def start_result(selection, snapshot):
-    """(the result before anything is done, the targets annotated with their owners' words)."""
-    split = selection.split(snapshot)
-    return dict(
-        changed=False,
-        gpus=None if selection.indices is None else list(selection.indices),
-        mig_instances={str(i): sorted(uuids) for i, uuids in sorted(selection.instances.items())},
-        driver=snapshot["driver"],
-        would_signal=[],
-        would_stop_units=[],
-        signalled=[],
-        exited=[],
-        survived=[],
-        not_signalled=[],
-        respawned=[],
-        left_alone=split["left_alone"],
-        protected=split["protected"],
-        not_holding=split["not_holding"],
-        foreign=foreign(snapshot, selection),
-        before=snapshot,
-        stopped_units=[],
-        owner_commands=[],
-        unit_processes={},
-        lock_waited_s=0.0,
-    ), [_report.annotate(dict(target)) for target in split["targets"]]
-
-
-def end(inspector, selection, targets, sig, params, result):
+def end(inspector: _gpus.Inspector, look: Look, sig: signal.Signals, params: Mapping[str, Any]) -> _terminate.Ended:
     """End the targets, three rounds at most (processes may appear while others die)."""
+    selection = look.selection
 
-    def choose(_first):
+    def choose(_first: bool) -> List[Entry]:
         return [
             _report.annotate(t)
             for t in selection.split(
@@ -190,12 +251,10 @@ def end(inspector, selection, targets, sig, params, result):
             )["targets"]
         ]
 
-    outcome = _terminate.end_until_gone(choose, targets, sig, params["grace_period"], params["kill_wait"])
-    result.update(outcome)
-    result["changed"] = result["changed"] or bool(outcome["signalled"])
+    return _terminate.end_until_gone(choose, look.targets, sig, params["grace_period"], params["kill_wait"])
 
 
-def would_fail(selection, snapshot, params):
+def would_fail(selection: _select.Selection, snapshot: _shapes.Snapshot, params: Mapping[str, Any]) -> Optional[str]:
     """Check mode with wait=true: why the wait would fail whatever the run ended, in the words of the wait's own failure
     (selected GPUs that the driver answers with an error, such as a GPU that fell off the bus, or a driver that did not
     answer); None where ending the targets may free the GPUs (check mode cannot tell how their memory would go)."""
@@ -210,23 +269,24 @@ def would_fail(selection, snapshot, params):
     )
 
 
-def wait(inspector, selection, first, params, result):
-    """wait=true: wait for the release as gpu_wait does (`first`: the snapshot just taken when nothing was ended),
-    and add "released", "wait_timed_out", "wait" ({"elapsed_s", "polls", "msg", "gpus" with next steps,
-    "memory_checked", "driver"}) and "after"."""
+def wait(
+    inspector: _gpus.Inspector,
+    selection: _select.Selection,
+    first: Optional[_shapes.Snapshot],
+    params: Mapping[str, Any],
+) -> Waited:
+    """wait=true: wait for the release as gpu_wait does (`first`: the snapshot just taken when nothing was ended)."""
     waited = _wait.wait_released(
         inspector, selection, params["wait_timeout"], params["max_used_mib"], params["poll_interval"], first=first
     )
     waited["msg"] = _wait.conclude(waited, params["driver_timeout"])
-    result["after"] = waited.pop("snapshot")
-    result["released"] = waited["released"]
-    result["wait_timed_out"] = not waited["released"]
-    result["wait"] = {key: waited[key] for key in ("elapsed_s", "polls", "msg", "gpus", "memory_checked", "driver")}
+    report = {key: waited[key] for key in ("elapsed_s", "polls", "msg", "gpus", "memory_checked", "driver")}
+    return Waited(waited["snapshot"], waited["released"], report)
 
 
-def foreign(snapshot, selection):
+def foreign(snapshot: _shapes.Snapshot, selection: _select.Selection) -> List[Entry]:
     """Foreign entries of the selected GPUs; where MIG instances are selected, of those instances only."""
-    found = []
+    found: List[Entry] = []
     for gpu in snapshot["gpus"]:
         if selection.indices is not None and gpu["index"] not in selection.indices:
             continue
@@ -240,38 +300,106 @@ def foreign(snapshot, selection):
     return found
 
 
-def finish(result, failure, check_mode, waited, warnings):
+def assemble(steps: Steps, lock: Lock, check_mode: bool, waits: bool) -> Outcome:
+    """The Outcome of a run from what its steps found, with the lock's wait said first."""
+    outcome = _outcome(steps, lock, check_mode, waits)
+    msg = outcome.result["msg"]
+    return Outcome(
+        dict(
+            outcome.result,
+            lock_waited_s=lock.waited_s,
+            msg="%s; %s" % (lock.warnings[0], msg) if lock.waited_s else msg,
+        ),
+        outcome.failed,
+        lock.warnings + outcome.warnings,
+    )
+
+
+def _outcome(steps: Steps, lock: Lock, check_mode: bool, waits: bool) -> Outcome:
+    if steps.look is None:
+        return refused(steps.refusal or "", driver=steps.driver)
+    data = result_data(steps, steps.look, lock, check_mode)
+    if steps.refusal:
+        return refused(steps.refusal, **data)
+    if steps.stopped and steps.stopped.failure:
+        return Outcome(dict(data, msg=steps.stopped.failure), failed=True, warnings=steps.warnings)
+    return finish(data, steps.would_fail, check_mode, waits, steps.warnings)
+
+
+def result_data(steps: Steps, look: Look, lock: Lock, check_mode: bool) -> Result:
+    """The result of a run but for its message and summary."""
+    plan, stopped, ended = steps.plan, steps.stopped, steps.ended
+    done = stopped is None or not stopped.failure
+    data: Result = dict(
+        changed=bool(look.targets)
+        if check_mode
+        else done and bool((stopped and stopped.units) or (ended and ended["signalled"])),
+        gpus=None if look.selection.indices is None else list(look.selection.indices),
+        mig_instances={str(i): sorted(uuids) for i, uuids in sorted(look.selection.instances.items())},
+        driver=look.snapshot["driver"],
+        would_signal=look.targets if check_mode and not steps.refusal else [],
+        would_stop_units=plan["units"] if check_mode and plan and not steps.refusal else [],
+        signalled=ended["signalled"] if ended else [],
+        exited=ended["exited"] if ended else [],
+        survived=ended["survived"] if ended else [],
+        not_signalled=ended["not_signalled"] if ended else [],
+        respawned=ended["respawned"] if ended else [],
+        left_alone=look.left_alone,
+        protected=look.protected,
+        not_holding=look.not_holding,
+        foreign=look.foreign,
+        before=look.snapshot,
+        stopped_units=stopped.units if stopped else [],
+        owner_commands=_stop_owners.owner_commands(look.targets) if stopped else [],
+        unit_processes=(stopped.unit_processes if stopped else plan["unit_processes"]) if plan else {},
+        lock_waited_s=lock.waited_s,
+        owners_beyond_selection=plan["beyond"] if plan else [],
+    )
+    if steps.elapsed_s is not None:
+        data["elapsed_s"] = steps.elapsed_s
+    if steps.waited:
+        data.update(
+            after=steps.waited.after,
+            released=steps.waited.released,
+            wait_timed_out=not steps.waited.released,
+            wait=steps.waited.report,
+        )
+    return data
+
+
+def finish(data: Result, failure: Optional[str], check_mode: bool, waits: bool, warnings: List[str]) -> Outcome:
     """The Outcome: failed when a process survived SIGKILL, (wait=true) the GPUs were not released in time, or
     (check mode, wait=true) `failure` says why the wait would fail whatever was ended; with wait=true the result
     carries the summary lines of the reset_gpus role."""
-    if result["survived"]:
-        result["msg"] = "%d selected process(es) survived SIGKILL: %s" % (
-            len(result["survived"]),
-            "; ".join("PID %s (%s): %s" % (s["pid"], s["comm"], s["reason"]) for s in result["survived"]),
+    if data["survived"]:
+        msg = "%d selected process(es) survived SIGKILL: %s" % (
+            len(data["survived"]),
+            "; ".join("PID %s (%s): %s" % (s["pid"], s["comm"], s["reason"]) for s in data["survived"]),
         )
-        return Outcome(result, failed=True, warnings=warnings)
-    result["msg"] = message(result, check_mode)
+        return Outcome(dict(data, msg=msg), failed=True, warnings=warnings)
+    msg = message(data, check_mode)
     if failure:
-        result["msg"] += "; a real run would fail whatever it ended: %s" % failure
-    warnings = warnings + owner_warnings(result, check_mode)
+        msg += "; a real run would fail whatever it ended: %s" % failure
+    warnings = warnings + owner_warnings(data, check_mode)
     failed = bool(failure)
-    if waited:
-        wait_report = dict(result.get("wait", {"elapsed_s": 0.0}), released=result.get("released"))
-        outcome = _report.outcome(dict(result, failed=failed), wait_report, check_mode, wait_report["elapsed_s"])
-        result["summary"] = _report.summary_lines(
-            result, result["before"], result.get("after", result["before"]), check_mode, outcome
-        )
-        if result.get("wait_timed_out"):
-            result["msg"] = "%s; %s" % (result["msg"], wait_report["msg"])
-            failed = True
-    return Outcome(result, failed=failed, warnings=warnings)
+    if not waits:
+        return Outcome(dict(data, msg=msg), failed=failed, warnings=warnings)
+    result = dict(data, msg=msg)
+    wait_report = dict(data.get("wait", {"elapsed_s": 0.0}), released=data.get("released"))
+    said = _report.outcome(dict(result, failed=failed), wait_report, check_mode, wait_report["elapsed_s"])
+    after = data["after"] if "after" in data else data["before"]
+    summary = _report.summary_lines(result, data["before"], after, check_mode, said)
+    if data.get("wait_timed_out"):
+        msg = "%s; %s" % (msg, wait_report["msg"])
+        failed = True
+    return Outcome(dict(result, msg=msg, summary=summary), failed=failed, warnings=warnings)
 
 
-def _names(processes):
+def _names(processes: Iterable[Entry]) -> str:
     return ", ".join("%s (%s)" % (p["pid"], p["comm"]) for p in processes)
 
 
-def message(result, check_mode):
+def message(result: Result, check_mode: bool) -> str:
     """What was done (or would be) and what was left, in one line."""
     if check_mode:
         msg = "would signal %d process(es)%s" % (
@@ -305,19 +433,19 @@ def message(result, check_mode):
     return msg
 
 
-def owner_warnings(result, check_mode):
+def owner_warnings(result: Result, check_mode: bool) -> List[str]:
     """A warning for each holder whose owner will start it again, and for each respawn seen."""
     warnings = []
-    stopped = {"systemctl stop %s" % unit for unit in result["stopped_units"]}
     for process in result["would_signal"] if check_mode else result["signalled"]:
-        command = _owners.stop_command(process.get("owner"))
-        if process.get("owner_note") and command not in stopped:
+        lasting = _stop_owners.owner_left_running(process, result["stopped_units"])
+        if lasting:
+            note, command = lasting
             warnings.append(
                 "PID %s (%s): %s; ending the PID alone will not last%s"
                 % (
                     process["pid"],
                     process["comm"],
-                    process["owner_note"],
+                    note,
                     ": stop the owner (%s), or run with stop_owners=true" % command if command else "",
                 )
             )

@@ -33,6 +33,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+from typing import Callable, Dict, Iterable, List, Literal, Optional, Tuple, TypedDict
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _proc
 
@@ -48,6 +49,50 @@ OWNER_KEYS = (
     "agent",
 )
 CGROUP_KEYS = ("systemd_unit", "container_id", "runtime", "pod_uid", "slurm_job")
+
+# The container runtimes a cgroup path names (None where the path does not say), and the agents agent_kind knows.
+Runtime = Literal["docker", "containerd", "cri-o", "podman"]
+AgentKind = Literal["torchrun", "ray", "mpi", "supervisord", "vllm"]
+
+
+class Agent(TypedDict):
+    """The nearest live respawning supervisor above a process (find_agent)."""
+
+    pid: int
+    comm: str
+    cmdline: str  # space-joined
+    kind: AgentKind
+
+
+class Cgroup(TypedDict):
+    """The owners named by /proc/PID/cgroup (parse_cgroup); None where no line says."""
+
+    systemd_unit: Optional[str]
+    container_id: Optional[str]  # 64 hex
+    runtime: Optional[Runtime]
+    pod_uid: Optional[str]  # with dashes
+    slurm_job: Optional[str]
+
+
+class Owner(TypedDict, total=False):
+    """The `owner` block of a process (owner_of, OWNER_KEYS; docs/owners.md). owner_of fills every key (None where
+    the host does not show it); the functions here also take blocks with some keys only (a holder read elsewhere)."""
+
+    systemd_unit: Optional[str]
+    unit_restart: Optional[str]  # the unit's Restart= setting ("no", "always", "on-failure", ...)
+    container_id: Optional[str]
+    runtime: Optional[Runtime]
+    pod_uid: Optional[str]
+    pod_namespace: Optional[str]
+    pod_name: Optional[str]
+    slurm_job: Optional[str]
+    agent: Optional[Agent]
+
+
+# owner_of's answers for one scan: ("restart", unit) -> Restart= or None, ("pod", uid) -> (namespace, name).
+OwnerCache = Dict[Tuple[str, str], object]
+# systemctl's answer: (rc, stdout), or None when it could not run (_run_systemctl).
+SystemctlRun = Callable[[List[str]], Optional[Tuple[int, str]]]
 SYSTEMCTL_TIMEOUT_S = 5
 CONTAINER_PREFIX_MIN = 12
 _MAX_ANCESTORS = 256
@@ -64,6 +109,7 @@ _CONTAINER_RES = (
     (re.compile(r"^libpod-([0-9a-f]{64})\.scope$"), "podman"),
     (re.compile(r"^([0-9a-f]{64})$"), ""),  # cgroupfs: bare id; the runtime is its parent's name, if any
 )
+_RUNTIMES: Dict[str, Runtime] = {"docker": "docker", "containerd": "containerd", "cri-o": "cri-o", "podman": "podman"}
 # Pod UIDs: RFC 4122 UUIDs (36 chars); static pods use a 32-hex config hash.
 _POD_SYSTEMD_RE = re.compile(r"^kubepods(?:-(?:burstable|besteffort))?-pod([0-9a-f][0-9a-f_]{31,35})\.slice$")
 _POD_CGROUPFS_RE = re.compile(r"^pod([0-9a-f][0-9a-f-]{31,35})$")
@@ -76,16 +122,26 @@ _UNIT_SUFFIX_RE = re.compile(r"\.(?:service|socket|target|device|mount|automount
 _HEX_RE = re.compile(r"^[0-9a-f]+$")
 
 
-def _empty_cgroup():
-    return dict.fromkeys(CGROUP_KEYS)
+def _empty_cgroup() -> Cgroup:
+    return Cgroup(systemd_unit=None, container_id=None, runtime=None, pod_uid=None, slurm_job=None)
 
 
-def empty_owner():
+def empty_owner() -> Owner:
     """The owner block with every piece unknown (None)."""
-    return dict.fromkeys(OWNER_KEYS)
+    return Owner(
+        systemd_unit=None,
+        unit_restart=None,
+        container_id=None,
+        runtime=None,
+        pod_uid=None,
+        pod_namespace=None,
+        pod_name=None,
+        slurm_job=None,
+        agent=None,
+    )
 
 
-def _cgroup_lines(text):
+def _cgroup_lines(text: str) -> List[Tuple[str, str, str]]:
     """[(hierarchy id, controllers, path)] of a /proc/PID/cgroup text, v2 `0::` line first, then
     the `name=systemd` line, then the others in file order."""
     lines = []
@@ -95,7 +151,7 @@ def _cgroup_lines(text):
             continue
         lines.append((parts[0], parts[1], parts[2]))
 
-    def rank(entry):
+    def rank(entry: Tuple[str, str, str]) -> int:
         if entry[0] == "0" and entry[1] == "":
             return 0
         if "name=systemd" in entry[1].split(","):
@@ -105,14 +161,14 @@ def _cgroup_lines(text):
     return sorted(lines, key=rank)
 
 
-def _unit_of(components):
+def _unit_of(components: List[str]) -> Optional[str]:
     for component in reversed(components):
         if _UNIT_RE.match(component):
             return component
     return None
 
 
-def _container_of(components):
+def _container_of(components: List[str]) -> Tuple[Optional[str], Optional[Runtime]]:
     for position in range(len(components) - 1, -1, -1):
         component = components[position]
         for pattern, runtime in _CONTAINER_RES:
@@ -124,11 +180,11 @@ def _container_of(components):
             if runtime == "":
                 parent = components[position - 1] if position else ""
                 runtime = "docker" if parent == "docker" else None
-            return found.group(1), runtime
+            return found.group(1), _RUNTIMES.get(runtime or "")
     return None, None
 
 
-def _pod_of(components):
+def _pod_of(components: List[str]) -> Optional[str]:
     for position in range(len(components) - 1, -1, -1):
         component = components[position]
         found = _POD_SYSTEMD_RE.match(component)
@@ -140,7 +196,7 @@ def _pod_of(components):
     return None
 
 
-def _slurm_job_of(components):
+def _slurm_job_of(components: List[str]) -> Optional[str]:
     for position in range(len(components) - 1, 0, -1):
         found = _SLURM_JOB_RE.match(components[position])
         parent = components[position - 1]
@@ -149,7 +205,7 @@ def _slurm_job_of(components):
     return None
 
 
-def parse_cgroup(text):
+def parse_cgroup(text: Optional[str]) -> Cgroup:
     """Owners named by the text of /proc/PID/cgroup (cgroup v2, v1 or hybrid).
 
     Lines are `ID:CONTROLLERS:PATH`: v2 has the single line `0::PATH`, v1 one line per
@@ -178,7 +234,7 @@ def parse_cgroup(text):
     return result
 
 
-def read_cgroup(pid, proc="/proc"):
+def read_cgroup(pid: int, proc: str = "/proc") -> Optional[str]:
     """Text of PROC/PID/cgroup, or None when the process is gone or unreadable."""
     try:
         with open("%s/%d/cgroup" % (proc, pid), "r") as handle:
@@ -187,7 +243,7 @@ def read_cgroup(pid, proc="/proc"):
         return None
 
 
-def unit_cgroup(text, unit):
+def unit_cgroup(text: Optional[str], unit: str) -> Optional[str]:
     """The cgroup of systemd unit `unit` as a /proc/PID/cgroup text shows it: the path up to the innermost
     component named `unit`, from the first line (in parse_cgroup's order) that has one; None when none has.
     "0::/system.slice/cron.service/job" -> "/system.slice/cron.service"."""
@@ -199,7 +255,7 @@ def unit_cgroup(text, unit):
     return None
 
 
-def cgroup_members(path, proc="/proc"):
+def cgroup_members(path: str, proc: str = "/proc") -> List[int]:
     """PIDs of the processes in cgroup `path` (as unit_cgroup gives it) or a cgroup below it, read from every
     /proc/PID/cgroup (any of its lines: v2, or a v1 hierarchy). What `systemctl stop` ends with the unit
     (systemd.kill(5): KillMode=control-group, the default)."""
@@ -212,7 +268,7 @@ def cgroup_members(path, proc="/proc"):
     return sorted(found)
 
 
-def pod_names(pod_uid, pods_log_dir="/var/log/pods"):
+def pod_names(pod_uid: Optional[str], pods_log_dir: str = "/var/log/pods") -> Tuple[Optional[str], Optional[str]]:
     """(namespace, name) of the pod with UID `pod_uid`, from the kubelet's log directory.
 
     The kubelet writes one directory per pod, `<pods_log_dir>/<namespace>_<name>_<uid>`
@@ -235,7 +291,7 @@ def pod_names(pod_uid, pods_log_dir="/var/log/pods"):
     return None, None
 
 
-def _run_systemctl(argv):
+def _run_systemctl(argv: List[str]) -> Optional[Tuple[int, str]]:
     """(rc, stdout) of argv, or None when it cannot run or takes longer than SYSTEMCTL_TIMEOUT_S."""
     # Not AnsibleModule.run_command: it has no timeout, and a systemctl stuck on D-Bus must not hang a reset; and
     # module_utils here run without the module object (the snapshot also runs in benchmarks and tests).
@@ -253,7 +309,9 @@ def _run_systemctl(argv):
     return result.returncode, result.stdout.decode("utf-8", "replace")
 
 
-def unit_restart(unit, systemctl="systemctl", run=None):
+def unit_restart(
+    unit: Optional[str], systemctl: str = "systemctl", run: Optional[SystemctlRun] = None
+) -> Optional[str]:
     """The unit's Restart= setting (`no`, `always`, `on-failure`, ...) or None.
 
     Runs `systemctl show -p Restart --value -- UNIT` (`run(argv)` -> (rc, stdout) or None replaces
@@ -270,7 +328,7 @@ def unit_restart(unit, systemctl="systemctl", run=None):
     return value if value and "\n" not in value else None
 
 
-def agent_kind(comm, cmdline):
+def agent_kind(comm: Optional[str], cmdline: Optional[Iterable[str]]) -> Optional[AgentKind]:
     """Kind of respawning supervisor a process is, from its comm and cmdline, or None.
 
     torchrun (torch.distributed.elastic: `torchrun`, `python -m torch.distributed.run|launch`),
@@ -300,7 +358,11 @@ def agent_kind(comm, cmdline):
     return None
 
 
-def find_agent(pid, read_stat=_proc.read_stat, read_cmdline=_proc.read_argv):
+def find_agent(
+    pid: int,
+    read_stat: Callable[[int], Optional[_proc.Stat]] = _proc.read_stat,
+    read_cmdline: Callable[[int], Optional[List[str]]] = _proc.read_argv,
+) -> Optional[Agent]:
     """The nearest live ancestor of `pid` that is a known respawning supervisor (agent_kind).
 
     Walks the parent chain from PID's parent up (PID 1 included: supervisord is often a
@@ -327,7 +389,14 @@ def find_agent(pid, read_stat=_proc.read_stat, read_cmdline=_proc.read_argv):
     return None
 
 
-def owner_of(pid, proc="/proc", systemctl="systemctl", pods_log_dir="/var/log/pods", run=None, cache=None):
+def owner_of(
+    pid: int,
+    proc: str = "/proc",
+    systemctl: str = "systemctl",
+    pods_log_dir: str = "/var/log/pods",
+    run: Optional[SystemctlRun] = None,
+    cache: Optional[OwnerCache] = None,
+) -> Owner:
     """The `owner` block of process `pid` (docs/owners.md).
 
     {"systemd_unit", "unit_restart", "container_id", "runtime", "pod_uid", "pod_namespace",
@@ -335,32 +404,40 @@ def owner_of(pid, proc="/proc", systemctl="systemctl", pods_log_dir="/var/log/po
     asked of systemctl for .service units only. `cache` (a dict shared across calls) keeps
     systemctl and pod-directory answers for one scan.
     """
+    cgroup = parse_cgroup(read_cgroup(pid, proc) or "")
     owner = empty_owner()
-    owner.update(parse_cgroup(read_cgroup(pid, proc) or ""))
+    owner["systemd_unit"] = cgroup["systemd_unit"]
+    owner["container_id"], owner["runtime"] = cgroup["container_id"], cgroup["runtime"]
+    owner["pod_uid"] = cgroup["pod_uid"]
+    owner["slurm_job"] = cgroup["slurm_job"]
     cache = {} if cache is None else cache
     unit = owner["systemd_unit"]
     if unit and unit.endswith(".service"):
         key = ("restart", unit)
         if key not in cache:
             cache[key] = unit_restart(unit, systemctl, run)
-        owner["unit_restart"] = cache[key]
-    if owner["pod_uid"]:
-        key = ("pod", owner["pod_uid"])
+        restart = cache[key]
+        owner["unit_restart"] = restart if isinstance(restart, str) else None
+    pod_uid = owner["pod_uid"]
+    if pod_uid:
+        key = ("pod", pod_uid)
         if key not in cache:
-            cache[key] = pod_names(owner["pod_uid"], pods_log_dir)
-        owner["pod_namespace"], owner["pod_name"] = cache[key]
+            cache[key] = pod_names(pod_uid, pods_log_dir)
+        names = cache[key]
+        owner["pod_namespace"], owner["pod_name"] = names if isinstance(names, tuple) else (None, None)
     owner["agent"] = find_agent(pid, lambda p: _proc.read_stat(p, proc), lambda p: _proc.read_argv(p, proc))
     return owner
 
 
-def owner_label(owner):
+def owner_label(owner: Optional[Owner]) -> str:
     """One bounded-cardinality label value naming the owner, for Prometheus: `pod:<uid>`,
     `container:<first 12 hex>`, `slurm_job:<id>`, `unit:<name>` (first that is known), else ""."""
-    owner = owner or {}
+    owner = owner or Owner()
     if owner.get("pod_uid"):
         return "pod:%s" % owner["pod_uid"]
-    if owner.get("container_id"):
-        return "container:%s" % owner["container_id"][:CONTAINER_PREFIX_MIN]
+    container_id = owner.get("container_id")
+    if container_id:
+        return "container:%s" % container_id[:CONTAINER_PREFIX_MIN]
     if owner.get("slurm_job"):
         return "slurm_job:%s" % owner["slurm_job"]
     if owner.get("systemd_unit"):
@@ -368,18 +445,19 @@ def owner_label(owner):
     return ""
 
 
-def owner_words(owner):
+def owner_words(owner: Optional[Owner]) -> str:
     """The owner of a holder in a few words, in the order of owner_label: "pod NAMESPACE/NAME" (or the pod UID),
     "docker container 4f1c3a9e0b7d" (the runtime where the path says it), "Slurm job 42", "unit vllm@a.service";
     "" when none is known (no owner block, or a block of nulls)."""
-    owner = owner or {}
+    owner = owner or Owner()
     if owner.get("pod_uid"):
         return "pod %s" % (
             "%s/%s" % (owner["pod_namespace"], owner["pod_name"]) if owner.get("pod_name") else owner["pod_uid"]
         )
-    if owner.get("container_id"):
+    container_id = owner.get("container_id")
+    if container_id:
         return " ".join(
-            word for word in (owner.get("runtime"), "container", owner["container_id"][:CONTAINER_PREFIX_MIN]) if word
+            word for word in (owner.get("runtime"), "container", container_id[:CONTAINER_PREFIX_MIN]) if word
         )
     if owner.get("slurm_job"):
         return "Slurm job %s" % owner["slurm_job"]
@@ -388,13 +466,13 @@ def owner_words(owner):
     return ""
 
 
-def normalize_unit(name):
+def normalize_unit(name: object) -> str:
     """A unit as systemctl takes it: a name without a type suffix means NAME.service."""
     name = str(name).strip()
     return name if _UNIT_SUFFIX_RE.search(name) else name + ".service"
 
 
-def container_ref_errors(refs, known_ids=()):
+def container_ref_errors(refs: Iterable[object], known_ids: Iterable[Optional[str]] = ()) -> List[str]:
     """Problems with container references: each must be hex, >= 12 chars (CONTAINER_PREFIX_MIN) and
     at most 64, and a prefix shorter than 64 must not match two of `known_ids`. Returns [str]."""
     errors = []
@@ -413,7 +491,7 @@ def container_ref_errors(refs, known_ids=()):
     return errors
 
 
-def pod_ref_matches(ref, owner):
+def pod_ref_matches(ref: object, owner: Owner) -> bool:
     """True when `ref` (a pod UID, with dashes or the systemd driver's `_`, or NAMESPACE/NAME) names
     the owner's pod."""
     text = str(ref).strip()
@@ -423,7 +501,13 @@ def pod_ref_matches(ref, owner):
     return bool(owner.get("pod_uid")) and text.replace("_", "-").lower() == owner["pod_uid"]
 
 
-def mismatch(owner, units=None, containers=None, pods=None, slurm_jobs=None):
+def mismatch(
+    owner: Optional[Owner],
+    units: Optional[Iterable[object]] = None,
+    containers: Optional[Iterable[object]] = None,
+    pods: Optional[Iterable[object]] = None,
+    slurm_jobs: Optional[Iterable[object]] = None,
+) -> Optional[str]:
     """Why `owner` is not selected by these owner filters, or None when it is.
 
     Each filter left None means "any"; a given list selects owners matching one of its items, and
@@ -432,7 +516,7 @@ def mismatch(owner, units=None, containers=None, pods=None, slurm_jobs=None):
     NAMESPACE/NAME; slurm_jobs: job ids. Reasons: "unit not in units", "container not in
     containers", "pod not in pods", "Slurm job not in slurm_jobs".
     """
-    owner = owner or {}
+    owner = owner or Owner()
     if units is not None:
         wanted = set(normalize_unit(unit) for unit in units)
         if owner.get("systemd_unit") not in wanted:
@@ -450,15 +534,28 @@ def mismatch(owner, units=None, containers=None, pods=None, slurm_jobs=None):
     return None
 
 
-def matches(owner, units=None, containers=None, pods=None, slurm_jobs=None):
+def matches(
+    owner: Optional[Owner],
+    units: Optional[Iterable[object]] = None,
+    containers: Optional[Iterable[object]] = None,
+    pods: Optional[Iterable[object]] = None,
+    slurm_jobs: Optional[Iterable[object]] = None,
+) -> bool:
     """True when every given owner filter selects `owner` (see mismatch)."""
     return mismatch(owner, units=units, containers=containers, pods=pods, slurm_jobs=slurm_jobs) is None
 
 
-def restart_note(owner):
+def restarting_unit(owner: Optional[Owner]) -> Optional[str]:
+    """The systemd unit that starts this process again (a Restart= policy other than `no`), or None."""
+    owner = owner or Owner()
+    unit = owner.get("systemd_unit")
+    return unit if unit and owner.get("unit_restart") not in (None, "no") else None
+
+
+def restart_note(owner: Optional[Owner]) -> Optional[str]:
     """Why ending a process with this owner will not last, in words, or None: a unit that restarts it, a container
     or pod (whose runtime restarts it), or a live respawning agent."""
-    owner = owner or {}
+    owner = owner or Owner()
     notes = []
     if owner.get("pod_uid"):
         name = "%s/%s" % (owner["pod_namespace"], owner["pod_name"]) if owner.get("pod_name") else owner["pod_uid"]
@@ -466,10 +563,11 @@ def restart_note(owner):
     elif owner.get("container_id"):
         notes.append(
             "it belongs to %s container %s, whose runtime may restart it"
-            % (owner.get("runtime") or "a", owner["container_id"][:12])
+            % (owner.get("runtime") or "a", (owner.get("container_id") or "")[:12])
         )
-    if owner.get("systemd_unit") and owner.get("unit_restart") not in (None, "no"):
-        notes.append("systemd unit %s restarts it (Restart=%s)" % (owner["systemd_unit"], owner["unit_restart"]))
+    unit = restarting_unit(owner)
+    if unit:
+        notes.append("systemd unit %s restarts it (Restart=%s)" % (unit, owner.get("unit_restart")))
     agent = owner.get("agent")
     # A live vLLM API server owns its engine and workers but never starts a dead worker again (vLLM shuts the engine
     # down instead): it is named in the owner block, not as a reason why ending the PID will not last.
@@ -488,20 +586,23 @@ def restart_note(owner):
     return "; ".join(notes) or None
 
 
-def stop_command(owner):
+def stop_command(owner: Optional[Owner]) -> Optional[str]:
     """The command that stops this owner for good, as an operator would type it, or None."""
-    owner = owner or {}
+    owner = owner or Owner()
     if owner.get("pod_uid"):
         if owner.get("pod_name"):
             return "kubectl delete pod -n %s %s" % (owner["pod_namespace"], owner["pod_name"])
         return "kubectl delete pod (the pod with UID %s)" % owner["pod_uid"]
-    if owner.get("container_id"):
+    container_id = owner.get("container_id")
+    if container_id:
         tool = {"docker": "docker", "podman": "podman", "containerd": "nerdctl", "cri-o": "crictl"}.get(
-            owner.get("runtime")
+            owner.get("runtime") or ""
         )
-        return "%s stop %s" % (tool or "docker", owner["container_id"][:12])
-    if owner.get("systemd_unit") and owner.get("unit_restart") not in (None, "no"):
-        return "systemctl stop %s" % owner["systemd_unit"]
-    if (owner.get("agent") or {}).get("kind") == "ray":
+        return "%s stop %s" % (tool or "docker", container_id[:12])
+    unit = restarting_unit(owner)
+    if unit:
+        return "systemctl stop %s" % unit
+    agent = owner.get("agent")
+    if agent and agent.get("kind") == "ray":
         return "ray stop"
     return None

@@ -11,20 +11,21 @@ stops it follow on the next line (owner_line)."""
 from __future__ import annotations
 
 import re
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _owners, _stop_owners
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _owners, _shapes, _stop_owners
 
 # Command lines in the summary are cut to this many characters, "..." included.
 _CMDLINE_WIDTH = 80
 _NOT_RELEASED = re.compile(r"^not released after [0-9.]+ s")
 
 
-def cut_cmdline(text):
+def cut_cmdline(text: Optional[str]) -> str:
     text = text or ""
     return text if len(text) <= _CMDLINE_WIDTH else text[: _CMDLINE_WIDTH - 3] + "..."
 
 
-def where(process):
+def where(process: Mapping[str, Any]) -> str:
     """The GPUs a holder holds, in words."""
     if process.get("gpus"):
         return "GPUs " + ",".join(str(i) for i in process["gpus"])
@@ -33,7 +34,7 @@ def where(process):
     return "no single GPU"
 
 
-def annotate(process):
+def annotate(process: Dict[str, Any]) -> Dict[str, Any]:
     """Add to a selected holder, from its `owner` block (_owners.owner_of): "owner_note" (why ending the PID alone will
     not last, or None), "owner_command" (the command that stops the owner, or None) and "owner_label" (the Prometheus
     label value, "" when no owner is known). Returns the process."""
@@ -48,27 +49,27 @@ def annotate(process):
 owner_words = _owners.owner_words
 
 
-def place(process):
+def place(process: Mapping[str, Any]) -> str:
     """Where a holder is and what owns it: "GPUs 0, unit vllm@a.service"."""
     words = owner_words(process.get("owner"))
     return where(process) + (", " + words if words else "")
 
 
-def owner_line(process, stopped_units=()):
+def owner_line(process: Mapping[str, Any], stopped_units: Iterable[str] = ()) -> Optional[str]:
     """The line under a holder saying why ending it alone will not last and what stops its owner, or None: none when
-    nothing restarts it, or when its unit was stopped by this run (stop_owners)."""
-    note = process.get("owner_note")
-    command = process.get("owner_command")
-    if not note or command in set("systemctl stop %s" % unit for unit in stopped_units):
+    nothing restarts it, or when its unit was stopped by this run (_stop_owners.owner_left_running)."""
+    lasting = _stop_owners.owner_left_running(process, stopped_units)
+    if not lasting:
         return None
+    note, command = lasting
     return "    ending it alone will not last: %s%s" % (note, "; stop the owner: %s" % command if command else "")
 
 
-def _mib(value):
+def _mib(value: Optional[int]) -> str:
     return "unknown" if value is None else str(value)
 
 
-def outcome(kill, wait, check_mode, waited_s):
+def outcome(kill: Mapping[str, Any], wait: Mapping[str, Any], check_mode: bool, waited_s: float) -> str:
     """What the run came to, in one sentence (the summary's line and the JSON report's message), with the whole time
     waited `waited_s` (seconds, all slices of the wait: a failed wait's message counts its last slice only)."""
     if check_mode:
@@ -98,13 +99,15 @@ def outcome(kill, wait, check_mode, waited_s):
     )
 
 
-def summary_lines(kill, before, after, check_mode, message):
+def summary_lines(
+    kill: Mapping[str, Any], before: _shapes.Snapshot, after: _shapes.Snapshot, check_mode: bool, message: str
+) -> List[str]:
     """The summary: what was (or would be) signalled and left alone, the outcome `message`, and per selected GPU
     its used memory and holder count before -> after."""
-    lines = []
+    lines: List[str] = []
     stopped = kill.get("stopped_units", [])
 
-    def add_owner_line(process):
+    def add_owner_line(process: Mapping[str, Any]) -> None:
         line = owner_line(process, stopped)
         if line:
             lines.append(line)
@@ -154,14 +157,14 @@ def summary_lines(kill, before, after, check_mode, message):
     return lines
 
 
-def _gpu_lines(selected, before, after):
+def _gpu_lines(selected: Optional[Sequence[int]], before: _shapes.Snapshot, after: _shapes.Snapshot) -> List[str]:
     """Per GPU of `selected` (None: every GPU), its used memory and holder count before -> after."""
-    lines = []
+    lines: List[str] = []
     after_by_index = {gpu["index"]: gpu for gpu in after["gpus"]}
     for gpu in before["gpus"]:
         if selected is not None and gpu["index"] not in selected:
             continue
-        later = after_by_index.get(gpu["index"], {})
+        later: Mapping[str, Any] = after_by_index.get(gpu["index"]) or {}
         problem = later.get("error") or gpu.get("error")
         if "process_lists" in (gpu.get("memory_source"), later.get("memory_source")):
             # A GB10: NVML reports no memory; the figure is what its process lists charge.
@@ -177,7 +180,7 @@ def _gpu_lines(selected, before, after):
             "GPU %s%s: %s%s, holders %d -> %s"
             % (
                 gpu["index"],
-                " " + gpu["name"] if gpu.get("name") else "",
+                " %s" % gpu["name"] if gpu.get("name") else "",
                 memory,
                 " (%s)" % problem if problem else "",
                 len(gpu["holder_pids"]),

@@ -21,43 +21,131 @@ stopped: the command that stops them is reported, with the holders it would end 
 
 from __future__ import annotations
 
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Callable,
+    Dict,
+    Iterable,
+    List,
+    Literal,
+    Mapping,
+    NamedTuple,
+    Optional,
+    Sequence,
+    Tuple,
+    TypedDict,
+)
+
 from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _owners, _proc
+
+if TYPE_CHECKING:
+    from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _select, _shapes
 
 # Agents (_owners.agent_kind) whose processes are one job that ends with its workers. A Ray raylet and supervisord
 # run other work beside the selected processes: what they started is not the selection's.
 JOB_AGENTS = ("vllm", "torchrun", "mpi")
 OWN_CHAIN = "this module or one of its ancestors"
 
+# What stop_owners acts on: a systemd unit it stops, a container or pod whose stop command it reports.
+OwnerKind = Literal["unit", "container", "pod"]
+OwnerKey = Tuple[OwnerKind, str]
+# A holder as gpu_kill selects it: a snapshot holder with its owner block and the words _report.annotate adds.
+Process = Mapping[str, Any]
+# AnsibleModule.run_command(argv) -> (rc, stdout, stderr) and AnsibleModule.get_bin_path(name) -> path or None.
+RunCommand = Callable[[List[str]], Tuple[int, str, str]]
+Which = Callable[[str], Optional[str]]
 
-def stoppable_unit(owner):
-    """The systemd unit that stop_owners stops for a holder with this owner block, or None."""
-    owner = owner or {}
-    if owner.get("unit_restart") in (None, "no") or owner.get("container_id") or owner.get("pod_uid"):
+
+class _UnitProcess(TypedDict):
+    pid: int
+    comm: str
+    cmdline: str
+    start_ticks: Optional[int]
+    gpus: List[int]  # the GPUs it holds, [] for none
+    why: str  # "selected", "part of the selected work", or why it is beyond the selection
+    beyond: bool
+
+
+class UnitProcess(_UnitProcess, total=False):
+    """A process that stopping a unit ends (unit_processes); "ended" once the unit was stopped (stop_units)."""
+
+    ended: bool
+
+
+class BeyondProcess(TypedDict):
+    """A process beyond the selection that an owner's stop would end."""
+
+    pid: int
+    comm: str
+    gpus: List[int]
+    reason: str
+
+
+class BeyondOwner(TypedDict):
+    """An owner whose stop reaches beyond the selection (owners_beyond)."""
+
+    kind: OwnerKind
+    owner: str  # in words
+    unit: Optional[str]  # the unit's name; None for a container or pod
+    command: Optional[str]  # the command that stops it
+    processes: List[BeyondProcess]
+
+
+class StopPlan(TypedDict):
+    """stop_owners' plan (plan)."""
+
+    units: List[str]
+    unit_processes: Dict[str, List[UnitProcess]]
+    beyond: List[BeyondOwner]
+
+
+class Stopped(NamedTuple):
+    """What stop_units did: the units stopped (in order, up to a failure), each unit's processes with "ended", and
+    why it stopped short (None when every unit was stopped)."""
+
+    units: List[str]
+    unit_processes: Dict[str, List[UnitProcess]]
+    failure: Optional[str]
+
+
+def stoppable_unit(owner: Optional[_owners.Owner]) -> Optional[str]:
+    """The systemd unit that stop_owners stops for a holder with this owner block, or None: a unit that starts it
+    again (Restart=), where no container or pod owns it."""
+    owner = owner or _owners.Owner()
+    if owner.get("container_id") or owner.get("pod_uid"):
         return None
-    return owner.get("systemd_unit")
+    return _owners.restarting_unit(owner)
 
 
-def units_to_stop(targets):
+def _owner(process: Mapping[str, Any]) -> Optional[_owners.Owner]:
+    """The owner block of a holder (the snapshot reads it with owners=True), or None."""
+    owner: Optional[_owners.Owner] = process.get("owner")
+    return owner
+
+
+def units_to_stop(targets: Iterable[Process]) -> List[str]:
     """The systemd units with a Restart= policy that own a target (stop_owners stops them first)."""
-    return sorted({unit for unit in (stoppable_unit(t.get("owner")) for t in targets) if unit})
+    return sorted({unit for unit in (stoppable_unit(_owner(t)) for t in targets) if unit})
 
 
-def owner_key(owner):
+def owner_key(owner: Optional[_owners.Owner]) -> Optional[OwnerKey]:
     """What stop_owners acts on for this owner: ("unit", name), ("container", id), ("pod", uid), or None."""
-    owner = owner or {}
-    if owner.get("pod_uid"):
-        return ("pod", owner["pod_uid"])
-    if owner.get("container_id"):
-        return ("container", owner["container_id"])
+    owner = owner or _owners.Owner()
+    pod_uid, container_id = owner.get("pod_uid"), owner.get("container_id")
+    if pod_uid:
+        return ("pod", pod_uid)
+    if container_id:
+        return ("container", container_id)
     unit = stoppable_unit(owner)
     return ("unit", unit) if unit else None
 
 
-def unit_members(unit, targets, proc="/proc"):
+def unit_members(unit: str, targets: Iterable[Process], proc: str = "/proc") -> List[_proc.Brief]:
     """Every process of `unit`'s cgroup: [{"pid", "ppid", "comm", "cmdline", "start_ticks"}], read from /proc (the
     cgroup's path from a target's /proc/PID/cgroup); [] when no target of the unit can be read any more."""
     for target in targets:
-        if stoppable_unit(target.get("owner")) != unit:
+        if stoppable_unit(_owner(target)) != unit:
             continue
         path = _owners.unit_cgroup(_owners.read_cgroup(target["pid"], proc), unit)
         if not path:
@@ -67,12 +155,12 @@ def unit_members(unit, targets, proc="/proc"):
     return []
 
 
-def own_work(members, targets):
+def own_work(members: Iterable[_proc.Brief], targets: Iterable[Process]) -> set[int]:
     """PIDs of `members` that are the selection's own work: targets, their agents of JOB_AGENTS, and what either
     started (a process whose parent chain within `members` reaches one of them)."""
     roots = {t["pid"] for t in targets}
     for target in targets:
-        agent = (target.get("owner") or {}).get("agent")
+        agent = (_owner(target) or _owners.Owner()).get("agent")
         if agent and agent.get("kind") in JOB_AGENTS:
             roots.add(agent["pid"])
     parents = {m["pid"]: m["ppid"] for m in members}
@@ -88,13 +176,13 @@ def own_work(members, targets):
     return inside
 
 
-def _why_beyond(holder, selection):
+def _why_beyond(holder: Process, selection: _select.Selection) -> str:
     if not selection.covers(holder):
         return "outside the selection"
     return "not selected (%s)" % (selection.narrowing_reason(holder) or "protected or excluded")
 
 
-def _entry(process, gpus, why, beyond):
+def _entry(process: Mapping[str, Any], gpus: Iterable[int], why: str, beyond: bool) -> UnitProcess:
     return {
         "pid": process["pid"],
         "comm": process["comm"],
@@ -106,13 +194,15 @@ def _entry(process, gpus, why, beyond):
     }
 
 
-def unit_processes(unit, targets, snapshot, selection, proc="/proc"):
+def unit_processes(
+    unit: str, targets: Sequence[Process], snapshot: _shapes.Snapshot, selection: _select.Selection, proc: str = "/proc"
+) -> List[UnitProcess]:
     """What stopping `unit` ends: an entry per process of its cgroup ({"pid", "comm", "cmdline", "start_ticks",
     "gpus" (the GPUs it holds, [] for none), "why", "beyond"}), the targets first. `why` is "selected", "part of the
     selected work" (own_work), or why it is beyond the selection: "outside the selection", "not selected (...)",
     "holds no GPU", OWN_CHAIN. Targets that the cgroup scan did not see (gone meanwhile) are left out."""
     holders = {h["pid"]: h for h in snapshot["holders"]}
-    mine = [t for t in targets if stoppable_unit(t.get("owner")) == unit]
+    mine = [t for t in targets if stoppable_unit(_owner(t)) == unit]
     members = unit_members(unit, mine, proc)
     work = own_work(members, mine)
     chosen = {t["pid"] for t in mine}
@@ -133,7 +223,9 @@ def unit_processes(unit, targets, snapshot, selection, proc="/proc"):
     return sorted(found, key=lambda entry: (entry["why"] != "selected", entry["pid"]))
 
 
-def plan(targets, snapshot, selection, proc="/proc"):
+def plan(
+    targets: Sequence[Process], snapshot: _shapes.Snapshot, selection: _select.Selection, proc: str = "/proc"
+) -> StopPlan:
     """stop_owners' plan: {"units": the units it stops, "unit_processes": {unit: unit_processes(...)},
     "beyond": owners_beyond's list}."""
     units = units_to_stop(targets)
@@ -145,7 +237,12 @@ def plan(targets, snapshot, selection, proc="/proc"):
     }
 
 
-def owners_beyond(targets, snapshot, selection, unit_processes_=None):
+def owners_beyond(
+    targets: Sequence[Process],
+    snapshot: _shapes.Snapshot,
+    selection: _select.Selection,
+    unit_processes_: Optional[Mapping[str, List[UnitProcess]]] = None,
+) -> List[BeyondOwner]:
     """The owners stop_owners would stop (or report) that reach beyond the selection.
 
     Returns [{"kind": "unit", "container" or "pod", "owner": words, "unit": the unit's name (None for a container or
@@ -153,54 +250,54 @@ def owners_beyond(targets, snapshot, selection, unit_processes_=None):
     (`unit_processes_`, from unit_processes; without it, its holders alone); for a container or pod, which are never
     stopped, the holders its command would end beyond the selection.
     """
-    keys = {}
+    keys: Dict[OwnerKey, _owners.Owner] = {}
     for target in targets:
-        key = owner_key(target.get("owner"))
+        key = owner_key(_owner(target))
         if key and key not in keys:
             keys[key] = target["owner"]
     target_pids = {t["pid"] for t in targets}
-    found = []
+    found: List[BeyondOwner] = []
     for key, owner in sorted(keys.items()):
         if key[0] == "unit" and unit_processes_ and unit_processes_.get(key[1]):
             others = [
-                {"pid": p["pid"], "comm": p["comm"], "gpus": p["gpus"], "reason": p["why"]}
+                BeyondProcess(pid=p["pid"], comm=p["comm"], gpus=p["gpus"], reason=p["why"])
                 for p in unit_processes_[key[1]]
                 if p["beyond"]
             ]
         else:
             others = [
-                {"pid": h["pid"], "comm": h["comm"], "gpus": sorted(h["gpus"]), "reason": _why_beyond(h, selection)}
+                BeyondProcess(pid=h["pid"], comm=h["comm"], gpus=sorted(h["gpus"]), reason=_why_beyond(h, selection))
                 for h in snapshot["holders"]
-                if h["pid"] not in target_pids and owner_key(h.get("owner")) == key
+                if h["pid"] not in target_pids and owner_key(_owner(h)) == key
             ]
         if others:
             words = "systemd unit %s" % key[1] if key[0] == "unit" else _owners.owner_words(owner)
             found.append(
-                {
-                    "kind": key[0],
-                    "owner": words,
-                    "unit": key[1] if key[0] == "unit" else None,
-                    "command": _owners.stop_command(owner),
-                    "processes": others,
-                }
+                BeyondOwner(
+                    kind=key[0],
+                    owner=words,
+                    unit=key[1] if key[0] == "unit" else None,
+                    command=_owners.stop_command(owner),
+                    processes=others,
+                )
             )
     return found
 
 
-def _gpus(process):
+def _gpus(process: Mapping[str, Any]) -> str:
     gpus = process["gpus"]
     if not gpus:
         return "holds no GPU"
     return "holds GPU%s %s" % ("s" if len(gpus) > 1 else "", ", ".join(str(g) for g in gpus))
 
 
-def _process_words(process):
+def _process_words(process: Mapping[str, Any]) -> str:
     """ "PID 8 (python3) holds GPU 4, outside the selection"; "PID 9 (cron) holds no GPU"."""
     words = "PID %s (%s) %s" % (process["pid"], process["comm"], _gpus(process))
     return words if process["reason"] == "holds no GPU" else "%s, %s" % (words, process["reason"])
 
 
-def refusal(beyond, spanning_allowed):
+def refusal(beyond: List[BeyondOwner], spanning_allowed: bool) -> Optional[str]:
     """Why stop_owners stops nothing, or None: a unit that runs this module (always), or units that reach beyond
     the selection (unless `spanning_allowed`, stop_spanning_owners)."""
     units = [item for item in beyond if item["kind"] == "unit"]
@@ -220,11 +317,11 @@ def refusal(beyond, spanning_allowed):
     )
 
 
-def _unit_and_processes(item):
+def _unit_and_processes(item: BeyondOwner) -> str:
     return "%s, whose %s" % (item["owner"], ", ".join(_process_words(p) for p in item["processes"]))
 
 
-def beyond_words(item, check_mode):
+def beyond_words(item: Mapping[str, Any], check_mode: bool) -> str:
     """An owner that stop_owners stops (or reports) and its processes beyond the selection, in words:
     "stopped systemd unit vllm@a.service, and with it, beyond the selection: PID 8 (python3) holds GPU 4, outside
     the selection"."""
@@ -239,7 +336,7 @@ def beyond_words(item, check_mode):
     )
 
 
-def beyond_lines(kill, check_mode):
+def beyond_lines(kill: Mapping[str, Any], check_mode: bool) -> List[str]:
     """The summary's lines of the owners that reach beyond the selection (beyond_words), but for a unit whose every
     process unit_lines names already."""
     named = {unit for unit, processes in (kill.get("unit_processes") or {}).items() if processes}
@@ -250,7 +347,7 @@ def beyond_lines(kill, check_mode):
     ]
 
 
-def unit_lines(kill, check_mode):
+def unit_lines(kill: Mapping[str, Any], check_mode: bool) -> List[str]:
     """The summary's lines of the units stop_owners stops (or would), each with every process the stop ends:
     "  stopped systemd unit cron.service first (stop_owners), ending PID 5 cron (holds no GPU, beyond the selection),
     PID 9 python3 (holds GPU 4, selected)"."""
@@ -270,7 +367,7 @@ def unit_lines(kill, check_mode):
     return lines
 
 
-def _member_words(process, check_mode):
+def _member_words(process: Mapping[str, Any], check_mode: bool) -> str:
     why = "beyond the selection" if process["why"] == "holds no GPU" else process["why"]
     words = "PID %s %s (%s, %s)" % (process["pid"], process["comm"], _gpus(process), why)
     if not check_mode and process.get("ended") is False:
@@ -278,35 +375,58 @@ def _member_words(process, check_mode):
     return words
 
 
-def stop_units(units, result, run_command, which, proc="/proc"):
-    """`systemctl stop` each unit of `units`, before the PIDs are ended; note in result["unit_processes"] which of its
-    processes the stop ended ("ended"). Returns a failure message, or None."""
+def stop_units(
+    units: List[str],
+    processes: Mapping[str, List[UnitProcess]],
+    run_command: RunCommand,
+    which: Which,
+    proc: str = "/proc",
+) -> Stopped:
+    """`systemctl stop` each unit of `units`, before the PIDs are ended. Returns the units stopped, `processes`
+    (unit_processes of each unit) with "ended" on those of a stopped unit (whether the stop ended it), and the failure
+    message that stopped it short (None when every unit was stopped)."""
+    stopped: List[str] = []
+    ended: Dict[str, List[UnitProcess]] = dict(processes)
     systemctl = which("systemctl") if units else None
     if units and not systemctl:
-        return "stop_owners: systemctl is not on this host, so units %s cannot be stopped; nothing was signalled" % (
+        failure = "stop_owners: systemctl is not on this host, so units %s cannot be stopped; nothing was signalled" % (
             ", ".join(units)
         )
+        return Stopped(stopped, ended, failure)
     for unit in units:
-        rc, _out, err = run_command([systemctl, "stop", unit])
+        rc, _out, err = run_command([str(systemctl), "stop", unit])
         if rc != 0:
-            return "systemctl stop %s failed (rc %s): %s; nothing was signalled" % (
+            failure = "systemctl stop %s failed (rc %s): %s; nothing was signalled" % (
                 unit,
                 rc,
                 err.strip() or "no error text",
             )
-        result["stopped_units"].append(unit)
-        for process in result["unit_processes"].get(unit, []):
-            process["ended"] = not _proc.ProcessId(process["pid"], process["start_ticks"]).alive(proc)
-    result["changed"] = result["changed"] or bool(units)
-    return None
+            return Stopped(stopped, ended, failure)
+        stopped.append(unit)
+        ended[unit] = [_ended(process, proc) for process in processes.get(unit, [])]
+    return Stopped(stopped, ended, None)
 
 
-def owner_commands(targets):
+def _ended(process: UnitProcess, proc: str) -> UnitProcess:
+    """A copy of `process` with "ended": whether the process is gone (PID and start ticks)."""
+    copy = process.copy()
+    copy["ended"] = not _proc.ProcessId(process["pid"], process["start_ticks"]).alive(proc)
+    return copy
+
+
+def owner_left_running(process: Mapping[str, Any], stopped_units: Iterable[str]) -> Optional[Tuple[str, Optional[str]]]:
+    """(why ending `process` alone will not last, the command that stops its owner or None), or None: none when
+    nothing starts it again, or when this run stopped its unit (stop_owners). `process` is a holder that
+    _report.annotate annotated ("owner_note", "owner_command"). The one rule of gpu_kill's warning and the summary's
+    owner line."""
+    note = process.get("owner_note")
+    command = process.get("owner_command")
+    if not note or command in {"systemctl stop %s" % unit for unit in stopped_units}:
+        return None
+    return note, command
+
+
+def owner_commands(targets: Iterable[Process]) -> List[str]:
     """The commands that stop the containers and pods of the targets (reported, never run)."""
-    return sorted(
-        {
-            _owners.stop_command(t["owner"])
-            for t in targets
-            if (t.get("owner") or {}).get("container_id") or (t.get("owner") or {}).get("pod_uid")
-        }
-    )
+    owners = [owner for owner in map(_owner, targets) if owner and (owner.get("container_id") or owner.get("pod_uid"))]
+    return sorted({command for command in map(_owners.stop_command, owners) if command})

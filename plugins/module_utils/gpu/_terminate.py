@@ -23,6 +23,7 @@ import select
 import signal
 import tempfile
 import time
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, TypedDict
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _proc
 
@@ -33,6 +34,32 @@ _POLL_SECONDS = 0.02
 LOCK_NAME = "gpuops-nvidia-gpu_kill.lock"
 LOCK_DIRS = ("/run/lock", "/run")
 _LOCK_POLL_S = 0.05
+
+# A process to end and what ending it adds: a holder dict (pid, start_ticks, ppid, comm, cmdline, owner words...),
+# then "signals", "exited_after_s", "state", "reason", "replaces"... (JSON-ish: gpu_kill returns these dicts).
+Entry = Dict[str, Any]
+
+
+class LockHolder(TypedDict):
+    """A process holding the host's lock (HostLock.holders)."""
+
+    pid: int
+    cmdline: str
+
+
+class Ends(TypedDict):
+    """What end_processes did: each entry a holder plus what ending it added."""
+
+    signalled: List[Entry]
+    exited: List[Entry]
+    survived: List[Entry]
+    not_signalled: List[Entry]
+
+
+class Ended(Ends):
+    """What end_until_gone did, over all its rounds: end_processes' lists, and the respawns it saw."""
+
+    respawned: List[Entry]
 
 
 class LockTimeout(Exception):
@@ -49,18 +76,25 @@ class HostLock:
     `holders()` names the runs that hold it now, without taking it (check mode); `release()` lets it go.
     """
 
-    def __init__(self, dirs=None, proc="/proc", clock=time.monotonic, sleep=time.sleep):
+    def __init__(
+        self,
+        dirs: Optional[Iterable[str]] = None,
+        proc: str = "/proc",
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         self.dirs = tuple(LOCK_DIRS if dirs is None else dirs) + (tempfile.gettempdir(),)
         self.proc = proc
         self.clock = clock
         self.sleep = sleep
-        self.fd = None
-        self.path = None
-        self.waited_for = []
+        self.fd: Optional[int] = None
+        self.path: Optional[str] = None
+        self.waited_for: List[LockHolder] = []
 
-    def _open(self, create=True):
-        """Open the lock file in the first directory that has (or takes) it; the OSError of the last, if none does."""
-        error = None
+    def _open(self, create: bool = True) -> int:
+        """Open the lock file in the first directory that has (or takes) it, and return its fd; the OSError of the
+        last, if none does."""
+        error: Optional[OSError] = None
         for directory in self.dirs:
             path = os.path.join(directory, LOCK_NAME)
             try:
@@ -74,17 +108,17 @@ class HostLock:
             if create and os.fstat(fd).st_uid == os.geteuid():
                 os.fchmod(fd, 0o666)
             self.fd, self.path = fd, path
-            return
+            return fd
         raise error or OSError(errno.ENOENT, "no lock directory")
 
-    def acquire(self, timeout):
+    def acquire(self, timeout: float) -> float:
         """Take the lock, waiting at most `timeout` seconds; return the seconds waited."""
-        self._open()
+        fd = self._open()
         started = self.clock()
         deadline = started + timeout
         while True:
             try:
-                fcntl.lockf(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 return round(self.clock() - started, 3)
             except OSError as exc:
                 if exc.errno not in (errno.EACCES, errno.EAGAIN):
@@ -101,17 +135,18 @@ class HostLock:
                 )
             self.sleep(min(_LOCK_POLL_S, max(0.0, deadline - self.clock())))
 
-    def holders(self):
+    def holders(self) -> List[LockHolder]:
         """[{"pid", "cmdline"}] of the processes holding the lock now ([] when none, or no lock file yet), from
         /proc/locks (PIDs as this PID namespace numbers them)."""
-        if self.fd is None:
+        fd = self.fd
+        if fd is None:
             try:
-                self._open(create=False)
+                fd = self._open(create=False)
             except OSError:
                 return []
-        found = os.fstat(self.fd)
+        found = os.fstat(fd)
         device = "%02x:%02x:%d" % (os.major(found.st_dev), os.minor(found.st_dev), found.st_ino)
-        pids = set()
+        pids: Set[int] = set()
         try:
             with open(os.path.join(self.proc, "locks")) as handle:
                 for line in handle:
@@ -123,18 +158,18 @@ class HostLock:
             return []
         return [{"pid": pid, "cmdline": _proc.read_cmdline(pid, self.proc)} for pid in sorted(pids - {os.getpid()})]
 
-    def release(self):
+    def release(self) -> None:
         if self.fd is not None:
             os.close(self.fd)  # closing any fd of the file drops the process's record locks on it
             self.fd = None
 
 
-def _runs(holders):
+def _runs(holders: Iterable[LockHolder]) -> str:
     """The processes holding the lock, in words: "PID 7 (python3 .../AnsiballZ_gpu_kill.py)"."""
     return ", ".join("PID %s (%s)" % (h["pid"], (h["cmdline"] or "command line not readable")[:120]) for h in holders)
 
 
-def waited_words(waited_s, holders):
+def waited_words(waited_s: float, holders: Sequence[LockHolder]) -> str:
     """The warning of a run that waited for another: what it waited for, and that it reports only its own actions."""
     return (
         "waited %.2f s for another gpu_kill run on this host%s to end: the processes that run ended are its own to "
@@ -142,7 +177,7 @@ def waited_words(waited_s, holders):
     )
 
 
-def parse_signal(name):
+def parse_signal(name: object) -> signal.Signals:
     """signal.Signals for "SIGTERM", "TERM", "term" or "15"; ValueError for anything else."""
     text = str(name).strip().upper()
     if text.isdigit():
@@ -158,7 +193,7 @@ def parse_signal(name):
         raise ValueError("unknown signal %r" % (name,))
 
 
-def _state(pid, proc):
+def _state(pid: int, proc: str) -> Optional[str]:
     stat = _proc.read_stat(pid, proc)
     return None if stat is None else stat["state"]
 
@@ -166,20 +201,20 @@ def _state(pid, proc):
 class Target:
     """One process to end, pinned to its identity (PID + start ticks, and a pidfd where possible)."""
 
-    def __init__(self, holder, proc="/proc"):
+    def __init__(self, holder: Entry, proc: str = "/proc") -> None:
         self.holder = holder
         self.id = _proc.ProcessId.from_process(holder)
         self.pid = self.id.pid
         self.proc = proc
-        self.pidfd = None
-        self.signals = []
-        self.exited_at = None
-        self.gone_before_signal = None
+        self.pidfd: Optional[int] = None
+        self.signals: List[str] = []
+        self.exited_at: Optional[float] = None  # time.monotonic() when the exit was seen
+        self.gone_before_signal: Optional[str] = None
 
-    def same_process(self):
+    def same_process(self) -> bool:
         return self.id.same(self.proc)
 
-    def pin(self):
+    def pin(self) -> bool:
         """Open a pidfd and check identity. False (with gone_before_signal set) if the process is not ours anymore."""
         if hasattr(os, "pidfd_open"):
             try:
@@ -199,7 +234,7 @@ class Target:
             return False
         return True
 
-    def exited(self):
+    def exited(self) -> bool:
         if self.exited_at is not None:
             return True
         if self.pidfd is not None:
@@ -210,7 +245,7 @@ class Target:
             self.exited_at = time.monotonic()
         return done
 
-    def send(self, sig):
+    def send(self, sig: signal.Signals) -> bool:
         """Send `sig` to this very process; False if it has exited meanwhile."""
         if self.exited():
             return False
@@ -228,16 +263,16 @@ class Target:
         self.signals.append(sig.name)
         return True
 
-    def state(self):
+    def state(self) -> Optional[str]:
         return _state(self.pid, self.proc)
 
-    def close(self):
+    def close(self) -> None:
         if self.pidfd is not None:
             os.close(self.pidfd)
             self.pidfd = None
 
 
-def _wait_exit(targets, deadline):
+def _wait_exit(targets: List[Target], deadline: float) -> List[Target]:
     """Poll until every target has exited or the deadline passes; no fixed sleep beyond one short poll."""
     while True:
         alive = [t for t in targets if not t.exited()]
@@ -251,7 +286,13 @@ def _wait_exit(targets, deadline):
             time.sleep(timeout)
 
 
-def end_processes(holders, sig=signal.SIGTERM, grace_period=10.0, kill_wait=5.0, proc="/proc"):
+def end_processes(
+    holders: Iterable[Entry],
+    sig: signal.Signals = signal.SIGTERM,
+    grace_period: float = 10.0,
+    kill_wait: float = 5.0,
+    proc: str = "/proc",
+) -> Ends:
     """Signal each holder, wait up to `grace_period` s, SIGKILL the rest, wait up to `kill_wait` s.
 
     Returns {"signalled": [...], "exited": [...], "survived": [...], "not_signalled": [...]} where each
@@ -260,7 +301,8 @@ def end_processes(holders, sig=signal.SIGTERM, grace_period=10.0, kill_wait=5.0,
     and "reason", for not_signalled ones "reason".
     """
     started = time.monotonic()
-    targets, not_signalled = [], []
+    targets: List[Target] = []
+    not_signalled: List[Entry] = []
     for holder in holders:
         target = Target(holder, proc)
         if target.pin():
@@ -281,14 +323,16 @@ def end_processes(holders, sig=signal.SIGTERM, grace_period=10.0, kill_wait=5.0,
             target.close()
 
 
-def _report(targets, alive, not_signalled, started):
-    signalled, exited, survived = [], [], []
+def _report(targets: List[Target], alive: List[Target], not_signalled: List[Entry], started: float) -> Ends:
+    signalled: List[Entry] = []
+    exited: List[Entry] = []
+    survived: List[Entry] = []
     for target in targets:
         if not target.signals:
             not_signalled.append(dict(target.holder, reason="exited before any signal"))
             continue
         entry = dict(target.holder, signals=list(target.signals))
-        if target not in alive:
+        if target not in alive and target.exited_at is not None:  # not alive: exited() set exited_at
             entry["exited_after_s"] = round(target.exited_at - started, 3)
         signalled.append(entry)
         if target in alive:
@@ -309,7 +353,15 @@ def _report(targets, alive, not_signalled, started):
 ROUNDS = 3
 
 
-def end_until_gone(choose, first, sig=signal.SIGTERM, grace_period=10.0, kill_wait=5.0, rounds=ROUNDS, proc="/proc"):
+def end_until_gone(
+    choose: Callable[[bool], List[Entry]],
+    first: List[Entry],
+    sig: signal.Signals = signal.SIGTERM,
+    grace_period: float = 10.0,
+    kill_wait: float = 5.0,
+    rounds: int = ROUNDS,
+    proc: str = "/proc",
+) -> Ended:
     """End what `choose` selects, look again, end what appeared meanwhile, at most `rounds` times.
 
     `choose(first_round)` returns the processes to end now (dicts with pid, start_ticks, ppid, comm, cmdline),
@@ -321,8 +373,8 @@ def end_until_gone(choose, first, sig=signal.SIGTERM, grace_period=10.0, kill_wa
     Returns end_processes()' lists, summed over the rounds, plus "respawned": [process + {"replaces" (PID),
     "parent" ({"pid", "comm"} or None)}].
     """
-    result = {"signalled": [], "exited": [], "survived": [], "not_signalled": [], "respawned": []}
-    seen = set()
+    result = Ended(signalled=[], exited=[], survived=[], not_signalled=[], respawned=[])
+    seen: Set[_proc.ProcessId] = set()
     targets = first
     for number in range(rounds):
         if number:
@@ -339,8 +391,8 @@ def end_until_gone(choose, first, sig=signal.SIGTERM, grace_period=10.0, kill_wa
     return result
 
 
-def _respawns(targets, ended, proc="/proc"):
-    found = []
+def _respawns(targets: Iterable[Entry], ended: Iterable[Entry], proc: str = "/proc") -> List[Entry]:
+    found: List[Entry] = []
     for target in targets:
         for old in ended:
             same_parent = target.get("ppid", 0) > 1 and target.get("ppid") == old.get("ppid")
