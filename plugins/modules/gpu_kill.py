@@ -414,7 +414,7 @@ from ansible.module_utils.basic import AnsibleModule, _load_params, missing_requ
 from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _gpus, _kill, _select, _wait
 
 
-def main():
+def main() -> None:
     module = AnsibleModule(
         argument_spec=dict(
             signal=dict(type="str", default="SIGTERM"),
