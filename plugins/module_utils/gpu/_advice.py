@@ -11,13 +11,20 @@ written (_wait.conclude, gpu_wait's require_memory), so the common free case doe
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any, Iterable, List, Mapping, Optional
 
-def _named(holders):
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _shapes
+
+if TYPE_CHECKING:
+    from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu._wait import Waited
+
+
+def _named(holders: Iterable[Mapping[str, Any]]) -> str:
     """Holders (brief entries) in words: "PID 4 python (state S), PID 5 ..."."""
     return ", ".join("PID %s %s (state %s)" % (h["pid"], h["comm"], h["state"]) for h in holders)
 
 
-def describe(gpu):
+def describe(gpu: _shapes.WaitStatus) -> str:
     """One GPU that is not released, in words (never None or empty lists)."""
     parts = []
     if gpu["memory_used_mib"] is not None:
@@ -39,8 +46,9 @@ def describe(gpu):
     name = "GPUs" if gpu["index"] is None else "GPU %s" % gpu["index"]
     if gpu.get("mig_uuid"):
         name += " MIG instance %s (%s)" % (gpu["mig_uuid"], gpu.get("mig_profile"))
-    if gpu.get("memory_note"):
-        parts.append(gpu["memory_note"])
+    note = gpu.get("memory_note")
+    if note:
+        parts.append(note)
     if gpu.get("mig_in_use"):
         parts.append(
             "MIG instances in use: %s"
@@ -63,7 +71,7 @@ def describe(gpu):
     return "%s: %s; next: %s" % (name, ", ".join(parts), gpu["next_step"])
 
 
-def found_by_scan(gpus):
+def found_by_scan(gpus: Iterable[_shapes.WaitStatus]) -> str:
     """The holders that the /proc scan alone found on `gpus` (gpu_status entries of a wait whose driver did not
     answer), as a clause for the message ("" when it found none): a process that still holds a GPU is named, even
     where its memory could not be read."""
@@ -75,7 +83,7 @@ def found_by_scan(gpus):
     return "; holders found by the /proc scan alone: %s" % "; ".join(held) if held else ""
 
 
-def next_step(gpu):
+def next_step(gpu: _shapes.WaitStatus) -> str:
     """What an operator can do about a GPU (a gpu_status entry) that was not released: one sentence."""
     index = gpu["index"]
     which = "the GPUs" if index is None else "GPU %s" % index
@@ -102,7 +110,7 @@ def next_step(gpu):
             else "reset the GPU (nvidia-smi --gpu-reset -i %s) or reboot the host" % index,
         )
     if gpu["holders"]:
-        parents = ["PID %s (%s)" % (h["parent"]["pid"], h["parent"]["comm"]) for h in gpu["holders"] if h.get("parent")]
+        parents = ["PID %s (%s)" % (p["pid"], p["comm"]) for p in (h.get("parent") for h in gpu["holders"]) if p]
         text = "processes still hold %s: end them with gpuops.nvidia.gpu_kill" % which
         if parents:
             text += (
@@ -136,7 +144,7 @@ def next_step(gpu):
     return "the driver did not report memory for %s: check the NVIDIA driver (nvidia-smi)" % which
 
 
-def protected_step(gpu):
+def protected_step(gpu: _shapes.WaitStatus) -> str:
     """The next step for a GPU whose used memory is held by processes the protection rules leave alone."""
     return (
         "%s holds its memory and is left alone by default (it is never signalled), yet a GPU whose memory a process "
@@ -150,7 +158,7 @@ def protected_step(gpu):
     )
 
 
-def describe_foreign(item, index):
+def describe_foreign(item: _shapes.Foreign, index: Optional[int]) -> str:
     """One driver-listed PID that no process here confirms, in words."""
     mib = "memory not reported" if item["used_mib"] is None else "%s MiB" % item["used_mib"]
     if item["reason"] == "absent":
@@ -174,7 +182,7 @@ def describe_foreign(item, index):
     )
 
 
-def describe_unread(result):
+def describe_unread(result: Waited) -> str:
     """The selected GPUs whose used memory was not read (a wait_released() result completed by conclude()), in words:
     the driver library was not usable (holders from the /proc scan), or the driver does not report memory for them
     (NVML answers NOT_SUPPORTED, as on a unified-memory GB10; holders from its process lists and /proc)."""
@@ -198,7 +206,7 @@ def describe_unread(result):
     )
 
 
-def not_checked(result):
+def not_checked(result: Waited) -> str:
     """gpu_wait's message where require_memory refuses a wait that found no holder but read no memory."""
     if (result.get("driver") or {}).get("available"):
         step = (
@@ -213,7 +221,7 @@ def not_checked(result):
     return "not checked: %s; next: %s" % (describe_unread(result), step)
 
 
-def exited_notes(view):
+def exited_notes(view: _shapes.Snapshot) -> List[str]:
     """Sentences naming, per GPU, the listed creators that have exited and who holds their contexts (a snapshot view,
     _gpus.Inspector.snapshot): "GPU 0: PID 4321, 4322 hold the context of PID 4300 (6000 MiB), which has exited"."""
     notes = []

@@ -17,6 +17,7 @@ import importlib.util
 import os
 import pwd
 import traceback
+from typing import Any, Callable, Collection, Dict, List, Optional, Set, Tuple, cast
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _holders, _nvml, _proc, _procscan, _shapes
 
@@ -28,7 +29,7 @@ try:
     import pynvml
 except ImportError:
     pynvml = None
-    PYNVML_IMPORT_ERROR = traceback.format_exc()
+    PYNVML_IMPORT_ERROR: Optional[str] = traceback.format_exc()
 else:
     PYNVML_IMPORT_ERROR = None
 
@@ -41,7 +42,7 @@ DEFAULT_TOLERANCE_MIB = 256
 PROC_PID_INIT_INO = 0xEFFFFFFC
 
 
-def initial_pid_namespace(proc="/proc"):
+def initial_pid_namespace(proc: str = "/proc") -> bool:
     """True when the processes of `proc` see the initial PID namespace (the host's, not a container's):
     stat of PROC/self/ns/pid gives the namespace's inode."""
     try:
@@ -50,7 +51,7 @@ def initial_pid_namespace(proc="/proc"):
         return False
 
 
-def missing_libraries():
+def missing_libraries() -> List[Tuple[str, str]]:
     """[(package name, traceback)] of the Python libraries this host lacks."""
     missing = []
     if PYNVML_IMPORT_ERROR:
@@ -60,7 +61,7 @@ def missing_libraries():
     return missing
 
 
-def check_libraries(module, missing_required_lib):
+def check_libraries(module: Any, missing_required_lib: Callable[[str], str]) -> None:
     """Fail the module with Ansible's missing-library message, naming this host's interpreter."""
     import socket
     import sys
@@ -72,7 +73,9 @@ def check_libraries(module, missing_required_lib):
         )
 
 
-def minor_map(driver, proc="/proc"):
+def minor_map(
+    driver: Optional[_shapes.Reading], proc: str = "/proc"
+) -> Tuple[List[_shapes.GpuTable], Optional[_shapes.IndexSource]]:
     """Index/minor table of the GPUs: [{"index", "minor", "uuid", "name", "pci_bus_id"}] and its source.
 
     From NVML when the driver answered (nvmlDeviceGetMinorNumber); otherwise from the kernel
@@ -81,19 +84,21 @@ def minor_map(driver, proc="/proc"):
     Returns (gpus, source) with source "nvml", "proc_driver" or None.
     """
     if driver and driver.get("available"):
-        gpus = [{k: gpu.get(k) for k in ("index", "minor", "uuid", "name", "pci_bus_id")} for gpu in driver["gpus"]]
+        gpus: List[Dict[str, Any]] = [
+            {k: gpu.get(k) for k in ("index", "minor", "uuid", "name", "pci_bus_id")} for gpu in driver["gpus"]
+        ]
         if any(gpu["minor"] is None for gpu in gpus):
             _complete_from_proc_driver(gpus, proc)
-        return gpus, "nvml"
-    gpus = _procscan.proc_driver_minors(proc)
+        return cast(List[_shapes.GpuTable], gpus), "nvml"
+    gpus = cast(List[Dict[str, Any]], _procscan.proc_driver_minors(proc))
     if gpus:
         for index, gpu in enumerate(gpus):
             gpu["index"] = index
-        return gpus, "proc_driver"
+        return cast(List[_shapes.GpuTable], gpus), "proc_driver"
     return [], None
 
 
-def _complete_from_proc_driver(gpus, proc):
+def _complete_from_proc_driver(gpus: List[Dict[str, Any]], proc: str) -> None:
     """Fill in the minor, UUID, name and PCI bus id of the GPUs that NVML answered with an error from the kernel
     module's /proc/driver/nvidia/gpus. A GPU that fell off the bus (Xid 79) is counted by NVML, which then answers
     every call on it with NVML_ERROR_GPU_IS_LOST ("Unable to determine the device handle for GPU ...: GPU is lost"),
@@ -110,14 +115,14 @@ def _complete_from_proc_driver(gpus, proc):
                     gpu[key] = entry[key]
 
 
-def _user(uid):
+def _user(uid: int) -> str:
     try:
         return pwd.getpwuid(uid).pw_name
     except KeyError:
         return str(uid)
 
 
-def process_details(psutil, pid, proc="/proc"):
+def process_details(psutil: Any, pid: int, proc: str = "/proc") -> Optional[_shapes.Process]:
     """Identity and description of one process, or None when it is gone.
 
     Returns {"pid", "ppid", "pgid", "sid", "comm", "state", "start_ticks"} from /proc/PID/stat,
@@ -130,9 +135,10 @@ def process_details(psutil, pid, proc="/proc"):
     # plus the start ticks, which psutil reads once and caches) and cmdline, with its per-process errors (gone,
     # zombie, access denied) mapped below. The modules that run without psutil (detached_process, vllm_drain) and
     # the owner walk read cmdline from /proc with _proc.read_argv/read_cmdline.
-    details = _proc.read_stat(pid, proc)
-    if details is None:
+    stat = _proc.read_stat(pid, proc)
+    if stat is None:
         return None
+    details = cast(Dict[str, Any], stat)
     details.update(pid=pid, user=None, uid=None, cmdline=None, start_time=None)
     try:
         process = psutil.Process(pid)
@@ -151,7 +157,7 @@ def process_details(psutil, pid, proc="/proc"):
         return None
     except psutil.AccessDenied:
         pass
-    return details
+    return cast(_shapes.Process, details)
 
 
 class Inspector:
@@ -161,16 +167,16 @@ class Inspector:
     The NVML worker is started on the first snapshot and kept for the next ones.
     """
 
-    def __init__(self, driver_timeout=10.0, proc="/proc"):
+    def __init__(self, driver_timeout: float = 10.0, proc: str = "/proc") -> None:
         self.proc = proc
         self.driver_timeout = driver_timeout
         self._query = _nvml.DriverQuery(pynvml)
 
-    def own_pids(self):
+    def own_pids(self) -> Set[int]:
         """This process and its NVML worker: they hold device files but are not holders."""
-        return {os.getpid(), self._query.pid} - {None}
+        return cast(Set[int], {os.getpid(), self._query.pid} - {None})
 
-    def read_driver(self, timeout=None):
+    def read_driver(self, timeout: Optional[float] = None) -> _shapes.Reading:
         """NVML reading (see _nvml.read_driver) with the driver's state as a dict; never raises on driver trouble."""
         try:
             return self._query.read(self.driver_timeout if timeout is None else min(timeout, self.driver_timeout))
@@ -185,7 +191,14 @@ class Inspector:
                 "cuda_driver_version": None,
             }
 
-    def snapshot(self, timeout=None, scope="full", indices=None, tolerance_mib=DEFAULT_TOLERANCE_MIB, owners=None):
+    def snapshot(
+        self,
+        timeout: Optional[float] = None,
+        scope: _shapes.Scope = "full",
+        indices: Optional[Collection[int]] = None,
+        tolerance_mib: int = DEFAULT_TOLERANCE_MIB,
+        owners: Optional[bool] = None,
+    ) -> _shapes.Snapshot:
         """Ask NVML, scan /proc, merge (see _holders.merge), with "driver", "index_source" and "scan" added.
 
         scope "full" scans every process (facts: device users are reported too). scope "listed" scans only the
@@ -209,7 +222,7 @@ class Inspector:
             # compilation of _owners, which Ansible ships as source.
             from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu._owners import owner_of
 
-            cache = {}
+            cache: Dict[Any, Any] = {}
             for process in view["holders"] + view["device_users"]:
                 process["owner"] = owner_of(process["pid"], self.proc, cache=cache)
         for holder in view["holders"]:
@@ -222,11 +235,18 @@ class Inspector:
         view["scan"] = "full" if listed is None else "listed"
         view["driver"] = {key: driver.get(key) for key in _shapes.DRIVER_KEYS}
         view["driver"]["timed_out"] = bool(driver.get("timed_out"))
-        return view
+        return cast(_shapes.Snapshot, view)
 
-    def _merge(self, driver, table, own, listed, tolerance_mib):
+    def _merge(
+        self,
+        driver: _shapes.Reading,
+        table: List[_shapes.GpuTable],
+        own: Set[int],
+        listed: Optional[Set[int]],
+        tolerance_mib: int,
+    ) -> Dict[str, Any]:
         """Scan /proc (every process, or the `listed` PIDs) and merge it with the reading."""
-        problems = []
+        problems: List[str] = []
         if listed is None:
             scan = _procscan.scan_holders(self.proc, skip_pids=own, problems=problems)
         else:
@@ -239,16 +259,20 @@ class Inspector:
             details = process_details(psutil, pid, self.proc)
             if details is not None:
                 processes[pid] = details
-        mig = any((gpu.get("mig_mode") or {}).get("current") for gpu in driver.get("gpus", []))
-        view = _holders.merge(
-            driver,
-            table,
-            scan,
-            processes,
-            tolerance_mib,
-            exclude_pids=own,
-            caps=_procscan.cap_map(self.proc) if mig else None,
-            initial_pidns=initial_pid_namespace(self.proc),
+        modes = [gpu.get("mig_mode") for gpu in driver.get("gpus", [])]
+        mig = any(mode.get("current") for mode in modes if mode)
+        view = cast(
+            Dict[str, Any],
+            _holders.merge(
+                driver,
+                table,
+                scan,
+                processes,
+                tolerance_mib,
+                exclude_pids=own,
+                caps=_procscan.cap_map(self.proc) if mig else None,
+                initial_pidns=initial_pid_namespace(self.proc),
+            ),
         )
         # Scan workers that did not finish (a process stuck in the driver), and NVML workers left behind.
         view["scan_problems"] = problems + [
@@ -256,16 +280,16 @@ class Inspector:
         ]
         return view
 
-    def close(self):
+    def close(self) -> Optional[int]:
         return self._query.close()
 
 
-def _listed_pids(driver, indices, tolerance_mib):
+def _listed_pids(driver: _shapes.Reading, indices: Optional[Collection[int]], tolerance_mib: int) -> Optional[Set[int]]:
     """The PIDs the driver lists on any GPU when its lists explain the memory of every GPU of `indices` (None = all,
     _holders.lists_explain); else None (a full scan is needed)."""
     if not driver.get("available") or not driver.get("gpus"):
         return None
-    pids = set()
+    pids: Set[int] = set()
     for gpu in driver["gpus"]:
         pids.update(item["pid"] for item in gpu.get("processes", []))
         if (indices is None or gpu["index"] in indices) and not _holders.lists_explain(gpu, driver, tolerance_mib):

@@ -17,26 +17,48 @@ counts: nobody chose to leave it out, and a process that holds memory keeps the 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, cast
+
 from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _shapes
 
+if TYPE_CHECKING:
+    from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu._select import Selection
 
-def is_released(holders, error, timed_out, used_mib, left_alone_mib, max_used_mib, allowance_mib=0):
+# A holder of the snapshot, as Selection.split hands it (left-alone ones with their "reason").
+HolderLike = Mapping[str, Any]
+# Selection.split's result: {"targets", "left_alone", "counted", ...}.
+Split = Mapping[str, List[Any]]
+# Whether a holder holds the GPU (or MIG instance) at hand.
+Holds = Callable[[HolderLike], bool]
+
+
+def is_released(
+    holders: Sequence[object],
+    error: Optional[str],
+    timed_out: bool,
+    used_mib: Optional[int],
+    left_alone_mib: int,
+    max_used_mib: int,
+    allowance_mib: int = 0,
+) -> bool:
     """The release test. `used_mib` None (memory not reported) leaves the holders to decide."""
     if holders or error or timed_out:
         return False
     return used_mib is None or used_mib - left_alone_mib <= max_used_mib + allowance_mib
 
 
-def left_alone(split, index, holds):
+def left_alone(split: Split, index: Optional[int], holds: Holds) -> List[_shapes.LeftAlone]:
     """The left-alone holders of Selection.split's `split` that `holds` tells hold GPU `index` (brief), with their
     "reason" and "counted" (left alone by the protection rules: their memory counts)."""
     counted = set(split["counted"])
     return [
-        dict(brief(h, index), reason=h["reason"], counted=h["pid"] in counted) for h in split["left_alone"] if holds(h)
+        cast(_shapes.LeftAlone, dict(brief(h, index), reason=h["reason"], counted=h["pid"] in counted))
+        for h in split["left_alone"]
+        if holds(h)
     ]
 
 
-def held_by_protected(entry, max_used_mib):
+def held_by_protected(entry: _shapes.WaitGpu, max_used_mib: int) -> bool:
     """True when only the memory of holders the protection rules leave alone keeps a gpu_status entry from being
     released: no target holds it, the driver answers it, and without that memory it would be. Waiting cannot change
     that (nothing will end them); the wait stops there."""
@@ -47,7 +69,7 @@ def held_by_protected(entry, max_used_mib):
     return rest <= max_used_mib + entry["reserved_allowance_mib"]
 
 
-def left_alone_mib(left, figures):
+def left_alone_mib(left: Iterable[_shapes.BriefHolder], figures: Mapping[str, Any]) -> int:
     """MiB that the left-alone holders `left` (brief entries) hold on a GPU or MIG instance with `figures`
     (its unexplained_mib). Memory no listed process explains counts as theirs when one of them holds it
     through its device file."""
@@ -57,7 +79,7 @@ def left_alone_mib(left, figures):
     return total
 
 
-def gpu_status(selection, snapshot, max_used_mib):
+def gpu_status(selection: Selection, snapshot: _shapes.Snapshot, max_used_mib: int) -> List[_shapes.WaitStatus]:
     """Per selected GPU or MIG instance, is it released? A list of dicts with _shapes.WAIT_GPU_KEYS.
 
     "holders" are the targets still holding it (brief), "left_alone" the left-alone holders (brief and
@@ -71,7 +93,7 @@ def gpu_status(selection, snapshot, max_used_mib):
     split = selection.split(snapshot)
     if not snapshot["gpus"]:
         return [
-            _shapes.entry(
+            _wait_status(
                 _shapes.WAIT_GPU_KEYS,
                 holders=[brief(h, None) for h in split["targets"]],
                 left_alone=left_alone(split, None, lambda h: True),
@@ -86,38 +108,54 @@ def gpu_status(selection, snapshot, max_used_mib):
         ]
     # A hung driver leaves memory unknown: no GPU is released then, whatever /proc shows.
     timed_out = bool((snapshot.get("driver") or {}).get("timed_out"))
-    status = []
+    status: List[_shapes.WaitStatus] = []
     for gpu in snapshot["gpus"]:
         index = gpu["index"]
         if selection.indices is not None and index not in selection.indices:
             continue
         if index not in selection.instances:
-            entry = _entry(gpu, gpu, None, split, lambda h, i=index: i in h["gpus"], timed_out, max_used_mib)
+            entry = _entry(gpu, gpu, None, split, _holds_gpu(index), timed_out, max_used_mib)
             if not entry["released"] and gpu.get("mig_devices"):
                 entry["mig_in_use"] = [
-                    {key: device.get(key) for key in ("uuid", "profile", "memory_used_mib", "holder_pids")}
+                    cast(
+                        _shapes.MigInUse,
+                        {key: device.get(key) for key in ("uuid", "profile", "memory_used_mib", "holder_pids")},
+                    )
                     for device in gpu["mig_devices"]
                     if device.get("holder_pids") or (device.get("memory_used_mib") or 0) > max_used_mib
                 ]
             status.append(entry)
             continue
-        devices = {device["uuid"]: device for device in gpu.get("mig_devices") or ()}
+        devices: Dict[str, Mapping[str, Any]] = {device["uuid"]: device for device in gpu.get("mig_devices") or ()}
         for uuid in sorted(selection.instances[index]):
             entry = _entry(
-                gpu,
-                devices.get(uuid) or {},
-                uuid,
-                split,
-                lambda h, u=uuid, k=str(index): u in (h.get("mig") or {}).get(k, ()),
-                timed_out,
-                max_used_mib,
+                gpu, devices.get(uuid) or {}, uuid, split, _holds_instance(uuid, index), timed_out, max_used_mib
             )
             entry["mig_profile"] = (devices.get(uuid) or {}).get("profile")
             status.append(entry)
     return status
 
 
-def _entry(gpu, figures, mig_uuid, split, holds, timed_out, max_used_mib):
+def _holds_gpu(index: int) -> Holds:
+    """Whether a holder holds the whole GPU `index`."""
+    return lambda h: index in h["gpus"]
+
+
+def _holds_instance(uuid: str, index: int) -> Holds:
+    """Whether a holder holds MIG instance `uuid` of GPU `index`."""
+    key = str(index)
+    return lambda h: uuid in (h.get("mig") or {}).get(key, ())
+
+
+def _entry(
+    gpu: _shapes.Gpu,
+    figures: Mapping[str, Any],
+    mig_uuid: Optional[str],
+    split: Split,
+    holds: Holds,
+    timed_out: bool,
+    max_used_mib: int,
+) -> _shapes.WaitStatus:
     """The status of a whole GPU (figures is the GPU, mig_uuid None) or of one MIG instance of it (figures is its
     MIG device, {} when it is gone); `holds(holder)` tells whether a holder holds this GPU or instance."""
     index = gpu["index"]
@@ -130,7 +168,7 @@ def _entry(gpu, figures, mig_uuid, split, holds, timed_out, max_used_mib):
     used = figures.get("memory_used_mib")
     allowance = figures.get("reserved_allowance_mib") or 0
     left_mib = left_alone_mib([h for h in left if not h["counted"]], figures)
-    return _shapes.entry(
+    return _wait_status(
         _shapes.WAIT_GPU_KEYS,
         index=index,
         uuid=gpu.get("uuid"),
@@ -154,7 +192,12 @@ def _entry(gpu, figures, mig_uuid, split, holds, timed_out, max_used_mib):
     )
 
 
-def _v1_note(allowance):
+def _wait_status(keys: Sequence[str], **values: Any) -> _shapes.WaitStatus:
+    """A gpu_status entry: exactly the keys of _shapes.WaitGpu (None for those not given)."""
+    return cast(_shapes.WaitStatus, _shapes.entry(keys, **values))
+
+
+def _v1_note(allowance: int) -> Optional[str]:
     """What a GPU whose used memory includes reserved memory (NVML memory info v1) is held against, or None."""
     if not allowance:
         return None
@@ -164,7 +207,7 @@ def _v1_note(allowance):
     )
 
 
-def brief(holder, index):
+def brief(holder: HolderLike, index: Optional[int]) -> _shapes.BriefHolder:
     """The fields of a holder that a wait report needs, with its memory on GPU `index` and its parent."""
     key = None if index is None else str(index)
     return {

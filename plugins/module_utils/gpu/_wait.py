@@ -13,8 +13,13 @@ with its GPUs free, and the operator's next step, are `_advice`'s.
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, TypedDict
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _advice, _release
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _advice, _release, _shapes
+
+if TYPE_CHECKING:
+    from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu._gpus import Inspector
+    from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu._select import Selection
 
 # Default threshold: NVML v2 `used` excludes reserved memory, so an idle GPU reports a few MiB;
 # 256 MiB tolerates idle usage and small driver allocations, and no CUDA context is that small.
@@ -31,16 +36,33 @@ WAIT_ARGS = dict(
 )
 
 
+class _WaitedBase(TypedDict):
+    released: bool
+    elapsed_s: float
+    polls: int
+    gpus: List[_shapes.WaitStatus]
+    driver: _shapes.Driver
+    snapshot: _shapes.Snapshot
+
+
+class Waited(_WaitedBase, total=False):
+    """What wait_released returns; conclude adds "memory_checked" and "left_alone" (a left-alone holder per GPU it
+    holds: _shapes.LeftAlone plus "gpu")."""
+
+    memory_checked: bool
+    left_alone: List[Dict[str, Any]]
+
+
 def wait_released(
-    inspector,
-    selection,
-    timeout,
-    max_used_mib=DEFAULT_MAX_USED_MIB,
-    poll_interval=DEFAULT_POLL_INTERVAL_S,
-    clock=time.monotonic,
-    sleep=time.sleep,
-    first=None,
-):
+    inspector: Inspector,
+    selection: Selection,
+    timeout: float,
+    max_used_mib: int = DEFAULT_MAX_USED_MIB,
+    poll_interval: float = DEFAULT_POLL_INTERVAL_S,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], object] = time.sleep,
+    first: Optional[_shapes.Snapshot] = None,
+) -> Waited:
     """Poll snapshots until every GPU `selection` (a _select.Selection) selects is released or `timeout` seconds pass.
 
     Returns {"released" (bool), "elapsed_s", "polls", "gpus" (_release.gpu_status of the last poll),
@@ -88,7 +110,7 @@ def wait_released(
         sleep(min(poll_interval, max(0.0, deadline - now)))
 
 
-def conclude(result, driver_timeout, single_look=False):
+def conclude(result: Waited, driver_timeout: float, single_look: bool = False) -> str:
     """Complete a wait_released() result for a module: "memory_checked", "left_alone" (one entry per GPU a left-alone
     holder holds), "next_step" on each GPU not released; return the message (one line per GPU that is not released,
     saying why and what to do next; never None or empty lists)."""
