@@ -24,6 +24,7 @@ import os
 from ansible.errors import AnsibleFilterError
 from ansible.module_utils.parsing.convert_bool import boolean
 
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu._select import blank, names_nothing
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._numbers import Refused, numbers, seconds_bounds, shown
 
 import yaml
@@ -136,30 +137,29 @@ def _entries(value):
     return [value]
 
 
-def _blank(value):
-    return value is None or (isinstance(value, str) and not value.strip())
-
-
 def selection(name, value, kind):
     """The module's value of selection variable `name` (given, so never "any"), or Refused: null, blank text, an
     empty list, a list with a null or blank entry, a PID that is not a whole number."""
     anything, what = SELECTIONS[kind]
-    if value is None:
+    # What names nothing is _select.names_nothing's to say, for the modules and the action plugin too.
+    nothing = names_nothing(value)
+    if nothing == "null":
         why = (
             "%s is null: it is set to nothing (a vars file whose entries are all commented out, or a template that "
             "rendered null)" % name
         )
-    elif isinstance(value, str) and not value.strip():
-        why = "%s is %s (%s)" % (name, "empty" if value == "" else "blank", shown(value))
+    elif nothing in ("empty", "blank") and isinstance(value, str):
+        why = "%s is %s (%s)" % (name, nothing, shown(value))
     elif kind == "match":
         return _text(value)
     elif isinstance(value, dict) or isinstance(value, bool):
         why = "%s must list %s, not %s" % (name, what, shown(value))
     else:
         entries = _entries(value)
-        if not entries:
+        nothing = names_nothing(entries)
+        if nothing == "empty":
             why = "%s is empty (%s): an empty selection selects nothing" % (name, shown(value))
-        elif any(_blank(entry) for entry in entries):
+        elif nothing is not None:
             why = "%s has a null or blank entry (%s)" % (name, shown(value))
         elif kind == "pids":
             bad = [
@@ -277,7 +277,7 @@ def _reset_gpus_options(given, spec):
         driver_timeout=values["reset_gpus_driver_timeout"],
     )
     signal = given.get("reset_gpus_signal", "SIGTERM")
-    if _blank(signal):
+    if blank(signal):
         raise Refused("reset_gpus_signal must name a signal (SIGTERM, SIGINT, ...), not %s" % shown(signal))
     kill = dict(
         group,

@@ -409,7 +409,7 @@ before:
            "index_source": "nvml"}
 """
 
-from ansible.module_utils.basic import AnsibleModule, _load_params, missing_required_lib
+from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _gpus, _kill, _select, _wait
 
@@ -430,10 +430,9 @@ def main() -> None:
         supports_check_mode=True,
     )
     _gpus.check_libraries(module, missing_required_lib)
-    # _load_params: the arguments as passed, where a null selection option is still there (params says None).
+    # A null selection option is None in params, as one left out: the action plugin refused it on the controller.
     outcome = _kill.run(
         module.params,
-        given=_load_params(),
         check_mode=module.check_mode,
         run_command=module.run_command,
         which=module.get_bin_path,

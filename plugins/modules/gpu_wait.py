@@ -216,13 +216,15 @@ after:
            "unmapped_minors": [], "index_source": "nvml"}
 """
 
-from ansible.module_utils.basic import AnsibleModule, _load_params, missing_required_lib
+from typing import Any, Dict, Mapping
+
+from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils import _options
 from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _advice, _gpus, _select, _wait
 
 
-def main():
+def main() -> None:
     module = AnsibleModule(
         argument_spec=dict(
             timeout=dict(type="float", default=60.0),
@@ -241,8 +243,8 @@ def main():
         at_most=_options.MAX_SECONDS,
     )
     try:
-        # _load_params: the arguments as passed, where a null selection option is still there (params says None).
-        checked = _select.check_options(params, given=_load_params())
+        # A null selection option is None here, as one left out: the action plugin refused it on the controller.
+        checked = _select.check_options(params)
     except _options.OptionError as exc:
         module.fail_json(msg=str(exc))
     inspector = _gpus.Inspector(driver_timeout=params["driver_timeout"])
@@ -270,7 +272,7 @@ def main():
     finish(module, params, result)
 
 
-def finish(module, params, result):
+def finish(module: AnsibleModule, params: Mapping[str, Any], result: Dict[str, Any]) -> None:
     """exit_json when released, else fail_json with one line per GPU that says why and what to do next."""
     driver = result["driver"]
     if not driver["available"] and not driver["timed_out"]:

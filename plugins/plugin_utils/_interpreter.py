@@ -16,15 +16,24 @@ highest of its sources) and runs discovery only when it is auto; discovery store
 host fact. The venv is tried first, without a look beforehand (a look costs a round trip on every module run): the
 shell that starts a missing interpreter exits 127 with its path in stderr, nothing ran, and the module runs once
 more with the task's own interpreter. Async runs, whose wrapper would leave its files behind, look first.
+
+It also sees the module's arguments as given (self._task.args, templated, with the module defaults), which the module
+does not: a selection option of gpu_kill or gpu_wait given as null (a vars file whose entries are all commented out, a
+template that rendered null) reaches the module as None, the same as an option left out, which selects any. Such a
+task is refused here, before the module runs, with the module's own words (module_utils/gpu/_select.py,
+null_refusal); the module refuses the rest of what names nothing itself (check_not_empty).
 """
 
 from __future__ import annotations
 
 import posixpath
 import re
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from ansible.plugins.action.normal import ActionModule as NormalAction
 from ansible.utils.display import Display
+
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu._select import null_refusal
 
 DEFAULT_VENV = "/opt/gpuops-nvidia/venv"
 VENV_VARIABLE = "gpuops_nvidia_venv"
@@ -34,17 +43,23 @@ MISSING_LIBRARY = re.compile(r"Failed to import the required Python library \(([
 # Exit statuses of a shell whose command could not be run: not found, not executable.
 NOT_STARTED = (126, 127)
 
+# The modules that select holders, and how each begins a refusal of its options (gpu_kill's: _kill.refused).
+SELECTING = {"gpu_kill": "nothing was signalled: ", "gpu_wait": ""}
+# A module run's result, and the interpreters tried: (interpreter, its source, "not found" or None where it ran).
+Result = Dict[str, Any]
+Tried = List[Tuple[str, str, Optional[str]]]
+
 display = Display()
 
 
-def venv_python(venv):
+def venv_python(venv: object) -> Optional[str]:
     """bin/python of venv `venv`; None for an empty value (no venv: the task's own interpreter only)."""
     if not venv or str(venv).strip().lower() in ("none", "false", "no"):
         return None
     return posixpath.join(str(venv).strip(), "bin", "python")
 
 
-def interpreter_missing(result, python):
+def interpreter_missing(result: object, python: str) -> bool:
     """True when `result` is a module run that never started because `python` is missing on the host."""
     if not isinstance(result, dict) or result.get("rc") not in NOT_STARTED:
         return False
@@ -52,7 +67,7 @@ def interpreter_missing(result, python):
     return python in output
 
 
-def explain(result, tried):
+def explain(result: Result, tried: Tried) -> Result:
     """`result`, with one message naming every interpreter tried where none could run the module.
 
     `tried` is [(interpreter, source, outcome)] in the order tried; outcome is "not found" or None (it ran).
@@ -80,10 +95,30 @@ def explain(result, tried):
     return result
 
 
-class ActionModule(NormalAction):
-    """Runs the module with gpuops_nvidia_venv's Python where it exists on the host, else with the task's own."""
+def selection_refusal(action: str, args: object) -> Optional[str]:
+    """Why a task of module `action` (a name or FQCN) with arguments `args` (as given) must not run, or None: a
+    selection option given as null, which the module would take as left out (null_refusal)."""
+    prefix = SELECTING.get(action.rsplit(".", 1)[-1])
+    if prefix is None or not isinstance(args, Mapping):
+        return None
+    refusal = null_refusal(args)
+    return None if refusal is None else prefix + refusal
 
-    def _vars_with_interpreter(self, task_vars, python):
+
+# ansible-core ships no type information: its ActionModule is Any to mypy.
+class ActionModule(NormalAction):  # type: ignore[misc]
+    """Runs the module with gpuops_nvidia_venv's Python where it exists on the host, else with the task's own.
+    Refuses a null selection option before that (selection_refusal)."""
+
+    def run(self, tmp: Optional[str] = None, task_vars: Optional[Dict[str, Any]] = None) -> Result:
+        # Task.resolved_action: the module's FQCN however the task names it (short name under `collections:`).
+        refusal = selection_refusal(self._task.resolved_action or self._task.action, self._task.args)
+        if refusal:
+            return {"failed": True, "changed": False, "msg": refusal}
+        result: Result = super().run(tmp, task_vars)
+        return result
+
+    def _vars_with_interpreter(self, task_vars: Dict[str, Any], python: str) -> Dict[str, Any]:
         """A copy of `task_vars` whose ansible_python_interpreter (of the delegated host, if any) is `python`."""
         task_vars = dict(task_vars)
         if self._task.delegate_to:
@@ -96,16 +131,24 @@ class ActionModule(NormalAction):
             task_vars["ansible_python_interpreter"] = python
         return task_vars
 
-    def _venv_python(self, task_vars):
+    def _venv_python(self, task_vars: Dict[str, Any]) -> Optional[str]:
         own = task_vars
         if self._task.delegate_to:
             own = (task_vars.get("ansible_delegated_vars") or {}).get(self._task.delegate_to) or {}
         return venv_python(self._templar.template(own.get(VENV_VARIABLE, DEFAULT_VENV)))
 
-    def _execute_module(self, module_name=None, module_args=None, tmp=None, task_vars=None, **kwargs):
+    def _execute_module(
+        self,
+        module_name: Optional[str] = None,
+        module_args: Optional[Dict[str, Any]] = None,
+        tmp: Optional[str] = None,
+        task_vars: Optional[Dict[str, Any]] = None,
+        **kwargs: Any,
+    ) -> Result:
         python = self._venv_python(task_vars) if task_vars is not None else None
-        if python is None or module_name not in (None, self._task.action):
-            return super()._execute_module(module_name, module_args, tmp, task_vars, **kwargs)
+        if task_vars is None or python is None or module_name not in (None, self._task.action):
+            plain: Result = super()._execute_module(module_name, module_args, tmp, task_vars, **kwargs)
+            return plain
         if kwargs.get("wrap_async") and not self._remote_file_exists(python):
             result = super()._execute_module(module_name, module_args, tmp, task_vars, **kwargs)
             return explain(
@@ -133,6 +176,6 @@ class ActionModule(NormalAction):
             ],
         )
 
-    def _used_shebang(self):
+    def _used_shebang(self) -> str:
         """The interpreter of the last module run (ActionBase records its shebang)."""
         return (getattr(self, "_used_interpreter", None) or "#!?").lstrip("#!").strip()

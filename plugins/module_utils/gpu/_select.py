@@ -19,9 +19,13 @@ import os
 import pwd
 import re
 import stat
+from typing import TYPE_CHECKING, Any, Dict, FrozenSet, Iterable, List, Literal, Mapping, Optional, Pattern, Set
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _owners, _proc
 from ansible_collections.gpuops.nvidia.plugins.module_utils._options import OptionError
+
+if TYPE_CHECKING:
+    from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu._shapes import Snapshot
 
 # Daemons that hold GPUs legitimately; never signalled unless the operator says so explicitly. Known by what they
 # run, not by their title: the basename of the executable /proc/PID/exe points to (daemon_name). A title (exec -a,
@@ -63,7 +67,7 @@ PROTECTED_NAMES = (
 EXCLUDED = "excluded by the exclude option"
 
 # Options shared by every module that selects holders (gpu_kill, gpu_wait), beside `gpus`.
-HOLDER_ARGS = dict(
+HOLDER_ARGS: Dict[str, Dict[str, Any]] = dict(
     pids=dict(type="list", elements="int"),
     pid_start_ticks=dict(type="dict"),
     match=dict(type="str"),
@@ -89,61 +93,111 @@ class SelectionError(OptionError):
 SELECTION_OPTIONS = ("gpus", "pids", "match", "users") + OWNER_FILTERS
 
 
-def _blank(value):
+# How a value given for a selection option names nothing (names_nothing). "null", "empty" and "blank" are the whole
+# value; "only blank entries" a list of nothing but null or blank entries; "a blank entry" a list with a null or blank
+# entry beside real ones.
+Nothing = Literal["null", "empty", "blank", "only blank entries", "a blank entry"]
+# The words of check_not_empty's refusal for each kind that it refuses, several options at once.
+_NOTHING_WORDS = {
+    "null": "null",
+    "empty": "empty",
+    "blank": "blank",
+    "only blank entries": "lists of nothing but null or blank entries",
+}
+# A holder of a snapshot (_shapes.SnapshotHolder, with "owner" where owners were read); split adds "reason".
+HolderLike = Mapping[str, Any]
+
+
+def blank(value: object) -> bool:
     """True for a value that names nothing: null, or a string of whitespace only."""
     return value is None or (isinstance(value, str) and not value.strip())
 
 
-def check_not_empty(given=None, **values):
+def names_nothing(value: object) -> Optional[Nothing]:
+    """How `value`, given for a selection option, names nothing, or None when it names something.
+
+    The one classification of an empty selection: the modules (check_not_empty), the collection's action plugin (a
+    null option, which only the controller sees: null_refusal) and the role's and playbooks' variables
+    (plugins/filter/inputs.py) all ask it. Null, an empty or blank string, an empty list, a list of nothing but null
+    or blank entries ("only blank entries"), a list with a null or blank entry beside real ones ("a blank entry").
+    Anything else (a number, a mapping) is the option's own type check's to refuse.
+    """
+    if value is None:
+        return "null"
+    if isinstance(value, str):
+        return "empty" if not value else "blank" if not value.strip() else None
+    if isinstance(value, (list, tuple)):
+        if not value:
+            return "empty"
+        blanks = sum(1 for item in value if blank(item))
+        return None if not blanks else "only blank entries" if blanks == len(value) else "a blank entry"
+    return None
+
+
+def nothing_refusal(values: Mapping[str, object]) -> Optional[str]:
+    """The refusal of the options in `values` (option name -> value) that name nothing, in one sentence, or None.
+
+    A list with a blank entry beside real ones is not refused here: the option's own check refuses it (an unknown
+    GPU, user or PID).
+    """
+    kinds: Dict[str, List[str]] = {}
+    for name, value in sorted(values.items()):
+        kind = names_nothing(value)
+        if kind in _NOTHING_WORDS:
+            kinds.setdefault(_NOTHING_WORDS[str(kind)], []).append(name)
+    if not kinds:
+        return None
+    return "%s: a selection that names nothing is refused (omit the option to select any)" % "; ".join(
+        "%s %s %s"
+        % (
+            ", ".join(names),
+            "is" if len(names) == 1 else "are",
+            kind.replace("lists of", "a list of") if len(names) == 1 else kind,
+        )
+        for kind, names in kinds.items()
+    )
+
+
+def null_refusal(args: Mapping[str, object]) -> Optional[str]:
+    """The refusal of a module's arguments as given (`args`, before Ansible's type checks) where a selection option is
+    null, or None.
+
+    A module cannot tell an option given as null from one left out (both are None in its params), and "left out"
+    selects any: the collection's action plugin (plugins/plugin_utils/_interpreter.py) asks this on the controller,
+    which sees the arguments as given, before the module runs. The other options given are worded with them.
+    """
+    given = {name: args[name] for name in SELECTION_OPTIONS if name in args}
+    if not any(value is None for value in given.values()):
+        return None
+    return nothing_refusal(given)
+
+
+def check_not_empty(**values: object) -> None:
     """Refuse a selection option that was given but selects nothing, before anything is signalled.
 
-    Nothing is: null (a YAML key whose entries are all commented out, a template that rendered null), an
-    empty or blank string, an empty list, a list of nothing but null or blank entries. (A blank entry
-    beside real ones is refused by the option's own check: an unknown GPU, user or PID.) Such a value must not widen
-    the selection to "everything". An option left out means "any".
+    Nothing is (names_nothing): an empty or blank string, an empty list, a list of nothing but null or blank entries.
+    (A blank entry beside real ones is refused by the option's own check: an unknown GPU, user or PID.) Such a value
+    must not widen the selection to "everything". None is an option left out, which means "any": a null given as
+    such is refused on the controller (null_refusal), which alone can tell it from one left out.
 
     Args:
-        given: the module's arguments as the controller passed them (absent keys were left out), or None
-            when only `values` are known (then None means left out).
         values: option name -> value after Ansible's type checks.
     """
-    kinds = {}
-    for name, value in sorted(values.items()):
-        if value is None:
-            kind = "null" if given is not None and name in given and given[name] is None else None
-        elif isinstance(value, str):
-            kind = "empty" if not value else "blank" if not value.strip() else None
-        elif len(value) == 0:
-            kind = "empty"
-        else:
-            kind = "lists of nothing but null or blank entries" if all(_blank(item) for item in value) else None
-        if kind:
-            kinds.setdefault(kind, []).append(name)
-    if kinds:
-        raise SelectionError(
-            "%s: a selection that names nothing is refused (omit the option to select any)"
-            % "; ".join(
-                "%s %s %s"
-                % (
-                    ", ".join(names),
-                    "is" if len(names) == 1 else "are",
-                    kind.replace("lists of", "a list of") if len(names) == 1 else kind,
-                )
-                for kind, names in kinds.items()
-            )
-        )
+    refusal = nothing_refusal({name: value for name, value in values.items() if value is not None})
+    if refusal:
+        raise SelectionError(refusal)
 
 
-class GpuIndices(list):
+class GpuIndices(List[int]):
     """The sorted NVML indices select_gpus selected (a list), with `instances`: {index: frozenset of MIG UUIDs} for
     the MIG-enabled GPUs of which only some MIG instances were selected (an index not in it: the whole GPU)."""
 
-    def __init__(self, indices=(), instances=None):
+    def __init__(self, indices: Iterable[int] = (), instances: Optional[Mapping[int, FrozenSet[str]]] = None) -> None:
         super(GpuIndices, self).__init__(indices)
-        self.instances = dict(instances or {})
+        self.instances: Dict[int, FrozenSet[str]] = dict(instances or {})
 
 
-def select_gpus(requested, snapshot):
+def select_gpus(requested: Optional[List[Any]], snapshot: Snapshot) -> Optional[GpuIndices]:
     """NVML indices selected by the `gpus` option (ASCII indices, GPU UUIDs or MIG UUIDs; None = all).
 
     Returns a GpuIndices (a sorted list of indices; a MIG UUID selects its parent's index and, in `instances`, that
@@ -167,12 +221,17 @@ def select_gpus(requested, snapshot):
             "/proc/driver/nvidia to map GPU indices to device files; install or load the NVIDIA driver"
             % (list(requested), driver.get("error"))
         )
-    by_uuid = {gpu["uuid"]: gpu["index"] for gpu in snapshot["gpus"] if gpu.get("uuid")}
+    by_uuid: Dict[str, int] = {}
+    for gpu in snapshot["gpus"]:
+        uuid = gpu.get("uuid")
+        if uuid:
+            by_uuid[uuid] = gpu["index"]
     by_mig_uuid = {device["uuid"]: gpu["index"] for gpu in snapshot["gpus"] for device in gpu.get("mig_devices") or ()}
     indices = {gpu["index"] for gpu in snapshot["gpus"]}
-    selected, instances = set(), {}
+    selected: Set[int] = set()
+    instances: Dict[int, Set[str]] = {}
     for item in requested:
-        text = str(item).strip()
+        text: Optional[str] = str(item).strip()
         if isinstance(item, bool):
             text = None
         if text is not None and _ASCII_INDEX.fullmatch(text) and int(text) in indices:
@@ -194,11 +253,11 @@ def select_gpus(requested, snapshot):
                 )
             )
     # A whole GPU selected as well as some of its instances: the whole GPU.
-    instances = {index: frozenset(uuids) for index, uuids in instances.items() if index not in selected}
-    return GpuIndices(sorted(selected | set(instances)), instances)
+    partial = {index: frozenset(uuids) for index, uuids in instances.items() if index not in selected}
+    return GpuIndices(sorted(selected | set(partial)), partial)
 
 
-def _bracket_hint(text):
+def _bracket_hint(text: Optional[str]) -> str:
     """How to write a list where `text` is a piece of one written in brackets, as key=value arguments (ansible -a
     'gpus=[0,1]') pass it: one string, which the list type splits at commas into '[0' and '1]'."""
     if not text or not (text.startswith("[") or text.endswith("]")):
@@ -209,7 +268,7 @@ def _bracket_hint(text):
     )
 
 
-def compile_match(pattern):
+def compile_match(pattern: Optional[str]) -> Optional[Pattern[str]]:
     """Compile the `match` regex (None = any), or raise SelectionError."""
     if pattern is None:
         return None
@@ -217,10 +276,10 @@ def compile_match(pattern):
     try:
         return re.compile(pattern)
     except re.error as exc:
-        raise SelectionError("invalid regex in match %r: %s" % (pattern, exc))
+        raise SelectionError("invalid regex in match %r: %s" % (pattern, exc)) from None
 
 
-def check_users(users):
+def check_users(users: Optional[List[str]]) -> Optional[Set[str]]:
     """Refuse user names that do not exist on this host (UIDs, all ASCII digits, are taken as they are)."""
     if users is None:
         return None
@@ -240,7 +299,8 @@ def check_users(users):
     return set(users)
 
 
-def check_pids(pids):
+def check_pids(pids: Optional[List[int]]) -> Optional[Set[int]]:
+    """The PIDs of `pids` as a set, or None when not given; SelectionError for one that is not a positive PID."""
     if pids is None:
         return None
     check_not_empty(pids=pids)
@@ -251,14 +311,15 @@ def check_pids(pids):
     return set(pids)
 
 
-def check_start_ticks(ticks, pids):
+def check_start_ticks(ticks: Optional[Mapping[Any, Any]], pids: Optional[Set[int]]) -> Optional[Dict[int, int]]:
     """pid_start_ticks as {PID: start ticks}, or None when not given. Each key must be one of `pids` (pids must be
     given), each value a start time in clock ticks since boot (field 22 of /proc/PID/stat), a whole number >= 0."""
     if ticks is None:
         return None
     if pids is None:
         raise SelectionError("pid_start_ticks needs pids: give the PIDs whose start times it pins")
-    found, bad = {}, []
+    found: Dict[int, int] = {}
+    bad: List[str] = []
     for key, value in ticks.items():
         pid, start = str(key).strip(), str(value).strip()
         if not pid.isdigit() or int(pid) not in pids or isinstance(value, bool) or not start.isdigit():
@@ -276,31 +337,38 @@ class Checked:
     """The selection options of one module run, checked once, before the first look at the GPUs."""
 
     # {PID: start ticks} (check_start_ticks) or None: a listed PID whose process started at another time is left alone.
-    pid_start_ticks = None
+    pid_start_ticks: Optional[Dict[int, int]] = None
 
-    def __init__(self, gpus=None, pids=None, regex=None, users=None, owners=None, exclude=(), include_protected=False):
+    def __init__(
+        self,
+        gpus: Optional[List[Any]] = None,
+        pids: Optional[Set[int]] = None,
+        regex: Optional[Pattern[str]] = None,
+        users: Optional[Set[str]] = None,
+        owners: Optional[Mapping[str, Optional[List[str]]]] = None,
+        exclude: Optional[Iterable[str]] = (),
+        include_protected: bool = False,
+    ) -> None:
         self.gpus = gpus
         self.pids = pids
         self.regex = regex
         self.users = users
-        self.owners = owners or {}
+        self.owners: Dict[str, Optional[List[str]]] = dict(owners or {})
         self.exclude = tuple(exclude or ())
         self.include_protected = include_protected
 
 
-def check_options(params, given=None):
+def check_options(params: Mapping[str, Any], given: Optional[Mapping[str, object]] = None) -> Checked:
     """Check the selection options that need no look at the GPUs, so bad input is refused even when the driver
-    hangs. `given` is the module's arguments as passed (see check_not_empty). Returns a Checked; raises
+    hangs. `given`: the arguments as given, where known (null_refusal); a module has only `params`, where a null
+    option is None, as one left out (the action plugin refused nulls on the controller). Returns a Checked; raises
     SelectionError."""
-    # Null options (only `given` shows them), and the options whose own checks come later (gpus needs a look).
-    check_not_empty(
-        given,
-        **{
-            name: params.get(name)
-            for name in SELECTION_OPTIONS
-            if name in ("gpus",) + OWNER_FILTERS or params.get(name) is None
-        },
-    )
+    refusal = null_refusal(given) if given is not None else None
+    if refusal:
+        raise SelectionError(refusal)
+    # The options whose own checks come later (gpus needs a look) or that have none; pids, match and users are
+    # checked by check_pids, compile_match and check_users.
+    check_not_empty(**{name: params.get(name) for name in ("gpus",) + OWNER_FILTERS})
     errors = _owners.container_ref_errors(params["containers"]) if params.get("containers") else None
     if errors:
         raise SelectionError("; ".join(errors))
@@ -317,9 +385,9 @@ def check_options(params, given=None):
     return checked
 
 
-def ancestors(pid=None, proc="/proc"):
+def ancestors(pid: Optional[int] = None, proc: str = "/proc") -> Set[int]:
     """PIDs of `pid` (default: this process) and all its ancestors up to PID 1."""
-    chain = set()
+    chain: Set[int] = set()
     current = os.getpid() if pid is None else pid
     while current and current not in chain:
         chain.add(current)
@@ -328,7 +396,7 @@ def ancestors(pid=None, proc="/proc"):
     return chain
 
 
-def daemon_name(pid, start_ticks, proc="/proc", owner=0):
+def daemon_name(pid: int, start_ticks: Optional[int], proc: str = "/proc", owner: int = 0) -> Optional[str]:
     """The name in PROTECTED_NAMES that process `pid` runs, judged by its executable, or None.
 
     /proc/PID/exe names the file the kernel runs (a deleted one ends in " (deleted)", as after a package upgrade).
@@ -353,7 +421,13 @@ def daemon_name(pid, start_ticks, proc="/proc", owner=0):
     return name if trusted and name in PROTECTED_NAMES else None
 
 
-def protection(holder, own_chain, exclude=(), include_protected=False, proc="/proc"):
+def protection(
+    holder: HolderLike,
+    own_chain: Set[int],
+    exclude: Iterable[str] = (),
+    include_protected: bool = False,
+    proc: str = "/proc",
+) -> Optional[str]:
     """Why `holder` must not be signalled, or None.
 
     Never: PID 1, kernel threads, this process and its ancestors (the Ansible process chain
@@ -361,7 +435,7 @@ def protection(holder, own_chain, exclude=(), include_protected=False, proc="/pr
     (daemon_name), and the names in `exclude`; `include_protected=True` lifts PROTECTED_NAMES
     (never `exclude`).
     """
-    pid = holder["pid"]
+    pid: int = holder["pid"]
     if pid == 1:
         return "PID 1 (init)"
     if pid in own_chain:
@@ -377,11 +451,11 @@ def protection(holder, own_chain, exclude=(), include_protected=False, proc="/pr
     return None
 
 
-def _matching_names(holder, names):
+def _matching_names(holder: HolderLike, names: Iterable[str]) -> List[str]:
     """The names in `names` that are this process's name: its comm (which the kernel cuts to
     15 bytes) or the basename of its argv[0]."""
-    comm = holder.get("comm") or ""
-    cmdline = holder.get("cmdline") or ""
+    comm: str = holder.get("comm") or ""
+    cmdline: str = holder.get("cmdline") or ""
     argv0 = os.path.basename(cmdline.split(" ", 1)[0]) if cmdline else ""
     return sorted({name for name in names if name and (comm == name[:15] or argv0 == name)})
 
@@ -394,24 +468,24 @@ class Selection:
     """
 
     # {PID: start ticks} or None (from_params sets it from Checked.pid_start_ticks).
-    pid_start_ticks = None
+    pid_start_ticks: Optional[Dict[int, int]] = None
 
     def __init__(
         self,
-        indices,
-        pids=None,
-        regex=None,
-        users=None,
-        exclude=(),
-        include_protected=False,
-        own_chain=None,
-        owners=None,
-        proc="/proc",
-    ):
+        indices: Optional[List[int]],
+        pids: Optional[Set[int]] = None,
+        regex: Optional[Pattern[str]] = None,
+        users: Optional[Set[str]] = None,
+        exclude: Optional[Iterable[str]] = (),
+        include_protected: bool = False,
+        own_chain: Optional[Set[int]] = None,
+        owners: Optional[Mapping[str, Optional[List[str]]]] = None,
+        proc: str = "/proc",
+    ) -> None:
         self.indices = indices
         self.proc = proc
         # {index: MIG UUIDs} where only some MIG instances of a GPU are selected (select_gpus).
-        self.instances = getattr(indices, "instances", None) or {}
+        self.instances: Dict[int, FrozenSet[str]] = getattr(indices, "instances", None) or {}
         self.owners = {name: value for name, value in (owners or {}).items() if value is not None}
         self.pids = pids
         self.regex = regex
@@ -421,17 +495,14 @@ class Selection:
         self.own_chain = ancestors() if own_chain is None else own_chain
 
     @classmethod
-    def from_params(cls, params, snapshot, checked=None):
+    def from_params(cls, params: Mapping[str, Any], snapshot: Snapshot, checked: Optional[Checked] = None) -> Selection:
         """The Selection of a module's options (`gpus` and HOLDER_ARGS; missing keys mean "any") on a snapshot.
         `checked` is check_options' result (checked here when None); raises SelectionError before anything is
         signalled."""
         checked = checked or check_options(params)
         if checked.owners.get("containers"):
-            known = {
-                p["owner"]["container_id"]
-                for p in snapshot.get("holders", []) + snapshot.get("device_users", [])
-                if (p.get("owner") or {}).get("container_id")
-            }
+            processes: List[HolderLike] = [*snapshot.get("holders", []), *snapshot.get("device_users", [])]
+            known = {p["owner"]["container_id"] for p in processes if (p.get("owner") or {}).get("container_id")}
             errors = _owners.container_ref_errors(checked.owners["containers"], known)
             if errors:
                 raise SelectionError("; ".join(errors))
@@ -448,11 +519,11 @@ class Selection:
         return selection
 
     @property
-    def narrowed(self):
+    def narrowed(self) -> bool:
         """True when pids, match, users or an owner filter narrow the selection beyond GPUs."""
         return self.pids is not None or self.regex is not None or self.users is not None or bool(self.owners)
 
-    def covers(self, holder):
+    def covers(self, holder: HolderLike) -> bool:
         """True when `holder` holds one of the selected GPUs (where MIG instances are selected: one of them)."""
         if self.indices is None:
             return True
@@ -462,7 +533,7 @@ class Selection:
                 return True
         return False
 
-    def narrowing_reason(self, holder):
+    def narrowing_reason(self, holder: HolderLike) -> Optional[str]:
         """Why pids, match, users or an owner filter leave this holder alone, or None (the protection rules aside)."""
         if self.pids is not None and holder["pid"] not in self.pids:
             return "not in pids"
@@ -478,16 +549,20 @@ class Selection:
         if self.users is not None and holder.get("user") not in self.users and str(holder.get("uid")) not in self.users:
             return "user %s not in users" % holder.get("user")
         if self.owners:
-            return _owners.mismatch(holder.get("owner"), **self.owners)
+            mismatch: Optional[str] = _owners.mismatch(holder.get("owner"), **self.owners)
+            return mismatch
         return None
 
-    def split(self, snapshot):
+    def split(self, snapshot: Snapshot) -> Dict[str, List[Any]]:
         """{"targets": [holder], "left_alone": [holder + reason], "protected": [the left_alone entries that the
         protection rules or `exclude` leave alone, rather than pids, match, users or an owner filter], "counted": [the
         PIDs of those the protection rules leave alone, `exclude` aside: nobody chose to leave them out, so their
         memory counts in the release decision], "not_holding": [PIDs from `pids` that hold none of the selected
         GPUs]} for the holders of the selected GPUs in `snapshot`."""
-        targets, left, protected, counted = [], [], [], []
+        targets: List[HolderLike] = []
+        left: List[Dict[str, Any]] = []
+        protected: List[Dict[str, Any]] = []
+        counted: List[int] = []
         covered = [h for h in snapshot["holders"] if self.covers(h)]
         for holder in covered:
             narrowed = self.narrowing_reason(holder)

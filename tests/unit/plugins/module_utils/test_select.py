@@ -792,3 +792,36 @@ def test_a_protected_holder_s_memory_keeps_the_gpu_from_being_free(daemons):
     # Memory still being released besides the daemon's: not yet a matter of the daemon alone.
     (entry,) = _release.gpu_status(selection(), make_view([gpu(0, 70000)], [daemon]), 256)
     assert entry["released"] is False and _release.held_by_protected(entry, 256) is False
+
+
+# --- one classification of a selection that names nothing (issue 34 item 3) -----------------------------------------
+
+
+@pytest.mark.parametrize(
+    "value, kind",
+    [
+        (None, "null"),
+        ("", "empty"),
+        (" \t", "blank"),
+        ([], "empty"),
+        ((), "empty"),
+        ([None, " "], "only blank entries"),
+        ([0, ""], "a blank entry"),
+        ([0], None),
+        ("vllm", None),
+        (0, None),
+        ({}, None),
+    ],
+)
+def test_names_nothing_is_the_one_classification(value, kind):
+    assert _select.names_nothing(value) == kind
+
+
+def test_null_refusal_words_every_selection_option_given_beside_a_null():
+    assert _select.null_refusal({"gpus": [0], "max_used_mib": None}) is None
+    assert _select.null_refusal({}) is None
+    assert _select.null_refusal({"match": " ", "pids": None}) == (
+        "match is blank; pids is null: a selection that names nothing is refused (omit the option to select any)"
+    )
+    # A blank entry beside real ones is the option's own check's to refuse (an unknown GPU).
+    assert _select.nothing_refusal({"gpus": [0, " "]}) is None

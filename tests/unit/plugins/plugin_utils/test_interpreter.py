@@ -3,12 +3,18 @@
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 """The choice of the modules' Python (plugins/plugin_utils/_interpreter.py); the runs are in
-tests/integration/test_prepare_hosts.py."""
+tests/integration/test_prepare_hosts.py. The refusal of a null selection option on the controller; the ad hoc run is
+in tests/integration/test_selection_refusals.py."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
+from types import SimpleNamespace
+from unittest import mock
+
+import pytest
+from ansible.plugins.action.normal import ActionModule as NormalAction
 
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils import _interpreter
 
@@ -81,3 +87,56 @@ def test_other_results_pass_unchanged():
         [(VENV_PY, "gpuops_nvidia_venv", "not found"), ("/usr/bin/python3", "ansible_python_interpreter", "not found")],
     )
     assert "/usr/bin/python3 (ansible_python_interpreter): not found. Next step:" in result["msg"]
+
+
+# --- a null selection option, refused on the controller (issue 34 item 3) -----------------------------------------
+
+
+def action(name, args):
+    """The collection's action plugin for a task of module `name` (as written) with `args` (as given)."""
+    task = SimpleNamespace(resolved_action="gpuops.nvidia." + name.rsplit(".", 1)[-1], action=name, args=args)
+    return _interpreter.ActionModule(task, *(mock.MagicMock() for _ in range(5)))
+
+
+@pytest.fixture
+def module_runs(monkeypatch):
+    """The arguments of each task that went on to the module (NormalAction.run)."""
+    runs = []
+    monkeypatch.setattr(NormalAction, "run", lambda self, tmp=None, task_vars=None: runs.append(self._task.args) or {})
+    return runs
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ({"gpus": None}, "gpus is null"),
+        ({"pids": None}, "pids is null"),
+        ({"match": None}, "match is null"),
+        ({"users": None}, "users is null"),
+        ({"units": None}, "units is null"),
+        ({"containers": None, "pods": None}, "containers, pods are null"),
+        ({"slurm_jobs": None}, "slurm_jobs is null"),
+        ({"gpus": None, "max_used_mib": 5}, "gpus is null"),
+    ],
+)
+@pytest.mark.parametrize("name, prefix", [("gpuops.nvidia.gpu_kill", "nothing was signalled: "), ("gpu_wait", "")])
+def test_a_null_selection_option_is_refused_before_the_module_runs(module_runs, args, message, name, prefix):
+    result = action(name, args).run(task_vars={})
+    assert result["failed"] is True and result["changed"] is False
+    assert result["msg"] == (
+        prefix + message + ": a selection that names nothing is refused (omit the option to select any)"
+    )
+    assert module_runs == []
+
+
+def test_other_arguments_and_other_modules_go_to_the_module(module_runs):
+    # What the module sees it refuses itself (a blank match: _select.check_not_empty); options left out select any.
+    for name, args in (
+        ("gpu_kill", {"gpus": [0], "pids": [5]}),
+        ("gpu_kill", {}),
+        ("gpu_wait", {"match": " "}),
+        ("gpu_facts", {"gpus": None}),
+        ("gpu_kill", "gpus=0"),
+    ):
+        assert action(name, args).run(task_vars={}) == {}
+    assert len(module_runs) == 5
