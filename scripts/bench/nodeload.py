@@ -2,6 +2,7 @@
 
     load = populate(node, processes=2000, fds=100_000, holders=36, threads=8)
     load["holders"]          # PIDs (in the node) that hold an NVIDIA device file, by design
+    populate(node, ..., kinds=("fd", "cuda", "mapping"))  # holder kinds, in turn (default: all four, below)
     load["processes"], load["fds"]   # what the node then has in total (counted from its /proc)
     tree = orphaned_tree(node, tp=8)  # {"engine": PID, "workers": [PID...]}: a light orphaned vLLM tree
 
@@ -14,7 +15,9 @@ forks the rest without exec, so 2,000 processes take a second or two and little 
   the collection needs (docs/attribution.md). Four kinds, by how the simulator's handle is held: fd (the
   device file's fd), cuda (the fd, and /dev/nvidiactl and /dev/nvidia-uvm kept open, as a CUDA process),
   mapping (the simulator's token by a mapping, the fd closed) and inherited (a child that only inherited
-  the parent's handles and mappings; the parent exits);
+  the parent's handles and mappings; the parent exits). The driver lists a context by its creator's PID, so
+  an inherited holder leaves a dead creator listed: the modules' looks then scan all of /proc. Without the
+  inherited kind every listed PID is a live holder and the lists explain the memory;
 - control-only holders (/dev/nvidiactl and /dev/nvidia-uvm, no GPU), like a monitoring agent.
 The processes end with the node (gpunode down).
 """
@@ -122,7 +125,7 @@ def control_only():
 pids = {"sleepers": [], "fd_helpers": [], "holders": [], "control_only": [], "inherited_parents": []}
 for count in spec["fd_helper_fds"]:
     pids["fd_helpers"].append(child(lambda count=count: open_many(count)))
-kinds = ("fd", "cuda", "mapping", "inherited")
+kinds = spec["kinds"]
 for number in range(spec["holders"]):
     kind = kinds[number % len(kinds)]
     pid = child(holder(kind, number % len(minors), spec["holder_mib"], spec["threads"]))
@@ -221,10 +224,21 @@ SLEEPER_FDS = 3
 FD_HELPER_MAX_FDS = 10_000
 
 
-def plan(processes: int, fds: int, holders: int, threads: int, control_only: int = 2, holder_mib: int = 100) -> dict:
+KINDS = ("fd", "cuda", "mapping", "inherited")
+
+
+def plan(
+    processes: int,
+    fds: int,
+    holders: int,
+    threads: int,
+    control_only: int = 2,
+    holder_mib: int = 100,
+    kinds: tuple[str, ...] = KINDS,
+) -> dict:
     """The launcher's spec for a node of about `processes` processes and `fds` open fds in total.
 
-    Holders, control-only holders and fd helpers count toward `processes`; the fds left after
+    Holders (of `kinds` in turn), control-only holders and fd helpers count toward `processes`; the fds left after
     every process's stdio go to fd helpers of at most FD_HELPER_MAX_FDS each. Raises ValueError
     when `processes` is too small for the holders.
     """
@@ -242,6 +256,7 @@ def plan(processes: int, fds: int, holders: int, threads: int, control_only: int
         "threads": threads,
         "control_only": control_only,
         "holder_mib": holder_mib,
+        "kinds": list(kinds),
     }
 
 
@@ -251,7 +266,14 @@ def count(node) -> dict:
 
 
 def populate(
-    node, processes: int, fds: int, holders: int, threads: int = 8, control_only: int = 2, timeout: float = 120.0
+    node,
+    processes: int,
+    fds: int,
+    holders: int,
+    threads: int = 8,
+    control_only: int = 2,
+    timeout: float = 120.0,
+    kinds: tuple[str, ...] = KINDS,
 ) -> dict:
     """Create the load described in this module's docstring in `node`; return what was made.
 
@@ -259,7 +281,7 @@ def populate(
     "sleepers", "fd_helpers", "launcher", "processes" and "fds" (counted afterwards)}. PIDs are the
     node's. Raises TimeoutError when the launcher has not reported after `timeout` seconds.
     """
-    spec = dict(plan(processes, fds, holders, threads, control_only), sim_dir=str(SIM_DIR))
+    spec = dict(plan(processes, fds, holders, threads, control_only, kinds=kinds), sim_dir=str(SIM_DIR))
     node.exec(
         "sh",
         "-c",
