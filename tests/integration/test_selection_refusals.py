@@ -26,22 +26,37 @@ def _refused(node, holders, inventory, variable, words, *args):
     assert all(alive(node, pid) for pid in holders), (variable, args)
 
 
+def _each_alias_refused(node, holders, tmp_path, cases):
+    """One reset_gpus run over an inventory with one alias of `node` per case, each with its own host_vars file (a
+    vars file as an operator writes it): every alias is refused with its own words and nothing is signalled.
+    `cases`: [(vars file text, variable, words)]."""
+    directory = tmp_path / "aliases"
+    (directory / "host_vars").mkdir(parents=True)
+    connection = inventory_file(tmp_path, node).read_text().splitlines()[1].split(" ", 1)[1]
+    aliases = ["case%02d" % number for number in range(len(cases))]
+    (directory / "hosts.ini").write_text(
+        "\n".join(["[gpunodes]"] + ["%s %s" % (a, connection) for a in aliases]) + "\n"
+    )
+    for alias, (text, _variable, _words) in zip(aliases, cases):
+        (directory / "host_vars" / ("%s.yml" % alias)).write_text(text)
+    rc, out, recap = playbook(directory / "hosts.ini", RESET)
+    assert rc != 0, out
+    for alias, (text, variable, words) in zip(aliases, cases):
+        failed = [line for line in out.splitlines() if "[%s]" % alias in line and "FAILED" in line]
+        assert any("nothing was signalled: %s %s" % (variable, words) in line for line in failed), (alias, text, out)
+    assert "would signal" not in out and "  PID " not in out, out
+    assert all(alive(node, pid) for pid in holders)
+
+
 @pytest.mark.slow
 def test_null_selection_through_each_channel_is_refused_and_nothing_is_signalled(simnode, tmp_path):
     node = simnode(gpus=2, release_latency=0.1)
     holders = [start_holder(node, [0], mib=3000), start_holder(node, [1], mib=3000)]
     inventory = inventory_file(tmp_path, node)
-    for kind in SELECTIONS:
-        variable = "reset_gpus_" + kind
-        # A vars file whose list entries are all commented out: the value is null.
-        commented = tmp_path / ("%s.yml" % kind)
-        commented.write_text("%s:\n#  - 0\n#  - 1\n" % variable)
-        _refused(node, holders, inventory, variable, "is null", "-e", "@%s" % commented)
-        # -e JSON null, in a real run and in check mode.
-        _refused(node, holders, inventory, variable, "is null", "-e", json.dumps({variable: None}))
-        _refused(node, holders, inventory, variable, "is null", "-e", json.dumps({variable: None}), "--check")
-    # Templates that rendered null, nothing, blank, an empty list, a list with a null entry.
-    templated = tmp_path / "templated.yml"
+    # Vars files, one alias of the node each (one run for all): every selection variable whose list entries are all
+    # commented out (the value is null); templates that rendered null, nothing, blank, an empty list, a list with a
+    # null entry; blank text and lists with a null or blank entry.
+    cases = [("reset_gpus_%s:\n#  - 0\n#  - 1\n" % kind, "reset_gpus_" + kind, "is null") for kind in SELECTIONS]
     for value, words in (
         ("{{ no_such_list | default(none) }}", "is null"),
         ("{{ '' }}", "is empty"),
@@ -51,30 +66,22 @@ def test_null_selection_through_each_channel_is_refused_and_nothing_is_signalled
         ("{{ [' '] }}", "has a null or blank entry"),
     ):
         for kind in ("gpus", "pids", "units"):
-            templated.write_text(json.dumps({"reset_gpus_" + kind: value}))
-            _refused(node, holders, inventory, "reset_gpus_" + kind, words, "-e", "@%s" % templated)
-    # Blank text and lists with a null entry from -e.
-    _refused(node, holders, inventory, "reset_gpus_match", "is blank", "-e", json.dumps({"reset_gpus_match": "  "}))
+            cases.append((json.dumps({"reset_gpus_" + kind: value}), "reset_gpus_" + kind, words))
+    cases += [
+        ('reset_gpus_match: "  "\n', "reset_gpus_match", "is blank"),
+        ("reset_gpus_gpus: [null]\n", "reset_gpus_gpus", "has a null or blank entry"),
+        ("reset_gpus_users: [null, root]\n", "reset_gpus_users", "has a null or blank entry"),
+        ('reset_gpus_gpus: " , "\n', "reset_gpus_gpus", "is empty"),
+    ]
+    _each_alias_refused(node, holders, tmp_path, cases)
+    # -e: JSON null in a real run and in check mode, a vars file, typed values under the variable's name, as given.
+    _refused(node, holders, inventory, "reset_gpus_gpus", "is null", "-e", json.dumps({"reset_gpus_gpus": None}))
     _refused(
-        node,
-        holders,
-        inventory,
-        "reset_gpus_gpus",
-        "has a null or blank entry",
-        "-e",
-        json.dumps({"reset_gpus_gpus": [None]}),
+        node, holders, inventory, "reset_gpus_slurm_jobs", "is null", "-e", '{"reset_gpus_slurm_jobs": null}', "--check"
     )
-    _refused(
-        node,
-        holders,
-        inventory,
-        "reset_gpus_users",
-        "has a null or blank entry",
-        "-e",
-        '{"reset_gpus_users": [null, "root"]}',
-    )
-    _refused(node, holders, inventory, "reset_gpus_gpus", "is empty", "-e", json.dumps({"reset_gpus_gpus": " , "}))
-    # Typed values under the variable's name, as given.
+    commented = tmp_path / "commented.yml"
+    commented.write_text("reset_gpus_units:\n#  - vllm.service\n")
+    _refused(node, holders, inventory, "reset_gpus_units", "is null", "-e", "@%s" % commented)
     _refused(node, holders, inventory, "reset_gpus_pids", "must list PIDs", "-e", "reset_gpus_pids=abc")
     rc, out, recap = playbook(inventory, RESET, "-e", "reset_gpus_timeout=-1")
     assert rc != 0 and "nothing was signalled: invalid value: reset_gpus_timeout=-1 (must not be negative)" in out, out
