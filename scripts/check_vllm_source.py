@@ -488,7 +488,7 @@ def load_tables():
     sys.path[:0] = [collections, os.path.join(REPO, "tests", "sim")]
     from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _speculative_parse as parse
     from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _speculative_vllm as validator
-    from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _vllm_api as product
+    from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _metrics_text as product
     from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _vllm_server_facts as server
     from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _vllm_versions as versions
     from ansible_collections.gpuops.nvidia.plugins.plugin_utils import _vllm_checks as checks

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 
 class ModuleDocFragment:
-    """How the modules that talk to one vLLM server reach it (argument spec: _vllm_api.SERVER_ARGS)."""
+    """How the modules that talk to one vLLM server reach it (argument spec: _http.SERVER_ARGS)."""
 
     DOCUMENTATION = r"""
 options:

@@ -165,6 +165,8 @@ elapsed_s:
 
 import time
 
+from typing import Dict
+
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils import _options
@@ -172,7 +174,8 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _proc
 from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _detached
 
 
-def ensure_started(module):
+def ensure_started(module: AnsibleModule) -> dict[str, object]:
+    """state=started: the running process of the pidfile, or a new one (its pidfile written)."""
     params = module.params
     record = _detached.read_pidfile(params["pidfile"])
     if record is not None and record.alive():
@@ -203,28 +206,30 @@ def ensure_started(module):
     )
 
 
-def ensure_stopped(module):
+def ensure_stopped(module: AnsibleModule) -> dict[str, object]:
+    """state=stopped: every member of the session of the pidfile ended (_detached.stop)."""
     params = module.params
-    result = _detached.stop(params["pidfile"], params["grace_period"], params["kill_wait"], module.check_mode)
-    if result["survived"]:
+    stopped = _detached.stop(params["pidfile"], params["grace_period"], params["kill_wait"], module.check_mode)
+    if stopped["survived"]:
         module.fail_json(
             msg="%d process(es) of the session survived SIGKILL: %s"
             % (
-                len(result["survived"]),
-                "; ".join("PID %s (%s): %s" % (s["pid"], s["comm"], s["reason"]) for s in result["survived"]),
+                len(stopped["survived"]),
+                "; ".join("PID %s (%s): %s" % (s["pid"], s["comm"], s["reason"]) for s in stopped["survived"]),
             ),
-            **result,
+            **stopped,
         )
+    result: Dict[str, object] = dict(stopped)
     if module.check_mode:
-        result["msg"] = "would signal %d process(es)" % len(result["would_signal"])
-    elif result["pid"] is None:
+        result["msg"] = "would signal %d process(es)" % len(stopped["would_signal"])
+    elif stopped["pid"] is None:
         result["msg"] = "no pidfile: nothing to stop"
     else:
-        result["msg"] = "signalled %d process(es), %d exited" % (len(result["signalled"]), len(result["exited"]))
+        result["msg"] = "signalled %d process(es), %d exited" % (len(stopped["signalled"]), len(stopped["exited"]))
     return result
 
 
-def main():
+def main() -> None:
     module = AnsibleModule(
         argument_spec=dict(
             state=dict(type="str", choices=["started", "stopped"], default="started"),

@@ -127,13 +127,13 @@ from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils import _options
 from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _gpus, _guard_metrics, _holders, _orphans
-from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _vllm_api, _vllm_stall
+from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _http, _vllm_stall
 
 
 def watch_instances(instances, stall_seconds, request_timeout):
     """The state of each instance, watched at the same time (_vllm_stall.watch)."""
     clients = [
-        _vllm_api.Client(
+        _http.Client(
             instance["url"], instance.get("api_key"), request_timeout, instance.get("validate_certs", True)
         )
         for instance in instances

@@ -162,16 +162,21 @@ after:
   type: dict
 """
 
+from typing import Any, Mapping, Union
+
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils import _options
-from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _vllm_api
+from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _acceptance, _http
+
+# The result that judge() ends the module with.
+Judged = Union[_acceptance.Measured, _acceptance.Watched]
 
 
-def main():
+def main() -> None:
     module = AnsibleModule(
         argument_spec=dict(
-            _vllm_api.SERVER_ARGS,
+            _http.SERVER_ARGS,
             prompts=dict(type="list", elements="str"),
             max_tokens=dict(type="int", default=128, no_log=False),
             min_acceptance_rate=dict(type="float"),
@@ -181,64 +186,69 @@ def main():
         supports_check_mode=True,
     )
     params = module.params
-    prompts = params["prompts"] if params["prompts"] is not None else list(_vllm_api.DEFAULT_PROMPTS)
+    prompts = params["prompts"] if params["prompts"] is not None else list(_acceptance.DEFAULT_PROMPTS)
     if not prompts or params["max_tokens"] < 1:
         module.fail_json(msg="the warm-up needs at least one prompt and max_tokens >= 1")
     _options.refuse_bad_numbers(module, ("window", "request_timeout", "min_acceptance_rate"), positive=("window",))
     if params["min_acceptance_rate"] is not None and params["min_acceptance_rate"] > 1:
         module.fail_json(msg="min_acceptance_rate must be between 0 and 1, got %s" % params["min_acceptance_rate"])
-    client = _vllm_api.Client(params["url"], params["api_key"], params["request_timeout"], params["validate_certs"])
+    client = _http.Client(params["url"], params["api_key"], params["request_timeout"], params["validate_certs"])
     if params["window"] is not None:
         watch(module, client, params)
     try:
-        result = _vllm_api.measure_acceptance(client, params["served_model_name"], prompts, params["max_tokens"])
-    except (_vllm_api.VllmApiError, ConnectionError) as exc:
+        result = _acceptance.measure_acceptance(client, params["served_model_name"], prompts, params["max_tokens"])
+    except (_http.VllmApiError, ConnectionError) as exc:
         module.fail_json(msg="%s: acceptance not measured: %s" % (params["url"], exc))
-    if result["acceptance_rate"] is None:
+    rate, mean = result["acceptance_rate"], result["mean_acceptance_length"]
+    if rate is None or mean is None:
         module.fail_json(
             msg="%s: no draft token was counted during the warm-up of %d completion(s): speculative decoding is not active"
             % (params["url"], result["completions"]),
             **result,
         )
+        return
     summary = "acceptance rate %.1f%% (%d of %d draft tokens), mean acceptance length %.2f, %s tok/s" % (
-        100 * result["acceptance_rate"],
+        100 * rate,
         result["accepted_tokens"],
         result["draft_tokens"],
-        result["mean_acceptance_length"],
+        mean,
         result["tokens_per_s"],
     )
-    judge(module, params, result, summary)
+    judge(module, params, rate, result, summary)
 
 
-def judge(module, params, result, summary):
-    """Fail below O(min_acceptance_rate), else exit with `summary`, in both modes."""
+def judge(module: AnsibleModule, params: Mapping[str, Any], rate: float, result: Judged, summary: str) -> None:
+    """Fail when `rate` (the result's acceptance rate) is below O(min_acceptance_rate), else exit with `summary`, in
+    both modes."""
     threshold = params["min_acceptance_rate"]
-    if threshold is not None and result["acceptance_rate"] < threshold:
+    if threshold is not None and rate < threshold:
         module.fail_json(msg="%s: %s is below the minimum %.1f%%" % (params["url"], summary, 100 * threshold), **result)
     module.exit_json(changed=False, msg="%s: %s" % (params["url"], summary), **result)
 
 
-def watch(module, client, params):
+def watch(module: AnsibleModule, client: _http.Client, params: Mapping[str, Any]) -> None:
     """The O(window) mode: counters read twice, nothing sent."""
     try:
-        result = _vllm_api.watch_acceptance(client, params["served_model_name"], params["window"])
-    except (_vllm_api.VllmApiError, ConnectionError) as exc:
+        result = _acceptance.watch_acceptance(client, params["served_model_name"], params["window"])
+    except (_http.VllmApiError, ConnectionError) as exc:
         module.fail_json(msg="%s: acceptance not measured: %s" % (params["url"], exc))
-    if result["acceptance_rate"] is None:
+    rate, mean = result["acceptance_rate"], result["mean_acceptance_length"]
+    if rate is None or mean is None:
         module.exit_json(
             changed=False,
             msg="%s: no draft in %.0f s: no speculative traffic to judge" % (params["url"], result["window_s"]),
             **result,
         )
+        return
     summary = "acceptance rate %.1f%% (%d of %d draft tokens), mean acceptance length %.2f (%d drafts) over %.0f s" % (
-        100 * result["acceptance_rate"],
+        100 * rate,
         result["accepted_tokens"],
         result["draft_tokens"],
-        result["mean_acceptance_length"],
+        mean,
         result["drafts"],
         result["window_s"],
     )
-    judge(module, params, result, summary)
+    judge(module, params, rate, result, summary)
 
 
 if __name__ == "__main__":

@@ -158,14 +158,16 @@ stop:
   type: dict
 """
 
+from typing import Dict, Optional, Tuple
+
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils import _options
 from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _proc
-from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _detached, _vllm_api
+from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _detached, _drain, _http, _stop
 
 
-def _main_process(module):
+def _main_process(module: AnsibleModule) -> Optional[Tuple[int, int]]:
     """The (PID, start_ticks) of the server's main process from O(pidfile) or O(pid); None when neither is given or
     the PID does not run. Fails the module when the pidfile cannot be read."""
     params = module.params
@@ -180,10 +182,17 @@ def _main_process(module):
     return None
 
 
-def main():
+def _result(drained: _drain.Drained, stop: Optional[_stop.Stopped]) -> Dict[str, object]:
+    """The module's result: the drain's (its message apart) and the stop's."""
+    result: Dict[str, object] = {key: value for key, value in drained.items() if key != "msg"}
+    result["stop"] = stop
+    return result
+
+
+def main() -> None:
     module = AnsibleModule(
         argument_spec=dict(
-            _vllm_api.SERVER_ARGS,
+            _http.SERVER_ARGS,
             served_model_name=dict(type="str", aliases=["model"]),
             timeout=dict(type="float", default=60.0),
             poll_interval=dict(type="float", default=1.0),
@@ -201,19 +210,18 @@ def main():
         module, ("timeout", "poll_interval", "request_timeout", "grace_period"), positive=("poll_interval",)
     )
     record = _main_process(module)
-    client = _vllm_api.Client(params["url"], params["api_key"], params["request_timeout"], params["validate_certs"])
+    client = _http.Client(params["url"], params["api_key"], params["request_timeout"], params["validate_certs"])
     try:
-        result = _vllm_api.drain(
+        drained = _drain.drain(
             client, params["served_model_name"], 0 if module.check_mode else params["timeout"], params["poll_interval"]
         )
-    except _vllm_api.VllmApiError as exc:
+    except _http.VllmApiError as exc:
         module.fail_json(msg="%s: %s; nothing was signalled" % (params["url"], exc))
-    msg = "%s: %s" % (params["url"], result.pop("msg"))
-    warnings = [msg] if not result["metrics"] else []
-    result["stop"] = None
+    msg = "%s: %s" % (params["url"], drained["msg"])
+    warnings = [msg] if not drained["metrics"] else []
+    stop = None
     if record is not None and not module.check_mode:
-        result["stop"] = _vllm_api.stop_main_process(record, params["grace_period"], session=bool(params["pidfile"]))
-        stop = result["stop"]
+        stop = _stop.stop_main_process(record, params["grace_period"], session=bool(params["pidfile"]))
         if stop["signalled"]:
             msg += "; SIGTERM to PID %d: %s after %.1f s" % (
                 stop["pid"],
@@ -221,11 +229,11 @@ def main():
                 stop["stop_s"],
             )
         if stop["left"] and params["fail_on_survivors"]:
-            module.fail_json(msg=msg, changed=stop["signalled"], **result)
-    changed = bool(result["stop"] and result["stop"]["signalled"])
+            module.fail_json(msg=msg, changed=stop["signalled"], **_result(drained, stop))
+    changed = bool(stop and stop["signalled"])
     for warning in warnings:
         module.warn(warning)
-    module.exit_json(changed=changed, msg=msg, **result)
+    module.exit_json(changed=changed, msg=msg, **_result(drained, stop))
 
 
 if __name__ == "__main__":

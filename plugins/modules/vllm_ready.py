@@ -126,13 +126,13 @@ process_exited:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils import _options
-from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _detached, _vllm_api
+from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _detached, _http, _readiness
 
 
-def main():
+def main() -> None:
     module = AnsibleModule(
         argument_spec=dict(
-            _vllm_api.SERVER_ARGS,
+            _http.SERVER_ARGS,
             timeout=dict(type="float", default=600.0),
             poll_interval=dict(type="float", default=2.0),
             request_timeout=dict(type="float", default=30.0),
@@ -151,8 +151,8 @@ def main():
             process = _detached.read_pidfile(params["pidfile"]) or (0, 0)
         except _detached.DetachedError as exc:
             module.fail_json(msg=str(exc))
-    client = _vllm_api.Client(params["url"], params["api_key"], params["request_timeout"], params["validate_certs"])
-    result = _vllm_api.wait_ready(
+    client = _http.Client(params["url"], params["api_key"], params["request_timeout"], params["validate_certs"])
+    ready = _readiness.wait_ready(
         client,
         params["served_model_name"],
         params["timeout"],
@@ -160,8 +160,9 @@ def main():
         process,
         params["completion_max_tokens"],
     )
-    msg = "%s: %s" % (params["url"], result.pop("msg"))
-    if not result["ready"]:
+    msg = "%s: %s" % (params["url"], ready["msg"])
+    result = {key: value for key, value in ready.items() if key != "msg"}
+    if not ready["ready"]:
         module.fail_json(msg=msg, **result)
     module.exit_json(changed=False, msg=msg, **result)
 

@@ -74,12 +74,14 @@ changed_files:
   sample: [configuration]
 """
 
+from typing import Dict
+
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _vllm_files
 
 
-def main():
+def main() -> None:
     module = AnsibleModule(
         argument_spec=dict(
             name=dict(type="str", required=True),
@@ -94,7 +96,7 @@ def main():
         supports_check_mode=True,
     )
     differing = [file for file in _vllm_files.files_of(module.params) if file.differs()]
-    result = {"changed": bool(differing), "changed_files": [file.what for file in differing]}
+    result: Dict[str, object] = {"changed": bool(differing), "changed_files": [file.what for file in differing]}
     if module._diff and differing:
         result["diff"] = [file.diff() for file in differing]
     if not module.check_mode:

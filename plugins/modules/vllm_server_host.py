@@ -164,6 +164,8 @@ missing_dirs:
   elements: str
 """
 
+from typing import Dict
+
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils import _options
@@ -171,7 +173,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _advice, 
 from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _vllm_host
 
 
-def main():
+def main() -> None:
     module = AnsibleModule(
         argument_spec=dict(
             instances=dict(type="list", elements="dict", required=True),
@@ -194,7 +196,7 @@ def main():
     )
     _gpus.check_libraries(module, missing_required_lib)
 
-    def systemctl(unit):
+    def systemctl(unit: str) -> Dict[str, str]:
         binary = module.get_bin_path("systemctl")
         if binary is None:
             return {}

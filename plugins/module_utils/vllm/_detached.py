@@ -24,15 +24,33 @@ import shlex
 import signal
 import subprocess
 import time
+from typing import Any, Dict, Iterable, List, Literal, Mapping, Optional, Sequence, Tuple, TypedDict
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _proc, _terminate
+
+
+# The lists of a stop that _terminate.end_until_gone fills: member dicts plus what befell each.
+EndedKey = Literal["signalled", "exited", "survived", "not_signalled"]
+_ENDED_KEYS: Tuple[EndedKey, ...] = ("signalled", "exited", "survived", "not_signalled")
+
+
+class DetachedStop(TypedDict):
+    """What stop returns; plugins/modules/detached_process.py's RETURN says what each key means."""
+
+    changed: bool
+    pid: Optional[int]
+    would_signal: List[_proc.Brief]
+    signalled: List[Mapping[str, object]]
+    exited: List[Mapping[str, object]]
+    survived: List[Mapping[str, object]]
+    not_signalled: List[Mapping[str, object]]
 
 
 class DetachedError(Exception):
     """The process cannot be started or stopped as asked (message says why)."""
 
 
-def read_pidfile(path):
+def read_pidfile(path: str) -> _proc.ProcessId | None:
     """The _proc.ProcessId (pid, start_ticks) of a pidfile, or None when the file does not exist.
 
     Raises DetachedError for a file that exists but does not hold "PID START_TICKS".
@@ -50,7 +68,7 @@ def read_pidfile(path):
     return _proc.ProcessId(int(fields[0]), int(fields[1]))
 
 
-def write_pidfile(path, pid, start_ticks):
+def write_pidfile(path: str, pid: int, start_ticks: int) -> None:
     """Write "PID START_TICKS" atomically (temporary file in the same directory, then rename)."""
     tmp = "%s.%d.tmp" % (path, os.getpid())
     with open(tmp, "w") as pidfile:
@@ -58,14 +76,15 @@ def write_pidfile(path, pid, start_ticks):
     os.replace(tmp, path)
 
 
-def remove_pidfile(path):
+def remove_pidfile(path: str) -> None:
+    """Remove a pidfile; one that is not there is fine."""
     try:
         os.unlink(path)
     except FileNotFoundError:
         pass
 
 
-def session_members(record, proc="/proc"):
+def session_members(record: Tuple[int, int], proc: str = "/proc") -> list[_proc.Brief]:
     """Live processes of the session led by `record` (pid, start_ticks), leader included when alive.
 
     Returns holder-like dicts {"pid", "ppid", "comm", "cmdline", "start_ticks"} sorted by PID, for
@@ -76,7 +95,7 @@ def session_members(record, proc="/proc"):
     leader = _proc.read_stat(sid, proc)
     if leader is not None and leader["start_ticks"] != leader_ticks:
         return []
-    members = []
+    members: List[_proc.Brief] = []
     for pid in _proc.list_pids(proc):
         stat = _proc.read_stat(pid, proc)
         if stat is None or stat["sid"] != sid or stat["start_ticks"] < leader_ticks or stat["state"] in ("Z", "X"):
@@ -85,13 +104,13 @@ def session_members(record, proc="/proc"):
     return sorted(members, key=lambda member: member["pid"])
 
 
-def read_environment_files(paths):
+def read_environment_files(paths: Iterable[str]) -> dict[str, str]:
     """Variables from files of KEY=VALUE lines, later files winning (like systemd's EnvironmentFile=).
 
     Blank lines and lines starting with # or ; are skipped; a value in matching single or double quotes
     is unquoted. Raises DetachedError for an unreadable file or a line without "=".
     """
-    environment = {}
+    environment: Dict[str, str] = {}
     for path in paths:
         try:
             with open(path) as env_file:
@@ -114,10 +133,10 @@ def read_environment_files(paths):
 
 # Popen objects of the processes started here. This process never waits for them; dropping one would
 # make Python reap the child when it is collected, or warn that it still runs.
-_STARTED = []
+_STARTED: List[subprocess.Popen[bytes]] = []
 
 
-def _spawn(argv, env, cwd, log_fd):
+def _spawn(argv: Sequence[str], env: Mapping[str, str], cwd: str, log_fd: int) -> int:
     """Start `argv` in a new session, stdin on /dev/null, stdout/stderr on `log_fd`; return the child's PID.
 
     subprocess reports an exec (or chdir) error of the child as OSError: DetachedError. Every other
@@ -141,7 +160,15 @@ def _spawn(argv, env, cwd, log_fd):
     return process.pid
 
 
-def start(argv, log_file, environment=None, environment_files=(), cwd="/", inherit_environment=True, proc="/proc"):
+def start(
+    argv: Sequence[str],
+    log_file: str,
+    environment: Mapping[str, Any] | None = None,
+    environment_files: Iterable[str] = (),
+    cwd: str = "/",
+    inherit_environment: bool = True,
+    proc: str = "/proc",
+) -> Tuple[int, int, int]:
     """Start `argv` in a new session with stdio on /dev/null and `log_file` (appended); return (pid, start_ticks,
     log_offset), log_offset the size of the log before this start wrote to it (where its lines begin).
 
@@ -168,17 +195,22 @@ def start(argv, log_file, environment=None, environment_files=(), cwd="/", inher
     finally:
         os.close(log_fd)
     # Not reaped before this process exits, so /proc/PID/stat exists even if the child died at once.
-    return pid, _proc.read_start_ticks(pid, proc), log_offset
+    start_ticks = _proc.read_start_ticks(pid, proc)
+    if start_ticks is None:
+        raise DetachedError("PID %d has no /proc/PID/stat right after its start: cannot write its pidfile" % pid)
+    return pid, start_ticks, log_offset
 
 
-def stop(pidfile, grace_period=30.0, kill_wait=10.0, check_mode=False, proc="/proc"):
+def stop(
+    pidfile: str, grace_period: float = 30.0, kill_wait: float = 10.0, check_mode: bool = False, proc: str = "/proc"
+) -> DetachedStop:
     """End every member of the session recorded in `pidfile` (SIGTERM, `grace_period` s, SIGKILL, `kill_wait` s).
 
     Members started meanwhile by dying processes are ended too (up to 3 rounds). The pidfile is removed
     once nothing survived. Returns {"changed", "pid" (leader PID or None), "would_signal", "signalled",
     "exited", "survived", "not_signalled"} (lists of member dicts as in _terminate.end_processes).
     """
-    result = {
+    result: DetachedStop = {
         "changed": False,
         "pid": None,
         "would_signal": [],
@@ -196,10 +228,16 @@ def stop(pidfile, grace_period=30.0, kill_wait=10.0, check_mode=False, proc="/pr
     if check_mode:
         result["would_signal"] = members
         return result
+    # _terminate takes plain dicts (it adds what befell each): copies of the members.
     outcome = _terminate.end_until_gone(
-        lambda _first: session_members(record, proc), members, signal.SIGTERM, grace_period, kill_wait, proc=proc
+        lambda _first: [dict(member) for member in session_members(record, proc)],
+        [dict(member) for member in members],
+        signal.SIGTERM,
+        grace_period,
+        kill_wait,
+        proc=proc,
     )
-    for key in ("signalled", "exited", "survived", "not_signalled"):
+    for key in _ENDED_KEYS:
         result[key].extend(outcome[key])
     if outcome["survived"]:
         return result

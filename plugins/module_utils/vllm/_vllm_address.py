@@ -16,18 +16,18 @@ import ipaddress
 from urllib.parse import urlsplit
 
 
-def local_host(host):
+def local_host(host: str | None) -> str:
     """The address a check on the host itself uses for a server bound to `host`: loopback for the wildcard addresses."""
-    return {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(host or "", host)
+    return {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(host or "", host or "")
 
 
-def local_url(host, port):
+def local_url(host: str | None, port: int | str | None) -> str:
     """The URL of local_host(host) and `port`, with brackets for an IPv6 literal."""
-    host = local_host(host)
-    return "http://%s:%s" % ("[%s]" % host if ":" in host else host, port)
+    address = local_host(host)
+    return "http://%s:%s" % ("[%s]" % address if ":" in address else address, port)
 
 
-def is_loopback(url):
+def is_loopback(url: str) -> bool:
     """Whether `url` names this host itself: localhost, 127.0.0.0/8, ::1 (also IPv4-mapped), or the unspecified
     address 0.0.0.0 or :: that vLLM prints when it binds to all addresses (a connection to it reaches this host)."""
     host = (urlsplit(url).hostname or "").lower().rstrip(".")
@@ -37,5 +37,6 @@ def is_loopback(url):
         address = ipaddress.ip_address(host)
     except ValueError:
         return False
-    address = getattr(address, "ipv4_mapped", None) or address
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
     return address.is_loopback or address.is_unspecified

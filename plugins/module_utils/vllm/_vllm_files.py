@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import tempfile
+from typing import Any, Callable, Mapping, TypedDict
 
 KEY_MODE = 0o600
 # <name>.json holds the instance's environment, where an operator may put a secret (HF_TOKEN): root's alone.
@@ -22,16 +23,33 @@ CONFIG_MODE = 0o600
 FILE_MODE = 0o644
 
 
-def key_text(api_key):
+class FileState(TypedDict):
+    """What a file is now (state): its content's SHA-256 (hex) and its mode."""
+
+    sha256: str
+    mode: int
+
+
+class Diff(TypedDict):
+    """Ansible's diff shape for one file."""
+
+    before_header: str
+    after_header: str
+    before: str
+    after: str
+
+
+def key_text(api_key: str | None) -> str | None:
     """<name>.env as the role writes it, or None for no API key."""
     return ("VLLM_API_KEY=%s\n" % api_key) if api_key else None
 
 
-def digest(text):
+def digest(text: str) -> str:
+    """The SHA-256 of `text` (UTF-8), in hex."""
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def state(path):
+def state(path: str) -> FileState | None:
     """What a file is now: None when it does not exist, else {"sha256", "mode"} (its content's SHA-256, its mode)."""
     try:
         with open(path, "rb") as handle:
@@ -42,7 +60,7 @@ def state(path):
     return {"sha256": hashlib.sha256(data).hexdigest(), "mode": mode}
 
 
-def differs(found, content, mode):
+def differs(found: FileState | None, content: str | None, mode: int) -> bool:
     """Whether a file in state `found` (see state()) must be written (or removed) to hold `content` with `mode`.
     The owner is not compared: it follows the configuration's user, whose change is a configuration change."""
     if found is None or content is None:
@@ -54,7 +72,15 @@ class File:
     """One file of an instance: `what` (its name in results), `path`, `content` (None: the file must not exist),
     `mode`, `owner` (None: as it is), `secret` (never shown in a diff)."""
 
-    def __init__(self, what, path, content, mode=FILE_MODE, owner=None, secret=False):
+    def __init__(
+        self,
+        what: str,
+        path: str,
+        content: str | None,
+        mode: int = FILE_MODE,
+        owner: str | None = None,
+        secret: bool = False,
+    ) -> None:
         self.what, self.path, self.content, self.mode, self.owner, self.secret = (
             what,
             path,
@@ -64,7 +90,7 @@ class File:
             secret,
         )
 
-    def current(self):
+    def current(self) -> str | None:
         """The file's content now, or None when it does not exist."""
         try:
             with open(self.path, "rb") as handle:
@@ -72,10 +98,11 @@ class File:
         except FileNotFoundError:
             return None
 
-    def differs(self):
+    def differs(self) -> bool:
+        """Whether the file must be written (or removed): see the module function differs()."""
         return differs(state(self.path), self.content, self.mode)
 
-    def diff(self):
+    def diff(self) -> Diff:
         """Ansible's diff shape for this file; a secret's content is not shown."""
         before, after = self.current(), self.content
         if self.secret:
@@ -84,12 +111,12 @@ class File:
         return {"before_header": self.path, "after_header": self.path, "before": before or "", "after": after or ""}
 
 
-def config_text(config):
+def config_text(config: Mapping[str, Any]) -> str:
     """<name>.json as the role writes it: JSON, 2-space indent, sorted keys (as Ansible's to_nice_json)."""
     return json.dumps(config, indent=2, sort_keys=True, separators=(",", ": ")) + "\n"
 
 
-def files_of(params):
+def files_of(params: Mapping[str, Any]) -> list[File]:
     """The files of the instance in the vllm_server_files parameters `params`."""
     name, config_dir = params["name"], params["config_dir"]
     files = [
@@ -110,7 +137,7 @@ def files_of(params):
     return files
 
 
-def write(file, set_owner):
+def write(file: File, set_owner: Callable[[str, str], object]) -> None:
     """Write (or remove) `file` atomically: a temporary file in its directory, then rename. `set_owner(path, owner)`
     gives it its owner before the rename."""
     if file.content is None:

@@ -12,22 +12,68 @@ from __future__ import annotations
 
 import json
 import os
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, TypedDict
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import (
     _detached,
+    _http,
+    _readiness,
     _speculative_parse,
-    _vllm_api,
     _vllm_files,
     _vllm_versions,
 )
 from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._vllm_address import local_url
 
+if TYPE_CHECKING:
+    from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu._gpus import Inspector
+    from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu._shapes import Snapshot
+    from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._readiness import ProcessArg
+    from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._vllm_files import FileState
+    from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._vllm_versions import VersionRead
+
+# The module's parameters (vllm_server_host), as AnsibleModule gives them.
+Request = Mapping[str, Any]
+# systemctl(unit) -> {LoadState, ActiveState, MainPID} of a unit ({} when systemctl cannot tell).
+Systemctl = Callable[[str], Mapping[str, str]]
+
 SYSTEMD_BOOTED = "/run/systemd/system"  # sd_booted(3): systemd runs when this directory exists
 
 
-def read_deployed(config_dir):
+class Running(TypedDict):
+    """One look at the server of a deployed instance (probe_running)."""
+
+    ready: bool
+    process_exited: bool
+    last_error: Optional[str]
+    pid: int
+
+
+class PathState(TypedDict):
+    """What a path is (_stat)."""
+
+    exists: bool
+    isdir: bool
+    executable: bool
+
+
+class HostRead(TypedDict):
+    """What read_host returns; plugins/modules/vllm_server_host.py's RETURN says what each key means."""
+
+    systemd: bool
+    nvidia: Snapshot
+    deployed: Dict[str, Dict[str, Any]]
+    running: Dict[str, Running]
+    ports: Dict[str, Optional[str]]
+    files: Dict[str, Dict[str, Optional[FileState]]]
+    paths: Dict[str, PathState]
+    vllm_versions: Dict[str, VersionRead]
+    drafters: List[Dict[str, Any]]
+    missing_dirs: List[str]
+
+
+def read_deployed(config_dir: str) -> dict[str, dict[str, Any]]:
     """{name: configuration} of the <name>.json files the role wrote in `config_dir`; unreadable ones are left out."""
-    deployed = {}
+    deployed: Dict[str, Dict[str, Any]] = {}
     try:
         names = sorted(name for name in os.listdir(config_dir) if name.endswith(".json"))
     except OSError:
@@ -43,7 +89,7 @@ def read_deployed(config_dir):
     return deployed
 
 
-def _api_key(path):
+def _api_key(path: str) -> str | None:
     """The key of a <name>.env file the role wrote (VLLM_API_KEY=...), or None."""
     try:
         with open(path) as handle:
@@ -56,7 +102,7 @@ def _api_key(path):
     return None
 
 
-def _server_process(name, config, request, systemctl):
+def _server_process(name: str, config: Mapping[str, Any], request: Request, systemctl: Systemctl) -> ProcessArg:
     """The running server's process as wait_ready takes it: a (PID, start_ticks) pair from the pidfile of a detached
     server, or the MainPID of an active systemd unit; (0, 0) when none runs."""
     if config.get("service_manager") == "systemd":
@@ -68,15 +114,15 @@ def _server_process(name, config, request, systemctl):
         return (0, 0)
 
 
-def probe_running(name, config, request, systemctl):
+def probe_running(name: str, config: Mapping[str, Any], request: Request, systemctl: Systemctl) -> Running:
     """One look at the server of a deployed instance where its deployed configuration put it."""
     process = _server_process(name, config, request, systemctl)
-    client = _vllm_api.Client(
+    client = _http.Client(
         local_url(config.get("host"), config.get("port")),
         _api_key(os.path.join(request["config_dir"], "%s.env" % name)),
         request["request_timeout"],
     )
-    result = _vllm_api.wait_ready(
+    result = _readiness.wait_ready(
         client, config.get("served_model_name") or name, 0, process=process, completion_max_tokens=0
     )
     pid = process[0] if isinstance(process, tuple) else process
@@ -88,16 +134,17 @@ def probe_running(name, config, request, systemctl):
     }
 
 
-def probe_port(entry, request):
+def probe_port(entry: Mapping[str, Any], request: Request) -> str | None:
     """What answers on the port an instance takes anew: None when the connection is refused (free), else what was
     seen (a server that is not this instance)."""
-    client = _vllm_api.Client(local_url(entry.get("host"), entry["port"]), None, request["request_timeout"])
-    result = _vllm_api.wait_ready(client, entry.get("served_model_name") or entry["name"], 0, completion_max_tokens=0)
+    client = _http.Client(local_url(entry.get("host"), entry["port"]), None, request["request_timeout"])
+    result = _readiness.wait_ready(client, entry.get("served_model_name") or entry["name"], 0, completion_max_tokens=0)
     error = str(result["last_error"] or "")
     return None if "Connection refused" in error else (error or "it answers /health")
 
 
-def _stat(path):
+def _stat(path: str) -> PathState:
+    """Whether `path` exists, is a directory, is an executable file."""
     return {
         "exists": os.path.exists(path),
         "isdir": os.path.isdir(path),
@@ -105,7 +152,7 @@ def _stat(path):
     }
 
 
-def read_drafter(entry):
+def read_drafter(entry: Mapping[str, Any]) -> dict[str, Any]:
     """The drafter config.json that the speculative-config check reads for `entry` ({model, drafter_config})."""
     found = dict(entry, path=None, config=None, error=None)
     try:
@@ -117,7 +164,7 @@ def read_drafter(entry):
     return found
 
 
-def file_states(name, request):
+def file_states(name: str, request: Request) -> dict[str, FileState | None]:
     """The state (_vllm_files.state) of each file of instance `name`, by what it is."""
     return {
         "configuration": _vllm_files.state(os.path.join(request["config_dir"], "%s.json" % name)),
@@ -128,13 +175,13 @@ def file_states(name, request):
     }
 
 
-def read_host(request, inspector, systemctl):
+def read_host(request: Request, inspector: Inspector, systemctl: Systemctl) -> HostRead:
     """Everything the role's validate and compare phases need from the host, in one pass (see the module's RETURN).
 
     `request`: the module's parameters. `inspector`: a _gpus.Inspector. `systemctl(unit)`: {LoadState, ActiveState,
     MainPID} of a unit."""
     deployed = read_deployed(request["config_dir"])
-    ports = {}
+    ports: Dict[str, Optional[str]] = {}
     for entry in request["instances"]:
         if str((deployed.get(entry["name"]) or {}).get("port")) != str(entry["port"]):
             ports[entry["name"]] = probe_port(entry, request)

@@ -17,10 +17,17 @@ release_problems(version, environment, stop_timeout, gate) -> (problems, warning
 
 from __future__ import annotations
 
+from typing import Any, Dict, List, Literal, Mapping, Tuple, TypedDict
+
 from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._vllm_versions import VERSIONS
 
+# A metric's kind, as Prometheus types it.
+MetricKind = Literal["gauge", "counter"]
+# (problems, warnings): sentences that stop the deployment, and sentences it only reports.
+Findings = Tuple[List[str], List[str]]
+
 # Metrics the drain (vllm_drain: the scheduler gauges) and the acceptance gate (vllm_acceptance: the spec-decode
-# counters; prometheus_client adds _total to a counter's samples) read, as _vllm_api names them.
+# counters; prometheus_client adds _total to a counter's samples) read, as _metrics_text names them.
 DRAIN_METRICS = ("vllm:num_requests_running", "vllm:num_requests_waiting")
 GATE_METRICS = (
     "vllm:spec_decode_num_drafts",
@@ -29,9 +36,30 @@ GATE_METRICS = (
     "vllm:spec_decode_num_accepted_tokens_per_pos",
 )
 
-_BASE = {
+
+class ReleaseFacts(TypedDict):
+    """The facts of one release (see _BASE for what each means)."""
+
+    metrics: Dict[str, MetricKind]
+    shutdown_timeout_default: int
+    worker_shutdown_env: str
+    worker_shutdown_default: int
+    worker_sigkill_wait: int
+
+
+class ReleaseChanges(TypedDict, total=False):
+    """What a release changes of the 0.33.0 facts."""
+
+    metrics: Dict[str, MetricKind]
+    shutdown_timeout_default: int
+    worker_shutdown_env: str
+    worker_shutdown_default: int
+    worker_sigkill_wait: int
+
+
+_BASE: ReleaseFacts = {
     # {metric: kind} that the release exports, of those the role reads.
-    "metrics": dict([(name, "gauge") for name in DRAIN_METRICS] + [(name, "counter") for name in GATE_METRICS]),
+    "metrics": {**{name: "gauge" for name in DRAIN_METRICS}, **{name: "counter" for name in GATE_METRICS}},
     # EngineArgs.shutdown_timeout: --shutdown-timeout's default (0: running requests are aborted at SIGTERM).
     "shutdown_timeout_default": 0,
     # vllm/envs.py: when the instance's environment sets it, EngineCore's window after a zero --shutdown-timeout
@@ -41,20 +69,21 @@ _BASE = {
     # multiproc_executor.py _ensure_worker_termination: seconds between the workers' SIGTERM and SIGKILL.
     "worker_sigkill_wait": 4,
 }
-_CHANGES = {}
+_CHANGES: Dict[str, ReleaseChanges] = {}
 
 
-def facts(version):
+def facts(version: str) -> ReleaseFacts:
     """{fact: value} of a release of VERSIONS. Raises KeyError for another version."""
     if version not in VERSIONS:
         raise KeyError("no vLLM facts for %s (known: %s)" % (version, ", ".join(VERSIONS)))
-    return dict(_BASE, **_CHANGES.get(version, {}))
+    return {**_BASE, **_CHANGES.get(version, {})}
 
 
-def _metric_problems(found, version, gate):
+def _metric_problems(found: ReleaseFacts, version: str, gate: bool) -> Findings:
     """(problems, warnings): metrics the role reads that vLLM `version` does not export as their kind."""
     exported = found["metrics"]
-    problems, warnings = [], []
+    problems: List[str] = []
+    warnings: List[str] = []
     missing = [name for name in GATE_METRICS if exported.get(name) != "counter"]
     if gate and missing:
         problems.append(
@@ -70,7 +99,9 @@ def _metric_problems(found, version, gate):
     return problems, warnings
 
 
-def _worker_shutdown_problems(found, version, environment, stop_timeout):
+def _worker_shutdown_problems(
+    found: ReleaseFacts, version: str, environment: Mapping[str, Any] | None, stop_timeout: float | str | None
+) -> list[str]:
     """The instance's VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS against vllm_server_stop_timeout."""
     name = found["worker_shutdown_env"]
     value = (environment or {}).get(name)
@@ -106,7 +137,9 @@ def _worker_shutdown_problems(found, version, environment, stop_timeout):
     return []
 
 
-def release_problems(version, environment, stop_timeout, gate):
+def release_problems(
+    version: str, environment: Mapping[str, Any] | None, stop_timeout: float | str | None, gate: bool
+) -> Findings:
     """(problems, warnings) of an instance that runs vLLM `version` (a release of VERSIONS) with `environment`,
     stopped within `stop_timeout` seconds, with or without the acceptance gate."""
     found = facts(version)

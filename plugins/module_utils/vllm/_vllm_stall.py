@@ -19,41 +19,60 @@ step; both per engine, summed here). States:
 from __future__ import annotations
 
 import time
+from typing import Callable, Literal, Optional, Sequence, Tuple, TypedDict
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _vllm_api
+from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _http, _metrics_text, _server_metrics
 
 GENERATION_TOKENS = "vllm:generation_tokens_total"
-STATES = ("healthy", "stalled", "down", "unknown")
+# What a watch finds a server to be (see the docstring above).
+State = Literal["healthy", "stalled", "down", "unknown"]
+STATES: Tuple[State, ...] = ("healthy", "stalled", "down", "unknown")
+# (requests running, generation tokens), each None when /metrics lacks it.
+Figures = Tuple[Optional[int], Optional[float]]
 
 
-def figures(samples):
+class StallState(TypedDict):
+    """One server's state at the end of its watch; gpu_guard's RETURN says what each key means."""
+
+    state: State
+    reason: str
+    requests_running: Optional[int]
+    generation_tokens: Optional[float]
+    watched_s: float
+
+
+def figures(samples: list[_metrics_text.Sample]) -> Figures:
     """(requests running, generation tokens) summed over engines and models, each None when /metrics lacks it."""
-    running = tokens = None
+    running: Optional[float] = None
+    tokens: Optional[float] = None
     for name, _labels, value in samples:
-        if name == _vllm_api.RUNNING:
+        if name == _metrics_text.RUNNING:
             running = (running or 0) + value
         elif name == GENERATION_TOKENS:
             tokens = (tokens or 0) + value
     return (None if running is None else int(running)), tokens
 
 
-def _health(client):
+def _health(client: _http.Client) -> str | None:
     """None when /health answers 200, else why not."""
     try:
         status, body = client.request("/health")
-    except (ConnectionError, _vllm_api.VllmApiError) as exc:
+    except (ConnectionError, _http.VllmApiError) as exc:
         return "GET /health: %s" % exc
     return None if status == 200 else "GET /health: HTTP %d" % status
 
 
-def _read(client):
+def _read(client: _http.Client) -> Tuple[Figures, str | None]:
+    """(figures of GET /metrics, None), or ((None, None), why not)."""
     try:
-        return figures(_vllm_api.read_samples(client)), None
-    except (ConnectionError, _vllm_api.VllmApiError) as exc:
+        return figures(_server_metrics.read_samples(client)), None
+    except (ConnectionError, _http.VllmApiError) as exc:
         return (None, None), "GET /metrics: %s" % exc
 
 
-def _result(state, why, running=None, tokens=None, watched=0.0):
+def _result(
+    state: State, why: str, running: int | None = None, tokens: float | None = None, watched: float = 0.0
+) -> StallState:
     return {
         "state": state,
         "reason": why,
@@ -66,16 +85,19 @@ def _result(state, why, running=None, tokens=None, watched=0.0):
 class _Watch:
     """One server's watch: started, stepped at each poll, finished at the end of the window."""
 
-    def __init__(self, client, stall_seconds, clock):
+    def __init__(self, client: _http.Client, stall_seconds: float, clock: Callable[[], float]) -> None:
         self.client, self.stall_seconds, self.clock = client, stall_seconds, clock
-        self.result = None
+        self.result: StallState | None = None
         self.started = clock()
-        self.first = self.tokens = self.running = None
+        self.first: float | None = None
+        self.tokens: float | None = None
+        self.running: int | None = None
 
-    def _elapsed(self):
+    def _elapsed(self) -> float:
         return round(self.clock() - self.started, 3)
 
-    def start(self):
+    def start(self) -> None:
+        """The first look: /health, then the figures the watch starts from."""
         why = _health(self.client)
         if why:
             self.result = _result("down", why)
@@ -84,20 +106,21 @@ class _Watch:
         self._take(*_read(self.client))
         self.first = self.tokens
 
-    def _take(self, found, why):
+    def _take(self, found: Figures, why: str | None) -> None:
+        """Keep the figures of a reading; a reading without both ends the watch (unknown)."""
         self.running, self.tokens = found
         if why or self.running is None or self.tokens is None:
-            why = why or "/metrics has no %s or %s" % (_vllm_api.RUNNING, GENERATION_TOKENS)
+            why = why or "/metrics has no %s or %s" % (_metrics_text.RUNNING, GENERATION_TOKENS)
             self.result = _result("unknown", why, self.running, self.tokens, self._elapsed())
 
-    def judge(self):
+    def judge(self) -> bool:
         """Healthy as soon as it shows so; the end of the window otherwise (True when the watch is over)."""
         if self.result is not None:
             return True
         watched = self._elapsed()
         if not self.running:
             self.result = _result("healthy", "no request running", self.running, self.tokens, watched)
-        elif self.tokens > self.first:
+        elif self.tokens is not None and self.first is not None and self.tokens > self.first:
             words = "%d token(s) generated in %.1f s" % (self.tokens - self.first, watched)
             self.result = _result("healthy", words, self.running, self.tokens, watched)
         elif watched >= self.stall_seconds:
@@ -109,11 +132,18 @@ class _Watch:
             self.result = _result("down" if why else "stalled", words, self.running, self.tokens, watched)
         return self.result is not None
 
-    def step(self):
+    def step(self) -> None:
+        """One reading of /metrics."""
         self._take(*_read(self.client))
 
 
-def watch(clients, stall_seconds, poll_interval=1.0, clock=time.monotonic, sleep=time.sleep):
+def watch(
+    clients: Sequence[_http.Client],
+    stall_seconds: float,
+    poll_interval: float = 1.0,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> list[StallState]:
     """The state of each server of `clients` (see the module's docstring), watched at the same time in one thread
     (the HTTP client's deadline uses SIGALRM): [{"state", "reason", "requests_running", "generation_tokens",
     "watched_s"}], in order. A server is judged as soon as its answer is known; the whole watch takes at most
@@ -128,4 +158,4 @@ def watch(clients, stall_seconds, poll_interval=1.0, clock=time.monotonic, sleep
         for one in watches:
             if one.result is None:
                 one.step()
-    return [one.result for one in watches]
+    return [one.result for one in watches if one.result is not None]

@@ -34,10 +34,10 @@ print(json.dumps(sorted(sys.modules)))
 # Only the host reads and ends processes, or talks to the servers.
 HOST_ONLY = (
     "ansible.module_utils.urls",
-    PACKAGE + "module_utils._vllm_api",
-    PACKAGE + "module_utils._vllm_host",
-    PACKAGE + "module_utils._terminate",
-    PACKAGE + "module_utils._detached",
+    PACKAGE + "module_utils.vllm._http",
+    PACKAGE + "module_utils.vllm._vllm_host",
+    PACKAGE + "module_utils.gpu._terminate",
+    PACKAGE + "module_utils.vllm._detached",
 )
 # What the filters of the subdirectories import: 16-40 ms each in a worker, measured with python -X importtime.
 NOT_PER_HOST = (

@@ -2,7 +2,8 @@
 # Copyright (c) 2026, gpuops.nvidia contributors
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""_vllm_api: Prometheus parsing and acceptance arithmetic, and the HTTP client against the fake_vllm server."""
+"""vllm/ _http, _metrics_text, _server_metrics, _readiness, _acceptance, _drain: Prometheus parsing and acceptance
+arithmetic, and the HTTP client against the fake_vllm server."""
 
 from __future__ import annotations
 
@@ -17,7 +18,15 @@ import time
 import pytest
 from ansible.module_utils import urls
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _vllm_address, _vllm_api
+from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import (
+    _acceptance,
+    _drain,
+    _http,
+    _metrics_text,
+    _readiness,
+    _server_metrics,
+    _vllm_address,
+)
 
 METRICS = r"""# HELP vllm:spec_decode_num_drafts Number of spec decoding drafts.
 # TYPE vllm:spec_decode_num_drafts counter
@@ -32,7 +41,7 @@ vllm:generation_tokens_total{engine="0",model_name="qwen"} 1.5e3
 
 
 def test_parse_prometheus_reads_labels_values_and_skips_comments():
-    samples = _vllm_api.parse_prometheus(METRICS)
+    samples = _metrics_text.parse_prometheus(METRICS)
     assert len(samples) == 7
     assert samples[0] == ("vllm:spec_decode_num_drafts_total", {"engine": "0", "model_name": "qwen"}, 10.0)
     assert samples[1][2] == 150.0  # a timestamp after the value is ignored
@@ -49,20 +58,23 @@ def test_parse_prometheus_reads_labels_values_and_skips_comments():
     ],
 )
 def test_parse_prometheus_rejects_malformed_lines(text, message):
-    with pytest.raises(_vllm_api.VllmApiError, match=message):
-        _vllm_api.parse_prometheus(text)
+    with pytest.raises(_http.VllmApiError, match=message):
+        _metrics_text.parse_prometheus(text)
 
 
 def test_spec_decode_counters_filter_by_model_and_are_none_without_speculative_decoding():
-    samples = _vllm_api.parse_prometheus(METRICS)
-    assert _vllm_api.spec_decode_counters(samples, "qwen") == {
+    samples = _metrics_text.parse_prometheus(METRICS)
+    assert _metrics_text.spec_decode_counters(samples, "qwen") == {
         "drafts": 10.0,
         "draft_tokens": 150.0,
         "accepted_tokens": 100.0,
         "accepted_per_position": {0: 10.0, 1: 9.0},
     }
-    assert _vllm_api.spec_decode_counters(samples)["drafts"] == 17.0
-    assert _vllm_api.spec_decode_counters(_vllm_api.parse_prometheus('vllm:generation_tokens_total{a="b"} 3')) is None
+    assert _metrics_text.spec_decode_counters(samples)["drafts"] == 17.0
+    assert (
+        _metrics_text.spec_decode_counters(_metrics_text.parse_prometheus('vllm:generation_tokens_total{a="b"} 3'))
+        is None
+    )
 
 
 def test_acceptance_from_counter_differences():
@@ -78,7 +90,7 @@ def test_acceptance_from_counter_differences():
         "accepted_tokens": 160.0,
         "accepted_per_position": {0: 25.0, 1: 20.0, 2: 4.0},
     }
-    result = _vllm_api.acceptance_from_counters(before, after)
+    result = _acceptance.acceptance_from_counters(before, after)
     assert result == {
         "drafts": 20,
         "draft_tokens": 300,
@@ -88,18 +100,18 @@ def test_acceptance_from_counter_differences():
         "mean_acceptance_length": 4.0,
         "acceptance_per_position": [0.75, 0.55, 0.2],
     }
-    idle = _vllm_api.acceptance_from_counters(before, before)
+    idle = _acceptance.acceptance_from_counters(before, before)
     assert idle["acceptance_rate"] is None and idle["mean_acceptance_length"] is None
     earlier, later = after, before  # read in this order, the counters went down
-    with pytest.raises(_vllm_api.VllmApiError, match="went down .* the server restarted"):
-        _vllm_api.acceptance_from_counters(earlier, later)
+    with pytest.raises(_http.VllmApiError, match="went down .* the server restarted"):
+        _acceptance.acceptance_from_counters(earlier, later)
 
 
 def test_measure_acceptance_over_a_warm_up(fake_vllm):
     fake_vllm.api_key = "k"
     fake_vllm.complete(20)  # counters that existed before the warm-up
-    client = _vllm_api.Client(fake_vllm.url, "k", timeout=5)
-    result = _vllm_api.measure_acceptance(client, "served", ["one", "two"], 16)
+    client = _http.Client(fake_vllm.url, "k", timeout=5)
+    result = _acceptance.measure_acceptance(client, "served", ["one", "two"], 16)
     assert result["drafts"] == 8 and result["draft_tokens"] == 32 and result["accepted_tokens"] == 24
     assert result["acceptance_rate"] == 0.75 and result["mean_acceptance_length"] == 4.0
     assert result["accepted_per_position"] == [8, 8, 8, 0] and result["acceptance_per_position"] == [1.0, 1.0, 1.0, 0.0]
@@ -112,17 +124,17 @@ def test_measure_acceptance_over_a_warm_up(fake_vllm):
 
 
 def test_measure_acceptance_without_speculative_decoding_or_with_failing_completions(fake_vllm):
-    client = _vllm_api.Client(fake_vllm.url, timeout=5)
+    client = _http.Client(fake_vllm.url, timeout=5)
     fake_vllm.completion_status = 500
-    with pytest.raises(_vllm_api.VllmApiError, match="POST /v1/completions: HTTP 500"):
-        _vllm_api.measure_acceptance(client, "served", ["one"], 8)
+    with pytest.raises(_http.VllmApiError, match="POST /v1/completions: HTTP 500"):
+        _acceptance.measure_acceptance(client, "served", ["one"], 8)
     fake_vllm.spec_decode = False
-    with pytest.raises(_vllm_api.VllmApiError, match="no vllm:spec_decode_.* speculative decoding is not enabled"):
-        _vllm_api.measure_acceptance(client, "served", ["one"], 8)
+    with pytest.raises(_http.VllmApiError, match="no vllm:spec_decode_.* speculative decoding is not enabled"):
+        _acceptance.measure_acceptance(client, "served", ["one"], 8)
 
 
 def test_wait_ready_checks_health_models_and_one_completion(fake_vllm):
-    result = _vllm_api.wait_ready(_vllm_api.Client(fake_vllm.url, timeout=5), "served", timeout=5, poll_interval=0.05)
+    result = _readiness.wait_ready(_http.Client(fake_vllm.url, timeout=5), "served", timeout=5, poll_interval=0.05)
     assert result["ready"] and result["stage"] == "ready" and result["attempts"] == 1
     assert result["models"] == ["served"] and result["completion"]["completion_tokens"] == 4
     assert result["healthy_after_s"] is not None and result["last_error"] is None
@@ -144,8 +156,8 @@ def _counted_contexts(monkeypatch):
 
 def test_a_client_makes_one_tls_context_for_all_its_requests(fake_vllm_tls, monkeypatch):
     made = _counted_contexts(monkeypatch)
-    client = _vllm_api.Client(fake_vllm_tls.url, timeout=5, validate_certs=False)
-    result = _vllm_api.wait_ready(client, "served", timeout=5, poll_interval=0.05)
+    client = _http.Client(fake_vllm_tls.url, timeout=5, validate_certs=False)
+    result = _readiness.wait_ready(client, "served", timeout=5, poll_interval=0.05)
     assert result["ready"] and client.request("/health")[0] == 200
     # health, models and a completion, then /health again: four requests, one context, made with the client's setting.
     assert made == [{"validate_certs": False}]
@@ -153,26 +165,26 @@ def test_a_client_makes_one_tls_context_for_all_its_requests(fake_vllm_tls, monk
 
 
 def test_a_client_verifies_the_certificate_of_an_https_server(fake_vllm_tls, monkeypatch):
-    result = _vllm_api.wait_ready(_vllm_api.Client(fake_vllm_tls.url, timeout=5), "served", timeout=30)
+    result = _readiness.wait_ready(_http.Client(fake_vllm_tls.url, timeout=5), "served", timeout=30)
     # Waiting does not help: the first look ends it.
     assert not result["ready"] and result["attempts"] == 1 and "CERTIFICATE_VERIFY_FAILED" in result["msg"], result
     assert fake_vllm_tls.requests == []
     # Trusted (OpenSSL reads SSL_CERT_FILE when the context loads its default CA certificates): it answers.
     monkeypatch.setenv("SSL_CERT_FILE", fake_vllm_tls.cert)
-    result = _vllm_api.wait_ready(_vllm_api.Client(fake_vllm_tls.url, timeout=5), "served", timeout=5)
+    result = _readiness.wait_ready(_http.Client(fake_vllm_tls.url, timeout=5), "served", timeout=5)
     assert result["ready"], result
 
 
 def test_a_plain_http_client_makes_no_tls_context_and_does_not_import_ansibles_url_helpers(fake_vllm, monkeypatch):
     made = _counted_contexts(monkeypatch)
-    client = _vllm_api.Client(fake_vllm.url, timeout=5)
-    assert _vllm_api.wait_ready(client, "served", timeout=5)["ready"] and made == []
+    client = _http.Client(fake_vllm.url, timeout=5)
+    assert _readiness.wait_ready(client, "served", timeout=5)["ready"] and made == []
     # In a fresh interpreter, as a module runs: the whole readiness check over http leaves
     # ansible.module_utils.urls (and cryptography, which it imports) unimported.
     code = (
         "import sys\n"
-        "from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _vllm_api\n"
-        "result = _vllm_api.wait_ready(_vllm_api.Client(%r, timeout=5), 'served', timeout=5)\n"
+        "from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _http, _readiness\n"
+        "result = _readiness.wait_ready(_http.Client(%r, timeout=5), 'served', timeout=5)\n"
         "assert result['ready'], result\n"
         "print(sorted(m for m in sys.modules if m == 'ansible.module_utils.urls' or m.startswith('cryptography')))\n"
     ) % fake_vllm.url
@@ -195,7 +207,7 @@ def test_wait_ready_times_out_with_what_it_saw(fake_vllm, change, stage, seen):
     for name, value in change.items():
         setattr(fake_vllm, name, value)
     started = time.monotonic()
-    result = _vllm_api.wait_ready(_vllm_api.Client(fake_vllm.url, timeout=5), "served", timeout=1, poll_interval=0.05)
+    result = _readiness.wait_ready(_http.Client(fake_vllm.url, timeout=5), "served", timeout=1, poll_interval=0.05)
     assert not result["ready"] and result["stage"] == stage and result["last_error"].startswith(seen), result
     assert result["attempts"] > 1 and 1 <= time.monotonic() - started < 10
     assert result["msg"].startswith("not ready after 1 s (stopped at %s)" % stage)
@@ -203,8 +215,8 @@ def test_wait_ready_times_out_with_what_it_saw(fake_vllm, change, stage, seen):
 
 def test_wait_ready_stops_at_once_on_a_wrong_api_key(fake_vllm):
     fake_vllm.api_key = "right"
-    result = _vllm_api.wait_ready(
-        _vllm_api.Client(fake_vllm.url, "wrong", timeout=5), "served", timeout=30, poll_interval=0.05
+    result = _readiness.wait_ready(
+        _http.Client(fake_vllm.url, "wrong", timeout=5), "served", timeout=30, poll_interval=0.05
     )
     assert (
         not result["ready"]
@@ -213,7 +225,7 @@ def test_wait_ready_stops_at_once_on_a_wrong_api_key(fake_vllm):
         and "(wrong API key)" in result["msg"]
     )
     # Issue 33: a look that sends no key (vllm_server_host's at a port taken anew) does not blame a wrong key.
-    result = _vllm_api.wait_ready(_vllm_api.Client(fake_vllm.url, timeout=5), "served", timeout=0)
+    result = _readiness.wait_ready(_http.Client(fake_vllm.url, timeout=5), "served", timeout=0)
     assert "HTTP 401" in result["msg"] and "(the server asks for an API key; none was sent)" in result["msg"], result
     assert "wrong" not in result["msg"], result
 
@@ -222,18 +234,18 @@ def test_wait_ready_while_nothing_listens_and_when_the_server_process_exits():
     with socket.socket() as sock:  # a port nobody listens on: bound, not listening, like vLLM while it loads
         sock.bind(("127.0.0.1", 0))
         url = "http://127.0.0.1:%d" % sock.getsockname()[1]
-        client = _vllm_api.Client(url, timeout=2)
-        result = _vllm_api.wait_ready(client, "served", timeout=0.2, poll_interval=0.05)
+        client = _http.Client(url, timeout=2)
+        result = _readiness.wait_ready(client, "served", timeout=0.2, poll_interval=0.05)
         assert not result["ready"] and result["stage"] == "health" and "refused" in result["last_error"].lower()
         server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.5)"])
         try:
             started = time.monotonic()
-            result = _vllm_api.wait_ready(client, "served", timeout=30, poll_interval=0.05, process=server.pid)
+            result = _readiness.wait_ready(client, "served", timeout=30, poll_interval=0.05, process=server.pid)
             assert result["process_exited"] and time.monotonic() - started < 10
             assert result["msg"].startswith("the server process (PID %d) exited after" % server.pid)
         finally:
             server.wait()
-        result = _vllm_api.wait_ready(client, "served", timeout=30, process=(0, 0))
+        result = _readiness.wait_ready(client, "served", timeout=30, process=(0, 0))
         assert result["process_exited"] and result["attempts"] == 0 and result["msg"] == "no server process is running"
 
 
@@ -248,7 +260,7 @@ class _Listing:
         assert path == "/v1/models"
         self.asked += 1
         if self.names is None:
-            raise _vllm_api.VllmApiError("GET /v1/models: HTTP 401", 401)
+            raise _http.VllmApiError("GET /v1/models: HTTP 401", 401)
         return {"object": "list", "data": [{"id": name} for name in self.names]}
 
 
@@ -261,25 +273,25 @@ GAUGES = [
 def test_metrics_of_another_served_name_are_read_under_the_first():
     """vLLM 0.33 labels metrics with the first served name only (vllm/config/model.py get_served_model_name)."""
     client = _Listing(["first", "alias"])
-    label, note = _vllm_api.metric_model_name(client, "alias", GAUGES)
+    label, note = _server_metrics.metric_model_name(client, "alias", GAUGES)
     assert label == "first" and "another name of this server" in note
-    assert _vllm_api.server_load(GAUGES, label) == (3, 1)
-    assert _vllm_api.metric_model_name(client, "first", GAUGES) == ("first", None) and client.asked == 1
+    assert _metrics_text.server_load(GAUGES, label) == (3, 1)
+    assert _server_metrics.metric_model_name(client, "first", GAUGES) == ("first", None) and client.asked == 1
 
 
 def test_a_name_the_server_does_not_serve_is_refused_not_taken_for_disabled_stats():
-    with pytest.raises(_vllm_api.VllmApiError, match="does not serve 'other'.*lists \\['first', 'alias'\\]"):
-        _vllm_api.metric_model_name(_Listing(["first", "alias"]), "other", GAUGES)
+    with pytest.raises(_http.VllmApiError, match="does not serve 'other'.*lists \\['first', 'alias'\\]"):
+        _server_metrics.metric_model_name(_Listing(["first", "alias"]), "other", GAUGES)
     # no listing (e.g. a wrong API key): the one label /metrics carries is the server's first name
-    assert _vllm_api.metric_model_name(_Listing(None), "alias", GAUGES)[0] == "first"
+    assert _server_metrics.metric_model_name(_Listing(None), "alias", GAUGES)[0] == "first"
     two = GAUGES + [("vllm:num_requests_running", {"engine": "1", "model_name": "second"}, 0.0)]
-    with pytest.raises(_vllm_api.VllmApiError, match="no listing"):
-        _vllm_api.metric_model_name(_Listing(None), "alias", two)
+    with pytest.raises(_http.VllmApiError, match="no listing"):
+        _server_metrics.metric_model_name(_Listing(None), "alias", two)
 
 
 def test_no_gauge_message_tells_disabled_stats_from_another_label():
-    assert "--disable-log-stats" in _vllm_api._no_gauge([("python_info", {}, 1.0)], "x")
-    assert "none labelled model_name='x'" in _vllm_api._no_gauge(GAUGES, "x")
+    assert "--disable-log-stats" in _drain._no_gauge([("python_info", {}, 1.0)], "x")
+    assert "none labelled model_name='x'" in _drain._no_gauge(GAUGES, "x")
 
 
 @pytest.fixture
@@ -312,13 +324,13 @@ def test_a_loopback_url_never_goes_through_a_proxy(fake_vllm, dead_port, monkeyp
         monkeypatch.setenv(name, "http://127.0.0.1:%d" % dead_port)
     for name in ("no_proxy", "NO_PROXY"):
         monkeypatch.delenv(name, raising=False)
-    assert _vllm_api.Client(fake_vllm.url, timeout=5).request("/health")[0] == 200
+    assert _http.Client(fake_vllm.url, timeout=5).request("/health")[0] == 200
     for host in ("localhost", "0.0.0.0"):
-        assert _vllm_api.Client(fake_vllm.url.replace("127.0.0.1", host), timeout=5).request("/health")[0] == 200
+        assert _http.Client(fake_vllm.url.replace("127.0.0.1", host), timeout=5).request("/health")[0] == 200
     # Another host's URL does go through it (TEST-NET-1: only the proxy can refuse it).
     with pytest.raises(ConnectionError) as refused:
-        _vllm_api.Client("http://192.0.2.1:8000", timeout=2).request("/health")
-    assert _vllm_api.refused(refused.value), refused.value
+        _http.Client("http://192.0.2.1:8000", timeout=2).request("/health")
+    assert _http.refused(refused.value), refused.value
 
 
 def test_an_answer_that_is_not_http_is_refused_at_once():
@@ -336,16 +348,16 @@ def test_an_answer_that_is_not_http_is_refused_at_once():
 
         thread = threading.Thread(target=answer, daemon=True)
         thread.start()
-        client = _vllm_api.Client("http://127.0.0.1:%d" % server.getsockname()[1], timeout=5)
-        result = _vllm_api.wait_ready(client, "served", timeout=30, poll_interval=0.05)
+        client = _http.Client("http://127.0.0.1:%d" % server.getsockname()[1], timeout=5)
+        result = _readiness.wait_ready(client, "served", timeout=30, poll_interval=0.05)
         assert not result["ready"] and result["attempts"] == 1 and "the answer is not HTTP" in result["msg"], result
-        with pytest.raises(_vllm_api.VllmApiError, match="not HTTP"):
-            _vllm_api.drain(client, "served", timeout=30)
+        with pytest.raises(_http.VllmApiError, match="not HTTP"):
+            _drain.drain(client, "served", timeout=30)
         thread.join(5)
 
 
 def test_drain_nothing_listening_has_nothing_to_drain(dead_port):
-    result = _vllm_api.drain(_vllm_api.Client("http://127.0.0.1:%d" % dead_port, timeout=2), "served", timeout=30)
+    result = _drain.drain(_http.Client("http://127.0.0.1:%d" % dead_port, timeout=2), "served", timeout=30)
     assert result["drained"] and not result["reachable"] and "nothing to drain" in result["msg"], result
 
 
@@ -353,29 +365,29 @@ def test_drain_a_server_that_does_not_answer_in_time_is_not_drained():
     with socket.socket() as server:  # listening, never accepting: the connection is made, no answer comes
         server.bind(("127.0.0.1", 0))
         server.listen(4)
-        client = _vllm_api.Client("http://127.0.0.1:%d" % server.getsockname()[1], timeout=0.3)
-        result = _vllm_api.drain(client, "served", timeout=30)
+        client = _http.Client("http://127.0.0.1:%d" % server.getsockname()[1], timeout=0.3)
+        result = _drain.drain(client, "served", timeout=30)
     assert not result["drained"] and not result["reachable"], result
     assert result["msg"].startswith("the server did not answer GET /metrics (") and "not drained" in result["msg"]
 
 
 def test_drain_an_error_answer_is_not_drained_and_a_refusal_raises(fake_vllm, fake_vllm_tls):
     fake_vllm.metrics_status = 500
-    result = _vllm_api.drain(_vllm_api.Client(fake_vllm.url, timeout=5), "served", timeout=30)
+    result = _drain.drain(_http.Client(fake_vllm.url, timeout=5), "served", timeout=30)
     assert not result["drained"] and result["reachable"] and result["msg"].startswith("GET /metrics: HTTP 500")
     fake_vllm.metrics_status = 404  # a wrong URL: the caller's to fix
-    with pytest.raises(_vllm_api.VllmApiError, match="HTTP 404"):
-        _vllm_api.drain(_vllm_api.Client(fake_vllm.url, timeout=5), "served", timeout=30)
-    with pytest.raises(_vllm_api.VllmApiError, match="TLS failed: .*CERTIFICATE_VERIFY_FAILED"):
-        _vllm_api.drain(_vllm_api.Client(fake_vllm_tls.url, timeout=5), "served", timeout=30)
+    with pytest.raises(_http.VllmApiError, match="HTTP 404"):
+        _drain.drain(_http.Client(fake_vllm.url, timeout=5), "served", timeout=30)
+    with pytest.raises(_http.VllmApiError, match="TLS failed: .*CERTIFICATE_VERIFY_FAILED"):
+        _drain.drain(_http.Client(fake_vllm_tls.url, timeout=5), "served", timeout=30)
 
 
 def test_drain_refuses_a_url_that_leads_nowhere(monkeypatch):
     for name in ("http_proxy", "HTTP_PROXY"):
         monkeypatch.delenv(name, raising=False)
     # .invalid never resolves (RFC 6761): the URL is wrong, nothing is known of the server's requests.
-    with pytest.raises(_vllm_api.VllmApiError, match="GET /metrics: "):
-        _vllm_api.drain(_vllm_api.Client("http://gpuops-test.invalid:8000", timeout=5), "served", timeout=30)
+    with pytest.raises(_http.VllmApiError, match="GET /metrics: "):
+        _drain.drain(_http.Client("http://gpuops-test.invalid:8000", timeout=5), "served", timeout=30)
 
 
 # Issue 33 item 9: a server that sends its answer a line at a time, each line within the per-read socket timeout.
@@ -403,7 +415,7 @@ def trickle():
 )
 def test_every_request_has_a_total_deadline_and_its_failure_names_the_url(trickle, stage, words):
     server = trickle(stage)
-    client = _vllm_api.Client(server.url, timeout=1.0)
+    client = _http.Client(server.url, timeout=1.0)
     started = time.monotonic()
     with pytest.raises(ConnectionError) as failed:
         client.request("/metrics")
@@ -417,17 +429,17 @@ def test_every_request_has_a_total_deadline_and_its_failure_names_the_url(trickl
 
 def test_the_looks_of_ready_drain_and_acceptance_end_at_their_deadline(trickle):
     server = trickle("body")
-    client = _vllm_api.Client(server.url, timeout=0.5)
+    client = _http.Client(server.url, timeout=0.5)
     started = time.monotonic()
-    ready = _vllm_api.wait_ready(client, "served", timeout=0, completion_max_tokens=0)
+    ready = _readiness.wait_ready(client, "served", timeout=0, completion_max_tokens=0)
     assert (
         not ready["ready"]
         and "GET /health: no complete answer from %s/health within 0.5 s" % server.url in (ready["last_error"])
     ), ready
-    drained = _vllm_api.drain(client, "served", timeout=30)
+    drained = _drain.drain(client, "served", timeout=30)
     assert not drained["drained"] and "did not answer GET /metrics" in drained["msg"], drained
     with pytest.raises(ConnectionError, match="^no complete answer from .*/metrics within 0.5 s: "):
-        _vllm_api.watch_acceptance(client, "served", window=0.1)
+        _acceptance.watch_acceptance(client, "served", window=0.1)
     assert time.monotonic() - started < 3.0
     # A later request is not cut short by an alarm left behind.
     time.sleep(0.6)
