@@ -13,24 +13,80 @@ from __future__ import annotations
 
 import base64
 import json
+from typing import Any, Collection, Dict, Iterable, List, Mapping, Optional, TypedDict, cast
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._vllm_address import local_url
 
 ORPHAN_ALERT = "GpuopsNvidiaOrphanedGpuMemory"
 
 
-def instances(vllm_server_instances):
+class _GuardInstanceKey(TypedDict, total=False):
+    api_key: str
+
+
+class GuardInstance(_GuardInstanceKey):
+    """An entry of gpu_guard's vllm_instances: the instance's name and the URL the host reaches it at (api_key when
+    the instance has one)."""
+
+    name: str
+    url: str
+
+
+class AlertRef(TypedDict):
+    """An alert in a log line (alert_ref): values as Alertmanager sent them."""
+
+    fingerprint: Any
+    startsAt: Any
+    labels: Dict[str, Any]
+
+
+class NamedOrphan(TypedDict):
+    """A process an alert asks to free: its PID and start time in clock ticks since boot, and the alert."""
+
+    pid: int
+    start_ticks: int
+    alert: AlertRef
+
+
+class PlanRefusal(TypedDict):
+    """An alert the guard does not act on (alert None: the payload had no alerts), and why."""
+
+    alert: Optional[AlertRef]
+    why: str
+
+
+class GuardPlan(TypedDict):
+    """What plan gives: the orphans each host is asked to free, and the refusals."""
+
+    hosts: Dict[str, List[NamedOrphan]]
+    refused: List[PlanRefusal]
+
+
+class HostDecision(TypedDict):
+    """What host_decision gives for one host: why nothing is done (or None), the PIDs to end with their start ticks
+    (keyed by the PID as text), and the refused entries of plan (each with its why)."""
+
+    blocked: Optional[str]
+    pids: List[int]
+    pid_start_ticks: Dict[str, int]
+    refused: List[Dict[str, Any]]
+
+
+def instances(vllm_server_instances: Optional[Iterable[Mapping[str, Any]]]) -> List[GuardInstance]:
     """Filter: vllm_server_instances (the vllm_server role's) as gpu_guard's vllm_instances."""
-    found = []
+    found: List[GuardInstance] = []
     for instance in vllm_server_instances or []:
-        entry = {"name": instance["name"], "url": local_url(instance.get("host"), instance.get("port", 8000))}
+        entry: GuardInstance = {
+            "name": instance["name"],
+            "url": local_url(instance.get("host"), instance.get("port", 8000)),
+        }
         if instance.get("api_key"):
             entry["api_key"] = instance["api_key"]
         found.append(entry)
     return found
 
 
-def alert_ref(alert):
+def alert_ref(alert: Mapping[str, Any]) -> AlertRef:
     """The alert in a log line: its name, fingerprint, start and the labels that name the orphan."""
     labels = alert.get("labels") or {}
     keys = ("alertname", "inventory_hostname", "instance", "gpu", "pid", "start_ticks", "comm", "reason")
@@ -41,12 +97,12 @@ def alert_ref(alert):
     }
 
 
-def _whole(value):
+def _whole(value: object) -> Optional[int]:
     text = str(value if value is not None else "").strip()
     return int(text) if text.isdigit() and int(text) > 0 else None
 
 
-def _refusal(alert):
+def _refusal(alert: Mapping[str, Any]) -> Optional[str]:
     """Why this alert asks nothing the guard acts on, or None."""
     labels = alert.get("labels") or {}
     if labels.get("alertname") != ORPHAN_ALERT:
@@ -61,10 +117,11 @@ def _refusal(alert):
     return None
 
 
-def plan(payload, inventory):
+def plan(payload: object, inventory: Collection[str]) -> GuardPlan:
     """Filter: Alertmanager's webhook payload ({"alerts": [...]}) as {"hosts": {host: [{"pid", "start_ticks",
     "alert"}]}, "refused": [{"alert", "why"}]}. `inventory`: the hosts of the inventory (groups['all'])."""
-    hosts, refused = {}, []
+    hosts: Dict[str, List[NamedOrphan]] = {}
+    refused: List[PlanRefusal] = []
     alerts = payload.get("alerts") if isinstance(payload, dict) else None
     if not isinstance(alerts, list):
         return {"hosts": {}, "refused": [{"alert": None, "why": "the payload carries no list of alerts"}]}
@@ -78,14 +135,19 @@ def plan(payload, inventory):
             refused.append({"alert": alert_ref(alert), "why": why})
             continue
         labels = alert["labels"]
-        named = {"pid": _whole(labels["pid"]), "start_ticks": _whole(labels["start_ticks"]), "alert": alert_ref(alert)}
-        mine = hosts.setdefault(host, [])
+        # _refusal found both whole numbers
+        named: NamedOrphan = {
+            "pid": cast(int, _whole(labels["pid"])),
+            "start_ticks": cast(int, _whole(labels["start_ticks"])),
+            "alert": alert_ref(alert),
+        }
+        mine = hosts.setdefault(cast(str, host), [])  # a host of the inventory: a name
         if all((n["pid"], n["start_ticks"]) != (named["pid"], named["start_ticks"]) for n in mine):
             mine.append(named)
     return {"hosts": hosts, "refused": refused}
 
 
-def redeploy_running(marker, now, max_age):
+def redeploy_running(marker: Optional[Mapping[str, Any]], now: float, max_age: float) -> Optional[str]:
     """Why a redeploy of the host is running, from ansible.builtin.slurp's result for its marker, or None.
     A marker older than max_age seconds was left by a run that died: ignored."""
     if not marker or marker.get("failed") or not marker.get("content"):
@@ -100,13 +162,21 @@ def redeploy_running(marker, now, max_age):
     return "a redeploy of this host is running (started %.0f s ago)" % max(age, 0)
 
 
-def host_decision(named, orphans, marker=None, now=0.0, max_age=3600.0):
+def host_decision(
+    named: Optional[Iterable[Mapping[str, Any]]],
+    orphans: Optional[Iterable[Mapping[str, Any]]],
+    marker: Optional[Mapping[str, Any]] = None,
+    now: float = 0.0,
+    max_age: float = 3600.0,
+) -> HostDecision:
     """Filter: what to end on one host. `named`: plan's entries for it; `orphans`: gpu_guard's orphans now;
     `marker`: slurp of the redeploy marker. {"blocked": why nothing is done or None, "pids": [PID],
     "pid_start_ticks": {"PID": ticks}, "refused": [{"pid", "start_ticks", "alert", "why"}]}."""
     blocked = redeploy_running(marker, now, max_age)
     current = {orphan["pid"]: orphan for orphan in orphans or []}
-    pids, ticks, refused = [], {}, []
+    pids: List[int] = []
+    ticks: Dict[str, int] = {}
+    refused: List[Dict[str, Any]] = []
     for entry in named or []:
         found = current.get(entry["pid"])
         if blocked:

@@ -15,11 +15,13 @@ Pure: no I/O. Every refusal says which alert asked for what.
 
 from __future__ import annotations
 
+from typing import Any, Callable, Dict
+
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._guard_plan import host_decision, instances, plan
 
 
 class FilterModule(object):
     """The guard's controller-side decisions."""
 
-    def filters(self):
+    def filters(self) -> Dict[str, Callable[..., Any]]:
         return {"instances": instances, "plan": plan, "host_decision": host_decision}

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Any, Callable, Dict, Iterable, List, Literal, Mapping, Optional, Sequence, Tuple, TypedDict
 
 from ansible.errors import AnsibleFilterError
 
@@ -27,24 +28,51 @@ try:
     from packaging.requirements import InvalidRequirement, Requirement
     from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 except ImportError as error:  # pragma: no cover - only where ansible-core was installed without its dependencies
-    PACKAGING_ERROR = error
-    InvalidRequirement = InvalidWheelFilename = ValueError
+    PACKAGING_ERROR: Optional[ImportError] = error
+    # Only for the except clauses below: mypy sees packaging's classes, this fallback replaces them.
+    InvalidRequirement = InvalidWheelFilename = ValueError  # type: ignore[misc,assignment]
 else:
     PACKAGING_ERROR = None
 
+# A package manager the role installs distribution packages with.
+PackageManager = Literal["apt", "dnf"]
+# What the host's Python may lack before the venv can be made (_packages).
+Need = Literal["ensurepip", "packaging"]
 # The oldest Python the modules run on (tests/config.yml).
 MIN_PYTHON = (3, 9)
 # Distribution packages, by package manager: ensurepip for `python3 -m venv` (Debian and Ubuntu ship it apart, in
 # python3-venv; Fedora and RHEL's python3 needs the bundled pip wheel), and a requirement parser for Ansible's pip
 # module (packaging, or setuptools' pkg_resources).
-OS_PACKAGES = {
+OS_PACKAGES: Dict[PackageManager, Dict[Need, List[str]]] = {
     "apt": {"ensurepip": ["python3-venv"], "packaging": ["python3-packaging"]},
     "dnf": {"ensurepip": ["python3-pip-wheel"], "packaging": ["python3-packaging"]},
 }
-FAMILIES = {"apt": ("debian", "ubuntu"), "dnf": ("rhel", "fedora", "centos")}
+FAMILIES: Dict[PackageManager, Tuple[str, ...]] = {"apt": ("debian", "ubuntu"), "dnf": ("rhel", "fedora", "centos")}
+# probe.py's JSON (its look at an interpreter, the venv, the OS), or the registered result of running it.
+Probe = Mapping[str, Any]
 
 
-def _requirements(requirements):
+class HostPlan(TypedDict):
+    """What prepare_hosts_plan gives (the module docstring)."""
+
+    install: bool
+    remake: bool
+    packages: List[str]
+    package_manager: Optional[PackageManager]
+    python: Optional[str]
+    ready: bool
+    line: str
+    error: Optional[str]
+
+
+class AfterFailure(TypedDict):
+    """What prepare_hosts_after_failure gives: whether to remove the venv, and the line that says why."""
+
+    remove: bool
+    line: str
+
+
+def _requirements(requirements: Iterable[str]) -> List[Requirement]:
     if PACKAGING_ERROR is not None:
         raise AnsibleFilterError(
             "prepare_hosts needs the Python library packaging on the controller: %s" % PACKAGING_ERROR
@@ -55,7 +83,7 @@ def _requirements(requirements):
         raise AnsibleFilterError("prepare_hosts_requirements: %s" % error)
 
 
-def _lacking(found, requirements):
+def _lacking(found: Probe, requirements: Iterable[Requirement]) -> List[str]:
     """Requirement texts that interpreter `found` (probe.py's view of it) does not meet."""
     if not found.get("exists") or "version" not in found:
         return [str(requirement) for requirement in requirements]
@@ -67,13 +95,13 @@ def _lacking(found, requirements):
     return lacking
 
 
-def _has(found, requirements):
+def _has(found: Probe, requirements: Iterable[Requirement]) -> str:
     return ", ".join(
         "%s %s" % (requirement.name, found.get(canonicalize_name(requirement.name))) for requirement in requirements
     )
 
 
-def _package_manager(os_release):
+def _package_manager(os_release: Probe) -> Optional[PackageManager]:
     names = [os_release.get("id", "")] + list(os_release.get("id_like") or [])
     for manager, families in FAMILIES.items():
         if any(name in families for name in names):
@@ -81,7 +109,7 @@ def _package_manager(os_release):
     return None
 
 
-def _read_probe(probe):
+def _read_probe(probe: Probe) -> Tuple[Optional[Dict[str, Any]], Optional[str]]:
     """probe.py's JSON, or an error line saying what could not be run."""
     command = " ".join(str(part) for part in (probe.get("cmd") or [])[:1]) or "python3"
     if probe.get("rc") != 0:
@@ -96,16 +124,13 @@ def _read_probe(probe):
         return None, "%s on the host printed no probe result: %r" % (command, (probe.get("stdout") or "")[-200:])
 
 
-def _packages(found, fallback):
+def _packages(found: Probe, fallback: Probe) -> Tuple[Optional[PackageManager], List[str], Optional[str]]:
     """(package manager, [packages], error) that the host needs before the venv can be made."""
-    needs = [
-        need
-        for need, missing in (
-            ("ensurepip", not found["python"]["ensurepip"]),
-            ("packaging", not fallback.get("packaging")),
-        )
-        if missing
-    ]
+    missing_by_need: Tuple[Tuple[Need, bool], ...] = (
+        ("ensurepip", not found["python"]["ensurepip"]),
+        ("packaging", not fallback.get("packaging")),
+    )
+    needs = [need for need, missing in missing_by_need if missing]
     if not needs:
         return None, [], None
     manager = _package_manager(found.get("os") or {})
@@ -121,14 +146,24 @@ def _packages(found, fallback):
     return manager, [package for need in needs for package in OS_PACKAGES[manager][need]], None
 
 
-def _install_line(venv, python, manager, packages, lacking_text, source, check_mode):
+def _install_line(
+    venv: str,
+    python: str,
+    manager: Optional[PackageManager],
+    packages: List[str],
+    lacking_text: str,
+    source: str,
+    check_mode: bool,
+) -> str:
     would = "would " if check_mode else ""
     steps = ["%sinstall %s (%s)" % (would, ", ".join(packages), manager)] if packages else []
     steps += ["%smake %s with %s -m venv" % (would, venv, python), "%sinstall %s %s" % (would, lacking_text, source)]
     return "prepare_hosts%s: %s" % (" (check mode)" if check_mode else "", "; ".join(steps))
 
 
-def _verified(plan, venv, in_venv, lacking, requirements):
+def _verified(
+    plan: HostPlan, venv: str, in_venv: Probe, lacking: List[str], requirements: List[Requirement]
+) -> HostPlan:
     """`plan` after the install: ready when the venv lacks nothing, else an error that says what it still lacks."""
     plan["ready"] = not lacking
     plan["line"] = "prepare_hosts: %s ready: %s" % (venv, _has(in_venv, requirements))
@@ -141,7 +176,9 @@ def _verified(plan, venv, in_venv, lacking, requirements):
     return plan
 
 
-def _nothing_to_do(venv, in_venv, lacking, fallback, requirements):
+def _nothing_to_do(
+    venv: str, in_venv: Probe, lacking: List[str], fallback: Probe, requirements: List[Requirement]
+) -> Optional[str]:
     """The line of a host whose venv (or, while there is none, whose Python) has every requirement; else None."""
     if in_venv.get("exists") and not lacking:
         return "prepare_hosts: nothing to do: %s has %s" % (venv, _has(in_venv, requirements))
@@ -154,7 +191,7 @@ def _nothing_to_do(venv, in_venv, lacking, fallback, requirements):
     return None
 
 
-def _venv_dir(venv, directory, in_venv):
+def _venv_dir(venv: str, directory: Probe, in_venv: Probe) -> Tuple[bool, Optional[str]]:
     """(remake, error) for the venv's directory: remake a venv whose Python no longer runs, refuse a non-venv."""
     if directory.get("exists") and "version" not in in_venv:  # its bin/python is missing or does not run
         if directory.get("pyvenv_cfg"):
@@ -167,7 +204,9 @@ def _venv_dir(venv, directory, in_venv):
     return False, None
 
 
-def _install_reason(in_venv, lacking, fallback, requirements, remake):
+def _install_reason(
+    in_venv: Probe, lacking: List[str], fallback: Probe, requirements: List[Requirement], remake: bool
+) -> str:
     """Why the venv is installed: what the venv (or the host's Python) lacks, or that the venv is made again."""
     if remake:
         return "%s does not run: the venv is made again" % in_venv["path"]
@@ -176,10 +215,18 @@ def _install_reason(in_venv, lacking, fallback, requirements, remake):
     return "%s lacks %s" % (fallback.get("path", "the host's Python"), ", ".join(_lacking(fallback, requirements)))
 
 
-def prepare_hosts_plan(probe, venv, requirements, wheels=None, wheels_dir="", check_mode=False, verify=False):
+def prepare_hosts_plan(
+    probe: Probe,
+    venv: str,
+    requirements: Sequence[str],
+    wheels: Optional[Sequence[str]] = None,
+    wheels_dir: str = "",
+    check_mode: bool = False,
+    verify: bool = False,
+) -> HostPlan:
     """What the role does on this host; see the module docstring."""
-    requirements = _requirements(requirements)
-    plan = {
+    wanted = _requirements(requirements)
+    plan: HostPlan = {
         "install": False,
         "remake": False,
         "packages": [],
@@ -194,13 +241,13 @@ def prepare_hosts_plan(probe, venv, requirements, wheels=None, wheels_dir="", ch
         return plan
     this, in_venv = found["python"], found["venv"]
     plan["python"] = this["executable"]
-    lacking = _lacking(in_venv, requirements)
+    lacking = _lacking(in_venv, wanted)
     if verify:
-        return _verified(plan, venv, in_venv, lacking, requirements)
+        return _verified(plan, venv, in_venv, lacking, wanted)
     fallback = (found.get("interpreters") or [{}])[0]
-    ready_line = _nothing_to_do(venv, in_venv, lacking, fallback, requirements)
+    ready_line = _nothing_to_do(venv, in_venv, lacking, fallback, wanted)
     if ready_line is not None:
-        plan.update(ready=True, line=ready_line)
+        plan["ready"], plan["line"] = True, ready_line
         return plan
     plan["remake"], plan["error"] = _venv_dir(venv, found.get("venv_dir") or {}, in_venv)
     if plan["error"] is not None:
@@ -214,15 +261,15 @@ def prepare_hosts_plan(probe, venv, requirements, wheels=None, wheels_dir="", ch
         return plan
     plan["package_manager"], plan["packages"], plan["error"] = _packages(found, fallback)
     source = "from the %d wheel(s) of %s" % (len(wheels or []), wheels_dir) if wheels_dir else "from the package index"
-    requirements_text = ", ".join(str(requirement) for requirement in requirements)
+    requirements_text = ", ".join(str(requirement) for requirement in wanted)
     plan["install"] = plan["error"] is None
     plan["line"] = _install_line(
         venv, this["executable"], plan["package_manager"], plan["packages"], requirements_text, source, check_mode
-    ) + " (%s)" % _install_reason(in_venv, lacking, fallback, requirements, plan["remake"])
+    ) + " (%s)" % _install_reason(in_venv, lacking, fallback, wanted, plan["remake"])
     return plan
 
 
-def prepare_hosts_after_failure(probe, venv, requirements):
+def prepare_hosts_after_failure(probe: Probe, venv: str, requirements: Sequence[str]) -> AfterFailure:
     """What to do with the venv after a failed install, from probe.py's look at it then: {"remove", "line"}.
 
     A venv that lacks a library (pip unreachable: made, then nothing or part installed) is removed. The modules try the
@@ -230,7 +277,7 @@ def prepare_hosts_after_failure(probe, venv, requirements):
     (plugins/plugin_utils/_interpreter.py): left in place, it would fail every module on the host. A venv with every
     library, one below its floor perhaps, is what the modules ran with before: it is kept. Only a venv (pyvenv.cfg) is
     ever removed."""
-    requirements = _requirements(requirements)
+    wanted = _requirements(requirements)
     found, error = _read_probe(probe)
     if found is None:
         return {"remove": False, "line": "%s could not be looked at after the failure: %s" % (venv, error)}
@@ -239,11 +286,11 @@ def prepare_hosts_after_failure(probe, venv, requirements):
         return {"remove": False, "line": "%s was not made" % venv}
     missing = [
         requirement.name
-        for requirement in requirements
+        for requirement in wanted
         if "version" not in in_venv or not in_venv.get(canonicalize_name(requirement.name))
     ]
     if not missing:
-        return {"remove": False, "line": "%s is kept as it was: it has %s" % (venv, _has(in_venv, requirements))}
+        return {"remove": False, "line": "%s is kept as it was: it has %s" % (venv, _has(in_venv, wanted))}
     if not directory.get("pyvenv_cfg"):
         return {"remove": False, "line": "%s is not a venv (no pyvenv.cfg): left as it is" % venv}
     return {
@@ -253,7 +300,7 @@ def prepare_hosts_after_failure(probe, venv, requirements):
     }
 
 
-def prepare_hosts_wheels(directory, requirements):
+def prepare_hosts_wheels(directory: object, requirements: Sequence[str]) -> List[str]:
     """Sorted paths of the *.whl files in controller directory `directory`; an error names a required project without one."""
     if not directory or not os.path.isdir(str(directory)):
         raise AnsibleFilterError("prepare_hosts_wheels_dir: %r is not a directory on the controller" % (directory,))
@@ -282,7 +329,7 @@ def prepare_hosts_wheels(directory, requirements):
 class FilterModule:
     """Filters of the prepare_hosts role."""
 
-    def filters(self):
+    def filters(self) -> Dict[str, Callable[..., Any]]:
         return {
             "plan": prepare_hosts_plan,
             "wheels": prepare_hosts_wheels,
