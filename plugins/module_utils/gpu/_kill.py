@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import signal
 import time
-from typing import Any, Dict, Iterable, List, Mapping, NamedTuple, Optional
+from typing import Any, Dict, Iterable, List, Mapping, NamedTuple, Optional, TypedDict
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils import _options
 from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import (
@@ -64,13 +64,23 @@ class Look(NamedTuple):
     foreign: List[Entry]
 
 
+class WaitReport(TypedDict):
+    """The result's "wait": the wait for the release after a real run (wait=true), as gpu_wait reports it."""
+
+    elapsed_s: float
+    polls: int
+    msg: str
+    gpus: List[_shapes.WaitStatus]  # with "next_step" on each GPU not released
+    memory_checked: bool
+    driver: _shapes.Driver
+
+
 class Waited(NamedTuple):
-    """wait=true after a real run: the last snapshot, whether the GPUs were released, and the wait's report
-    ({"elapsed_s", "polls", "msg", "gpus" with next steps, "memory_checked", "driver"})."""
+    """wait=true after a real run: the last snapshot, whether the GPUs were released, and the wait's report."""
 
     after: _shapes.Snapshot
     released: bool
-    report: Dict[str, Any]
+    report: WaitReport
 
 
 class Steps(NamedTuple):
@@ -258,12 +268,15 @@ def would_fail(selection: _select.Selection, snapshot: _shapes.Snapshot, params:
     """Check mode with wait=true: why the wait would fail whatever the run ended, in the words of the wait's own failure
     (selected GPUs that the driver answers with an error, such as a GPU that fell off the bus, or a driver that did not
     answer); None where ending the targets may free the GPUs (check mode cannot tell how their memory would go)."""
-    status = [dict(gpu, holders=[]) for gpu in _release.gpu_status(selection, snapshot, params["max_used_mib"])]
-    stuck = [gpu for gpu in status if gpu["error"] or snapshot["driver"]["timed_out"]]
+    stuck: List[_shapes.WaitStatus] = []
+    for gpu in _release.gpu_status(selection, snapshot, params["max_used_mib"]):
+        if gpu["error"] or snapshot["driver"]["timed_out"]:
+            stuck.append(gpu.copy())
+            stuck[-1]["holders"] = []
     if not stuck:
         return None
     return _wait.conclude(
-        {"gpus": stuck, "driver": snapshot["driver"], "released": False, "elapsed_s": 0.0},
+        _wait.Waited(released=False, elapsed_s=0.0, polls=0, gpus=stuck, driver=snapshot["driver"], snapshot=snapshot),
         params["driver_timeout"],
         single_look=True,
     )
@@ -279,8 +292,15 @@ def wait(
     waited = _wait.wait_released(
         inspector, selection, params["wait_timeout"], params["max_used_mib"], params["poll_interval"], first=first
     )
-    waited["msg"] = _wait.conclude(waited, params["driver_timeout"])
-    report = {key: waited[key] for key in ("elapsed_s", "polls", "msg", "gpus", "memory_checked", "driver")}
+    msg = _wait.conclude(waited, params["driver_timeout"])  # adds "memory_checked" to `waited`
+    report = WaitReport(
+        elapsed_s=waited["elapsed_s"],
+        polls=waited["polls"],
+        msg=msg,
+        gpus=waited["gpus"],
+        memory_checked=waited["memory_checked"],
+        driver=waited["driver"],
+    )
     return Waited(waited["snapshot"], waited["released"], report)
 
 
@@ -399,6 +419,11 @@ def _names(processes: Iterable[Entry]) -> str:
     return ", ".join("%s (%s)" % (p["pid"], p["comm"]) for p in processes)
 
 
+def _inline(lines: Iterable[str]) -> str:
+    """Summary lines as parts of the one-line message: "; LINE" each, without their indent."""
+    return "".join("; " + line.strip() for line in lines)
+
+
 def message(result: Result, check_mode: bool) -> str:
     """What was done (or would be) and what was left, in one line."""
     if check_mode:
@@ -406,7 +431,7 @@ def message(result: Result, check_mode: bool) -> str:
             len(result["would_signal"]),
             ": " + _names(result["would_signal"]) if result["would_signal"] else "",
         )
-        msg += "".join("; " + line.strip() for line in _stop_owners.unit_lines(result, check_mode))
+        msg += _inline(_stop_owners.unit_lines(result, check_mode))
     else:
         msg = "signalled %d process(es), %d exited" % (len(result["signalled"]), len(result["exited"]))
     if result["driver"]["timed_out"]:
@@ -426,8 +451,8 @@ def message(result: Result, check_mode: bool) -> str:
             item["gpu"],
         )
     if not check_mode:
-        msg += "".join("; " + line.strip() for line in _stop_owners.unit_lines(result, check_mode))
-    msg += "".join("; " + line.strip() for line in _stop_owners.beyond_lines(result, check_mode))
+        msg += _inline(_stop_owners.unit_lines(result, check_mode))
+    msg += _inline(_stop_owners.beyond_lines(result, check_mode))
     if result.get("released"):
         msg += "; %s" % result["wait"]["msg"]
     return msg
@@ -435,20 +460,9 @@ def message(result: Result, check_mode: bool) -> str:
 
 def owner_warnings(result: Result, check_mode: bool) -> List[str]:
     """A warning for each holder whose owner will start it again, and for each respawn seen."""
-    warnings = []
-    for process in result["would_signal"] if check_mode else result["signalled"]:
-        lasting = _stop_owners.owner_left_running(process, result["stopped_units"])
-        if lasting:
-            note, command = lasting
-            warnings.append(
-                "PID %s (%s): %s; ending the PID alone will not last%s"
-                % (
-                    process["pid"],
-                    process["comm"],
-                    note,
-                    ": stop the owner (%s), or run with stop_owners=true" % command if command else "",
-                )
-            )
+    stopped = result["stopped_units"]
+    processes = result["would_signal"] if check_mode else result["signalled"]
+    warnings = [text for text in (_stop_owners.owner_warning(p, stopped) for p in processes) if text]
     for item in result["respawned"]:
         parent = item.get("parent")
         warnings.append(

@@ -57,12 +57,8 @@ def place(process: Mapping[str, Any]) -> str:
 
 def owner_line(process: Mapping[str, Any], stopped_units: Iterable[str] = ()) -> Optional[str]:
     """The line under a holder saying why ending it alone will not last and what stops its owner, or None: none when
-    nothing restarts it, or when its unit was stopped by this run (_stop_owners.owner_left_running)."""
-    lasting = _stop_owners.owner_left_running(process, stopped_units)
-    if not lasting:
-        return None
-    note, command = lasting
-    return "    ending it alone will not last: %s%s" % (note, "; stop the owner: %s" % command if command else "")
+    nothing restarts it, or when its unit was stopped by this run (_stop_owners.owner_line)."""
+    return _stop_owners.owner_line(process, stopped_units)
 
 
 def _mib(value: Optional[int]) -> str:

@@ -417,13 +417,38 @@ def _ended(process: UnitProcess, proc: str) -> UnitProcess:
 def owner_left_running(process: Mapping[str, Any], stopped_units: Iterable[str]) -> Optional[Tuple[str, Optional[str]]]:
     """(why ending `process` alone will not last, the command that stops its owner or None), or None: none when
     nothing starts it again, or when this run stopped its unit (stop_owners). `process` is a holder that
-    _report.annotate annotated ("owner_note", "owner_command"). The one rule of gpu_kill's warning and the summary's
-    owner line."""
+    _report.annotate annotated ("owner_note", "owner_command"). The one rule of owner_warning and owner_line."""
     note = process.get("owner_note")
     command = process.get("owner_command")
     if not note or command in {"systemctl stop %s" % unit for unit in stopped_units}:
         return None
     return note, command
+
+
+def owner_warning(process: Mapping[str, Any], stopped_units: Iterable[str]) -> Optional[str]:
+    """gpu_kill's warning for a holder whose owner will start it again (owner_left_running), or None: "PID 7
+    (python3): systemd unit vllm.service restarts it (Restart=always); ending the PID alone will not last: stop the
+    owner (systemctl stop vllm.service), or run with stop_owners=true"."""
+    lasting = owner_left_running(process, stopped_units)
+    if not lasting:
+        return None
+    note, command = lasting
+    return "PID %s (%s): %s; ending the PID alone will not last%s" % (
+        process["pid"],
+        process["comm"],
+        note,
+        ": stop the owner (%s), or run with stop_owners=true" % command if command else "",
+    )
+
+
+def owner_line(process: Mapping[str, Any], stopped_units: Iterable[str] = ()) -> Optional[str]:
+    """The summary's line under a holder whose owner will start it again (owner_left_running), or None:
+    "    ending it alone will not last: NOTE; stop the owner: COMMAND"."""
+    lasting = owner_left_running(process, stopped_units)
+    if not lasting:
+        return None
+    note, command = lasting
+    return "    ending it alone will not last: %s%s" % (note, "; stop the owner: %s" % command if command else "")
 
 
 def owner_commands(targets: Iterable[Process]) -> List[str]:
