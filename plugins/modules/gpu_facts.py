@@ -270,7 +270,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils import _options
 from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _advice, _gpus
 
 
-def main():
+def main() -> None:
     module = AnsibleModule(
         argument_spec=dict(
             driver_timeout=_gpus.SELECTION_ARGS["driver_timeout"],

@@ -122,39 +122,46 @@ textfile:
 """
 
 import time
+from typing import Any, Dict, List, Mapping, Optional, Tuple, cast
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils import _options
-from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _gpus, _guard_metrics, _holders, _orphans
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import (
+    _gpus,
+    _guard_metrics,
+    _holders,
+    _orphans,
+    _shapes,
+)
 from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _http, _vllm_stall
 
 
-def watch_instances(instances, stall_seconds, request_timeout):
+def watch_instances(
+    instances: List[Dict[str, Any]], stall_seconds: float, request_timeout: float
+) -> List[Dict[str, Any]]:
     """The state of each instance, watched at the same time (_vllm_stall.watch)."""
     clients = [
-        _http.Client(
-            instance["url"], instance.get("api_key"), request_timeout, instance.get("validate_certs", True)
-        )
+        _http.Client(instance["url"], instance.get("api_key"), request_timeout, instance.get("validate_certs", True))
         for instance in instances
     ]
     states = _vllm_stall.watch(clients, stall_seconds)
     return [dict(state, name=instance["name"], url=instance["url"]) for state, instance in zip(states, instances)]
 
 
-def instance_problems(instances):
+def instance_problems(instances: List[Dict[str, Any]]) -> List[str]:
     """Why O(vllm_instances) cannot be watched ([] when it can)."""
-    problems = []
+    problems: List[str] = []
     for position, instance in enumerate(instances):
         for key in ("name", "url"):
             if not isinstance(instance.get(key), str) or not instance[key].strip():
                 problems.append("vllm_instances[%d] needs a %s (text)" % (position, key))
-    names = [instance.get("name") for instance in instances]
+    names: List[Any] = [instance.get("name") for instance in instances]
     problems += ["vllm_instances names %r twice" % name for name in sorted(set(n for n in names if names.count(n) > 1))]
     return problems
 
 
-def look(params):
+def look(params: Mapping[str, Any]) -> Tuple[_shapes.Snapshot, List[_orphans.Orphan]]:
     """(snapshot, orphans) of one look at the host."""
     inspector = _gpus.Inspector(driver_timeout=params["driver_timeout"])
     try:
@@ -165,7 +172,7 @@ def look(params):
     return view, _orphans.orphans(view, judge)
 
 
-def main():
+def main() -> None:
     module = AnsibleModule(
         argument_spec=dict(
             gpus=dict(type="bool", default=True),
@@ -199,14 +206,17 @@ def main():
     if problems:
         module.fail_json(msg="nothing was looked at: %s" % "; ".join(problems))
     vllm = watch_instances(params["vllm_instances"], params["stall_seconds"], params["request_timeout"])
-    view, orphans = look(params) if params["gpus"] else ({"gpus": [], "driver": {}}, [])
+    # Without GPUs: no driver state, no GPU, no orphan.
+    view, orphans = look(params) if params["gpus"] else (cast(_shapes.Snapshot, {"gpus": [], "driver": {}}), [])
     found = _guard_metrics.samples(
         view, orphans, vllm, _holders.translates_pids(view["driver"]), time.time(), params["inventory_hostname"]
     )
     finish(module, path, _guard_metrics.render(found), orphans, vllm)
 
 
-def finish(module, path, text, orphans, vllm):
+def finish(
+    module: Any, path: Optional[str], text: str, orphans: List[_orphans.Orphan], vllm: List[Dict[str, Any]]
+) -> None:
     """Write the textfile (not in check mode) and exit; changed when the figures differ from the file's."""
     before = _guard_metrics.read(path) if path else None
     changed = bool(path) and _guard_metrics.without_timestamp(before) != _guard_metrics.without_timestamp(text)

@@ -86,7 +86,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils import _options
 from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _guard_ledger
 
 
-def main():
+def main() -> None:
     module = AnsibleModule(
         argument_spec=dict(
             state_dir=dict(type="path", required=True),

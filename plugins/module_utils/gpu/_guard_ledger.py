@@ -17,6 +17,7 @@ import datetime
 import fcntl
 import json
 import os
+from typing import IO, Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
 STATE = "last_remediation.json"
 LOCK = ".lock"
@@ -25,21 +26,22 @@ LOCK = ".lock"
 class _Locked:
     """An exclusive flock on DIR/.lock while inside the `with` (the directory is created when missing)."""
 
-    def __init__(self, directory):
+    def __init__(self, directory: str) -> None:
         self.directory = directory
+        self.handle: IO[str]
 
-    def __enter__(self):
+    def __enter__(self) -> _Locked:
         os.makedirs(self.directory, exist_ok=True)
         self.handle = open(os.path.join(self.directory, LOCK), "a")
         fcntl.flock(self.handle, fcntl.LOCK_EX)
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         fcntl.flock(self.handle, fcntl.LOCK_UN)
         self.handle.close()
 
 
-def _read(path):
+def _read(path: str) -> Dict[str, Any]:
     try:
         with open(path) as handle:
             found = json.load(handle)
@@ -48,7 +50,7 @@ def _read(path):
         return {}
 
 
-def claim(state_dir, host, mode, interval, now):
+def claim(state_dir: str, host: str, mode: str, interval: float, now: float) -> Tuple[bool, Optional[str]]:
     """(True, None) and the host's slot taken at `now`, or (False, why) when it was taken less than `interval`
     seconds ago."""
     path = os.path.join(state_dir, STATE)
@@ -71,7 +73,7 @@ def claim(state_dir, host, mode, interval, now):
     return True, None
 
 
-def append(state_dir, log, entries, now):
+def append(state_dir: str, log: str, entries: Iterable[Mapping[str, Any]], now: float) -> List[str]:
     """Append `entries` (dicts) to the JSON Lines file `log`, each with its time; returns the lines written."""
     stamp = datetime.datetime.fromtimestamp(now, datetime.timezone.utc).isoformat()
     lines = [json.dumps(dict(entry, time=stamp), sort_keys=True) for entry in entries]

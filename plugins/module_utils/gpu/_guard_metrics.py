@@ -13,6 +13,19 @@ from __future__ import annotations
 
 import os
 import tempfile
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Literal, Mapping, Optional, Sequence, Tuple, cast
+
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _shapes
+
+if TYPE_CHECKING:
+    from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu._orphans import Orphan
+
+# A sample's labels, in order: [(name, value)].
+Labels = List[Tuple[str, object]]
+# {family (without PREFIX): [(labels, value)]}: what samples() returns and render() writes.
+Samples = Dict[str, List[Tuple[Labels, float]]]
+# The states of a vLLM instance (_vllm_stall).
+VllmState = Literal["healthy", "stalled", "down", "unknown"]
 
 MIB = 1024 * 1024
 PREFIX = "gpuops_nvidia_guard_"
@@ -33,26 +46,27 @@ FAMILIES = (
     ("vllm_state", "State of a vLLM instance: 1 for its state (healthy, stalled, down, unknown), 0 for the others."),
     ("vllm_requests_running", "Requests running in a vLLM instance at the end of the guard's watch."),
 )
-VLLM_STATES = ("healthy", "stalled", "down", "unknown")
+VLLM_STATES: Tuple[VllmState, ...] = ("healthy", "stalled", "down", "unknown")
 
 
-def escape(value):
+def escape(value: object) -> str:
     """A label value as the text format writes it."""
     return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
-def _labels(pairs):
+def _labels(pairs: Sequence[Tuple[str, object]]) -> str:
     return "{%s}" % ",".join('%s="%s"' % (key, escape(value)) for key, value in pairs) if pairs else ""
 
 
-def _number(value):
+def _number(value: float) -> str:
     return repr(float(value)) if isinstance(value, float) else str(int(value))
 
 
-def _gpu_samples(gpu, orphans):
+def _gpu_samples(gpu: _shapes.Gpu, orphans: Sequence[Orphan]) -> Samples:
     """{family: [(labels, value)]} of one GPU."""
-    ident = [("gpu", gpu["index"]), ("uuid", gpu.get("uuid") or "")]
-    out = {}
+    ident: Labels = [("gpu", gpu["index"]), ("uuid", gpu.get("uuid") or "")]
+    out: Samples = {}
+    figures: Mapping[str, Any] = gpu  # read by key name below
     reported = gpu.get("memory_supported") is not False and not gpu.get("error")
     for family, key in (
         ("gpu_memory_used_bytes", "memory_used_mib"),
@@ -60,12 +74,16 @@ def _gpu_samples(gpu, orphans):
         ("gpu_memory_unexplained_bytes", "unexplained_mib"),
         ("gpu_memory_tolerance_bytes", "tolerance_mib"),
     ):
-        if reported and gpu.get(key) is not None:
-            out.setdefault(family, []).append((ident, gpu[key] * MIB))
+        if reported and figures.get(key) is not None:
+            out.setdefault(family, []).append((ident, figures[key] * MIB))
     out.setdefault("gpu_holders", []).append((ident, len(gpu.get("holder_pids") or [])))
     mine = [orphan for orphan in orphans if gpu["index"] in orphan["gpus"]]
     out.setdefault("gpu_orphaned_holders", []).append((ident, len(mine)))
-    held = {item["pid"]: item["used_mib"] for item in gpu.get("exited") or [] if item.get("used_mib") is not None}
+    # The exited creators' listed memory (MiB), where the driver reports it.
+    held = cast(
+        Dict[int, int],
+        {item["pid"]: item["used_mib"] for item in gpu.get("exited") or [] if item.get("used_mib") is not None},
+    )
     for orphan in mine:
         mib = orphan["memory_mib"].get(str(gpu["index"]))
         if mib is None:  # a context shared with others: the exited creator's listed memory
@@ -81,10 +99,17 @@ def _gpu_samples(gpu, orphans):
     return out
 
 
-def samples(snapshot, orphans, vllm, translating, now, host=None):
+def samples(
+    snapshot: _shapes.Snapshot,
+    orphans: Sequence[Orphan],
+    vllm: Iterable[Mapping[str, Any]],
+    translating: Optional[bool],
+    now: float,
+    host: Optional[str] = None,
+) -> Samples:
     """{family: [(labels [(key, value)], value)]} of one look. `vllm`: [{"name", "url", "state",
     "requests_running"}]; `host`: the inventory hostname, added to the orphans' labels (the remediation's limit)."""
-    out = {"last_run_timestamp_seconds": [([], round(now, 3))]}
+    out: Samples = {"last_run_timestamp_seconds": [([], round(now, 3))]}
     driver_ok = not (snapshot.get("driver") or {}).get("timed_out") and bool(snapshot.get("gpus"))
     out["driver_ok"] = [([], 1 if driver_ok else 0)]
     if translating is not None:
@@ -99,7 +124,7 @@ def samples(snapshot, orphans, vllm, translating, now, host=None):
             (labels + [("inventory_hostname", host)], value) for labels, value in out.get("orphan_memory_bytes", [])
         ]
     for instance in vllm:
-        ident = [("vllm_instance", instance["name"]), ("url", instance["url"])]
+        ident: Labels = [("vllm_instance", instance["name"]), ("url", instance["url"])]
         for state in VLLM_STATES:
             out.setdefault("vllm_state", []).append(
                 (ident + [("state", state)], 1 if instance["state"] == state else 0)
@@ -109,9 +134,9 @@ def samples(snapshot, orphans, vllm, translating, now, host=None):
     return out
 
 
-def render(found):
+def render(found: Samples) -> str:
     """The textfile of `samples`' result: every family in FAMILIES order, HELP and TYPE only where it has samples."""
-    lines = []
+    lines: List[str] = []
     for family, help_text in FAMILIES:
         if not found.get(family):
             continue
@@ -121,12 +146,12 @@ def render(found):
     return "\n".join(lines) + "\n"
 
 
-def without_timestamp(text):
+def without_timestamp(text: Optional[str]) -> str:
     """`text` less the line of the last run's time: what tells whether the figures changed."""
     return "\n".join(line for line in (text or "").splitlines() if not line.startswith(TIMESTAMP + " "))
 
 
-def read(path):
+def read(path: str) -> Optional[str]:
     try:
         with open(path, "r") as handle:
             return handle.read()
@@ -134,7 +159,7 @@ def read(path):
         return None
 
 
-def write(path, text, mode=0o644):
+def write(path: str, text: str, mode: int = 0o644) -> None:
     """Write `text` to `path` atomically (a temporary file in its directory, then rename). Raises OSError."""
     directory = os.path.dirname(path) or "."
     handle, temporary = tempfile.mkstemp(prefix=".%s." % os.path.basename(path), dir=directory)

@@ -28,21 +28,42 @@ runtime removed it is not decided here (that needs the runtime); its pod is.
 from __future__ import annotations
 
 import os
+from typing import Any, Callable, Dict, List, Literal, Mapping, Optional, Set, Tuple, TypedDict
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _owners, _proc
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _owners, _proc, _shapes
 
-REASONS = ("vllm_server_exited", "unit_inactive", "slurm_job_ended", "pod_gone", "exited_creator")
+# Why a holder is orphaned (see the module's docstring).
+Reason = Literal["vllm_server_exited", "unit_inactive", "slurm_job_ended", "pod_gone", "exited_creator"]
+REASONS: Tuple[Reason, ...] = ("vllm_server_exited", "unit_inactive", "slurm_job_ended", "pod_gone", "exited_creator")
+# Runs systemctl: argv -> (exit status, stdout), or None when it cannot be run (_owners._run_systemctl).
+Run = Callable[[List[str]], Optional[Tuple[int, str]]]
+# A holder of a snapshot, with its owner block (_owners.owner_of).
+HolderLike = Mapping[str, Any]
+
+
+class Orphan(TypedDict):
+    """An orphaned holder (orphans): its identity, why, its owner in words, and its memory per GPU (MiB)."""
+
+    pid: int
+    start_ticks: int
+    comm: str
+    reason: Reason
+    owner_label: str
+    gpus: List[int]
+    memory_mib: Dict[str, Optional[int]]
+
+
 VLLM_TITLE = "VLLM::"
 INACTIVE_STATES = ("inactive", "failed")
 KUBELET_PODS = "/var/lib/kubelet/pods"
 _MAX_DEPTH = 64
 
 
-def _stat(pid, proc):
+def _stat(pid: int, proc: str) -> Optional[_proc.Stat]:
     return _proc.read_stat(pid, proc) if pid > 0 else None
 
 
-def is_namespace_init(pid, proc="/proc"):
+def is_namespace_init(pid: int, proc: str = "/proc") -> bool:
     """True when `pid` is PID 1 here or the init of its own PID namespace (its innermost NSpid is 1)."""
     if pid == 1:
         return True
@@ -50,7 +71,7 @@ def is_namespace_init(pid, proc="/proc"):
     return len(nspids) > 1 and nspids[-1] == 1
 
 
-def vllm_server_exited(holder, proc="/proc"):
+def vllm_server_exited(holder: HolderLike, proc: str = "/proc") -> bool:
     """True when `holder` is a vLLM engine process whose engine tree now hangs from an init (see the module's
     docstring). A holder that is not titled VLLM::, or whose parents cannot be read, is not called orphaned."""
     if not (holder.get("comm") or "").startswith(VLLM_TITLE):
@@ -69,7 +90,7 @@ def vllm_server_exited(holder, proc="/proc"):
     return False
 
 
-def unit_state(unit, systemctl="systemctl", run=None):
+def unit_state(unit: str, systemctl: str = "systemctl", run: Optional[Run] = None) -> Optional[str]:
     """ActiveState of `unit` (`active`, `inactive`, `failed`, ...) from `systemctl show`, or None when systemctl
     cannot say (absent, no systemd, past its deadline). `run(argv)` -> (rc, stdout) or None replaces the call."""
     result = (run or _owners._run_systemctl)([systemctl, "show", "-p", "ActiveState", "--value", "--", unit])
@@ -79,9 +100,9 @@ def unit_state(unit, systemctl="systemctl", run=None):
     return value or None
 
 
-def live_slurm_jobs(proc="/proc"):
+def live_slurm_jobs(proc: str = "/proc") -> Set[str]:
     """Job ids that have a `slurmstepd: [JOB.STEP]` process on this host."""
-    jobs = set()
+    jobs: Set[str] = set()
     for pid in _proc.list_pids(proc):
         argv = _proc.read_argv(pid, proc) or []
         title = " ".join(argv)
@@ -90,7 +111,7 @@ def live_slurm_jobs(proc="/proc"):
     return jobs
 
 
-def pod_gone(pod_uid, kubelet_pods=KUBELET_PODS):
+def pod_gone(pod_uid: str, kubelet_pods: str = KUBELET_PODS) -> bool:
     """True when the kubelet's pods directory exists and has no directory for `pod_uid`."""
     return os.path.isdir(kubelet_pods) and not os.path.exists(os.path.join(kubelet_pods, pod_uid))
 
@@ -99,28 +120,35 @@ class Judge:
     """Decides the orphan reason of each holder of one snapshot; asks systemctl once per unit and lists the live
     Slurm jobs once. `initial_pidns`: /proc is the host's (only there is a Slurm job called ended)."""
 
-    def __init__(self, proc="/proc", initial_pidns=False, systemctl="systemctl", run=None, kubelet_pods=KUBELET_PODS):
+    def __init__(
+        self,
+        proc: str = "/proc",
+        initial_pidns: bool = False,
+        systemctl: str = "systemctl",
+        run: Optional[Run] = None,
+        kubelet_pods: str = KUBELET_PODS,
+    ) -> None:
         self.proc = proc
         self.initial_pidns = initial_pidns
         self.systemctl = systemctl
         self.run = run
         self.kubelet_pods = kubelet_pods
-        self._units = {}
-        self._jobs = None
+        self._units: Dict[str, Optional[str]] = {}
+        self._jobs: Optional[Set[str]] = None
 
-    def _unit_inactive(self, unit):
+    def _unit_inactive(self, unit: str) -> bool:
         if unit not in self._units:
             self._units[unit] = unit_state(unit, self.systemctl, self.run)
         return self._units[unit] in INACTIVE_STATES
 
-    def _job_ended(self, job):
+    def _job_ended(self, job: str) -> bool:
         if not self.initial_pidns:
             return False
         if self._jobs is None:
             self._jobs = live_slurm_jobs(self.proc)
         return job not in self._jobs
 
-    def reason(self, holder):
+    def reason(self, holder: HolderLike) -> Optional[Reason]:
         """The orphan reason of `holder` (one of REASONS), or None when it is not orphaned."""
         owner = holder.get("owner") or {}
         if vllm_server_exited(holder, self.proc):
@@ -137,11 +165,13 @@ class Judge:
         return None
 
 
-def orphans(snapshot, judge):
+def orphans(snapshot: _shapes.Snapshot, judge: Judge) -> List[Orphan]:
     """The orphaned holders of `snapshot` (holders with owner blocks): [{"pid", "start_ticks", "comm", "reason",
     "owner_label", "gpus", "memory_mib" ({"i": MiB or None})}], by PID."""
-    found = []
-    for holder in sorted(snapshot.get("holders", []), key=lambda h: h["pid"]):
+    found: List[Orphan] = []
+    # Holders with their owner block ("owner", added by the snapshot where it reads owners).
+    holders: List[HolderLike] = list(snapshot.get("holders", []))
+    for holder in sorted(holders, key=lambda h: h["pid"]):
         reason = judge.reason(holder)
         if reason is None:
             continue
