@@ -42,15 +42,17 @@ class _WaitedBase(TypedDict):
     polls: int
     gpus: List[_shapes.WaitStatus]
     driver: _shapes.Driver
-    snapshot: _shapes.Snapshot
 
 
 class Waited(_WaitedBase, total=False):
-    """What wait_released returns; conclude adds "memory_checked" and "left_alone" (a left-alone holder per GPU it
-    holds: _shapes.LeftAlone plus "gpu")."""
+    """What wait_released returns, "snapshot" included (the last look); conclude adds "memory_checked" and
+    "left_alone" (a left-alone holder per GPU it holds: _shapes.LeftAlone plus "gpu"). gpu_wait returns the last
+    look as "after" instead of "snapshot"."""
 
+    snapshot: _shapes.Snapshot
     memory_checked: bool
     left_alone: List[Dict[str, Any]]
+    after: _shapes.Snapshot
 
 
 def wait_released(
