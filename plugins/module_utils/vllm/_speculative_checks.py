@@ -18,7 +18,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._speculative_pa
     ServerArgs,
     SpecConfig,
     SpeculativeConfigError,
-    _text,
+    value_text,
 )
 
 # What a check found for a field (the module's RETURN: checks[].status).
@@ -30,7 +30,7 @@ _Case = Tuple[str, int, int, Optional[str]]
 # _lookahead's (slots per request, what K adds to them or None, their name in a message).
 _Slots = Tuple[int, Optional[int], str]
 
-_COLLAPSE = "no error is raised, acceptance collapses"
+COLLAPSE = "no error is raised, acceptance collapses"
 
 
 class Check(TypedDict):
@@ -104,7 +104,7 @@ class Report:
             self.mismatch(field, requested, drafter, explanation)
 
 
-def _layout_text(per_layer: Sequence[object]) -> str:
+def layout_text(per_layer: Sequence[object]) -> str:
     """'4 x sliding_attention + 1 x full_attention' for a per-layer list (runs of equal values)."""
     runs: List[List[Any]] = []
     for value in per_layer:
@@ -122,17 +122,17 @@ def format_mismatches(mismatches: Sequence[Mismatch], version: str) -> str:
     for item in mismatches:
         requested, drafter = item["requested"], item["drafter"]
         if item["field"] == "layer_types":
-            requested = _layout_text(requested) if isinstance(requested, list) else requested
-            drafter = _layout_text(drafter) if isinstance(drafter, list) else drafter
+            requested = layout_text(requested) if isinstance(requested, list) else requested
+            drafter = layout_text(drafter) if isinstance(drafter, list) else drafter
         if item.get("source") == "vllm":
             lines.append(
                 "- %s: %s; vLLM %s expects %s: %s"
-                % (item["field"], _text(requested), version, _text(drafter), item["explanation"])
+                % (item["field"], value_text(requested), version, value_text(drafter), item["explanation"])
             )
         else:
             lines.append(
                 "- %s: requested %s, drafter %s: %s"
-                % (item["field"], _text(requested), _text(drafter), item["explanation"])
+                % (item["field"], value_text(requested), value_text(drafter), item["explanation"])
             )
     return "\n".join(lines)
 
@@ -159,7 +159,7 @@ def _mtp_layers(config: DrafterConfig) -> Tuple[Optional[int], Optional[str]]:
     return None, None
 
 
-def _speculators_tokens(config: DrafterConfig) -> Optional[int]:
+def speculators_token_count(config: DrafterConfig) -> Optional[int]:
     """num_speculative_tokens a speculators-format checkpoint declares (speculators_config.proposal_methods), or None."""
     speculators = config.get("speculators_config")
     methods = speculators.get("proposal_methods") if isinstance(speculators, dict) else None
@@ -198,7 +198,7 @@ def drafter_kind(config: DrafterConfig) -> Optional[DrafterKind]:
     return None
 
 
-def _check_drafter_kind(report: Report, method: str, config: DrafterConfig) -> bool:
+def check_drafter_kind(report: Report, method: str, config: DrafterConfig) -> bool:
     """Record whether the checkpoint's kind fits ``method``; return False when it does not (further checks are moot)."""
     kind = drafter_kind(config)
     architectures = _architectures(config)
@@ -235,7 +235,7 @@ def _check_drafter_kind(report: Report, method: str, config: DrafterConfig) -> b
     return False
 
 
-def _target_layer_count(report: Report, config: DrafterConfig, target_num_layers: Optional[int]) -> Optional[int]:
+def target_layer_count(report: Report, config: DrafterConfig, target_num_layers: Optional[int]) -> Optional[int]:
     """Number of target layers to check tap ids against: the option, else the drafter's num_target_layers."""
     trained_for = config.get("num_target_layers")
     if not isinstance(trained_for, int) or isinstance(trained_for, bool):
@@ -246,19 +246,19 @@ def _target_layer_count(report: Report, config: DrafterConfig, target_num_layers
             target_num_layers,
             trained_for,
             "the drafter was trained on a %s-layer target; on a %s-layer target its hidden-state taps sit at "
-            "other depths (or it is another model): %s" % (trained_for, target_num_layers, _COLLAPSE),
+            "other depths (or it is another model): %s" % (trained_for, target_num_layers, COLLAPSE),
             "num_target_layers in config.json",
         )
     return target_num_layers if target_num_layers is not None else trained_for
 
 
-def _untappable(layer_ids: Sequence[int], num_layers: int) -> List[int]:
+def untappable(layer_ids: Sequence[int], num_layers: int) -> List[int]:
     """DFlash ids whose output vLLM cannot tap on a target of ``num_layers`` layers (tap id + 1 must be <= num_layers)."""
     return [layer_id for layer_id in layer_ids if layer_id + 1 > num_layers]
 
 
-def _tap_explanation(layer_ids: Sequence[int], num_layers: int) -> str:
-    bad = _untappable(layer_ids, num_layers)
+def tap_explanation(layer_ids: Sequence[int], num_layers: int) -> str:
+    bad = untappable(layer_ids, num_layers)
     if not bad:
         return ""
     return (
@@ -266,11 +266,11 @@ def _tap_explanation(layer_ids: Sequence[int], num_layers: int) -> str:
         "states 0..%d (state %d is the last layer's output, before the final norm): the drafter gets fewer "
         "features than its input projection expects and vLLM fails ('target_layer_ids reference layers that do "
         "not exist in the target model')."
-        % (_text(bad), _text([layer_id + 1 for layer_id in bad]), num_layers, num_layers, num_layers)
+        % (value_text(bad), value_text([layer_id + 1 for layer_id in bad]), num_layers, num_layers, num_layers)
     )
 
 
-def _int_list(value: object) -> Optional[List[int]]:
+def int_list(value: object) -> Optional[List[int]]:
     """``value`` when it is a non-empty list of non-negative ints, else None."""
     if (
         isinstance(value, (list, tuple))
@@ -304,9 +304,9 @@ def check_eagle(
     report: Report, spec: SpecConfig, method: str, config: DrafterConfig, target_num_layers: Optional[int]
 ) -> None:
     """EAGLE / EAGLE-3: architecture, num_speculative_tokens default, EAGLE-3 aux layer ids within the target."""
-    if not _check_drafter_kind(report, method, config):
+    if not check_drafter_kind(report, method, config):
         return
-    declared = _speculators_tokens(config)
+    declared = speculators_token_count(config)
     if declared is None and isinstance(config.get("n_predict"), int):
         declared = config["n_predict"]
     if spec.get("num_speculative_tokens") is None:
@@ -330,7 +330,7 @@ def check_eagle(
                 "vLLM captures hidden state j after target layer j - 1 and only for j = 0..%d (state %d is "
                 "the last layer's output, before the final norm) on a %d-layer target, so %s are never "
                 "captured: the head gets fewer features than it was trained on and vLLM fails"
-                % (num_layers, num_layers, num_layers, _text(beyond)),
+                % (num_layers, num_layers, num_layers, value_text(beyond)),
             )
         else:
             report.from_drafter(
@@ -342,7 +342,7 @@ def check_eagle(
 
 def check_mtp(report: Report, spec: SpecConfig, config: DrafterConfig) -> None:
     """MTP: the checkpoint declares MTP layers; num_speculative_tokens defaults to, and must be a multiple of, their number."""
-    if not _check_drafter_kind(report, "mtp", config):
+    if not check_drafter_kind(report, "mtp", config):
         return
     n_predict, key = _mtp_layers(config)
     requested = spec.get("num_speculative_tokens")

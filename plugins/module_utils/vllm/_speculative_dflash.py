@@ -19,18 +19,18 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._speculative_pa
     DrafterConfig,
     SpecConfig,
     SpeculativeConfigError,
-    _text,
+    value_text,
 )
 from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._speculative_checks import (
     Report,
-    _COLLAPSE,
-    _layout_text,
-    _speculators_tokens,
-    _check_drafter_kind,
-    _target_layer_count,
-    _untappable,
-    _tap_explanation,
-    _int_list,
+    COLLAPSE,
+    layout_text,
+    speculators_token_count,
+    check_drafter_kind,
+    target_layer_count,
+    untappable,
+    tap_explanation,
+    int_list,
     v1_runner_forced,
 )
 
@@ -43,31 +43,31 @@ _Layout = Tuple[Optional[List[str]], Any, Optional[List[bool]], Optional[str]]
 
 def _dflash_taps(config: DrafterConfig, dflash_config: DrafterConfig, v1: bool) -> _Taps:
     """(taps vLLM uses, where they come from) following vLLM's lookup order; taps None: the target's defaults."""
-    taps = _int_list(config.get("eagle_aux_hidden_state_layer_ids"))
+    taps = int_list(config.get("eagle_aux_hidden_state_layer_ids"))
     source: Optional[str]
     if taps:
         source = "eagle_aux_hidden_state_layer_ids"
     else:
-        ids = _int_list(dflash_config.get("target_layer_ids"))
+        ids = int_list(dflash_config.get("target_layer_ids"))
         taps, source = ([i + 1 for i in ids], "dflash_config.target_layer_ids + 1") if ids else (None, None)
     eagle_config = config.get("eagle_config")
     if v1:
         if isinstance(eagle_config, dict) and eagle_config:
             # gpu_model_runner.py: an eagle_config dict replaces what was found, even with no aux ids in it
-            taps = _int_list(eagle_config.get("eagle_aux_hidden_state_layer_ids"))
+            taps = int_list(eagle_config.get("eagle_aux_hidden_state_layer_ids"))
             source = "eagle_config.eagle_aux_hidden_state_layer_ids (V1 runner)"
         return taps, source
     for key, shift in (("dspark_target_layer_ids", 1), ("target_layer_ids", 1)):
         if taps:
             break
-        ids = _int_list(config.get(key))
+        ids = int_list(config.get(key))
         if ids:
             taps, source = [i + shift for i in ids], "%s + 1" % key
     for section in ("dflash_config", "eagle_config"):
         if taps:
             break
         nested = config.get(section)
-        ids = _int_list(nested.get("layer_ids")) if isinstance(nested, dict) else None
+        ids = int_list(nested.get("layer_ids")) if isinstance(nested, dict) else None
         if ids:
             taps, source = ids, "%s.layer_ids" % section
     return taps, source
@@ -80,7 +80,7 @@ def _trained_ids(config: DrafterConfig, dflash_config: DrafterConfig) -> Tuple[O
         ("dflash_config.target_layer_ids", dflash_config.get("target_layer_ids")),
         ("target_layer_ids", config.get("target_layer_ids")),
     ):
-        ids = _int_list(value)
+        ids = int_list(value)
         if ids:
             return ids, key
     return None, None
@@ -106,25 +106,24 @@ def _check_target_layer_ids(
                 None,
                 "config.json states no tapped target layers (dflash_config.target_layer_ids, "
                 "target_layer_ids, aux_hidden_state_layer_ids): vLLM falls back to the target model's "
-                "default layers, not what the drafter was trained on: %s" % _COLLAPSE,
+                "default layers, not what the drafter was trained on: %s" % COLLAPSE,
             )
             return
         drafter_ids, key = [tap - 1 for tap in taps], source
     trained_taps = [layer_id + 1 for layer_id in drafter_ids]
-    if num_layers is not None and _untappable(drafter_ids, num_layers):
+    if num_layers is not None and untappable(drafter_ids, num_layers):
         report.mismatch(
             "target_layer_ids",
             requested,
             drafter_ids,
-            "the drafter's own layer ids (%s) do not fit this target." % key
-            + _tap_explanation(drafter_ids, num_layers),
+            "the drafter's own layer ids (%s) do not fit this target." % key + tap_explanation(drafter_ids, num_layers),
         )
         return
     explanation = (
         "both are 0-based target layer indices as in dflash_config.target_layer_ids; vLLM taps hidden "
         "state id + 1, i.e. %s instead of the trained %s. The drafter then sees hidden states of other layers "
         "than in training: %s."
-        % (_text([layer_id + 1 for layer_id in requested or []]), _text(trained_taps), _COLLAPSE)
+        % (value_text([layer_id + 1 for layer_id in requested or []]), value_text(trained_taps), COLLAPSE)
     )
     if requested is not None and len(requested) == len(drafter_ids):
         shift = {r - d for r, d in zip(requested, drafter_ids)}
@@ -134,13 +133,13 @@ def _check_target_layer_ids(
                 % shift.pop()
             )
     if requested is not None and num_layers is not None:
-        explanation += _tap_explanation(requested, num_layers)
+        explanation += tap_explanation(requested, num_layers)
     report.compare(
         "target_layer_ids",
         requested,
         drafter_ids,
         explanation,
-        "%s; vLLM taps hidden states %s (id + 1)" % (key, _text(trained_taps)),
+        "%s; vLLM taps hidden states %s (id + 1)" % (key, value_text(trained_taps)),
     )
     # key names where drafter_ids came from: None only with no ids, which returned above
     _check_tap_source(report, config, taps, source, (cast(str, key), drafter_ids), v1)
@@ -167,14 +166,14 @@ def _check_tap_source(
         and report.facts.v1_runner
         and isinstance(eagle_config, dict)
         and eagle_config.get("eagle_aux_hidden_state_layer_ids") is not None
-        and _int_list(eagle_config["eagle_aux_hidden_state_layer_ids"]) != trained_taps
+        and int_list(eagle_config["eagle_aux_hidden_state_layer_ids"]) != trained_taps
     ):
         report.warn(
             "eagle_config.eagle_aux_hidden_state_layer_ids",
             eagle_config["eagle_aux_hidden_state_layer_ids"],
             trained_taps,
             "the %s ignores it, but with %s=0 (V1 runner) vLLM would tap these instead of %s "
-            "(target_layer_ids + 1): remove the key" % (runner, V2_RUNNER_ENV, _text(trained_taps)),
+            "(target_layer_ids + 1): remove the key" % (runner, V2_RUNNER_ENV, value_text(trained_taps)),
         )
     if source == key or source == key + " + 1":
         return  # vLLM taps what the drafter was trained on
@@ -192,13 +191,13 @@ def _check_tap_source(
     if taps is None:
         explanation = (
             "with the %s an eagle_config without eagle_aux_hidden_state_layer_ids replaces %s: vLLM taps "
-            "the target's default layers instead of %s: %s" % (runner, key, _text(trained_taps), _COLLAPSE)
+            "the target's default layers instead of %s: %s" % (runner, key, value_text(trained_taps), COLLAPSE)
         )
     else:
         explanation = (
             "config.json's %s (vLLM basis: hidden state j) takes precedence over %s in the %s, so vLLM "
             "taps %s instead of %s (target_layer_ids + 1): %s. Remove the key or set it to %s."
-            % (field, key, runner, _text(taps), _text(trained_taps), _COLLAPSE, _text(trained_taps))
+            % (field, key, runner, value_text(taps), value_text(trained_taps), COLLAPSE, value_text(trained_taps))
         )
         if taps == drafter_ids:
             explanation += " It equals target_layer_ids without the + 1: every tap is one layer early."
@@ -264,14 +263,14 @@ def _check_dflash_layout(
     requested = spec.get("layer_types")
     if isinstance(requested, str):
         requested = [requested] * len(types)
-    layout = _layout_text(types) + (" (window %s)" % window if window else "")
-    causal_text = _layout_text(["causal" if flag else "non-causal" for flag in causal])
+    layout = layout_text(types) + (" (window %s)" % window if window else "")
+    causal_text = layout_text(["causal" if flag else "non-causal" for flag in causal])
     report.compare(
         "layer_types",
         requested,
         types,
         "the drafter's layers were trained as %s, %s; served with another layout each layer "
-        "attends to other positions than in training: %s" % (layout, causal_text, _COLLAPSE),
+        "attends to other positions than in training: %s" % (layout, causal_text, COLLAPSE),
         "layers %s; causality %s" % (layout, causal_text),
     )
     if "is_causal" in dflash_config:
@@ -282,7 +281,7 @@ def _check_dflash_layout(
             spec.get("sliding_window"),
             window,
             "the sliding layers were trained with a %s-token window; another window shows them other context: "
-            "%s" % (window, _COLLAPSE),
+            "%s" % (window, COLLAPSE),
         )
     elif spec.get("sliding_window") is not None:
         report.mismatch(
@@ -313,7 +312,7 @@ def _check_is_causal(
             "dflash_config.is_causal",
             is_causal,
             causal_text,
-            explanation + ", not as stated: rename it to dflash_config.causal; %s" % _COLLAPSE,
+            explanation + ", not as stated: rename it to dflash_config.causal; %s" % COLLAPSE,
         )
 
 
@@ -448,7 +447,7 @@ def speculators_to_vllm(config: DrafterConfig) -> DrafterConfig:
         "mask_token_id": config.get("mask_token_id"),
         "causal": not config.get("sliding_window_non_causal", True),
     }
-    aux_ids = _int_list(aux)
+    aux_ids = int_list(aux)
     if aux_ids:
         dflash["target_layer_ids"] = [i - 1 for i in aux_ids]
     converted["dflash_config"] = dflash
@@ -466,10 +465,10 @@ def check_dflash(
     environment: Optional[Mapping[str, Any]],
 ) -> None:
     """DFlash: architecture, block size and num_speculative_tokens, target layers, mask token, attention layout."""
-    if not _check_drafter_kind(report, "dflash", config):
+    if not check_drafter_kind(report, "dflash", config):
         return
     environment = environment or {}  # as vLLM reads it: no environment, no variables set
-    speculators_tokens = _speculators_tokens(config)
+    speculators_tokens = speculators_token_count(config)
     config = speculators_to_vllm(config)
     dflash_config = config.get("dflash_config") or {}
     if not isinstance(dflash_config, dict):
@@ -487,7 +486,7 @@ def check_dflash(
         )
 
     _check_block_size(report, spec, config, dflash_config, speculators_tokens)
-    num_layers = _target_layer_count(report, config, target_num_layers)
+    num_layers = target_layer_count(report, config, target_num_layers)
     _check_target_layer_ids(report, spec, config, dflash_config, num_layers, forced_v1)
 
     eagle_config = config.get("eagle_config")
@@ -509,6 +508,6 @@ def check_dflash(
             spec.get("mask_token_id"),
             mask_token_id,
             "the drafter fills the positions to draft with the embedding of token %d; with another token it "
-            "denoises from an embedding it never saw in training: %s" % (mask_token_id, _COLLAPSE),
+            "denoises from an embedding it never saw in training: %s" % (mask_token_id, COLLAPSE),
         )
     _check_dflash_layout(report, spec, config, dflash_config, environment)

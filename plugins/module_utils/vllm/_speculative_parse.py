@@ -308,7 +308,7 @@ def _refuse_fields(requested: SpecConfig, method: Optional[str], allow_fields: S
     """Raise SpeculativeConfigError naming every field of `requested` that vLLM (or this module) refuses for `method`."""
     accepted = accepted_fields(method, facts)
     refused = [
-        "%s=%s: %s" % (name, _text(value), _field_refusal(name, facts))
+        "%s=%s: %s" % (name, value_text(value), _field_refusal(name, facts))
         for name, value in requested.items()
         if name not in accepted and name not in allow_fields
     ]
@@ -362,7 +362,7 @@ def read_drafter(model: Optional[str], drafter_config: Optional[str] = None) -> 
     return path, load_drafter_config(path)
 
 
-def _text(value: object) -> str:
+def value_text(value: object) -> str:
     """Compact rendering of a value for messages."""
     if value is None:
         return "not set"
