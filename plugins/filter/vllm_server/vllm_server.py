@@ -3,15 +3,22 @@
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Filters of the vllm_server role, found as gpuops.nvidia.vllm_server.NAME. The logic is in plugins/plugin_utils:
-_vllm_checks (the checks), _vllm_plan (what to ask the host, what to deploy), _vllm_report (entries, summary,
-failures). Documentation: the .yml files beside this one. In a subdirectory of plugins/filter/ so that a lookup of the
+_vllm_checks (the checks), _vllm_plan (what to ask the host, what to deploy), _vllm_run (the run-state of an
+instance, phase by phase), _vllm_report (entries, summary, failures), _check_vllm (what playbooks/check_vllm.yml
+watches). Documentation: the .yml files beside this one. In a subdirectory of plugins/filter/ so that a lookup of the
 collection's other filters does not import these (docs/architecture.md, "Filters")."""
 
 from __future__ import annotations
 
 from typing import Any, Callable, Dict
 
-from ansible_collections.gpuops.nvidia.plugins.plugin_utils import _vllm_checks, _vllm_plan, _vllm_report
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils import (
+    _check_vllm,
+    _vllm_checks,
+    _vllm_plan,
+    _vllm_report,
+    _vllm_run,
+)
 
 
 class FilterModule:
@@ -26,4 +33,10 @@ class FilterModule:
             "summary": _vllm_report.summary_lines,
             "failures": _vllm_report.failures,
             "failure": _vllm_report.failure,
+            "run": _vllm_run.step,
+            "report": _vllm_run.report,
+            "attempts": _vllm_run.attempts,
+            "restores": _vllm_run.restores,
+            "phases": _vllm_run.phases,
+            "check_vllm_plan": _check_vllm.check_vllm_plan,
         }
