@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import os
+from typing import Any, Callable, Collection, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 
 from ansible.errors import AnsibleFilterError
 from ansible.module_utils.parsing.convert_bool import boolean
@@ -27,7 +28,8 @@ from ansible.module_utils.parsing.convert_bool import boolean
 from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu._select import blank, names_nothing
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._numbers import Refused, numbers, seconds_bounds, shown
 
-import yaml
+# PyYAML ships no type information (types-PyYAML is not installed).
+import yaml  # type: ignore[import-untyped]
 
 try:
     from yaml import CSafeLoader as _Loader
@@ -61,18 +63,18 @@ CHECK_GPUS_RESULTS = ("check_gpus_result",)
 
 
 @functools.lru_cache(maxsize=8)
-def _spec_options(path, mtime):
+def _spec_options(path: str, mtime: float) -> Tuple[str, ...]:
     with open(path) as handle:
         spec = yaml.load(handle, Loader=_Loader)
     return tuple(sorted(spec["argument_specs"]["main"]["options"]))
 
 
-def spec_options(path):
+def spec_options(path: str) -> Tuple[str, ...]:
     """The option names of the main entry point of a role's meta/argument_specs.yml (parsed once per change)."""
     return _spec_options(path, os.stat(path).st_mtime)
 
 
-def unknown_vars_message(names, known, subject="the playbook"):
+def unknown_vars_message(names: Iterable[str], known: Iterable[str], subject: str = "the playbook") -> str:
     """The refusal of the names in `names` not in `known` ("" when none): "unknown variable(s) x_gpuss (a typo?);
     the playbook knows x_a, x_b"."""
     unknown = sorted(set(names) - set(known))
@@ -81,7 +83,14 @@ def unknown_vars_message(names, known, subject="the playbook"):
     return "unknown variable(s) %s (a typo?); %s knows %s" % (", ".join(unknown), subject, ", ".join(sorted(known)))
 
 
-def refuse_unknown_vars(names, known=(), spec=None, subject="the playbook", results=(), prefix=""):
+def refuse_unknown_vars(
+    names: Iterable[str],
+    known: Iterable[str] = (),
+    spec: Optional[str] = None,
+    subject: str = "the playbook",
+    results: Iterable[str] = (),
+    prefix: str = "",
+) -> bool:
     """Filter: True, or AnsibleFilterError naming each of `names` (from query('ansible.builtin.varnames', '^prefix_'))
     that is neither in `known` nor an option of the argument spec at path `spec`. `results` are names the play
     registers (or loop variables): accepted, not listed as known. `prefix` starts the message ("nothing was
@@ -97,11 +106,13 @@ def refuse_unknown_vars(names, known=(), spec=None, subject="the playbook", resu
     return True
 
 
-def _text(value):
+def _text(value: object) -> str:
     return value if isinstance(value, str) else str(value)
 
 
-def no_hosts(hosts, variable, pattern=None, inventory=None):
+def no_hosts(
+    hosts: Iterable[str], variable: str, pattern: object = None, inventory: Optional[Collection[str]] = None
+) -> str:
     """Filter: why a playbook would act on no host or on one the inventory does not list; "" when neither.
 
     `hosts`: the inventory hosts its host pattern matches (query('ansible.builtin.inventory_hostnames', ...)).
@@ -123,7 +134,7 @@ def no_hosts(hosts, variable, pattern=None, inventory=None):
     return "the inventory lists no host (did it parse? see Ansible's warnings above)"
 
 
-def _entries(value):
+def _entries(value: object) -> List[Any]:
     """A list variable's entries, however it was given: a YAML list, one value (0, "GPU-..."), or text from
     `-e name=0,1` or `-e name=[0,1]` (split at commas, brackets, quotes and blanks around each entry dropped)."""
     if isinstance(value, (list, tuple)):
@@ -137,7 +148,7 @@ def _entries(value):
     return [value]
 
 
-def selection(name, value, kind):
+def selection(name: str, value: object, kind: str) -> Union[str, List[Any]]:
     """The module's value of selection variable `name` (given, so never "any"), or Refused: null, blank text, an
     empty list, a list with a null or blank entry, a PID that is not a whole number."""
     anything, what = SELECTIONS[kind]
@@ -177,14 +188,15 @@ def selection(name, value, kind):
     raise Refused("%s; list %s, or leave %s unset (omit it) to select %s" % (why, what, name, anything))
 
 
-def _flag(name, value):
+def _flag(name: str, value: object) -> bool:
     try:
-        return boolean(value, strict=True)
+        flag: bool = boolean(value, strict=True)
     except TypeError:
         raise Refused("%s must be true or false, not %s" % (name, shown(value)))
+    return flag
 
 
-def _names(name, value):
+def _names(name: str, value: object) -> List[str]:
     """A list of text (exclude): entries as given, without blank ones; Refused for a dict or a null entry."""
     if value is None:
         return []
@@ -196,7 +208,7 @@ def _names(name, value):
     return [_text(entry).strip() for entry in entries if _text(entry).strip()]
 
 
-def _writable_dir(path):
+def _writable_dir(path: str) -> Optional[str]:
     """Why files cannot be written in directory `path` (created when missing), or None."""
     probe = os.path.abspath(path)
     while not os.path.exists(probe):
@@ -211,7 +223,7 @@ def _writable_dir(path):
     return None
 
 
-def _textfile_refusal(path, found):
+def _textfile_refusal(path: str, found: Optional[Mapping[str, Any]]) -> Optional[str]:
     """Why the textfile `path` cannot be written on the host, from ansible.builtin.stat's result `found` for its
     directory (None or {} when not looked at), or None."""
     if not path.startswith("/"):
@@ -231,7 +243,9 @@ def _textfile_refusal(path, found):
     return "reset_gpus_textfile %s cannot be written on the host: %s" % (path, why)
 
 
-def reset_gpus_plan(given, spec, textfile_dir=None):
+def reset_gpus_plan(
+    given: Mapping[str, Any], spec: str, textfile_dir: Optional[Mapping[str, Any]] = None
+) -> Dict[str, Any]:
     """Filter: the reset_gpus role's variables `given` ({name: value} of every defined reset_gpus_ variable) as
     {"refusal": None or the reason nothing was signalled, "kill": gpu_kill's options, "group": the options gpu_kill
     and gpu_wait share (the later slices of the wait)}. `spec`: the path of the role's meta/argument_specs.yml;
@@ -246,13 +260,13 @@ def reset_gpus_plan(given, spec, textfile_dir=None):
         return {"refusal": "nothing was signalled: %s" % exc, "kill": {}, "group": {}}
 
 
-def _reset_gpus_options(given, spec):
+def _reset_gpus_options(given: Mapping[str, Any], spec: str) -> Dict[str, Dict[str, Any]]:
     message = unknown_vars_message(
         set(given) - set(RESET_RESULTS), set(spec_options(spec)) | {"reset_gpus_hosts"}, "the role"
     )
     if message:
         raise Refused(message)
-    group = {
+    group: Dict[str, Any] = {
         kind: selection("reset_gpus_" + kind, given["reset_gpus_" + kind], kind)
         for kind in SELECTIONS
         if "reset_gpus_" + kind in given
@@ -293,7 +307,7 @@ def _reset_gpus_options(given, spec):
     return {"kill": kill, "group": group}
 
 
-def _reset_gpus_numbers(given):
+def _reset_gpus_numbers(given: Mapping[str, Any]) -> Dict[str, Any]:
     """The role's number variables, checked (_numbers.numbers), with the bounds of the gpu_kill and gpu_wait options
     they set (the progress interval is a slice of the wait)."""
     return numbers(
@@ -316,7 +330,9 @@ def _reset_gpus_numbers(given):
     )
 
 
-def check_gpus_plan(given, hosts=None, inventory=None):
+def check_gpus_plan(
+    given: Mapping[str, Any], hosts: Optional[Iterable[str]] = None, inventory: Optional[Collection[str]] = None
+) -> Dict[str, Any]:
     """Filter: check_gpus.yml's variables `given` ({name: value} of every defined check_gpus_ variable) as
     {"refusal": None or why nothing was checked, "options": gpu_wait's options}. With `hosts` (the inventory hosts
     that check_gpus_hosts matches) and `inventory` (groups['all']), the pattern is checked too (no_hosts)."""
@@ -326,7 +342,9 @@ def check_gpus_plan(given, hosts=None, inventory=None):
         return {"refusal": "nothing was checked: %s" % exc, "options": {}}
 
 
-def _check_gpus_options(given, hosts, inventory):
+def _check_gpus_options(
+    given: Mapping[str, Any], hosts: Optional[Iterable[str]], inventory: Optional[Collection[str]]
+) -> Dict[str, Any]:
     message = unknown_vars_message(set(given) - set(CHECK_GPUS_RESULTS), CHECK_GPUS_KNOWN)
     if message:
         raise Refused(message)
@@ -342,7 +360,7 @@ def _check_gpus_options(given, hosts, inventory):
         check_gpus_max_used_mib=256,
         check_gpus_driver_timeout=10,
     )
-    options = dict(
+    options: Dict[str, Any] = dict(
         timeout=values["check_gpus_wait"],
         max_used_mib=values["check_gpus_max_used_mib"],
         driver_timeout=values["check_gpus_driver_timeout"],
@@ -358,7 +376,7 @@ def _check_gpus_options(given, hosts, inventory):
 class FilterModule(object):
     """The checks of the operator's variables."""
 
-    def filters(self):
+    def filters(self) -> Dict[str, Callable[..., Any]]:
         return {
             "refuse_unknown_vars": refuse_unknown_vars,
             "reset_gpus_plan": reset_gpus_plan,

@@ -216,7 +216,7 @@ after:
            "unmapped_minors": [], "index_source": "nvml"}
 """
 
-from typing import Any, Dict, Mapping
+from typing import Any, Mapping
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
@@ -272,7 +272,7 @@ def main() -> None:
     finish(module, params, result)
 
 
-def finish(module: AnsibleModule, params: Mapping[str, Any], result: Dict[str, Any]) -> None:
+def finish(module: AnsibleModule, params: Mapping[str, Any], result: _wait.Waited) -> None:
     """exit_json when released, else fail_json with one line per GPU that says why and what to do next."""
     driver = result["driver"]
     if not driver["available"] and not driver["timed_out"]:

@@ -6,6 +6,9 @@
 gpuops.nvidia.reports.NAME: in a subdirectory of plugins/filter/ so that the per-host checks of the variables
 (plugins/filter/inputs.py) do not import these, nor _report (docs/architecture.md, "Filters").
 
+- reset_gpus_state: where one host's wait stands after gpu_kill and the gpu_wait slices so far (the last slice, the
+  seconds waited, whether to wait another slice and for how long, whether gpu_kill's run finished the reset).
+- reset_gpus_progress: the line of progress the role prints before each gpu_wait slice.
 - reset_gpus_result: one host's reset (the GPUs before and after, the outcome, its sentence, the summary lines of
   _report.summary_lines, the same lines gpu_kill returns on the common path).
 - reset_gpus_fleet_summary: the lines playbooks/reset_gpus.yml prints once for every host.
@@ -17,16 +20,106 @@ Never prints None: unknown memory, names and GPUs are said in words.
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Tuple, cast
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _advice, _report
 
+if TYPE_CHECKING:
+    from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu._wait import Waited
 
-def _failed(kill):
+
+def _seconds(value: object) -> float:
+    """`value` as seconds, 0.0 where it is no number (Jinja's float filter)."""
+    try:
+        return float(value)  # type: ignore[arg-type]  # anything: what float() refuses counts as 0
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def reset_gpus_state(
+    kill: Optional[Mapping[str, Any]],
+    wait: Optional[Mapping[str, Any]],
+    waited: object,
+    timeout: object,
+    interval: object,
+    destinations: object = False,
+) -> Dict[str, Any]:
+    """Filter: where one host's wait stands, from gpu_kill's registered result `kill`, the last gpu_wait slice's
+    registered result `wait` ({} or one without "released" when none ran), the seconds waited in the slices before
+    that one (`waited`), reset_gpus_timeout and reset_gpus_progress_interval (seconds), and whether a textfile or a
+    report is asked for (`destinations`).
+
+    Returns {"last_wait": the last slice (gpu_wait's result, else gpu_kill's own wait with its "released" and "after";
+    {} when none ran), "total": the seconds waited in all slices, "more": whether to wait another slice, "slice_s": how
+    long the next slice may wait (seconds), "finished": whether gpu_kill's run finished the reset (released within its
+    first slice, and no textfile or report to write)}.
+
+    Another slice waits only while the last one ended with the GPUs still held and time left, and while waiting can
+    help: a hung driver ends the wait at once, and so do GPUs that answer with an error (lost) once they are all that
+    is left to release.
+    """
+    kill = kill or {}
+    if wait and "released" in wait:
+        last: Dict[str, Any] = dict(wait)
+    elif "released" in kill:
+        last = dict(kill.get("wait") or {}, released=kill["released"], after=kill.get("after"))
+    else:
+        last = {}
+    elapsed = _seconds(last.get("elapsed_s"))
+    total = _seconds(waited) + elapsed
+    more = (
+        "released" in last
+        and not last["released"]
+        and not (last.get("driver") or {}).get("timed_out")
+        and any(not gpu.get("released") and not gpu.get("error") for gpu in last.get("gpus") or ())
+        and elapsed > 0
+        and total < _seconds(timeout)
+    )
+    return {
+        "last_wait": last,
+        "total": total,
+        "more": bool(more),
+        "slice_s": min(_seconds(interval), _seconds(timeout) - total),
+        "finished": bool(kill.get("released")) and not destinations,
+    }
+
+
+def reset_gpus_progress(state: Mapping[str, Any], timeout: object) -> str:
+    """Filter: the line of progress before a gpu_wait slice, from reset_gpus_state's `state` and reset_gpus_timeout:
+    the seconds waited so far and, for each GPU still held, its used memory (MiB) and who holds it."""
+    parts = []
+    for gpu in (state.get("last_wait") or {}).get("gpus") or ():
+        if gpu.get("released"):
+            continue
+        used = gpu.get("memory_used_mib")
+        error = gpu.get("error")
+        protected = gpu.get("protected_mib") or 0
+        parts.append(
+            "%s %s%s, held by %s%s"
+            % (
+                "all GPUs" if gpu.get("index") is None else "GPU %s" % gpu["index"],
+                "used memory unknown" if used is None else "%s MiB used" % used,
+                " (%s)" % error if error else "",
+                ", ".join(str(holder["pid"]) for holder in gpu.get("holders") or ()) or "no selected process",
+                ", %s MiB by protected holders" % protected if protected else "",
+            )
+        )
+    return "still waiting after %.0f s of %s s: %s" % (state.get("total") or 0, timeout, "; ".join(parts))
+
+
+def _failed(kill: Optional[Mapping[str, Any]]) -> bool:
     # A kill that did not run (no result) counts as failed: "gpu_kill did not run".
     return not kill or bool(kill.get("failed"))
 
 
-def reset_gpus_result(kill, wait, facts, check_mode, waited_s, waited_more):
+def reset_gpus_result(
+    kill: Optional[Mapping[str, Any]],
+    wait: Optional[Mapping[str, Any]],
+    facts: Optional[Mapping[str, Any]],
+    check_mode: bool,
+    waited_s: float,
+    waited_more: bool,
+) -> Dict[str, Any]:
     """Filter: one host's reset, from gpu_kill's registered result `kill`, the last slice of the wait `wait` (gpu_kill's
     own or gpu_wait's, {} when none ran), gpu_facts' registered result `facts` ({} when not run), check mode, the
     seconds waited in all slices and whether gpu_wait ran slices after gpu_kill's.
@@ -70,7 +163,7 @@ def reset_gpus_result(kill, wait, facts, check_mode, waited_s, waited_more):
     }
 
 
-def _memory_read(after, wait, selected):
+def _memory_read(after: Optional[Mapping[str, Any]], wait: Mapping[str, Any], selected: Optional[List[int]]) -> bool:
     """Whether the used memory of the selected GPUs (`selected`: indices, None for all) was read: the driver library
     answered, the wait (where one ran) read it, and the driver reports memory for each of them (a GB10 does not)."""
     if not ((after or {}).get("driver") or {}).get("available") or wait.get("memory_checked") is False:
@@ -82,7 +175,7 @@ def _memory_read(after, wait, selected):
     )
 
 
-def _var(hostvars, host, name, default=None):
+def _var(hostvars: Mapping[str, Any], host: str, name: str, default: Any = None) -> Any:
     try:
         value = hostvars[host].get(name, default)
     except KeyError:
@@ -90,12 +183,17 @@ def _var(hostvars, host, name, default=None):
     return default if value is None else value
 
 
-def reset_gpus_fleet_summary(hostvars, play_hosts, all_hosts, check_mode):
+def reset_gpus_fleet_summary(
+    hostvars: Mapping[str, Any], play_hosts: List[str], all_hosts: List[str], check_mode: bool
+) -> List[str]:
     """Filter: the closing lines of playbooks/reset_gpus.yml. First, prefixed with the host's name, the summary lines
     of each host whose gpu_kill run finished the reset (released in its first slice, no report or textfile: the role
     printed nothing for it); then one line that sums up the play: hosts ok, failed or unreachable, on which holders
     were (or would be) ended, on which the used memory was not read, and whose summary the role printed above."""
-    lines, done, ended, unread = [], [], [], []
+    lines: List[str] = []
+    done: List[str] = []
+    ended: List[str] = []
+    unread: List[str] = []
     for host in all_hosts:
         kill = _var(hostvars, host, "reset_gpus_kill", {})
         if kill.get("changed"):
@@ -139,10 +237,11 @@ CHECK_LABELS = (
 )
 
 
-def _left_out(result):
+def _left_out(result: Mapping[str, Any]) -> Tuple[str, int]:
     """The left-alone holders that hold memory, per GPU, in words, and their MiB in all; ("", 0) when none:
     "GPU 0: 60000 MiB held by PID 7 vllm (excluded by name)"; each holder's own MiB where several share a GPU."""
-    parts, total = [], 0
+    parts: List[str] = []
+    total = 0
     for gpu in result.get("gpus", []):
         mib = gpu.get("left_alone_mib") or 0
         if mib <= 0:
@@ -164,7 +263,7 @@ def _left_out(result):
     return "; ".join(parts), total
 
 
-def _bound(result, max_used_mib):
+def _bound(result: Mapping[str, Any], max_used_mib: int) -> Tuple[int, str]:
     """(MiB, words) of the used memory that a free GPU of `result` was held to: (256, "") where NVML memory info v2
     reports it; where only v1 answers, whose used memory includes reserved memory, the threshold plus the reserved
     allowance and words that say so."""
@@ -177,7 +276,7 @@ def _bound(result, max_used_mib):
     )
 
 
-def check_gpus_status(result, allow_proc_only, max_used_mib):
+def check_gpus_status(result: Mapping[str, Any], allow_proc_only: bool, max_used_mib: int) -> Tuple[str, str]:
     """(status, words) of one host's gpu_wait result: free, free_left_out (free once the memory of left-alone holders,
     check_gpus_exclude's or the protected daemons', is left out: that memory and its holders come first), no_holders
     (memory not read: no driver library, or memory the driver does not report; accepted by check_gpus_allow_proc_only),
@@ -200,7 +299,8 @@ def check_gpus_status(result, allow_proc_only, max_used_mib):
         return "free", "GPUs free (%d checked): no holder, used memory at most %s MiB each%s" % (
             (len(result["gpus"]),) + _bound(result, max_used_mib)
         )
-    not_read = _advice.describe_unread(result)
+    # gpu_wait's result, as _advice words it (a _wait.Waited).
+    not_read = _advice.describe_unread(cast("Waited", result))
     if allow_proc_only:
         return "no_holders", "%s; accepted by check_gpus_allow_proc_only" % not_read
     return "not_checked", "not checked: %s; set check_gpus_allow_proc_only=true to accept a check without memory" % (
@@ -208,7 +308,9 @@ def check_gpus_status(result, allow_proc_only, max_used_mib):
     )
 
 
-def check_gpus_lines(hostvars, all_hosts, options):
+def check_gpus_lines(
+    hostvars: Mapping[str, Any], all_hosts: List[str], options: Optional[Mapping[str, Any]]
+) -> List[str]:
     """Filter: the closing lines of playbooks/check_gpus.yml: "check_gpus HOST: words" per host, then
     "check_gpus summary: N host(s): ..." with the hosts of each status but free. `options`: gpu_wait's options from
     check_gpus_plan (the threshold, require_memory)."""
@@ -234,8 +336,10 @@ def check_gpus_lines(hostvars, all_hosts, options):
 class FilterModule(object):
     """Reports of reset_gpus and check_gpus."""
 
-    def filters(self):
+    def filters(self) -> Dict[str, Callable[..., Any]]:
         return {
+            "reset_gpus_state": reset_gpus_state,
+            "reset_gpus_progress": reset_gpus_progress,
             "reset_gpus_result": reset_gpus_result,
             "reset_gpus_fleet_summary": reset_gpus_fleet_summary,
             "check_gpus_lines": check_gpus_lines,

@@ -500,10 +500,11 @@ class Selection:
         `checked` is check_options' result (checked here when None); raises SelectionError before anything is
         signalled."""
         checked = checked or check_options(params)
-        if checked.owners.get("containers"):
+        containers = checked.owners.get("containers")
+        if containers:
             processes: List[HolderLike] = [*snapshot.get("holders", []), *snapshot.get("device_users", [])]
             known = {p["owner"]["container_id"] for p in processes if (p.get("owner") or {}).get("container_id")}
-            errors = _owners.container_ref_errors(checked.owners["containers"], known)
+            errors = _owners.container_ref_errors(containers, known)
             if errors:
                 raise SelectionError("; ".join(errors))
         selection = cls(

@@ -247,3 +247,58 @@ def test_a_refused_reset_names_no_gpu_it_did_not_select():
     result = reports.reset_gpus_result(refused, {}, {"ansible_facts": {"nvidia": every}}, False, 0.0, False)
     assert result["summary"] == ["FAILED to end the holders: nothing was signalled: match: invalid regex"]
     assert result["outcome"] == "failed" and result["after"] == every
+
+
+# --- where the wait stands, and its line of progress (issue 34 item 4: out of roles/reset_gpus/vars/main.yml) -------
+
+HELD = {"index": 1, "released": False, "memory_used_mib": 5000, "holders": [], "error": None, "protected_mib": 0}
+LOST = {"index": 0, "released": False, "memory_used_mib": None, "holders": [{"pid": 7}], "error": "GPU is lost"}
+SLICE = {"released": False, "elapsed_s": 15.0, "driver": {"timed_out": False}, "gpus": [HELD]}
+
+
+def test_the_last_slice_is_gpu_waits_else_gpu_kills_own_else_none():
+    kill = {"released": False, "wait": dict(SLICE, elapsed_s=14.0), "after": {"gpus": []}}
+    state = reports.reset_gpus_state(kill, {}, 0, 120, 15)
+    assert state["last_wait"] == dict(kill["wait"], released=False, after={"gpus": []})
+    assert state["total"] == 14.0 and state["more"] is True and state["slice_s"] == 15.0 and not state["finished"]
+    # A skipped gpu_wait (no "released") is no slice.
+    assert reports.reset_gpus_state(kill, {"skipped": True}, 0, 120, 15)["total"] == 14.0
+    state = reports.reset_gpus_state(kill, SLICE, "14.0", 120, 15)
+    assert state["last_wait"] == SLICE and state["total"] == 29.0
+    assert reports.reset_gpus_state({}, None, None, 120, 15) == {
+        "last_wait": {},
+        "total": 0.0,
+        "more": False,
+        "slice_s": 15.0,
+        "finished": False,
+    }
+
+
+def test_another_slice_only_while_it_can_help_and_time_is_left():
+    more = reports.reset_gpus_state({"released": False}, SLICE, 100, 120, 15)
+    assert more["more"] and more["slice_s"] == 5.0
+    for wait, waited in (
+        (dict(SLICE, released=True), 0),
+        (dict(SLICE, driver={"timed_out": True}), 0),
+        (dict(SLICE, gpus=[LOST]), 0),
+        (dict(SLICE, elapsed_s=0), 0),
+        (SLICE, 105),
+    ):
+        assert reports.reset_gpus_state({"released": False}, wait, waited, 120, 15)["more"] is False, wait
+
+
+def test_finished_where_gpu_kill_released_and_nothing_is_left_to_write():
+    assert reports.reset_gpus_state({"released": True, "wait": {}}, {}, 0, 120, 15, "")["finished"] is True
+    assert reports.reset_gpus_state({"released": True, "wait": {}}, {}, 0, 120, 15, "/tmp/r")["finished"] is False
+    assert reports.reset_gpus_state({"released": False, "wait": {}}, {}, 0, 120, 15)["finished"] is False
+
+
+def test_the_line_of_progress_names_each_gpu_still_held():
+    protected = dict(HELD, index=None, holders=[{"pid": 4}, {"pid": 5}], protected_mib=300, memory_used_mib=None)
+    state = reports.reset_gpus_state(
+        {}, dict(SLICE, gpus=[HELD, LOST, protected, dict(HELD, released=True)]), 15, 120, 15
+    )
+    assert reports.reset_gpus_progress(state, 120) == (
+        "still waiting after 30 s of 120 s: GPU 1 5000 MiB used, held by no selected process; GPU 0 used memory "
+        "unknown (GPU is lost), held by 7; all GPUs used memory unknown, held by 4, 5, 300 MiB by protected holders"
+    )
