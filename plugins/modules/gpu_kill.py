@@ -432,10 +432,7 @@ def main() -> None:
     _gpus.check_libraries(module, missing_required_lib)
     # A null selection option is None in params, as one left out: the action plugin refused it on the controller.
     outcome = _kill.run(
-        module.params,
-        check_mode=module.check_mode,
-        run_command=module.run_command,
-        which=module.get_bin_path,
+        module.params, check_mode=module.check_mode, run_command=module.run_command, which=module.get_bin_path
     )
     for warning in outcome.warnings:
         module.warn(warning)
