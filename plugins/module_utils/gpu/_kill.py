@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import signal
 import time
-from typing import Any, Dict, Iterable, List, Mapping, NamedTuple, Optional, TypedDict
+from typing import Any, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, TypedDict
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils import _options
 from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import (
@@ -87,15 +87,15 @@ class Steps(NamedTuple):
     """What each step of a run found; None for a step that did not run."""
 
     driver: _shapes.Driver
-    look: Optional[Look]  # None: the selection was refused (`refusal` says why)
-    refusal: Optional[str]  # why nothing was signalled: the selection or stop_owners refused
-    warnings: List[str]  # about the driver
-    plan: Optional[_stop_owners.StopPlan]  # stop_owners=true
-    stopped: Optional[_stop_owners.Stopped]  # stop_owners=true, in a real run
-    ended: Optional[_terminate.Ended]  # a real run whose units were stopped
-    elapsed_s: Optional[float]  # seconds from the start to the end of the targets
-    waited: Optional[Waited]
-    would_fail: Optional[str]  # check mode, wait=true: why a real run's wait would fail whatever it ended
+    look: Optional[Look] = None  # None: the selection was refused (`refusal` says why)
+    refusal: Optional[str] = None  # why nothing was signalled: the selection or stop_owners refused
+    warnings: Sequence[str] = ()  # about the driver
+    plan: Optional[_stop_owners.StopPlan] = None  # stop_owners=true
+    stopped: Optional[_stop_owners.Stopped] = None  # stop_owners=true, in a real run
+    ended: Optional[_terminate.Ended] = None  # a real run whose units were stopped
+    elapsed_s: Optional[float] = None  # seconds from the start to the end of the targets
+    waited: Optional[Waited] = None
+    would_fail: Optional[str] = None  # check mode, wait=true: why a real run's wait would fail whatever it ended
 
 
 def refused(msg: str, **result: Any) -> Outcome:
@@ -185,7 +185,7 @@ def look_and_end(
     inspector = _gpus.Inspector(driver_timeout=params["driver_timeout"])
     try:
         snapshot = inspector.snapshot(scope="listed", owners=True, tolerance_mib=params["max_used_mib"])
-        steps = Steps(snapshot["driver"], None, None, [], None, None, None, None, None, None)
+        steps = Steps(snapshot["driver"])
         try:
             look = first_look(params, snapshot, checked)
         except _select.SelectionError as exc:
@@ -387,7 +387,7 @@ def result_data(steps: Steps, look: Look, lock: Lock, check_mode: bool) -> Resul
     return data
 
 
-def finish(data: Result, failure: Optional[str], check_mode: bool, waits: bool, warnings: List[str]) -> Outcome:
+def finish(data: Result, failure: Optional[str], check_mode: bool, waits: bool, warnings: Sequence[str]) -> Outcome:
     """The Outcome: failed when a process survived SIGKILL, (wait=true) the GPUs were not released in time, or
     (check mode, wait=true) `failure` says why the wait would fail whatever was ended; with wait=true the result
     carries the summary lines of the reset_gpus role."""
@@ -400,7 +400,7 @@ def finish(data: Result, failure: Optional[str], check_mode: bool, waits: bool, 
     msg = message(data, check_mode)
     if failure:
         msg += "; a real run would fail whatever it ended: %s" % failure
-    warnings = warnings + owner_warnings(data, check_mode)
+    warnings = list(warnings) + owner_warnings(data, check_mode)
     failed = bool(failure)
     if not waits:
         return Outcome(dict(data, msg=msg), failed=failed, warnings=warnings)
