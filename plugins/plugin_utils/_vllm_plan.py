@@ -17,9 +17,12 @@ the running server found, "probe"; "running", "pid").
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, cast
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._speculative import validate_speculative_config
+from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._speculative import (
+    SpeculativeResult,
+    validate_speculative_config,
+)
 from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._speculative_parse import SpeculativeConfigError
 from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _vllm_files, _vllm_server_facts, _vllm_versions
 from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._vllm_address import local_host, local_url
@@ -126,14 +129,14 @@ def _release(instance: Instance, settings: Settings, host: Host) -> Tuple[Option
     if found["problem"]:
         return None, ["%s (%s, read from %s)" % (found["problem"], executable, read.get("source"))], []
     problems, warnings = _vllm_server_facts.release_problems(
-        found["facts"], instance.get("environment"), settings.get("stop_timeout"), _gate(instance, settings)
+        cast(str, found["facts"]), instance.get("environment"), settings.get("stop_timeout"), _gate(instance, settings)
     )
     return found["facts"], problems, warnings + ([found["warning"]] if found["warning"] else [])
 
 
 def _speculative(
     instance: Instance, settings: Settings, drafters: Any, release: Optional[str]
-) -> Tuple[Optional[Dict[str, Any]], List[str]]:
+) -> Tuple[Optional[SpeculativeResult], List[str]]:
     """(validation result or None, problems) of the instance's speculative config, as vLLM `release` reads it."""
     spec = instance.get("speculative_config")
     if not spec or release is None:
@@ -214,7 +217,7 @@ def _port_problem(instance: Instance, settings: Settings, host: Host, answer: An
 
 
 def config_of(
-    instance: Instance, gpus: List[GpuRef], spec: Optional[Dict[str, Any]], manager: str, settings: Settings
+    instance: Instance, gpus: List[GpuRef], spec: Optional[SpeculativeResult], manager: str, settings: Settings
 ) -> Dict[str, Any]:
     """The configuration of an instance as deployed (<name>.json), with its command line."""
     dp = int(_given(instance, "data_parallel_size", 1))
@@ -357,7 +360,7 @@ def changed_files(instance: Instance, cfg: Dict[str, Any], unit: Optional[str], 
 
 
 def _entry(
-    instance: Instance, cfg: Dict[str, Any], host: Host, settings: Settings, spec: Optional[Dict[str, Any]]
+    instance: Instance, cfg: Dict[str, Any], host: Host, settings: Settings, spec: Optional[SpeculativeResult]
 ) -> Dict[str, Any]:
     name = instance["name"]
     old = (host.get("deployed") or {}).get(name)
@@ -410,7 +413,7 @@ def plan(instances: Optional[Sequence[Instance]], host: Host, settings: Settings
         specs[instance.get("name")] = spec
         warnings += [
             "instance %s: %s" % (instance.get("name"), warning)
-            for warning in release_warnings + (spec or {}).get("warnings", [])
+            for warning in release_warnings + (spec["warnings"] if spec else [])
         ]
         found += release_problems + spec_problems
         if found:
