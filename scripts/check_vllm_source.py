@@ -6,7 +6,7 @@
 
 The collection knows several vLLM releases (plugins/module_utils/vllm/_vllm_versions.py VERSIONS) and keeps its facts
 per release, keyed by version: the validator's (plugins/module_utils/vllm/_speculative_vllm.py, _speculative_parse.py),
-the role's (plugins/module_utils/vllm/_vllm_server_facts.py, the metric names of _vllm_api.py, the flags
+the role's (plugins/module_utils/vllm/_vllm_server_facts.py, the metric names of vllm/_metrics_text.py, the flags
 plugin_utils/_vllm_checks.py refuses) and the simulator's (tests/sim/simvllm/facts.py). They were written by
 reading each release's wheel; this script reads each wheel again, with `ast` (a wheel is never installed or
 imported), and fails naming every speculative-config field, method, MTP name, metric name, flag, process title or
@@ -471,7 +471,7 @@ def served_name_rule(wheel):
 
 class Tables:
     """The collection's tables, imported from this checkout: validator (_speculative_vllm), parse
-    (_speculative_parse), server (_vllm_server_facts), product (_vllm_api), checks (_vllm_checks), versions
+    (_speculative_parse), server (_vllm_server_facts), product (_metrics_text), checks (_vllm_checks), versions
     (_vllm_versions), simulator (simvllm.facts), simspec (simvllm.specdecode)."""
 
     def __init__(self, **modules):
@@ -753,19 +753,19 @@ def check_metrics(report, wheel, tables, version):
         base = exported[: -len("_total")] if exported.endswith("_total") else exported
         kind = types.get(base, "absent")
         same(
-            "_vllm_api %s = %s" % (constant, exported),
+            "_metrics_text %s = %s" % (constant, exported),
             exported,
             base + "_total" if kind == "counter" else (base if kind == "gauge" else "absent"),
             source + " (prometheus_client adds _total to a counter)",
         )
-        same("_vllm_api %s in _vllm_server_facts" % constant, server["metrics"].get(base), kind, "the role's table")
+        same("_metrics_text %s in _vllm_server_facts" % constant, server["metrics"].get(base), kind, "the role's table")
     same(
         "simulator METRIC_LABELS",
         list(simulator.METRIC_LABELS),
         metric_labels(wheel),
         "vllm/v1/metrics/loggers.py PrometheusStatLogger labelnames",
     )
-    for who, rule in (("simulator", simulator.METRIC_MODEL_NAME), ("_vllm_api", product.METRIC_MODEL_NAME)):
+    for who, rule in (("simulator", simulator.METRIC_MODEL_NAME), ("_metrics_text", product.METRIC_MODEL_NAME)):
         same("%s METRIC_MODEL_NAME" % who, rule, served_name_rule(wheel), "vllm/config/model.py get_served_model_name")
     check_shutdown(report, wheel, server)
 

@@ -221,7 +221,7 @@ def test_a_wheel_that_agrees_with_the_tables_of_its_release_passes(tmp_path, ver
             "v1__metrics__loggers_py",
             "'vllm:num_requests_running'",
             "'vllm:num_requests_running_now'",
-            "_vllm_api RUNNING",
+            "_metrics_text RUNNING",
         ),
         ("config__model_py", "served_model_name[0]", "served_model_name[-1]", "METRIC_MODEL_NAME"),
         # vLLM 0.34's changes, as a 0.33 wheel would show them
