@@ -24,21 +24,8 @@ by the MIG capability files it holds (/dev/nvidia-caps/nvidia-capN of its GPU an
 
 from __future__ import annotations
 
-from typing import (
-    TYPE_CHECKING,
-    Any,
-    Callable,
-    Dict,
-    Iterable,
-    List,
-    Mapping,
-    Optional,
-    Sequence,
-    Set,
-    Tuple,
-    TypeVar,
-    cast,
-)
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Mapping
+from typing import Optional, Sequence, Set, Tuple, TypeVar, cast
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _shapes
 

@@ -21,21 +21,8 @@ stopped: the command that stops them is reported, with the holders it would end 
 
 from __future__ import annotations
 
-from typing import (
-    TYPE_CHECKING,
-    Any,
-    Callable,
-    Dict,
-    Iterable,
-    List,
-    Literal,
-    Mapping,
-    NamedTuple,
-    Optional,
-    Sequence,
-    Tuple,
-    TypedDict,
-)
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Literal
+from typing import Mapping, NamedTuple, Optional, Sequence, Tuple, TypedDict
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _owners, _proc
 

@@ -15,7 +15,7 @@ Supporting a new vLLM release starts here: add its differences to _CHANGES and i
 
 from __future__ import annotations
 
-from typing import Dict, List, Literal, Mapping, Optional, Tuple, TypedDict, cast
+from typing import Any, Dict, List, Literal, NamedTuple, Optional, Tuple, TypedDict, cast
 
 # The releases whose wheels every table below was read from, oldest first (scripts/check_vllm_source.py).
 from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._vllm_versions import VERSIONS, Release
@@ -29,25 +29,6 @@ SUPPORTED_METHODS: Tuple[SupportedMethod, ...] = ("dflash", "eagle", "eagle3", "
 BudgetRule = Literal["num_lookahead_tokens", "max_num_new_slots_for_drafting"]
 # A GPU class's defaults of the API server: (GPU class, max_num_batched_tokens, max_num_seqs).
 BatchDefault = Tuple[str, int, int]
-
-
-class FactTables(TypedDict):
-    """One vLLM release's tables (_BASE for 0.33.0; VllmFacts holds them as attributes). Comments at _BASE."""
-
-    fields: Tuple[str, ...]
-    refused_fields: Dict[str, str]
-    mtp_methods: Tuple[str, ...]
-    builtin_methods: Tuple[str, ...]
-    removed_methods: Dict[str, str]
-    custom_methods: bool
-    draft_sample_methods: Tuple[str, ...]
-    inferred_by_name: Tuple[Tuple[str, str], ...]
-    inferred_at: str
-    batch_defaults: Tuple[BatchDefault, ...]
-    budget_rule: BudgetRule
-    dflash_active_seqs: bool
-    v1_runner: bool
-    no_effect_fields: Dict[str, str]
 
 
 class TupleChange(TypedDict, total=False):
@@ -64,23 +45,8 @@ class DictChange(TypedDict, total=False):
     remove: Tuple[str, ...]
 
 
-class FactChanges(TypedDict, total=False):
-    """What a release changes in _BASE: a change of a tuple or dict table, or the release's own value."""
-
-    fields: TupleChange
-    refused_fields: DictChange
-    mtp_methods: TupleChange
-    builtin_methods: TupleChange
-    removed_methods: DictChange
-    custom_methods: bool
-    draft_sample_methods: TupleChange
-    inferred_by_name: Tuple[Tuple[str, str], ...]
-    inferred_at: str
-    batch_defaults: Tuple[BatchDefault, ...]
-    budget_rule: BudgetRule
-    dflash_active_seqs: bool
-    v1_runner: bool
-    no_effect_fields: DictChange
+# What a release changes in _BASE, by table (a field of VllmFacts): a TupleChange or a DictChange, or its own value.
+FactChanges = Dict[str, object]
 
 
 # vllm/config/speculative.py MTPModelTypes (0.33.0): accepted as method, rewritten to "mtp" with a deprecation warning.
@@ -201,37 +167,64 @@ FULL = "full_attention"
 V2_RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
 DISABLE_LOG_STATS = "--disable-log-stats"
 
-_BASE: FactTables = {
-    "fields": _FIELDS,
-    "refused_fields": _REFUSED_FIELDS,
-    "mtp_methods": _MTP_METHODS,
+
+class VllmFacts(NamedTuple):
+    """One release's tables and its version ("0.34.0"): _BASE for 0.33.0 (comments there), with _CHANGES applied."""
+
+    version: Release
+    fields: Tuple[str, ...]
+    refused_fields: Dict[str, str]
+    mtp_methods: Tuple[str, ...]
+    builtin_methods: Tuple[str, ...]
+    removed_methods: Dict[str, str]
+    custom_methods: bool
+    draft_sample_methods: Tuple[str, ...]
+    inferred_by_name: Tuple[Tuple[str, str], ...]
+    inferred_at: str
+    batch_defaults: Tuple[BatchDefault, ...]
+    budget_rule: BudgetRule
+    dflash_active_seqs: bool
+    v1_runner: bool
+    no_effect_fields: Dict[str, str]
+
+    @property
+    def methods(self) -> Tuple[str, ...]:
+        """vLLM's SpeculativeMethod Literal: the built-in methods and the per-model MTP names."""
+        return self.builtin_methods + self.mtp_methods
+
+
+_BASE = VllmFacts(
+    version="0.33.0",
+    fields=_FIELDS,
+    refused_fields=_REFUSED_FIELDS,
+    mtp_methods=_MTP_METHODS,
     # SpeculativeMethod with the MTP names (vLLM's Literal), "methods" below.
-    "builtin_methods": _METHODS,
-    "removed_methods": _REMOVED_METHODS,
+    builtin_methods=_METHODS,
+    removed_methods=_REMOVED_METHODS,
     # SpeculativeConfig.method accepts, besides the built-in methods, a name a vLLM plugin registered
     # (vllm/v1/worker/gpu/spec_decode/speculator_config.py register_speculative_method): 0.34 on.
-    "custom_methods": False,
+    custom_methods=False,
     # DraftSampleMethod: the values of draft_sample_method.
-    "draft_sample_methods": ("greedy", "probabilistic"),
+    draft_sample_methods=("greedy", "probabilistic"),
     # Without a method, a marker in the drafter's name picks it (after "ngram" and, before 0.34, a dotted
     # custom-class path); no marker: draft_model (or mtp by the checkpoint's model_type).
-    "inferred_by_name": (("eagle-", "eagle"), ("eagle3", "eagle3"), ("dflash", "dflash"), ("dspark", "dspark")),
-    "inferred_at": "vllm/config/speculative.py SpeculativeConfig.__post_init__",
+    inferred_by_name=(("eagle-", "eagle"), ("eagle3", "eagle3"), ("dflash", "dflash"), ("dspark", "dspark")),
+    inferred_at="vllm/config/speculative.py SpeculativeConfig.__post_init__",
     # vllm/engine/arg_utils.py get_batch_defaults, API server: (GPU class, max_num_batched_tokens, max_num_seqs)
-    "batch_defaults": (
+    batch_defaults=(
         ("GPUs under 70 GiB and A100", 2048, 256),
         ("H100/H200 class (70-160 GiB)", 8192, 1024),
         ("GPUs of 160 GiB and more", 16384, 1024),
     ),
     # vllm/config/vllm.py _set_max_num_scheduled_tokens: what max_num_batched_tokens must exceed per request
     # (_speculative_checks._lookahead), and whether a DFlash budget lowers max_num_active_seqs.
-    "budget_rule": "num_lookahead_tokens",
-    "dflash_active_seqs": True,
+    budget_rule="num_lookahead_tokens",
+    dflash_active_seqs=True,
     # vllm/envs.py has VLLM_USE_V2_MODEL_RUNNER: a V1 model runner exists and the variable selects it.
-    "v1_runner": True,
+    v1_runner=True,
     # Fields whose documentation says "Deprecated and has no effect" (vLLM accepts and ignores them).
-    "no_effect_fields": {},
-}
+    no_effect_fields={},
+)
 
 # What each release changes in _BASE: {"add": ..., "remove": ...} for a tuple or a dict, or the release's value.
 _CHANGES: Dict[Release, FactChanges] = {
@@ -302,34 +295,6 @@ def _changed(value: object, change: object) -> object:
     return tuple(item for item in cast(Tuple[str, ...], value) if item not in remove) + tuple(add)
 
 
-class VllmFacts:
-    """One release's tables (attributes named as the keys of _BASE) and its version ("0.34.0")."""
-
-    # Set from _BASE and _CHANGES by __init__; types as in FactTables.
-    fields: Tuple[str, ...]
-    refused_fields: Dict[str, str]
-    mtp_methods: Tuple[str, ...]
-    builtin_methods: Tuple[str, ...]
-    removed_methods: Dict[str, str]
-    custom_methods: bool
-    draft_sample_methods: Tuple[str, ...]
-    inferred_by_name: Tuple[Tuple[str, str], ...]
-    inferred_at: str
-    batch_defaults: Tuple[BatchDefault, ...]
-    budget_rule: BudgetRule
-    dflash_active_seqs: bool
-    v1_runner: bool
-    no_effect_fields: Dict[str, str]
-
-    def __init__(self, version: Release) -> None:
-        self.version: Release = version
-        changes: Mapping[str, object] = _CHANGES.get(version, {})
-        for key, value in _BASE.items():
-            setattr(self, key, _changed(value, changes[key]) if key in changes else value)
-        # vLLM's SpeculativeMethod Literal: the built-in methods and the per-model MTP names
-        self.methods = self.builtin_methods + self.mtp_methods
-
-
 _FACTS: Dict[Release, VllmFacts] = {}
 
 
@@ -339,7 +304,12 @@ def facts(version: Optional[str] = None) -> VllmFacts:
     if version not in VERSIONS:
         raise KeyError("no vLLM facts for %s (known: %s)" % (version, ", ".join(VERSIONS)))
     if version not in _FACTS:
-        _FACTS[version] = VllmFacts(version)
+        changes = _CHANGES.get(version, {})
+        tables: Dict[str, Any] = {
+            key: _changed(value, changes[key]) if key in changes else value for key, value in _BASE._asdict().items()
+        }
+        tables["version"] = version
+        _FACTS[version] = VllmFacts(**tables)
     return _FACTS[version]
 
 
