@@ -25,7 +25,7 @@ from typing import Any, Callable, Collection, Dict, Iterable, List, Mapping, Opt
 from ansible.errors import AnsibleFilterError
 from ansible.module_utils.parsing.convert_bool import boolean
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu._select import blank, names_nothing
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu._nothing import blank, names_nothing
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._numbers import Refused, numbers, seconds_bounds, shown
 
 # PyYAML ships no type information (types-PyYAML is not installed).

@@ -20,7 +20,7 @@ more with the task's own interpreter. Async runs, whose wrapper would leave its 
 It also sees the module's arguments as given (self._task.args, templated, with the module defaults), which the module
 does not: a selection option of gpu_kill or gpu_wait given as null (a vars file whose entries are all commented out, a
 template that rendered null) reaches the module as None, the same as an option left out, which selects any. Such a
-task is refused here, before the module runs, with the module's own words (module_utils/gpu/_select.py,
+task is refused here, before the module runs, with the module's own words (module_utils/gpu/_nothing.py,
 null_refusal); the module refuses the rest of what names nothing itself (check_not_empty).
 """
 
@@ -33,7 +33,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 from ansible.plugins.action.normal import ActionModule as NormalAction
 from ansible.utils.display import Display
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu._select import null_refusal
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu._nothing import null_refusal
 
 DEFAULT_VENV = "/opt/gpuops-nvidia/venv"
 VENV_VARIABLE = "gpuops_nvidia_venv"

@@ -18,7 +18,7 @@ import sys
 
 import pytest
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _advice, _proc, _release, _select
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _advice, _nothing, _proc, _release, _select
 
 OWN_CHAIN = {1, 700, 701}
 ME = pwd.getpwuid(os.getuid()).pw_name
@@ -699,7 +699,7 @@ def test_split_tells_protection_from_narrowing():
     ],
 )
 def test_check_options_refuses_a_given_option_that_names_nothing(given, message):
-    params = dict({name: None for name in _select.SELECTION_OPTIONS}, **given)
+    params = dict({name: None for name in _nothing.SELECTION_OPTIONS}, **given)
     with pytest.raises(_select.SelectionError) as info:
         _select.check_options(params, given=given)
     assert str(info.value).startswith(message + ": a selection that names nothing is refused")
@@ -814,14 +814,14 @@ def test_a_protected_holder_s_memory_keeps_the_gpu_from_being_free(daemons):
     ],
 )
 def test_names_nothing_is_the_one_classification(value, kind):
-    assert _select.names_nothing(value) == kind
+    assert _nothing.names_nothing(value) == kind
 
 
 def test_null_refusal_words_every_selection_option_given_beside_a_null():
-    assert _select.null_refusal({"gpus": [0], "max_used_mib": None}) is None
-    assert _select.null_refusal({}) is None
-    assert _select.null_refusal({"match": " ", "pids": None}) == (
+    assert _nothing.null_refusal({"gpus": [0], "max_used_mib": None}) is None
+    assert _nothing.null_refusal({}) is None
+    assert _nothing.null_refusal({"match": " ", "pids": None}) == (
         "match is blank; pids is null: a selection that names nothing is refused (omit the option to select any)"
     )
     # A blank entry beside real ones is the option's own check's to refuse (an unknown GPU).
-    assert _select.nothing_refusal({"gpus": [0, " "]}) is None
+    assert _nothing.nothing_refusal({"gpus": [0, " "]}) is None
