@@ -41,11 +41,11 @@ HOST_ONLY = (
 )
 # What the filters of the subdirectories import: 16-40 ms each in a worker, measured with python -X importtime.
 NOT_PER_HOST = (
-    PACKAGE + "module_utils._report",
-    PACKAGE + "module_utils._owners",
+    PACKAGE + "module_utils.gpu._report",
+    PACKAGE + "module_utils.gpu._owners",
     PACKAGE + "plugin_utils._vllm_plan",
     PACKAGE + "plugin_utils._vllm_checks",
-    PACKAGE + "module_utils._speculative",
+    PACKAGE + "module_utils.vllm._speculative",
     "packaging.requirements",
 )
 
