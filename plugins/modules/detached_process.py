@@ -169,7 +169,7 @@ from typing import Dict
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _options
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _options
 from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _proc
 from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _detached
 

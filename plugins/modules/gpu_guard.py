@@ -126,7 +126,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple, cast
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _options
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _options
 from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import (
     _gpus,
     _guard_metrics,

@@ -220,7 +220,7 @@ from typing import Any, Mapping
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _options
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _options
 from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _advice, _gpus, _select, _wait
 
 

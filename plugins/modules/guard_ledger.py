@@ -82,7 +82,7 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _options
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _options
 from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _guard_ledger
 
 

@@ -166,7 +166,7 @@ from typing import Any, Mapping, Union
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _options
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _options
 from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _acceptance, _http
 
 # The result that judge() ends the module with.

@@ -162,7 +162,7 @@ from typing import Dict, Optional, Tuple
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _options
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _options
 from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _proc
 from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _detached, _drain, _http, _stop
 

@@ -168,7 +168,7 @@ from typing import Dict
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _options
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _options
 from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _advice, _gpus
 from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _vllm_host
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Collection, Dict, Mapping, Optional, Union
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _options
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _options
 
 Number = Union[int, float]
 

@@ -27,7 +27,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu._nothing import 
     nothing_refusal,
     null_refusal,
 )
-from ansible_collections.gpuops.nvidia.plugins.module_utils._options import OptionError
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu._options import OptionError
 
 if TYPE_CHECKING:
     from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu._shapes import Snapshot

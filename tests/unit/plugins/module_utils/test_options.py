@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils import _options
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _options
 from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _select
 
 
