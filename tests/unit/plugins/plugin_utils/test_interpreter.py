@@ -95,7 +95,7 @@ def test_other_results_pass_unchanged():
 def action(name, args):
     """The collection's action plugin for a task of module `name` (as written) with `args` (as given)."""
     task = SimpleNamespace(resolved_action="gpuops.nvidia." + name.rsplit(".", 1)[-1], action=name, args=args)
-    return _interpreter.ActionModule(task, *(mock.MagicMock() for _ in range(5)))
+    return _interpreter.ActionModule(task, *(mock.MagicMock() for _part in range(5)))
 
 
 @pytest.fixture
