@@ -105,17 +105,16 @@ def refused(msg: str, **result: Any) -> Outcome:
 
 def run(
     params: Mapping[str, Any],
-    given: Optional[Mapping[str, Any]] = None,
     check_mode: bool = False,
     run_command: Optional[_stop_owners.RunCommand] = None,
     which: Optional[_stop_owners.Which] = None,
 ) -> Outcome:
-    """gpu_kill with `params` (the module's validated options) and `given` (its arguments as passed, for
-    null selection options). `run_command(argv)` -> (rc, out, err) and `which(name)` -> path run systemctl
+    """gpu_kill with `params` (the module's validated options; a null selection option was refused by the action
+    plugin on the controller). `run_command(argv)` -> (rc, out, err) and `which(name)` -> path run systemctl
     for stop_owners. A real run holds the host's lock (_terminate.HostLock) from its first look to its last."""
     started = time.monotonic()
     try:
-        sig, checked = check(params, given)
+        sig, checked = check(params)
     except ValueError as exc:  # OptionError, SelectionError and unknown signals
         return refused(str(exc))
     host_lock = _terminate.HostLock()
@@ -129,7 +128,7 @@ def run(
     return assemble(steps, lock, check_mode, params["wait"])
 
 
-def check(params: Mapping[str, Any], given: Optional[Mapping[str, Any]]) -> tuple[signal.Signals, _select.Checked]:
+def check(params: Mapping[str, Any]) -> tuple[signal.Signals, _select.Checked]:
     """(the signal, the checked selection options); ValueError (OptionError, SelectionError) for input refused."""
     _options.check_numbers(
         positive=("driver_timeout",),
@@ -142,7 +141,7 @@ def check(params: Mapping[str, Any], given: Optional[Mapping[str, Any]]) -> tupl
         poll_interval=params["poll_interval"],
         lock_timeout=params["lock_timeout"],
     )
-    return _terminate.parse_signal(params["signal"]), _select.check_options(params, given)
+    return _terminate.parse_signal(params["signal"]), _select.check_options(params)
 
 
 def take_lock(lock: _terminate.HostLock, timeout: float, check_mode: bool) -> Lock:
