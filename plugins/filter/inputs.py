@@ -10,6 +10,7 @@ wrong in the operator's words: the variable's name and the value as given. Nothi
 - refuse_unknown_vars: variables with a playbook's prefix that it does not know (a typo) are refused by name.
 - reset_gpus_plan: the reset_gpus role's variables as gpu_kill's and gpu_wait's options, or the refusal.
 - check_gpus_plan: check_gpus.yml's variables as gpu_wait's options, or the refusal.
+- plan_options: a plan's module options, or an undefined value that carries the refusal (the task then fails with it).
 
 A selection variable that is unset (not defined) means "any". One that is set but selects nothing (null, as a vars
 file whose entries are all commented out gives; blank text; a template that rendered null or nothing; an empty list;
@@ -23,6 +24,7 @@ import os
 from typing import Any, Callable, Collection, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 
 from ansible.errors import AnsibleFilterError
+from jinja2 import pass_environment
 from ansible.module_utils.parsing.convert_bool import boolean
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu._nothing import blank, names_nothing
@@ -373,6 +375,18 @@ def _check_gpus_options(
     return options
 
 
+@pass_environment
+def plan_options(environment: Any, plan: Mapping[str, Any], key: str, prefix: str = "") -> Any:
+    """Filter: `plan[key]`, the module options of a plan (reset_gpus_plan, check_gpus_plan), where the plan has no
+    refusal; else an undefined value whose hint is `prefix` and the refusal. As a task's module defaults it makes the
+    task fail with that reason before the module runs (nothing is signalled), on every ansible-core the collection
+    supports. Jinja's own undefined, so the plan is templated once."""
+    refusal = plan.get("refusal")
+    if refusal:
+        return environment.undefined(hint="%s%s" % (prefix, refusal))
+    return plan[key]
+
+
 class FilterModule(object):
     """The checks of the operator's variables."""
 
@@ -382,4 +396,5 @@ class FilterModule(object):
             "reset_gpus_plan": reset_gpus_plan,
             "check_gpus_plan": check_gpus_plan,
             "no_hosts": no_hosts,
+            "plan_options": plan_options,
         }

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import jinja2
 import pytest
 from ansible.errors import AnsibleFilterError
 
@@ -230,3 +231,14 @@ def test_no_hosts_refuses_the_implicit_localhost():
     assert inputs.no_hosts(["localhost"], "reset_gpus_hosts", "localhost", ["localhost", "gpu01"]) == ""
     refusal = inputs.check_gpus_plan({"check_gpus_hosts": "127.0.0.1"}, ["127.0.0.1"], ["gpu01"])["refusal"]
     assert refusal.startswith("nothing was checked: check_gpus_hosts=127.0.0.1 matches 127.0.0.1, which the inventory")
+
+
+def test_plan_options_gives_the_options_or_an_undefined_that_carries_the_refusal():
+    environment = jinja2.Environment(undefined=jinja2.StrictUndefined)
+    plan = inputs.check_gpus_plan({"check_gpus_wait": 2})
+    assert inputs.plan_options(environment, plan, "options") == plan["options"] != {}
+    refused = inputs.check_gpus_plan({"check_gpus_wait": -1})
+    value = inputs.plan_options(environment, refused, "options", "check_gpus: ")
+    assert isinstance(value, jinja2.Undefined)
+    with pytest.raises(jinja2.UndefinedError, match="^check_gpus: nothing was checked: .*check_gpus_wait=-1"):
+        str(value)
