@@ -48,9 +48,24 @@ options:
     type: list
     elements: raw
   timeout:
-    description: Seconds to wait before failing with the report (0 is one look; at most 3600).
+    description:
+      - Seconds to wait before failing with the report (0 is one look; at most 3600). With O(progress_interval), the
+        whole wait over all its slices.
     type: float
     default: 60.0
+  progress_interval:
+    description:
+      - Seconds between two lines of progress (at most 3600). V(0), the default, waits in one module run and prints
+        nothing.
+      - Greater than 0, the action plugin on the controller runs the module in slices of at most this many seconds,
+        each bounded by the time left before O(timeout). After a slice that ended with GPUs still held, where waiting
+        can help (the driver answered, some GPU still held answers without an error) and time is left, it prints one
+        line on the controller's output (C(still waiting after N s of T s) and, per GPU still held, its used memory in
+        MiB and the PIDs that hold it), then runs the next slice.
+      - The result is the last slice's, with RV(elapsed_s) and RV(polls) summed over all slices, RV(slices), and a
+        message that names the whole time waited.
+    type: float
+    default: 0.0
   max_used_mib:
     description:
       - Used memory in MiB at or below which a GPU without holders counts as released.
@@ -152,6 +167,11 @@ EXAMPLES = r"""
     gpus: [4, 5, 6, 7]
     max_used_mib: 64
     timeout: 30
+
+- name: Wait up to 10 minutes, with a line of progress every 30 seconds while GPUs are still held
+  gpuops.nvidia.gpu_wait:
+    timeout: 600
+    progress_interval: 30
 """
 
 RETURN = r"""
@@ -160,12 +180,16 @@ released:
   returned: always
   type: bool
 elapsed_s:
-  description: Seconds waited.
+  description: Seconds waited (in all slices, with O(progress_interval)).
   returned: always
   type: float
 polls:
-  description: Number of looks at the GPUs.
+  description: Number of looks at the GPUs (in all slices, with O(progress_interval)).
   returned: always
+  type: int
+slices:
+  description: Number of module runs the wait took (one per slice); a line of progress was printed between two.
+  returned: when O(progress_interval) is greater than 0
   type: int
 gpus:
   description:
@@ -227,7 +251,9 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _advice, 
 def main() -> None:
     module = AnsibleModule(
         argument_spec=dict(
-            timeout=dict(type="float", default=60.0),
+            timeout=dict(type="float", default=_wait.DEFAULT_TIMEOUT_S),
+            # The slices are the action plugin's (plugins/action/gpu_wait.py): each run of the module is one.
+            progress_interval=dict(type="float", default=0.0),
             require_memory=dict(type="bool", default=False),
             return_after=dict(type="bool", default=True),
             **dict(_wait.WAIT_ARGS, **_select.HOLDER_ARGS, **_gpus.SELECTION_ARGS),
@@ -238,9 +264,9 @@ def main() -> None:
     params = module.params
     _options.refuse_bad_numbers(
         module,
-        ("timeout", "max_used_mib", "poll_interval", "driver_timeout"),
+        ("timeout", "max_used_mib", "poll_interval", "driver_timeout", "progress_interval"),
         positive=("driver_timeout",),
-        at_most=_options.MAX_SECONDS,
+        at_most=_wait.BOUNDS,
     )
     try:
         # A null selection option is None here, as one left out: the action plugin refused it on the controller.

@@ -6,9 +6,9 @@
 gpuops.nvidia.reports.NAME: in a subdirectory of plugins/filter/ so that the per-host checks of the variables
 (plugins/filter/inputs.py) do not import these, nor _report (docs/architecture.md, "Filters").
 
-- reset_gpus_state: where one host's wait stands after gpu_kill and the gpu_wait slices so far (the last slice, the
-  seconds waited, whether to wait another slice and for how long, whether gpu_kill's run finished the reset).
-- reset_gpus_progress: the line of progress the role prints before each gpu_wait slice.
+- reset_gpus_state: where one host's wait stands after gpu_kill and gpu_wait (the last slice, the seconds waited,
+  whether gpu_wait is to go on waiting, whether gpu_kill's run finished the reset).
+- reset_gpus_progress: the line of progress the role prints after gpu_kill's slice (gpu_wait prints its own).
 - reset_gpus_result: one host's reset (the GPUs before and after, the outcome, its sentence, the summary lines of
   _report.summary_lines, the same lines gpu_kill returns on the common path).
 - reset_gpus_fleet_summary: the lines playbooks/reset_gpus.yml prints once for every host.
@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Tuple, cast
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _advice, _report
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _advice, _report, _wait
 
 if TYPE_CHECKING:
     from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu._wait import Waited
@@ -37,74 +37,38 @@ def _seconds(value: object) -> float:
 
 
 def reset_gpus_state(
-    kill: Optional[Mapping[str, Any]],
-    wait: Optional[Mapping[str, Any]],
-    waited: object,
-    timeout: object,
-    interval: object,
-    destinations: object = False,
+    kill: Optional[Mapping[str, Any]], wait: Optional[Mapping[str, Any]], timeout: object, destinations: object = False
 ) -> Dict[str, Any]:
-    """Filter: where one host's wait stands, from gpu_kill's registered result `kill`, the last gpu_wait slice's
-    registered result `wait` ({} or one without "released" when none ran), the seconds waited in the slices before
-    that one (`waited`), reset_gpus_timeout and reset_gpus_progress_interval (seconds), and whether a textfile or a
+    """Filter: where one host's wait stands, from gpu_kill's registered result `kill`, gpu_wait's registered result
+    `wait` ({} or one without "released" when it did not run), reset_gpus_timeout (seconds) and whether a textfile or a
     report is asked for (`destinations`).
 
     Returns {"last_wait": the last slice (gpu_wait's result, else gpu_kill's own wait with its "released" and "after";
-    {} when none ran), "total": the seconds waited in all slices, "more": whether to wait another slice, "slice_s": how
-    long the next slice may wait (seconds), "finished": whether gpu_kill's run finished the reset (released within its
-    first slice, and no textfile or report to write)}.
-
-    Another slice waits only while the last one ended with the GPUs still held and time left, and while waiting can
-    help: a hung driver ends the wait at once, and so do GPUs that answer with an error (lost) once they are all that
-    is left to release.
+    {} when none ran), "total": the seconds waited (gpu_kill's slice and all of gpu_wait's), "more": whether gpu_wait
+    is to go on waiting after gpu_kill's slice (_wait.worth_another_slice), "finished": whether gpu_kill's run finished
+    the reset (released within its first slice, and no textfile or report to write)}.
     """
     kill = kill or {}
-    if wait and "released" in wait:
-        last: Dict[str, Any] = dict(wait)
-    elif "released" in kill:
-        last = dict(kill.get("wait") or {}, released=kill["released"], after=kill.get("after"))
-    else:
-        last = {}
-    elapsed = _seconds(last.get("elapsed_s"))
-    total = _seconds(waited) + elapsed
-    more = (
-        "released" in last
-        and not last["released"]
-        and not (last.get("driver") or {}).get("timed_out")
-        and any(not gpu.get("released") and not gpu.get("error") for gpu in last.get("gpus") or ())
-        and elapsed > 0
-        and total < _seconds(timeout)
-    )
+    own: Dict[str, Any] = {}
+    if "released" in kill:
+        own = dict(kill.get("wait") or {}, released=kill["released"], after=kill.get("after"))
+    ran = wait is not None and "released" in wait
+    last = dict(wait) if wait is not None and ran else own
+    # gpu_wait's elapsed_s sums its own slices (its action plugin).
+    total = _seconds(own.get("elapsed_s")) + (_seconds(last.get("elapsed_s")) if ran else 0.0)
     return {
         "last_wait": last,
         "total": total,
-        "more": bool(more),
-        "slice_s": min(_seconds(interval), _seconds(timeout) - total),
+        "more": _wait.worth_another_slice(last, total, _seconds(timeout)),
         "finished": bool(kill.get("released")) and not destinations,
     }
 
 
 def reset_gpus_progress(state: Mapping[str, Any], timeout: object) -> str:
-    """Filter: the line of progress before a gpu_wait slice, from reset_gpus_state's `state` and reset_gpus_timeout:
-    the seconds waited so far and, for each GPU still held, its used memory (MiB) and who holds it."""
-    parts = []
-    for gpu in (state.get("last_wait") or {}).get("gpus") or ():
-        if gpu.get("released"):
-            continue
-        used = gpu.get("memory_used_mib")
-        error = gpu.get("error")
-        protected = gpu.get("protected_mib") or 0
-        parts.append(
-            "%s %s%s, held by %s%s"
-            % (
-                "all GPUs" if gpu.get("index") is None else "GPU %s" % gpu["index"],
-                "used memory unknown" if used is None else "%s MiB used" % used,
-                " (%s)" % error if error else "",
-                ", ".join(str(holder["pid"]) for holder in gpu.get("holders") or ()) or "no selected process",
-                ", %s MiB by protected holders" % protected if protected else "",
-            )
-        )
-    return "still waiting after %.0f s of %s s: %s" % (state.get("total") or 0, timeout, "; ".join(parts))
+    """Filter: the line of progress after gpu_kill's slice (_report.progress_line), from reset_gpus_state's `state` and
+    reset_gpus_timeout: the seconds waited so far and, for each GPU still held, its used memory (MiB) and who holds
+    it. gpu_wait prints the same line between its own slices."""
+    return _report.progress_line((state.get("last_wait") or {}).get("gpus"), _seconds(state.get("total")), timeout)
 
 
 def _failed(kill: Optional[Mapping[str, Any]]) -> bool:

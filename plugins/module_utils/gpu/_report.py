@@ -10,14 +10,12 @@ stops it follow on the next line (owner_line)."""
 
 from __future__ import annotations
 
-import re
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _owners, _shapes, _stop_owners
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _owners, _shapes, _stop_owners, _wait
 
 # Command lines in the summary are cut to this many characters, "..." included.
 _CMDLINE_WIDTH = 80
-_NOT_RELEASED = re.compile(r"^not released after [0-9.]+ s")
 
 
 def cut_cmdline(text: Optional[str]) -> str:
@@ -90,9 +88,40 @@ def outcome(kill: Mapping[str, Any], wait: Mapping[str, Any], check_mode: bool, 
             if (wait.get("driver") or {}).get("available")
             else "NVIDIA driver library not usable",
         )
-    return "FAILED: %s" % _NOT_RELEASED.sub(
-        "not released after %.1f s" % waited_s, wait.get("msg", "the wait did not run")
-    )
+    return "FAILED: %s" % _wait.whole_time(wait.get("msg", "the wait did not run"), waited_s)
+
+
+def _seconds_words(value: object) -> str:
+    """Seconds as given, without a needless ".0": 120, 1.5, 104.988."""
+    try:
+        return "%g" % float(value)  # type: ignore[arg-type]  # anything: what float() refuses is shown as it is
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def progress_line(gpus: Optional[Iterable[Mapping[str, Any]]], waited_s: float, timeout_s: object) -> str:
+    """The line of progress of a wait in slices: the seconds waited so far (`waited_s`) of `timeout_s` and, for each GPU
+    of `gpus` (the last slice's per-GPU status, _shapes.WaitStatus) still held, its used memory (MiB, or why it is
+    unknown), the PIDs that hold it and the memory of protected holders. Printed by gpu_wait's action plugin between
+    its slices and by the reset_gpus role after gpu_kill's (plugins/filter/reports/reports.py)."""
+    parts = []
+    for gpu in gpus or ():
+        if gpu.get("released"):
+            continue
+        used = gpu.get("memory_used_mib")
+        error = gpu.get("error")
+        protected = gpu.get("protected_mib") or 0
+        parts.append(
+            "%s %s%s, held by %s%s"
+            % (
+                "all GPUs" if gpu.get("index") is None else "GPU %s" % gpu["index"],
+                "used memory unknown" if used is None else "%s MiB used" % used,
+                " (%s)" % error if error else "",
+                ", ".join(str(holder["pid"]) for holder in gpu.get("holders") or ()) or "no selected process",
+                ", %s MiB by protected holders" % protected if protected else "",
+            )
+        )
+    return "still waiting after %.0f s of %s s: %s" % (waited_s or 0, _seconds_words(timeout_s), "; ".join(parts))
 
 
 def summary_lines(

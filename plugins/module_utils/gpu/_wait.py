@@ -12,10 +12,11 @@ with its GPUs free, and the operator's next step, are `_advice`'s.
 
 from __future__ import annotations
 
+import re
 import time
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, TypedDict
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, TypedDict
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _advice, _release, _shapes
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _advice, _options, _release, _shapes
 
 if TYPE_CHECKING:
     from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu._gpus import Inspector
@@ -29,6 +30,15 @@ DEFAULT_MAX_USED_MIB = 256
 NVML_SLACK_S = 1.0
 # Seconds between two looks: a look costs a few ms on a node with a few hundred processes.
 DEFAULT_POLL_INTERVAL_S = 0.02
+# gpu_wait's default timeout (seconds).
+DEFAULT_TIMEOUT_S = 60.0
+# The longest slice of gpu_wait's wait (option progress_interval, seconds): one line of progress an hour at least.
+MAX_PROGRESS_INTERVAL_S = 3600
+# gpu_wait's time options and their largest values (seconds): _options.MAX_SECONDS and progress_interval's.
+BOUNDS = dict(_options.MAX_SECONDS, progress_interval=MAX_PROGRESS_INTERVAL_S)
+# The time phrase a wait's message begins with (conclude): "released after 0.52 s", "no holder left (memory not
+# checked: no driver) after 0.52 s", "not released after 1.5 s".
+_TIMED = re.compile(r"^(not released|released|no holder left \(memory not checked: [^)]*\)) after [0-9.]+ s")
 # The wait's options, shared by gpu_wait and gpu_kill (wait=true).
 WAIT_ARGS = dict(
     max_used_mib=dict(type="int", default=DEFAULT_MAX_USED_MIB),
@@ -128,7 +138,7 @@ def conclude(result: Waited, driver_timeout: float, single_look: bool = False) -
         if not result["memory_checked"]:
             why = "the driver does not report it" if driver["available"] else "no driver"
             what = "no holder left (memory not checked: %s)" % why
-        return "%s after %.2f s%s" % (what, result["elapsed_s"], left)
+        return after(what, result["elapsed_s"]) + left
     stuck = [gpu for gpu in result["gpus"] if not gpu["released"]]
     for gpu in stuck:
         gpu["next_step"] = _advice.next_step(gpu)
@@ -140,7 +150,44 @@ def conclude(result: Waited, driver_timeout: float, single_look: bool = False) -
             % (driver_timeout, driver["error"], _advice.found_by_scan(stuck))
         )
     return "%s: %s%s" % (
-        "not free" if single_look else "not released after %.1f s" % result["elapsed_s"],
+        "not free" if single_look else after("not released", result["elapsed_s"]),
         "; ".join(_advice.describe(gpu) for gpu in stuck),
         left,
+    )
+
+
+def after(what: str, elapsed_s: float) -> str:
+    """The time phrase of a wait's message: "WHAT after N s", N in seconds with one decimal for "not released", two
+    for the rest ("released", "no holder left (memory not checked: ...)")."""
+    return "%s after %s s" % (what, ("%.1f" if what == "not released" else "%.2f") % elapsed_s)
+
+
+def whole_time(msg: str, elapsed_s: float) -> str:
+    """`msg`, a wait's message (conclude), with the seconds of its first phrase replaced by `elapsed_s`: the whole
+    time of a wait in several slices (gpu_wait's progress_interval, the reset_gpus role), where each slice's message
+    counts that slice only. A message without such a phrase (a hung driver, a refusal) is returned unchanged."""
+    return _TIMED.sub(lambda found: after(found.group(1), elapsed_s), msg, count=1)
+
+
+def worth_another_slice(
+    last: Mapping[str, Any], waited_s: float, timeout_s: float, slice_s: Optional[float] = None
+) -> bool:
+    """Whether a wait in slices goes on after the slice `last` (a gpu_wait result, or gpu_kill's own wait with its
+    "released"), with `waited_s` seconds waited in all slices so far and `timeout_s` for the whole wait.
+
+    Yes only while the slice ended with the GPUs still held ("released" false), waiting can help (the driver answered;
+    some GPU not released answers without an error: a lost GPU never comes back), the slice took time (a slice that
+    ended at its first look ended because waiting cannot help) and time is left. `slice_s`, where given, is the
+    slice's own timeout (seconds): a slice that ended more than a millisecond before it ended because waiting cannot
+    help (GPUs that only the memory of protected holders keeps). Used by gpu_wait's action plugin and the reset_gpus
+    role (plugins/filter/reports/reports.py, reset_gpus_state)."""
+    elapsed = float(last.get("elapsed_s") or 0)
+    return bool(
+        "released" in last
+        and not last["released"]
+        and not (last.get("driver") or {}).get("timed_out")
+        and any(not gpu.get("released") and not gpu.get("error") for gpu in last.get("gpus") or ())
+        and elapsed > 0
+        and (slice_s is None or elapsed >= slice_s - 0.001)
+        and waited_s < timeout_s
     )

@@ -9,7 +9,7 @@ from __future__ import annotations
 import copy
 
 from ansible_collections.gpuops.nvidia.plugins.filter.reports import reports
-from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _report
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _report, _wait
 
 
 def facts(used, pids, available=True):
@@ -258,47 +258,46 @@ SLICE = {"released": False, "elapsed_s": 15.0, "driver": {"timed_out": False}, "
 
 def test_the_last_slice_is_gpu_waits_else_gpu_kills_own_else_none():
     kill = {"released": False, "wait": dict(SLICE, elapsed_s=14.0), "after": {"gpus": []}}
-    state = reports.reset_gpus_state(kill, {}, 0, 120, 15)
+    state = reports.reset_gpus_state(kill, {}, 120)
     assert state["last_wait"] == dict(kill["wait"], released=False, after={"gpus": []})
-    assert state["total"] == 14.0 and state["more"] is True and state["slice_s"] == 15.0 and not state["finished"]
-    # A skipped gpu_wait (no "released") is no slice.
-    assert reports.reset_gpus_state(kill, {"skipped": True}, 0, 120, 15)["total"] == 14.0
-    state = reports.reset_gpus_state(kill, SLICE, "14.0", 120, 15)
-    assert state["last_wait"] == SLICE and state["total"] == 29.0
-    assert reports.reset_gpus_state({}, None, None, 120, 15) == {
-        "last_wait": {},
-        "total": 0.0,
-        "more": False,
-        "slice_s": 15.0,
-        "finished": False,
-    }
+    assert state["total"] == 14.0 and state["more"] is True and not state["finished"]
+    # A skipped gpu_wait (no "released") did not wait.
+    assert reports.reset_gpus_state(kill, {"skipped": True}, 120)["total"] == 14.0
+    # gpu_wait's elapsed_s counts all its slices: the total is gpu_kill's slice and gpu_wait's whole wait.
+    state = reports.reset_gpus_state(kill, dict(SLICE, elapsed_s=31.5), "120")
+    assert state["last_wait"] == dict(SLICE, elapsed_s=31.5) and state["total"] == 45.5
+    assert reports.reset_gpus_state({}, None, 120) == {"last_wait": {}, "total": 0.0, "more": False, "finished": False}
 
 
-def test_another_slice_only_while_it_can_help_and_time_is_left():
-    more = reports.reset_gpus_state({"released": False}, SLICE, 100, 120, 15)
-    assert more["more"] and more["slice_s"] == 5.0
-    for wait, waited in (
-        (dict(SLICE, released=True), 0),
-        (dict(SLICE, driver={"timed_out": True}), 0),
-        (dict(SLICE, gpus=[LOST]), 0),
-        (dict(SLICE, elapsed_s=0), 0),
-        (SLICE, 105),
+def test_gpu_wait_goes_on_only_while_it_can_help_and_time_is_left():
+    kill = {"released": False, "wait": SLICE}
+    assert reports.reset_gpus_state(kill, {}, 120)["more"] is True
+    for wait in (
+        dict(SLICE, released=True),
+        dict(SLICE, driver={"timed_out": True}),
+        dict(SLICE, gpus=[LOST]),
+        dict(SLICE, elapsed_s=0),
+        dict(SLICE, elapsed_s=120),
     ):
-        assert reports.reset_gpus_state({"released": False}, wait, waited, 120, 15)["more"] is False, wait
+        assert reports.reset_gpus_state({"released": wait["released"], "wait": wait}, {}, 120)["more"] is False, wait
+        # The same decision as gpu_wait's between its own slices (one function).
+        assert _wait.worth_another_slice(wait, float(wait["elapsed_s"]), 120) is False, wait
 
 
 def test_finished_where_gpu_kill_released_and_nothing_is_left_to_write():
-    assert reports.reset_gpus_state({"released": True, "wait": {}}, {}, 0, 120, 15, "")["finished"] is True
-    assert reports.reset_gpus_state({"released": True, "wait": {}}, {}, 0, 120, 15, "/tmp/r")["finished"] is False
-    assert reports.reset_gpus_state({"released": False, "wait": {}}, {}, 0, 120, 15)["finished"] is False
+    assert reports.reset_gpus_state({"released": True, "wait": {}}, {}, 120, "")["finished"] is True
+    assert reports.reset_gpus_state({"released": True, "wait": {}}, {}, 120, "/tmp/r")["finished"] is False
+    assert reports.reset_gpus_state({"released": False, "wait": {}}, {}, 120)["finished"] is False
 
 
 def test_the_line_of_progress_names_each_gpu_still_held():
     protected = dict(HELD, index=None, holders=[{"pid": 4}, {"pid": 5}], protected_mib=300, memory_used_mib=None)
-    state = reports.reset_gpus_state(
-        {}, dict(SLICE, gpus=[HELD, LOST, protected, dict(HELD, released=True)]), 15, 120, 15
-    )
-    assert reports.reset_gpus_progress(state, 120) == (
-        "still waiting after 30 s of 120 s: GPU 1 5000 MiB used, held by no selected process; GPU 0 used memory "
+    kill = {"released": False, "wait": dict(SLICE, gpus=[HELD, LOST, protected, dict(HELD, released=True)])}
+    state = reports.reset_gpus_state(kill, {}, 120)
+    line = (
+        "still waiting after 15 s of 120 s: GPU 1 5000 MiB used, held by no selected process; GPU 0 used memory "
         "unknown (GPU is lost), held by 7; all GPUs used memory unknown, held by 4, 5, 300 MiB by protected holders"
     )
+    assert reports.reset_gpus_progress(state, 120) == line
+    # The wording is _report.progress_line's, which gpu_wait prints between its slices.
+    assert _report.progress_line(state["last_wait"]["gpus"], 15.0, 120.0) == line
