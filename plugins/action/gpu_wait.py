@@ -12,6 +12,10 @@ Another slice runs only while the last one ended with GPUs still held, waiting c
 (_wait.worth_another_slice). The result is the last slice's, with elapsed_s and polls summed over all slices, "slices"
 and a message that names the whole time waited (_wait.whole_time). progress_interval 0 (the default), a value the
 module refuses (it says why), an async task: one module run, as without this option.
+
+The module_utils of the slices are imported where a wait goes in slices: ansible runs each task in a new worker
+process, whose collection loader compiles what it imports, and most gpu_wait tasks (check_gpus.yml on every host)
+run once.
 """
 
 from __future__ import annotations
@@ -22,7 +26,6 @@ from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 from ansible.module_utils.common.validation import check_type_float
 from ansible.utils.display import Display
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _options, _report, _wait
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._interpreter import ActionModule as InterpreterAction
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._interpreter import Result
 
@@ -38,6 +41,10 @@ def slice_plan(args: Mapping[str, Any]) -> Optional[Tuple[float, float]]:
     """(timeout, progress_interval) in seconds of a wait in slices, from the task's arguments `args`; None for one
     module run: progress_interval 0 or left out, or a timeout or progress_interval that the module refuses (not a
     number, negative, not finite, above its bound), so that the module says why before anything runs."""
+    if not args.get("progress_interval"):
+        return None
+    from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _options, _wait
+
     try:
         timeout = _number(args.get("timeout"), _wait.DEFAULT_TIMEOUT_S)
         interval = _number(args.get("progress_interval"), 0.0)
@@ -57,6 +64,8 @@ def wait_in_slices(
     Returns the last slice's result with "elapsed_s" and "polls" summed over all slices, "slices" and, where the
     message counts the time of its slice, the whole time instead. A slice without "elapsed_s" (the module refused an
     option, the host could not be reached) ends the wait: its result is returned as it is, with "slices"."""
+    from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _report, _wait
+
     # Every slice but the last runs to its timeout, interval_s: this many at most (a bound that never binds).
     most = int(math.ceil(timeout_s / interval_s)) + 1
     waited = 0.0

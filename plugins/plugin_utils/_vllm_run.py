@@ -19,8 +19,6 @@ from __future__ import annotations
 import base64
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
-from ansible_collections.gpuops.nvidia.plugins.plugin_utils import _vllm_report
-
 # The run-state of one instance (roles/vllm_server/tasks/compare.yml sets it, each phase notes what it needs to):
 #   reasons     the reasons to restart (the plan's), [] for an instance left as it is
 #   cfg, url, unit_text, api_key, stop  what runs next: the new configuration, or in a rollback the previous one;
@@ -62,6 +60,10 @@ def run_state(planned: Mapping[str, Any], api_key: Optional[str], now: float) ->
 
 
 def _what_failed(task: str, result: Optional[Mapping[str, Any]]) -> str:
+    # _vllm_report is imported where a failure or an entry is worded, not at the top: nearly every task of the role
+    # asks attempts() or phases() in its `when:`, in a worker process that compiles what it imports (vllm_server.py).
+    from ansible_collections.gpuops.nvidia.plugins.plugin_utils import _vllm_report
+
     return "%s: %s" % (task, _vllm_report.failure(result))
 
 
@@ -130,6 +132,8 @@ def rollback_failed(
     run: RunState, task: str, result: Optional[Mapping[str, Any]], log_tail: Optional[Mapping[str, Any]]
 ) -> RunState:
     """The run-state after the rollback failed too, with what the previous configuration wrote to its log."""
+    from ansible_collections.gpuops.nvidia.plugins.plugin_utils import _vllm_report  # deferred: _what_failed
+
     return dict(
         run,
         rollback="%s: %s" % (_vllm_report.ROLLBACK_FAILED, _what_failed(task, result)),
@@ -168,6 +172,8 @@ def report(
         "rollback_log_tail": run["rollback_log_tail"],
         "down_s": float(now) - float(run["down_at"]),
     }
+    from ansible_collections.gpuops.nvidia.plugins.plugin_utils import _vllm_report  # deferred: _what_failed
+
     return [dict(entry) for entry in found or []] + [_vllm_report.entry(planned, results)]
 
 

@@ -15,14 +15,16 @@ gpuops.nvidia.reports.NAME: in a subdirectory of plugins/filter/ so that the per
 - check_gpus_lines: the lines playbooks/check_gpus.yml prints once for every host, each starting with "check_gpus ".
 
 Never prints None: unknown memory, names and GPUs are said in words.
+
+Each filter imports the module_utils it uses when it is called: ansible runs each task in a new worker process, whose
+collection loader compiles what it imports from source. reset_gpus_state, in the `when:` of the role's common path,
+then compiles _wait alone (plugins/filter/vllm_server/vllm_server.py says the same).
 """
 
 from __future__ import annotations
 
 import re
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Tuple, cast
-
-from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _advice, _report, _wait
 
 if TYPE_CHECKING:
     from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu._wait import Waited
@@ -48,6 +50,8 @@ def reset_gpus_state(
     is to go on waiting after gpu_kill's slice (_wait.worth_another_slice), "finished": whether gpu_kill's run finished
     the reset (released within its first slice, and no textfile or report to write)}.
     """
+    from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _wait
+
     kill = kill or {}
     own: Dict[str, Any] = {}
     if "released" in kill:
@@ -68,6 +72,8 @@ def reset_gpus_progress(state: Mapping[str, Any], timeout: object) -> str:
     """Filter: the line of progress after gpu_kill's slice (_report.progress_line), from reset_gpus_state's `state` and
     reset_gpus_timeout: the seconds waited so far and, for each GPU still held, its used memory (MiB) and who holds
     it. gpu_wait prints the same line between its own slices."""
+    from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _report
+
     return _report.progress_line((state.get("last_wait") or {}).get("gpus"), _seconds(state.get("total")), timeout)
 
 
@@ -94,6 +100,8 @@ def reset_gpus_result(
     A kill refused before it selected anything (no "gpus" in its result) is summarized by its message alone: the
     GPUs it did not select are not named.
     """
+    from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _report
+
     kill = dict(kill or {})
     failed = _failed(kill)
     kill["failed"] = failed
@@ -246,6 +254,8 @@ def check_gpus_status(result: Mapping[str, Any], allow_proc_only: bool, max_used
     (memory not read: no driver library, or memory the driver does not report; accepted by check_gpus_allow_proc_only),
     not_free, not_checked (memory not read or the driver did not answer), failed (the check itself failed or did not
     run). Used memory is named as it was measured (_bound)."""
+    from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _advice
+
     if "gpus" not in result:
         return "failed", "check failed: %s" % (result.get("msg") or "gpu_wait returned no result")
     if (result.get("driver") or {}).get("timed_out"):
