@@ -18,15 +18,20 @@ _node_numbers = itertools.count()
 SLOW_FILES = "tests/integration/test_vllm_"
 
 
-def pytest_collection_modifyitems(items):
-    """Slow tests first (pytest.ini's `slow` marker; every test of SLOW_FILES), the order otherwise kept.
+# The unit tests: a few milliseconds each.
+FAST_DIR = "tests/unit/"
 
-    Under pytest-xdist (scripts/test.sh) the workers then take the long tests first and the short ones fill in at
-    the end, so they finish together rather than one running a 100 s test while the others wait."""
+
+def pytest_collection_modifyitems(items):
+    """Slow tests first (pytest.ini's `slow` marker; every test of SLOW_FILES), the unit tests last, the order
+    otherwise kept.
+
+    Under pytest-xdist (scripts/test.sh) the workers then take the long tests first and the unit tests fill in at
+    the end, so they finish together rather than one running a 10 s integration test while the others wait."""
     for item in items:
         if item.nodeid.startswith(SLOW_FILES):
             item.add_marker(pytest.mark.slow)
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    items.sort(key=lambda item: (item.get_closest_marker("slow") is None, item.nodeid.startswith(FAST_DIR)))
 
 
 @functools.lru_cache(maxsize=None)
