@@ -165,7 +165,7 @@ def test_role_summary_report_and_textfile_name_the_owner_of_a_signalled_holder(o
         "reset_gpus_textfile": str(textfile),
     }
     rc, out, recap = playbook(inventory, PLAYBOOK, "-e", json.dumps(extra))
-    assert rc == 0 and recap[node.name]["failed"] == 0 and "still waiting after" in out, out
+    assert rc == 0 and recap[node.name]["failed"] == 0 and "still held after" in out, out
     assert re.search(
         r"PID %d \S+ \(GPUs 1, docker container %s\): SIGTERM, exited after" % (pids["docker"], CONTAINER[:12]), out
     ), out

@@ -294,6 +294,10 @@ def test_reports_for_pipelines_and_progress_while_waiting(simnode, tmp_path):
     # GPU 1 keeps 5000 MiB that no process explains: the wait reports progress, then fails with the summary.
     assert rc != 0 and recap[node.name]["failed"] == 1, out
     assert out.count("still waiting after") >= 2 and "GPU 1 5000 MiB used, held by no selected process" in out, out
+    # After gpu_kill's slice of 0.4 s: the rest that gpu_wait's own lines count within.
+    assert re.search(
+        r"still held after 0 s of 1\.5 s: GPU 1 5000 MiB used, [^\n]*; waiting up to 1\.[01]\d* s more", out
+    ), out
     assert re.search(r"FAILED: not released after 1\.[0-9] s: GPU 1: 5000 MiB used", out) and not alive(node, holder), (
         out
     )

@@ -69,12 +69,14 @@ def reset_gpus_state(
 
 
 def reset_gpus_progress(state: Mapping[str, Any], timeout: object) -> str:
-    """Filter: the line of progress after gpu_kill's slice (_report.progress_line), from reset_gpus_state's `state` and
-    reset_gpus_timeout: the seconds waited so far and, for each GPU still held, its used memory (MiB) and who holds
-    it. gpu_wait prints the same line between its own slices."""
+    """Filter: the line of progress after gpu_kill's slice (_report.first_progress_line), from reset_gpus_state's
+    `state` and reset_gpus_timeout: the seconds waited so far, for each GPU still held its used memory (MiB) and who
+    holds it, and how long gpu_wait may wait for the rest (its own lines count within that rest)."""
     from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _report
 
-    return _report.progress_line((state.get("last_wait") or {}).get("gpus"), _seconds(state.get("total")), timeout)
+    return _report.first_progress_line(
+        (state.get("last_wait") or {}).get("gpus"), _seconds(state.get("total")), timeout
+    )
 
 
 def _failed(kill: Optional[Mapping[str, Any]]) -> bool:

@@ -99,11 +99,9 @@ def _seconds_words(value: object) -> str:
         return str(value)
 
 
-def progress_line(gpus: Optional[Iterable[Mapping[str, Any]]], waited_s: float, timeout_s: object) -> str:
-    """The line of progress of a wait in slices: the seconds waited so far (`waited_s`) of `timeout_s` and, for each GPU
-    of `gpus` (the last slice's per-GPU status, _shapes.WaitStatus) still held, its used memory (MiB, or why it is
-    unknown), the PIDs that hold it and the memory of protected holders. Printed by gpu_wait's action plugin between
-    its slices and by the reset_gpus role after gpu_kill's (plugins/filter/reports/reports.py)."""
+def held_words(gpus: Optional[Iterable[Mapping[str, Any]]]) -> str:
+    """Each GPU of `gpus` (a slice's per-GPU status, _shapes.WaitStatus) still held: its used memory (MiB, or why it is
+    unknown), the PIDs that hold it and the memory of protected holders; "; " between two GPUs."""
     parts = []
     for gpu in gpus or ():
         if gpu.get("released"):
@@ -121,7 +119,29 @@ def progress_line(gpus: Optional[Iterable[Mapping[str, Any]]], waited_s: float, 
                 ", %s MiB by protected holders" % protected if protected else "",
             )
         )
-    return "still waiting after %.0f s of %s s: %s" % (waited_s or 0, _seconds_words(timeout_s), "; ".join(parts))
+    return "; ".join(parts)
+
+
+def progress_line(gpus: Optional[Iterable[Mapping[str, Any]]], waited_s: float, timeout_s: object) -> str:
+    """The line of progress of a wait in slices, printed by gpu_wait's action plugin between two slices: the seconds
+    waited so far (`waited_s`) of `timeout_s`, and what still holds each GPU of `gpus` (held_words)."""
+    return "still waiting after %.0f s of %s s: %s" % (waited_s or 0, _seconds_words(timeout_s), held_words(gpus))
+
+
+def first_progress_line(gpus: Optional[Iterable[Mapping[str, Any]]], waited_s: float, timeout_s: object) -> str:
+    """The line the reset_gpus role prints after gpu_kill's slice of `waited_s` seconds, before gpu_wait waits for the
+    rest of `timeout_s`: what still holds each GPU of `gpus` (held_words) and how long the wait may go on. gpu_wait's
+    own lines (progress_line) then count within that rest."""
+    try:
+        rest = "%g" % max(0.0, float(timeout_s) - float(waited_s or 0))  # type: ignore[arg-type]  # as _seconds_words
+    except (TypeError, ValueError):
+        rest = "the rest of %s" % timeout_s
+    return "still held after %.0f s of %s s: %s; waiting up to %s s more" % (
+        waited_s or 0,
+        _seconds_words(timeout_s),
+        held_words(gpus),
+        rest,
+    )
 
 
 def summary_lines(

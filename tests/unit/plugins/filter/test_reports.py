@@ -294,10 +294,18 @@ def test_the_line_of_progress_names_each_gpu_still_held():
     protected = dict(HELD, index=None, holders=[{"pid": 4}, {"pid": 5}], protected_mib=300, memory_used_mib=None)
     kill = {"released": False, "wait": dict(SLICE, gpus=[HELD, LOST, protected, dict(HELD, released=True)])}
     state = reports.reset_gpus_state(kill, {}, 120)
-    line = (
-        "still waiting after 15 s of 120 s: GPU 1 5000 MiB used, held by no selected process; GPU 0 used memory "
-        "unknown (GPU is lost), held by 7; all GPUs used memory unknown, held by 4, 5, 300 MiB by protected holders"
+    held = (
+        "GPU 1 5000 MiB used, held by no selected process; GPU 0 used memory unknown (GPU is lost), held by 7; all GPUs "
+        "used memory unknown, held by 4, 5, 300 MiB by protected holders"
     )
-    assert reports.reset_gpus_progress(state, 120) == line
-    # The wording is _report.progress_line's, which gpu_wait prints between its slices.
-    assert _report.progress_line(state["last_wait"]["gpus"], 15.0, 120.0) == line
+    # After gpu_kill's slice: how long gpu_wait may go on, within which its own lines count.
+    assert (
+        reports.reset_gpus_progress(state, 120) == "still held after 15 s of 120 s: %s; waiting up to 105 s more" % held
+    )
+    assert (
+        reports.reset_gpus_progress(state, "1.5") == "still held after 15 s of 1.5 s: %s; waiting up to 0 s more" % held
+    )
+    # The GPUs in the words of gpu_wait's lines between its slices (_report.progress_line).
+    assert (
+        _report.progress_line(state["last_wait"]["gpus"], 15.0, 105.0) == "still waiting after 15 s of 105 s: " + held
+    )
