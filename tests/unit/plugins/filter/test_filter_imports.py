@@ -81,3 +81,31 @@ def test_a_filter_of_a_subdirectory_imports_its_own_file_and_nothing_of_the_host
     assert PACKAGE + "filter." + own in filters
     assert not [m for m in filters if not m.startswith(PACKAGE + "filter." + own.split(".")[0])], filters
     assert sorted(modules & set(HOST_ONLY)) == []
+
+
+CALL = """
+import json, sys
+from ansible.plugins.loader import filter_loader, init_plugin_loader
+init_plugin_loader([%r])
+found = filter_loader.get(sys.argv[1])
+getattr(found, "j2_function", found)(*json.loads(sys.argv[2]))
+print(json.dumps(sorted(sys.modules)))
+"""
+
+
+@pytest.mark.parametrize(
+    "name, args",
+    [
+        ("gpuops.nvidia.vllm_server.phases", [["all"], []]),
+        ("gpuops.nvidia.vllm_server.attempts", [[], "a"]),
+        ("gpuops.nvidia.reports.reset_gpus_state", [{}, {}, 120]),
+    ],
+)
+def test_the_filters_of_when_conditions_import_only_what_they_call(name, args):
+    # Asked in the `when:` of nearly every task of the vllm_server role, and of the reset_gpus role's common path:
+    # each worker process compiles what the call imports (plugins/filter/vllm_server/vllm_server.py).
+    found = subprocess.run(
+        [sys.executable, "-c", CALL % COLLECTIONS, name, json.dumps(args)], capture_output=True, text=True, check=True
+    )
+    modules = set(json.loads(found.stdout))
+    assert sorted(modules & set(HOST_ONLY + NOT_PER_HOST + (PACKAGE + "plugin_utils._vllm_report",))) == []
