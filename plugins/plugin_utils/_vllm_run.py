@@ -61,7 +61,8 @@ def run_state(planned: Mapping[str, Any], api_key: Optional[str], now: float) ->
 
 def _what_failed(task: str, result: Optional[Mapping[str, Any]]) -> str:
     # _vllm_report is imported where a failure or an entry is worded, not at the top: nearly every task of the role
-    # asks attempts() or phases() in its `when:`, in a worker process that compiles what it imports (vllm_server.py).
+    # asks attempts() or phases() in its `when:`, in a worker process that compiles what it imports
+    # (plugins/filter/vllm_run/vllm_run.py).
     from ansible_collections.gpuops.nvidia.plugins.plugin_utils import _vllm_report
 
     return "%s: %s" % (task, _vllm_report.failure(result))

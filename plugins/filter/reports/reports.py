@@ -18,7 +18,7 @@ Never prints None: unknown memory, names and GPUs are said in words.
 
 Each filter imports the module_utils it uses when it is called: ansible runs each task in a new worker process, whose
 collection loader compiles what it imports from source. reset_gpus_state, in the `when:` of the role's common path,
-then compiles _wait alone (plugins/filter/vllm_server/vllm_server.py says the same).
+then compiles _wait alone (plugins/filter/vllm_run/vllm_run.py says why that counts).
 """
 
 from __future__ import annotations

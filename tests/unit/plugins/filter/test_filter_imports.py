@@ -71,6 +71,7 @@ def test_the_per_host_checks_import_only_the_top_level_filter_files():
     "name, own",
     [
         ("gpuops.nvidia.vllm_server.plan", "vllm_server.vllm_server"),
+        ("gpuops.nvidia.vllm_run.phases", "vllm_run.vllm_run"),
         ("gpuops.nvidia.prepare_hosts.plan", "prepare_hosts.prepare_hosts"),
         ("gpuops.nvidia.reports.reset_gpus_result", "reports.reports"),
     ],
@@ -96,8 +97,8 @@ print(json.dumps(sorted(sys.modules)))
 @pytest.mark.parametrize(
     "name, args",
     [
-        ("gpuops.nvidia.vllm_server.phases", [["all"], []]),
-        ("gpuops.nvidia.vllm_server.attempts", [[], "a"]),
+        ("gpuops.nvidia.vllm_run.phases", [["all"], []]),
+        ("gpuops.nvidia.vllm_run.attempts", [[], "a"]),
         ("gpuops.nvidia.reports.reset_gpus_state", [{}, {}, 120]),
     ],
 )
