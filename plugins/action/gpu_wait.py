@@ -20,7 +20,7 @@ run once.
 
 from __future__ import annotations
 
-import math
+import time
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 from ansible.module_utils.common.validation import check_type_float
@@ -55,36 +55,47 @@ def slice_plan(args: Mapping[str, Any]) -> Optional[Tuple[float, float]]:
 
 
 def wait_in_slices(
-    run: Callable[[float], Result], timeout_s: float, interval_s: float, show: Callable[[str], object]
+    run: Callable[[float], Result],
+    timeout_s: float,
+    interval_s: float,
+    show: Callable[[str], object],
+    clock: Optional[Callable[[], float]] = None,
 ) -> Result:
     """Wait in slices: `run(seconds)` runs the module once with that timeout and returns its result; `show(line)`
-    prints a line of progress. Slices of at most `interval_s` seconds, their timeouts summing to at most `timeout_s`,
-    while _wait.worth_another_slice says so; a line of progress before each slice but the first.
+    prints a line of progress; `clock()` reads the controller's clock (seconds; time.monotonic when None).
 
-    Returns the last slice's result with "elapsed_s" and "polls" summed over all slices, "slices" and, where the
-    message counts the time of its slice, the whole time instead. A slice without "elapsed_s" (the module refused an
-    option, the host could not be reached) ends the wait: its result is returned as it is, with "slices"."""
+    The wait is bounded by the controller's clock, not by the time the slices report: each slice's timeout is at
+    most `interval_s` and the time left before `timeout_s`, counted from the first slice's start, so that a slice's
+    start (a module run: 0.3-1 s here) counts too, and no slice starts once the time is up. Slices go on while
+    _wait.worth_another_slice says so; a line of progress before each slice but the first.
+
+    Returns the last slice's result with "elapsed_s" the whole wait on the controller's clock, "polls" summed over
+    all slices, "slices" and, where the message counts the time of its slice, the whole time instead (without the
+    slice's "exception", whose summary ansible-core 2.19 and later print instead of "msg"). A slice without
+    "elapsed_s" (the module refused an option, the host could not be reached) ends the wait: its result is returned
+    as it is, with "slices"."""
     from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _report, _wait
 
-    # Every slice but the last runs to its timeout, interval_s: this many at most (a bound that never binds).
-    most = int(math.ceil(timeout_s / interval_s)) + 1
-    waited = 0.0
+    clock = clock or time.monotonic
+    start = clock()
     polls = 0
     slices = 0
+    seconds = min(interval_s, timeout_s)
     while True:
-        seconds = max(0.0, min(interval_s, timeout_s - waited))
         result = run(seconds)
         slices += 1
         if "elapsed_s" not in result:
             return dict(result, slices=slices)
-        waited += float(result["elapsed_s"] or 0)
+        waited = clock() - start
         polls += int(result.get("polls") or 0)
-        if slices >= most or not _wait.worth_another_slice(result, waited, timeout_s, seconds):
+        if waited >= timeout_s or not _wait.worth_another_slice(result, waited, timeout_s, seconds):
             break
         show(_report.progress_line(result.get("gpus"), waited, timeout_s))
+        seconds = min(interval_s, timeout_s - waited)
     summed = dict(result, elapsed_s=round(waited, 3), polls=polls, slices=slices)
     if slices > 1 and isinstance(result.get("msg"), str):
         summed["msg"] = _wait.whole_time(result["msg"], summed["elapsed_s"])
+        summed.pop("exception", None)
     return summed
 
 

@@ -58,12 +58,14 @@ options:
       - Seconds between two lines of progress (at most 3600). V(0), the default, waits in one module run and prints
         nothing.
       - Greater than 0, the action plugin on the controller runs the module in slices of at most this many seconds,
-        each bounded by the time left before O(timeout). After a slice that ended with GPUs still held, where waiting
-        can help (the driver answered, some GPU still held answers without an error) and time is left, it prints one
-        line on the controller's output (C(still waiting after N s of T s) and, per GPU still held, its used memory in
-        MiB and the PIDs that hold it), then runs the next slice.
-      - The result is the last slice's, with RV(elapsed_s) and RV(polls) summed over all slices, RV(slices), and a
-        message that names the whole time waited.
+        each bounded by the time left before O(timeout) on the controller's clock, which counts each slice's module
+        start too (0.3-1 s a run). The whole wait ends within O(timeout) plus one slice's start, however small this
+        is. After a slice that ended with GPUs still held, where waiting can help (the driver answered, some GPU still
+        held answers without an error) and time is left, it prints one line on the controller's output (C(still
+        waiting after N s of T s) and, per GPU still held, its used memory in MiB and the PIDs that hold it), then runs
+        the next slice.
+      - The result is the last slice's, with RV(elapsed_s) the whole wait on the controller's clock, RV(polls) summed
+        over all slices, RV(slices), and a message that names the whole time waited.
     type: float
     default: 0.0
   max_used_mib:
@@ -180,7 +182,7 @@ released:
   returned: always
   type: bool
 elapsed_s:
-  description: Seconds waited (in all slices, with O(progress_interval)).
+  description: Seconds waited; with O(progress_interval), the whole wait on the controller's clock, the slices' module runs included.
   returned: always
   type: float
 polls:

@@ -50,20 +50,33 @@ def released(seconds):
 
 
 class FakeModule:
-    """The module's runs: `answer(timeout)` gives each run's result; `timeouts` records the timeout of each run."""
+    """The module's runs: `answer(timeout)` gives each run's result; `timeouts` records the timeout of each run.
+    `now` is the controller's clock (`clock`): each run moves it by the seconds the run reports waiting and by
+    `start_s`, the time a module run takes to start and end."""
 
-    def __init__(self, answer):
+    def __init__(self, answer, start_s=0.0):
         self.answer = answer
         self.timeouts = []
+        self.now = 1000.0
+        self.start_s = start_s
 
     def __call__(self, seconds):
         self.timeouts.append(seconds)
-        return self.answer(seconds)
+        result = self.answer(seconds)
+        self.now += float(result.get("elapsed_s") or 0) + self.start_s
+        return result
+
+    def clock(self):
+        return self.now
+
+
+def wait(module, timeout_s, interval_s, show):
+    return action.wait_in_slices(module, timeout_s, interval_s, show, module.clock)
 
 
 def test_slices_until_the_timeout_with_a_line_between_two():
     module, lines = FakeModule(held), []
-    result = action.wait_in_slices(module, 10.0, 4.0, lines.append)
+    result = wait(module, 10.0, 4.0, lines.append)
     # 4 + 4 + 2 s: the timeouts sum to the whole timeout, the last one is the time left.
     assert module.timeouts == [4.0, 4.0, 2.0]
     assert lines == [
@@ -76,10 +89,34 @@ def test_slices_until_the_timeout_with_a_line_between_two():
     assert result["msg"] == "not released after 10.0 s: GPU 1: 5000 MiB used, held by PID 9"
 
 
+def test_the_controller_s_clock_bounds_the_wait_module_starts_included():
+    # Each run takes 1 s to start and end: 4 + 1, then 4 + 1 s, and the time is up. The wait says 10 s, not 8.
+    module, lines = FakeModule(held, start_s=1.0), []
+    result = wait(module, 10.0, 4.0, lines.append)
+    assert module.timeouts == [4.0, 4.0] and result["slices"] == 2 and result["elapsed_s"] == 10.0
+    assert lines == ["still waiting after 5 s of 10 s: GPU 1 5000 MiB used, held by 9"]
+    assert result["msg"] == "not released after 10.0 s: GPU 1: 5000 MiB used, held by PID 9"
+
+
+def test_a_tiny_interval_is_bounded_by_the_timeout_not_by_the_number_of_slices():
+    # 0.01 s slices that take 0.7 s each to run: a few slices, not 200, and never past the timeout by more than one.
+    module = FakeModule(held, start_s=0.7)
+    result = wait(module, 2.0, 0.01, lambda line: None)
+    assert result["slices"] == 3 and 2.0 <= result["elapsed_s"] <= 2.0 + 0.71
+    assert all(seconds <= 0.01 for seconds in module.timeouts)
+
+
+def test_the_whole_time_replaces_the_last_slice_s_exception_summary():
+    # ansible-core 2.19 and later print a failure's "exception" summary instead of its msg.
+    module = FakeModule(lambda seconds: held(seconds, exception={"msg": "not released after %.1f s" % seconds}))
+    result = wait(module, 6.0, 4.0, lambda line: None)
+    assert result["msg"].startswith("not released after 6.0 s") and "exception" not in result
+
+
 def test_the_release_ends_the_wait_and_its_message_names_the_whole_time():
     answers = iter([held(4.0), released(1.25)])
     module, lines = FakeModule(lambda seconds: next(answers)), []
-    result = action.wait_in_slices(module, 60.0, 4.0, lines.append)
+    result = wait(module, 60.0, 4.0, lines.append)
     assert module.timeouts == [4.0, 4.0] and len(lines) == 1
     assert result["released"] is True and result["elapsed_s"] == 5.25 and result["polls"] == 5
     assert result["slices"] == 2 and result["msg"] == "released after 5.25 s"
@@ -88,7 +125,7 @@ def test_the_release_ends_the_wait_and_its_message_names_the_whole_time():
 
 def test_an_interval_as_long_as_the_timeout_is_one_run():
     module, lines = FakeModule(held), []
-    result = action.wait_in_slices(module, 3.0, 5.0, lines.append)
+    result = wait(module, 3.0, 5.0, lines.append)
     assert module.timeouts == [3.0] and lines == [] and result["slices"] == 1
     assert result["msg"] == held(3.0)["msg"]
 
@@ -105,7 +142,7 @@ def test_an_interval_as_long_as_the_timeout_is_one_run():
 )
 def test_a_slice_after_which_waiting_cannot_help_ends_the_wait_at_once(last):
     module, lines = FakeModule(lambda seconds: last), []
-    result = action.wait_in_slices(module, 60.0, 4.0, lines.append)
+    result = wait(module, 60.0, 4.0, lines.append)
     assert module.timeouts == [4.0] and lines == [] and result["slices"] == 1
     assert result["msg"] == last["msg"]
 
@@ -113,14 +150,14 @@ def test_a_slice_after_which_waiting_cannot_help_ends_the_wait_at_once(last):
 def test_a_refused_or_unreachable_run_is_returned_as_it_is():
     refused = {"failed": True, "msg": "invalid option value: max_used_mib=-1 (must not be negative)"}
     module = FakeModule(lambda seconds: refused)
-    assert action.wait_in_slices(module, 60.0, 4.0, print) == dict(refused, slices=1)
+    assert wait(module, 60.0, 4.0, print) == dict(refused, slices=1)
     assert module.timeouts == [4.0]
 
 
 def test_a_module_whose_slices_take_no_time_still_ends():
     # A slice that reports 0 s waited ends the wait (worth_another_slice): no endless loop.
     module = FakeModule(lambda seconds: held(0.0))
-    assert action.wait_in_slices(module, 60.0, 4.0, print)["slices"] == 1
+    assert wait(module, 60.0, 4.0, print)["slices"] == 1
 
 
 @pytest.mark.parametrize(
@@ -158,12 +195,16 @@ def plugin(args, delegate_to=None):
 def runs(monkeypatch):
     """The module runs of the interpreter's _execute_module: the arguments of each; every run ends with GPU 1 held."""
     seen = []
+    clock = SimpleNamespace(now=0.0)
 
     def run(self, module_name=None, module_args=None, tmp=None, task_vars=None, **kwargs):
         seen.append(module_args)
+        clock.now += float((module_args or {}).get("timeout", 60.0))
         return held(float((module_args or {}).get("timeout", 60.0)))
 
     monkeypatch.setattr(_interpreter.ActionModule, "_execute_module", run)
+    # The controller's clock moves as the runs wait (gpu_wait.py reads time.monotonic).
+    monkeypatch.setattr(action, "time", SimpleNamespace(monotonic=lambda: clock.now))
     return seen
 
 
