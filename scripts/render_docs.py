@@ -386,6 +386,12 @@ def problems(rendered: dict[Path, str] | None = None) -> list[str]:
         for path, text in rendered.items()
         if not path.exists() or path.read_text() != text
     ]
+    # The markup parser writes its errors into the page (an O() of a role option without its entry point, say).
+    found += [
+        "%s has a markup error: %s" % (path.relative_to(REPO), text[text.index("ERROR while parsing") :][:160])
+        for path, text in rendered.items()
+        if "ERROR while parsing" in text
+    ]
     for name in sorted(HAND_WRITTEN):
         page = DOCS / ("%s.md" % name)
         if not page.exists():
