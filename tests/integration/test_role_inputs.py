@@ -40,6 +40,8 @@ def test_unknown_role_variable_is_refused_before_anything_is_signalled(simnode, 
     assert rc != 0 and "nothing was signalled: unknown variable(s) reset_gpus_gpuss (a typo?)" in out, out
     assert "reset_gpus_gpus, reset_gpus_grace_period" in out and "reset_gpus_hosts" in out, out
     assert alive(node, holder)
+    # Refused, the role does not read the GPUs afterwards either (the refused value may be gpu_facts' too).
+    assert re.search(r"Read GPU memory and holders after the reset\] \**\nskipping: ", out), out
     # A typo of the prefix (singular gpu) is refused too: ignored, it would widen the reset to every GPU and host.
     for given in ('{"reset_gpu_gpus": [1]}', '{"reset_gpu_hosts": "nosuch"}'):
         rc, out, recap = playbook(inventory, RESET, "-e", given)
