@@ -70,7 +70,8 @@ def wait_in_slices(
     _wait.worth_another_slice says so; a line of progress before each slice but the first.
 
     Returns the last slice's result with "elapsed_s" the whole wait on the controller's clock, "polls" summed over
-    all slices, "slices" and, where the message counts the time of its slice, the whole time instead (without the
+    all slices, "slices" and, where the message counts the time of its slice, the whole time instead, so that the two
+    agree even after one slice (without the
     slice's "exception", whose summary ansible-core 2.19 and later print instead of "msg"). A slice without
     "elapsed_s" (the module refused an option, the host could not be reached) ends the wait: its result is returned
     as it is, with "slices"."""
@@ -93,7 +94,7 @@ def wait_in_slices(
         show(_report.progress_line(result.get("gpus"), waited, timeout_s))
         seconds = min(interval_s, timeout_s - waited)
     summed = dict(result, elapsed_s=round(waited, 3), polls=polls, slices=slices)
-    if slices > 1 and isinstance(result.get("msg"), str):
+    if isinstance(result.get("msg"), str):
         summed["msg"] = _wait.whole_time(result["msg"], summed["elapsed_s"])
         summed.pop("exception", None)
     return summed

@@ -287,3 +287,11 @@ def test_progress_line():
         "held by no selected process"
     )
     assert _report.progress_line(None, 0, "1.5") == "still waiting after 0 s of 1.5 s: "
+
+
+def test_one_slice_s_message_and_elapsed_s_agree_on_the_controller_s_clock():
+    # One slice (the interval is the whole timeout) that took 1 s to start: 3 + 1 s in both.
+    module = FakeModule(held, start_s=1.0)
+    result = wait(module, 3.0, 5.0, lambda line: None)
+    assert result["slices"] == 1 and result["elapsed_s"] == 4.0
+    assert result["msg"].startswith("not released after 4.0 s:")
