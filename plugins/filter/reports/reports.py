@@ -23,6 +23,7 @@ then compiles _wait alone (plugins/filter/vllm_run/vllm_run.py says why that cou
 
 from __future__ import annotations
 
+import math
 import re
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Tuple, cast
 
@@ -46,7 +47,8 @@ def reset_gpus_state(
     report is asked for (`destinations`).
 
     Returns {"last_wait": the last slice (gpu_wait's result, else gpu_kill's own wait with its "released" and "after";
-    {} when none ran), "total": the seconds waited (gpu_kill's slice and all of gpu_wait's), "more": whether gpu_wait
+    {} when none ran), "total": the seconds waited (gpu_kill's slice and all of gpu_wait's), "left_s": the seconds left
+    of the timeout (gpu_wait's timeout, and what the line of progress says), "more": whether gpu_wait
     is to go on waiting after gpu_kill's slice (_wait.worth_another_slice), "finished": whether gpu_kill's run finished
     the reset (released within its first slice, and no textfile or report to write)}.
     """
@@ -63,6 +65,8 @@ def reset_gpus_state(
     return {
         "last_wait": last,
         "total": total,
+        # gpu_wait's timeout after gpu_kill's slice, in whole milliseconds, never above the time left.
+        "left_s": max(0.0, math.floor((_seconds(timeout) - total) * 1000) / 1000),
         "more": _wait.worth_another_slice(last, total, _seconds(timeout)),
         "finished": bool(kill.get("released")) and not destinations,
     }
@@ -75,7 +79,7 @@ def reset_gpus_progress(state: Mapping[str, Any], timeout: object) -> str:
     from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _report
 
     return _report.first_progress_line(
-        (state.get("last_wait") or {}).get("gpus"), _seconds(state.get("total")), timeout
+        (state.get("last_wait") or {}).get("gpus"), _seconds(state.get("total")), timeout, _seconds(state.get("left_s"))
     )
 
 

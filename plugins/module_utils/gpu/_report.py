@@ -128,19 +128,17 @@ def progress_line(gpus: Optional[Iterable[Mapping[str, Any]]], waited_s: float, 
     return "still waiting after %.0f s of %s s: %s" % (waited_s or 0, _seconds_words(timeout_s), held_words(gpus))
 
 
-def first_progress_line(gpus: Optional[Iterable[Mapping[str, Any]]], waited_s: float, timeout_s: object) -> str:
+def first_progress_line(
+    gpus: Optional[Iterable[Mapping[str, Any]]], waited_s: float, timeout_s: object, left_s: float
+) -> str:
     """The line the reset_gpus role prints after gpu_kill's slice of `waited_s` seconds, before gpu_wait waits for the
-    rest of `timeout_s`: what still holds each GPU of `gpus` (held_words) and how long the wait may go on. gpu_wait's
-    own lines (progress_line) then count within that rest."""
-    try:
-        rest = "%g" % max(0.0, float(timeout_s) - float(waited_s or 0))  # type: ignore[arg-type]  # as _seconds_words
-    except (TypeError, ValueError):
-        rest = "the rest of %s" % timeout_s
+    rest of `timeout_s`, `left_s` seconds: what still holds each GPU of `gpus` (held_words) and how long the wait may go
+    on. gpu_wait's own lines (progress_line) then count within that rest."""
     return "still held after %.0f s of %s s: %s; waiting up to %s s more" % (
         waited_s or 0,
         _seconds_words(timeout_s),
         held_words(gpus),
-        rest,
+        _seconds_words(left_s),
     )
 
 

@@ -266,7 +266,13 @@ def test_the_last_slice_is_gpu_waits_else_gpu_kills_own_else_none():
     # gpu_wait's elapsed_s counts all its slices: the total is gpu_kill's slice and gpu_wait's whole wait.
     state = reports.reset_gpus_state(kill, dict(SLICE, elapsed_s=31.5), "120")
     assert state["last_wait"] == dict(SLICE, elapsed_s=31.5) and state["total"] == 45.5
-    assert reports.reset_gpus_state({}, None, 120) == {"last_wait": {}, "total": 0.0, "more": False, "finished": False}
+    assert reports.reset_gpus_state({}, None, 120) == {
+        "last_wait": {},
+        "total": 0.0,
+        "left_s": 120.0,
+        "more": False,
+        "finished": False,
+    }
 
 
 def test_gpu_wait_goes_on_only_while_it_can_help_and_time_is_left():
@@ -294,6 +300,8 @@ def test_the_line_of_progress_names_each_gpu_still_held():
     protected = dict(HELD, index=None, holders=[{"pid": 4}, {"pid": 5}], protected_mib=300, memory_used_mib=None)
     kill = {"released": False, "wait": dict(SLICE, gpus=[HELD, LOST, protected, dict(HELD, released=True)])}
     state = reports.reset_gpus_state(kill, {}, 120)
+    # gpu_wait's timeout for the rest, whole milliseconds: the line says the same.
+    assert state["left_s"] == 105.0 and reports.reset_gpus_state(kill, {}, "104.9876")["left_s"] == 89.987
     held = (
         "GPU 1 5000 MiB used, held by no selected process; GPU 0 used memory unknown (GPU is lost), held by 7; all GPUs "
         "used memory unknown, held by 4, 5, 300 MiB by protected holders"
@@ -303,7 +311,8 @@ def test_the_line_of_progress_names_each_gpu_still_held():
         reports.reset_gpus_progress(state, 120) == "still held after 15 s of 120 s: %s; waiting up to 105 s more" % held
     )
     assert (
-        reports.reset_gpus_progress(state, "1.5") == "still held after 15 s of 1.5 s: %s; waiting up to 0 s more" % held
+        reports.reset_gpus_progress(reports.reset_gpus_state(kill, {}, "1.5"), "1.5")
+        == "still held after 15 s of 1.5 s: %s; waiting up to 0 s more" % held
     )
     # The GPUs in the words of gpu_wait's lines between its slices (_report.progress_line).
     assert (
