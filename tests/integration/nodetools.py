@@ -38,7 +38,7 @@ for i in range(n.nvmlDeviceGetCount()):
 print(json.dumps(out))
 """
 
-# The end of every simulated process started here, after it opened its files (`spec`, `token`, node_pid() and the
+# The end of every simulated process started here, after it opened its files (`spec`, node_pid() and the
 # modules os, signal and time defined): report "<node PID> <PID here>" to spec["ready"], then hold; spec["mode"]
 # inherit: a forked child keeps the handles and reports, the parent exits; ignore-term: SIGTERM is ignored.
 PROCESS_TAIL = r"""
@@ -59,7 +59,7 @@ if spec["mode"] == "inherit":
     os._exit(0)
 if spec["mode"] == "ignore-term":
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-ready(token)
+ready(node_pid())
 time.sleep(3600)
 """
 
@@ -99,8 +99,9 @@ def node_pid():
         pass
     return os.getpid()
 
-token = node_pid()
 gpus = spec["gpus"]
+# The node PID, or, while a dead creator's context of this number is still held, the next token of it.
+token = simcuda.context_token("/run/gpusim", node_pid()) if gpus else node_pid()
 kind = spec.get("kind") or ("CONTEXT" if gpus else "CUDA_INIT")
 visible = spec["visible"] if spec.get("visible") is not None else list(range(count))
 fds = simcuda.cuda_process("/dev", [minors[i] for i in visible], [minors[i] for i in gpus], getattr(simcuda, kind),
@@ -114,10 +115,7 @@ if gpus:
     mib = spec["mib"] + (int(conf.get("context_overhead_mib") or 0) if kind != "MPS_SERVER" else 0)
     words = (" mps" if kind == "MPS_CLIENT" else "") + (" pinned=%d" % spec["pinned"] if spec.get("pinned") else "")
     words += " ipc=%d:%d" % tuple(spec["ipc"]) if spec.get("ipc") else ""
-    tmp = "/run/gpusim/contexts/.%d.tmp" % token
-    with open(tmp, "w") as f:
-        f.write("".join("%d %d%s\n" % (index, mib, words) for index in gpus))
-    os.rename(tmp, "/run/gpusim/contexts/%d" % token)
+    simcuda.write_context("/run/gpusim", token, ["%d %d%s" % (index, mib, words) for index in gpus])
 """
     + PROCESS_TAIL
 )
@@ -212,6 +210,15 @@ child = subprocess.Popen(sys.argv[2:], stdin=subprocess.DEVNULL, stdout=subproce
 print(child.pid)
 """
 
+# A launcher (a shell script, torchrun): runs argv[1:] as its child in its own session and process group and stays.
+# The child leads neither, so its PID is free again once it exits and is reaped, even while children it forked live
+# on (the number of a session or group leader stays taken while the members live).
+_UNDER_LAUNCHER = r"""
+import subprocess, sys, time
+subprocess.run(sys.argv[1:], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+time.sleep(3600)
+"""
+
 _ready_numbers = iter(range(1, 1 << 30))
 
 
@@ -284,6 +291,7 @@ def start_cuda_process(
     pinned_gib=0,
     ipc=None,
     executable=None,
+    launcher=False,
 ):
     """Start a simulated CUDA process in `node`; return its PID in the node (for mode inherit: the
     forked child's; with `container`: its PID in the container's namespace).
@@ -300,9 +308,13 @@ def start_cuda_process(
     exits), ignore-term (ignores SIGTERM). `user`: run as that user (uid or name; /usr/bin/python3,
     so no `title`). `container`: a Container to start it in; `pid`: the PID it should get there, or
     in the node without `container` (0: any; not with `user`). `executable`: the Python it runs
-    under (daemon_executable: a GPU daemon by what it runs; no `title` then).
+    under (daemon_executable: a GPU daemon by what it runs; no `title` then). `launcher`: start it as the child of a
+    launcher that stays (a torchrun): it leads no session or process group, so with mode inherit its number is free
+    for another process once it has exited (not with `container`, `pid` or `user`).
     """
     spec = cuda_spec(gpus, mib, visible, mode, title, nvml, mps, pinned=int(pinned_gib * 1024), ipc=ipc)
+    if launcher:
+        return _start_cuda(node, spec, visible, executable=executable, prefix=[node_python(), "-c", _UNDER_LAUNCHER])
     return _start_cuda(node, spec, visible, user=user, container=container, pid=pid, executable=executable)
 
 
@@ -319,14 +331,14 @@ def daemon_executable(node, name):
     return "/run/gpusim/daemons/" + name
 
 
-def _start_cuda(node, spec, visible, user=None, container=None, pid=0, executable=None):
+def _start_cuda(node, spec, visible, user=None, container=None, pid=0, executable=None, prefix=()):
     path, host_path = _ready_file(node, "cuda")
     spec = dict(spec, ready=path)
     python = "/usr/bin/python3" if user is not None else executable or node_python()
     if user is not None and spec["title"]:
         raise ValueError("a title needs setproctitle, which only the venv's Python has")
     environment = ["env", "CUDA_VISIBLE_DEVICES=" + ",".join(str(i) for i in visible)] if visible is not None else []
-    argv = environment + [python, "-c", CUDA_PROCESS, json.dumps(spec)]
+    argv = list(prefix) + environment + [python, "-c", CUDA_PROCESS, json.dumps(spec)]
     if container is not None:
         container.launch(argv, pid=pid)
         return _await_ready(host_path, "CUDA process %s in a container" % (spec,))[1]

@@ -152,6 +152,40 @@ def cuda_process(dev_dir, visible, compute=(), kind=CONTEXT, token=0, token_on_c
     return fds
 
 
+def context_file_name(token):
+    """The name of a context file in <run>/contexts/ for `token`: "<T>", or "<T>.<G>" for T + (G << 32)."""
+    pid, generation = token & 0xFFFFFFFF, token >> 32
+    return str(pid) if not generation else "%d.%d" % (pid, generation)
+
+
+def is_context_file_name(name):
+    """True for "<T>" and "<T>.<G>" (temporary files start with ".")."""
+    pid, _dot, generation = name.partition(".")
+    return pid.isdigit() and (not _dot or generation.isdigit())
+
+
+def context_token(run_dir, pid):
+    """The token of a new context of the process whose node PID is `pid`: `pid` itself, or, while an earlier
+    context file of that number is there (a dead creator's, whose forked child holds it: the driver keeps listing
+    its number), pid + (G << 32) for the first free "<pid>.<G>" (tests/sim/README.md, "Creating a CUDA context").
+    Only the process with that number creates contexts of it, so the name stays free until write_context."""
+    contexts = os.path.join(run_dir, "contexts")
+    generation = 0
+    while os.path.lexists(os.path.join(contexts, context_file_name(pid + (generation << 32)))):
+        generation += 1
+    return pid + (generation << 32)
+
+
+def write_context(run_dir, token, lines):
+    """Write the context file of `token` (context_token) with `lines` ("<index> <MiB> [words]"), atomically."""
+    contexts = os.path.join(run_dir, "contexts")
+    name = context_file_name(token)
+    temporary = os.path.join(contexts, ".%s.tmp" % name)
+    with open(temporary, "w") as context_file:
+        context_file.write("".join(line + "\n" for line in lines))
+    os.rename(temporary, os.path.join(contexts, name))
+
+
 def nvidia_smi(dev_dir, minors):
     """What `nvidia-smi -l 1` holds besides NVML's files (the caller has initialized NVML through the driver
     library): each GPU's file three more times, and one `r--s` 4 KiB mapping of nvidiactl (the fd it was made on

@@ -22,6 +22,10 @@
  *   the compute lists, with the same memory (counted once in the GPU's used memory), as the real
  *   driver lists an MPS client. Mappings at offset 0 (what the simulated processes map, as real
  *   ones do) are no handle: the token is the simulator's bookkeeping, never the collection's.
+ *   A process whose number T is still listed for an earlier context (a dead creator's, held by
+ *   its forked child) writes <run>/contexts/<T>.<G> (G = 1, 2, ...: the first free name) and
+ *   uses the token T + (G << 32): both contexts live, and the lists give number T once with
+ *   the memory of both (on GPUs without MIG instances), as the real driver does.
  *   Words: "ipc=<E>:<K>": K MiB imported from context E on the
  *   same GPU (CUDA IPC), charged to E while E's line is held, to this line once it is not;
  *   "pinned=<M>": M MiB of host memory pinned through the context, which lengthens the release.
@@ -1047,7 +1051,8 @@ struct context_line {
 };
 
 struct context {
-    unsigned long token;
+    unsigned long token; /* the handles' file position: pid, or pid + (G << 32) for the file <pid>.<G> */
+    unsigned long pid;   /* the creator's number in proc_dir's namespace */
     unsigned long long inode;
     unsigned int count;
     struct context_line lines[MAX_GPUS];
@@ -1272,7 +1277,7 @@ static int creator_record(const struct context *ctx, struct pid_record *rec)
 {
     char who[32];
     unsigned long ppid;
-    snprintf(who, sizeof who, "%lu", ctx->token);
+    snprintf(who, sizeof who, "%lu", ctx->pid);
     rec->levels = read_nspid(who, rec->nr, MAX_PID_LEVELS, &ppid);
     if (rec->levels == 0)
         return 0;
@@ -1328,7 +1333,7 @@ static void creator_pid(const struct context *ctx, struct pid_record *rec)
     if (rec->levels == 0) {
         rec->levels = 1;
         rec->ns[0] = 0;
-        rec->nr[0] = ctx->token;
+        rec->nr[0] = ctx->pid;
     }
 }
 
@@ -1383,7 +1388,7 @@ static void evaluate_context(struct context *ctx, const char *ctx_path, const st
 {
     char path[PATH_MAX + 64];
     struct handle_set own = {0};
-    process_handles(ctx->token, ids, &own);
+    process_handles(ctx->pid, ids, &own);
     remember_creator(ctx);
     double now = monotonic_seconds(), start;
     int any_counted = 0;
@@ -1428,6 +1433,30 @@ struct context_set {
     size_t count, capacity;
 };
 
+/* A context file's name: "<T>", or "<T>.<G>" (G >= 1) for a context made by a process whose number T is still
+ * listed for an earlier one (a dead creator's: the driver keeps its struct pid). Sets the creator's number and
+ * the token, T + (G << 32). Returns 0 for any other name (temporary files start with '.'). */
+static int context_name(const char *name, struct context *ctx)
+{
+    char *end;
+    if (!isdigit((unsigned char)name[0]))
+        return 0;
+    unsigned long pid = strtoul(name, &end, 10), generation = 0;
+    if (*end == '.') {
+        const char *rest = end + 1;
+        if (!isdigit((unsigned char)*rest))
+            return 0;
+        generation = strtoul(rest, &end, 10);
+        if (generation == 0)
+            return 0;
+    }
+    if (*end || pid == 0 || pid > 0xFFFFFFFFUL || generation > 0xFFFFUL)
+        return 0;
+    ctx->pid = pid;
+    ctx->token = pid + (generation << 32);
+    return 1;
+}
+
 /* Reads and evaluates every context with a line on GPU gpu into set (the caller frees set->items). */
 static void load_contexts(unsigned int gpu, struct context_set *set)
 {
@@ -1441,13 +1470,10 @@ static void load_contexts(unsigned int gpu, struct context_set *set)
     make_device_ids(&ids);
     struct dirent *entry;
     while ((entry = readdir(dir))) {
-        if (!is_number(entry->d_name))
+        if (!context_name(entry->d_name, &ctx))
             continue;
         path_join(ctx_path, sizeof ctx_path, dir_path, entry->d_name);
-        if (read_small_file(AT_FDCWD, ctx_path, text, sizeof text, &ctx.inode) < 0)
-            continue;
-        ctx.token = strtoul(entry->d_name, NULL, 10);
-        if (ctx.token == 0 || !parse_context(text, &ctx))
+        if (read_small_file(AT_FDCWD, ctx_path, text, sizeof text, &ctx.inode) < 0 || !parse_context(text, &ctx))
             continue;
         int on_gpu = 0;
         for (unsigned int k = 0; k < ctx.count; k++)
@@ -1548,6 +1574,17 @@ static void add_listed_process(const struct context *ctx, const struct context_l
     if (pid == 0)
         return; /* no number in the caller's PID namespace: the driver skips the entry */
     const struct mig_instance *instance = line_instance(line);
+    if (!instance) {
+        /* Two driver clients with one number (a dead creator's context and the context of the process that got its
+         * number): one entry with both clients' memory. gpu_rmapi.c gpuGetProcWithObject_IMPL skips a client whose
+         * number is already in the list (_gpuiIsPidSavedAlready); gpuFindClientInfoWithPidIterator_IMPL adds up the
+         * memory of every client with that number. */
+        for (unsigned int k = 0; k < list->count; k++)
+            if (list->items[k].pid == pid && list->items[k].gpuInstanceId == NO_INSTANCE_ID) {
+                list->items[k].usedGpuMemory += line->mib * MIB;
+                return;
+            }
+    }
     list->items[list->count++] = (nvmlProcessInfo_t){
         .pid = (unsigned int)pid,
         .usedGpuMemory = line->mib * MIB,

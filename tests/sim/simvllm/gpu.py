@@ -5,9 +5,9 @@ Reads `<run dir>/node.conf` (run dir: env GPUSIM_RUN, default /run/gpusim), `key
 `stray_mib` (`index:MiB,...`) and `dev_dir` (where the nvidia device files are, default /dev).
 A context of M MiB on GPU index i (tests/sim/README.md, "Creating a CUDA context"): open and map the
 device files as a real context does (simcuda.cuda_process: nvidiactl, nvidia-uvm, every visible GPU's
-/dev/nvidia<minor>, `rw-s` mappings of GPU i's), seek GPU i's first fd to our PID in the node's root
-PID namespace, write `<run dir>/contexts/<PID>` = `<i> <M>` atomically. `nccl_init_nvml` initializes
-NVML and never shuts it down, as NCCL does.
+/dev/nvidia<minor>, `rw-s` mappings of GPU i's), seek GPU i's first fd to the token (our PID in the node's root
+PID namespace; simcuda.context_token), write `<run dir>/contexts/<PID>` (or `<PID>.<G>`) = `<i> <M>` atomically.
+`nccl_init_nvml` initializes NVML and never shuts it down, as NCCL does.
 
 MIG (node.conf `mig`; tests/sim/README.md "MIG"): CUDA_VISIBLE_DEVICES may name a MIG device (`MIG-<UUID>`, or
 `MIG-GPU-<UUID>/<GI>/<CI>` of drivers before R470); CUDA then enumerates that one device and no other (MIG user
@@ -246,7 +246,7 @@ class NodeGpus:
         except FileNotFoundError:
             return 0
         for name in names:
-            if not name.isdigit():
+            if not simcuda.is_context_file_name(name):
                 continue
             try:
                 with open(os.path.join(contexts_dir, name)) as context_file:
@@ -303,7 +303,7 @@ class NodeGpus:
                     requested_mib / MIB_PER_GIB,
                 )
             )
-        token = node_pid(self.run_dir)
+        token = simcuda.context_token(self.run_dir, node_pid(self.run_dir))
         fds = simcuda.cuda_process(
             self.dev_dir, [self.minors[i] for i in visible or [index]], [self.minors[index]], token=token
         )
@@ -315,11 +315,7 @@ class NodeGpus:
                 for cap in (_cap_minor(minor, mig.gi), _cap_minor(minor, mig.gi, mig.ci))
             ]
             line += " compute gi=%d ci=%d" % (mig.gi, mig.ci)
-        contexts_dir = os.path.join(self.run_dir, "contexts")
-        temporary = os.path.join(contexts_dir, ".%d.tmp" % token)
-        with open(temporary, "w") as context_file:
-            context_file.write(line + "\n")
-        os.replace(temporary, os.path.join(contexts_dir, str(token)))
+        simcuda.write_context(self.run_dir, token, [line])
         return fds
 
 

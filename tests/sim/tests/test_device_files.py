@@ -21,6 +21,7 @@ from integration.nodetools import (
     device_fds,
     device_maps,
     driver_lists,
+    processes,
     start_cuda_init,
     start_cuda_process,
     start_holder,
@@ -250,6 +251,40 @@ def test_mps_daemon_server_and_client_open_map_and_are_listed_as_measured(simnod
     node.exec("kill", "-9", str(client))
     wait_for(lambda: client not in driver_lists(node)[0]["mps"], 10, 0.02, "client unlisted")
     assert driver_lists(node)[0] == {"used": 66 + 618, "compute": {server: 66, other: 618}, "mps": {other: 618}}
+
+
+# Inside the node: every entry of GPU 0's compute list, as [[pid, MiB]...] (duplicates kept), and its used memory.
+_RAW_LIST = r"""
+import json, pynvml as n
+n.nvmlInit()
+h = n.nvmlDeviceGetHandleByIndex(0)
+print(json.dumps([[[p.pid, p.usedGpuMemory >> 20] for p in n.nvmlDeviceGetComputeRunningProcesses(h)],
+                  n.nvmlDeviceGetMemoryInfo(h, version=n.nvmlMemory_v2).used >> 20]))
+"""
+
+
+def test_a_reused_number_with_its_own_context_keeps_the_dead_creators_context(simnode):
+    """A dead creator's context lives on in its forked child; a new process gets the creator's number and makes a
+    context of its own on the same GPU. Both driver clients live; the list gives the number once with the memory of
+    both (open-gpu-kernel-modules gpu_rmapi.c: gpuGetProcWithObject_IMPL skips a client whose number is already in
+    the list, gpuFindClientInfoWithPidIterator_IMPL adds up the memory of every client with that number). Each
+    context is freed when its own holders are gone."""
+    node = simnode(gpus=1)
+    # The creator runs under a launcher, as a trainer under torchrun: its number is free once it is reaped.
+    child = start_cuda_process(node, [0], mib=2000, visible=[0], mode="inherit", launcher=True)
+    ((creator, _mib),) = driver_lists(node)[0]["compute"].items()
+    wait_for(lambda: creator not in processes(node), 10, 0.02, "the creator reaped")
+    reuser = start_cuda_process(node, [0], mib=5000, visible=[0], pid=creator)
+    assert reuser == creator != child
+    contexts = sorted(path.name for path in (node.run_dir / "contexts").iterdir())
+    assert contexts == [str(creator), "%d.1" % creator]
+    assert json.loads(node.py(_RAW_LIST)) == [[[creator, 7000]], 7000]
+
+    node.exec("kill", "-9", str(child))
+    wait_for(lambda: json.loads(node.py(_RAW_LIST))[1] == 5000, 10, 0.05, "the dead creator's context freed")
+    assert json.loads(node.py(_RAW_LIST)) == [[[creator, 5000]], 5000]
+    node.exec("kill", "-9", str(reuser))
+    wait_for(lambda: json.loads(node.py(_RAW_LIST)) == [[], 0], 10, 0.05, "the reuser's context freed")
 
 
 def test_ipc_importer_is_charged_the_imported_memory_once_the_exporter_is_gone(simnode):
