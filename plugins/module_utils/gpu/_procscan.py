@@ -47,6 +47,8 @@ _NVIDIA_MAJOR = 195
 _CONTROL_MINORS = {255: "/dev/nvidiactl", 254: "/dev/nvidia-modeset"}
 # nvidia-uvm and the MIG capability files have dynamic majors: they are known by name wherever they are.
 _NAMED_RE = re.compile(r"/(nvidia-uvm(?:-tools)?|nvidia-caps/nvidia-cap\d+)$")
+# What the kernel adds to the path of an fd's or a mapping's file that was unlinked (d_path).
+_DELETED = " (deleted)"
 # {(st_dev, st_ino): /dev path} of the device files under /dev, read once per process (see _known_files).
 _KNOWN: Dict[str, Dict[Tuple[int, int], str]] = {}
 # Per proc root: does st_size of PROC/PID/fd count the open fds? (see _size_counts_fds)
@@ -355,8 +357,9 @@ def _known_files(dev: str = "/dev") -> Dict[Tuple[int, int], str]:
 
 
 def _canonical(path: str, info: Optional[Union[os.stat_result, _Identity]]) -> Optional[str]:
-    """The /dev path an NVIDIA device file outside /dev stands for (`info`: its stat), or None when it is none."""
-    named = _NAMED_RE.search(path)
+    """The /dev path an NVIDIA device file outside /dev, or unlinked, stands for (`info`: its stat), or None when it is
+    none."""
+    named = _NAMED_RE.search(path[: -len(_DELETED)] if path.endswith(_DELETED) else path)
     if named:
         return "/dev/" + named.group(1)
     if info is None:
@@ -385,8 +388,10 @@ def _record_fds(
     for position, target in enumerate(targets):
         if _NAME_MARK not in target:
             continue
-        if not target.startswith(_DEVICE_PREFIX):
-            # Outside /dev: the file itself says what it is (the fd's stat follows it in the holder's mount namespace).
+        if _DEVICE_RE.match(target) is None:
+            # Outside /dev, or a device file unlinked since it was opened ("/dev/nvidia0 (deleted)": nvidia-modprobe
+            # made the node again): the file itself says what it is (the fd's stat follows it in the holder's mount
+            # namespace, also to an unlinked node: its st_rdev, 195:N).
             name = names[position] if fd_dir and position < len(names) else None
             canonical = _canonical(target, _stat("%s/%s" % (fd_dir, name)) if name else None)
             if canonical is None:
@@ -411,29 +416,72 @@ def _maybe_other_threads(base: str) -> bool:
         raise
 
 
-def _scan_maps(proc: str, pid: int, handles: DeviceHandles) -> None:
+def _read_maps(path: str) -> Optional[bytes]:
+    """The contents of a maps file; None when it cannot be read (the process vanished, or is not ours)."""
     try:
-        with open("%s/%d/maps" % (proc, pid), "rb") as maps:
-            data = maps.read()
+        with open(path, "rb") as maps:
+            return maps.read()
     except OSError as exc:
         if _proc.skip_error(exc):
-            return
+            return None
         raise
+
+
+def _address_space(proc: str, pid: int) -> Tuple[bytes, Optional[str]]:
+    """(/proc/PID/maps, None), or where it is empty while other threads run, (a live thread's maps, its TID).
+
+    A thread-group leader that has exited (state Z) while other threads run has no address space of its own: its
+    maps file is empty, and /proc/PID/task/TID/maps of a live thread shows the one they share. Threads are looked at
+    only then (empty maps: also kernel threads, which have no other threads)."""
+    base = "%s/%d/" % (proc, pid)
+    data = _read_maps(base + "maps")
+    if data is None or data or not _maybe_other_threads(base):
+        return data or b"", None
+    for tid in _listdir(base + "task") or ():
+        if tid != str(pid):
+            thread = _read_maps("%stask/%s/maps" % (base, tid))
+            if thread:
+                return thread, tid
+    return b"", None
+
+
+def _scan_maps(proc: str, pid: int, handles: DeviceHandles) -> bool:
+    """Record the NVIDIA device files mapped by process `pid` in `handles`; True when they were read from a thread's
+    maps (a zombie leader's: _address_space) and there was one."""
+    data, tid = _address_space(proc, pid)
     if _MAPS_MARK not in data:
-        return
+        return False
+    found = False
     for line in data.splitlines():
         if _MAPS_MARK in line:
             # address perms offset dev inode pathname
             fields = line.split(None, 5)
             if len(fields) != 6:
                 continue
-            path = fields[5].decode("utf-8", "replace")
-            if not path.startswith(_DEVICE_PREFIX):
-                canonical = _canonical(path, _maps_identity(fields[3], fields[4]) or _stat(path))
-                if canonical is None:
-                    continue
-                path = canonical
-            handles.add(path, "mapping", fields[1].decode("ascii", "replace"))
+            named = fields[5].decode("utf-8", "replace")
+            path = named if _DEVICE_RE.match(named) else _mapped_device(proc, pid, fields, named)
+            if path is not None:
+                found = handles.add(path, "mapping", fields[1].decode("ascii", "replace")) or found
+    return found and tid is not None
+
+
+def _mapped_device(proc: str, pid: int, fields: List[bytes], path: str) -> Optional[str]:
+    """The /dev path of the NVIDIA device a maps line (`fields`) names by another `path`: a bind mount elsewhere (the
+    line's device and inode), or a file unlinked since ("/dev/nvidia0 (deleted)"; its stat through
+    /proc/PID/map_files/START-END, which follows it to the character device, 195:N); None when it is none."""
+    identity = _maps_identity(fields[3], fields[4])
+    if identity is None and path.endswith(_DELETED):
+        return _canonical(path, _stat("%s/%d/map_files/%s" % (proc, pid, _map_files_name(fields[0]))))
+    return _canonical(path, identity or _stat(path))
+
+
+def _map_files_name(addresses: bytes) -> str:
+    """The /proc/PID/map_files entry of a maps line's "start-end" (the kernel writes it there without leading zeros)."""
+    start, _dash, end = addresses.partition(b"-")
+    try:
+        return "%x-%x" % (int(start, 16), int(end, 16))
+    except ValueError:
+        return addresses.decode("ascii", "replace")
 
 
 class _Identity:  # pylint: disable=too-few-public-methods
@@ -489,7 +537,8 @@ def scan_process(pid: int, proc: str = "/proc") -> Optional[DeviceHandles]:
             table = _fd_table(task_fd, False)
             if table is not None and _record_fds(table[1], handles, task_fd, table[0]) and not leader_holds:
                 handles.thread_only = True
-    _scan_maps(proc, pid, handles)
+    if _scan_maps(proc, pid, handles) and not leader_holds:
+        handles.thread_only = True
     if not handles.seen_in:
         return None
     return handles

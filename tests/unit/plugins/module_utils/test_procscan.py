@@ -35,8 +35,9 @@ GPU Excluded:\t No
 """
 
 
-def make_process(proc, pid, fds=None, tasks=None, maps=b"", stat=None, status=None):
-    """Create proc/PID with fd/ links ({fd: target}), task/TID/fd/ ({tid: {fd: target}}), maps, stat, status.
+def make_process(proc, pid, fds=None, tasks=None, maps=b"", stat=None, status=None, task_maps=None):
+    """Create proc/PID with fd/ links ({fd: target}), task/TID/fd/ ({tid: {fd: target}}), maps, stat, status, and
+    task/TID/maps ({tid: bytes}).
 
     The leader's task entry gets the leader's fds unless `tasks` names it.
     """
@@ -51,6 +52,9 @@ def make_process(proc, pid, fds=None, tasks=None, maps=b"", stat=None, status=No
         for fd, target in task_fds.items():
             os.symlink(target, str(base / "task" / str(tid) / "fd" / str(fd)))
     (base / "maps").write_bytes(maps)
+    for tid, data in (task_maps or {}).items():
+        (base / "task" / str(tid)).mkdir(parents=True, exist_ok=True)
+        (base / "task" / str(tid) / "maps").write_bytes(data)
     if stat is not None:
         (base / "stat").write_bytes(stat)
     if status is not None:
@@ -189,6 +193,37 @@ def test_thread_only_holder_with_empty_leader_fd_dir(proc):
     assert handles.minors == {0}
     assert handles.thread_only is True
     assert handles.seen_in == {"fd"}
+
+
+CONTEXT_MAPS = (
+    b"200600000-200800000 rw-s 00000000 00:05 1027 /dev/nvidia0\n"
+    b"7f3a40000000-7f3a40001000 rw-s 00000000 00:05 1030 /dev/nvidiactl\n"
+)
+
+
+def test_a_zombie_leaders_context_is_read_from_a_live_threads_mappings(proc):
+    """The main thread exited while another thread keeps the context: /proc/PID/maps of the zombie leader is empty
+    (its mm is gone), /proc/PID/task/TID/maps of the live thread shows the address space (issue 40, item 9)."""
+    make_process(
+        proc,
+        210,
+        fds={},
+        tasks={210: {}, 211: {5: "/dev/nvidia0", 6: "/dev/nvidiactl"}},
+        maps=b"",
+        task_maps={210: b"", 211: CONTEXT_MAPS},
+    )
+    handles = _procscan.scan_process(210, str(proc))
+    assert handles.contexts == {0} and handles.mapped == {0} and handles.ctl_rw
+    assert handles.thread_only is True and handles.seen_in == {"fd", "mapping"}
+
+
+def test_threads_maps_are_not_read_where_the_leaders_are(proc, monkeypatch):
+    """Bounded: a live leader's maps are the address space every thread shares; the threads' are never read."""
+    make_process(proc, 220, fds={3: "/dev/nvidia0"}, maps=CONTEXT_MAPS, tasks={221: {3: "/dev/nvidia0"}})
+    # Never so on a real host; here it tells whether the scan read it.
+    (proc / "220" / "task" / "221" / "maps").write_bytes(b"7f00-7f20 rw-s 00000000 00:05 1028 /dev/nvidia1\n")
+    handles = _procscan.scan_process(220, str(proc))
+    assert handles.contexts == {0} and handles.thread_only is False
 
 
 def test_thread_with_its_own_fd_table_is_read(proc):
@@ -414,6 +449,58 @@ def test_character_device_of_major_195_is_an_nvidia_device_by_its_numbers():
     assert _procscan._canonical("/somewhere/nvidiactl", Info(255)) == "/dev/nvidiactl"
     assert _procscan._canonical("/somewhere/nvidia-caps/nvidia-cap66", None) == "/dev/nvidia-caps/nvidia-cap66"
     assert _procscan._canonical("/home/me/nvidia-notes", None) is None
+
+
+class CharDevice:  # pylint: disable=too-few-public-methods
+    """A stat result of a character device major:minor (an NVIDIA node is 195:N; no such node is made here)."""
+
+    st_mode = 0o20666
+    st_dev = 5
+    st_ino = 99999  # an inode no /dev file has: the node was unlinked and made again
+
+    def __init__(self, major, minor):
+        self.st_rdev = os.makedev(major, minor)
+
+
+def unlinked_holder(proc, pid):
+    """A context holder whose /dev/nvidia0 and /dev/nvidia-uvm were unlinked and made again while it ran: its fd links
+    and maps lines name "/dev/nvidia0 (deleted)", as the kernel writes them (d_path); map_files has each mapping."""
+    maps = (
+        b"200600000-200800000 rw-s 00000000 00:05 1027 /dev/nvidia0 (deleted)\n"
+        b"7f3a40000000-7f3a40001000 rw-s 00000000 00:05 1030 /dev/nvidiactl\n"
+        b"7f3a50000000-7f3a50200000 rw-s 7f3a50000000 00:05 1031 /dev/nvidia-uvm (deleted)\n"
+    )
+    fds = {3: "/dev/nvidiactl", 4: "/dev/nvidia0 (deleted)", 5: "/dev/nvidia-uvm (deleted)", 6: "/dev/nvidia7x"}
+    base = make_process(proc, pid, fds=fds, maps=maps)
+    (base / "map_files").mkdir()
+    os.symlink("/dev/nvidia0 (deleted)", str(base / "map_files" / "200600000-200800000"))
+    return base
+
+
+def test_an_unlinked_device_file_is_known_by_its_character_device_number(proc, monkeypatch):
+    """/dev/nvidia0 unlinked and made again while a holder runs (nvidia-modprobe recreates nodes): its fd and its
+    mapping still name the old file, "/dev/nvidia0 (deleted)", whose path and inode match nothing. The fd's stat
+    (/proc/PID/fd/N) and the mapping's (/proc/PID/map_files/START-END) follow it to the character device, 195:0
+    (issue 40, item 12). A real unlinked node cannot be made here (no NVIDIA device, nothing in /dev): the stat of
+    those two links is what the test gives."""
+    base = unlinked_holder(proc, 230)
+    devices = {
+        str(base / "fd" / "4"): CharDevice(195, 0),
+        str(base / "map_files" / "200600000-200800000"): CharDevice(195, 0),
+    }
+    monkeypatch.setattr(_procscan, "_stat", devices.get)
+    handles = _procscan.scan_process(230, str(proc))
+    assert handles.minors == {0} and handles.contexts == {0} and handles.mapped == {0}
+    assert handles.uvm and handles.ctl_rw and handles.seen_in == {"fd", "mapping"}
+
+
+def test_an_unlinked_file_that_is_no_nvidia_device_is_none(proc, monkeypatch):
+    """The same lines where the stat says another device (or nothing): not an NVIDIA device file, by its numbers."""
+    base = unlinked_holder(proc, 240)
+    devices = {str(base / "fd" / "4"): CharDevice(1, 3), str(base / "map_files" / "200600000-200800000"): None}
+    monkeypatch.setattr(_procscan, "_stat", devices.get)
+    handles = _procscan.scan_process(240, str(proc))
+    assert handles.minors == set() and handles.contexts == set() and handles.uvm and handles.ctl
 
 
 def test_parallel_scan_leaves_behind_a_worker_that_cannot_be_reaped(monkeypatch):
