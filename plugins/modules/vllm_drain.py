@@ -68,6 +68,22 @@ options:
   pidfile:
     description: Instead of O(pid), the pidfile written by M(gpuops.nvidia.detached_process); the whole session is waited for.
     type: path
+  start_ticks:
+    description:
+      - With O(pid), the start time of that process as read before (clock ticks since boot, field 22 of
+        C(/proc/PID/stat)). When the PID now names another process, or none, nothing is signalled.
+    type: int
+  tree:
+    description:
+      - With O(pid), for a server that no session or unit of its own ends (one started by hand). After the SIGTERM of
+        O(pid) alone, wait up to O(grace_period) seconds for it and for every process of its tree at the time of the
+        signal (EngineCore, workers), then SIGKILL those left and wait up to O(kill_wait) seconds.
+    type: bool
+    default: false
+  kill_wait:
+    description: With O(tree), seconds to wait after the SIGKILL of what was left.
+    type: float
+    default: 10.0
   grace_period:
     description:
       - Seconds to wait after SIGTERM for the process (session) to exit. Make it longer than the server's C(--shutdown-timeout).
@@ -153,7 +169,8 @@ metrics_model_name:
 stop:
   description:
     - The SIGTERM of the main process, with O(pid) or O(pidfile) (null otherwise, and in check mode).
-    - C(signalled) (bool), C(pid), C(exited) (nothing left), C(stop_s) (seconds from SIGTERM to exit), C(left) (C(pid), C(comm)).
+    - C(signalled) (bool), C(pid), C(exited) (nothing left), C(stop_s) (seconds from SIGTERM to exit), C(left) (C(pid), C(comm)),
+      C(killed) (with O(tree), the processes of the tree that got SIGKILL, C(pid) and C(comm)).
   returned: always
   type: dict
 """
@@ -178,7 +195,9 @@ def _main_process(module: AnsibleModule) -> Optional[Tuple[int, int]]:
             module.fail_json(msg=str(exc))
     elif params["pid"]:
         ticks = _proc.read_start_ticks(params["pid"])
-        return (params["pid"], ticks) if ticks is not None else None
+        if ticks is None or params["start_ticks"] not in (None, ticks):
+            return None  # gone, or the PID names another process now
+        return (params["pid"], ticks)
     return None
 
 
@@ -201,13 +220,18 @@ def main() -> None:
             pidfile=dict(type="path"),
             grace_period=dict(type="float", default=60.0, aliases=["stop_timeout"]),
             fail_on_survivors=dict(type="bool", default=False),
+            start_ticks=dict(type="int"),
+            tree=dict(type="bool", default=False),
+            kill_wait=dict(type="float", default=10.0),
         ),
         mutually_exclusive=[("pid", "pidfile")],
         supports_check_mode=True,
     )
     params = module.params
     _options.refuse_bad_numbers(
-        module, ("timeout", "poll_interval", "request_timeout", "grace_period"), positive=("poll_interval",)
+        module,
+        ("timeout", "poll_interval", "request_timeout", "grace_period", "kill_wait"),
+        positive=("poll_interval",),
     )
     record = _main_process(module)
     client = _http.Client(params["url"], params["api_key"], params["request_timeout"], params["validate_certs"])
@@ -221,12 +245,16 @@ def main() -> None:
     warnings = [msg] if not drained["metrics"] else []
     stop = None
     if record is not None and not module.check_mode:
-        stop = _stop.stop_main_process(record, params["grace_period"], session=bool(params["pidfile"]))
+        if params["tree"]:
+            stop = _stop.stop_tree(record, params["grace_period"], params["kill_wait"])
+        else:
+            stop = _stop.stop_main_process(record, params["grace_period"], session=bool(params["pidfile"]))
         if stop["signalled"]:
-            msg += "; SIGTERM to PID %d: %s after %.1f s" % (
+            msg += "; SIGTERM to PID %d: %s after %.1f s%s" % (
                 stop["pid"],
                 "exited" if stop["exited"] else "%d process(es) left" % len(stop["left"]),
                 stop["stop_s"],
+                ", %d process(es) of its tree SIGKILLed" % len(stop["killed"]) if stop["killed"] else "",
             )
         if stop["left"] and params["fail_on_survivors"]:
             module.fail_json(msg=msg, changed=stop["signalled"], **_result(drained, stop))

@@ -21,6 +21,7 @@ description:
   - It asks the running server of each deployed instance once whether it is healthy (C(GET /health), C(GET /v1/models))
     at the address its deployed configuration gives, with its API key file. It asks once whether a server answers
     on each port that an instance takes anew.
+  - It lists the vLLM API servers of the host, whoever started them (RV(servers)).
   - It changes nothing.
 author: gpuops maintainers (@gpuops)
 requirements:
@@ -130,6 +131,22 @@ ports:
       Null when the connection is refused, else what was seen.
   returned: always
   type: dict
+servers:
+  description:
+    - The vLLM API servers of the host, whoever started them. A server is known by its process and its listening
+      socket - a Python process that runs vLLM's server (C(vllm serve), C(python -m vllm.entrypoints.cli.main serve),
+      C(python -m vllm.entrypoints.openai.api_server)) and listens on a TCP port; a launcher of several API servers is
+      one server.
+    - C(pid), C(start_ticks), C(sid), C(user) (UID), C(argv) and C(command) (its command line; the values of
+      C(--api-key) and C(--hf-token) are not shown), C(cwd), C(log_file) (where its standard output goes),
+      C(cuda_visible_devices) (the one variable read from its environment), C(listen) (C([address, port]) of each
+      listening socket), C(model), C(served_model_name), C(tensor_parallel_size), C(data_parallel_size) (from its
+      command line), C(tree) (its descendants' PIDs), C(holders), C(gpus) and C(mig) (what its tree holds, as in
+      C(nvidia)), C(systemd_unit).
+    - C(recorded_by) - the deployed instance whose pidfile or unit it is, or null for a server the role did not start.
+  returned: always
+  type: list
+  elements: dict
 files:
   description:
     - For each instance of O(instances), the state of its files by what they are (C(configuration), C(API key),

@@ -26,9 +26,11 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._speculative im
 from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._speculative_parse import SpeculativeConfigError
 from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _vllm_files, _vllm_server_facts, _vllm_versions
 from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._vllm_address import local_host, local_url
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils import _vllm_unmanaged
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._vllm_checks import (
     CONTROL,
     GpuRef,
+    Gpus,
     Instance,
     Settings,
     number_settings_problems,
@@ -178,7 +180,7 @@ def _path_problems(instance: Instance, settings: Settings, host: Host, names: Se
             % (executable, "is not executable" if found.get("exists") else "does not exist", host.get("name"))
         )
     answer = (host.get("ports") or {}).get(str(instance.get("name")))
-    if answer:
+    if answer and not _vllm_unmanaged.port_taken_by(instance, host):  # _vllm_unmanaged.findings names that server
         problems.append(_port_problem(instance, settings, host, answer, names))
     return problems
 
@@ -360,7 +362,12 @@ def changed_files(instance: Instance, cfg: Dict[str, Any], unit: Optional[str], 
 
 
 def _entry(
-    instance: Instance, cfg: Dict[str, Any], host: Host, settings: Settings, spec: Optional[SpeculativeResult]
+    instance: Instance,
+    cfg: Dict[str, Any],
+    host: Host,
+    settings: Settings,
+    spec: Optional[SpeculativeResult],
+    replaces: List[Dict[str, Any]],
 ) -> Dict[str, Any]:
     name = instance["name"]
     old = (host.get("deployed") or {}).get(name)
@@ -374,7 +381,9 @@ def _entry(
         "cfg": cfg,
         "unit": unit,
         "changed": changed,
-        "reasons": ["%s changed" % what for what in changed] + _probe_reasons(running),
+        "reasons": ["%s changed" % what for what in changed]
+        + _probe_reasons(running)
+        + ["vLLM server PID %s not started by this role" % server["pid"] for server in replaces],
         "url": local_url(cfg["host"], cfg["port"]),
         "old": old,
         "old_url": local_url(current.get("host"), current.get("port")),
@@ -388,6 +397,8 @@ def _entry(
         "probe": _probe_reasons(running),
         "running": running is not None and bool(running) and not running.get("process_exited"),
         "pid": (running or {}).get("pid", 0),
+        # vLLM servers this role did not start that the instance replaces (_vllm_unmanaged.replaced)
+        "replaces": replaces,
     }
 
 
@@ -406,8 +417,14 @@ def plan(instances: Optional[Sequence[Instance]], host: Host, settings: Settings
             "cannot be used" % (host.get("name"), (nvidia.get("driver") or {}).get("error") or "no driver")
         )
     listed = list(instances or [])
+    replaces: Dict[Any, List[Dict[str, Any]]] = {}
+    gpus = Gpus(nvidia)
     for instance in listed:
         found = _path_problems(instance, settings, host, [other.get("name") for other in listed])
+        unmanaged, replaces[instance.get("name")] = _vllm_unmanaged.findings(
+            instance, checks["gpus"].get(instance.get("name")), host, gpus, settings
+        )
+        found += unmanaged
         release, release_problems, release_warnings = _release(instance, settings, host)
         spec, spec_problems = _speculative(instance, settings, host.get("drafters"), release)
         specs[instance.get("name")] = spec
@@ -424,5 +441,7 @@ def plan(instances: Optional[Sequence[Instance]], host: Host, settings: Settings
         return result
     for instance in listed:
         cfg = config_of(instance, checks["gpus"][instance["name"]], specs[instance["name"]], manager, settings)
-        entries[instance["name"]] = _entry(instance, cfg, host, settings, specs[instance["name"]])
+        entries[instance["name"]] = _entry(
+            instance, cfg, host, settings, specs[instance["name"]], replaces[instance["name"]]
+        )
     return result

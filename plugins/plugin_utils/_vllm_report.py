@@ -12,6 +12,7 @@ failure(result) -> what a failed task says, in one line.
 from __future__ import annotations
 
 import json
+import shlex
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu._report import cut_cmdline
@@ -57,11 +58,24 @@ def _tail(result: Optional[Mapping[str, Any]], keep: int) -> List[str]:
     return lines[-keep:] if keep else []
 
 
+def _replaced(planned: Mapping[str, Any], result: Optional[Mapping[str, Any]]) -> List[Dict[str, Any]]:
+    """The servers this role did not start that the instance replaces (planned "replaces"), each with "drain" (as
+    _drain words it, or None) and "stop" (vllm_drain's, or None while it was not signalled), from the loop `result`
+    of their drain task."""
+    done = {(item.get("item") or {}).get("pid"): item for item in (result or {}).get("results") or [] if _ran(item)}
+    found = []
+    for server in planned.get("replaces") or []:
+        drained = done.get(server["pid"])
+        found.append(dict(server, drain=_drain(drained), stop=(drained or {}).get("stop")))
+    return found
+
+
 def entry(planned: Mapping[str, Any], results: Mapping[str, Any]) -> Entry:
     """The report entry of one instance. `planned`: its plan entry (_vllm_plan). `results`: "reasons", "check_mode",
     and the registered results and notes of the run: "would_end", "hook_failure", "failure", "rollback", "drain",
-    "kill", "ready", "acceptance", "log_tail" (what the new server wrote), "rollback_log_tail" (what the previous
-    configuration wrote when started again), "down_s", "log_lines"."""
+    "replaced" (the drain of the servers this role did not start), "kill", "ready", "acceptance", "log_tail" (what the
+    new server wrote), "rollback_log_tail" (what the previous configuration wrote when started again), "down_s",
+    "log_lines"."""
     reasons = results.get("reasons") or []
     found = {
         "name": planned["name"],
@@ -70,6 +84,7 @@ def entry(planned: Mapping[str, Any], results: Mapping[str, Any]) -> Entry:
         "old": planned["old"],
         "new": planned["cfg"],
         "reasons": reasons,
+        "replaced": _replaced(planned, results.get("replaced")) if reasons else [],
     }
     if not reasons or results.get("check_mode"):
         would_end = (results.get("would_end") or {}).get("would_signal") or []
@@ -184,6 +199,70 @@ def _would_end_lines(e: Entry) -> List[str]:
     return lines
 
 
+def _replaced_lines(e: Entry) -> List[str]:
+    """What became of the servers this role did not start that the instance replaces."""
+    lines = []
+    for server in e.get("replaced") or []:
+        named = "the vLLM server PID %s on port %s that this role did not start" % (server["pid"], server["port"])
+        if e["action"] == "would redeploy":
+            lines.append("  would drain and replace %s: %s" % (named, server["command"]))
+            continue
+        stop = server.get("stop") or {}
+        if not stop.get("signalled"):
+            lines.append(
+                "  did not signal %s (%s): %s" % (named, "it had exited" if stop else "not reached", server["command"])
+            )
+            continue
+        lines.append("  drained and replaced %s: %s" % (named, server["command"]))
+        drained = ["  " + line for line in _drain_lines(server.get("drain"))]
+        if not any("after SIGTERM" in line for line in drained):
+            drained.append("    SIGTERM to its API server: its tree exited after %.1f s" % (stop.get("stop_s") or 0))
+        lines += drained
+        if stop.get("killed"):
+            lines.append(
+                "    SIGKILLed what was left of its tree after vllm_server_stop_timeout: %s"
+                % ", ".join("%s %s" % (p["pid"], p["comm"]) for p in stop["killed"])
+            )
+        if stop.get("left"):
+            lines.append(
+                "    still running after SIGKILL: %s" % ", ".join("%s %s" % (p["pid"], p["comm"]) for p in stop["left"])
+            )
+    return lines
+
+
+def restart_hint(server: Mapping[str, Any]) -> str:
+    """How an operator starts again a replaced server the role cannot restart: its command line, working directory,
+    log file and GPUs, as one shell line."""
+    log = server.get("log_file") or ""
+    output = (
+        ">> %s 2>&1" % shlex.quote(log) if log.startswith("/") else "(its output went to %s)" % (log or "nowhere known")
+    )
+    devices = server.get("cuda_visible_devices")
+    return "cd %s && %snohup %s %s &" % (
+        shlex.quote(server.get("cwd") or "/"),
+        "CUDA_VISIBLE_DEVICES=%s " % shlex.quote(devices) if devices else "",
+        server["command"],
+        output,
+    )
+
+
+def not_restarted(e: Entry) -> List[str]:
+    """For a FAILED entry: the servers this role did not start that it stopped, which no rollback starts again."""
+    return [
+        "the vLLM server PID %s that this role did not start was stopped for this instance and is not started again "
+        "(the role has no configuration of it). It ran in %s with output to %s: %s. To start it again: %s"
+        % (
+            server["pid"],
+            server.get("cwd") or "an unknown directory",
+            server.get("log_file") or "an unknown file",
+            server["command"],
+            restart_hint(server),
+        )
+        for server in e.get("replaced") or []
+        if (server.get("stop") or {}).get("signalled")
+    ]
+
+
 def _outcome_lines(e: Entry) -> List[str]:
     lines = []
     if e.get("leftovers"):
@@ -212,6 +291,7 @@ def _outcome_lines(e: Entry) -> List[str]:
         )
     if "error" in e:
         lines += ["  failed at %s" % e["error"], "  %s" % e["rollback"]]
+        lines += ["  %s" % line for line in not_restarted(e)]
         for what, log, when, tail in _logs(e):
             if tail:
                 lines.append("  last lines %s wrote to %s%s:" % (what, log, when))
@@ -237,7 +317,8 @@ def summary_lines(report: Optional[Sequence[Entry]], names: Optional[Iterable[st
     for e in report:
         reasons = (" (%s)" % ", ".join(e["reasons"])) if e["reasons"] else ""
         lines.append("%s (GPUs %s, %s): %s%s" % (e["name"], _join(e["gpus"]), e["url"], e["action"], reasons))
-        lines += _change_lines(e) + _drain_lines(e.get("drain")) + _would_end_lines(e) + _outcome_lines(e)
+        lines += _change_lines(e) + _drain_lines(e.get("drain")) + _replaced_lines(e) + _would_end_lines(e)
+        lines += _outcome_lines(e)
     reported = [e["name"] for e in report]
     left = [name for name in names or [] if name not in reported]
     if left:
@@ -259,6 +340,7 @@ def failures(report: Optional[Sequence[Entry]], host: str) -> str:
             e["error"],
             e["rollback"],
         )
+        text += "".join(" %s%s." % (line[0].upper(), line[1:]) for line in not_restarted(e))
         after_lines = False  # a sentence after the lines of a log starts on a line of its own
         for what, log, when, tail in [] if before else _logs(e):
             text += "\n" if after_lines else " "

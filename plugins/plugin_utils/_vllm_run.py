@@ -152,8 +152,9 @@ def report(
     now: float,
 ) -> List[Dict[str, Any]]:
     """The host's report with the instance's entry appended (_vllm_report.entry). `registered`: the results the
-    role's tasks registered that the entry reads, each of a task this instance reached: would_end (compare), drain,
-    ready and acceptance (a redeploy that passed), log_tail (the rollback)."""
+    role's tasks registered that the entry reads, each of a task this instance reached: would_end (compare), drain
+    and replaced (the drain of the servers this role did not start), ready and acceptance (a redeploy that passed),
+    log_tail (the rollback)."""
     failure = run["failure"]
     # A template of a boolean reads as text "True"/"False" on the ansible-core lines that do not keep native types.
     check_mode = check_mode is True or str(check_mode).lower() == "true"
@@ -165,6 +166,7 @@ def report(
         "failure": failure,
         "rollback": run["rollback"],
         "drain": registered.get("drain"),
+        "replaced": registered.get("replaced"),
         "kill": run["kill_kept"] if failure else run["kill"],
         "ready": registered.get("ready"),
         "acceptance": run["acceptance"] if failure else registered.get("acceptance"),
@@ -186,9 +188,10 @@ def attempts(found: Optional[Sequence[Mapping[str, Any]]], name: str) -> bool:
 
 
 def restores(found: Optional[Sequence[Mapping[str, Any]]], planned: Mapping[str, Any], check_mode: bool) -> bool:
-    """Whether the restore hooks put the instance back into routing: it ran before the redeploy, and its new
-    configuration passed its gates, or the previous one runs again after a rollback."""
-    if check_mode or not found or not planned["running"]:
+    """Whether the restore hooks put the instance back into routing: it ran before the redeploy (or a server this role
+    did not start ran in its place), and its new configuration passed its gates, or the previous one runs again after
+    a rollback."""
+    if check_mode or not found or not (planned["running"] or planned.get("replaces")):
         return False
     entry = found[-1]
     if not entry.get("reasons"):

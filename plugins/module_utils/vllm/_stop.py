@@ -6,7 +6,9 @@
 
 vLLM 0.33 drains for `--shutdown-timeout` seconds on SIGTERM of the API server (entrypoints/launchers/launcher.py).
 The signal goes through the GPU side's ending code, gpu/_terminate.Target (pidfd-pinned to the process's identity);
-this file only chooses the process and waits. Nothing is SIGKILLed here: what is left is the caller's to end.
+this file only chooses the process and waits. stop_main_process SIGKILLs nothing: what is left is the caller's to
+end. stop_tree, for a server the role did not start (no session or unit of its own to end), waits for the server's
+whole process tree as it was at the SIGTERM, then SIGKILLs what is left of it.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import signal
 import time
 from typing import List, Optional, Tuple, TypedDict
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _terminate
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _proc, _terminate
 from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _detached
 
 
@@ -34,6 +36,7 @@ class Stopped(TypedDict):
     exited: bool
     stop_s: float
     left: List[Left]
+    killed: List[Left]
 
 
 def stop_main_process(record: Tuple[int, int], timeout: float, session: bool = True, proc: str = "/proc") -> Stopped:
@@ -44,7 +47,7 @@ def stop_main_process(record: Tuple[int, int], timeout: float, session: bool = T
     "pid", "exited" (all gone), "stop_s", "left" ([{pid, comm}] still running)}.
     """
     started = time.monotonic()
-    result: Stopped = {"signalled": False, "pid": record[0], "exited": True, "stop_s": 0.0, "left": []}
+    result: Stopped = {"signalled": False, "pid": record[0], "exited": True, "stop_s": 0.0, "left": [], "killed": []}
     target = _terminate.Target({"pid": record[0], "start_ticks": record[1]}, proc)
     if not target.pin():
         return result
@@ -65,5 +68,60 @@ def stop_main_process(record: Tuple[int, int], timeout: float, session: bool = T
         target.close()
     result["exited"] = not left
     result["left"] = left
+    result["stop_s"] = round(time.monotonic() - started, 3)
+    return result
+
+
+def tree_members(record: Tuple[int, int], proc: str = "/proc") -> List[_proc.Brief]:
+    """The live descendants of the process `record` (pid, start_ticks), by their parent links, sorted by PID; [] when
+    that PID now names another process."""
+    root = _proc.read_stat(record[0], proc)
+    if root is None or root["start_ticks"] != record[1]:
+        return []
+    stats = {}
+    for pid in _proc.list_pids(proc):
+        stat = _proc.read_stat(pid, proc)
+        if stat is not None and stat["state"] not in ("Z", "X") and stat["start_ticks"] >= record[1]:
+            stats[pid] = stat
+    tree, grown = {record[0]}, True
+    while grown:
+        children = {pid for pid, stat in stats.items() if stat["ppid"] in tree} - tree
+        tree |= children
+        grown = bool(children)
+    return [_proc.brief(pid, stats[pid], proc) for pid in sorted(tree - {record[0]})]
+
+
+def _wait(targets: List[_terminate.Target], deadline: float) -> List[_terminate.Target]:
+    """The targets still running at `deadline`, or none once all have exited (polled every 0.05 s)."""
+    while True:
+        alive = [target for target in targets if not target.exited()]
+        if not alive or time.monotonic() >= deadline:
+            return alive
+        time.sleep(0.05)
+
+
+def stop_tree(record: Tuple[int, int], timeout: float, kill_wait: float, proc: str = "/proc") -> Stopped:
+    """SIGTERM the server's main process `record` (pid, start_ticks) alone, so that vLLM's own shutdown runs; wait up
+    to `timeout` s for it and every descendant it had at the signal; SIGKILL those left, and wait up to `kill_wait`
+    s. Returns stop_main_process's keys; "killed" lists the processes that got SIGKILL, "left" those still there."""
+    started = time.monotonic()
+    result: Stopped = {"signalled": False, "pid": record[0], "exited": True, "stop_s": 0.0, "left": [], "killed": []}
+    main = _terminate.Target({"pid": record[0], "start_ticks": record[1]}, proc)
+    if not main.pin():
+        return result
+    members = [_terminate.Target(dict(member), proc) for member in tree_members(record, proc)]
+    members = [main] + [member for member in members if member.pin()]
+    try:
+        result["signalled"] = main.send(signal.SIGTERM)
+        alive = _wait(members, started + timeout)
+        for member in alive:
+            if member.send(signal.SIGKILL):
+                result["killed"].append({"pid": member.pid, "comm": member.holder.get("comm")})
+        alive = _wait(alive, time.monotonic() + kill_wait)
+    finally:
+        for member in members:
+            member.close()
+    result["left"] = [{"pid": member.pid, "comm": member.holder.get("comm")} for member in alive]
+    result["exited"] = not alive
     result["stop_s"] = round(time.monotonic() - started, 3)
     return result

@@ -20,6 +20,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import (
     _readiness,
     _speculative_parse,
     _vllm_files,
+    _vllm_servers,
     _vllm_versions,
 )
 from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._vllm_address import local_url
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu._shapes import Snapshot
     from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._readiness import ProcessArg
     from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._vllm_files import FileState
+    from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._vllm_servers import Server
     from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._vllm_versions import VersionRead
 
 # The module's parameters (vllm_server_host), as AnsibleModule gives them.
@@ -64,6 +66,7 @@ class HostRead(TypedDict):
     deployed: Dict[str, Dict[str, Any]]
     running: Dict[str, Running]
     ports: Dict[str, Optional[str]]
+    servers: List[Dict[str, Any]]
     files: Dict[str, Dict[str, Optional[FileState]]]
     paths: Dict[str, PathState]
     vllm_versions: Dict[str, VersionRead]
@@ -175,6 +178,32 @@ def file_states(name: str, request: Request) -> dict[str, FileState | None]:
     }
 
 
+def _records(deployed: Mapping[str, Mapping[str, Any]], request: Request) -> Dict[str, Dict[str, Any]]:
+    """What the role keeps of each deployed instance's server: the (PID, start ticks) of its pidfile while that
+    process runs, and its unit's name."""
+    records: Dict[str, Dict[str, Any]] = {}
+    for name in deployed:
+        try:
+            pidfile = _detached.read_pidfile(os.path.join(request["state_dir"], "%s.pid" % name))
+        except _detached.DetachedError:
+            pidfile = None
+        records[name] = {
+            "pidfile": list(pidfile) if pidfile is not None and pidfile.alive() else None,
+            "unit": "%s%s.service" % (request["unit_prefix"], name),
+        }
+    return records
+
+
+def read_servers(
+    deployed: Mapping[str, Mapping[str, Any]], request: Request, snapshot: Snapshot
+) -> List[Dict[str, Any]]:
+    """The vLLM API servers of the host (_vllm_servers.find_servers), each with "recorded_by": the deployed instance
+    whose record it is, or None for a server this role did not start."""
+    records = _records(deployed, request)
+    servers: List[Server] = _vllm_servers.find_servers(snapshot)
+    return [dict(server, recorded_by=_vllm_servers.recorded(server, records)) for server in servers]
+
+
 def read_host(request: Request, inspector: Inspector, systemctl: Systemctl) -> HostRead:
     """Everything the role's validate and compare phases need from the host, in one pass (see the module's RETURN).
 
@@ -185,9 +214,10 @@ def read_host(request: Request, inspector: Inspector, systemctl: Systemctl) -> H
     for entry in request["instances"]:
         if str((deployed.get(entry["name"]) or {}).get("port")) != str(entry["port"]):
             ports[entry["name"]] = probe_port(entry, request)
+    snapshot = inspector.snapshot(tolerance_mib=request["max_used_mib"])
     return {
         "systemd": os.path.isdir(SYSTEMD_BOOTED),
-        "nvidia": inspector.snapshot(tolerance_mib=request["max_used_mib"]),
+        "nvidia": snapshot,
         "deployed": deployed,
         "running": {
             entry["name"]: probe_running(entry["name"], deployed[entry["name"]], request, systemctl)
@@ -195,6 +225,7 @@ def read_host(request: Request, inspector: Inspector, systemctl: Systemctl) -> H
             if entry["name"] in deployed
         },
         "ports": ports,
+        "servers": read_servers(deployed, request, snapshot),
         "files": {entry["name"]: file_states(entry["name"], request) for entry in request["instances"]},
         "paths": {path: _stat(path) for path in request["paths"]},
         "vllm_versions": {path: _vllm_versions.read_version(path) for path in request.get("executables") or []},

@@ -6,8 +6,11 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -45,3 +48,56 @@ def test_an_error_answer_is_not_drained_and_the_stop_goes_ahead(capsys, fake_vll
         and "not drained; SIGTERM to PID %d" % server_process.pid in (result["msg"])
     )
     assert server_process.wait(10) == -15
+
+
+def test_a_pid_that_names_another_process_now_is_not_signalled(capsys, fake_vllm, server_process):
+    # start_ticks as read before: the PID is another process's now (the server it named has exited, the PID reused).
+    code, result = run_main(
+        vllm_drain, capsys, {"url": fake_vllm.url, "pid": server_process.pid, "start_ticks": 1, "tree": True}
+    )
+    assert code == 0 and not result["changed"] and result["stop"] is None, result
+    assert server_process.poll() is None
+
+
+def test_tree_waits_for_the_whole_tree_and_sigkills_what_is_left(capsys, fake_vllm):
+    # The API server exits on SIGTERM; its child ignores SIGTERM (a worker inside a long CUDA call).
+    child = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
+    parent = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', %r]); time.sleep(60)" % child
+    process = subprocess.Popen([sys.executable, "-c", parent])
+    worker = ticks = None
+    try:
+        deadline = time.monotonic() + 10
+        while not _children(process.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        (worker,) = _children(process.pid)
+        ticks = _start_ticks(worker)
+        code, result = run_main(
+            vllm_drain,
+            capsys,
+            {"url": fake_vllm.url, "pid": process.pid, "tree": True, "grace_period": 0.5, "kill_wait": 5},
+        )
+        assert process.wait(5) == -15
+        assert code == 0 and result["changed"], result
+        stop = result["stop"]
+        assert stop["signalled"] and stop["exited"] and stop["left"] == [], stop
+        assert [entry["pid"] for entry in stop["killed"]] == [worker], stop
+        assert "1 process(es) of its tree SIGKILLed" in result["msg"]
+        assert not os.path.exists("/proc/%d" % worker) or open("/proc/%d/stat" % worker).read().split()[2] == "Z"
+    finally:
+        process.kill()
+        process.wait()
+        if worker is not None and _start_ticks(worker) == ticks:
+            os.kill(worker, signal.SIGKILL)  # the test's own worker, left by a failure above
+
+
+def _children(pid):
+    with open("/proc/%d/task/%d/children" % (pid, pid)) as handle:
+        return [int(child) for child in handle.read().split()]
+
+
+def _start_ticks(pid):
+    try:
+        with open("/proc/%d/stat" % pid) as handle:
+            return int(handle.read().rsplit(")", 1)[1].split()[19])
+    except OSError:
+        return None

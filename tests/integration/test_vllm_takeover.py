@@ -1,0 +1,151 @@
+"""vllm_server meets vLLM servers it did not start (issue 46): refused by name without vllm_server_adopt_unmanaged,
+drained and replaced with it, on a simulated node.
+
+The two servers are started as operators start them, with nohup, a log file and a working directory of their own:
+one `vllm serve` on instance a's port, one launcher of two API servers (`--api-server-count 2`) on a port of its own
+whose engine and workers hold instance b's GPUs. One node, four playbook runs (each start costs seconds on the test
+machine): refused (nothing signalled), check mode (would drain and replace), replaced (b's new configuration fails to
+start: its failure names what it replaced), then a second run that leaves a as it is and deploys b.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import urllib.error
+import urllib.request
+
+from nodetools import alive, processes, wait_for
+from simnode import inventory_file
+from test_vllm_server import GUESSED, SERVER_ENV, free_ports, instance, run, summary, write_host_vars
+
+
+def answers(port):
+    try:
+        with urllib.request.urlopen("http://127.0.0.1:%d/health" % port, timeout=2) as response:
+            return response.status == 200
+    except (OSError, urllib.error.URLError):
+        return False
+
+
+def start_by_hand(node, directory, port, env, *args):
+    """`cd DIRECTORY && ENV nohup vllm serve ARGS --port PORT > vllm.log 2>&1 &` in the node; returns the PIDs of the
+    server's tree (its API server first) once it answers /health."""
+    directory.mkdir()
+    prefix = " ".join("%s=%s" % item for item in env.items())
+    line = "cd %s && %s nohup vllm serve %s --port %d > vllm.log 2>&1 &" % (directory, prefix, " ".join(args), port)
+    node.exec("sh", "-c", line)
+    wait_for(lambda: answers(port), 60, 0.2, "the server started by hand to answer on port %d" % port)
+    procs = processes(node)
+    api = [pid for pid, entry in procs.items() if "vllm serve" in entry[3] and "--port %d" % port in entry[3]]
+    tree = list(api)
+    for pid in tree:
+        tree += sorted(child for child, entry in procs.items() if entry[0] == pid and entry[1] != "Z")
+    assert len(api) == 1, procs
+    return tree
+
+
+def test_servers_started_by_hand_are_refused_by_name_then_drained_and_replaced(simnode, tmp_path):
+    node = simnode(gpus=4, release_latency=0.2)
+    port_a, port_b, port_hand = free_ports(3)
+    inventory = inventory_file(tmp_path, node)
+    b = dict(instance("b", port_b, [2, 3]), speculative_config=None)
+    write_host_vars(
+        tmp_path,
+        node,
+        [instance("a", port_a, [0, 1]), b],
+        instance_b_crashing=dict(b, environment=dict(SERVER_ENV, SIMVLLM_CRASH="init", SIMVLLM_LOAD_SECONDS="3")),
+        vllm_server_stop_timeout=10,
+        vllm_server_kill_wait=5,
+    )
+    hand_env = dict(SERVER_ENV, VLLM_USE_V2_MODEL_RUNNER="1", SIMVLLM_VERSION="0.26")
+    # The issue's start: nohup vllm serve with the guessed DFlash settings, on a's port and GPUs 0-1 ...
+    first = start_by_hand(
+        node,
+        tmp_path / "first",
+        port_a,
+        dict(hand_env, CUDA_VISIBLE_DEVICES="0,1"),
+        "/models/Qwen3.6-27B",
+        "--host 127.0.0.1 --served-model-name qwen-a --tensor-parallel-size 2",
+        "--speculative-config",
+        shlex.quote(json.dumps(GUESSED)),
+    )
+    # ... and a launcher of two API servers on a port of its own, whose engine and workers hold b's GPUs 2-3.
+    second = start_by_hand(
+        node,
+        tmp_path / "second",
+        port_hand,
+        dict(SERVER_ENV, CUDA_VISIBLE_DEVICES="2,3"),
+        "/models/Qwen3-8B --host 127.0.0.1 --tensor-parallel-size 2 --api-server-count 2",
+    )
+    api_first, api_second = first[0], second[0]
+    assert len(first) == 4 and len(second) == 6, (first, second, processes(node))
+
+    # Without the opt-in: refused before anything is signalled, each server named with the two ways on.
+    rc, out, recap = run(inventory)
+    out = out.replace("\\n", "\n")
+    assert rc != 0 and recap[node.name]["changed"] == 0, out
+    assert (
+        "instance a: a vLLM server that this role did not start listens on its port %d: PID %d on port %d, serving "
+        "/models/Qwen3.6-27B as qwen-a (tensor parallel 2, data parallel 1) on GPUs 0, 1. Nothing was signalled. To "
+        "drain it and replace it with this instance, run again with -e vllm_server_adopt_unmanaged=true"
+        % (port_a, api_first, port_a)
+    ) in out, out
+    assert "kill -TERM %d" % api_first in out and "kill -TERM %d" % api_second in out, out
+    assert (
+        "instance b: a vLLM server that this role did not start holds its GPUs 2, 3: PID %d on port %d, serving "
+        "/models/Qwen3-8B (tensor parallel 2, data parallel 1) on GPUs 2, 3." % (api_second, port_hand)
+    ) in out, out
+    assert all(alive(node, pid) for pid in first + second)
+
+    # Check mode with the opt-in: what would be drained and replaced, by PID, port and command line.
+    rc, out, recap = run(inventory, "--check", "-e", "vllm_server_adopt_unmanaged=true")
+    assert rc == 0, out
+    lines = summary(out, node)
+    assert lines[0].startswith("a (GPUs 0,1, http://127.0.0.1:%d): would redeploy (" % port_a), lines
+    assert "vLLM server PID %d not started by this role" % api_first in lines[0], lines
+    replace = [line for line in lines if line.startswith("  would drain and replace")]
+    assert len(replace) == 2, lines
+    assert replace[0].startswith(
+        "  would drain and replace the vLLM server PID %d on port %d that this role did not start: "
+        % (api_first, port_a)
+    ), lines
+    assert re.search(r"bin/vllm serve /models/Qwen3\.6-27B .*--speculative-config '\{", replace[0]), lines
+    assert "PID %d on port %d" % (api_second, port_hand) in replace[1], lines
+    assert all(alive(node, pid) for pid in first + second)
+
+    # With the opt-in: a replaces the first server (drained, SIGTERM: vLLM's shutdown runs, as its log says). b's
+    # new configuration fails to start after the second server was stopped: the failure says how to start it again.
+    override = {"vllm_server_instances": "{{ [instance_a, instance_b_crashing] }}", "vllm_server_adopt_unmanaged": True}
+    rc, out, recap = run(inventory, "-e", json.dumps(override))
+    assert rc != 0 and recap[node.name]["failed"] == 1, out
+    lines = summary(out, node)
+    assert lines[0].startswith("a (GPUs 0,1, http://127.0.0.1:%d): redeployed (" % port_a), lines
+    text = "\n".join(lines)
+    assert (
+        "  drained and replaced the vLLM server PID %d on port %d that this role did not start: " % (api_first, port_a)
+        in text
+    ), lines
+    assert re.search(r"\n    drained in [\d.]+ s: .*, server exited [\d.]+ s after SIGTERM\n", text), lines
+    assert "Received signal 15, shutting down." in (tmp_path / "first" / "vllm.log").read_text()
+    assert "Received signal 15, shutting down." in (tmp_path / "second" / "vllm.log").read_text()
+    assert not any(alive(node, pid) for pid in first + second)
+    assert re.search(r"acceptance rate [\d.]+%", text), lines
+    failure = out.replace("\\n", "\n")
+    assert (
+        "The vLLM server PID %d that this role did not start was stopped for this instance and is not started again"
+        % api_second
+    ) in failure, failure
+    assert "It ran in %s with output to %s:" % (tmp_path / "second", tmp_path / "second" / "vllm.log") in failure
+    assert re.search(
+        r"cd %s && CUDA_VISIBLE_DEVICES=2,3 nohup \S+ \S+/vllm serve /models/Qwen3-8B " % (tmp_path / "second"), failure
+    ), failure
+
+    # The next run: a is unchanged, nothing is left to replace, and b is deployed as a first deployment.
+    rc, out, recap = run(inventory, "-e", "vllm_server_adopt_unmanaged=true")
+    assert rc == 0, out
+    lines = summary(out, node)
+    assert lines[0] == "a (GPUs 0,1, http://127.0.0.1:%d): unchanged" % port_a, lines
+    assert lines[1] == "b (GPUs 2,3, http://127.0.0.1:%d): redeployed (configuration changed, not running)" % port_b
+    assert not any("replace" in line or "did not start" in line for line in lines), lines
