@@ -186,9 +186,9 @@ ansible_facts:
             - C(control_only) is true for a listed process holding no GPU device file; C(thread_only) when only a non-main thread holds the handle.
             - C(owner) says what will start the process again, read on the host with no runtime client
               (docs/owners.md has each path form and its source). Keys, each null where the host does not show it
-              (never guessed; all null for a process that is gone) are C(systemd_unit) (the innermost
-              C(.service)/C(.scope)/C(.socket)/C(.mount)/C(.swap) of its path in C(/proc/PID/cgroup), cgroup v2 or
-              v1 C(name=systemd)), C(unit_restart) (C(Restart=) of a C(.service) from
+              (never guessed; all null for a process that is gone) are C(systemd_unit) (the system manager's unit,
+              the first C(.service)/C(.scope)/C(.socket)/C(.mount)/C(.swap) of its path in C(/proc/PID/cgroup),
+              cgroup v2 or v1 C(name=systemd), below slices only), C(unit_restart) (C(Restart=) of a C(.service) from
               C(systemctl show -p Restart --value), for example C(no), C(always), C(on-failure); null without a
               working systemctl), C(container_id) (the full 64-hex id in the cgroup path), C(runtime) (C(docker),
               C(containerd), C(cri-o) or C(podman), from the path form; null where the path does not say, as with

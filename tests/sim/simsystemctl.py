@@ -2,13 +2,14 @@
 
 systemd is never booted on the test machines. Inside a node, `systemctl` (the node's bin/, first
 on PATH) answers the few calls the collection makes, from the node's cgroups (a unit is the
-cgroup of that name under the node's root cgroup, in the name=systemd hierarchy) and a per-node
-unit table that tests write, STATE/run/units.json: {"vllm@a.service": {"Restart": "always",
-"TimeoutStopSec": 5}, ...}.
+cgroup of that name under the node's root cgroup, in the name=systemd hierarchy, reached through
+slices only: a unit inside another unit, e.g. a user manager's in user@1000.service, is not the
+system manager's) and a per-node unit table that tests write, STATE/run/units.json:
+{"vllm@a.service": {"Restart": "always", "TimeoutStopSec": 5}, ...}.
 
 - `show [-p PROP[,PROP]]... [--value] [--] UNIT...`: Id, LoadState, ActiveState, Restart (services
   only; `no` unless the table says), MainPID, ControlGroup. Exit 0 even for an unknown unit,
-  which shows LoadState=not-found and Restart=no (systemd#1105).
+  which shows LoadState=not-found, ActiveState=inactive and Restart=no (systemd#1105).
 - `stop UNIT...`: SIGTERM to every process of the unit's cgroup, SIGKILL to what is left after
   TimeoutStopSec (default 90 s), then removes the cgroup (systemd.kill(5): KillMode=control-group,
   KillSignal=SIGTERM, FinalKillSignal after the timeout). A unit with neither cgroup nor table
@@ -61,13 +62,20 @@ class Node:
         self.table = json.loads(table_path.read_text()) if table_path.exists() else {}
 
     def cgroups(self, unit: str) -> list[Path]:
-        """Host paths of the cgroups named `unit` under the node's root cgroup (outermost first)."""
+        """Host paths of the cgroup of `unit` as the system manager places it: under the node's root cgroup through
+        slices only (a unit's cgroup is its slice's path and its name; what lies under a unit, a user manager's or a
+        container's own units, is that unit's delegated subtree, not the system manager's). Outermost first."""
         if self.root is None:
             return []
-        found = []
-        for directory, subdirectories, _files in os.walk(self.root):
-            if unit in subdirectories:
-                found.append(Path(directory, unit))
+        found, slices = [], [self.root]
+        while slices:
+            directory = slices.pop()
+            try:
+                names = sorted(entry.name for entry in os.scandir(directory) if entry.is_dir())
+            except OSError:
+                continue
+            found.extend(Path(directory, name) for name in names if name == unit)
+            slices.extend(Path(directory, name) for name in names if name.endswith(".slice") and name != unit)
         return sorted(found, key=lambda path: len(path.parts))
 
     def node_view(self, path: Path) -> str:

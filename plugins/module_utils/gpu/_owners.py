@@ -9,8 +9,10 @@ writes, below), the kubelet's pod log directories, `systemctl show` and the proc
 piece that is not there is None, never guessed. The path forms and their sources are in
 docs/owners.md; in short (`<id>` is a 64-hex container id):
 
-- systemd unit: the innermost path component ending in .service/.scope/.socket/.mount/.swap
-  (`/system.slice/vllm.service`, `/system.slice/system-vllm.slice/vllm@a.service`).
+- systemd unit: the first path component ending in .service/.scope/.socket/.mount/.swap, below
+  slices only: the system manager's unit (`/system.slice/vllm.service`,
+  `/system.slice/system-vllm.slice/vllm@a.service`); what lies under it (a user manager's units under
+  `user@UID.service`, a container's own systemd) is not the system manager's.
 - docker: `docker-<id>.scope` (systemd driver; moby cmd/dockerd/daemon_systemd_unix.go gives
   runc the parent `system.slice:docker:<id>`, runc's systemd driver names it PREFIX-NAME.scope),
   `/docker/<id>` (cgroupfs driver).
@@ -162,9 +164,15 @@ def _cgroup_lines(text: str) -> List[Tuple[str, str, str]]:
 
 
 def _unit_of(components: List[str]) -> Optional[str]:
-    for component in reversed(components):
+    """The unit of the system manager that this path is in: the first component that is a unit, below slices only.
+    What lies under a unit is the unit's own (a delegated subtree: a user manager's units under user@UID.service, a
+    container's own systemd); a path under anything else (`/lxc.payload.c1/...`, `/docker/<id>/...`) or that climbs
+    out of the reader's cgroup namespace (`..`) is in no unit of this manager."""
+    for component in components:
         if _UNIT_RE.match(component):
             return component
+        if not component.endswith(".slice"):
+            return None
     return None
 
 
@@ -211,8 +219,9 @@ def parse_cgroup(text: Optional[str]) -> Cgroup:
     Lines are `ID:CONTROLLERS:PATH`: v2 has the single line `0::PATH`, v1 one line per
     hierarchy (`1:name=systemd:PATH`, `4:memory:PATH`...). Each key is taken from the first line
     that names it, in the order: the `0::` line, the `name=systemd` line, the others (Slurm's v1
-    plugin writes its job only in the controller hierarchies). Within a path the innermost match
-    wins, so a prefix (a nested cgroup namespace, systemd inside a container) does not matter.
+    plugin writes its job only in the controller hierarchies). The unit is the system manager's
+    (_unit_of: below slices only); for the other keys the innermost match wins, so a prefix (a nested
+    cgroup namespace, a container) does not matter.
 
     Returns {"systemd_unit", "container_id" (64 hex), "runtime" ("docker" | "containerd" |
     "cri-o" | "podman" | None), "pod_uid" (with dashes), "slurm_job" (str)}; None where no line
@@ -220,9 +229,9 @@ def parse_cgroup(text: Optional[str]) -> Cgroup:
     """
     result = _empty_cgroup()
     for _hierarchy, _controllers, path in _cgroup_lines(text or ""):
-        components = [part for part in path.split("/") if part and part not in (".", "..")]
         if result["systemd_unit"] is None:
-            result["systemd_unit"] = _unit_of(components)
+            result["systemd_unit"] = _unit_of([part for part in path.split("/") if part])
+        components = [part for part in path.split("/") if part and part not in (".", "..")]
         if result["container_id"] is None:
             container_id, runtime = _container_of(components)
             if container_id is not None:

@@ -57,11 +57,14 @@ CASES = [
     ("template instance", "/system.slice/system-vllm.slice/vllm@a.service", owner(systemd_unit="vllm@a.service")),
     ("delegated subtree", "/system.slice/vllm.service/payload", owner(systemd_unit="vllm.service")),
     ("session scope", "/user.slice/user-1000.slice/session-4.scope", owner(systemd_unit="session-4.scope")),
+    # A user manager's units lie in user@UID.service, delegated to it: the system manager's unit is user@UID.service.
     (
         "user service",
         "/user.slice/user-1000.slice/user@1000.service/app.slice/jupyter.service",
-        owner(systemd_unit="jupyter.service"),
+        owner(systemd_unit="user@1000.service"),
     ),
+    # LXD puts a container beside the system manager's slices; its own systemd's units are not the host's.
+    ("lxd container service", "/lxc.payload.c1/system.slice/vllm.service", owner()),
     ("transient scope", "/system.slice/run-r1b2c3.scope", owner(systemd_unit="run-r1b2c3.scope")),
     ("root", "/", owner()),
     ("init scope", "/init.scope", owner(systemd_unit="init.scope")),
@@ -94,7 +97,7 @@ CASES = [
     (
         "podman rootless",
         "/user.slice/user-1000.slice/user@1000.service/user.slice/libpod-%s.scope" % CID,
-        owner(systemd_unit="libpod-%s.scope" % CID, container_id=CID, runtime="podman"),
+        owner(systemd_unit="user@1000.service", container_id=CID, runtime="podman"),
     ),
     (
         "podman conmon",
@@ -172,7 +175,12 @@ CASES = [
     (
         "service inside container",
         "/system.slice/docker-%s.scope/system.slice/vllm.service" % CID,
-        owner(systemd_unit="vllm.service", container_id=CID, runtime="docker"),
+        owner(systemd_unit="docker-%s.scope" % CID, container_id=CID, runtime="docker"),
+    ),
+    (
+        "service inside a cgroupfs container",
+        "/docker/%s/system.slice/vllm.service" % CID,
+        owner(container_id=CID, runtime="docker"),
     ),
     # look-alikes that are not owners
     ("job_ without slurm parent", "/system.slice/batch.service/job_12", owner(systemd_unit="batch.service")),
@@ -214,7 +222,7 @@ def test_v2_line_wins_over_name_systemd():
 def test_cgroup_namespace_escape_prefix_is_ignored():
     # a reader outside the process's cgroup namespace root sees /../.. before the path
     text = "0::/../../system.slice/docker-%s.scope\n" % CID
-    assert _owners.parse_cgroup(text)["container_id"] == CID
+    assert _owners.parse_cgroup(text) == owner(container_id=CID, runtime="docker")  # that unit is not this manager's
 
 
 @pytest.mark.parametrize("text", ["", "garbage\n", "0::\n", "1:cpu\n", None])
