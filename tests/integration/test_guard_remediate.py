@@ -1,15 +1,22 @@
 """playbooks/guard_remediate.yml never signals what the alert did not name as it is now: a holder whose owner is alive,
-an NVML bystander, and a PID reused after the alert are refused (and logged); gpu_kill's pid_start_ticks leaves a
+an NVML bystander, a live vLLM server in a container (its API server the init of its PID namespace, started by a
+launcher that is not `vllm serve`), holders in units of a user manager and of a container's own systemd, and a PID
+reused after the alert are refused (and logged); gpu_kill's pid_start_ticks leaves a
 reused PID alone by itself too. Remediation is on (guard_remediate: true) so that a wrong target would die."""
 
 from __future__ import annotations
 
 import json
+import re
 import time
+import urllib.request
 
 from ansible_run import module, only, playbook
 from nodetools import alive, start_cuda_process, start_holder, start_nvml_monitor, wait_for
+from nodetools import CUDA_PROCESS, SIM_DIR, _await_ready, _ready_file, cuda_spec, node_python, processes
 from simnode import inventory_file
+
+import ports
 
 
 def ticks(node, pid):
@@ -27,13 +34,62 @@ def alert(node, pid, start_ticks):
     return {"status": "firing", "labels": labels, "fingerprint": "f%d" % pid, "startsAt": "2026-12-04T10:00:00Z"}
 
 
+# The simulated vLLM started by `python -c`, not by `vllm serve` (a container's entrypoint of its own).
+CONTAINED_SERVER = "import sys; sys.path.insert(0, %r); from simvllm.cli import main; sys.exit(main(%r))"
+
+
+def health(port):
+    """The status of GET /health (None when nothing answers)."""
+    try:
+        with urllib.request.urlopen("http://127.0.0.1:%d/health" % port, timeout=3) as answer:  # noqa: S310
+            return answer.status
+    except OSError as error:  # an HTTP error status (HTTPError) has its code
+        return getattr(error, "code", None)
+
+
+def start_contained_server(node, gpu):
+    """A vLLM server on GPU `gpu` whose API server is the init of its own PID namespace (`unshare --pid --fork
+    --mount-proc`, as a container without the host's PID namespace). Returns (API server, EngineCore: node PIDs,
+    port, its log here) once /health answers 200; the log records each signal the server or its engine handles."""
+    (port,) = ports.free_ports(1)
+    code = CONTAINED_SERVER % (SIM_DIR, ["serve", "/models/m", "--port", str(port), "--host", "127.0.0.1"])
+    launch = 'CUDA_VISIBLE_DEVICES=%d setsid -f unshare --pid --fork --mount-proc "$0" -c "$1" >"$2" 2>&1' % gpu
+    node.exec("sh", "-c", launch, node_python(), code, "/run/gpusim/contained-%d.log" % port)
+    log = node.run_dir / ("contained-%d.log" % port)
+    wait_for(lambda: health(port) == 200, 60, 0.2, "the contained server's /health", log=log.read_text)
+    procs = processes(node)
+    (api,) = [p for p, v in procs.items() if "simvllm.cli" in v[3] and procs.get(v[0], ("",) * 3)[2] == "unshare"]
+    (engine,) = [p for p, v in procs.items() if v[0] == api and v[3] == "VLLM::EngineCore"]
+    return api, engine, port, log
+
+
+def start_in_unit(node, gpu, cgroup):
+    """A holder on GPU `gpu` in cgroup `cgroup` of the node; returns its PID."""
+    path, host_path = _ready_file(node, "unit-holder")
+    spec = dict(cuda_spec([gpu], 1000), ready=path)
+    argv = ["setsid", "-f", node_python(), "-c", CUDA_PROCESS, json.dumps(spec)]
+    node.exec("sh", "-c", 'exec "$@" </dev/null >/dev/null 2>&1', "sh", *argv, cgroup=cgroup)
+    return _await_ready(host_path, "a holder in %s" % cgroup)[0]
+
+
 def test_only_the_named_orphans_as_they_were(simnode, tmp_path):
-    node = simnode(gpus=4)
+    node = simnode(gpus=6)
     # Two orphans: forked children holding the contexts of creators that exited (reason exited_creator).
     reused = start_cuda_process(node, [0], 1000, mode="inherit")
     orphan = start_cuda_process(node, [1], 1000, mode="inherit")
     owned = start_holder(node, [2], 1000)  # its owner (this test's launcher) is alive: not orphaned
     bystander = start_nvml_monitor(node)
+    # Live, never orphaned: a server in a container whose API server is its PID namespace's init (issue 40 item 1),
+    # and holders in a user manager's unit and in an LXD container's own vllm.service, while the host's vllm.service
+    # is stopped (item 2: not the host's units to judge).
+    api, engine, port, server_log = start_contained_server(node, 4)
+    if node.cgroup_root is None:  # no owner cgroups on this machine: the units are not modelled
+        in_units = []
+    else:
+        node.set_units({"vllm.service": {}})
+        user_unit, lxd_unit = "/user.slice/user-1000.slice/user@1000.service/app.slice/llm.service", "/lxc.payload.c1"
+        in_units = [start_in_unit(node, 5, user_unit), start_in_unit(node, 5, lxd_unit + "/system.slice/vllm.service")]
+    live = {pid: ticks(node, pid) for pid in [api, engine] + in_units}
     inventory = inventory_file(tmp_path, node)
     _status, look = only(module(inventory, "gpuops.nvidia.gpu_guard", {"inventory_hostname": node.name}))
     assert sorted(o["pid"] for o in look["orphans"]) == sorted([reused, orphan]), look["orphans"]
@@ -49,6 +105,8 @@ def test_only_the_named_orphans_as_they_were(simnode, tmp_path):
 
     alerts = [alert(node, pid, start) for pid, start in named.items()]
     alerts += [alert(node, owned, ticks(node, owned)), alert(node, bystander, ticks(node, bystander))]
+    # As if an earlier look had named them:
+    alerts += [dict(alert(node, pid, live[pid]), fingerprint="live-%d" % pid) for pid in [engine] + in_units]
     log = tmp_path / "guard.jsonl"
     extra = {
         "guard_payload": {"alerts": alerts},
@@ -93,3 +151,9 @@ def test_only_the_named_orphans_as_they_were(simnode, tmp_path):
     )
     assert status != "FAILED!" and alive(node, again), result
     assert "pid_start_ticks" in json.dumps(result.get("left_alone", [])), result
+
+    # The contained server and the holders in units were never signalled: alive with the same start, serving, and no
+    # signal in the server's log.
+    assert {pid: ticks(node, pid) for pid in live if alive(node, pid)} == live
+    said = server_log.read_text()
+    assert health(port) == 200 and not re.search(r"signal|Shutting down", said), said

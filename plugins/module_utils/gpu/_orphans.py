@@ -8,11 +8,15 @@ Built on the owner block of _owners (docs/owners.md) and the snapshot's holders.
 reason, when the host shows that what it served has ended:
 
 - `vllm_server_exited`: a vLLM engine process (process title `VLLM::...`: `VLLM::EngineCore`, `VLLM::Worker_TP0`,
-  as vLLM's setproctitle names them; the kernel cuts the name to 15 bytes) whose engine tree was handed to the init
-  of its PID namespace: the API server that started the topmost `VLLM::` process is gone (the kernel reparents
-  the children of a dead process to the init, or to a subreaper), and no live `vllm serve` is its ancestor.
-- `unit_inactive`: its systemd service is `inactive` or `failed` (`systemctl show -p ActiveState`): the service
-  was stopped and left this process behind (KillMode=process or none).
+  as vLLM's setproctitle names them; the kernel cuts the name to 15 bytes) whose engine tree hangs from a process
+  that is not its server. vLLM starts EngineCore, and EngineCore its workers, as multiprocessing processes: the
+  starter holds the read end of a pipe whose write end the child holds (Process.sentinel, through which vLLM's API
+  server watches its engines). The topmost `VLLM::` process's parent is its live server, whatever its command line
+  and wherever it sits (a container's init, a launcher that is not `vllm serve`), when it holds that read end;
+  when it does not, the server is gone and the kernel handed the tree to an init or a subreaper.
+- `unit_inactive`: its systemd service, a unit of the system manager (_owners: below slices only) that the manager
+  has loaded, is `inactive` or `failed` (`systemctl show -p LoadState,ActiveState`): the service was stopped and
+  left this process behind (KillMode=process or none).
 - `slurm_job_ended`: its Slurm job has no `slurmstepd: [JOB.STEP]` process left on the host (each job step's
   slurmstepd titles itself so while the step runs), decided only in the initial PID namespace, where every
   slurmstepd of the host can be seen.
@@ -28,6 +32,7 @@ runtime removed it is not decided here (that needs the runtime); its pod is.
 from __future__ import annotations
 
 import os
+import re
 from typing import Any, Callable, Dict, List, Literal, Mapping, Optional, Set, Tuple, TypedDict
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _owners, _proc, _shapes
@@ -57,47 +62,92 @@ VLLM_TITLE = "VLLM::"
 INACTIVE_STATES = ("inactive", "failed")
 KUBELET_PODS = "/var/lib/kubelet/pods"
 _MAX_DEPTH = 64
+_PIPE_RE = re.compile(r"^pipe:\[([0-9]+)\]$")
 
 
 def _stat(pid: int, proc: str) -> Optional[_proc.Stat]:
     return _proc.read_stat(pid, proc) if pid > 0 else None
 
 
-def is_namespace_init(pid: int, proc: str = "/proc") -> bool:
-    """True when `pid` is PID 1 here or the init of its own PID namespace (its innermost NSpid is 1)."""
-    if pid == 1:
-        return True
-    nspids = _proc.read_nspids(pid, proc)
-    return len(nspids) > 1 and nspids[-1] == 1
+def pipe_ends(pid: int, proc: str = "/proc", lowest_fd: int = 0) -> Optional[Set[Tuple[str, int]]]:
+    """The pipe ends `pid` holds on its fds from `lowest_fd` up: {(pipe inode, os.O_RDONLY or os.O_WRONLY)}, from the
+    /proc/PID/fd links (`pipe:[INODE]`) and the `flags:` of /proc/PID/fdinfo; None when its fds cannot be read."""
+    base = "%s/%d" % (proc, pid)
+    try:
+        names = os.listdir(base + "/fd")
+    except OSError:
+        return None
+    ends: Set[Tuple[str, int]] = set()
+    for name in names:
+        if not name.isdigit() or int(name) < lowest_fd:
+            continue
+        try:
+            found = _PIPE_RE.match(os.readlink("%s/fd/%s" % (base, name)))
+            mode = _access_mode("%s/fdinfo/%s" % (base, name)) if found else None
+        except OSError:  # closed meanwhile
+            continue
+        if found and mode is not None:
+            ends.add((found.group(1), mode))
+    return ends
 
 
-def vllm_server_exited(holder: HolderLike, proc: str = "/proc") -> bool:
-    """True when `holder` is a vLLM engine process whose engine tree now hangs from an init (see the module's
-    docstring). A holder that is not titled VLLM::, or whose parents cannot be read, is not called orphaned."""
-    if not (holder.get("comm") or "").startswith(VLLM_TITLE):
-        return False
-    agent = (holder.get("owner") or {}).get("agent")
-    if agent and agent.get("kind") == "vllm":
-        return False
-    parent = holder.get("ppid") or 0
+def _access_mode(fdinfo: str) -> Optional[int]:
+    with open(fdinfo, "r") as handle:
+        for line in handle:
+            if line.startswith("flags:"):
+                return int(line.split()[1], 8) & os.O_ACCMODE
+    return None
+
+
+def holds_sentinel(parent: int, child: int, proc: str = "/proc") -> Optional[bool]:
+    """Whether `parent` holds the read end of a pipe whose write end `child` holds (on fd 3 or above): the sentinel
+    that Python's multiprocessing leaves between a process and the child it started (Process.sentinel: EOF once
+    the child is gone). None when either fd table cannot be read, or `child` holds no pipe's write end at all."""
+    written = [inode for inode, mode in pipe_ends(child, proc, lowest_fd=3) or () if mode == os.O_WRONLY]
+    read = pipe_ends(parent, proc)
+    if not written or read is None:
+        return None
+    return any((inode, os.O_RDONLY) in read for inode in written)
+
+
+def _engine_top(holder: HolderLike, proc: str) -> Optional[Tuple[int, int, str]]:
+    """(the topmost VLLM:: process of the holder's tree, its parent, the parent's state), or None when a parent
+    cannot be read."""
+    child, parent = holder["pid"], holder.get("ppid") or 0
     for _step in range(_MAX_DEPTH):
         stat = _stat(parent, proc)
         if stat is None:
-            return False
+            return None
         if not stat["comm"].startswith(VLLM_TITLE):
-            return is_namespace_init(parent, proc)
-        parent = stat["ppid"]
-    return False
+            return child, parent, stat["state"]
+        child, parent = parent, stat["ppid"]
+    return None
+
+
+def vllm_server_exited(holder: HolderLike, proc: str = "/proc") -> bool:
+    """True when `holder` is a vLLM engine process whose engine tree hangs from a process that is not its server
+    (see the module's docstring). A holder that is not titled VLLM::, or whose parents or fds cannot be read, is
+    not called orphaned."""
+    if not (holder.get("comm") or "").startswith(VLLM_TITLE):
+        return False
+    top = _engine_top(holder, proc)
+    if top is None or top[2] == "Z":  # a zombie leader with a child: its other threads live on
+        return False
+    return holds_sentinel(top[1], top[0], proc) is False
 
 
 def unit_state(unit: str, systemctl: str = "systemctl", run: Optional[Run] = None) -> Optional[str]:
-    """ActiveState of `unit` (`active`, `inactive`, `failed`, ...) from `systemctl show`, or None when systemctl
-    cannot say (absent, no systemd, past its deadline). `run(argv)` -> (rc, stdout) or None replaces the call."""
-    result = (run or _owners._run_systemctl)([systemctl, "show", "-p", "ActiveState", "--value", "--", unit])
+    """ActiveState of `unit` (`active`, `inactive`, `failed`, ...) from `systemctl show`, where the system manager
+    has it loaded; None where it does not (LoadState `not-found`: systemctl answers `inactive` with exit 0 for a
+    unit it does not know, systemd#1105) or systemctl cannot say (absent, no systemd, past its deadline).
+    `run(argv)` -> (rc, stdout) or None replaces the call."""
+    result = (run or _owners._run_systemctl)([systemctl, "show", "-p", "LoadState,ActiveState", "--", unit])
     if result is None or result[0] != 0:
         return None
-    value = result[1].strip()
-    return value or None
+    values = dict(line.split("=", 1) for line in result[1].splitlines() if "=" in line)
+    if values.get("LoadState") != "loaded":
+        return None
+    return values.get("ActiveState") or None
 
 
 def live_slurm_jobs(proc: str = "/proc") -> Set[str]:

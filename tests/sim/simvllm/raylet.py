@@ -67,7 +67,7 @@ class Raylet:
         self.waker.watch(signal.SIGTERM, signal.SIGINT)
 
     def start_worker(self, job, config):
-        process, channel = spawn_child(WORKER_TITLE)
+        process, channel = spawn_child(WORKER_TITLE, sentinel=False)
         channel.send(
             dict(
                 config,

@@ -6,7 +6,8 @@
   process waits for signals and pipe messages in one `select`.
 - `LineChannel`: JSON messages, one per line, over one end of a socketpair between a parent and
   a child process; EOF means the other process exited (a "death pipe").
-- `spawn_child`: starts a child process of this package that keeps the channel's other end.
+- `spawn_child`: starts a child process of this package that keeps the channel's other end (and, as
+  multiprocessing's children do, the pipes of its sentinel).
 """
 
 import json
@@ -137,17 +138,29 @@ def next_event(waker, channels, timeout=None):
                 source.receive_available()
 
 
-def spawn_child(title):
+def spawn_child(title, sentinel=True):
     """Start a child process of this package titled `title` (e.g. "VLLM::EngineCore").
 
-    The child inherits stdio and the environment. Returns (subprocess.Popen, LineChannel to it).
+    The child inherits stdio and the environment. With `sentinel` (vLLM's processes: multiprocessing starts them) the
+    two pipes multiprocessing leaves are kept as it does (CPython Lib/multiprocessing/popen_spawn_posix.py
+    `Popen._launch`, popen_fork.py likewise): this process holds the read end of one whose write end the child
+    holds (`Process.sentinel`, readable at EOF once the child is gone; vLLM's API server watches its engines
+    through them, vllm/v1/engine/core_client.py `MPClient.start_engine_core_monitor`) and the write end of another
+    whose read end the child holds (the child's parent sentinel). The raylet's actors are not multiprocessing's.
+    Returns (subprocess.Popen, LineChannel to it).
     """
     parent_end, child_end = socket.socketpair()
+    pipes = (os.pipe(), os.pipe()) if sentinel else ()
+    child_fds = [pipes[0][1], pipes[1][0]] if sentinel else []
     with child_end:
         process = subprocess.Popen(
             [sys.executable, "-c", _CHILD_BOOTSTRAP, PACKAGE_PARENT, title, str(child_end.fileno())],
-            pass_fds=(child_end.fileno(),),
+            pass_fds=(child_end.fileno(), *child_fds),
         )
+    for fd in child_fds:
+        os.close(fd)
+    # Held for the child's life, as multiprocessing holds them until the Process object is gone.
+    process.sentinels = (pipes[0][0], pipes[1][1]) if sentinel else ()
     return process, LineChannel(parent_end)
 
 

@@ -90,6 +90,23 @@ def children(pid):
         return []
 
 
+def pipe_ends(pid, mode):
+    """Inodes of the pipes `pid` holds on fds 3 and up open for `mode` (os.O_RDONLY or os.O_WRONLY)."""
+    inodes = set()
+    for fd in os.listdir("/proc/%d/fd" % pid):
+        target = os.readlink("/proc/%d/fd/%s" % (pid, fd))
+        with open("/proc/%d/fdinfo/%s" % (pid, fd)) as fdinfo:
+            flags = int([line.split()[1] for line in fdinfo if line.startswith("flags:")][0], 8)
+        if int(fd) > 2 and target.startswith("pipe:") and flags & os.O_ACCMODE == mode:
+            inodes.add(target)
+    return inodes
+
+
+def holds_sentinel(parent, child):
+    """True when `parent` reads a pipe that `child` writes, as multiprocessing's Process.sentinel."""
+    return bool(pipe_ends(parent, os.O_RDONLY) & pipe_ends(child, os.O_WRONLY))
+
+
 def free_port():
     return free_ports(1)[0]
 
@@ -340,6 +357,9 @@ def test_tp8_engine_core_and_eight_workers_each_hold_their_gpu(node, serve):
         assert node.context(pid) == "%d %d\n" % (rank, int(0.5 * MEMORY_TOTAL_MIB))
     assert node.device_handles(engine_core) == {}
     assert node.device_handles(server.pid) == {}
+    # Started as multiprocessing starts them: each starter reads its child's sentinel pipe.
+    assert holds_sentinel(server.pid, engine_core)
+    assert all(holds_sentinel(engine_core, pid) for pid in workers.values())
     server.wait_ready()
 
 
