@@ -536,11 +536,8 @@ def test_simulated_systemctl_show_and_stop(simnode):
     missing = node.exec("systemctl", "stop", "nothere.service", check=False)
     assert missing.returncode == 5 and "Unit nothere.service not loaded." in missing.stderr
 
-
-def test_simulated_systemctl_knows_only_the_system_managers_units(simnode):
     # A user manager's unit (inside user@1000.service) and an LXD container's own unit are not the system manager's:
     # it answers for them as for any unit it does not know (exit 0, not-found, inactive: systemd#1105).
-    node = owner_node(simnode)
     sleep = "import time; time.sleep(600)"
     node.spawn(sleep, cgroup="/user.slice/user-1000.slice/user@1000.service/app.slice/llm.service")
     node.spawn(sleep, cgroup="/lxc.payload.c1/system.slice/vllm.service")
