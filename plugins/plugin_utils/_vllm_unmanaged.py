@@ -105,6 +105,13 @@ def _why(server: Server, instance: Mapping[str, Any], resolved: Optional[Sequenc
     return "holds its GPUs %s" % _join(shared)
 
 
+def service_unit(server: Server) -> Optional[str]:
+    """The system manager's service that runs the server (its cgroup's unit), or None: a login session's scope, a
+    user's manager (user@UID.service, where a desktop terminal's commands run) and no unit are not services."""
+    unit = str(server.get("systemd_unit") or "")
+    return unit if unit.endswith(".service") and not unit.startswith("user@") else None
+
+
 def opted_in(instance: Mapping[str, Any], settings: Mapping[str, Any]) -> bool:
     """The instance's adopt_unmanaged, else vllm_server_adopt_unmanaged (false when neither is set)."""
     value = instance.get("adopt_unmanaged")
@@ -142,7 +149,13 @@ def findings(
             describe(server),
         )
         others = [ref for ref in held(server) if not _covered(ref, resolved or [], gpus)]
-        if others:
+        unit = service_unit(server)
+        if unit:
+            problems.append(
+                "%s. It runs in the systemd unit %s, which may start it again after its stop, so it is not replaced "
+                "even with vllm_server_adopt_unmanaged: stop the unit first (systemctl stop %s)" % (what, unit, unit)
+            )
+        elif others:
             problems.append(
                 "%s. It also holds GPUs %s, which are not this instance's: replacing it would take them from under "
                 "whatever uses them next, so it is refused even with vllm_server_adopt_unmanaged. Stop it by hand "

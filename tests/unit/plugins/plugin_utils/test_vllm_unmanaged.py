@@ -210,3 +210,13 @@ def test_the_restore_hooks_run_after_a_replacement():
     assert not run.restores(
         [{"name": "a", "reasons": ["x"], "action": "redeployed"}], dict(planned, replaces=[]), False
     )
+
+
+def test_a_server_that_a_service_runs_is_not_replaced():
+    (problem,) = plan([server(systemd_unit="vllm.service")], ADOPT)["problems"]
+    assert problem.endswith(
+        "It runs in the systemd unit vllm.service, which may start it again after its stop, so it is not replaced even "
+        "with vllm_server_adopt_unmanaged: stop the unit first (systemctl stop vllm.service)"
+    )
+    for unit in ("session-3.scope", "user@1000.service", None):  # a login's scope, a desktop terminal's user manager
+        assert plan([server(systemd_unit=unit)], ADOPT)["problems"] == [], unit
