@@ -17,6 +17,7 @@ from nodetools import (
     Container,
     alive,
     driver_lists,
+    processes,
     start_cuda_process,
     start_holder,
     start_mps,
@@ -101,6 +102,38 @@ def test_nvml_exporter_survives_a_full_reset(simnode, tmp_path):
     rc, out, _recap = playbook(inventory_file(tmp_path, node), RESET, *extra(reset_gpus_pids=[exporter]))
     assert rc == 0 and alive(node, exporter), out
     assert "PID(s) %d from pids hold none of the selected GPUs (or do not exist): not signalled" % exporter in out, out
+
+
+def test_a_dry_run_names_the_child_of_a_dead_creator_whose_number_has_a_context_of_its_own(simnode, tmp_path):
+    """Issue 40, item 8: a trainer under a launcher forked a worker and died; its number went to a new process with a
+    context of its own on the same GPU. The driver lists that number once with both contexts (7000 MiB). The worker
+    holds the dead trainer's context: the look names it (contexts_of), the new process is not charged the worker's
+    memory, and check mode (what reset_gpus --check reports) names both processes that the run then ends; the
+    exporter stays."""
+    node = simnode(gpus=1, release_latency=0.1)
+    exporter = start_nvml_monitor(node)
+    worker = start_cuda_process(node, [0], mib=2000, visible=[0], mode="inherit", launcher=True)
+    ((trainer, _mib),) = driver_lists(node)[0]["compute"].items()
+    wait_for(lambda: trainer not in processes(node), 10, 0.02, "the trainer reaped")
+    reuser = start_cuda_process(node, [0], mib=5000, visible=[0], pid=trainer)
+    assert reuser == trainer and driver_lists(node)[0] == {"used": 7000, "compute": {trainer: 7000}, "mps": {}}
+    inventory = inventory_file(tmp_path, node)
+
+    status, result = only(module(inventory, "gpuops.nvidia.gpu_kill", {"wait": True}, check=True))
+    assert status == "CHANGED" and result["msg"].startswith("would signal 2 process(es)"), result
+    assert sorted(entry["pid"] for entry in result["would_signal"]) == sorted([worker, reuser]), result
+    holders = {h["pid"]: h for h in result["before"]["holders"]}
+    assert holders[reuser]["memory_mib"] == {"0": None} and holders[reuser]["attribution"] == {"0": "driver"}
+    assert holders[worker]["contexts_of"] == {"0": [reuser]} and holders[worker]["memory_mib"] == {"0": None}
+    exited = result["before"]["gpus"][0]["exited"]
+    assert [(e["pid"], e["used_mib"], e["reason"]) for e in exited] == [(reuser, 7000, "reused")], result
+    assert all(alive(node, pid) for pid in (worker, reuser, exporter))
+
+    status, result = only(module(inventory, "gpuops.nvidia.gpu_kill", {"wait": True, "wait_timeout": 15}))
+    assert status == "CHANGED" and sorted(entry["pid"] for entry in result["signalled"]) == sorted([worker, reuser])
+    assert result["released"] is True and len(result["signalled"]) == 2, result
+    assert not alive(node, worker) and not alive(node, reuser) and alive(node, exporter)
+    assert driver_lists(node)[0]["used"] == 0
 
 
 @pytest.mark.parametrize("selection", ["match", "pids", "users", "exclude"])

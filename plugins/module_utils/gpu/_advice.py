@@ -221,6 +221,24 @@ def not_checked(result: Waited) -> str:
     return "not checked: %s; next: %s" % (describe_unread(result), step)
 
 
+def _exited_context(item: _shapes.Foreign, index: int, holders: Iterable[Mapping[str, Any]]) -> str:
+    """An exited creator's context in words: "the context of PID 4300 (6000 MiB), which has exited", and who has its
+    number now. Where that process holds a context of its own on the GPU, the driver lists both under the number."""
+    mib = "memory not reported" if item["used_mib"] is None else "%s MiB" % item["used_mib"]
+    if item["reason"] != "reused":
+        return "the context of PID %s (%s), which has exited" % (item["pid"], mib)
+    if any(h["pid"] == item["pid"] and index in h.get("gpus", ()) for h in holders):
+        return (
+            "the context of PID %s, which has exited; PID %s here (%s) got its number and holds a context of its own "
+            "there: the driver lists %s under PID %s for both"
+            % (item["pid"], item["pid"], item["comm"], mib, item["pid"])
+        )
+    return (
+        "the context of PID %s (%s), which has exited; PID %s here (%s) is another process that got its number and "
+        "is left alone" % (item["pid"], mib, item["pid"], item["comm"])
+    )
+
+
 def exited_notes(view: _shapes.Snapshot) -> List[str]:
     """Sentences naming, per GPU, the listed creators that have exited and who holds their contexts (a snapshot view,
     _gpus.Inspector.snapshot): "GPU 0: PID 4321, 4322 hold the context of PID 4300 (6000 MiB), which has exited"."""
@@ -232,13 +250,7 @@ def exited_notes(view: _shapes.Snapshot) -> List[str]:
                 for h in view.get("holders") or ()
                 if item["pid"] in (h.get("contexts_of") or {}).get(str(gpu["index"]), ())
             )
-            mib = "memory not reported" if item["used_mib"] is None else "%s MiB" % item["used_mib"]
-            whose = "the context of PID %s (%s), which has exited" % (item["pid"], mib)
-            if item["reason"] == "reused":
-                whose += "; PID %s here (%s) is another process that got its number and is left alone" % (
-                    item["pid"],
-                    item["comm"],
-                )
+            whose = _exited_context(item, gpu["index"], view.get("holders") or ())
             if holders:
                 notes.append(
                     "GPU %s: PID %s hold%s %s"

@@ -24,6 +24,7 @@ by the MIG capability files it holds (/dev/nvidia-caps/nvidia-capN of its GPU an
 
 from __future__ import annotations
 
+import collections
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Mapping
 from typing import Optional, Sequence, Set, Tuple, TypeVar, cast
 
@@ -299,6 +300,7 @@ def merge(
     listed_here = set(held.pids)
     for gpu in gpus:
         _device_file_holders(gpu, listed_here, lookup, context)
+        _shared_numbers(gpu, listed_here, context)
     if not table:
         # No index map at all (no NVML, no /proc/driver/nvidia): processes that show a context hold "a GPU".
         for pid in sorted(files):
@@ -546,6 +548,73 @@ def _device_file_holders(
         context["held"].hold(pid, index, _inherited_mib(gpu, found), "device_file", held_mig, creators)
     if not found and whole:
         gpu["suspects"] = candidates
+
+
+def _shared_numbers(gpu: _Building, listed_here: Set[int], context: _Context) -> None:
+    """Two driver clients under one number on a GPU without MIG instances: the context of a creator that has exited,
+    and the context of the process that got its number. The driver lists that number once with the memory of both
+    (open-gpu-kernel-modules gpu_rmapi.c: gpuGetProcWithObject_IMPL skips a client whose number is listed already,
+    gpuFindClientInfoWithPidIterator_IMPL adds up the memory of every client with it), or in one list twice.
+
+    A listed holder P shares its number so where it is listed twice in one list, or where a process the lists leave
+    out shows a context here that cannot be P's: it started before P (no child inherits a context made after it
+    started) and descends from no listed holder of the GPU (a forked child of a live creator holds that creator's).
+    Such a process holds the dead creator's context (`contexts_of` P, its memory not known). The GPU's `exited` gets
+    P (reason "reused", the memory listed under P: the two contexts together), and P's own memory is not known."""
+    if gpu["mig_devices"] or not context["creators_here"]:
+        return
+    index, processes, held = gpu["index"], context["processes"], context["held"]
+    entries = [item for item in gpu["driver_processes"] if item["verified"]]
+    owners = {item["pid"] for item in entries}
+    counts = collections.Counter((item["pid"], item["type"]) for item in entries)
+    shared = {pid for (pid, _type), count in counts.items() if count > 1}
+    for pid in _unlisted_contexts(gpu, listed_here, context):
+        if _descends_from(pid, owners, processes):
+            continue
+        sharers = sorted(p for p in owners if processes[p]["start_ticks"] > processes[pid]["start_ticks"])
+        if sharers:
+            held.hold(pid, index, None, "device_file", (), sharers)
+            held.pids[pid]["memory"][index] = None  # a share of the memory listed under another number
+            shared.update(sharers)
+    memory, _unknown = listed_once(entries)
+    for pid in sorted(shared):
+        item = next(item for item in entries if item["pid"] == pid)
+        reused: _shapes.Foreign = {
+            "pid": pid,
+            "used_mib": memory[pid],
+            "type": item["type"],
+            "reason": "reused",
+            "comm": processes[pid]["comm"],
+        }
+        gpu["exited"].append(reused)
+        held.pids[pid]["memory"][index] = None
+
+
+def _unlisted_contexts(gpu: _Building, listed_here: Set[int], context: _Context) -> List[int]:
+    """The processes here that the driver lists nowhere and that show a context on the GPU, by PID."""
+    index, files, contexts = gpu["index"], context["files"], context["contexts"]
+    return [
+        pid
+        for pid in sorted(files)
+        if index in contexts[pid] and pid not in listed_here and pid in context["processes"]
+    ]
+
+
+# How many parents _descends_from follows at most (a loop in a torn /proc read must end).
+_MAX_ANCESTORS = 64
+
+
+def _descends_from(pid: int, ancestors: Set[int], processes: Mapping[int, _shapes.Process]) -> bool:
+    """True when one of `ancestors` is the parent of `pid`, or of its parent, and so on, as far as the processes known
+    to the merge go (a process with a context, or listed)."""
+    for _hop in range(_MAX_ANCESTORS):
+        process = processes.get(pid)
+        if process is None:
+            return False
+        pid = process["ppid"]
+        if pid in ancestors:
+            return True
+    return False
 
 
 def _inherited_mib(gpu: _Building, found: List[_Found]) -> Optional[int]:

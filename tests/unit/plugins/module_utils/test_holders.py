@@ -285,10 +285,56 @@ def test_unknown_memory_makes_cuda_users_of_the_device_file_holders():
     assert view["gpus"][0]["memory_unexplained"] is True and view["gpus"][0]["unexplained_mib"] is None
 
 
-def test_holder_listed_twice_in_one_list_sums_its_memory():
+def test_holder_listed_twice_in_one_list_shares_its_number_with_a_dead_creator():
+    """Two entries under one PID on a GPU without MIG instances are two driver clients with one number: the process's
+    own context and a dead creator's. Their memory is listed under that number together (3000 MiB), not the process's
+    alone; nobody here shows the dead creator's context (issue 40, item 8)."""
     reading = driver(gpu_reading(0, 0, 3000, processes=[(10, 1000), (10, 2000)]))
     view = merge(reading, {10: handles(10, minors=[0])})
-    assert view["holders"][0]["memory_mib"] == {"0": 3000}
+    assert [h["pid"] for h in view["holders"]] == [10] and view["holders"][0]["memory_mib"] == {"0": None}
+    gpu = view["gpus"][0]
+    assert gpu["exited"] == [{"pid": 10, "used_mib": 3000, "type": "compute", "reason": "reused", "comm": "python3"}]
+    assert (gpu["explained_mib"], gpu["memory_unexplained"]) == (3000, False)
+
+
+def shared_number_scene(*entries):
+    """GPU 0 (no MIG) lists PID 4321 with `entries` and PID 50 (a live job, 1000 MiB). 4321 started at tick 5000 and
+    has a context of its own; 21 started at tick 1000 under init and shows a context that the lists leave out: it
+    cannot be 4321's (it is older) nor 50's (no descendant): the context of the creator that had 4321 before. 22 is a
+    forked child of 4321, 23 one of 50 (older than 4321): they hold their live parents' contexts, device users; 30 an
+    NVML exporter."""
+    reading = driver(gpu_reading(0, 0, 8003, processes=[(50, 1000)] + [(4321, mib) for mib in entries]))
+    scan = {pid: handles(pid, minors=[0]) for pid in (4321, 50, 21, 22, 23)}
+    scan[30] = nvml_client(30, [0])
+    processes = details(4321, 50, 21, 22, 23, 30)
+    for pid, ppid, ticks in ((4321, 1, 5000), (50, 1, 100), (21, 1, 1000), (22, 4321, 6000), (23, 50, 2000)):
+        processes[pid].update(ppid=ppid, start_ticks=ticks)
+    return merge(reading, scan, processes)
+
+
+@pytest.mark.parametrize("entries", [(7000,), (2000, 5000)], ids=["listed once", "listed twice"])
+def test_a_reused_number_with_its_own_context_shares_the_dead_creators_memory_with_the_holders_of_that_context(
+    entries,
+):
+    """A dead creator's PID went to a process with a context of its own on the same GPU, while the creator's forked
+    child holds its context: the driver lists the number once with both contexts' memory (gpu_rmapi.c), or twice. The
+    child is a holder of the dead creator's context, so a dry run names it as the run ends it; the listed memory is
+    the two contexts' together (issue 40, item 8)."""
+    view = shared_number_scene(*entries)
+    holders = by_pid(view["holders"])
+    assert sorted(holders) == [21, 50, 4321] and sorted(u["pid"] for u in view["device_users"]) == [22, 23, 30]
+    assert holders[4321]["attribution"] == {"0": "driver"} and holders[4321]["memory_mib"] == {"0": None}
+    assert holders[50]["memory_mib"] == {"0": 1000} and holders[50]["contexts_of"] == {}
+    assert holders[21]["attribution"] == {"0": "device_file"} and holders[21]["contexts_of"] == {"0": [4321]}
+    assert holders[21]["memory_mib"] == {"0": None}
+    gpu = view["gpus"][0]
+    assert gpu["exited"] == [{"pid": 4321, "used_mib": 7000, "type": "compute", "reason": "reused", "comm": "python3"}]
+    assert (gpu["explained_mib"], gpu["unexplained_mib"], gpu["memory_unexplained"]) == (8000, 3, False)
+    assert gpu["holder_pids"] == [21, 50, 4321]
+    assert _advice.exited_notes(view) == [
+        "GPU 0: PID 21 holds the context of PID 4321, which has exited; PID 4321 here (python3) got its number and "
+        "holds a context of its own there: the driver lists 7000 MiB under PID 4321 for both"
+    ]
 
 
 def test_excluded_pids_are_never_holders_nor_users():
