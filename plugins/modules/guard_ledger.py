@@ -10,9 +10,14 @@ short_description: The guard's rate limit and log of remediations, on the contro
 version_added: 0.1.0
 description:
   - Used by playbooks/guard_remediate.yml on the controller (docs/guard.md); run it delegated to C(localhost).
-  - With O(claim_host), takes the host's remediation slot - at most one remediation per host and mode (check or
+  - With O(claim_hosts), takes each host's remediation slot - at most one remediation per host and mode (check or
     real) per O(interval) seconds - under an exclusive lock on O(state_dir), or says when the last one was.
-  - Appends O(entries) to the JSON Lines file O(log), each line with its C(time) (UTC), under the same lock.
+  - Appends O(entries) and O(decided) to the JSON Lines file O(log), each line with its C(time) (UTC), under the
+    same lock.
+  - With O(take_inbox), takes the webhook calls that the rulebook's source C(gpuops.nvidia.guard_webhook) wrote to
+    O(state_dir)/inbox (RV(calls)), and logs a line for each call it rejected.
+  - With O(screen), refuses and logs, without a look at the host, the processes of a host whose slot is taken and
+    the processes decided within O(interval) seconds (O(decided)); RV(hosts) is what is left to look at.
   - Signals nothing; touches only O(state_dir) and O(log).
 author: gpuops maintainers (@gpuops)
 extends_documentation_fragment:
@@ -33,9 +38,11 @@ options:
     description: The JSON Lines log file (its directory is created when missing).
     type: path
     required: true
-  claim_host:
-    description: The host whose slot to claim. Not set, nothing is claimed.
-    type: str
+  claim_hosts:
+    description: The hosts whose slots to claim (RV(claimed), RV(refusals)).
+    type: list
+    elements: str
+    default: []
   mode:
     description: V(check) or V(remediate); each has its own slots.
     type: str
@@ -46,10 +53,27 @@ options:
     type: float
     default: 3600
   entries:
-    description: Log entries (dicts), appended in order after the claim; the claim's refusal is logged as well.
+    description: Log entries (dicts), appended in order after the claim.
     type: list
     elements: dict
     default: []
+  decided:
+    description:
+      - Log entries of processes that a look refused (C(host), C(mode), C(pid), C(start_ticks), C(why)), appended
+        after O(entries). Each is decided for O(interval) seconds - O(screen) then refuses it without a look.
+    type: list
+    elements: dict
+    default: []
+  take_inbox:
+    description: Take the webhook calls waiting in O(state_dir)/inbox (RV(calls)); each rejected call is logged.
+    type: bool
+    default: false
+  screen:
+    description:
+      - "The processes each host is asked to free (C({HOST: [{pid, start_ticks, alerts}]}), the C(hosts) of the
+        filter C(gpuops.nvidia.guard.plan)). Those of a host whose slot in O(mode) is taken, and those decided
+        within O(interval) seconds, are refused and logged; RV(hosts) keeps the rest."
+    type: dict
 """
 
 EXAMPLES = r"""
@@ -57,20 +81,30 @@ EXAMPLES = r"""
   gpuops.nvidia.guard_ledger:
     state_dir: /var/lib/gpuops-nvidia/guard
     log: /var/log/gpuops-nvidia/guard.jsonl
-    claim_host: gpu07
+    claim_hosts: [gpu07]
     interval: 3600
   delegate_to: localhost
 """
 
 RETURN = r"""
 claimed:
-  description: Whether the slot was taken (true when O(claim_host) is not set).
+  description: The hosts of O(claim_hosts) whose slot was taken.
   returned: always
-  type: bool
-refusal:
-  description: Why the slot was not taken; null when it was.
+  type: list
+  elements: str
+refusals:
+  description: "The hosts of O(claim_hosts) whose slot was not taken, and why (C({HOST: why}))."
   returned: always
-  type: str
+  type: dict
+calls:
+  description: The payloads of the webhook calls taken from the inbox, oldest first (empty without O(take_inbox)).
+  returned: always
+  type: list
+  elements: dict
+hosts:
+  description: O(screen) less what it refused (empty without O(screen)).
+  returned: always
+  type: dict
 lines:
   description: The log lines written.
   returned: always
@@ -91,30 +125,24 @@ def main() -> None:
         argument_spec=dict(
             state_dir=dict(type="path", required=True),
             log=dict(type="path", required=True),
-            claim_host=dict(type="str"),
+            claim_hosts=dict(type="list", elements="str", default=[]),
             mode=dict(type="str", choices=["check", "remediate"], default="check"),
             interval=dict(type="float", default=3600.0),
             entries=dict(type="list", elements="dict", default=[]),
+            decided=dict(type="list", elements="dict", default=[]),
+            take_inbox=dict(type="bool", default=False),
+            screen=dict(type="dict"),
         ),
         supports_check_mode=True,
     )
-    params = module.params
     _options.refuse_bad_numbers(module, ("interval",))
-    now = time.time()
-    claimed, refusal, entries = True, None, list(params["entries"])
     try:
-        if params["claim_host"]:
-            claimed, refusal = _guard_ledger.claim(
-                params["state_dir"], params["claim_host"], params["mode"], params["interval"], now
-            )
-            if refusal:
-                entries.append({"host": params["claim_host"], "mode": params["mode"], "refused": refusal})
-        lines = _guard_ledger.append(params["state_dir"], params["log"], entries, now) if entries else []
+        result = _guard_ledger.run(module.params, time.time())
     except OSError as exc:
-        module.fail_json(msg="the guard's ledger %s or log %s: %s" % (params["state_dir"], params["log"], exc))
-    module.exit_json(
-        changed=bool(lines) or (claimed and bool(params["claim_host"])), claimed=claimed, refusal=refusal, lines=lines
-    )
+        module.fail_json(
+            msg="the guard's ledger %s or log %s: %s" % (module.params["state_dir"], module.params["log"], exc)
+        )
+    module.exit_json(**result)
 
 
 if __name__ == "__main__":

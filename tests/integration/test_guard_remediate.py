@@ -2,7 +2,9 @@
 an NVML bystander, a live vLLM server in a container (its API server the init of its PID namespace, started by a
 launcher that is not `vllm serve`), holders in units of a user manager and of a container's own systemd, and a PID
 reused after the alert are refused (and logged); gpu_kill's pid_start_ticks leaves a
-reused PID alone by itself too. Remediation is on (guard_remediate: true) so that a wrong target would die."""
+reused PID alone by itself too. Remediation is on (guard_remediate: true) so that a wrong target would die.
+Every alert ends in exactly one line of the log: malformed ones each alone, those of a host that cannot be reached or
+where gpu_guard fails as failures, while the rest of the call is decided."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import time
 import urllib.request
 
 from ansible_run import module, only, playbook
-from nodetools import alive, start_cuda_process, start_holder, start_nvml_monitor, wait_for
+from nodetools import alive, free_ports, start_cuda_process, start_holder, start_nvml_monitor, wait_for
 from nodetools import CUDA_PROCESS, SIM_DIR, _await_ready, _ready_file, cuda_spec, node_python, processes
 from simnode import inventory_file
 
@@ -107,6 +109,21 @@ def test_only_the_named_orphans_as_they_were(simnode, tmp_path):
     alerts += [alert(node, owned, ticks(node, owned)), alert(node, bystander, ticks(node, bystander))]
     # As if an earlier look had named them:
     alerts += [dict(alert(node, pid, live[pid]), fingerprint="live-%d" % pid) for pid in [engine] + in_units]
+    # Issue 40 items 3 and 4: a PID "²" (str.isdigit() true, int() fails), labels as a list; a host that cannot be
+    # reached (SSH to a port nothing listens on) and one where gpu_guard cannot start (no such interpreter).
+    bad = [alert(node, 7, 5), dict(alert(node, 8, 5), labels=["pid", "8"])]
+    bad[0]["labels"]["pid"] = "²"
+    (closed,) = free_ports(1)
+    wider = tmp_path / "wider.ini"
+    wider.write_text(
+        inventory.read_text()
+        + "gone ansible_connection=ssh ansible_host=127.0.0.1 ansible_port=%d\n" % closed
+        + "broken ansible_connection=local ansible_python_interpreter=/nonexistent/python\n"
+    )
+    failing = [dict(alert(node, 9, 5), fingerprint="gone"), dict(alert(node, 9, 5), fingerprint="broken")]
+    failing[0]["labels"] = dict(failing[0]["labels"], inventory_hostname="gone")
+    failing[1]["labels"] = dict(failing[1]["labels"], inventory_hostname="broken")
+    alerts += bad + failing
     log = tmp_path / "guard.jsonl"
     extra = {
         "guard_payload": {"alerts": alerts},
@@ -114,12 +131,20 @@ def test_only_the_named_orphans_as_they_were(simnode, tmp_path):
         "guard_state_dir": str(tmp_path / "state"),
         "guard_log": str(log),
     }
-    rc, out, _recap = playbook(inventory, "playbooks/guard_remediate.yml", "-e", json.dumps(extra))
-    assert rc == 0, out
+    rc, out, _recap = playbook(wider, "playbooks/guard_remediate.yml", "-e", json.dumps(extra))
+    assert rc == 2 and "guard on broken: Look at the host's orphans now failed: " in out, out
     wait_for(lambda: not alive(node, orphan), 10, 0.05, "the named orphan to exit")
     assert alive(node, again) and alive(node, owned) and alive(node, bystander)
     lines = [json.loads(line) for line in log.read_text().splitlines()]
-    whys = {line["pid"]: line["why"] for line in lines if "why" in line}
+    logged = [a.get("fingerprint") for line in lines for a in line.get("alerts", [line.get("alert")])]
+    assert sorted(logged) == sorted(a["fingerprint"] for a in alerts), lines
+    failed = {line["host"]: line["why"] for line in lines if line.get("action") == "failed"}
+    assert set(failed) == {"gone", "broken"} and failed["gone"].startswith("Reach the host failed: "), failed
+    assert [line["why"] for line in lines if line.get("alert", {}).get("fingerprint") in ("f7", "f8")] == [
+        "the alert does not name a process: labels pid and start_ticks must be positive whole numbers (ASCII digits)",
+        "the alert's labels are not a mapping of names to values",
+    ]
+    whys = {line["pid"]: line["why"] for line in lines if "why" in line and "pid" in line}
     assert whys[reused] == "PID %d was reused: the process now started at tick %d, the alert named tick %d" % (
         reused,
         ticks(node, again),
@@ -134,7 +159,8 @@ def test_only_the_named_orphans_as_they_were(simnode, tmp_path):
     rc, out, _recap = playbook(inventory, "playbooks/guard_remediate.yml", "-e", json.dumps(extra))
     assert rc == 0 and alive(node, again), out
     last = json.loads(log.read_text().splitlines()[-1])
-    assert last["host"] == node.name and "remediation of %s" % node.name in last["refused"], last
+    assert last["host"] == node.name and "remediation of %s" % node.name in last["why"], last
+    assert last["alerts"][0]["fingerprint"] == "f%d" % again, last
 
     # While the vllm_server role redeploys the host (its marker in /run), nothing is ended, even with a fresh slot.
     marker = '{"started": %f, "instances": ["a"]}' % time.time()

@@ -9,6 +9,8 @@
   refusals of what cannot be acted on.
 - host_decision: on one host, what the alert names and what the host shows now, as the PIDs to end (each with its
   start time) and the refusals.
+- host_lines: one host's log lines, every alert in exactly one (refused, done, or failed).
+- outcomes: the host_lines of the hosts of a run together (a failure line for a host that has none).
 
 Pure: no I/O. Every refusal says which alert asked for what.
 """
@@ -17,11 +19,23 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict
 
-from ansible_collections.gpuops.nvidia.plugins.plugin_utils._guard_plan import host_decision, instances, plan
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils._guard_plan import (
+    host_decision,
+    host_lines,
+    instances,
+    outcomes,
+    plan,
+)
 
 
 class FilterModule(object):
     """The guard's controller-side decisions."""
 
     def filters(self) -> Dict[str, Callable[..., Any]]:
-        return {"instances": instances, "plan": plan, "host_decision": host_decision}
+        return {
+            "instances": instances,
+            "plan": plan,
+            "host_decision": host_decision,
+            "host_lines": host_lines,
+            "outcomes": outcomes,
+        }
