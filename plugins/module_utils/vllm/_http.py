@@ -43,6 +43,11 @@ SERVER_ARGS: Dict[str, Dict[str, Any]] = dict(
 )
 
 
+# The most of an answer's body read, in bytes (16 MiB). vLLM's /metrics is some hundreds of KiB per engine (vLLM 0.33
+# vllm/v1/metrics/loggers.py: a few dozen families, histograms of a few dozen buckets, per engine and model name); its
+# other answers are smaller. A body that goes on past it is refused, not read into memory.
+MAX_BODY_BYTES = 16 * 1024 * 1024
+
 # What a 401 answer means, by whether this client sent a key (vLLM checks the Bearer token on /v1: a key or none).
 _UNAUTHORIZED = {True: " (wrong API key)", False: " (the server asks for an API key; none was sent)"}
 
@@ -68,9 +73,11 @@ class _Expired(BaseException):
 
 
 class _Seen(TypedDict):
-    """How far an exchange got: the bytes of the body read (None: the status line and headers have not all come)."""
+    """How far an exchange got: the bytes of the body read (None: the status line and headers have not all come),
+    and the most to read."""
 
     body: Optional[int]
+    limit: int
 
 
 @contextlib.contextmanager
@@ -92,7 +99,8 @@ def _deadline(seconds: float) -> Iterator[None]:
 
 
 def _read_body(response: _Body, seen: _Seen) -> str:
-    """The body of `response`, read in pieces so that `seen["body"]` says how much came before a deadline."""
+    """The body of `response`, read in pieces so that `seen["body"]` says how much came before a deadline. More than
+    `seen["limit"]` bytes: VllmApiError, the rest left unread."""
     read = seen["body"] = 0
     pieces: list[bytes] = []
     while True:
@@ -101,6 +109,10 @@ def _read_body(response: _Body, seen: _Seen) -> str:
             return b"".join(pieces).decode("utf-8", "replace")
         read += len(piece)
         seen["body"] = read
+        if read > seen["limit"]:
+            raise VllmApiError(
+                "the answer is over %d bytes (%.0f MiB): not read further" % (seen["limit"], seen["limit"] / 1048576.0)
+            )
         pieces.append(piece)
 
 
@@ -120,9 +132,15 @@ class Client:
     """
 
     def __init__(
-        self, base_url: str, api_key: str | None = None, timeout: float = 30.0, validate_certs: bool = True
+        self,
+        base_url: str,
+        api_key: str | None = None,
+        timeout: float = 30.0,
+        validate_certs: bool = True,
+        max_body: int = MAX_BODY_BYTES,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        self.max_body = max_body
         self.api_key = api_key
         self.timeout = timeout
         self.validate_certs = validate_certs
@@ -142,7 +160,8 @@ class Client:
 
         HTTP errors are returned as their status; an unreachable server raises ConnectionError with the reason. The
         whole exchange (connection, request, status, headers, body) ends within `timeout` seconds: past it,
-        ConnectionError names the URL and what had not come (its cause is a TimeoutError).
+        ConnectionError names the URL and what had not come (its cause is a TimeoutError). A body over `max_body`
+        bytes raises VllmApiError.
         """
         headers = {"Accept": "application/json, text/plain", "User-Agent": "gpuops.nvidia"}
         if self.api_key:
@@ -154,7 +173,7 @@ class Client:
         request = Request(
             self.base_url + path, data=data, headers=headers, method="POST" if payload is not None else "GET"
         )
-        seen: _Seen = {"body": None}
+        seen: _Seen = {"body": None, "limit": self.max_body}
         try:
             with _deadline(self.timeout):
                 return self._exchange(request, path, seen)

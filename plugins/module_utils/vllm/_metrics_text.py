@@ -28,6 +28,10 @@ WAITING = "vllm:num_requests_waiting"
 # get_served_model_name, vllm/v1/metrics/loggers.py); scripts/check_vllm_source.py checks this against the wheel.
 METRIC_MODEL_NAME = "first"
 
+# The most samples read from one /metrics (vLLM's has some thousands per engine): a body of 16 MiB (_http's bound)
+# of tiny lines would otherwise become millions of samples, some GiB of memory.
+MAX_SAMPLES = 200_000
+
 # One sample: (metric name, {label: value}, value).
 Sample = Tuple[str, Dict[str, str], float]
 
@@ -54,13 +58,16 @@ class SpecCounters(TypedDict):
 def parse_prometheus(text: str) -> list[Sample]:
     """Samples of a Prometheus text exposition: [(name, {label: value}, float value)].
 
-    Comment and blank lines are skipped; a line that is not a sample raises VllmApiError.
+    Comment and blank lines are skipped; a line that is not a sample, or more than MAX_SAMPLES samples, raises
+    VllmApiError.
     """
     samples: List[Sample] = []
     for number, line in enumerate(text.splitlines(), 1):
         line = line.strip()
         if not line or line.startswith("#"):
             continue
+        if len(samples) == MAX_SAMPLES:
+            raise VllmApiError("/metrics has more than %d samples: not read further (line %d)" % (MAX_SAMPLES, number))
         match = _SAMPLE_RE.match(line)
         if match is None:
             raise VllmApiError("line %d of /metrics is not a Prometheus sample: %r" % (number, line[:120]))

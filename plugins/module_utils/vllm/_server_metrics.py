@@ -23,7 +23,8 @@ LabelNote = Tuple[Optional[str], Optional[str]]
 
 
 def read_samples(client: Client) -> list[Sample]:
-    """Samples of GET /metrics (see _metrics_text.parse_prometheus). Raises ConnectionError or VllmApiError."""
+    """Samples of GET /metrics (see _metrics_text.parse_prometheus). Raises ConnectionError or VllmApiError, also
+    for a body over the client's max_body (_http.MAX_BODY_BYTES) or with more than _metrics_text.MAX_SAMPLES samples."""
     status, body = client.request("/metrics")
     if status != 200:
         raise VllmApiError("GET /metrics: HTTP %d %s" % (status, brief(body)), status)

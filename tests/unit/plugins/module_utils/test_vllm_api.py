@@ -443,3 +443,42 @@ def test_the_looks_of_ready_drain_and_acceptance_end_at_their_deadline(trickle):
     assert time.monotonic() - started < 3.0
     # A later request is not cut short by an alarm left behind.
     time.sleep(0.6)
+
+
+@pytest.fixture
+def endless_metrics():
+    """A loopback server whose /metrics answer never ends: comment lines as fast as the client reads them."""
+    import socketserver
+
+    class Handler(socketserver.BaseRequestHandler):
+        def handle(self):
+            self.request.recv(65536)
+            self.request.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nConnection: close\r\n\r\n")
+            chunk = b"# padding padding padding padding padding padding padding\n" * 1024
+            try:
+                for _ in range(2000):  # about 118 MiB, then it gives up
+                    self.request.sendall(chunk)
+            except OSError:
+                pass  # the client stopped reading: what the test wants
+
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield "http://127.0.0.1:%d" % server.server_address[1]
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_huge_metrics_body_is_not_read_past_the_bound(endless_metrics):
+    """Issue 40 item 7: a /metrics body is read up to _http.MAX_BODY_BYTES, then refused (the stall watch: unknown)."""
+    client = _http.Client(endless_metrics, timeout=20.0, max_body=4 * 1024 * 1024)
+    with pytest.raises(_http.VllmApiError, match=r"the answer is over 4194304 bytes \(4 MiB\): not read further"):
+        _server_metrics.read_samples(client)
+    assert _http.Client(endless_metrics).max_body == _http.MAX_BODY_BYTES == 16 * 1024 * 1024
+
+
+def test_more_samples_than_the_bound_are_refused(monkeypatch):
+    monkeypatch.setattr(_metrics_text, "MAX_SAMPLES", 3)
+    assert len(_metrics_text.parse_prometheus("a 1\nb 2\n# c\nc 3\n")) == 3
+    with pytest.raises(_http.VllmApiError, match=r"/metrics has more than 3 samples: not read further \(line 5\)"):
+        _metrics_text.parse_prometheus("a 1\nb 2\n# c\nc 3\nd 4\n")
