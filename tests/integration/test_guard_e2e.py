@@ -11,6 +11,7 @@ keep serving, and the alert resolves. Every daemon is this test's own process, o
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import re
@@ -244,6 +245,45 @@ def serves(node, port):
     return node.exec("python3", "-c", code).stdout.strip() == "2"
 
 
+def flood(daemons, node, pid, webhook_port, log):
+    """Issue 40 item 5: 20 copies of one group posted at once to the rulebook's webhook (a group of alerts that name
+    `node`'s live server `pid` as it is, with another start time, an exited PID and two malformed ones, 100 alerts).
+    Every alert ends in exactly one line, in at most 3 playbook runs; a copy is refused without a look at the host."""
+    stat = node.exec("cat", "/proc/%d/stat" % pid).stdout
+    start = int(stat[stat.rindex(")") + 2 :].split()[19])
+    named = [(pid, start), (pid, start + 1), (999999, 5), ("²", 5), (pid, start)]
+    labels = [
+        {"alertname": ALERT, "inventory_hostname": node.name, "pid": str(p), "start_ticks": str(t)} for p, t in named
+    ]
+    labels[-1] = ["pid", str(pid)]
+    alerts = [{"status": "firing", "labels": label, "fingerprint": "flood-%d" % n} for n, label in enumerate(labels)]
+    runs = daemons.log("ansible-rulebook").count("PLAY [Decide what the alerts ask")
+    before, posted = len(log.read_text().splitlines()), time.monotonic()
+    request = urllib.request.Request(
+        "http://127.0.0.1:%d/alerts" % webhook_port,
+        data=json.dumps({"alerts": alerts}).encode(),
+        headers={"Content-Type": "application/json", "Authorization": "Bearer %s" % TOKEN},
+    )
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        assert set(pool.map(lambda _: urllib.request.urlopen(request, timeout=30).status, range(20))) == {200}
+
+    def decided():
+        lines = [json.loads(line) for line in log.read_text().splitlines()[before:]]
+        found = [a.get("fingerprint") for line in lines for a in line.get("alerts", [line.get("alert") or {}])]
+        return lines if len(found) >= 100 else None
+
+    lines = wait_for(decided, 120, 1.0, "100 flooded alerts to be logged")
+    assert sorted(a.get("fingerprint") for line in lines for a in line.get("alerts", [line.get("alert")])) == sorted(
+        "flood-%d" % (n % 5) for n in range(100)
+    )
+    assert not [line for line in lines if "action" in line], lines  # nothing named is an orphan: nothing done
+    looked = [line for line in lines if "pid" in line and "not looked at" not in line["why"]]
+    assert sorted(line["pid"] for line in looked) == [pid, pid, 999999], looked  # each process looked at once
+    runs = daemons.log("ansible-rulebook").count("PLAY [Decide what the alerts ask") - runs
+    assert runs <= 3, runs
+    return time.monotonic() - posted, runs
+
+
 @pytest.mark.slow
 def test_orphans_alert_remediate_resolve(simnode, tmp_path, daemons):
     started = time.monotonic()
@@ -305,4 +345,7 @@ def test_orphans_alert_remediate_resolve(simnode, tmp_path, daemons):
     lines = [json.loads(line) for line in (tmp_path / "guard.jsonl").read_text().splitlines()]
     assert all(line["host"] == node_a.name for line in lines if "host" in line), lines
     assert {p for line in lines for p in line.get("result", [])} == set(workers), lines
+    flooded = flood(daemons, node_b, live_b, webhook_port, log)
+    assert alive(node_b, live_b) and serves(node_b, port_b)
     print("guard e2e: alert fired after %.1f s, resolved after %.1f s, %d metric runs" % (fired, resolved, loop.runs))
+    print("guard e2e: a flood of 100 alerts decided in %.1f s in %d playbook run(s)" % flooded)
