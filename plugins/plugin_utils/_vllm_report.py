@@ -231,19 +231,15 @@ def _replaced_lines(e: Entry) -> List[str]:
 
 
 def restart_hint(server: Mapping[str, Any]) -> str:
-    """How an operator starts again a replaced server the role cannot restart: its command line, working directory,
-    log file and GPUs, as one shell line."""
-    log = server.get("log_file") or ""
-    output = (
-        ">> %s 2>&1" % shlex.quote(log) if log.startswith("/") else "(its output went to %s)" % (log or "nowhere known")
-    )
+    """How an operator starts again a replaced server the role cannot restart: its command line in its working
+    directory, with its GPUs, its output appended to its log file (where that was a file), as one shell line."""
+    log = str(server.get("log_file") or "")
     devices = server.get("cuda_visible_devices")
-    return "cd %s && %snohup %s %s &" % (
-        shlex.quote(server.get("cwd") or "/"),
-        "CUDA_VISIBLE_DEVICES=%s " % shlex.quote(devices) if devices else "",
-        server["command"],
-        output,
-    )
+    words = ["cd %s &&" % shlex.quote(server["cwd"])] if server.get("cwd") else []
+    words += ["CUDA_VISIBLE_DEVICES=%s" % shlex.quote(devices)] if devices else []
+    words += ["nohup", server["command"]]
+    words += [">> %s 2>&1" % shlex.quote(log)] if log.startswith("/") else []
+    return " ".join(words + ["&"])
 
 
 def not_restarted(e: Entry) -> List[str]:

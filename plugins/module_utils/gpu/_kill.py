@@ -442,6 +442,7 @@ def message(result: Result, check_mode: bool) -> str:
         msg += "; left alone: %s" % "; ".join(
             "PID %s (%s): %s" % (h["pid"], h["comm"], h["reason"]) for h in result["left_alone"]
         )
+        msg += _inline(_report.shared_lines(result, result["before"], check_mode))
     if result["not_holding"]:
         msg += "; PID(s) %s from pids hold none of the selected GPUs (or do not exist): nothing to do for them" % (
             ", ".join(str(pid) for pid in result["not_holding"])

@@ -220,3 +220,14 @@ def test_a_server_that_a_service_runs_is_not_replaced():
     )
     for unit in ("session-3.scope", "user@1000.service", None):  # a login's scope, a desktop terminal's user manager
         assert plan([server(systemd_unit=unit)], ADOPT)["problems"] == [], unit
+
+
+def test_the_restart_line_leaves_out_what_was_not_read():
+    hint = r.restart_hint(
+        {"command": "vllm serve /m", "cwd": None, "log_file": "pipe:[4711]", "cuda_visible_devices": None}
+    )
+    assert hint == "nohup vllm serve /m &"
+    hint = r.restart_hint(
+        {"command": "vllm serve /m", "cwd": "/home/a b", "log_file": "/x/v.log", "cuda_visible_devices": "2"}
+    )
+    assert hint == "cd '/home/a b' && CUDA_VISIBLE_DEVICES=2 nohup vllm serve /m >> /x/v.log 2>&1 &"
