@@ -121,8 +121,11 @@ ansible_facts:
               (drivers before 535.113.01 seen from a container; C(pid), C(used_mib), C(type), C(reason) C(absent) or
               C(not_holding), C(comm) of the unrelated process with that PID, else null). C(exited) are listed creators
               that have exited (the same keys, C(reason) C(exited), or C(reused) when another process has the number);
-              their contexts are held by the device-file holders of the GPU. C(suspects) are the PIDs of processes
-              holding the device file where a holder is looked for and none shows a context (never holders).
+              their contexts are held by the device-file holders of the GPU. C(context_groups) are those holders in
+              groups that share the open device files of one creator (its forked workers, told by kcmp(2)), each group
+              keeping at least one of those contexts alive; [] where the GPU carries none, null where the kernel does
+              not tell. C(suspects) are the PIDs of processes holding the device file where a holder is looked for and
+              none shows a context (never holders).
             - C(unexplained_cause) says what memory outside the lists is where it counts, C(other_namespace_or_leaked)
               (a driver that lists the caller's PID namespace only, seen from a container), C(leaked) (the same, from
               the initial PID namespace), C(unlisted) (older drivers); null where nothing counts.
@@ -163,6 +166,7 @@ ansible_facts:
               tolerance_mib: 256
               foreign: []
               exited: []
+              context_groups: []
               suspects: []
               unexplained_cause: null
               memory_supported: true

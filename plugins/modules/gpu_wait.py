@@ -200,8 +200,17 @@ gpus:
       O(max_used_mib)), C(holders) (selected holders still holding it, with C(pid), C(comm), C(state), C(cmdline), C(user),
       C(memory_mib), C(attribution), C(parent)), C(left_alone) (the same fields plus C(reason) and C(counted), true
       where its memory counts, for a protected holder), C(left_alone_mib) (the memory of those the operator left out,
-      subtracted), C(protected_mib) (the memory of the protected holders, which counts),
+      the exited creators' contexts they keep included, subtracted), C(protected_mib) (the memory of the protected
+      holders, which counts),
       C(foreign) (driver-listed PIDs that no process here confirms, with C(pid), C(used_mib), C(type), C(reason), C(comm)),
+      C(exited) (listed creators that have exited, the same keys, as in M(gpuops.nvidia.gpu_facts)), C(kept) (null, or
+      the contexts of those creators that holders left alone keep, with C(creators) and their listed memory C(mib), counted in
+      C(left_alone_mib), or in C(protected_mib) where a protected holder keeps them, once no selected holder holds such a
+      context and they are no more than the groups left alone can hold, else C([]) and 0; C(holders) the left-alone
+      processes that hold them; C(shared) the groups of a selected holder and one left alone that share one context,
+      which stays until the left-alone ones exit; C(unheld) how many listed contexts no group here can hold, being
+      released or held where the look cannot see), C(unexplained_cause) (as in M(gpuops.nvidia.gpu_facts), where the
+      memory no process explains counts, else null),
       C(suspects) (PIDs holding the device file where a holder is looked for and none shows a context), C(error),
       C(memory_checked) (false when NVML could not be asked or does not report the memory) and C(released).
     - C(mig_uuid) is null for a whole GPU; for a selected MIG instance the entry has that instance's figures,

@@ -83,8 +83,9 @@ def found_by_scan(gpus: Iterable[_shapes.WaitStatus]) -> str:
     return "; holders found by the /proc scan alone: %s" % "; ".join(held) if held else ""
 
 
-def next_step(gpu: _shapes.WaitStatus) -> str:
-    """What an operator can do about a GPU (a gpu_status entry) that was not released: one sentence."""
+def next_step(gpu: _shapes.WaitStatus, driver: Optional[Mapping[str, Any]] = None) -> str:
+    """What an operator can do about a GPU (a gpu_status entry) that was not released: one sentence. `driver`: the
+    snapshot's driver state (its version words memory no process explains)."""
     index = gpu["index"]
     which = "the GPUs" if index is None else "GPU %s" % index
     if gpu.get("error"):
@@ -124,24 +125,92 @@ def next_step(gpu: _shapes.WaitStatus) -> str:
         return "%s; run the check on the host (outside this PID namespace) to see and end that process" % "; ".join(
             describe_foreign(item, index) for item in gpu["foreign"]
         )
+    kept = gpu.get("kept")
+    if gpu.get("exited") and not (kept and kept["creators"]):
+        # The driver lists an exited creator with its memory (also where it reports no used memory, a GB10) that the
+        # holders left alone do not keep: its context lives on in whoever holds its handles. Never a GPU reset while
+        # such a holder lives.
+        return exited_step(gpu) + _suspects(gpu)
     if gpu["memory_checked"]:
-        # Drivers from 535.113.01 list only the processes of the caller's PID namespace (docs/attribution.md): memory
-        # no entry explains is another namespace's, or leaked. A listed creator that exited is named by the holders
-        # of its context (gpu_facts), which are ended first: a reset is never the next step while they live.
-        text = (
-            "memory is used that no process explains in this PID namespace: it belongs to a process in "
-            "another PID namespace (another container, or the host: the driver lists only the caller's "
-            "namespace; run the check there), or it is leaked or still being released (wait longer, then reset "
-            "the GPU: nvidia-smi --gpu-reset -i %s, needs no client on the device, nvidia-persistenced included, "
-            "or reboot)" % index
-        )
-        if gpu.get("suspects"):
-            text += (
-                "; its device file is open only in processes that show no context there (PIDs %s: NVML clients or "
-                "CUDA-initialized processes), named and never ended" % ", ".join(str(p) for p in gpu["suspects"])
-            )
-        return text
+        return unexplained_step(gpu, driver) + _suspects(gpu)
     return "the driver did not report memory for %s: check the NVIDIA driver (nvidia-smi)" % which
+
+
+def _suspects(gpu: _shapes.WaitStatus) -> str:
+    """The clause naming the processes with the GPU's device file open that show no context there ("" when none)."""
+    if not gpu.get("suspects"):
+        return ""
+    return (
+        "; its device file is open only in processes that show no context there (PIDs %s: NVML clients or "
+        "CUDA-initialized processes), named and never ended" % ", ".join(str(p) for p in gpu["suspects"])
+    )
+
+
+def _pids(pids: Iterable[int]) -> str:
+    return ", ".join(str(pid) for pid in pids)
+
+
+def exited_step(gpu: _shapes.WaitStatus) -> str:
+    """The next step for a GPU whose used memory the driver still lists for creators that have exited, with no target
+    left there: the holders left alone keep some of those contexts (gpu["kept"]), the rest has no holder here."""
+    exited = gpu.get("exited") or []
+    figures = [item["used_mib"] for item in exited]
+    text = "the driver still lists PID %s on GPU %s (%s), which %s exited: a context lives until the last process " % (
+        _pids(item["pid"] for item in exited),
+        gpu["index"],
+        "memory not reported" if None in figures else "%d MiB in all" % sum(m or 0 for m in figures),
+        "has" if len(exited) == 1 else "have",
+    )
+    text += "holding its handles exits"
+    kept = gpu.get("kept")
+    if kept:
+        text += "; PID %s, left alone, hold%s %s of these contexts: that memory stays with them until they exit" % (
+            _pids(kept["holders"]),
+            "s" if len(kept["holders"]) == 1 else "",
+            "some" if kept["unheld"] else "all",
+        )
+        if not kept["unheld"]:
+            return text + " (select them to free it)"
+    return text + (
+        "; no process in this PID namespace shows %s: the memory is being released (wait longer), or its holder "
+        "cannot be read here (run the check as root)" % ("the other %d" % kept["unheld"] if kept else "their contexts")
+    )
+
+
+def unexplained_step(gpu: _shapes.WaitStatus, driver: Optional[Mapping[str, Any]]) -> str:
+    """The next step for a GPU whose used memory no process explains, worded by what this driver lists
+    (docs/attribution.md rule 4): drivers from 535.113.01 list only the caller's PID namespace, older ones every
+    client by its initial-namespace PID. No GPU reset and no other namespace while a process here holds the GPU."""
+    index = gpu["index"]
+    mib = " (%s MiB)" % gpu["unexplained_mib"] if gpu.get("unexplained_mib") else ""
+    reset = (
+        "nvidia-smi --gpu-reset -i %s, needs no client on the device, nvidia-persistenced included, or reboot" % index
+    )
+    left = gpu.get("left_alone") or []
+    if left:
+        return (
+            "memory is used that no process explains%s: leaked, or still being released (wait longer); PID %s, left "
+            "alone, still hold%s GPU %s" % (mib, _pids(h["pid"] for h in left), "s" if len(left) == 1 else "", index)
+        )
+    cause = gpu.get("unexplained_cause")
+    version = (driver or {}).get("driver_version")
+    if cause == "leaked":
+        return (
+            "memory is used that no process explains%s: this driver lists every process of this PID namespace, the "
+            "host's own, so it is leaked or still being released (wait longer, then reset the GPU: %s)" % (mib, reset)
+        )
+    if cause == "unlisted" and version:
+        return (
+            "memory is used that no listed process explains%s: driver %s, older than 535.113.01, lists every client "
+            "by its PID in the host's initial PID namespace, so it is leaked or still being released (wait longer, "
+            "then reset the GPU: %s)" % (mib, version, reset)
+        )
+    return (
+        "memory is used that no process explains in this PID namespace%s: it belongs to a process in "
+        "another PID namespace (another container, or the host: drivers from 535.113.01 list only the caller's "
+        "namespace; run the check there), or it is leaked or still being released (wait longer, then reset "
+        "the GPU: %s)" % (mib, reset)
+    )
 
 
 def protected_step(gpu: _shapes.WaitStatus) -> str:

@@ -160,6 +160,21 @@ def process_details(psutil: Any, pid: int, proc: str = "/proc") -> Optional[_sha
     return cast(_shapes.Process, details)
 
 
+def context_groups(view: Dict[str, Any], proc: str = "/proc") -> None:
+    """Give each GPU of a merged `view` its "context_groups": the holders of its exited creators' contexts, grouped by
+    the device files they share (_shared_files.groups: one group per creator whose files they inherited); [] where
+    it carries none, None where the kernel does not tell. One exited creator, or one holder, needs no kcmp."""
+    for gpu in view["gpus"]:
+        key = str(gpu["index"])
+        pids = [h["pid"] for h in view["holders"] if key in (h.get("contexts_of") or {})]
+        if len(gpu.get("exited") or ()) < 2 or len(pids) < 2:
+            gpu["context_groups"] = [pids] if pids else []
+            continue
+        from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _shared_files
+
+        gpu["context_groups"] = _shared_files.groups(pids, proc)
+
+
 class Inspector:
     """Snapshots of GPUs and holders for one module run.
 
@@ -225,6 +240,7 @@ class Inspector:
             cache: Dict[Any, Any] = {}
             for process in view["holders"] + view["device_users"]:
                 process["owner"] = owner_of(process["pid"], self.proc, cache=cache)
+        context_groups(view, self.proc)
         for holder in view["holders"]:
             if holder["ppid"] > 1:
                 parent = _proc.read_stat(holder["ppid"], self.proc)

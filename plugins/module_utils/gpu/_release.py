@@ -13,6 +13,12 @@ role's gates) call `gpu_status`. A GPU, or a selected MIG instance, is released 
   v1), or the memory is not reported.
 What the protection rules leave alone (the GPU daemons, this module's own chain) is never signalled, but its memory
 counts: nobody chose to leave it out, and a process that holds memory keeps the GPU from being free whatever it is.
+
+What the holders left alone hold (`left_alone_mib`, `protected_mib`) is the one rule of what memory a run may expect
+back (the rest, `rest_mib`): the wait, the check, the reset's summary and report read it from these entries, and
+what no process explains is merge's `unexplained_mib` (_holders), which the guard's textfile exports too. A dead
+creator's listed memory is held by the processes that hold its context's handles (kept_contexts): where all of them
+are left alone, it stays with them.
 """
 
 from __future__ import annotations
@@ -47,6 +53,15 @@ def is_released(
     return used_mib is None or used_mib - left_alone_mib <= max_used_mib + allowance_mib
 
 
+def rest_mib(entry: Mapping[str, Any]) -> Optional[int]:
+    """What a gpu_status entry's used memory may still give back: used memory less what the holders left alone keep
+    there (left out by choice or by the protection rules); None where memory is not reported."""
+    used: Optional[int] = entry.get("memory_used_mib")
+    if used is None:
+        return None
+    return max(0, used - int(entry.get("left_alone_mib") or 0) - int(entry.get("protected_mib") or 0))
+
+
 def left_alone(split: Split, index: Optional[int], holds: Holds) -> List[_shapes.LeftAlone]:
     """The left-alone holders of Selection.split's `split` that `holds` tells hold GPU `index` (brief), with their
     "reason" and "counted" (left alone by the protection rules: their memory counts)."""
@@ -62,21 +77,57 @@ def held_by_protected(entry: _shapes.WaitGpu, max_used_mib: int) -> bool:
     """True when only the memory of holders the protection rules leave alone keeps a gpu_status entry from being
     released: no target holds it, the driver answers it, and without that memory it would be. Waiting cannot change
     that (nothing will end them); the wait stops there."""
-    used = entry["memory_used_mib"]
-    if entry["holders"] or entry["error"] or used is None or not entry["protected_mib"]:
+    rest = rest_mib(entry)
+    if entry["holders"] or entry["error"] or rest is None or not entry["protected_mib"]:
         return False
-    rest = used - entry["left_alone_mib"] - entry["protected_mib"]
     return rest <= max_used_mib + entry["reserved_allowance_mib"]
 
 
-def left_alone_mib(left: Iterable[_shapes.BriefHolder], figures: Mapping[str, Any]) -> int:
-    """MiB that the left-alone holders `left` (brief entries) hold on a GPU or MIG instance with `figures`
-    (its unexplained_mib). Memory no listed process explains counts as theirs when one of them holds it
-    through its device file."""
+def left_alone_mib(left: Iterable[_shapes.BriefHolder], figures: Mapping[str, Any], cause: Optional[str] = None) -> int:
+    """MiB that the left-alone holders `left` (brief entries) hold on a GPU or MIG instance with `figures` (its
+    unexplained_mib and exited creators), by their listed memory. Memory no listed process explains counts as theirs
+    when one of them holds it through its device file where such holders hold it (docs/attribution.md rule 5: a GPU
+    without exited creators, or a driver that does not list by this namespace, `cause` "unlisted"); on a GPU that
+    carries exited creators' contexts, those are what device-file holders hold (kept_contexts)."""
     total = sum(h["memory_mib"] or 0 for h in left)
-    if figures.get("unexplained_mib") and any(h["attribution"] == "device_file" for h in left):
+    rule5 = not figures.get("exited") or cause == "unlisted"
+    if rule5 and figures.get("unexplained_mib") and any(h["attribution"] == "device_file" for h in left):
         total += figures["unexplained_mib"]
     return total
+
+
+def kept_contexts(
+    exited: Sequence[_shapes.Foreign],
+    groups: Optional[Sequence[Sequence[int]]],
+    targets: Iterable[int],
+    left: Iterable[int],
+) -> Optional[_shapes.KeptContexts]:
+    """The contexts of exited creators (`exited`, a GPU's or MIG instance's) that the holders left alone keep, or None
+    where no left-alone process holds one.
+
+    `groups`: the holders of those contexts, grouped by the device files they share (the snapshot's context_groups,
+    _shared_files: one group per creator whose files they inherited; None where the kernel did not tell: then they
+    count as one group); `targets` and `left`: the PIDs of the selected and left-alone holders there. Each group keeps
+    at least one context while one of its members lives. A group with a target and a left-alone member keeps its
+    context after the target's end (`shared`: such groups). The listed memory stays with the left-alone holders
+    (`creators`, `mib`) once no group has a target and the creators listed are no more than their groups: until then
+    some of it is the targets' or is being released (`unheld`: how many contexts no group here can hold)."""
+    target_set, left_set = set(targets), set(left)
+    found = [target_set | left_set] if groups is None else [set(group) & (target_set | left_set) for group in groups]
+    mine = [group for group in found if group]
+    keepers = sorted({pid for group in mine for pid in group & left_set})
+    if not exited or not keepers:
+        return None
+    kept_by = [group for group in mine if group <= left_set]
+    targets_hold = any(group & target_set for group in mine)
+    whole = not targets_hold and len(exited) <= len(kept_by)
+    return {
+        "creators": sorted(item["pid"] for item in exited) if whole else [],
+        "mib": sum(item["used_mib"] or 0 for item in exited) if whole else 0,
+        "holders": keepers,
+        "shared": [sorted(group) for group in mine if group & left_set and group & target_set],
+        "unheld": 0 if targets_hold else max(0, len(exited) - len(kept_by)),
+    }
 
 
 def gpu_status(selection: Selection, snapshot: _shapes.Snapshot, max_used_mib: int) -> List[_shapes.WaitStatus]:
@@ -100,6 +151,7 @@ def gpu_status(selection: Selection, snapshot: _shapes.Snapshot, max_used_mib: i
                 left_alone_mib=0,
                 protected_mib=0,
                 foreign=[],
+                exited=[],
                 suspects=[],
                 memory_checked=False,
                 reserved_allowance_mib=0,
@@ -167,7 +219,13 @@ def _entry(
         error = "MIG device %s is no longer there (MIG reconfigured?)" % mig_uuid
     used = figures.get("memory_used_mib")
     allowance = figures.get("reserved_allowance_mib") or 0
-    left_mib = left_alone_mib([h for h in left if not h["counted"]], figures)
+    cause = gpu.get("unexplained_cause") if figures.get("memory_unexplained") else None
+    left_mib = left_alone_mib([h for h in left if not h["counted"]], figures, cause)
+    kept = _kept(gpu, figures, holders, left)
+    if kept and any(h["counted"] for h in left if h["pid"] in kept["holders"]):
+        protected_mib += kept["mib"]
+    elif kept:
+        left_mib += kept["mib"]
     return _wait_status(
         _shapes.WAIT_GPU_KEYS,
         index=index,
@@ -177,11 +235,14 @@ def _entry(
         memory_reserved_mib=gpu.get("memory_reserved_mib") if mig_uuid is None else None,
         unexplained_mib=figures.get("unexplained_mib"),
         memory_unexplained=figures.get("memory_unexplained"),
+        unexplained_cause=cause,
         holders=holders,
         left_alone=left,
         left_alone_mib=left_mib,
         protected_mib=protected_mib,
         foreign=figures.get("foreign", []),
+        exited=figures.get("exited", []),
+        kept=kept,
         suspects=gpu["suspects"],
         # Memory the driver does not report (a GB10: what its lists charge stands in for used memory) is not checked.
         memory_checked=used is not None and figures.get("memory_supported") is not False,
@@ -189,6 +250,25 @@ def _entry(
         reserved_allowance_mib=allowance,
         memory_note=_v1_note(allowance),
         released=is_released(holders, error, timed_out, used, left_mib, max_used_mib, allowance),
+    )
+
+
+def _kept(
+    gpu: _shapes.Gpu,
+    figures: Mapping[str, Any],
+    holders: Sequence[_shapes.BriefHolder],
+    left: Sequence[_shapes.LeftAlone],
+) -> Optional[_shapes.KeptContexts]:
+    """kept_contexts of a gpu_status entry: the exited creators of `figures` (the GPU or MIG instance), the holders
+    of their contexts (attribution device_file) among its targets `holders` and its holders left alone `left`."""
+    exited = figures.get("exited") or []
+    if not exited:
+        return None
+    return kept_contexts(
+        exited,
+        gpu.get("context_groups"),
+        [h["pid"] for h in holders if h["attribution"] == "device_file"],
+        [h["pid"] for h in left if h["attribution"] == "device_file"],
     )
 
 

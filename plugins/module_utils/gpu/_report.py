@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _owners, _shapes, _stop_owners, _wait
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _owners, _release, _shapes, _stop_owners, _wait
 
 # Command lines in the summary are cut to this many characters, "..." included.
 _CMDLINE_WIDTH = 80
@@ -77,9 +77,10 @@ def outcome(kill: Mapping[str, Any], wait: Mapping[str, Any], check_mode: bool, 
             kept = sum(gpu.get("left_alone_mib") or 0 for gpu in wait.get("gpus") or ())
             if kept:
                 # Released means: nothing selected holds the GPUs any more. What the holders left alone hold stays.
-                return "memory released after %.2f s more, besides %d MiB that left-alone processes hold" % (
+                return "memory released after %.2f s more, besides %d MiB that left-alone processes hold%s" % (
                     waited_s,
                     kept,
+                    kept_words(wait.get("gpus")),
                 )
             return "memory released after %.2f s more" % waited_s
         return "no holder left after %.2f s more; used memory not checked (%s)" % (
@@ -89,6 +90,61 @@ def outcome(kill: Mapping[str, Any], wait: Mapping[str, Any], check_mode: bool, 
             else "NVIDIA driver library not usable",
         )
     return "FAILED: %s" % _wait.whole_time(wait.get("msg", "the wait did not run"), waited_s)
+
+
+def kept_words(gpus: Optional[Iterable[Mapping[str, Any]]]) -> str:
+    """Who keeps the memory that the holders left alone hold on each GPU of a wait's last status (_shapes.WaitStatus),
+    as a clause: " (GPU 1: 11626 MiB with PID 17, 18, 23, 24, which hold the contexts of PID 16, 22, exited)"; ""
+    where the entries do not name them."""
+    parts = []
+    for gpu in gpus or ():
+        mib = gpu.get("left_alone_mib") or 0
+        kept = gpu.get("kept") or {}
+        pids = sorted(
+            {h["pid"] for h in gpu.get("left_alone") or () if not h.get("counted") and h.get("memory_mib")}
+            | set(kept.get("holders") or () if kept.get("creators") else ())
+        )
+        if mib <= 0 or not pids:
+            continue
+        whose = ""
+        if kept.get("creators"):
+            whose = ", which hold the contexts of PID %s, exited" % ", ".join(str(p) for p in kept["creators"])
+        parts.append("GPU %s: %d MiB with PID %s%s" % (gpu.get("index"), mib, ", ".join(str(p) for p in pids), whose))
+    return " (%s)" % "; ".join(parts) if parts else ""
+
+
+def _inheriting(processes: Iterable[Mapping[str, Any]], index: object) -> List[int]:
+    """The PIDs of `processes` (holders) that hold GPU `index` through an exited creator's context."""
+    return [p["pid"] for p in processes if (p.get("attribution") or {}).get(str(index)) == "device_file"]
+
+
+def shared_lines(kill: Mapping[str, Any], before: _shapes.Snapshot, check_mode: bool) -> List[str]:
+    """A line per selected holder group that shares an exited creator's context with a holder left alone (before the
+    run's end, `before`): ending the selected ones frees nothing of it; it stays until the last of them exits."""
+    ended = kill.get("would_signal" if check_mode else "signalled") or []
+    left = kill.get("left_alone") or []
+    lines = []
+    for gpu in before.get("gpus") or ():
+        exited = gpu.get("exited") or []
+        staying = _inheriting(left, gpu["index"])
+        kept = _release.kept_contexts(exited, gpu.get("context_groups"), _inheriting(ended, gpu["index"]), staying)
+        creators = ", ".join(str(pid) for pid in sorted(item["pid"] for item in exited))
+        whose = "PID %s's context (exited)" if len(exited) == 1 else "the context of an exited creator (one of PID %s)"
+        for group in kept["shared"] if kept else ():
+            stay = ", ".join(str(pid) for pid in group if pid in staying)
+            lines.append(
+                "  GPU %s: PID %s %s %s with PID %s, left alone: that context and its memory stay until PID %s exit%s"
+                % (
+                    gpu["index"],
+                    ", ".join(str(pid) for pid in group if pid not in staying),
+                    "would share" if check_mode else "shared",
+                    whose % creators,
+                    stay,
+                    stay,
+                    "" if "," in stay else "s",
+                )
+            )
+    return lines
 
 
 def _seconds_words(value: object) -> str:
@@ -109,12 +165,14 @@ def held_words(gpus: Optional[Iterable[Mapping[str, Any]]]) -> str:
         used = gpu.get("memory_used_mib")
         error = gpu.get("error")
         protected = gpu.get("protected_mib") or 0
+        kept = gpu.get("left_alone_mib") or 0
         parts.append(
-            "%s %s%s, held by %s%s"
+            "%s %s%s%s, held by %s%s"
             % (
                 "all GPUs" if gpu.get("index") is None else "GPU %s" % gpu["index"],
                 "used memory unknown" if used is None else "%s MiB used" % used,
                 " (%s)" % error if error else "",
+                " (%s MiB of it kept by holders left alone)" % kept if kept and used is not None else "",
                 ", ".join(str(holder["pid"]) for holder in gpu.get("holders") or ()) or "no selected process",
                 ", %s MiB by protected holders" % protected if protected else "",
             )
@@ -183,6 +241,7 @@ def summary_lines(
             for p in kill.get("not_signalled", [])
         )
     lines.extend("  left alone PID %s %s: %s" % (p["pid"], p["comm"], p["reason"]) for p in kill.get("left_alone", []))
+    lines.extend(shared_lines(kill, before, check_mode))
     if kill.get("not_holding"):
         lines.append(
             "  PID(s) %s from pids hold none of the selected GPUs (or do not exist): not signalled"

@@ -201,6 +201,7 @@ class Gpu(GpuTable):
     exited: List[Foreign]
     memory_supported: Optional[bool]
     unexplained_cause: Optional[UnexplainedCause]
+    context_groups: Optional[List[List[int]]]
 
 
 class DriverProcess(ListEntry):
@@ -286,6 +287,16 @@ class LeftAlone(BriefHolder):
     counted: bool
 
 
+class KeptContexts(TypedDict):
+    """The contexts of exited creators on a GPU that holders left alone keep (_release.kept_contexts)."""
+
+    creators: List[int]
+    mib: int
+    holders: List[int]
+    shared: List[List[int]]
+    unheld: int
+
+
 class WaitGpu(TypedDict):
     """One selected GPU (or MIG instance) in a wait (_release.gpu_status). MIG instances add "mig_profile", a whole
     GPU in MIG mode that is not released "mig_in_use", a GPU that is not released after a wait "next_step"
@@ -298,11 +309,14 @@ class WaitGpu(TypedDict):
     memory_reserved_mib: Optional[int]
     unexplained_mib: Optional[int]
     memory_unexplained: Optional[bool]
+    unexplained_cause: Optional[UnexplainedCause]
     holders: List[BriefHolder]
     left_alone: List[LeftAlone]
     left_alone_mib: int
     protected_mib: int
     foreign: List[Foreign]
+    exited: List[Foreign]
+    kept: Optional[KeptContexts]
     suspects: List[int]
     memory_checked: bool
     error: Optional[str]

@@ -141,7 +141,7 @@ def conclude(result: Waited, driver_timeout: float, single_look: bool = False) -
         return after(what, result["elapsed_s"]) + left
     stuck = [gpu for gpu in result["gpus"] if not gpu["released"]]
     for gpu in stuck:
-        gpu["next_step"] = _advice.next_step(gpu)
+        gpu["next_step"] = _advice.next_step(gpu, driver)
     if driver["timed_out"]:
         return (
             "NVML did not answer within driver_timeout (%s s): the driver may be hung (%s); GPU memory release "
