@@ -28,8 +28,9 @@ if TYPE_CHECKING:
 # /proc/net/tcp's state column: 0A is TCP_LISTEN (include/net/tcp_states.h).
 _LISTEN = "0A"
 _PYTHON = re.compile(r"^python[0-9.]*$")
-# The modules that run vLLM's OpenAI-compatible server when given to `python -m` (vLLM 0.33 wheel: the console
-# script `vllm` calls vllm.entrypoints.cli.main:main; vllm/entrypoints/openai/api_server.py has its own __main__).
+# The modules that run vLLM's OpenAI-compatible server when given to `python -m`, True where `serve` follows: the
+# console script `vllm` calls vllm.entrypoints.cli.main:main; vllm/entrypoints/openai/api_server.py has a __main__
+# of its own (make_arg_parser, the model as --model; setup_server binds the socket that run_server listens on).
 _SERVE_MODULES = {"vllm.entrypoints.cli.main": True, "vllm.entrypoints.openai.api_server": False}
 # Flags whose value is a secret: shown as SECRET_SHOWN (plugin_utils/_vllm_checks.py SECRETS names the same two).
 _SECRET_FLAGS = ("--api-key", "--hf-token")
