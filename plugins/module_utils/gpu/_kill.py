@@ -183,10 +183,12 @@ def look_and_end(
     """Look, select, plan stop_owners, stop units and end the targets, wait: what each step found."""
     inspector = _gpus.Inspector(driver_timeout=params["driver_timeout"])
     try:
-        # The first look scans every process: a holder that the driver's figures do not give away (the forked child
-        # of a dead creator whose number a process with its own context has now) is a target from the start, so check
-        # mode names every process the run will end. The later looks scan the listed PIDs where they explain the GPUs.
-        snapshot = inspector.snapshot(scope="full", owners=True, tolerance_mib=params["max_used_mib"])
+        # Check mode scans every process: a holder that the driver's figures do not give away (the forked child of a
+        # dead creator whose number a process with its own context has now) is named from the start, as the run ends
+        # it. The run's looks scan the listed PIDs where they explain the GPUs: once the reuser has exited, its listed
+        # number is an exited creator's and the next look scans every process.
+        scope: _shapes.Scope = "full" if check_mode else "listed"
+        snapshot = inspector.snapshot(scope=scope, owners=True, tolerance_mib=params["max_used_mib"])
         steps = Steps(snapshot["driver"])
         try:
             look = first_look(params, snapshot, checked)

@@ -294,7 +294,7 @@ def test_new_holders_found_after_a_round_are_ended_too_and_respawns_are_named(ca
     assert code == 0 and result["changed"] is True
     assert [call[0] for call in rec.ended] == [[5000001], [5000009]]
     assert rec.ended[0][1:] == (_terminate.parse_signal("SIGINT"), 1.0, 2.0)
-    assert rec.snapshots == [("full", None), ("listed", [0]), ("listed", [0])]
+    assert rec.snapshots == [("listed", None), ("listed", [0]), ("listed", [0])]
     assert pids(result["signalled"]) == [5000001, 5000009] and result["gpus"] == [0]
     assert (
         result["msg"] == "signalled 2 process(es), 2 exited; left alone: PID 5000003 (nvidia-persiste): "
@@ -438,7 +438,7 @@ def test_with_nothing_to_end_the_wait_takes_the_first_look_and_looks_once(capsys
     code, result = run_module(capsys, {"wait": True, "wait_timeout": 5})
     assert code == 0 and result["released"] is True and result["wait"]["polls"] == 1, result
     assert "GPU 1: 3 -> 3 MiB used, holders 1 -> 1" in result["summary"], result["summary"]
-    assert rec.snapshots == [("full", None)] and rec.ended == []
+    assert rec.snapshots == [("listed", None)] and rec.ended == []
 
 
 def test_nothing_to_do_is_not_a_change(capsys, recorder):
