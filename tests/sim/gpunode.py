@@ -1268,6 +1268,13 @@ def inventory_text(names: list[str]) -> str:
 
 
 def _up(args: argparse.Namespace) -> int:
+    if not os.access(VENV_PYTHON, os.X_OK):
+        # A node without the venv runs the collection's modules with a Python that lacks their libraries, and its
+        # inventory is one that prepare_hosts.yml refuses: say what to run first instead.
+        raise GpunodeError(
+            f"{VENV_PYTHON} does not exist yet: run `make setup` first (it makes the virtual environment whose Python "
+            "the nodes run), then `tests/sim/gpunode up` again"
+        )
     gpus = args.gpus
     conf = dict(CONF_DEFAULTS)
     conf.update(PRESETS.get(args.preset or "", {}))
