@@ -163,11 +163,11 @@ def process_details(psutil: Any, pid: int, proc: str = "/proc") -> Optional[_sha
 def context_groups(view: Dict[str, Any], proc: str = "/proc") -> None:
     """Give each GPU of a merged `view` its "context_groups": the holders of its exited creators' contexts, grouped by
     the device files they share (_shared_files.groups: one group per creator whose files they inherited); [] where
-    it carries none, None where the kernel does not tell. One exited creator, or one holder, needs no kcmp."""
+    it carries none, None where the kernel does not tell. One holder needs no kcmp."""
     for gpu in view["gpus"]:
         key = str(gpu["index"])
         pids = [h["pid"] for h in view["holders"] if key in (h.get("contexts_of") or {})]
-        if len(gpu.get("exited") or ()) < 2 or len(pids) < 2:
+        if len(pids) < 2:
             gpu["context_groups"] = [pids] if pids else []
             continue
         from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _shared_files
