@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The guard's Prometheus files, checked by promtool (Debian package prometheus, installed by scripts/setup.sh):
 # the rules (check rules, and their unit tests), and a textfile that gpu_guard's code renders from a sample look
-# (check metrics: names, units, HELP and TYPE). The textfile of a real look is checked by
+# (check metrics: names, units, HELP and TYPE); amtool checks the Alertmanager route of the remediation. The textfile of a real look is checked by
 # tests/integration/test_guard_metrics.py. Run from anywhere; exit 1 on the first failure.
 set -euo pipefail
 cd "$(dirname "$(readlink -f "$0")")/../.."
@@ -9,6 +9,10 @@ promtool=${PROMTOOL:-promtool}
 command -v "$promtool" >/dev/null || { echo "promtool is missing: run scripts/setup.sh" >&2; exit 1; }
 "$promtool" check rules extensions/prometheus/gpuops_nvidia_guard.rules.yml
 "$promtool" test rules tests/prometheus/gpuops_nvidia_guard.test.yml
+# The Alertmanager route and receiver of the remediation (Debian package prometheus-alertmanager).
+amtool=${AMTOOL:-amtool}
+command -v "$amtool" >/dev/null || { echo "amtool is missing: run scripts/setup.sh" >&2; exit 1; }
+"$amtool" check-config extensions/alertmanager/gpuops_nvidia_guard.yml >/dev/null
 PYTHONPATH=.collections .venv/bin/python - <<'PY' | "$promtool" check metrics
 from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _guard_metrics
 
@@ -20,4 +24,4 @@ vllm = [{"name": "qwen", "url": "http://127.0.0.1:8000", "state": "stalled", "re
 found = _guard_metrics.samples({"gpus": [gpu], "driver": {}}, [orphan], vllm, True, 1796407843.5, "gpu07")
 print(_guard_metrics.render(found), end="")
 PY
-echo "promtool: rules, their tests and the textfile's metrics are fine"
+echo "promtool and amtool: rules, their tests, the route and the textfile's metrics are fine"
