@@ -313,9 +313,7 @@ def shared_number_scene(*entries):
 
 
 @pytest.mark.parametrize("entries", [(7000,), (2000, 5000)], ids=["listed once", "listed twice"])
-def test_a_reused_number_with_its_own_context_shares_the_dead_creators_memory_with_the_holders_of_that_context(
-    entries,
-):
+def test_a_reused_number_with_its_own_context_shares_the_dead_creators_memory_with_the_holders_of_that_context(entries):
     """A dead creator's PID went to a process with a context of its own on the same GPU, while the creator's forked
     child holds its context: the driver lists the number once with both contexts' memory (gpu_rmapi.c), or twice. The
     child is a holder of the dead creator's context, so a dry run names it as the run ends it; the listed memory is
