@@ -114,7 +114,7 @@ class Inbox:
 
 
 def _authorized(request: web.Request, token: str) -> bool:
-    scheme, _, given = request.headers.get("Authorization", "").strip().partition(" ")
+    scheme, given = (request.headers.get("Authorization", "").strip().split(" ", 1) + [""])[:2]
     return scheme == "Bearer" and hmac.compare_digest(given.strip().encode(), token.encode())
 
 

@@ -456,7 +456,7 @@ def endless_metrics():
             self.request.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nConnection: close\r\n\r\n")
             chunk = b"# padding padding padding padding padding padding padding\n" * 1024
             try:
-                for _ in range(2000):  # about 118 MiB, then it gives up
+                for _chunk in range(2000):  # about 118 MiB, then it gives up
                     self.request.sendall(chunk)
             except OSError:
                 pass  # the client stopped reading: what the test wants
