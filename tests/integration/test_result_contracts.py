@@ -47,6 +47,9 @@ FREE_FORM = {
     "paths",
     "files",
     "config",
+    # guard_ledger: by host.
+    "hosts",
+    "refusals",
 }
 
 
@@ -273,8 +276,12 @@ def run_every_module(node, inventory, tmp_path):
     run("gpu_guard", dict(guard, vllm_instances=[{"name": "m", "url": url["url"]}]), check=True)
     run("gpu_guard", dict(guard, vllm_instances=[{"name": "m", "url": url["url"]}]))
     ledger = {"state_dir": str(tmp_path / "guard"), "log": str(tmp_path / "guard.jsonl"), "interval": 60}
-    run("guard_ledger", dict(ledger, claim_host=node.name, entries=[{"host": node.name, "action": "test"}]))
-    run("guard_ledger", dict(ledger, claim_host=node.name))  # the slot is taken: a refusal, not a failure
+    named = {node.name: [{"pid": 1, "start_ticks": 1, "alerts": []}]}
+    entries = [{"host": node.name, "action": "test"}]
+    run("guard_ledger", dict(ledger, claim_hosts=[node.name], entries=entries, take_inbox=True, screen=named))
+    # The slot is taken: a refusal, not a failure; the screen refuses the host's processes.
+    decided = [{"host": node.name, "mode": "check", "pid": 1, "start_ticks": 1, "why": "test"}]
+    run("guard_ledger", dict(ledger, claim_hosts=[node.name], decided=decided, screen=named))
     run("vllm_drain", dict(url, timeout=5, poll_interval=0.2))
     run("detached_process", {"pidfile": server["pidfile"], "state": "stopped"}, check=True)
     run("vllm_drain", dict(url, timeout=5, poll_interval=0.2, pidfile=server["pidfile"], grace_period=10))
