@@ -24,6 +24,8 @@ description:
     instances are watched at the same time, so the module takes at most O(stall_seconds) plus the requests'
     deadlines; an idle instance, or one that generates, is judged at once.
   - Signals nothing and changes nothing on the host but the textfile.
+  - The result's C(msg) is the look in one line - per GPU its orphaned holders and the MiB that no listed process
+    explains, then the state of each vLLM instance.
 author: gpuops maintainers (@gpuops)
 extends_documentation_fragment:
   - gpuops.nvidia.attributes
@@ -43,6 +45,7 @@ options:
     description:
       - Absolute path of the textfile on the host, in node_exporter's C(--collector.textfile.directory), ending in
         C(.prom). Written atomically. Not set, nothing is written and the text is returned.
+      - Its directory must exist and be writable; otherwise the module fails before it looks, naming that directory.
     type: path
   inventory_hostname:
     description:
@@ -203,6 +206,8 @@ def main() -> None:
         )
     except _options.OptionError as exc:
         problems.append(str(exc))
+    if path is not None and not problems:
+        problems += _guard_metrics.unwritable(path)
     if problems:
         module.fail_json(msg="nothing was looked at: %s" % "; ".join(problems))
     vllm = watch_instances(params["vllm_instances"], params["stall_seconds"], params["request_timeout"])
@@ -211,13 +216,33 @@ def main() -> None:
     found = _guard_metrics.samples(
         view, orphans, vllm, _holders.translates_pids(view["driver"]), time.time(), params["inventory_hostname"]
     )
-    finish(module, path, _guard_metrics.render(found), orphans, vllm)
+    msg = summary(view, orphans, vllm)
+    finish(module, path, _guard_metrics.render(found), orphans, vllm, msg)
+
+
+def summary(snapshot: _shapes.Snapshot, orphans: List[_orphans.Orphan], vllm: List[Dict[str, Any]]) -> str:
+    """The look in one line: per GPU its orphaned holders and the MiB no listed process explains, then the vLLM
+    instances: "GPU 0: orphaned PID 6 VLLM::Worker_TP (vllm_server_exited), 0 MiB unexplained; GPU 1: no orphaned
+    holder, 3500 MiB unexplained; 1 vLLM instance(s) watched: qwen healthy"."""
+    parts = []
+    for gpu in snapshot.get("gpus") or []:
+        mine = [o for o in orphans if gpu.get("index") in o["gpus"]]
+        held = "orphaned %s" % ", ".join("PID %d %s (%s)" % (o["pid"], o["comm"], o["reason"]) for o in mine)
+        mib = gpu.get("unexplained_mib")
+        unexplained = "unexplained memory unknown" if mib is None else "%d MiB unexplained" % mib
+        parts.append("GPU %s: %s, %s" % (gpu.get("index"), held if mine else "no orphaned holder", unexplained))
+    if not parts:
+        parts.append("no GPU looked at" if not (snapshot.get("driver") or {}).get("timed_out") else "driver hung")
+    states = ", ".join("%s %s" % (item["name"], item["state"]) for item in vllm)
+    parts.append("%d vLLM instance(s) watched%s" % (len(vllm), ": " + states if states else ""))
+    return "; ".join(parts)
 
 
 def finish(
-    module: Any, path: Optional[str], text: str, orphans: List[_orphans.Orphan], vllm: List[Dict[str, Any]]
+    module: Any, path: Optional[str], text: str, orphans: List[_orphans.Orphan], vllm: List[Dict[str, Any]], msg: str
 ) -> None:
-    """Write the textfile (not in check mode) and exit; changed when the figures differ from the file's."""
+    """Write the textfile (not in check mode) and exit with `msg`; changed when the figures differ from the file's.
+    A textfile that cannot be written fails with the path asked for and why, without the text."""
     before = _guard_metrics.read(path) if path else None
     changed = bool(path) and _guard_metrics.without_timestamp(before) != _guard_metrics.without_timestamp(text)
     written = None
@@ -225,15 +250,9 @@ def finish(
         try:
             _guard_metrics.write(path, text)
         except OSError as exc:
-            module.fail_json(msg="textfile %s not written: %s" % (path, exc), orphans=orphans, vllm=vllm, metrics=text)
+            why = exc.strerror or str(exc)
+            module.fail_json(msg="textfile %s not written: %s; %s" % (path, why, msg), orphans=orphans, vllm=vllm)
         written = path
-    stalled = [item["name"] for item in vllm if item["state"] == "stalled"]
-    msg = "%d orphaned holder(s)%s; %d vLLM instance(s) watched%s" % (
-        len(orphans),
-        (": " + ", ".join("PID %d %s (%s)" % (o["pid"], o["comm"], o["reason"]) for o in orphans)) if orphans else "",
-        len(vllm),
-        (", stalled: " + ", ".join(stalled)) if stalled else "",
-    )
     module.exit_json(changed=changed, msg=msg, orphans=orphans, vllm=vllm, metrics=text, textfile=written)
 
 

@@ -159,6 +159,22 @@ def read(path: str) -> Optional[str]:
         return None
 
 
+def unwritable(path: str) -> List[str]:
+    """Why the textfile `path` cannot be written, named by the directory asked for ([] where it can): its directory
+    is missing (node_exporter's --collector.textfile.directory is another, or not made yet), not a directory, or not
+    writable."""
+    directory = os.path.dirname(path) or "."
+    if not os.path.exists(directory):
+        why = "does not exist"
+    elif not os.path.isdir(directory):
+        why = "is not a directory"
+    elif not os.access(directory, os.W_OK | os.X_OK):
+        why = "is not writable"
+    else:
+        return []
+    return ["textfile %s cannot be written: its directory %s %s" % (path, directory, why)]
+
+
 def write(path: str, text: str, mode: int = 0o644) -> None:
     """Write `text` to `path` atomically (a temporary file in its directory, then rename). Raises OSError."""
     directory = os.path.dirname(path) or "."
