@@ -213,15 +213,18 @@ def _entry(
     index = gpu["index"]
     holders = [brief(h, index) for h in split["targets"] if holds(h)]
     left = left_alone(split, index, holds)
-    protected_mib = sum(h["memory_mib"] or 0 for h in left if h["counted"])
+    kept = _kept(gpu, figures, holders, left)
+    # A device-file holder's memory is the exited creators' listed memory it keeps: counted once, as kept["mib"].
+    keeps = set(kept["holders"]) if kept and kept["mib"] else set()
+    mine = [h for h in left if not (h["pid"] in keeps and h["attribution"] == "device_file")]
+    protected_mib = sum(h["memory_mib"] or 0 for h in mine if h["counted"])
     error = gpu.get("error")
     if mig_uuid is not None and not figures and not error:
         error = "MIG device %s is no longer there (MIG reconfigured?)" % mig_uuid
     used = figures.get("memory_used_mib")
     allowance = figures.get("reserved_allowance_mib") or 0
     cause = gpu.get("unexplained_cause") if figures.get("memory_unexplained") else None
-    left_mib = left_alone_mib([h for h in left if not h["counted"]], figures, cause)
-    kept = _kept(gpu, figures, holders, left)
+    left_mib = left_alone_mib([h for h in mine if not h["counted"]], figures, cause)
     if kept and any(h["counted"] for h in left if h["pid"] in kept["holders"]):
         protected_mib += kept["mib"]
     elif kept:

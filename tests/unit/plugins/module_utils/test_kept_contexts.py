@@ -145,6 +145,15 @@ def test_one_worker_per_creator():
     assert entry["released"] is True and entry["left_alone_mib"] == KEPT
 
 
+def test_a_sole_holder_charged_the_creators_memory_is_not_counted_twice():
+    # One worker left: the merge charges it the dead creator's listed memory (_holders._inherited_mib), which is what
+    # it keeps; found by a tryout that read "40000 MiB with PID 4" beside "20000 -> 20000 MiB used".
+    alone = dict(worker(5000401, [D]), memory_mib={"1": 5813})
+    entry = entry_of(selection(pids=SELECTED), view({D: 5813}, [alone], [[5000401]]))
+    assert entry["released"] is True and entry["left_alone_mib"] == 5813 and entry["kept"]["mib"] == 5813
+    assert _release.rest_mib(entry) == 0
+
+
 def test_the_wait_goes_on_while_freed_contexts_are_still_listed():
     built = view({pid: TRAINERS[pid][0] for pid in (A, B, C, D)}, workers_of(C, D), groups_of(C, D))
     entry = entry_of(selection(pids=SELECTED), built)
