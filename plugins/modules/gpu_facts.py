@@ -185,7 +185,7 @@ ansible_facts:
               C(device_file) (shows a context on a GPU that carries an exited creator's context, or memory it may hold),
               C(contexts_of) per GPU index the listed PIDs, exited, whose contexts it holds, C(seen_in) where the
               process was seen (C(driver), C(fd), C(mapping)), C(kind) C(cuda) (it maps a GPU's device file) or C(nvml) (it
-              maps none), C(parent) (C(pid), C(comm) of its parent, null under init), C(mig) the MIG instances it holds
+              maps none), C(parent) (C(pid), C(comm) and C(cmdline) of its parent, null under init), C(mig) the MIG instances it holds
               per GPU index (a dict of GPU index to a list of MIG UUIDs).
             - C(control_only) is true for a listed process holding no GPU device file; C(thread_only) when only a non-main thread holds the handle.
             - C(owner) says what will start the process again, read on the host with no runtime client
@@ -223,7 +223,7 @@ ansible_facts:
               attribution: {"0": driver}
               seen_in: [driver, fd]
               kind: cuda
-              parent: {"pid": 4100, "comm": "VLLM::EngineCor"}
+              parent: {"pid": 4100, "comm": "VLLM::EngineCor", "cmdline": "VLLM::EngineCore"}
               control_only: false
               thread_only: false
               owner: {"systemd_unit": "vllm@a.service", "unit_restart": "always", "container_id": null, "runtime": null,

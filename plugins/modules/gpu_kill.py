@@ -198,6 +198,14 @@ options:
     description: With O(wait=true), seconds to wait for the release (0 is one look; at most 3600).
     type: float
     default: 60.0
+  fail_unreleased:
+    description:
+      - With O(wait=true), whether GPUs not released within O(wait_timeout) fail the module.
+      - V(false) returns the same result without failing (RV(released) false, RV(wait_timed_out) true, RV(wait) per
+        GPU), for a caller that goes on waiting, as the reset_gpus role does after its first slice. Every other failure
+        still fails the module.
+    type: bool
+    default: true
   max_used_mib:
     description:
       - Used memory in MiB at or below which a GPU without selected holders counts as released (see
@@ -293,8 +301,8 @@ released:
   type: bool
 wait_timed_out:
   description:
-    - With O(wait=true), true when the module failed because the GPUs were not released, within O(wait_timeout) or
-      before it when waiting could not help (a lost GPU, a hung driver; RV(wait) says which).
+    - With O(wait=true), true when the GPUs were not released, within O(wait_timeout) or before it when waiting could
+      not help (a lost GPU, a hung driver; RV(wait) says which). The module then failed, unless O(fail_unreleased=false).
   returned: when O(wait=true) and not in check mode
   type: bool
 wait:
@@ -424,6 +432,7 @@ def main() -> None:
             stop_spanning_owners=dict(type="bool", default=False),
             wait=dict(type="bool", default=False),
             wait_timeout=dict(type="float", default=60.0),
+            fail_unreleased=dict(type="bool", default=True),
             lock_timeout=dict(type="float", default=120.0),
             **dict(_wait.WAIT_ARGS, **_select.HOLDER_ARGS, **_gpus.SELECTION_ARGS),
         ),

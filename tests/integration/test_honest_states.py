@@ -104,9 +104,10 @@ def unreachable_inventory(tmp_path, node):
 
 
 def test_a_host_that_fails_does_not_keep_its_last_report(simnode, tmp_path):
-    """A reset writes "released"; in the next run the node cannot be reached, or its Python is gone (the node is
-    down): its report must not still say "released". The role replaces it before anything is signalled, and the
-    run's own report replaces that where the run gets that far."""
+    """A reset writes "released"; in the next run the node cannot be reached, or its Python lacks the NVIDIA library
+    (prepare_hosts was not run, or refused it): its report must not still say "released". The role replaces it
+    before anything is signalled; every failure the role sees then writes its own report, with the phase that failed
+    and why (issue 46 item 6: the library's failure wrote none, and was printed twice)."""
     node = simnode(gpus=1, release_latency=0.1)
     start_holder(node, [0], mib=1000)
     inventory = inventory_file(tmp_path, node)
@@ -125,10 +126,22 @@ def test_a_host_that_fails_does_not_keep_its_last_report(simnode, tmp_path):
 
     rc, out, _recap = playbook(inventory, RESET, "-e", extra)
     assert rc == 0 and json.loads(path.read_text())["outcome"] == "released", out
-    node.down()
-    rc, out, recap = playbook(inventory, RESET, "-e", extra)
-    assert rc != 0 and recap[node.name]["failed"] >= 1, out
-    assert json.loads(path.read_text())["outcome"] == "failed", path.read_text()
+    # This machine's /usr/bin/python3 has neither nvidia-ml-py nor psutil, and the venv is not there.
+    lacking = tmp_path / "lacking.ini"
+    lacking.write_text(
+        "[gpunodes]\n%s ansible_connection=local ansible_python_interpreter=/usr/bin/python3 gpuops_nvidia_venv=%s\n"
+        % (node.name, tmp_path / "no-venv")
+    )
+    rc, out, recap = playbook(lacking, RESET, "-e", extra)
+    assert rc != 0 and recap[node.name]["failed"] == 1, out
+    report = json.loads(path.read_text())
+    assert (report["outcome"], report["phase"], report["memory_checked"]) == ("failed", "stop", False), report
+    assert report["message"].startswith("FAILED to end the holders: no Python with nvidia-ml-py and psutil"), report
+    assert "gpuops.nvidia.prepare_hosts" in report["message"] and "None" not in path.read_text(), report
+    assert "null" not in path.read_text() and "gpus_after" not in report, report
+    # Said once, by the task that failed: gpu_facts afterwards fails as quietly as it can, and no failed_when's words.
+    assert len(re.findall(r"fatal: \[%s\]" % node.name, out)) == 1, out
+    assert "failed_when" not in out and "Summarize the reset" in out, out
 
 
 def test_a_textfile_or_report_that_cannot_be_written_is_a_warning(simnode, tmp_path):

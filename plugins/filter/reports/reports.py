@@ -9,8 +9,9 @@ gpuops.nvidia.reports.NAME: in a subdirectory of plugins/filter/ so that the per
 - reset_gpus_state: where one host's wait stands after gpu_kill and gpu_wait (the last slice, the seconds waited,
   whether gpu_wait is to go on waiting, whether gpu_kill's run finished the reset).
 - reset_gpus_progress: the line of progress the role prints after gpu_kill's slice (gpu_wait prints its own).
-- reset_gpus_result: one host's reset (the GPUs before and after, the outcome, its sentence, the summary lines of
-  _report.summary_lines, the same lines gpu_kill returns on the common path).
+- reset_gpus_result: one host's reset (the GPUs before and after, the outcome, the phase that failed, its sentence,
+  the summary lines of _report.summary_lines, the same lines gpu_kill returns on the common path).
+- reset_gpus_report: the JSON report of one host's reset (reset_gpus_report_dir).
 - reset_gpus_fleet_summary: the lines playbooks/reset_gpus.yml prints once for every host.
 - check_gpus_lines: the lines playbooks/check_gpus.yml prints once for every host, each starting with "check_gpus ".
 
@@ -95,16 +96,20 @@ def reset_gpus_result(
     check_mode: bool,
     waited_s: float,
     waited_more: bool,
+    refusal: Optional[str] = None,
 ) -> Dict[str, Any]:
     """Filter: one host's reset, from gpu_kill's registered result `kill`, the last slice of the wait `wait` (gpu_kill's
-    own or gpu_wait's, {} when none ran), gpu_facts' registered result `facts` ({} when not run), check mode, the
-    seconds waited in all slices and whether gpu_wait ran slices after gpu_kill's.
+    own or gpu_wait's, {} when none ran), gpu_facts' registered result `facts` ({} when not run, or failed), check
+    mode, the seconds waited in all slices, whether gpu_wait ran slices after gpu_kill's and the role's refusal of its
+    variables (the plan's "refusal": None where none).
 
     Returns {"before", "after"} (the GPUs in the shape of the nvidia facts: after as the wait last saw them, else as
-    gpu_facts read them, else as gpu_kill found them; before as gpu_kill found them, else as after), "memory_checked",
-    "outcome" (check, failed, released, no_holders), "message" (one sentence, _report.outcome) and "summary" (lines).
-    A kill refused before it selected anything (no "gpus" in its result) is summarized by its message alone: the
-    GPUs it did not select are not named.
+    gpu_facts read them, else as gpu_kill found them; before as gpu_kill found them, else as after; None where nothing
+    read them), "memory_checked", "outcome" (check, failed, released, no_holders), "phase" (where it failed: preflight,
+    the variables refused; stop, gpu_kill failed; free, the GPUs not released in time; None where it did not),
+    "message" (one sentence, _report.outcome) and "summary" (lines). A failure in check mode is "failed" too. A kill
+    refused before it selected anything (no "gpus" in its result) is summarized by its message alone: the GPUs it
+    did not select are not named.
     """
     from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _report
 
@@ -115,15 +120,14 @@ def reset_gpus_result(
     after = wait.get("after") or (facts or {}).get("ansible_facts", {}).get("nvidia") or kill.get("before")
     before = kill.get("before") or after
     memory_checked = _memory_read(after, wait, kill.get("gpus"))
-    message = _report.outcome(
-        kill, dict(wait, memory_checked=memory_checked, driver=(after or {}).get("driver")), check_mode, waited_s
-    )
-    if check_mode:
-        outcome = "check"
-    elif failed or not wait.get("released"):
-        outcome = "failed"
+    phase = _failed_phase(refusal, failed, check_mode, wait)
+    if refusal:
+        message = "FAILED%s: %s" % (" (check mode)" if check_mode else "", refusal)
     else:
-        outcome = "released" if memory_checked else "no_holders"
+        message = _report.outcome(
+            kill, dict(wait, memory_checked=memory_checked, driver=(after or {}).get("driver")), check_mode, waited_s
+        )
+    outcome = "failed" if phase else "check" if check_mode else "released" if memory_checked else "no_holders"
     if kill.get("summary") and not waited_more:
         lines = list(kill["summary"])
     elif before and after and "gpus" in kill:
@@ -136,9 +140,69 @@ def reset_gpus_result(
         "after": after,
         "memory_checked": memory_checked,
         "outcome": outcome,
+        "phase": phase,
         "message": message,
         "summary": lines,
     }
+
+
+def _failed_phase(refusal: Optional[str], failed: bool, check_mode: bool, wait: Mapping[str, Any]) -> Optional[str]:
+    """The role's phase that failed (its tags): preflight, stop or free; None where none did."""
+    if refusal:
+        return "preflight"
+    if failed:
+        return "stop"
+    if not check_mode and not wait.get("released"):
+        return "free"
+    return None
+
+
+# gpu_kill's results that the report carries as they are, with their value where gpu_kill did not return them.
+REPORT_LISTS: Tuple[Tuple[str, Any], ...] = tuple(
+    (key, []) for key in ("would_signal", "signalled", "survived", "protected", "not_signalled", "respawned")
+) + (("stopped_units", []), ("owner_commands", []), ("mig_instances", {}))
+
+
+def reset_gpus_report(
+    result: Mapping[str, Any], kill: Optional[Mapping[str, Any]], state: Mapping[str, Any], host: str, check_mode: bool
+) -> Dict[str, Any]:
+    """Filter: the JSON report of one reset_gpus run on one host (reset_gpus_report_dir), from reset_gpus_result's
+    `result`, gpu_kill's registered result `kill`, reset_gpus_state's `state`, the inventory hostname and check mode.
+
+    Times: UTC, ISO 8601 with +00:00; message and wait_seconds count the same whole wait. Each holder in would_signal,
+    signalled, not_signalled and respawned carries its owner block and gpu_kill's owner_note, owner_command and
+    owner_label; stopped_units are the units stop_owners stopped, owner_commands the commands that stop containers and
+    pods (not run). mig_instances: the MIG instances the run selected by MIG UUID ({"<GPU index>": [MIG UUID, ...]},
+    {} for whole GPUs); per-instance figures are in gpus_before/gpus_after[].mig_devices.
+
+    A failed run names its phase ("phase": preflight, stop or free) and says why in "message". What was not read is
+    left out, never null: kill_seconds (gpu_kill did not run), wait_seconds (no wait ran), driver, gpus_before and
+    gpus_after (nothing read the GPUs: the variables refused, the host's Python without the NVIDIA library).
+    """
+    import datetime
+
+    kill = kill or {}
+    report: Dict[str, Any] = {
+        "host": host,
+        "time": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f+00:00"),
+        "check_mode": bool(check_mode),
+        "outcome": result["outcome"],
+    }
+    if result.get("phase"):
+        report["phase"] = result["phase"]
+    report.update(message=result["message"], memory_checked=result["memory_checked"])
+    if kill.get("elapsed_s") is not None:
+        report["kill_seconds"] = kill["elapsed_s"]
+    if (state.get("last_wait") or {}).get("elapsed_s") is not None:
+        report["wait_seconds"] = _seconds(state.get("total"))
+    if (result.get("after") or {}).get("driver"):
+        report["driver"] = result["after"]["driver"]
+    for key, empty in REPORT_LISTS:
+        report[key] = kill.get(key) or empty
+    for key, facts in (("gpus_before", result.get("before")), ("gpus_after", result.get("after"))):
+        if facts and facts.get("gpus") is not None:
+            report[key] = facts["gpus"]
+    return report
 
 
 def _memory_read(after: Optional[Mapping[str, Any]], wait: Mapping[str, Any], selected: Optional[List[int]]) -> bool:
@@ -254,12 +318,19 @@ def _bound(result: Mapping[str, Any], max_used_mib: int) -> Tuple[int, str]:
     )
 
 
-def check_gpus_status(result: Mapping[str, Any], allow_proc_only: bool, max_used_mib: int) -> Tuple[str, str]:
+def check_gpus_status(
+    result: Mapping[str, Any],
+    allow_proc_only: bool,
+    max_used_mib: int,
+    host: str = "HOST",
+    options: Optional[Mapping[str, Any]] = None,
+) -> Tuple[str, str]:
     """(status, words) of one host's gpu_wait result: free, free_left_out (free once the memory of left-alone holders,
     check_gpus_exclude's or the protected daemons', is left out: that memory and its holders come first), no_holders
     (memory not read: no driver library, or memory the driver does not report; accepted by check_gpus_allow_proc_only),
-    not_free, not_checked (memory not read or the driver did not answer), failed (the check itself failed or did not
-    run). Used memory is named as it was measured (_bound)."""
+    not_free (not_free_words), not_checked (memory not read or the driver did not answer), failed (the check itself
+    failed or did not run). Used memory is named as it was measured (_bound). `host`: the inventory hostname;
+    `options`: gpu_wait's options (the check's selection, which the next step's reset keeps)."""
     from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _advice
 
     if "gpus" not in result:
@@ -267,7 +338,7 @@ def check_gpus_status(result: Mapping[str, Any], allow_proc_only: bool, max_used
     if (result.get("driver") or {}).get("timed_out"):
         return "not_checked", "not checked: %s" % result.get("msg", "")
     if not result.get("released"):
-        return "not_free", "not free: %s" % re.sub(r"^not (free|released after [0-9.]+ s): ", "", result.get("msg", ""))
+        return "not_free", "not free: %s" % not_free_words(result, host, options or {})
     unread = [gpu for gpu in result["gpus"] if not gpu.get("memory_checked", True)]
     if not unread:
         words, mib = _left_out(result)
@@ -288,6 +359,45 @@ def check_gpus_status(result: Mapping[str, Any], allow_proc_only: bool, max_used
     )
 
 
+def not_free_words(result: Mapping[str, Any], host: str, options: Mapping[str, Any]) -> str:
+    """What holds each GPU that is not free, and one next step for those that a reset frees, on one line: "GPU 0:
+    75034 MiB used, held by PID 6 VLLM::Worker_TP (state S); next: ansible-playbook gpuops.nvidia.reset_gpus -l gpu07".
+    A GPU that a reset does not free (NVML errors, a holder in D, memory no process here explains) keeps its own next
+    step (_advice.next_step); a parent that starts the holders again is named where it is torchrun, a Ray raylet or
+    supervisord (_advice.restarters)."""
+    from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _advice, _wait
+
+    stuck = [gpu for gpu in result["gpus"] if not gpu.get("released") and gpu.get("next_step")]
+    if not stuck:  # a result without per-GPU steps: its own message
+        return re.sub(r"^not (free|released after [0-9.]+ s): ", "", result.get("msg", ""))
+    reset = [gpu for gpu in stuck if _advice.ended_by_a_reset(gpu)]
+    words = "; ".join(_advice.describe(gpu, with_step=gpu not in reset) for gpu in stuck)
+    if reset:
+        indices = [str(gpu["index"]) for gpu in reset if gpu.get("index") is not None]
+        which = " for GPU %s" % ", ".join(indices) if indices and len(reset) < len(stuck) else ""
+        words += "; next%s: %s%s" % (
+            which,
+            reset_command(host, options),
+            _advice.restarters(holder for gpu in reset for holder in gpu["holders"]),
+        )
+    return words + _wait.left_alone_words(result.get("left_alone") or ())
+
+
+def reset_command(host: str, options: Mapping[str, Any]) -> str:
+    """The command that ends the holders of `host`'s GPUs that check_gpus found held, with the check's own selection
+    (check_gpus_gpus, check_gpus_exclude) as the reset's variables. On the host itself (the check run with
+    `-i localhost, -c local`, docs/schedulers.md) the same inventory: reset_gpus refuses the implicit localhost."""
+    import json
+    import shlex
+
+    extra = {"reset_gpus_gpus": options.get("gpus"), "reset_gpus_exclude": options.get("exclude")}
+    extra = {name: value for name, value in extra.items() if value}
+    command = "ansible-playbook gpuops.nvidia.reset_gpus -l %s" % shlex.quote(host)
+    if host == "localhost":
+        command = "ansible-playbook -i localhost, -c local gpuops.nvidia.reset_gpus"
+    return command + (" -e %s" % shlex.quote(json.dumps(extra)) if extra else "")
+
+
 def check_gpus_lines(
     hostvars: Mapping[str, Any], all_hosts: List[str], options: Optional[Mapping[str, Any]]
 ) -> List[str]:
@@ -302,7 +412,7 @@ def check_gpus_lines(
         result = _var(hostvars, host, "check_gpus_result", None) or {
             "msg": "no result: unreachable, or failed before the check"
         }
-        found.append((host,) + check_gpus_status(result, allow, threshold))
+        found.append((host,) + check_gpus_status(result, allow, threshold, host, options))
     parts = []
     for status, label in CHECK_LABELS:
         names = [host for host, got, _words in found if got == status]
@@ -321,6 +431,7 @@ class FilterModule(object):
             "reset_gpus_state": reset_gpus_state,
             "reset_gpus_progress": reset_gpus_progress,
             "reset_gpus_result": reset_gpus_result,
+            "reset_gpus_report": reset_gpus_report,
             "reset_gpus_fleet_summary": reset_gpus_fleet_summary,
             "check_gpus_lines": check_gpus_lines,
         }

@@ -24,8 +24,9 @@ def _named(holders: Iterable[Mapping[str, Any]]) -> str:
     return ", ".join("PID %s %s (state %s)" % (h["pid"], h["comm"], h["state"]) for h in holders)
 
 
-def describe(gpu: _shapes.WaitStatus) -> str:
-    """One GPU that is not released, in words (never None or empty lists)."""
+def describe(gpu: _shapes.WaitStatus, with_step: bool = True) -> str:
+    """One GPU that is not released, in words (never None or empty lists), with its next step unless `with_step` is
+    false (check_gpus says one next step for the GPUs that a reset frees)."""
     parts = []
     if gpu["memory_used_mib"] is not None:
         parts.append("%s MiB used" % gpu["memory_used_mib"])
@@ -68,7 +69,8 @@ def describe(gpu: _shapes.WaitStatus) -> str:
                 for device in gpu["mig_in_use"]
             )
         )
-    return "%s: %s; next: %s" % (name, ", ".join(parts), gpu["next_step"])
+    text = "%s: %s" % (name, ", ".join(parts))
+    return "%s; next: %s" % (text, gpu["next_step"]) if with_step else text
 
 
 def found_by_scan(gpus: Iterable[_shapes.WaitStatus]) -> str:
@@ -111,14 +113,7 @@ def next_step(gpu: _shapes.WaitStatus, driver: Optional[Mapping[str, Any]] = Non
             else "reset the GPU (nvidia-smi --gpu-reset -i %s) or reboot the host" % index,
         )
     if gpu["holders"]:
-        parents = ["PID %s (%s)" % (p["pid"], p["comm"]) for p in (h.get("parent") for h in gpu["holders"]) if p]
-        text = "processes still hold %s: end them with gpuops.nvidia.gpu_kill" % which
-        if parents:
-            text += (
-                "; if they come back after being ended, stop their parent (%s: for example a torchrun or Ray agent, "
-                "or a systemd unit) first" % ", ".join(sorted(set(parents)))
-            )
-        return text
+        return "processes still hold %s: end them with gpuops.nvidia.gpu_kill%s" % (which, restarters(gpu["holders"]))
     if gpu.get("protected_mib"):
         return protected_step(gpu)
     if gpu.get("foreign"):
@@ -134,6 +129,31 @@ def next_step(gpu: _shapes.WaitStatus, driver: Optional[Mapping[str, Any]] = Non
     if gpu["memory_checked"]:
         return unexplained_step(gpu, driver) + _suspects(gpu)
     return "the driver did not report memory for %s: check the NVIDIA driver (nvidia-smi)" % which
+
+
+def ended_by_a_reset(gpu: _shapes.WaitStatus) -> bool:
+    """Whether ending the GPU's selected holders is its next step (what reset_gpus does): holders hold it, none is
+    stuck in the driver (D) and NVML answers it (next_step's own order)."""
+    return bool(gpu["holders"]) and not gpu.get("error") and all(h["state"] != "D" for h in gpu["holders"])
+
+
+# The agents (_owners.agent_kind) that start the processes they own again when those end, in words.
+RESTARTERS = {"torchrun": "a torchrun agent", "ray": "a Ray raylet", "supervisord": "supervisord"}
+
+
+def restarters(holders: Iterable[Mapping[str, Any]]) -> str:
+    """The clause naming the holders' parents that start them again, torchrun, a Ray raylet or supervisord, known by
+    their command line; "" where no parent is one (vLLM's EngineCore does not start its workers again)."""
+    from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu._owners import agent_kind
+
+    named = set()
+    for parent in (h.get("parent") for h in holders):
+        kind = agent_kind(parent["comm"], (parent.get("cmdline") or "").split()) if parent else None
+        if parent and kind in RESTARTERS:
+            named.add("PID %s (%s): %s" % (parent["pid"], parent["comm"], RESTARTERS[kind]))
+    if not named:
+        return ""
+    return "; if they come back after being ended, stop their parent (%s) first" % ", ".join(sorted(named))
 
 
 def _suspects(gpu: _shapes.WaitStatus) -> str:

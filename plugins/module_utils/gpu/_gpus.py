@@ -242,16 +242,20 @@ class Inspector:
                 process["owner"] = owner_of(process["pid"], self.proc, cache=cache)
         context_groups(view, self.proc)
         for holder in view["holders"]:
-            if holder["ppid"] > 1:
-                parent = _proc.read_stat(holder["ppid"], self.proc)
-                holder["parent"] = {"pid": holder["ppid"], "comm": parent["comm"]} if parent else None
-            else:
-                holder["parent"] = None
+            holder["parent"] = self._parent(holder["ppid"]) if holder["ppid"] > 1 else None
         view["index_source"] = index_source
         view["scan"] = "full" if listed is None else "listed"
         view["driver"] = {key: driver.get(key) for key in _shapes.DRIVER_KEYS}
         view["driver"]["timed_out"] = bool(driver.get("timed_out"))
         return cast(_shapes.Snapshot, view)
+
+    def _parent(self, ppid: int) -> Optional[_shapes.Parent]:
+        """A holder's parent: its PID, comm and command line (what tells a torchrun agent or a Ray raylet from
+        vLLM's EngineCore in the next step's words); None where it is gone."""
+        stat = _proc.read_stat(ppid, self.proc)
+        if stat is None:
+            return None
+        return {"pid": ppid, "comm": stat["comm"], "cmdline": " ".join(_proc.read_argv(ppid, self.proc) or ())}
 
     def _merge(
         self,

@@ -125,7 +125,7 @@ def run(
         return refused(str(exc))
     finally:
         host_lock.release()
-    return assemble(steps, lock, check_mode, params["wait"])
+    return assemble(steps, lock, check_mode, params["wait"], params.get("fail_unreleased", True))
 
 
 def check(params: Mapping[str, Any]) -> tuple[signal.Signals, _select.Checked]:
@@ -324,9 +324,9 @@ def foreign(snapshot: _shapes.Snapshot, selection: _select.Selection) -> List[En
     return found
 
 
-def assemble(steps: Steps, lock: Lock, check_mode: bool, waits: bool) -> Outcome:
+def assemble(steps: Steps, lock: Lock, check_mode: bool, waits: bool, fail_unreleased: bool = True) -> Outcome:
     """The Outcome of a run from what its steps found, with the lock's wait said first."""
-    outcome = _outcome(steps, lock, check_mode, waits)
+    outcome = _outcome(steps, lock, check_mode, waits, fail_unreleased)
     msg = outcome.result["msg"]
     return Outcome(
         dict(
@@ -339,7 +339,7 @@ def assemble(steps: Steps, lock: Lock, check_mode: bool, waits: bool) -> Outcome
     )
 
 
-def _outcome(steps: Steps, lock: Lock, check_mode: bool, waits: bool) -> Outcome:
+def _outcome(steps: Steps, lock: Lock, check_mode: bool, waits: bool, fail_unreleased: bool) -> Outcome:
     if steps.look is None:
         return refused(steps.refusal or "", driver=steps.driver)
     data = result_data(steps, steps.look, lock, check_mode)
@@ -347,7 +347,7 @@ def _outcome(steps: Steps, lock: Lock, check_mode: bool, waits: bool) -> Outcome
         return refused(steps.refusal, **data)
     if steps.stopped and steps.stopped.failure:
         return Outcome(dict(data, msg=steps.stopped.failure), failed=True, warnings=steps.warnings)
-    return finish(data, steps.would_fail, check_mode, waits, steps.warnings)
+    return finish(data, steps.would_fail, check_mode, waits, steps.warnings, fail_unreleased)
 
 
 def result_data(steps: Steps, look: Look, lock: Lock, check_mode: bool) -> Result:
@@ -391,10 +391,17 @@ def result_data(steps: Steps, look: Look, lock: Lock, check_mode: bool) -> Resul
     return data
 
 
-def finish(data: Result, failure: Optional[str], check_mode: bool, waits: bool, warnings: Sequence[str]) -> Outcome:
-    """The Outcome: failed when a process survived SIGKILL, (wait=true) the GPUs were not released in time, or
-    (check mode, wait=true) `failure` says why the wait would fail whatever was ended; with wait=true the result
-    carries the summary lines of the reset_gpus role."""
+def finish(
+    data: Result,
+    failure: Optional[str],
+    check_mode: bool,
+    waits: bool,
+    warnings: Sequence[str],
+    fail_unreleased: bool = True,
+) -> Outcome:
+    """The Outcome: failed when a process survived SIGKILL, (wait=true) the GPUs were not released in time (unless
+    `fail_unreleased` is false: a caller that goes on waiting), or (check mode, wait=true) `failure` says why the wait
+    would fail whatever was ended; with wait=true the result carries the summary lines of the reset_gpus role."""
     if data["survived"]:
         msg = "%d selected process(es) survived SIGKILL: %s" % (
             len(data["survived"]),
@@ -415,7 +422,7 @@ def finish(data: Result, failure: Optional[str], check_mode: bool, waits: bool, 
     summary = _report.summary_lines(result, data["before"], after, check_mode, said)
     if data.get("wait_timed_out"):
         msg = "%s; %s" % (msg, wait_report["msg"])
-        failed = True
+        failed = failed or fail_unreleased
     return Outcome(dict(result, msg=msg, summary=summary), failed=failed, warnings=warnings)
 
 

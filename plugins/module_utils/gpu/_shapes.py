@@ -75,14 +75,15 @@ class Holder(DeviceUser):
 
 
 class Parent(TypedDict):
-    """A holder's parent process."""
+    """A holder's parent process: its command line with its arguments joined by spaces ("" for a zombie)."""
 
     pid: int
     comm: str
+    cmdline: str
 
 
 class SnapshotHolder(Holder):
-    """A holder in a snapshot, with its parent ({"pid", "comm"} or None)."""
+    """A holder in a snapshot, with its parent ({"pid", "comm", "cmdline"} or None)."""
 
     parent: Optional[Parent]
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 import time
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, TypedDict
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Mapping, Optional, TypedDict
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _advice, _options, _release, _shapes
 
@@ -129,10 +129,7 @@ def conclude(result: Waited, driver_timeout: float, single_look: bool = False) -
     driver = result["driver"]
     result["memory_checked"] = all(gpu["memory_checked"] for gpu in result["gpus"])
     result["left_alone"] = [dict(h, gpu=gpu["index"]) for gpu in result["gpus"] for h in gpu["left_alone"]]
-    left = ""
-    if result["left_alone"]:
-        named = {"PID %s (%s, %s)" % (h["pid"], h["comm"], h["reason"]) for h in result["left_alone"]}
-        left = "; left alone: %s" % ", ".join(sorted(named))
+    left = left_alone_words(result["left_alone"])
     if result["released"]:
         what = "released"
         if not result["memory_checked"]:
@@ -154,6 +151,13 @@ def conclude(result: Waited, driver_timeout: float, single_look: bool = False) -
         "; ".join(_advice.describe(gpu) for gpu in stuck),
         left,
     )
+
+
+def left_alone_words(left_alone: Iterable[Mapping[str, Any]]) -> str:
+    """The clause of a wait's message naming the holders it left alone ("" where none): "; left alone: PID 7 (vllm,
+    excluded by name)"."""
+    named = {"PID %s (%s, %s)" % (h["pid"], h["comm"], h["reason"]) for h in left_alone}
+    return "; left alone: %s" % ", ".join(sorted(named)) if named else ""
 
 
 def after(what: str, elapsed_s: float) -> str:

@@ -7,9 +7,11 @@
 from __future__ import annotations
 
 import copy
+import json
+import re
 
 from ansible_collections.gpuops.nvidia.plugins.filter.reports import reports
-from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _report, _wait
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _advice, _report, _wait
 
 
 def facts(used, pids, available=True):
@@ -86,6 +88,58 @@ def test_check_mode_and_no_driver_library():
     assert "memory released" not in " ".join(result["summary"]) and "used memory not checked" in result["summary"][-2]
 
 
+def _nulls(value, where="report"):
+    """The paths of the null values (None) in `value`, a report."""
+    if value is None:
+        return [where]
+    if isinstance(value, dict):
+        return [path for key, item in value.items() for path in _nulls(item, "%s.%s" % (where, key))]
+    if isinstance(value, list):
+        return [path for number, item in enumerate(value) for path in _nulls(item, "%s[%d]" % (where, number))]
+    return []
+
+
+STATE = {"last_wait": {}, "total": 0.0}
+
+
+def test_each_phase_s_failure_makes_a_whole_report_without_none():
+    """Issue 46 item 6: every failure writes a report with outcome failed, the phase and why, and no null; the
+    template before crashed on a refusal ('NoneType' object has no attribute 'driver') and left the placeholder."""
+    # preflight: the role refused its variables; gpu_kill's task failed on the undefined options, gpu_facts skipped.
+    refusal = "nothing was signalled: unknown variable(s) reset_gpus_gpuss (a typo?)"
+    task_failed = {"failed": True, "msg": "Task failed: " + refusal}
+    for check_mode in (False, True):
+        result = reports.reset_gpus_result(task_failed, {}, {}, check_mode, 0.0, False, refusal)
+        report = reports.reset_gpus_report(result, task_failed, STATE, "gpu07", check_mode)
+        assert report["outcome"] == "failed" and report["phase"] == "preflight", report
+        assert report["message"] == "FAILED%s: %s" % (" (check mode)" if check_mode else "", refusal)
+        assert result["summary"] == [report["message"]] and not _nulls(report), report
+        assert "gpus_before" not in report and "driver" not in report and "kill_seconds" not in report
+    # stop: the host's Python lacks the NVIDIA library; gpu_facts failed too (failed_when false: no facts).
+    missing = {"failed": True, "msg": "Failed to import the required Python library (nvidia-ml-py)"}
+    facts_failed = {"failed": False, "failed_when_result": False, "msg": missing["msg"]}
+    result = reports.reset_gpus_result(missing, {}, facts_failed, False, 0.0, False, None)
+    report = reports.reset_gpus_report(result, missing, STATE, "gpu07", False)
+    assert (report["outcome"], report["phase"]) == ("failed", "stop") and not _nulls(report), report
+    assert report["message"] == "FAILED to end the holders: " + missing["msg"] and report["signalled"] == []
+    assert "None" not in json.dumps(report) and "wait_seconds" not in report
+    # free: not released in time; every figure read is there.
+    wait = {"released": False, "elapsed_s": 0.4, "msg": "not released after 0.4 s: GPU 0: 3000 MiB used"}
+    wait["after"] = facts(3000, [])
+    state = {"last_wait": wait, "total": 120.0}
+    result = reports.reset_gpus_result(KILL, wait, {}, False, 120.0, True, None)
+    report = reports.reset_gpus_report(result, KILL, state, "gpu07", False)
+    assert (report["outcome"], report["phase"]) == ("failed", "free") and report["wait_seconds"] == 120.0, report
+    assert report["kill_seconds"] == 0.5 and report["gpus_after"] == wait["after"]["gpus"]
+    assert report["driver"] == wait["after"]["driver"] and report["signalled"] == KILL["signalled"]
+    # Released: no phase.
+    wait = {"released": True, "elapsed_s": 0.3, "memory_checked": True, "after": facts(0, [])}
+    result = reports.reset_gpus_result(KILL, wait, {}, False, 0.3, False, None)
+    report = reports.reset_gpus_report(result, KILL, {"last_wait": wait, "total": 0.3}, "gpu07", False)
+    assert report["outcome"] == "released" and "phase" not in report and report["gpus_before"] == KILL["before"]["gpus"]
+    assert re.match(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}\+00:00$", report["time"]), report["time"]
+
+
 class Hostvars(dict):
     """hostvars as a filter sees it: host -> that host's variables."""
 
@@ -158,6 +212,64 @@ def test_check_lines_name_what_was_left_out_with_its_memory():
         reports.check_gpus_lines(quiet, ["h"], {})[0]
         == "check_gpus h: GPUs free (1 checked): no holder, used memory at most 256 MiB each"
     )
+
+
+def held_gpu(index, holders, used_mib=75034, **extra):
+    """A GPU that gpu_wait found not free, with its next step as _wait.conclude words it."""
+    status = dict(
+        gpu(index),
+        released=False,
+        memory_used_mib=used_mib,
+        unexplained_mib=0,
+        holders=holders,
+        error=None,
+        mig_uuid=None,
+        memory_note=None,
+        protected_mib=0,
+        foreign=[],
+        suspects=[],
+    )
+    status.update(extra)
+    status["next_step"] = _advice.next_step(status, {"driver_version": "580.95.05"})
+    return status
+
+
+def test_check_line_says_one_next_step_that_names_the_reset_and_no_torchrun_for_vllm():
+    """Issue 46 item 9: an orphaned vLLM TP=2 server. The line said per GPU "end them with gpuops.nvidia.gpu_kill; if
+    they come back after being ended, stop their parent (PID 5 (VLLM::EngineCor): for example a torchrun or Ray agent,
+    or a systemd unit) first"; now one next step names the command to run."""
+    engine = {"pid": 5, "comm": "VLLM::EngineCor", "cmdline": "VLLM::EngineCore"}
+    workers = [
+        {"pid": 6 + i, "comm": "VLLM::Worker_TP", "state": "S", "parent": engine, "memory_mib": 75034} for i in (0, 1)
+    ]
+    result = {"released": False, "gpus": [held_gpu(0, workers[:1]), held_gpu(1, workers[1:])], "driver": {}}
+    result["msg"] = "not free: " + "; ".join(_advice.describe(g) for g in result["gpus"])
+    status, words = reports.check_gpus_status(result, False, 256, "gpu07", {"exclude": []})
+    assert status == "not_free" and words == (
+        "not free: GPU 0: 75034 MiB used, held by PID 6 VLLM::Worker_TP (state S); GPU 1: 75034 MiB used, held by "
+        "PID 7 VLLM::Worker_TP (state S); next: ansible-playbook gpuops.nvidia.reset_gpus -l gpu07"
+    ), words
+    assert "torchrun" not in words and "Ray" not in words and "\n" not in words
+    # The check's own selection goes with the command; a torchrun parent is named; a GPU that a reset cannot free
+    # keeps its own next step.
+    torchrun = {"pid": 40, "comm": "torchrun", "cmdline": "/usr/bin/python3 /usr/local/bin/torchrun train.py"}
+    trainer = {"pid": 41, "comm": "python3", "state": "S", "parent": torchrun, "memory_mib": 1000}
+    leaked = held_gpu(2, [], used_mib=3000, unexplained_mib=3000, unexplained_cause="leaked")
+    result = {"released": False, "gpus": [held_gpu(1, [trainer]), leaked], "driver": {}, "msg": "x"}
+    result["left_alone"] = [{"pid": 9, "comm": "vllm", "reason": "excluded by name"}]
+    _status, words = reports.check_gpus_status(result, False, 256, "gpu 8", {"gpus": [1, 2], "exclude": ["vllm"]})
+    assert words.startswith(
+        "not free: GPU 1: 75034 MiB used, held by PID 41 python3 (state S); GPU 2: 3000 MiB used"
+    ), words
+    assert (
+        "GPU 2: 3000 MiB used, 3000 MiB that no listed process explains, no selected holder; next: memory is used"
+        in (words)
+    )
+    assert words.endswith(
+        "; next for GPU 1: ansible-playbook gpuops.nvidia.reset_gpus -l 'gpu 8' -e "
+        '\'{"reset_gpus_gpus": [1, 2], "reset_gpus_exclude": ["vllm"]}\'; if they come back after being ended, stop '
+        "their parent (PID 40 (torchrun): a torchrun agent) first; left alone: PID 9 (vllm, excluded by name)"
+    ), words
 
 
 def test_check_lines_without_memory_read():

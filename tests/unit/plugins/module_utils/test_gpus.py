@@ -404,7 +404,11 @@ def test_listed_scope_scans_only_the_listed_pids_when_their_memory_explains_the_
     (holder,) = view["holders"]
     assert holder["pid"] == engine.pid and holder["gpus"] == [0] and holder["memory_mib"] == {"0": 70000}
     assert holder["attribution"] == {"0": "driver"} and holder["cmdline"] == "sleep 60"
-    assert holder["parent"] == {"pid": os.getpid(), "comm": _proc.read_stat(os.getpid())["comm"]}
+    assert holder["parent"] == {
+        "pid": os.getpid(),
+        "comm": _proc.read_stat(os.getpid())["comm"],
+        "cmdline": " ".join(_proc.read_argv(os.getpid())),
+    }
     assert view["device_users"] == []  # NVML clients are not even looked at
     assert "owner" not in holder  # the waits' repeated looks skip the owners unless asked
     assert "owner" in inspector.snapshot(scope="listed", owners=True)["holders"][0]

@@ -409,9 +409,28 @@ def test_next_step_holders_with_a_parent_name_the_parent():
     text = _advice.next_step(
         status_of([brief(5000001, parent=torchrun), brief(5000002, parent=torchrun), brief(5000003)], index=None)
     )
-    assert "processes still hold the GPUs" in text and "stop their parent (PID 4000 (torchrun)" in text
+    assert (
+        "processes still hold the GPUs" in text and "stop their parent (PID 4000 (torchrun): a torchrun agent)" in text
+    )
     assert text.count("PID 4000") == 1
     assert "parent" not in _advice.next_step(status_of([brief()]))
+
+
+def test_next_step_names_torchrun_or_ray_only_where_the_parent_is_one():
+    """Issue 46 item 9: an orphaned vLLM server's workers (their parent EngineCore starts nothing again) got "stop their
+    parent (for example a torchrun or Ray agent)". The parent is named only where its command line makes it one."""
+    engine = {"pid": 5, "comm": "VLLM::EngineCor", "cmdline": "VLLM::EngineCore"}
+    text = _advice.next_step(status_of([brief(6, parent=engine), brief(7, parent=engine)]))
+    assert text == "processes still hold GPU 3: end them with gpuops.nvidia.gpu_kill", text
+    launcher = {"pid": 40, "comm": "python3", "cmdline": "/usr/bin/python3 -m torch.distributed.run --nproc-per-node 8"}
+    raylet = {"pid": 41, "comm": "raylet", "cmdline": "/opt/ray/core/src/ray/raylet/raylet --node-id x"}
+    bash = {"pid": 42, "comm": "bash", "cmdline": "bash run.sh"}
+    text = _advice.next_step(status_of([brief(6, parent=launcher), brief(7, parent=raylet), brief(8, parent=bash)]))
+    assert text.endswith(
+        "if they come back after being ended, stop their parent (PID 40 (python3): a torchrun agent, "
+        "PID 41 (raylet): a Ray raylet) first"
+    ), text
+    assert "PID 42" not in text
 
 
 @pytest.mark.parametrize("used_mib, mib", [(812, "812 MiB"), (None, "memory not reported")])

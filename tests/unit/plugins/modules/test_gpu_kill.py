@@ -441,6 +441,24 @@ def test_with_nothing_to_end_the_wait_takes_the_first_look_and_looks_once(capsys
     assert rec.snapshots == [("listed", None)] and rec.ended == []
 
 
+def test_gpus_not_released_fail_the_module_unless_fail_unreleased_is_false(capsys, recorder):
+    """Issue 46 item 6: the reset_gpus role goes on waiting after gpu_kill's first slice. With fail_unreleased=false
+    the slice that ends with GPU 1 still used returns the same result without failing, so the role needs no
+    failed_when (which, on ansible-core 2.19 and later, hides a real failure's message behind its own)."""
+    held = dict(gpu(1), memory_used_mib=60000, memory_unexplained=True, unexplained_mib=60000, holder_pids=[])
+    free = dict(gpu(0), memory_unexplained=False, unexplained_mib=0, memory_reserved_mib=529, holder_pids=[])
+    before = [dict(free, holder_pids=[]), dict(held, holder_pids=[WORKER["pid"]], unexplained_mib=0)]
+    views = (make_view([WORKER], gpus=before), make_view([], gpus=[free, held]))
+    recorder(*views)
+    code, failed = run_module(capsys, {"wait": True, "wait_timeout": 0, "gpus": [1]})
+    assert code == 1 and failed["wait_timed_out"] is True and failed["released"] is False, failed
+    recorder(*views)
+    code, result = run_module(capsys, {"wait": True, "wait_timeout": 0, "gpus": [1], "fail_unreleased": False})
+    assert code == 0 and not result.get("failed") and result["wait_timed_out"] is True, result
+    assert result["released"] is False and result["msg"] == failed["msg"] and "GPU 1: 60000 MiB used" in result["msg"]
+    assert result["summary"] == failed["summary"]
+
+
 def test_nothing_to_do_is_not_a_change(capsys, recorder):
     rec = recorder(make_view([PERSISTENCED]))
     code, result = run_module(capsys, {})
