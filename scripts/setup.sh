@@ -39,15 +39,16 @@ scripts/bench/ensure_tools.sh shellcheck sshd fuser lsof ||
   echo "setup: some Debian tools are missing (see above); the tests that need them will be skipped"
 # The guard's end-to-end test (docs/guard.md): Prometheus, promtool, Alertmanager and node_exporter from Debian
 # (installed with no service started; the tests run them as their own processes on 127.0.0.1), and ansible-rulebook
-# from PyPI in its own venv, .venv-eda: it runs playbooks with the ansible-playbook of .venv (first on PATH), so it
-# needs no ansible-core of its own, and its dependencies (aiohttp, drools_jpy, jpy for Java 17) stay out of .venv.
+# from PyPI in its own venv, .venv-eda (requirements-eda.txt): it runs playbooks with the ansible-playbook of .venv
+# (first on PATH), and its dependencies (aiohttp, drools_jpy, jpy for Java 17) stay out of .venv. It gets ansible-core
+# all the same: without it, every start of ansible-rulebook logs an error that ansible-core is not installed.
 scripts/bench/ensure_tools.sh prometheus promtool alertmanager node_exporter ||
   echo "setup: Prometheus' Debian packages are missing (see above); the guard's tests will fail"
-eda_want=ansible-rulebook==1.3.2
+eda_want=$(sha256sum requirements-eda.txt | cut -d' ' -f1)
 if [ "$(cat .venv-eda/.installed 2>/dev/null)" != "$eda_want" ]; then
-  echo "setup: installing $eda_want into .venv-eda"
+  echo "setup: installing requirements-eda.txt into .venv-eda"
   [ -x .venv-eda/bin/python ] || "$(readlink -f .venv/bin/python)" -m venv .venv-eda
-  .venv-eda/bin/python -m pip install -q --disable-pip-version-check "$eda_want" 2>&1 | { grep -v "^WARNING: Location 'file:" || true; }
+  .venv-eda/bin/python -m pip install -q --disable-pip-version-check -r requirements-eda.txt 2>&1 | { grep -v "^WARNING: Location 'file:" || true; }
   echo "$eda_want" > .venv-eda/.installed
 fi
 mkdir -p .collections/ansible_collections/gpuops
