@@ -1,7 +1,7 @@
 # The two commands of the README:
 #   make demo   set up this checkout, then reset an orphaned vLLM TP=8 tree on a simulated 8-GPU node
 #   make test   set up this checkout, then run every test (pytest, ansible-test sanity, ansible-lint)
-.PHONY: setup demo test clean check-vllm-source
+.PHONY: setup demo test clean check-vllm-source worlds
 
 setup:
 	@./scripts/setup.sh
@@ -24,3 +24,11 @@ VLLM_VERSION ?=
 check-vllm-source:
 	@[ -x .venv/bin/python ] || ./scripts/setup.sh
 	@.venv/bin/python scripts/check_vllm_source.py $(if $(VLLM_VERSION),--version $(VLLM_VERSION))
+
+# Not part of `make test` (its fixed-seed run is): N generated worlds judged by an oracle (CONTRIBUTING.md,
+# "Generated worlds"); prints worlds run, decisions checked and violations. SEED=1 replays a run.
+N ?= 100
+SEED ?=
+worlds:
+	@[ -x .venv/bin/python ] || ./scripts/setup.sh
+	@.venv/bin/python tests/worlds/run.py --worlds $(N) $(if $(SEED),--seed $(SEED))

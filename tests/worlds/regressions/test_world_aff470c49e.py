@@ -1,0 +1,50 @@
+"""Shrunk world found by `make worlds` (tests/worlds/run.py): old driver (before 535.113.01) seen from a nested PID namespace: gpu_facts GPU 0 holder_pids [], the oracle's holders [the worker]; gpu_kill fails: the dead creator's listed PID is taken for another namespace's ('a container?') and the wait waits on memory that the left-alone worker holds"""
+
+import os
+
+import pytest
+
+from worlds.world import Pool, judge, run_world
+
+WORLD = {
+    'setup': {'gpus': 1, 'mig': False, 'gb10': False, 'old_driver': True},
+    'procs': [
+        {
+            'id': 'p0',
+            'kind': 'trainer',
+            'gpus': [0],
+            'gi': {},
+            'mib': 512,
+            'title': 'python3 train.py',
+            'workers': 1,
+            'creator_end': 'reaped',
+            'reuse': None,
+        }
+    ],
+    'selection': {
+        'gpus': None,
+        'pids': None,
+        'options': {
+            'grace_period': 1.0,
+            'kill_wait': 3.0,
+            'wait': True,
+            'wait_timeout': 3.0,
+            'driver_timeout': 10.0,
+            'match': 'train',
+            'users': ['root'],
+        },
+    },
+}
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="old driver (before 535.113.01) seen from a nested PID namespace: gpu_facts GPU 0 holder_pids [], the oracle's holders [the worker]; gpu_kill fails: the dead creator's listed PID is taken for another namespace's ('a container?') and the wait waits on memory that the left-alone worker holds",
+)
+def test_world():
+    pool = Pool("t-%d-w" % os.getpid())
+    try:
+        decisions, violations = judge(WORLD, run_world(pool, WORLD))
+    finally:
+        pool.close()
+    assert violations == []

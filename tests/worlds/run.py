@@ -1,0 +1,149 @@
+"""`make worlds N=...`: run N generated worlds, print worlds run, decisions checked and violations; shrink each new
+class of violation (Hypothesis) and write the shrunk world as a regression test in tests/worlds/regressions/.
+
+    .venv/bin/python tests/worlds/run.py --worlds 200 [--seed 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parent), str(HERE)]
+
+from hypothesis import HealthCheck, Phase, given, seed, settings  # noqa: E402
+
+import world  # noqa: E402
+
+REGRESSIONS = HERE / "regressions"
+TEMPLATE = '''"""Shrunk world found by `make worlds` (tests/worlds/run.py): {violation}"""
+
+import os
+
+import pytest
+
+from worlds.world import Pool, judge, run_world
+
+WORLD = {world}
+
+
+@pytest.mark.xfail(strict=True, reason={violation!r})
+def test_world():
+    pool = Pool("t-%d-w" % os.getpid())
+    try:
+        decisions, violations = judge(WORLD, run_world(pool, WORLD))
+    finally:
+        pool.close()
+    assert violations == []
+'''
+
+
+def violation_class(text: str) -> str:
+    """A violation without its numbers: one class per wording."""
+    return re.sub(
+        r"\d+", "N", text.split(":")[0] if text.startswith(("gpu_kill failed", "check mode failed")) else text
+    )[:120]
+
+
+# Shrinking runs one world per step (seconds each): after this many steps the smallest failing world so far is kept.
+SHRINK_STEPS = 40
+
+
+class Enough(BaseException):
+    """Ends a shrink that has run SHRINK_STEPS worlds (a BaseException: Hypothesis lets it through)."""
+
+
+class Search:
+    def __init__(self, pool, known):
+        self.pool, self.known = pool, known
+        self.worlds = self.decisions = self.violations = 0
+        self.failing = None
+        self.steps = 0
+
+    def check(self, generated):
+        if self.failing is not None:
+            self.steps += 1
+            if self.steps > SHRINK_STEPS:
+                raise Enough()
+        decisions, violations = world.judge(generated, world.run_world(self.pool, generated))
+        self.worlds += 1
+        self.decisions += decisions
+        self.violations += len(violations)
+        new = sorted({violation_class(v) for v in violations} - self.known)
+        if new:
+            self.failing = (generated, violations, new[0])
+            raise AssertionError("; ".join(violations))
+
+
+def write_regression(generated, violations):
+    REGRESSIONS.mkdir(exist_ok=True)
+    text = json.dumps(generated, sort_keys=True)
+    path = REGRESSIONS / ("test_world_%s.py" % hashlib.sha1(text.encode()).hexdigest()[:10])
+    path.write_text(TEMPLATE.format(violation="; ".join(violations)[:300], world=repr(generated)))
+    return path
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--worlds", type=int, default=100)
+    parser.add_argument("--seed", type=int, default=None)
+    options = parser.parse_args()
+    pool = world.Pool("worlds-%d" % os.getpid())
+    known: set = set()
+    started = time.monotonic()
+    totals = {"worlds": 0, "decisions": 0, "violations": 0}
+    found = []
+    try:
+        remaining = options.worlds
+        while remaining > 0:
+            search = Search(pool, known)
+
+            @settings(
+                max_examples=remaining,
+                deadline=None,
+                database=None,
+                print_blob=True,
+                suppress_health_check=list(HealthCheck),
+                phases=[Phase.generate, Phase.shrink],
+            )
+            @given(world.worlds())
+            def explore(generated, search=search):
+                search.check(generated)
+
+            if options.seed is not None:
+                explore = seed(options.seed + len(found))(explore)
+            try:
+                explore()
+            except (AssertionError, Enough):
+                generated, violations, name = search.failing
+                known.add(name)
+                found.append((name, write_regression(generated, violations), violations))
+            for key in totals:
+                totals[key] += getattr(search, key)
+            remaining = options.worlds - totals["worlds"]
+            if search.failing is None:
+                break
+    finally:
+        pool.close()
+    elapsed = time.monotonic() - started
+    print("worlds run: %d" % totals["worlds"])
+    print("decisions checked: %d" % totals["decisions"])
+    print("violations: %d" % totals["violations"])
+    print("time: %.0f s" % elapsed)
+    for name, path, violations in found:
+        print(
+            "class: %s\n  shrunk world: %s\n  %s"
+            % (name, path.relative_to(HERE.parent.parent), "\n  ".join(violations))
+        )
+    return 1 if totals["violations"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
