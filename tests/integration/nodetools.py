@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import urllib.request
 
 from polling import wait_for  # noqa: F401  (tests import it from here)
 from ports import free_ports
@@ -625,3 +626,32 @@ def vllm_tree(node):
     engines = sorted(pid for pid, v in procs.items() if v[3].startswith("VLLM::EngineCore") and v[1] != "Z")
     workers = sorted(pid for pid, v in procs.items() if v[3].startswith("VLLM::Worker_TP") and v[1] != "Z")
     return engines, workers
+
+
+# The simulated vLLM started by `python -c`, not by `vllm serve` (a container's entrypoint of its own).
+CONTAINED_SERVER = "import sys; sys.path.insert(0, %r); from simvllm.cli import main; sys.exit(main(%r))"
+
+
+def health(port):
+    """The status of GET /health (None when nothing answers)."""
+    try:
+        with urllib.request.urlopen("http://127.0.0.1:%d/health" % port, timeout=3) as answer:  # noqa: S310
+            return answer.status
+    except OSError as error:  # an HTTP error status (HTTPError) has its code
+        return getattr(error, "code", None)
+
+
+def start_contained_server(node, gpu):
+    """A vLLM server on GPU `gpu` whose API server is the init of its own PID namespace (`unshare --pid --fork
+    --mount-proc`, as a container without the host's PID namespace). Returns (API server, EngineCore: node PIDs,
+    port, its log here) once /health answers 200; the log records each signal the server or its engine handles."""
+    (port,) = free_ports(1)
+    code = CONTAINED_SERVER % (SIM_DIR, ["serve", "/models/m", "--port", str(port), "--host", "127.0.0.1"])
+    launch = 'CUDA_VISIBLE_DEVICES=%d setsid -f unshare --pid --fork --mount-proc "$0" -c "$1" >"$2" 2>&1' % gpu
+    node.exec("sh", "-c", launch, node_python(), code, "/run/gpusim/contained-%d.log" % port)
+    log = node.run_dir / ("contained-%d.log" % port)
+    wait_for(lambda: health(port) == 200, 60, 0.2, "the contained server's /health", log=log.read_text)
+    procs = processes(node)
+    (api,) = [p for p, v in procs.items() if "simvllm.cli" in v[3] and procs.get(v[0], ("",) * 3)[2] == "unshare"]
+    (engine,) = [p for p, v in procs.items() if v[0] == api and v[3] == "VLLM::EngineCore"]
+    return api, engine, port, log

@@ -3,8 +3,8 @@ playbooks/guard_metrics.yml on two simulated nodes, one node_exporter (textfile 
 evaluating the shipped rules (their durations shortened to seconds), Alertmanager, and ansible-rulebook running the
 shipped rulebook with remediation on.
 
-Node A: a TP=2 vLLM instance whose API server was SIGKILLed (an orphaned TP tree), a live instance and an NVML
-bystander. Node B: a healthy instance. The alert fires, the rulebook resets A's orphans only, the live instances
+Node A: a TP=2 vLLM instance whose API server was SIGKILLed (an orphaned TP tree), a live instance in a container
+(its API server the init of its own PID namespace, started by `python -c`) and an NVML bystander. Node B: a healthy instance. The alert fires, the rulebook resets A's orphans only, the live instances
 keep serving, and the alert resolves. Every daemon is this test's own process, on 127.0.0.1 with a free port
 (tests/ports.py) and its data under tmp_path; each wait is bounded.
 """
@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from ansible_api import environment
-from nodetools import alive, free_ports, start_nvml_monitor, start_vllm, vllm_instance, wait_for
+from nodetools import alive, free_ports, start_contained_server, start_nvml_monitor, start_vllm, vllm_instance, wait_for
 from simnode import inventory_file
 
 REPO = Path(__file__).resolve().parents[2]
@@ -289,10 +289,9 @@ def test_orphans_alert_remediate_resolve(simnode, tmp_path, daemons):
     started = time.monotonic()
     node_a, node_b = simnode(gpus=4), simnode(gpus=2)
     dead = start_vllm(node_a, "/models/m", "--tensor-parallel-size", "2", env={"CUDA_VISIBLE_DEVICES": "0,1"})
-    port_a, port_b, webhook_port = free_ports(3)
-    live_a = start_vllm(
-        node_a, "/models/m", "--port", str(port_a), "--host", "127.0.0.1", env={"CUDA_VISIBLE_DEVICES": "2"}
-    )
+    port_b, webhook_port = free_ports(2)
+    # Beside the orphans, a live server in a container: its API server is its PID namespace's init (issue 40 item 1).
+    live_a, live_engine, port_a, live_log = start_contained_server(node_a, 2)
     live_b = start_vllm(
         node_b, "/models/m", "--port", str(port_b), "--host", "127.0.0.1", env={"CUDA_VISIBLE_DEVICES": "0"}
     )
@@ -338,10 +337,11 @@ def test_orphans_alert_remediate_resolve(simnode, tmp_path, daemons):
     finally:
         loop.stop()
     assert not loop.failures, loop.failures[0]
-    for node, pid in ((node_a, live_a), (node_a, bystander), (node_b, live_b)):
+    for node, pid in ((node_a, live_a), (node_a, live_engine), (node_a, bystander), (node_b, live_b)):
         assert alive(node, pid), (node.name, pid)
     assert all(alive(node_a, pid) for pid in live_workers)
     assert serves(node_a, port_a) and serves(node_b, port_b)
+    assert not re.search(r"signal|Shutting down", live_log.read_text()), live_log.read_text()
     lines = [json.loads(line) for line in (tmp_path / "guard.jsonl").read_text().splitlines()]
     assert all(line["host"] == node_a.name for line in lines if "host" in line), lines
     assert {p for line in lines for p in line.get("result", [])} == set(workers), lines
