@@ -102,8 +102,9 @@ def main() -> int:
     found = []
     try:
         remaining = options.worlds
+        state: dict = {}
         while remaining > 0:
-            search = Search(pool, known)
+            search = state["search"] = Search(pool, known)
 
             @settings(
                 max_examples=remaining,
@@ -114,8 +115,8 @@ def main() -> int:
                 phases=[Phase.generate, Phase.shrink],
             )
             @given(world.worlds())
-            def explore(generated, search=search):
-                search.check(generated)
+            def explore(generated):
+                state["search"].check(generated)
 
             if options.seed is not None:
                 explore = seed(options.seed + len(found))(explore)

@@ -1,4 +1,4 @@
-"""Shrunk world found by `make worlds` (tests/worlds/run.py): old driver (before 535.113.01) seen from a nested PID namespace: gpu_facts GPU 0 holder_pids [], the oracle's holders [the worker]; gpu_kill fails: the dead creator's listed PID is taken for another namespace's ('a container?') and the wait waits on memory that the left-alone worker holds"""
+"""Shrunk world found by `make worlds` (tests/worlds/run.py): gpu_facts GPU 0: holder_pids [], the oracle's holders [270]; gpu_kill failed: signalled 0 process(es), 0 exited; the driver lists PID 269 (512 MiB) on GPU 0, which no process here holds (a container?): not signalled; not released after 3.0 s: GPU 0: 512 MiB used, no selected holder; next: the driver"""
 
 import os
 
@@ -39,7 +39,7 @@ WORLD = {
 
 @pytest.mark.xfail(
     strict=True,
-    reason="old driver (before 535.113.01) seen from a nested PID namespace: gpu_facts GPU 0 holder_pids [], the oracle's holders [the worker]; gpu_kill fails: the dead creator's listed PID is taken for another namespace's ('a container?') and the wait waits on memory that the left-alone worker holds",
+    reason="gpu_facts GPU 0: holder_pids [], the oracle's holders [270]; gpu_kill failed: signalled 0 process(es), 0 exited; the driver lists PID 269 (512 MiB) on GPU 0, which no process here holds (a container?): not signalled; not released after 3.0 s: GPU 0: 512 MiB used, no selected holder; next: the driver",
 )
 def test_world():
     pool = Pool("t-%d-w" % os.getpid())
