@@ -67,6 +67,8 @@ _CAP_FIRST = 3
 _TRANSLATING_SINCE = (535, 113, 1)
 _CAPS_PER_GPU = 135
 _CAPS_PER_GI = 9
+# States of a process that has ended (/proc/PID/stat): a zombie keeps its number until its parent reaps it.
+_ENDED = ("Z", "X")
 
 
 def mig_cap(cap_minor: int) -> Optional[CapGrant]:
@@ -449,9 +451,10 @@ def _read_lists(gpu: _Building, nvml_gpu: Mapping[str, Any], context: _Context) 
         present = processes.get(pid)
         reason: _shapes.ForeignReason
         if context["creators_here"]:
-            # The creator has exited (its number is free here) or another process has its number now: the context
-            # lives on in whoever shows it.
-            key, reason = "exited", "reused" if present else "exited"
+            # The creator has exited (its number is free here, or it is a zombie not yet reaped: the creator itself) or
+            # another process has its number now: the context lives on in whoever shows it.
+            reused = present is not None and present["state"] not in _ENDED
+            key, reason = "exited", "reused" if reused else "exited"
         else:
             key, reason = "foreign", "not_holding" if present else "absent"
         foreign: _shapes.Foreign = {
@@ -560,7 +563,9 @@ def _shared_numbers(gpu: _Building, listed_here: Set[int], context: _Context) ->
     out shows a context here that cannot be P's: it started before P (no child inherits a context made after it
     started) and descends from no listed holder of the GPU (a forked child of a live creator holds that creator's).
     Such a process holds the dead creator's context (`contexts_of` P, its memory not known). The GPU's `exited` gets
-    P (reason "reused", the memory listed under P: the two contexts together), and P's own memory is not known."""
+    P (reason "reused", the memory listed under P: the two contexts together), and P's own memory is not known.
+    Where the lists name an exited creator on the GPU already, such a process may hold that creator's context: no
+    evidence then (only two entries under P are)."""
     if gpu["mig_devices"] or not context["creators_here"]:
         return
     index, processes, held = gpu["index"], context["processes"], context["held"]
@@ -568,8 +573,9 @@ def _shared_numbers(gpu: _Building, listed_here: Set[int], context: _Context) ->
     owners = {item["pid"] for item in entries}
     counts = collections.Counter((item["pid"], item["type"]) for item in entries)
     shared = {pid for (pid, _type), count in counts.items() if count > 1}
+    explained = bool(gpu["exited"])
     for pid in _unlisted_contexts(gpu, listed_here, context):
-        if _descends_from(pid, owners, processes):
+        if explained or _descends_from(pid, owners, processes):
             continue
         sharers = sorted(p for p in owners if processes[p]["start_ticks"] > processes[pid]["start_ticks"])
         if sharers:

@@ -335,6 +335,32 @@ def test_a_reused_number_with_its_own_context_shares_the_dead_creators_memory_wi
     ]
 
 
+@pytest.mark.parametrize("creator_end", ["zombie", "reaped"])
+def test_an_exited_creators_worker_older_than_a_live_holder_is_no_evidence_of_a_shared_number(creator_end):
+    """Trainer 7 forked worker 8 and exited: a zombie its launcher has not reaped (the number still 7's, the creator
+    itself) or reaped (the number free). The driver lists 7 with its context's 512 MiB, which 8 holds; 5 and 9 are
+    live holders listed under their own numbers, and 9 started after 8. 8's context is 7's, listed: 9 shares no
+    number, it holds its own 512 MiB, and 7 is the only exited creator (found by a generated world)."""
+    reading = driver(gpu_reading(0, 0, 1536, processes=[(5, 512), (9, 512), (7, 512)]))
+    scan = {pid: handles(pid, minors=[0]) for pid in (5, 8, 9)}
+    processes = details(5, 8, 9)
+    processes[8].update(comm="pt_data_worker", cmdline="pt_data_worker", start_ticks=300)
+    processes[9].update(start_ticks=400)
+    if creator_end == "zombie":
+        processes.update(details(7, comm="python3 train.p"))
+        processes[7].update(ppid=6, state="Z", cmdline="", start_ticks=200)
+    view = merge(reading, scan, processes)
+    gpu = view["gpus"][0]
+    comm = "python3 train.p" if creator_end == "zombie" else None
+    assert gpu["exited"] == [{"pid": 7, "used_mib": 512, "type": "compute", "reason": "exited", "comm": comm}]
+    holders = by_pid(view["holders"])
+    assert sorted(holders) == [5, 8, 9]
+    assert holders[9]["memory_mib"] == {"0": 512} and holders[9]["contexts_of"] == {}
+    assert holders[8]["attribution"] == {"0": "device_file"} and holders[8]["contexts_of"] == {"0": [7]}
+    assert holders[8]["memory_mib"] == {"0": 512}  # it alone holds 7's context
+    assert _advice.exited_notes(view) == ["GPU 0: PID 8 holds the context of PID 7 (512 MiB), which has exited"]
+
+
 def test_excluded_pids_are_never_holders_nor_users():
     reading = driver(gpu_reading(0, 0, 2000, processes=[(10, 1000), (11, 1000)]))
     view = merge(reading, {10: handles(10, minors=[0]), 11: handles(11, minors=[0])}, exclude_pids=[10])
