@@ -53,6 +53,14 @@ def _namespaces_refused() -> str | None:
     return None
 
 
+@pytest.fixture(scope="session")
+def node_namespaces():
+    """Skips the test where this process cannot create a node's namespaces (for fixtures that make nodes)."""
+    refused = _namespaces_refused()
+    if refused:
+        pytest.skip(refused)
+
+
 @pytest.fixture
 def simnode():
     """Factory `simnode(**knobs) -> Node` (knobs as simnode.up); every node it made is downed

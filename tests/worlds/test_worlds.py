@@ -9,7 +9,6 @@ import os
 import pytest
 from hypothesis import HealthCheck, assume, given, seed, settings
 
-from conftest import _namespaces_refused
 from worlds import world
 
 WORLDS = 10
@@ -27,10 +26,7 @@ def known_class(generated):
 
 
 @pytest.fixture(scope="module")
-def pool():
-    refused = _namespaces_refused()
-    if refused:
-        pytest.skip(refused)
+def pool(node_namespaces):
     nodes = world.Pool("t-%d-worlds" % os.getpid())
     yield nodes
     nodes.close()
