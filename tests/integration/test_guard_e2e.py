@@ -4,8 +4,9 @@ evaluating the shipped rules (their durations shortened to seconds), Alertmanage
 shipped rulebook with remediation on.
 
 Node A: a TP=2 vLLM instance whose API server was SIGKILLed (an orphaned TP tree), a live instance in a container
-(its API server the init of its own PID namespace, started by `python -c`) and an NVML bystander. Node B: a healthy instance. The alert fires, the rulebook resets A's orphans only, the live instances
-keep serving, and the alert resolves. Every daemon is this test's own process, on 127.0.0.1 with a free port
+(its API server the init of its own PID namespace, started by `python -c`) and an NVML bystander. Node B: a healthy
+instance. The alert fires, the rulebook resets A's orphans only, the live instances keep serving, and the alert
+resolves. Every daemon is this test's own process, on 127.0.0.1 with a free port
 (tests/ports.py) and its data under tmp_path; each wait is bounded.
 """
 

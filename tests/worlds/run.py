@@ -10,8 +10,10 @@ import argparse
 import hashlib
 import json
 import os
+import pprint
 import re
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -23,7 +25,9 @@ from hypothesis import HealthCheck, Phase, given, seed, settings  # noqa: E402
 import world  # noqa: E402
 
 REGRESSIONS = HERE / "regressions"
-TEMPLATE = '''"""Shrunk world found by `make worlds` (tests/worlds/run.py): {violation}"""
+TEMPLATE = '''"""Shrunk world found by `make worlds` (tests/worlds/run.py):
+{wrapped}
+"""
 
 import os
 
@@ -34,7 +38,12 @@ from worlds.world import Pool, judge, run_world
 WORLD = {world}
 
 
-@pytest.mark.xfail(strict=True, reason={violation!r})
+VIOLATION = (
+{reason}
+)
+
+
+@pytest.mark.xfail(strict=True, reason=VIOLATION)
 def test_world():
     pool = Pool("t-%d-w" % os.getpid())
     try:
@@ -86,7 +95,15 @@ def write_regression(generated, violations):
     REGRESSIONS.mkdir(exist_ok=True)
     text = json.dumps(generated, sort_keys=True)
     path = REGRESSIONS / ("test_world_%s.py" % hashlib.sha1(text.encode()).hexdigest()[:10])
-    path.write_text(TEMPLATE.format(violation="; ".join(violations)[:300], world=repr(generated)))
+    said = "; ".join(violations)[:300]
+    reason = "\n".join("    %r" % part for part in textwrap.wrap(said, 100, drop_whitespace=False))
+    path.write_text(
+        TEMPLATE.format(
+            wrapped=textwrap.fill(said, 116),
+            reason=reason,
+            world=pprint.pformat(generated, width=110, sort_dicts=False),
+        )
+    )
     return path
 
 

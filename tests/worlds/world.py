@@ -163,7 +163,7 @@ class Pool:
         return described
 
     def close(self):
-        for node, _ in self.nodes.values():
+        for node, _described in self.nodes.values():
             node.down()
         self.nodes.clear()
 

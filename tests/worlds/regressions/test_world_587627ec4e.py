@@ -1,4 +1,9 @@
-"""Shrunk world found by `make worlds` (tests/worlds/run.py), fixed since (_holders: a zombie creator is an exited creator, and a worker holding a listed exited creator's context is no evidence that a live holder shares a number). It was: gpu_kill failed: signalled 0 process(es), 0 exited; left alone: PID 676 (python3 train.p): user root not in users; PID 679 (pt_data_worker): command line does not match 'train'; PID 680 (python3 train.p): user root not in users; not released after 3.0 s: GPU 0: 1536 MiB used, 512 MiB of it by holder"""
+"""Shrunk world found by `make worlds` (tests/worlds/run.py), fixed since (_holders: a zombie creator is an exited
+creator, and a worker holding a listed exited creator's context is no evidence that a live holder shares a number).
+It was: gpu_kill failed: signalled 0 process(es), 0 exited; left alone: PID 676 (python3 train.p): user root not in
+users; PID 679 (pt_data_worker): command line does not match 'train'; PID 680 (python3 train.p): user root not in
+users; not released after 3.0 s: GPU 0: 1536 MiB used, 512 MiB of it by holder
+"""
 
 import os
 

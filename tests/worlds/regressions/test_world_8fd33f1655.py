@@ -1,4 +1,7 @@
-"""Shrunk world found by `make worlds` (tests/worlds/run.py): MIG instance: a dead creator's number reused by a holder with its own context on the same instance: gpu_facts names the reuser only, not the worker that keeps the dead creator's context"""
+"""Shrunk world found by `make worlds` (tests/worlds/run.py):
+MIG instance: a dead creator's number reused by a holder with its own context on the same instance: gpu_facts names
+the reuser only, not the worker that keeps the dead creator's context
+"""
 
 import os
 
@@ -37,11 +40,13 @@ WORLD = {
     },
 }
 
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="MIG instance: a dead creator's number reused by a holder with its own context on the same instance: gpu_facts names the reuser only, not the worker that keeps the dead creator's context",
+VIOLATION = (
+    "MIG instance: a dead creator's number reused by a holder with its own context on the same instance: "
+    "gpu_facts names the reuser only, not the worker that keeps the dead creator's context"
 )
+
+
+@pytest.mark.xfail(strict=True, reason=VIOLATION)
 def test_world():
     pool = Pool("t-%d-w" % os.getpid())
     try:

@@ -1,4 +1,8 @@
-"""Shrunk world found by `make worlds` (tests/worlds/run.py): gpu_facts GPU 0: holder_pids [], the oracle's holders [270]; gpu_kill failed: signalled 0 process(es), 0 exited; the driver lists PID 269 (512 MiB) on GPU 0, which no process here holds (a container?): not signalled; not released after 3.0 s: GPU 0: 512 MiB used, no selected holder; next: the driver"""
+"""Shrunk world found by `make worlds` (tests/worlds/run.py):
+gpu_facts GPU 0: holder_pids [], the oracle's holders [270]; gpu_kill failed: signalled 0 process(es), 0 exited; the
+driver lists PID 269 (512 MiB) on GPU 0, which no process here holds (a container?): not signalled; not released
+after 3.0 s: GPU 0: 512 MiB used, no selected holder; next: the driver
+"""
 
 import os
 
@@ -36,11 +40,15 @@ WORLD = {
     },
 }
 
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="gpu_facts GPU 0: holder_pids [], the oracle's holders [270]; gpu_kill failed: signalled 0 process(es), 0 exited; the driver lists PID 269 (512 MiB) on GPU 0, which no process here holds (a container?): not signalled; not released after 3.0 s: GPU 0: 512 MiB used, no selected holder; next: the driver",
+VIOLATION = (
+    "gpu_facts GPU 0: holder_pids [], the oracle's holders [270]; gpu_kill failed: signalled 0 "
+    'process(es), 0 exited; the driver lists PID 269 (512 MiB) on GPU 0, which no process here holds (a '
+    'container?): not signalled; not released after 3.0 s: GPU 0: 512 MiB used, no selected holder; next:'
+    ' the driver'
 )
+
+
+@pytest.mark.xfail(strict=True, reason=VIOLATION)
 def test_world():
     pool = Pool("t-%d-w" % os.getpid())
     try:

@@ -21,7 +21,7 @@ import sys
 import time
 
 import pytest
-from test_select import daemons, gpu, holder, make_view, selection  # noqa: F401 (daemons: autouse fixture)
+from test_select import daemons, gpu, holder, make_view, selection  # noqa: F401 # pylint: disable=unused-import
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _release, _report, _shared_files, _wait
 

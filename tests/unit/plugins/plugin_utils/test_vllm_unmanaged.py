@@ -41,8 +41,8 @@ def server(pid=4242, port=8000, gpus=(0, 1), **extra):
     )
 
 
-def plan(servers, settings=SETTINGS, **extra):
-    return p.plan([instance(**extra)], host(servers=servers), settings)
+def plan(servers, settings=None, **extra):
+    return p.plan([instance(**extra)], host(servers=servers), settings or SETTINGS)
 
 
 ADOPT = dict(SETTINGS, adopt_unmanaged=True)
