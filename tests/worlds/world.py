@@ -284,3 +284,12 @@ def judge(world: dict, out: dict) -> tuple:
     if again.get("failed") and not kept:
         violations.append("second run failed: %s" % again.get("msg"))
     return decisions, violations
+
+
+def replay(world: dict) -> list:
+    """The violations of one world (a shrunk one, tests/worlds/regressions/), on a node of its own."""
+    pool = Pool("t-%d-w" % os.getpid())
+    try:
+        return judge(world, run_world(pool, world))[1]
+    finally:
+        pool.close()
