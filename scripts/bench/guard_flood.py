@@ -129,14 +129,15 @@ def logged(path):
     return lines, [a.get("fingerprint") for line in lines for a in line.get("alerts", [line.get("alert") or {}])]
 
 
-def make_nodes(args, tag):
-    nodes, orphans = [], {}
+def make_nodes(args, tag, nodes):
+    """Nodes with orphans, each added to `nodes` as soon as it is up (the caller downs them, also on a failure)."""
+    orphans = {}
     for number in range(args.hosts):
         node = up("gf-%s-%d" % (tag, number), gpus=4, release_latency=0.1)
         nodes.append(node)
         pids = [start_cuda_process(node, [gpu], 512, mode="inherit") for gpu in range(args.orphans)]
         orphans[node.name] = {pid: ticks(node, pid) for pid in pids}
-    return nodes, orphans
+    return orphans
 
 
 def flood(args, work, nodes, orphans):
@@ -201,7 +202,7 @@ def main():
     try:
         with tempfile.TemporaryDirectory(prefix="guard-flood-") as directory:
             work = Path(directory)
-            nodes, orphans = make_nodes(args, tag)
+            orphans = make_nodes(args, tag, nodes)
             figures = flood(args, work, nodes, orphans)
             check(args, work, nodes, orphans, figures)
     finally:
