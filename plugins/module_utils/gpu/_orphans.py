@@ -13,7 +13,9 @@ reason, when the host shows that what it served has ended:
   starter holds the read end of a pipe whose write end the child holds (Process.sentinel, through which vLLM's API
   server watches its engines). The topmost `VLLM::` process's parent is its live server, whatever its command line
   and wherever it sits (a container's init, a launcher that is not `vllm serve`), when it holds that read end;
-  when it does not, the server is gone and the kernel handed the tree to an init or a subreaper.
+  when it does not, the server is gone and the kernel handed the tree to an init or a subreaper. vLLM starts them
+  by fork or spawn only (vllm/envs.py VLLM_WORKER_MULTIPROC_METHOD, choices fork and spawn), never through a
+  forkserver, whose children hang from the forkserver and not from the process that asked for them.
 - `unit_inactive`: its systemd service, a unit of the system manager (_owners: below slices only) that the manager
   has loaded, is `inactive` or `failed` (`systemctl show -p LoadState,ActiveState`): the service was stopped and
   left this process behind (KillMode=process or none).
