@@ -11,6 +11,7 @@ output (stdout and stderr of the run, as an operator sees it) is kept for tests 
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
@@ -121,3 +122,20 @@ def environment(bin_dir, config):
     if not any(os.environ.get(name) for name in ("LC_ALL", "LANG")):
         env["LANG"] = "C.UTF-8"  # ansible-core refuses a non-UTF-8 locale
     return env
+
+
+def guard_rulebook(repo, work, inventory, port, token, remediate):
+    """(argv, env) of ansible-rulebook running the shipped guard rulebook of `repo` (its .venv-eda) on `inventory`,
+    its webhook on 127.0.0.1:`port` with Bearer `token`, its state and log (guard.jsonl) under `work`."""
+    variables = {
+        "guard_webhook_port": port,
+        "guard_webhook_token": token,
+        "guard_remediate": remediate,
+        "guard_interval": 600,
+        "guard_state_dir": str(work / "guard-state"),
+        "guard_log": str(work / "guard.jsonl"),
+    }
+    (work / "guard-vars.yml").write_text(json.dumps(variables))
+    argv = [str(repo / ".venv-eda" / "bin" / "ansible-rulebook"), "-i", str(inventory)]
+    argv += ["--rulebook", "gpuops.nvidia.gpu_guard", "--vars", str(work / "guard-vars.yml"), "-v"]
+    return argv, dict(os.environ, **environment(repo / ".venv" / "bin", repo / "ansible.cfg"))

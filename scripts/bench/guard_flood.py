@@ -35,12 +35,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "integration")]
 
-from ansible_api import environment  # noqa: E402
+from ansible_api import guard_rulebook  # noqa: E402
 from nodetools import alive, start_cuda_process  # noqa: E402
 from ports import free_ports  # noqa: E402
 from simnode import inventory_file, up  # noqa: E402
 
-EDA = REPO / ".venv-eda" / "bin" / "ansible-rulebook"
 TOKEN = "flood-token"
 ALERT = "GpuopsNvidiaOrphanedGpuMemory"
 
@@ -95,19 +94,8 @@ def post(port, payload):
 
 
 def start_rulebook(work, inventory, port, remediate):
-    variables = {
-        "guard_webhook_port": port,
-        "guard_webhook_token": TOKEN,
-        "guard_remediate": remediate,
-        "guard_interval": 600,
-        "guard_state_dir": str(work / "guard-state"),
-        "guard_log": str(work / "guard.jsonl"),
-    }
-    (work / "guard-vars.yml").write_text(json.dumps(variables))
+    argv, env = guard_rulebook(REPO, work, inventory, port, TOKEN, remediate)
     log = open(work / "ansible-rulebook.log", "w")
-    env = dict(os.environ, **environment(REPO / ".venv" / "bin", REPO / "ansible.cfg"))
-    argv = [str(EDA), "-i", str(inventory), "--rulebook", "gpuops.nvidia.gpu_guard", "--vars"]
-    argv += [str(work / "guard-vars.yml"), "-v"]
     return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env, cwd=work)
 
 

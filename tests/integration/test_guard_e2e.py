@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from ansible_api import environment
+from ansible_api import environment, guard_rulebook
 from nodetools import alive, free_ports, start_contained_server, start_nvml_monitor, start_vllm, vllm_instance, wait_for
 from simnode import inventory_file
 
@@ -176,22 +176,8 @@ def start_monitoring(daemons, tmp_path, textfile_dirs, webhook_port):
 
 
 def start_rulebook(daemons, tmp_path, inventory, webhook_port):
-    variables = {
-        "guard_webhook_port": webhook_port,
-        "guard_webhook_token": TOKEN,
-        "guard_remediate": True,
-        "guard_interval": 600,
-        "guard_state_dir": str(tmp_path / "guard-state"),
-        "guard_log": str(tmp_path / "guard.jsonl"),
-    }
-    (tmp_path / "guard-vars.yml").write_text(json.dumps(variables))
-    env = dict(os.environ, **environment(VENV_BIN, REPO / "ansible.cfg"))
-    return daemons.start(
-        "ansible-rulebook",
-        [str(EDA), "-i", str(inventory), "--rulebook", "gpuops.nvidia.gpu_guard"]
-        + ["--vars", str(tmp_path / "guard-vars.yml"), "-v"],
-        env=env,
-    )
+    argv, env = guard_rulebook(REPO, tmp_path, inventory, webhook_port, TOKEN, True)
+    return daemons.start("ansible-rulebook", argv, env=env)
 
 
 class MetricsLoop(threading.Thread):
