@@ -655,3 +655,67 @@ def start_contained_server(node, gpu):
     (api,) = [p for p, v in procs.items() if "simvllm.cli" in v[3] and procs.get(v[0], ("",) * 3)[2] == "unshare"]
     (engine,) = [p for p, v in procs.items() if v[0] == api and v[3] == "VLLM::EngineCore"]
     return api, engine, port, log
+
+
+# A GPU daemon's stand-in (stdlib only: it runs a root-owned copy of the node's Python named as the daemon, so
+# /proc/PID/exe names it). It holds what the daemon holds: nvidia-persistenced keeps nvidiactl and every GPU's file
+# open (the persistence daemon "prevents the driver from releasing device state when the device is not in use",
+# nvidia-persistenced(1)); nv-hostengine and dcgm-exporter are NVML clients (nvidiactl, every GPU's file, nvidia-uvm
+# twice; tests/sim/README.md, "Device files per process kind"). argv[1]: "persistenced" or "nvml".
+GPU_DAEMON = r"""
+import os, sys, time
+files = ["/dev/nvidiactl"] + sorted("/dev/" + name for name in os.listdir("/dev")
+                                    if name.startswith("nvidia") and name[6:].isdigit())
+if sys.argv[1] == "nvml":
+    files += ["/dev/nvidia-uvm", "/dev/nvidia-uvm"]
+fds = [os.open(path, os.O_RDWR) for path in files]
+time.sleep(3600)
+"""
+
+
+def add_units(node, units):
+    """Merge `units` ({name: settings}) into the node's unit table (Node.set_units replaces it)."""
+    path = node.run_dir / "units.json"
+    table = json.loads(path.read_text()) if path.exists() else {}
+    table.update(units)
+    node.set_units(table)
+
+
+def start_gpu_daemon_unit(node, unit, executable, kind="nvml", timeout=10.0):
+    """Start a GPU daemon's stand-in (`executable`: nvidia-persistenced, nv-hostengine, ...; `kind` as GPU_DAEMON)
+    as systemd unit `unit` through the node's systemctl, as the host's system manager starts it; return its PID.
+    The unit keeps its ExecStart, so `systemctl start` brings it back after a stop."""
+    path = daemon_executable(node, executable)
+    add_units(node, {unit: {"ExecStart": [path, "-c", GPU_DAEMON, kind], "TimeoutStopSec": 5}})
+    node.exec("systemctl", "start", unit)
+    return int(wait_for(lambda: unit_main_pid(node, unit), timeout, 0.02, "%s started" % unit))
+
+
+def unit_main_pid(node, unit):
+    """The PID of `unit`'s process as the node's systemctl shows it (0 when the unit is not active)."""
+    return int(node.exec("systemctl", "show", "-p", "MainPID", "--value", unit).stdout.strip() or 0)
+
+
+def log_kernel(node, message, priority=3):
+    """Append one record to the node's kernel log (/dev/kmsg, an empty regular file at up) in /dev/kmsg's format,
+    PRIORITY,SEQUENCE,MICROSECONDS,FLAGS;MESSAGE (Linux Documentation/ABI/testing/dev-kmsg), stamped with the
+    host's time since boot, as the kernel stamps its records."""
+    with open("/proc/uptime") as uptime:
+        microseconds = int(float(uptime.read().split()[0]) * 1_000_000)
+    node.py(
+        "import sys\n"
+        "with open('/dev/kmsg', 'r+') as f:\n"
+        "    sequence = sum(1 for _line in f if not _line.startswith(' '))\n"
+        "    f.write('%s,%d,%s,-;%s\\n' % (sys.argv[1], sequence, sys.argv[2], sys.argv[3]))\n",
+        str(priority),
+        str(microseconds),
+        message,
+    )
+
+
+def log_xid(node, index, xid, text):
+    """Log Xid `xid` for GPU `index` of `node` as the driver does: NVRM: Xid (PCI:DDDD:BB:DD): N, TEXT
+    (open-gpu-kernel-modules, the Xid lines of issue 1151 and discussion 1327)."""
+    domain, bus, device_function = node.info["gpus"][index]["pci_bus_id"].split(":")
+    pci = "%04x:%s:%s" % (int(domain, 16), bus.lower(), device_function.split(".")[0].lower())
+    log_kernel(node, "NVRM: Xid (PCI:%s): %d, %s" % (pci, xid, text))

@@ -73,6 +73,13 @@ CONF_DEFAULTS = {
     "init_seconds": "",
     "context_overhead_mib": "",
     "driver_variant": "",
+    # What the driver advises per GPU (tests/sim/README.md, "Recovery"); the simulated nvidia-smi rewrites them.
+    "persistence": "",
+    "recovery_action": "",
+    "remapped_rows": "",
+    "retired_pending": "",
+    "nvlink": "",
+    "kernel_clients": "",
 }
 # `up --preset NAME`: node.conf values of a real GPU and driver; explicit `up` options override them.
 # h200: measured on an NVIDIA H200 with driver 580.159.04 (tests/sim/README.md, "The H200 preset").
@@ -167,6 +174,29 @@ def _stray_mib(text: str, gpus: int) -> str:
             raise GpunodeError(f"stray_mib: {item!r} is not INDEX:MiB")
         entries.append(f"{_gpu_index_list('stray_mib', index, gpus)}:{_int_text('stray_mib', mib)}")
     return ",".join(entries)
+
+
+def _indexed(key: str, text: str, gpus: int, pattern: str) -> str:
+    """INDEX:VALUE,... with VALUE matching `pattern`, each GPU once."""
+    entries: dict[str, str] = {}
+    for item in _list_items(text):
+        index, sep, value = item.partition(":")
+        if not sep or not re.fullmatch(pattern, value):
+            raise GpunodeError(f"{key}: {item!r} is not INDEX:{pattern}")
+        entries[_gpu_index_list(key, index, gpus)] = value
+    return ",".join(f"{index}:{value}" for index, value in entries.items())
+
+
+def _nvlink_groups(text: str, gpus: int) -> str:
+    """nvlink=0+1,2+3: groups of GPUs linked directly by NVLink, each GPU in one group of two or more."""
+    groups, seen = [], set()
+    for item in _list_items(text):
+        members = [_gpu_index_list("nvlink", member, gpus) for member in item.split("+")]
+        if len(members) < 2 or seen & set(members) or len(set(members)) != len(members):
+            raise GpunodeError(f"nvlink: {item!r} is not a group of two or more GPUs, each in one group")
+        seen.update(members)
+        groups.append("+".join(members))
+    return ",".join(groups)
 
 
 def _per_gpu_list(key: str, text: str, gpus: int, pattern: str) -> str:
@@ -287,6 +317,12 @@ def validate_conf(conf: dict[str, str]) -> dict[str, str]:
         "init_seconds": lambda text: _seconds("init_seconds", text),
         "context_overhead_mib": lambda text: _int_text("context_overhead_mib", text),
         "driver_variant": lambda text: _matching("driver_variant", text, r"no-v3|v3-32"),
+        "persistence": lambda text: _indexed("persistence", text, gpus, r"[01]"),
+        "recovery_action": lambda text: _indexed("recovery_action", text, gpus, r"[0-7]"),
+        "remapped_rows": lambda text: _indexed("remapped_rows", text, gpus, r"[0-9]+:[0-9]+:[01]:[01]"),
+        "retired_pending": lambda text: _gpu_index_list("retired_pending", text, gpus),
+        "nvlink": lambda text: _nvlink_groups(text, gpus),
+        "kernel_clients": lambda text: _gpu_index_list("kernel_clients", text, gpus),
     }
     normalised = {}
     for key in CONF_DEFAULTS:
@@ -615,6 +651,17 @@ def _systemctl_script(python: str, state: Path) -> str:
     )
 
 
+def _nvidia_smi_script(python: str) -> str:
+    """bin/nvidia-smi: the simulated nvidia-smi's reset and persistence mode (tests/sim/simsmi.py)."""
+    return (
+        f"#!{python}\n"
+        "import sys\n"
+        f"sys.path.insert(0, {str(SIM_DIR)!r})\n"
+        "from simsmi import main\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+
+
 def _python_wrapper(info: dict, python: str) -> str:
     """The node's interpreter wrapper: /bin/sh doing what `gpunode exec NAME -- PYTHON` does."""
     bin_dir = shlex.quote(str(Path(info["state_dir"]) / "bin"))
@@ -858,6 +905,7 @@ def _populate_and_start(name: str, state: Path, conf: dict[str, str], driver: bo
     python = node_python()
     _write_executable(bin_dir / "vllm", _vllm_script(python))
     _write_executable(bin_dir / "systemctl", _systemctl_script(python, state))
+    _write_executable(bin_dir / "nvidia-smi", _nvidia_smi_script(python))
     refusal = cgroup_refusal()
     cgroup_root = None
     if refusal is None:

@@ -15,7 +15,11 @@ system manager's) and a per-node unit table that tests write, STATE/run/units.js
   KillSignal=SIGTERM, FinalKillSignal after the timeout). A unit with neither cgroup nor table
   entry: "Failed to stop UNIT: Unit UNIT not loaded." and exit 5 (systemd#25708).
 - `is-active UNIT...`: active/inactive, exit 0 when all are active, else 3.
-It never restarts anything: Restart= is reported, not acted on.
+- `start UNIT...`: a unit whose table entry has `ExecStart` (an argv list) and no process yet gets one: the
+  command runs detached (own session, stdio on /dev/null) in the unit's cgroup, `/system.slice/UNIT` or the
+  entry's `Slice` (systemd.exec(5), systemd.slice(5)); an active unit is left as it is (exit 0). A unit without
+  ExecStart: "Failed to start UNIT: Unit UNIT not found." and exit 5, as systemctl says of an unknown unit.
+It never restarts anything by itself: Restart= is reported, not acted on.
 """
 
 from __future__ import annotations
@@ -167,6 +171,40 @@ def _stop(node: Node, units: list[str]) -> int:
     return status
 
 
+def _start(node: Node, units: list[str]) -> int:
+    status = 0
+    for unit in units:
+        command = node.table.get(unit, {}).get("ExecStart")
+        if not command or node.root is None:
+            print(f"Failed to start {unit}: Unit {unit} not found.", file=sys.stderr)
+            status = EXIT_NOT_LOADED
+            continue
+        if _properties(node, unit)["ActiveState"] == "active":
+            continue
+        cgroup = node.root / node.table[unit].get("Slice", "system.slice") / unit
+        cgroup.mkdir(parents=True, exist_ok=True)
+        _launch_in(cgroup, [str(part) for part in command])
+    return status
+
+
+def _launch_in(cgroup: Path, command: list[str]) -> None:
+    """Run `command` detached in `cgroup`: a child joins it and forks the command, then exits (the command is an
+    orphan of the node's init, as a service is a child of PID 1)."""
+    child = os.fork()
+    if child == 0:
+        try:
+            os.setsid()
+            Path(cgroup, "cgroup.procs").write_text(str(os.getpid()))
+            if os.fork() == 0:
+                null = os.open(os.devnull, os.O_RDWR)
+                for fd in (0, 1, 2):
+                    os.dup2(null, fd)
+                os.execv(command[0], command)
+        finally:
+            os._exit(0)
+    os.waitpid(child, 0)
+
+
 def _is_active(node: Node, units: list[str]) -> int:
     states = [_properties(node, unit)["ActiveState"] for unit in units]
     sys.stdout.write("".join(state + "\n" for state in states))
@@ -198,7 +236,7 @@ def main(argv: list[str], state_dir: str) -> int:
         else:
             positional.append(argument)
     if not positional:
-        print("systemctl (simulated): give a verb: show, stop, is-active", file=sys.stderr)
+        print("systemctl (simulated): give a verb: show, stop, start, is-active", file=sys.stderr)
         return 1
     verb, units = positional[0], [mangle(unit) for unit in positional[1:]]
     node = Node(state_dir)
@@ -208,6 +246,8 @@ def main(argv: list[str], state_dir: str) -> int:
         return _stop(node, units)
     if verb == "is-active":
         return _is_active(node, units)
+    if verb == "start":
+        return _start(node, units)
     print(f"systemctl (simulated): unsupported verb {verb}", file=sys.stderr)
     return 1
 

@@ -259,6 +259,11 @@ struct gpu_config {
     unsigned int pci_domain, pci_bus, pci_device;
     unsigned long long stray_mib;
     int lost;
+    int persistence;                       /* -1: node-wide persistence_mode; else this GPU's (persistence=i:0|1) */
+    unsigned int recovery_action;          /* NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (recovery_action=i:N) */
+    unsigned int remap_corr, remap_unc, remap_pending, remap_failure; /* remapped_rows=i:C:U:P:F */
+    unsigned int retired_pending;          /* retired_pending=i,... */
+    unsigned int nvlink_group;             /* nvlink=0+1,2+3: 1 + the group, 0: no direct NVLink */
     unsigned int mig_current, mig_pending;
     unsigned int mig_count;                /* MIG devices, ordered by GPU instance id */
     struct mig_instance mig[MAX_MIG];
@@ -432,6 +437,7 @@ static void apply_defaults(struct node_config *cfg)
 /* Per-GPU lists are kept as raw strings until the GPU count is known. */
 struct raw_lists {
     char minors[4096], uuids[8192], pci_bus_ids[4096], stray[4096], lost[4096], mig[4096], mig_pending[4096];
+    char persistence[4096], recovery[4096], remapped[4096], retired[4096], nvlink[4096];
 };
 
 /* Applies one node.conf line; an empty value leaves the default ("KEY=" means none). */
@@ -490,6 +496,16 @@ static void set_key(struct node_config *cfg, struct raw_lists *raw, const char *
         cfg->pid_namespace = !strcmp(value, "init") ? PIDNS_INIT : !strcmp(value, "caller") ? PIDNS_CALLER : PIDNS_AUTO;
     } else if (!strcmp(key, "init_seconds")) {
         cfg->init_seconds = strtod(value, NULL);
+    } else if (!strcmp(key, "persistence")) {
+        copy_text(raw->persistence, sizeof raw->persistence, value);
+    } else if (!strcmp(key, "recovery_action")) {
+        copy_text(raw->recovery, sizeof raw->recovery, value);
+    } else if (!strcmp(key, "remapped_rows")) {
+        copy_text(raw->remapped, sizeof raw->remapped, value);
+    } else if (!strcmp(key, "retired_pending")) {
+        copy_text(raw->retired, sizeof raw->retired, value);
+    } else if (!strcmp(key, "nvlink")) {
+        copy_text(raw->nvlink, sizeof raw->nvlink, value);
 
     }
 }
@@ -583,6 +599,41 @@ static void fill_mig(struct node_config *cfg, struct raw_lists *raw)
     }
 }
 
+/* What the driver advises per GPU (tests/sim/README.md, "Recovery"): persistence=i:0|1,...,
+ * recovery_action=i:N,..., remapped_rows=i:C:U:P:F,..., retired_pending=i,..., nvlink=0+1,2+3. */
+static void fill_recovery(struct node_config *cfg, struct raw_lists *raw)
+{
+    char *items[MAX_GPUS];
+    unsigned int index, a, b, c, d, n;
+    for (unsigned int i = 0; i < MAX_GPUS; i++)
+        cfg->gpu[i].persistence = -1;
+    n = split_list(raw->persistence, items, MAX_GPUS);
+    for (unsigned int k = 0; k < n; k++)
+        if (sscanf(items[k], "%u:%u", &index, &a) == 2 && index < MAX_GPUS)
+            cfg->gpu[index].persistence = a != 0;
+    n = split_list(raw->recovery, items, MAX_GPUS);
+    for (unsigned int k = 0; k < n; k++)
+        if (sscanf(items[k], "%u:%u", &index, &a) == 2 && index < MAX_GPUS)
+            cfg->gpu[index].recovery_action = a;
+    n = split_list(raw->remapped, items, MAX_GPUS);
+    for (unsigned int k = 0; k < n; k++)
+        if (sscanf(items[k], "%u:%u:%u:%u:%u", &index, &a, &b, &c, &d) == 5 && index < MAX_GPUS) {
+            struct gpu_config *g = &cfg->gpu[index];
+            g->remap_corr = a, g->remap_unc = b, g->remap_pending = c != 0, g->remap_failure = d != 0;
+        }
+    n = split_list(raw->retired, items, MAX_GPUS);
+    for (unsigned int k = 0; k < n; k++)
+        if ((index = (unsigned int)strtoul(items[k], NULL, 10)) < MAX_GPUS)
+            cfg->gpu[index].retired_pending = 1;
+    n = split_list(raw->nvlink, items, MAX_GPUS);
+    for (unsigned int k = 0; k < n; k++) {
+        char *save = NULL;
+        for (char *member = strtok_r(items[k], "+", &save); member; member = strtok_r(NULL, "+", &save))
+            if ((index = (unsigned int)strtoul(member, NULL, 10)) < MAX_GPUS)
+                cfg->gpu[index].nvlink_group = k + 1;
+    }
+}
+
 static void fill_gpu_lists(struct node_config *cfg, struct raw_lists *raw)
 {
     static const unsigned int dgx_buses[8] = {0x18, 0x2a, 0x3a, 0x5d, 0x9a, 0xab, 0xba, 0xdb};
@@ -635,6 +686,7 @@ static void fill_gpu_lists(struct node_config *cfg, struct raw_lists *raw)
             cfg->gpu[index].lost = 1;
     }
     fill_mig(cfg, raw);
+    fill_recovery(cfg, raw);
 }
 
 /* Reloads g_cfg from <run>/node.conf (defaults where a key or the file is missing). */
@@ -1900,18 +1952,158 @@ EXPORT nvmlReturn_t nvmlDeviceGetPersistenceMode(nvmlDevice_t device, nvmlEnable
     if (rc == NVML_SUCCESS && !mode)
         rc = NVML_ERROR_INVALID_ARGUMENT;
     if (rc == NVML_SUCCESS)
-        *mode = g_cfg.persistence_mode ? NVML_FEATURE_ENABLED : NVML_FEATURE_DISABLED;
+        *mode = (g_cfg.gpu[i].persistence < 0 ? g_cfg.persistence_mode : g_cfg.gpu[i].persistence)
+                    ? NVML_FEATURE_ENABLED
+                    : NVML_FEATURE_DISABLED;
     return leave(rc);
 }
 
-static nvmlReturn_t pci_info(const char *symbol, nvmlDevice_t device, nvmlPciInfo_t *pci)
+/* ---- what the driver advises (tests/sim/README.md, "Recovery") --------------------------- */
+
+#define NVML_FI_DEV_GET_GPU_RECOVERY_ACTION 230
+#define FAKE_NVLINK_LINKS 18 /* links an H100 SXM has; higher link numbers answer INVALID_ARGUMENT */
+
+typedef union {
+    double dVal;
+    unsigned int uiVal;
+    unsigned long ulVal;
+    unsigned long long ullVal;
+    signed long long sllVal;
+    int siVal;
+    unsigned short usVal;
+} nvmlValue_t;
+
+typedef struct {
+    unsigned int fieldId;
+    unsigned int scopeId;
+    long long timestamp;
+    long long latencyUsec;
+    int valueType; /* nvmlValueType_t: NVML_VALUE_TYPE_UNSIGNED_INT = 1 */
+    nvmlReturn_t nvmlReturn;
+    nvmlValue_t value;
+} nvmlFieldValue_t;
+_Static_assert(sizeof(nvmlFieldValue_t) == 40, "nvmlFieldValue_t layout");
+
+/* Only field 230 answers; every other field answers NOT_SUPPORTED in its own nvmlReturn (nvml.h: the call
+ * succeeds and each value carries its own status). */
+EXPORT nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCount, nvmlFieldValue_t *values)
 {
     unsigned int i;
-    nvmlReturn_t rc = enter_device(symbol, device, &i);
-    if (rc == NVML_SUCCESS && !pci)
+    nvmlReturn_t rc = enter_device(__func__, device, &i);
+    if (rc == NVML_SUCCESS && (!values || valuesCount < 0))
         rc = NVML_ERROR_INVALID_ARGUMENT;
     if (rc != NVML_SUCCESS)
         return leave(rc);
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    for (int k = 0; k < valuesCount; k++) {
+        nvmlFieldValue_t *v = &values[k];
+        v->timestamp = (long long)now.tv_sec * 1000000 + now.tv_nsec / 1000;
+        v->latencyUsec = 0;
+        memset(&v->value, 0, sizeof v->value);
+        if (v->fieldId == NVML_FI_DEV_GET_GPU_RECOVERY_ACTION) {
+            v->valueType = 1;
+            v->value.uiVal = g_cfg.gpu[i].recovery_action;
+            v->nvmlReturn = NVML_SUCCESS;
+        } else {
+            v->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+        }
+    }
+    return leave(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t device, unsigned int *corrRows, unsigned int *uncRows,
+                                              unsigned int *isPending, unsigned int *failureOccurred)
+{
+    unsigned int i;
+    nvmlReturn_t rc = enter_device(__func__, device, &i);
+    if (rc == NVML_SUCCESS && !(corrRows && uncRows && isPending && failureOccurred))
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (rc == NVML_SUCCESS) {
+        const struct gpu_config *g = &g_cfg.gpu[i];
+        *corrRows = g->remap_corr, *uncRows = g->remap_unc;
+        *isPending = g->remap_pending, *failureOccurred = g->remap_failure;
+    }
+    return leave(rc);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetRetiredPagesPendingStatus(nvmlDevice_t device, nvmlEnableState_t *isPending)
+{
+    unsigned int i;
+    nvmlReturn_t rc = enter_device(__func__, device, &i);
+    if (rc == NVML_SUCCESS && !isPending)
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (rc == NVML_SUCCESS)
+        *isPending = g_cfg.gpu[i].retired_pending ? NVML_FEATURE_ENABLED : NVML_FEATURE_DISABLED;
+    return leave(rc);
+}
+
+/* The GPU at the far end of `link` of GPU i: the k-th other member of its NVLink group (one link per peer), or
+ * -1 for an inactive link. NOT_SUPPORTED for a GPU without direct NVLink, INVALID_ARGUMENT past its links. */
+static nvmlReturn_t nvlink_peer(unsigned int i, unsigned int link, int *peer)
+{
+    unsigned int group = g_cfg.gpu[i].nvlink_group, k = 0;
+    if (!group)
+        return NVML_ERROR_NOT_SUPPORTED;
+    if (link >= FAKE_NVLINK_LINKS)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *peer = -1;
+    for (unsigned int j = 0; j < g_cfg.gpus; j++)
+        if (j != i && g_cfg.gpu[j].nvlink_group == group && k++ == link)
+            *peer = (int)j;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned int link, nvmlEnableState_t *isActive)
+{
+    unsigned int i;
+    int peer;
+    nvmlReturn_t rc = enter_device(__func__, device, &i);
+    if (rc == NVML_SUCCESS && !isActive)
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (rc == NVML_SUCCESS)
+        rc = nvlink_peer(i, link, &peer);
+    if (rc == NVML_SUCCESS)
+        *isActive = peer >= 0 ? NVML_FEATURE_ENABLED : NVML_FEATURE_DISABLED;
+    return leave(rc);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemoteDeviceType(nvmlDevice_t device, unsigned int link, int *type)
+{
+    unsigned int i;
+    int peer;
+    nvmlReturn_t rc = enter_device(__func__, device, &i);
+    if (rc == NVML_SUCCESS && !type)
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (rc == NVML_SUCCESS)
+        rc = nvlink_peer(i, link, &peer);
+    if (rc == NVML_SUCCESS && peer < 0)
+        rc = NVML_ERROR_NOT_SUPPORTED;
+    if (rc == NVML_SUCCESS)
+        *type = 0; /* NVML_NVLINK_DEVICE_TYPE_GPU */
+    return leave(rc);
+}
+
+static void fill_pci(unsigned int i, nvmlPciInfo_t *pci);
+
+EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t device, unsigned int link, nvmlPciInfo_t *pci)
+{
+    unsigned int i;
+    int peer;
+    nvmlReturn_t rc = enter_device(__func__, device, &i);
+    if (rc == NVML_SUCCESS && !pci)
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (rc == NVML_SUCCESS)
+        rc = nvlink_peer(i, link, &peer);
+    if (rc == NVML_SUCCESS && peer < 0)
+        rc = NVML_ERROR_NOT_SUPPORTED;
+    if (rc == NVML_SUCCESS)
+        fill_pci((unsigned int)peer, pci);
+    return leave(rc);
+}
+
+static void fill_pci(unsigned int i, nvmlPciInfo_t *pci)
+{
     const struct gpu_config *g = &g_cfg.gpu[i];
     memset(pci, 0, sizeof *pci);
     pci->domain = g->pci_domain;
@@ -1923,6 +2115,17 @@ static nvmlReturn_t pci_info(const char *symbol, nvmlDevice_t device, nvmlPciInf
              g->pci_bus & 0xff, g->pci_device & 0xff);
     snprintf(pci->busId, sizeof pci->busId, "%08X:%02X:%02X.0", g->pci_domain, g->pci_bus & 0xff,
              g->pci_device & 0xff);
+}
+
+static nvmlReturn_t pci_info(const char *symbol, nvmlDevice_t device, nvmlPciInfo_t *pci)
+{
+    unsigned int i;
+    nvmlReturn_t rc = enter_device(symbol, device, &i);
+    if (rc == NVML_SUCCESS && !pci)
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (rc != NVML_SUCCESS)
+        return leave(rc);
+    fill_pci(i, pci);
     return leave(NVML_SUCCESS);
 }
 

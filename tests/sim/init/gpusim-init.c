@@ -10,7 +10,7 @@
  *      /proc of the node, a private /run, a private /dev (null, zero, full, random, urandom, tty
  *      bound from the host, devpts + ptmx, shm, fd links, nvidia<MINOR>, nvidiactl, nvidia-uvm,
  *      nvidia-uvm-tools as empty regular files, mode 0666; nvidia-caps/nvidia-cap1 0400 and
- *      nvidia-cap2 0444), /run/gpusim (bind of STATE/run) with
+ *      nvidia-cap2 0444; kmsg, an empty regular file, 0644), /run/gpusim (bind of STATE/run) with
  *      the node's proc on /run/gpusim/proc, STATE/lib/ld.so.cache bound over /etc/ld.so.cache
  *      and STATE/proc-driver bound over /proc/driver (the simulated /proc/driver/nvidia),
  *   3. writes "ready <host pid>\n" to the ready pipe and closes it,
@@ -161,6 +161,9 @@ static void build_dev(const char *minors)
     make_dir(STAGING_DEV "/nvidia-caps", 0755);
     make_file(STAGING_DEV "/nvidia-caps/nvidia-cap1", 0400);
     make_file(STAGING_DEV "/nvidia-caps/nvidia-cap2", 0444);
+    /* The node's kernel log: an empty regular file in /dev/kmsg's place, mode 0644 as the real
+     * character device; tests append records in its format (tests/sim/README.md, "Recovery"). */
+    make_file(STAGING_DEV "/kmsg", 0644);
 
     do_mount(STAGING_DEV, "/dev", NULL, MS_MOVE, NULL);
     if (rmdir(STAGING_DEV) != 0)
