@@ -156,8 +156,13 @@ options:
         A unit that runs this module itself (its Ansible process chain) is never stopped.
       - Every process a stop ends is named, in check mode and in the run (RV(unit_processes), the message and the
         summary of O(wait=true)).
-      - For holders in a container or a pod the runtime is never called; the command that stops the owner is reported
-        in RV(owner_commands) and a warning, and the PIDs are ended.
+      - A holder in a docker or podman container (not a pod's) has its container stopped first, through its runtime:
+        C(podman stop -t N ID) or C(docker stop -t N ID), N the O(grace_period), the call bounded at N + 60 seconds
+        (RV(stopped_containers)). The same rule as for a unit applies to every process of the container's cgroup
+        (RV(container_processes)); the container's init (PID 1 of its PID namespace, as C(--init) runs it) is no work
+        of its own. A container that a systemd service runs (quadlet) is stopped with C(systemctl stop UNIT).
+      - For holders in a pod or another runtime's container the runtime is never called; the command that stops the
+        owner is reported in RV(owner_commands) and a warning, and the PIDs are ended.
       - When false (the default), the PIDs are ended and a warning names each owner that will restart them.
       - In check mode, RV(would_signal) entries carry C(owner), C(owner_note) (why ending the PID alone will not last)
         and C(owner_command) (what stops the owner); the summary of O(wait=true) says them per holder.
@@ -336,6 +341,25 @@ would_stop_units:
   returned: always
   type: list
   elements: str
+would_stop_containers:
+  description:
+    - In check mode with O(stop_owners=true), the docker and podman containers that a real run would stop first, each
+      with C(id) (64 hex), C(runtime) and C(command) (the stop it would run, with its timeout).
+  returned: always
+  type: list
+  elements: dict
+stopped_containers:
+  description: The docker and podman containers stopped with O(stop_owners=true), as in RV(would_stop_containers).
+  returned: always
+  type: list
+  elements: dict
+container_processes:
+  description:
+    - With O(stop_owners=true), per container id that is (or in check mode would be) stopped, every process of its
+      cgroup, as RV(unit_processes) gives them for a unit; C(why) also C(the container's init) and
+      C(the container's monitor).
+  returned: always
+  type: dict
 unit_processes:
   description:
     - With O(stop_owners=true), per systemd unit that is (or in check mode would be) stopped, every process of its
@@ -366,7 +390,9 @@ stopped_units:
   type: list
   elements: str
 owner_commands:
-  description: With O(stop_owners=true), the commands that stop the containers and pods of the selected holders (not run).
+  description:
+    - With O(stop_owners=true), the commands that stop the pods and the containers of other runtimes of the selected
+      holders (not run).
   returned: always
   type: list
   elements: str

@@ -171,23 +171,39 @@ def test_role_summary_report_and_textfile_name_the_owner_of_a_signalled_holder(o
     ), out
     assert (
         "ending it alone will not last: it belongs to docker container %s, whose runtime may restart it; "
-        "stop the owner: docker stop %s" % (CONTAINER[:12], CONTAINER[:12])
+        "stop the owner: docker stop -t 2 %s" % (CONTAINER[:12], CONTAINER[:12])
     ) in out, out
     (signalled,) = json.loads((reports / ("%s.json" % node.name)).read_text())["signalled"]
     assert signalled["owner"]["container_id"] == CONTAINER and signalled["owner_label"] == "container:" + CONTAINER[:12]
-    assert signalled["owner_command"] == "docker stop " + CONTAINER[:12], signalled
+    assert signalled["owner_command"] == "docker stop -t 2 " + CONTAINER[:12], signalled
     metrics = textfile.read_text()
     assert 'gpuops_nvidia_reset_signalled_processes_by_owner{owner="container:%s"} 1\n' % CONTAINER[:12] in metrics
     assert metrics.count("gpuops_nvidia_reset_signalled_processes_by_owner{") == 1, metrics
 
 
 def test_container_holder_gets_the_command_that_stops_its_owner(owned):
+    # Check mode: the docker container that stop_owners would stop, with its command and timeout, and what the stop
+    # would end. (A real stop runs the runtime: tests/integration/test_vllm_podman.py, with a real podman.)
     node, pids, inventory = owned
     status, result = only(
-        module(inventory, "gpuops.nvidia.gpu_kill", {"containers": [CONTAINER], "stop_owners": True, "grace_period": 2})
+        module(
+            inventory,
+            "gpuops.nvidia.gpu_kill",
+            {"containers": [CONTAINER], "stop_owners": True, "grace_period": 2},
+            check=True,
+        )
     )
-    assert status == "CHANGED" and result["owner_commands"] == ["docker stop %s" % CONTAINER[:12]], result
-    assert result["stopped_units"] == [] and not alive(node, pids["docker"])
+    command = "docker stop -t 2 %s" % CONTAINER[:12]
+    assert status == "CHANGED" and result["would_stop_containers"] == [
+        {"id": CONTAINER, "runtime": "docker", "command": command}
+    ], result
+    assert [(p["pid"], p["why"]) for p in result["container_processes"][CONTAINER]] == [(pids["docker"], "selected")]
+    assert result["owner_commands"] == [] and result["stopped_units"] == [] and alive(node, pids["docker"])
+    assert (
+        "would stop docker container %s first (stop_owners: %s), ending PID %d"
+        % (CONTAINER[:12], command, pids["docker"])
+        in result["msg"]
+    ), result["msg"]
 
 
 def test_respawning_agent_is_named_with_its_parent(simnode, tmp_path):

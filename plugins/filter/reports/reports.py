@@ -160,7 +160,7 @@ def _failed_phase(refusal: Optional[str], failed: bool, check_mode: bool, wait: 
 # gpu_kill's results that the report carries as they are, with their value where gpu_kill did not return them.
 REPORT_LISTS: Tuple[Tuple[str, Any], ...] = tuple(
     (key, []) for key in ("would_signal", "signalled", "survived", "protected", "not_signalled", "respawned")
-) + (("stopped_units", []), ("owner_commands", []), ("mig_instances", {}))
+) + (("stopped_units", []), ("stopped_containers", []), ("owner_commands", []), ("mig_instances", {}))
 
 
 def reset_gpus_report(
@@ -171,8 +171,8 @@ def reset_gpus_report(
 
     Times: UTC, ISO 8601 with +00:00; message and wait_seconds count the same whole wait. Each holder in would_signal,
     signalled, not_signalled and respawned carries its owner block and gpu_kill's owner_note, owner_command and
-    owner_label; stopped_units are the units stop_owners stopped, owner_commands the commands that stop containers and
-    pods (not run). mig_instances: the MIG instances the run selected by MIG UUID ({"<GPU index>": [MIG UUID, ...]},
+    owner_label; stopped_units are the units stop_owners stopped, stopped_containers the docker and podman containers
+    it stopped (id, runtime, command), owner_commands the commands that stop the other containers and pods (not run). mig_instances: the MIG instances the run selected by MIG UUID ({"<GPU index>": [MIG UUID, ...]},
     {} for whole GPUs); per-instance figures are in gpus_before/gpus_after[].mig_devices.
 
     A failed run names its phase ("phase": preflight, stop or free) and says why in "message". What was not read is

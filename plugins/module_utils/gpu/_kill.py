@@ -195,7 +195,11 @@ def look_and_end(
         except _select.SelectionError as exc:
             return steps._replace(refusal=str(exc))
         steps = steps._replace(look=look, warnings=driver_warnings(snapshot["driver"], params["driver_timeout"]))
-        plan = _stop_owners.plan(look.targets, snapshot, look.selection) if params["stop_owners"] else None
+        plan = (
+            _stop_owners.plan(look.targets, snapshot, look.selection, timeout_s=params["grace_period"])
+            if params["stop_owners"]
+            else None
+        )
         why = _stop_owners.refusal(plan["beyond"], params["stop_spanning_owners"]) if plan else None
         steps = steps._replace(plan=plan, refusal=why)
         if why:
@@ -205,6 +209,10 @@ def look_and_end(
                 if run_command is None or which is None:
                     raise TypeError("stop_owners needs run_command and which")
                 stopped = _stop_owners.stop_units(plan["units"], plan["unit_processes"], run_command, which)
+                if not stopped.failure:
+                    stopped = _stop_owners.stop_containers(
+                        stopped, plan["containers"], plan["container_processes"], which, params["grace_period"]
+                    )
                 steps = steps._replace(stopped=stopped)
                 if stopped.failure:
                     return steps
@@ -227,7 +235,7 @@ def first_look(params: Mapping[str, Any], snapshot: _shapes.Snapshot, checked: _
     return Look(
         snapshot,
         selection,
-        [_report.annotate(dict(target)) for target in split["targets"]],
+        [_report.annotate(dict(target), params["grace_period"]) for target in split["targets"]],
         split["left_alone"],
         split["protected"],
         split["not_holding"],
@@ -257,7 +265,7 @@ def end(inspector: _gpus.Inspector, look: Look, sig: signal.Signals, params: Map
 
     def choose(_first: bool) -> List[Entry]:
         return [
-            _report.annotate(t)
+            _report.annotate(t, params["grace_period"])
             for t in selection.split(
                 inspector.snapshot(
                     scope="listed", indices=selection.indices, owners=True, tolerance_mib=params["max_used_mib"]
@@ -357,12 +365,13 @@ def result_data(steps: Steps, look: Look, lock: Lock, check_mode: bool) -> Resul
     data: Result = dict(
         changed=bool(look.targets)
         if check_mode
-        else done and bool((stopped and stopped.units) or (ended and ended["signalled"])),
+        else done and bool((stopped and (stopped.units or stopped.containers)) or (ended and ended["signalled"])),
         gpus=None if look.selection.indices is None else list(look.selection.indices),
         mig_instances={str(i): sorted(uuids) for i, uuids in sorted(look.selection.instances.items())},
         driver=look.snapshot["driver"],
         would_signal=look.targets if check_mode and not steps.refusal else [],
         would_stop_units=plan["units"] if check_mode and plan and not steps.refusal else [],
+        would_stop_containers=plan["containers"] if check_mode and plan and not steps.refusal else [],
         signalled=ended["signalled"] if ended else [],
         exited=ended["exited"] if ended else [],
         survived=ended["survived"] if ended else [],
@@ -374,8 +383,10 @@ def result_data(steps: Steps, look: Look, lock: Lock, check_mode: bool) -> Resul
         foreign=look.foreign,
         before=look.snapshot,
         stopped_units=stopped.units if stopped else [],
+        stopped_containers=stopped.containers if stopped else [],
         owner_commands=_stop_owners.owner_commands(look.targets) if stopped else [],
         unit_processes=(stopped.unit_processes if stopped else plan["unit_processes"]) if plan else {},
+        container_processes=(stopped.container_processes if stopped else plan["container_processes"]) if plan else {},
         lock_waited_s=lock.waited_s,
         owners_beyond_selection=plan["beyond"] if plan else [],
     )
@@ -472,7 +483,7 @@ def message(result: Result, check_mode: bool) -> str:
 
 def owner_warnings(result: Result, check_mode: bool) -> List[str]:
     """A warning for each holder whose owner will start it again, and for each respawn seen."""
-    stopped = result["stopped_units"]
+    stopped = _stop_owners.stopped_names(result)
     processes = result["would_signal"] if check_mode else result["signalled"]
     warnings = [text for text in (_stop_owners.owner_warning(p, stopped) for p in processes) if text]
     for item in result["respawned"]:

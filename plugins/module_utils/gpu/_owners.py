@@ -20,7 +20,9 @@ docs/owners.md; in short (`<id>` is a 64-hex container id):
   with the cgroupfs driver the container is a bare `<id>` and the runtime is not in the path.
 - CRI-O: `crio-<id>.scope` (systemd), `crio-<id>` (cgroupfs); `crio-conmon-<id>` is its
   monitor, not a container.
-- podman: `libpod-<id>.scope` (crun may put the payload in a `container` child);
+- podman: `libpod-<id>.scope` (systemd manager; crun may put the payload in a `container` child),
+  `/libpod_parent/libpod-<id>` (cgroupfs manager), `<unit>.service/libpod-payload-<id>` (quadlet's default
+  `CgroupsMode=split`: the container inside its unit, conmon in the unit's `runtime` child);
   `libpod-conmon-<id>.scope` is the monitor.
 - Kubernetes pod (kubelet pkg/kubelet/cm/cgroup_manager_linux.go): systemd driver
   `kubepods.slice/kubepods-<qos>.slice/kubepods-<qos>-pod<UID, - written _>.slice` (Guaranteed:
@@ -108,7 +110,7 @@ _CONTAINER_RES = (
     (re.compile(r"^cri-containerd-([0-9a-f]{64})\.scope$"), "containerd"),
     (re.compile(r"^nerdctl-([0-9a-f]{64})\.scope$"), "containerd"),
     (re.compile(r"^crio-([0-9a-f]{64})(?:\.scope)?$"), "cri-o"),
-    (re.compile(r"^libpod-([0-9a-f]{64})\.scope$"), "podman"),
+    (re.compile(r"^libpod-(?:payload-)?([0-9a-f]{64})(?:\.scope)?$"), "podman"),
     (re.compile(r"^([0-9a-f]{64})$"), ""),  # cgroupfs: bare id; the runtime is its parent's name, if any
 )
 _RUNTIMES: Dict[str, Runtime] = {"docker": "docker", "containerd": "containerd", "cri-o": "cri-o", "podman": "podman"}
@@ -122,6 +124,12 @@ _SLURM_V2_PARENT_RE = re.compile(r"^(?:.+_)?slurmstepd(?:_home)?\.scope$")
 # Unit type suffixes systemctl knows; a name without one means NAME.service (systemctl's name mangling).
 _UNIT_SUFFIX_RE = re.compile(r"\.(?:service|socket|target|device|mount|automount|swap|timer|path|slice|scope)$")
 _HEX_RE = re.compile(r"^[0-9a-f]+$")
+# The stop command of each runtime, and its option for the seconds between the stop signal and SIGKILL
+# (docker-stop(1) `-t`, podman-stop(1) `-t`, nerdctl stop `-t`, crictl stop `--timeout`).
+_STOP_TOOLS = {"docker": "docker", "podman": "podman", "containerd": "nerdctl", "cri-o": "crictl"}
+_TIMEOUT_OPTION = {"crictl": "--timeout"}
+# docker-stop(1) and podman-stop(1): without -t, the stop signal, then SIGKILL after 10 seconds.
+RUNTIME_STOP_TIMEOUT_S = 10
 
 
 def _empty_cgroup() -> Cgroup:
@@ -261,6 +269,19 @@ def unit_cgroup(text: Optional[str], unit: str) -> Optional[str]:
         if unit in parts:
             last = len(parts) - 1 - parts[::-1].index(unit)
             return "/".join(parts[: last + 1])
+    return None
+
+
+def container_cgroup(text: Optional[str], container_id: str) -> Optional[str]:
+    """The cgroup of container `container_id` as a /proc/PID/cgroup text shows it: the path up to the innermost
+    component that names the container (parse_cgroup's forms; a monitor's is not the container), from the first line
+    (in parse_cgroup's order) that has one; None when none has.
+    "0::/machine.slice/libpod-<id>.scope/container" -> "/machine.slice/libpod-<id>.scope"."""
+    for _hierarchy, _controllers, path in _cgroup_lines(text or ""):
+        parts = path.split("/")
+        for last in range(len(parts) - 1, 0, -1):
+            if _container_of(parts[last : last + 1])[0] == container_id:
+                return "/".join(parts[: last + 1])
     return None
 
 
@@ -569,13 +590,18 @@ def restart_note(owner: Optional[Owner]) -> Optional[str]:
     if owner.get("pod_uid"):
         name = "%s/%s" % (owner["pod_namespace"], owner["pod_name"]) if owner.get("pod_name") else owner["pod_uid"]
         notes.append("it belongs to Kubernetes pod %s, whose kubelet restarts its containers" % name)
+    elif container_unit(owner):
+        notes.append(
+            "it belongs to %s container %s, which systemd unit %s runs"
+            % (owner.get("runtime") or "a", (owner.get("container_id") or "")[:12], container_unit(owner))
+        )
     elif owner.get("container_id"):
         notes.append(
             "it belongs to %s container %s, whose runtime may restart it"
             % (owner.get("runtime") or "a", (owner.get("container_id") or "")[:12])
         )
     unit = restarting_unit(owner)
-    if unit:
+    if unit and not container_unit(owner):
         notes.append("systemd unit %s restarts it (Restart=%s)" % (unit, owner.get("unit_restart")))
     agent = owner.get("agent")
     # A live vLLM API server owns its engine and workers but never starts a dead worker again (vLLM shuts the engine
@@ -595,19 +621,47 @@ def restart_note(owner: Optional[Owner]) -> Optional[str]:
     return "; ".join(notes) or None
 
 
-def stop_command(owner: Optional[Owner]) -> Optional[str]:
-    """The command that stops this owner for good, as an operator would type it, or None."""
+def container_unit(owner: Optional[Owner]) -> Optional[str]:
+    """The system service that runs this process's container, or None: a container whose cgroup lies inside a
+    `.service` unit (quadlet's `CgroupsMode=split`, `<unit>.service/libpod-payload-<id>`; `podman run --cgroups=split`
+    in a unit). The unit owns the container: stopping the container alone leaves the unit to start it again
+    (Restart=) or to fail. A user's manager (`user@UID.service`, rootless podman) is not such a unit."""
+    owner = owner or Owner()
+    unit = owner.get("systemd_unit")
+    if not owner.get("container_id") or owner.get("pod_uid") or not unit or not unit.endswith(".service"):
+        return None
+    return None if unit.startswith("user@") else unit
+
+
+def container_stop_argv(owner: Optional[Owner], timeout_s: Optional[float] = None) -> Optional[List[str]]:
+    """The runtime's stop command of this process's container, as argv: ["podman", "stop", "-t", "30", "<12 hex>"]
+    (docker, podman, nerdctl; crictl with --timeout); None for no container, a pod's container (the kubelet owns it) or
+    a container that a unit runs (container_unit). `timeout_s`: seconds between the stop signal and SIGKILL, whole
+    seconds rounded up (the runtimes take an integer); RUNTIME_STOP_TIMEOUT_S when not given."""
+    owner = owner or Owner()
+    container_id = owner.get("container_id")
+    if not container_id or owner.get("pod_uid") or container_unit(owner):
+        return None
+    tool = _STOP_TOOLS.get(owner.get("runtime") or "") or "docker"
+    seconds = RUNTIME_STOP_TIMEOUT_S if timeout_s is None else int(-(-max(timeout_s, 0) // 1))
+    return [tool, "stop", _TIMEOUT_OPTION.get(tool, "-t"), str(seconds), container_id[:CONTAINER_PREFIX_MIN]]
+
+
+def stop_command(owner: Optional[Owner], timeout_s: Optional[float] = None) -> Optional[str]:
+    """The command that stops this owner for good, as an operator would type it, or None. A container's is its
+    runtime's stop with `timeout_s` seconds before SIGKILL (container_stop_argv); a container that a service unit runs
+    (quadlet), `systemctl stop UNIT` (the unit's own stop timeout applies)."""
     owner = owner or Owner()
     if owner.get("pod_uid"):
         if owner.get("pod_name"):
             return "kubectl delete pod -n %s %s" % (owner["pod_namespace"], owner["pod_name"])
         return "kubectl delete pod (the pod with UID %s)" % owner["pod_uid"]
-    container_id = owner.get("container_id")
-    if container_id:
-        tool = {"docker": "docker", "podman": "podman", "containerd": "nerdctl", "cri-o": "crictl"}.get(
-            owner.get("runtime") or ""
-        )
-        return "%s stop %s" % (tool or "docker", container_id[:12])
+    unit = container_unit(owner)
+    if unit:
+        return "systemctl stop %s" % unit
+    argv = container_stop_argv(owner, timeout_s)
+    if argv:
+        return " ".join(argv)
     unit = restarting_unit(owner)
     if unit:
         return "systemctl stop %s" % unit

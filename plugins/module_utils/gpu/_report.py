@@ -32,13 +32,14 @@ def where(process: Mapping[str, Any]) -> str:
     return "no single GPU"
 
 
-def annotate(process: Dict[str, Any]) -> Dict[str, Any]:
+def annotate(process: Dict[str, Any], stop_timeout_s: Optional[float] = None) -> Dict[str, Any]:
     """Add to a selected holder, from its `owner` block (_owners.owner_of): "owner_note" (why ending the PID alone will
-    not last, or None), "owner_command" (the command that stops the owner, or None) and "owner_label" (the Prometheus
-    label value, "" when no owner is known). Returns the process."""
+    not last, or None), "owner_command" (the command that stops the owner, or None; a container's runtime stop with
+    `stop_timeout_s` seconds before SIGKILL) and "owner_label" (the Prometheus label value, "" when no owner is
+    known). Returns the process."""
     owner = process.get("owner")
     process["owner_note"] = _owners.restart_note(owner)
-    process["owner_command"] = _owners.stop_command(owner)
+    process["owner_command"] = _owners.stop_command(owner, stop_timeout_s)
     process["owner_label"] = _owners.owner_label(owner)
     return process
 
@@ -206,7 +207,7 @@ def summary_lines(
     """The summary: what was (or would be) signalled and left alone, the outcome `message`, and per selected GPU
     its used memory and holder count before -> after."""
     lines: List[str] = []
-    stopped = kill.get("stopped_units", [])
+    stopped = _stop_owners.stopped_names(kill)
 
     def add_owner_line(process: Mapping[str, Any]) -> None:
         line = owner_line(process, stopped)

@@ -15,12 +15,21 @@ the holders gpu_kill selected. So a unit is stopped only when all it runs is the
   beside a cron job that holds one, a backup job), is beyond the selection. Then the unit is stopped only with
   stop_spanning_owners, and the run names each of them. A unit that runs this module itself is never stopped.
 
-Every process a stop ends is named, in check mode and in the run (`unit_processes`). Containers and pods are never
-stopped: the command that stops them is reported, with the holders it would end beyond the selection.
+Every process a stop ends is named, in check mode and in the run (`unit_processes`).
+
+A docker or podman container (no pod) is stopped the same way, through its runtime: `podman stop -t N ID` (or docker's),
+N the reset's grace period, the call itself bounded (CONTAINER_STOP_MARGIN_S more). Stopping a container ends every
+process of its cgroup (`container_processes`), under the same rule. The container's init (PID 1 of its PID namespace:
+catatonit or tini under `--init`, a shell entrypoint) runs nothing of its own: it is "the container's init", not beyond
+the selection; what it runs is judged as above. A container that a service unit runs (quadlet) is stopped with its
+unit, and the unit's monitor (conmon, the init's parent) is "the container's monitor". Pods and the containers of other
+runtimes are never stopped: the command that stops them is reported, with the holders it would end beyond the
+selection.
 """
 
 from __future__ import annotations
 
+import subprocess
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Literal
 from typing import Mapping, NamedTuple, Optional, Sequence, Tuple, TypedDict
 
@@ -33,6 +42,12 @@ if TYPE_CHECKING:
 # run other work beside the selected processes: what they started is not the selection's.
 JOB_AGENTS = ("vllm", "torchrun", "mpi")
 OWN_CHAIN = "this module or one of its ancestors"
+# The runtimes whose containers stop_owners stops (a pod's containers are the kubelet's; containerd and CRI-O run pods).
+STOPPED_RUNTIMES = ("docker", "podman")
+# Seconds a container's stop may take beyond its stop timeout: the runtime's SIGKILL, its wait and its cleanup.
+CONTAINER_STOP_MARGIN_S = 60
+CONTAINER_INIT = "the container's init"
+CONTAINER_MONITOR = "the container's monitor"
 
 # What stop_owners acts on: a systemd unit it stops, a container or pod whose stop command it reports.
 OwnerKind = Literal["unit", "container", "pod"]
@@ -42,6 +57,8 @@ Process = Mapping[str, Any]
 # AnsibleModule.run_command(argv) -> (rc, stdout, stderr) and AnsibleModule.get_bin_path(name) -> path or None.
 RunCommand = Callable[[List[str]], Tuple[int, str, str]]
 Which = Callable[[str], Optional[str]]
+# run(argv, timeout_s) -> (rc, stdout, stderr); rc None when it did not end within timeout_s (run_bounded).
+RunBounded = Callable[[List[str], float], Tuple[Optional[int], str, str]]
 
 
 class _UnitProcess(TypedDict):
@@ -76,7 +93,16 @@ class BeyondOwner(TypedDict):
     owner: str  # in words
     unit: Optional[str]  # the unit's name; None for a container or pod
     command: Optional[str]  # the command that stops it
+    stops: bool  # stop_owners stops it (a unit, a docker or podman container); false: its command is only reported
     processes: List[BeyondProcess]
+
+
+class ContainerStop(TypedDict):
+    """A container stop_owners stops through its runtime (containers_to_stop)."""
+
+    id: str  # 64 hex
+    runtime: str  # "docker" or "podman"
+    command: str  # the command run, as _owners.stop_command words it
 
 
 class StopPlan(TypedDict):
@@ -84,25 +110,55 @@ class StopPlan(TypedDict):
 
     units: List[str]
     unit_processes: Dict[str, List[UnitProcess]]
+    containers: List[ContainerStop]
+    container_processes: Dict[str, List[UnitProcess]]  # by container id (64 hex)
     beyond: List[BeyondOwner]
 
 
 class Stopped(NamedTuple):
-    """What stop_units did: the units stopped (in order, up to a failure), each unit's processes with "ended", and
-    why it stopped short (None when every unit was stopped)."""
+    """What stop_units and stop_containers did: the units stopped (in order, up to a failure), each unit's processes
+    with "ended", why it stopped short (None when every owner was stopped), the containers stopped and theirs."""
 
     units: List[str]
     unit_processes: Dict[str, List[UnitProcess]]
     failure: Optional[str]
+    containers: List[ContainerStop] = []
+    container_processes: Dict[str, List[UnitProcess]] = {}
 
 
 def stoppable_unit(owner: Optional[_owners.Owner]) -> Optional[str]:
-    """The systemd unit that stop_owners stops for a holder with this owner block, or None: a unit that starts it
-    again (Restart=), where no container or pod owns it."""
+    """The systemd unit that stop_owners stops for a holder with this owner block, or None: the service that runs its
+    container (quadlet, _owners.container_unit), or a unit that starts it again (Restart=), where no container or pod
+    owns it."""
     owner = owner or _owners.Owner()
+    unit = _owners.container_unit(owner)
+    if unit:
+        return unit
     if owner.get("container_id") or owner.get("pod_uid"):
         return None
     return _owners.restarting_unit(owner)
+
+
+def stoppable_container(owner: Optional[_owners.Owner]) -> Optional[str]:
+    """The id of the docker or podman container that stop_owners stops for a holder with this owner block, or None
+    (no container, a pod's, another runtime's, or one that a unit runs: stoppable_unit)."""
+    owner = owner or _owners.Owner()
+    if owner.get("runtime") not in STOPPED_RUNTIMES or _owners.container_stop_argv(owner) is None:
+        return None
+    return owner.get("container_id")
+
+
+def containers_to_stop(targets: Iterable[Process], timeout_s: Optional[float]) -> List[ContainerStop]:
+    """The docker and podman containers that own a target, with the command that stops each: the runtime's stop with
+    `timeout_s` seconds between the stop signal and SIGKILL."""
+    found: Dict[str, ContainerStop] = {}
+    for target in targets:
+        owner = _owner(target)
+        container_id = stoppable_container(owner)
+        if container_id and owner and container_id not in found:
+            command = _owners.stop_command(owner, timeout_s) or ""
+            found[container_id] = ContainerStop(id=container_id, runtime=str(owner.get("runtime")), command=command)
+    return [found[key] for key in sorted(found)]
 
 
 def _owner(process: Mapping[str, Any]) -> Optional[_owners.Owner]:
@@ -122,24 +178,52 @@ def owner_key(owner: Optional[_owners.Owner]) -> Optional[OwnerKey]:
     pod_uid, container_id = owner.get("pod_uid"), owner.get("container_id")
     if pod_uid:
         return ("pod", pod_uid)
-    if container_id:
-        return ("container", container_id)
     unit = stoppable_unit(owner)
+    if container_id and not unit:
+        return ("container", container_id)
     return ("unit", unit) if unit else None
 
 
 def unit_members(unit: str, targets: Iterable[Process], proc: str = "/proc") -> List[_proc.Brief]:
     """Every process of `unit`'s cgroup: [{"pid", "ppid", "comm", "cmdline", "start_ticks"}], read from /proc (the
     cgroup's path from a target's /proc/PID/cgroup); [] when no target of the unit can be read any more."""
+    mine = [t for t in targets if stoppable_unit(_owner(t)) == unit]
+    return _members(mine, lambda text: _owners.unit_cgroup(text, unit), proc)
+
+
+def container_members(container_id: str, targets: Iterable[Process], proc: str = "/proc") -> List[_proc.Brief]:
+    """Every process of the container's cgroup (and the cgroups below it), as unit_members."""
+    mine = [t for t in targets if stoppable_container(_owner(t)) == container_id]
+    return _members(mine, lambda text: _owners.container_cgroup(text, container_id), proc)
+
+
+def _members(
+    targets: Iterable[Process], path_of: Callable[[Optional[str]], Optional[str]], proc: str
+) -> List[_proc.Brief]:
     for target in targets:
-        if stoppable_unit(_owner(target)) != unit:
-            continue
-        path = _owners.unit_cgroup(_owners.read_cgroup(target["pid"], proc), unit)
+        path = path_of(_owners.read_cgroup(target["pid"], proc))
         if not path:
             continue
         stats = {pid: _proc.read_stat(pid, proc) for pid in _owners.cgroup_members(path, proc)}
         return [_proc.brief(pid, stat, proc) for pid, stat in stats.items() if stat and stat["state"] not in ("Z", "X")]
     return []
+
+
+def machinery(members: Iterable[_proc.Brief], proc: str = "/proc") -> Dict[int, str]:
+    """The members that are a container's machinery, not work: {pid: CONTAINER_INIT} for the init of a PID namespace
+    below the reader's (NSpid ends in 1: when it ends, the kernel ends every process of its namespace,
+    pid_namespaces(7)), {pid: CONTAINER_MONITOR} for such an init's parent among `members` (conmon in a quadlet unit)."""
+    members = list(members)
+    found: Dict[int, str] = {}
+    for member in members:
+        nspids = _proc.read_nspids(member["pid"], proc)
+        if len(nspids) > 1 and nspids[-1] == 1:
+            found[member["pid"]] = CONTAINER_INIT
+    pids = {m["pid"] for m in members}
+    for member in members:
+        if found.get(member["pid"]) == CONTAINER_INIT and member["ppid"] in pids and member["ppid"] not in found:
+            found[member["ppid"]] = CONTAINER_MONITOR
+    return found
 
 
 def own_work(members: Iterable[_proc.Brief], targets: Iterable[Process]) -> set[int]:
@@ -188,10 +272,32 @@ def unit_processes(
     "gpus" (the GPUs it holds, [] for none), "why", "beyond"}), the targets first. `why` is "selected", "part of the
     selected work" (own_work), or why it is beyond the selection: "outside the selection", "not selected (...)",
     "holds no GPU", OWN_CHAIN. Targets that the cgroup scan did not see (gone meanwhile) are left out."""
-    holders = {h["pid"]: h for h in snapshot["holders"]}
     mine = [t for t in targets if stoppable_unit(_owner(t)) == unit]
-    members = unit_members(unit, mine, proc)
+    return _judged(unit_members(unit, mine, proc), mine, snapshot, selection, proc)
+
+
+def container_processes(
+    container_id: str,
+    targets: Sequence[Process],
+    snapshot: _shapes.Snapshot,
+    selection: _select.Selection,
+    proc: str = "/proc",
+) -> List[UnitProcess]:
+    """What stopping the container ends, as unit_processes says it for a unit."""
+    mine = [t for t in targets if stoppable_container(_owner(t)) == container_id]
+    return _judged(container_members(container_id, mine, proc), mine, snapshot, selection, proc)
+
+
+def _judged(
+    members: List[_proc.Brief],
+    mine: Sequence[Process],
+    snapshot: _shapes.Snapshot,
+    selection: _select.Selection,
+    proc: str,
+) -> List[UnitProcess]:
+    holders = {h["pid"]: h for h in snapshot["holders"]}
     work = own_work(members, mine)
+    tools = machinery(members, proc)
     chosen = {t["pid"] for t in mine}
     found = []
     for member in members:
@@ -205,22 +311,33 @@ def unit_processes(
             found.append(_entry(member, gpus, _why_beyond(holder, selection), True))
         elif member["pid"] in work:
             found.append(_entry(member, gpus, "part of the selected work", False))
+        elif member["pid"] in tools:
+            found.append(_entry(member, gpus, tools[member["pid"]], False))
         else:
             found.append(_entry(member, gpus, "holds no GPU", True))
     return sorted(found, key=lambda entry: (entry["why"] != "selected", entry["pid"]))
 
 
 def plan(
-    targets: Sequence[Process], snapshot: _shapes.Snapshot, selection: _select.Selection, proc: str = "/proc"
+    targets: Sequence[Process],
+    snapshot: _shapes.Snapshot,
+    selection: _select.Selection,
+    proc: str = "/proc",
+    timeout_s: Optional[float] = None,
 ) -> StopPlan:
-    """stop_owners' plan: {"units": the units it stops, "unit_processes": {unit: unit_processes(...)},
-    "beyond": owners_beyond's list}."""
+    """stop_owners' plan: {"units": the units it stops, "unit_processes": {unit: unit_processes(...)}, "containers":
+    the docker and podman containers it stops (each with its runtime's stop, `timeout_s` seconds before SIGKILL),
+    "container_processes": {id: container_processes(...)}, "beyond": owners_beyond's list}."""
     units = units_to_stop(targets)
     processes = {unit: unit_processes(unit, targets, snapshot, selection, proc) for unit in units}
+    containers = containers_to_stop(targets, timeout_s)
+    inside = {c["id"]: container_processes(c["id"], targets, snapshot, selection, proc) for c in containers}
     return {
         "units": units,
         "unit_processes": processes,
-        "beyond": owners_beyond(targets, snapshot, selection, processes),
+        "containers": containers,
+        "container_processes": inside,
+        "beyond": owners_beyond(targets, snapshot, selection, processes, inside, timeout_s),
     }
 
 
@@ -229,13 +346,17 @@ def owners_beyond(
     snapshot: _shapes.Snapshot,
     selection: _select.Selection,
     unit_processes_: Optional[Mapping[str, List[UnitProcess]]] = None,
+    container_processes_: Optional[Mapping[str, List[UnitProcess]]] = None,
+    timeout_s: Optional[float] = None,
 ) -> List[BeyondOwner]:
     """The owners stop_owners would stop (or report) that reach beyond the selection.
 
     Returns [{"kind": "unit", "container" or "pod", "owner": words, "unit": the unit's name (None for a container or
-    pod), "command": the stop command, "processes": [{"pid", "comm", "gpus", "reason"}]}]. For a unit, every process of its cgroup that is beyond the selection
-    (`unit_processes_`, from unit_processes; without it, its holders alone); for a container or pod, which are never
-    stopped, the holders its command would end beyond the selection.
+    pod), "command": the stop command (a container's with `timeout_s`), "stops": whether stop_owners stops it,
+    "processes": [{"pid", "comm", "gpus", "reason"}]}]. For a unit or a docker or podman container, every process of
+    its cgroup that is beyond the selection (`unit_processes_`, `container_processes_`; without them, its holders
+    alone); for a pod or another runtime's container, which are never stopped, the holders its command would end
+    beyond the selection.
     """
     keys: Dict[OwnerKey, _owners.Owner] = {}
     for target in targets:
@@ -245,10 +366,11 @@ def owners_beyond(
     target_pids = {t["pid"] for t in targets}
     found: List[BeyondOwner] = []
     for key, owner in sorted(keys.items()):
-        if key[0] == "unit" and unit_processes_ and unit_processes_.get(key[1]):
+        members = unit_processes_ if key[0] == "unit" else container_processes_ if key[0] == "container" else None
+        if members and members.get(key[1]):
             others = [
                 BeyondProcess(pid=p["pid"], comm=p["comm"], gpus=p["gpus"], reason=p["why"])
-                for p in unit_processes_[key[1]]
+                for p in members[key[1]]
                 if p["beyond"]
             ]
         else:
@@ -264,7 +386,8 @@ def owners_beyond(
                     kind=key[0],
                     owner=words,
                     unit=key[1] if key[0] == "unit" else None,
-                    command=_owners.stop_command(owner),
+                    command=_owners.stop_command(owner, timeout_s),
+                    stops=key[0] == "unit" or (key[0] == "container" and stoppable_container(owner) is not None),
                     processes=others,
                 )
             )
@@ -285,22 +408,23 @@ def _process_words(process: Mapping[str, Any]) -> str:
 
 
 def refusal(beyond: List[BeyondOwner], spanning_allowed: bool) -> Optional[str]:
-    """Why stop_owners stops nothing, or None: a unit that runs this module (always), or units that reach beyond
-    the selection (unless `spanning_allowed`, stop_spanning_owners)."""
-    units = [item for item in beyond if item["kind"] == "unit"]
+    """Why stop_owners stops nothing, or None: a unit or container that runs this module (always), or units and
+    containers that reach beyond the selection (unless `spanning_allowed`, stop_spanning_owners)."""
+    units = [item for item in beyond if item.get("stops", item["kind"] == "unit")]
     own = [item for item in units if any(p["reason"] == OWN_CHAIN for p in item["processes"])]
     if own:
         return (
             "stop_owners would stop %s; that would end this module's own process chain (Ansible, the SSH session). "
-            "Leave stop_owners off to end only the selected PIDs, and stop the unit from elsewhere"
+            "Leave stop_owners off to end only the selected PIDs, and stop the owner from elsewhere"
             % "; and ".join(_unit_and_processes(item) for item in own)
         )
     if not units or spanning_allowed:
         return None
+    kinds = " or ".join(sorted({item["kind"] for item in units}, reverse=True))
     return (
-        "stop_owners would stop %s; stopping a unit ends all its processes. Set stop_spanning_owners=true (role: "
+        "stop_owners would stop %s; stopping a %s ends all its processes. Set stop_spanning_owners=true (role: "
         "reset_gpus_stop_spanning_owners: true) to stop it anyway, select those processes too, or leave stop_owners "
-        "off to end only the selected PIDs" % "; and ".join(_unit_and_processes(item) for item in units)
+        "off to end only the selected PIDs" % ("; and ".join(_unit_and_processes(item) for item in units), kinds)
     )
 
 
@@ -314,6 +438,8 @@ def beyond_words(item: Mapping[str, Any], check_mode: bool) -> str:
     the selection"."""
     if item["kind"] == "unit":
         what = "would stop" if check_mode else "stopped"
+    elif item.get("stops"):
+        what = "%s %s would stop" % (item["command"], "(would run)" if check_mode else "(run)")
     else:
         what = "%s (reported, not run) would stop" % item["command"]
     return "%s %s, and with it, beyond the selection: %s" % (
@@ -327,10 +453,13 @@ def beyond_lines(kill: Mapping[str, Any], check_mode: bool) -> List[str]:
     """The summary's lines of the owners that reach beyond the selection (beyond_words), but for a unit whose every
     process unit_lines names already."""
     named = {unit for unit, processes in (kill.get("unit_processes") or {}).items() if processes}
+    inside = kill.get("container_processes") or {}
+    containers = kill.get("would_stop_containers", []) if check_mode else kill.get("stopped_containers", [])
+    named_commands = {c["command"] for c in containers if inside.get(c["id"])}
     return [
         "  " + beyond_words(item, check_mode)
         for item in kill.get("owners_beyond_selection", [])
-        if item.get("unit") not in named
+        if item.get("unit") not in named and not (item["kind"] == "container" and item["command"] in named_commands)
     ]
 
 
@@ -343,6 +472,31 @@ def unit_lines(kill: Mapping[str, Any], check_mode: bool) -> List[str]:
     for unit in units:
         line = "  %s systemd unit %s first (stop_owners)" % ("would stop" if check_mode else "stopped", unit)
         processes = (kill.get("unit_processes") or {}).get(unit)
+        if processes:
+            line += ", %s %s" % (
+                "ending" if check_mode else "which ended",
+                ", ".join(_member_words(p, check_mode) for p in processes),
+            )
+        elif processes is not None:
+            line += "; its processes could not be read before the stop"
+        lines.append(line)
+    return lines + container_lines(kill, check_mode)
+
+
+def container_lines(kill: Mapping[str, Any], check_mode: bool) -> List[str]:
+    """The summary's lines of the containers stop_owners stops (or would), each with its command and every process
+    the stop ends: "  stopped podman container 4f1c3a9e0b7d first (stop_owners: podman stop -t 30 4f1c3a9e0b7d),
+    which ended PID 7 VLLM::Worker_TP (holds GPU 0, selected), ..."."""
+    containers = kill.get("would_stop_containers", []) if check_mode else kill.get("stopped_containers", [])
+    lines = []
+    for container in containers:
+        line = "  %s %s container %s first (stop_owners: %s)" % (
+            "would stop" if check_mode else "stopped",
+            container["runtime"],
+            container["id"][: _owners.CONTAINER_PREFIX_MIN],
+            container["command"],
+        )
+        processes = (kill.get("container_processes") or {}).get(container["id"])
         if processes:
             line += ", %s %s" % (
                 "ending" if check_mode else "which ended",
@@ -394,6 +548,59 @@ def stop_units(
     return Stopped(stopped, ended, None)
 
 
+def run_bounded(argv: List[str], timeout_s: float) -> Tuple[Optional[int], str, str]:
+    """(rc, stdout, stderr) of argv; rc None when it did not end within `timeout_s` seconds (then it is killed)."""
+    # Not AnsibleModule.run_command: it has no timeout, and a runtime stuck on its storage must not hang a reset.
+    try:
+        result = subprocess.run(  # pylint: disable=ansible-bad-function
+            argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout_s, check=False
+        )
+    except subprocess.TimeoutExpired:
+        return None, "", "no answer within %s s" % timeout_s
+    except OSError as exc:
+        return 127, "", str(exc)
+    return result.returncode, result.stdout.decode("utf-8", "replace"), result.stderr.decode("utf-8", "replace")
+
+
+def stop_containers(
+    stopped: Stopped,
+    containers: List[ContainerStop],
+    processes: Mapping[str, List[UnitProcess]],
+    which: Which,
+    timeout_s: float,
+    run: Optional[RunBounded] = None,
+    proc: str = "/proc",
+) -> Stopped:
+    """Run each container's stop command (its runtime found with `which`), after stop_units did `stopped`; the call is
+    bounded at `timeout_s` + CONTAINER_STOP_MARGIN_S seconds. Returns `stopped` with the containers stopped, their
+    processes with "ended", and the failure that stopped it short."""
+    done: List[ContainerStop] = []
+    ended: Dict[str, List[UnitProcess]] = dict(processes)
+    for container in containers:
+        tool = which(container["runtime"])
+        argv = container["command"].split()
+        rc, _out, err = (
+            (run or run_bounded)([str(tool)] + argv[1:], timeout_s + CONTAINER_STOP_MARGIN_S)
+            if tool
+            else (127, "", "%s is not on this host" % container["runtime"])
+        )
+        if rc != 0:
+            failure = "%s failed (%s): %s; nothing was signalled" % (
+                container["command"],
+                "rc %s" % rc if rc is not None else "no answer within %s s" % (timeout_s + CONTAINER_STOP_MARGIN_S),
+                err.strip() or "no error text",
+            )
+            return stopped._replace(containers=done, container_processes=ended, failure=failure)
+        done.append(container)
+        ended[container["id"]] = [_ended(process, proc) for process in processes.get(container["id"], [])]
+    return stopped._replace(containers=done, container_processes=ended)
+
+
+def stopped_names(kill: Mapping[str, Any]) -> List[str]:
+    """The units and the container stop commands that this run stopped (owner_left_running's `stopped_units`)."""
+    return list(kill.get("stopped_units", [])) + [c["command"] for c in kill.get("stopped_containers", [])]
+
+
 def _ended(process: UnitProcess, proc: str) -> UnitProcess:
     """A copy of `process` with "ended": whether the process is gone (PID and start ticks)."""
     copy = process.copy()
@@ -407,7 +614,8 @@ def owner_left_running(process: Mapping[str, Any], stopped_units: Iterable[str])
     _report.annotate annotated ("owner_note", "owner_command"). The one rule of owner_warning and owner_line."""
     note = process.get("owner_note")
     command = process.get("owner_command")
-    if not note or command in {"systemctl stop %s" % unit for unit in stopped_units}:
+    stopped = set(stopped_units)
+    if not note or command in stopped or command in {"systemctl stop %s" % unit for unit in stopped}:
         return None
     return note, command
 
@@ -439,6 +647,16 @@ def owner_line(process: Mapping[str, Any], stopped_units: Iterable[str] = ()) ->
 
 
 def owner_commands(targets: Iterable[Process]) -> List[str]:
-    """The commands that stop the containers and pods of the targets (reported, never run)."""
-    owners = [owner for owner in map(_owner, targets) if owner and (owner.get("container_id") or owner.get("pod_uid"))]
-    return sorted({command for command in map(_owners.stop_command, owners) if command})
+    """The commands that stop the pods of the targets and the containers that stop_owners does not stop (reported,
+    never run): each target's `owner_command` (_report.annotate), else its owner's stop_command."""
+    found = set()
+    for target in targets:
+        owner = _owner(target)
+        if not owner or not (owner.get("container_id") or owner.get("pod_uid")):
+            continue
+        if stoppable_container(owner) or _owners.container_unit(owner):
+            continue
+        command = target.get("owner_command") or _owners.stop_command(owner)
+        if command:
+            found.add(command)
+    return sorted(found)

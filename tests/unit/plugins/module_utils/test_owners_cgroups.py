@@ -104,6 +104,16 @@ CASES = [
         "/machine.slice/libpod-conmon-%s.scope" % CID,
         owner(systemd_unit="libpod-conmon-%s.scope" % CID),
     ),
+    # podman's cgroupfs manager (containers/common CgroupfsDefaultCgroupParent "/libpod_parent"); conmon beside it
+    ("podman cgroupfs", "/libpod_parent/libpod-%s" % CID, owner(container_id=CID, runtime="podman")),
+    ("podman cgroupfs conmon", "/libpod_parent/conmon", owner()),
+    # quadlet (podman-systemd.unit(5), CgroupsMode=split by default): the payload inside the unit, conmon in runtime
+    (
+        "quadlet payload",
+        "/system.slice/vllm-a.service/libpod-payload-%s" % CID,
+        owner(systemd_unit="vllm-a.service", container_id=CID, runtime="podman"),
+    ),
+    ("quadlet conmon", "/system.slice/vllm-a.service/runtime", owner(systemd_unit="vllm-a.service")),
     # Kubernetes, systemd driver: QoS slices
     (
         "pod burstable containerd",

@@ -66,7 +66,7 @@ def test_annotate_adds_note_command_and_label():
     unit, docker, quiet = holder(9, UNIT), holder(10, DOCKER), holder(11, QUIET_UNIT)
     assert unit["owner_note"] == "systemd unit vllm@a.service restarts it (Restart=always)"
     assert (unit["owner_command"], unit["owner_label"]) == ("systemctl stop vllm@a.service", "unit:vllm@a.service")
-    assert docker["owner_command"] == "docker stop 4f1c3a9e0b7d" and docker["owner_label"] == "container:4f1c3a9e0b7d"
+    assert docker["owner_command"] == "docker stop -t 10 4f1c3a9e0b7d" and docker["owner_label"] == "container:4f1c3a9e0b7d"
     assert (quiet["owner_note"], quiet["owner_command"], quiet["owner_label"]) == (None, None, "unit:session-3.scope")
     assert holder(12, None)["owner_label"] == ""
 
@@ -149,7 +149,7 @@ def test_run_summary_names_stopped_units_and_holders_they_ended():
         "  stopped systemd unit vllm@a.service first (stop_owners)",
         "  PID 10 VLLM::Worker_TP (GPUs 0, docker container 4f1c3a9e0b7d): SIGTERM, exited after 0.12 s",
         "    ending it alone will not last: it belongs to docker container 4f1c3a9e0b7d, whose runtime may restart it; "
-        "stop the owner: docker stop 4f1c3a9e0b7d",
+        "stop the owner: docker stop -t 10 4f1c3a9e0b7d",
         "  PID 14 VLLM::Worker_TP (GPUs 0, Slurm job 42): SIGTERM then SIGKILL, did not exit",
         "  PID 9 VLLM::Worker_TP (GPUs 0, unit vllm@a.service): not signalled, exited before any signal",
         "memory released after 0.40 s more",
