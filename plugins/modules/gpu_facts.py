@@ -41,6 +41,7 @@ description:
     hosts). A child that SIGKILL cannot end (stuck in the driver) is left behind and named in C(scan_problems).
   - Without the NVIDIA driver library the facts say so in C(driver.available) and C(driver.error); memory is
     unknown, so the processes that show a context on a GPU are its holders, from the C(/proc) scan alone.
+  - With O(recovery), each GPU's C(recovery) says what the driver advises and what the GPU needs (docs/recovery.md).
 author: gpuops maintainers (@gpuops)
 requirements:
   - nvidia-ml-py >= 12.535.108 (module C(pynvml); older releases misread the process lists) and psutil on the managed host
@@ -62,6 +63,13 @@ options:
         per GPU to no process).
     type: int
     default: 256
+  recovery:
+    description:
+      - Read each GPU's C(recovery) too, the driver's advice (field C(NVML_FI_DEV_GET_GPU_RECOVERY_ACTION),
+        C(nvmlDeviceGetRemappedRows), C(nvmlDeviceGetRetiredPagesPendingStatus), C(nvmlDeviceGetPersistenceMode), the
+        GPUs on its NVLinks) and the Xid errors of the kernel log (C(/dev/kmsg)).
+    type: bool
+    default: true
 notes:
   - The module's own process and its NVML worker hold the device files while NVML is initialized;
     they are never reported as holders.
@@ -132,6 +140,16 @@ ansible_facts:
             - C(memory_supported) is false where NVML answers NVML_ERROR_NOT_SUPPORTED for memory (a unified-memory
               GPU), and then C(memory_source) is C(process_lists) and C(memory_used_mib) is what the lists charge.
             - C(error) is the NVML error for this GPU (for example a lost GPU), else null.
+            - C(recovery) (with O(recovery)) is what the driver advises (docs/recovery.md). C(action) is the driver's
+              recovery action (C(none), C(gpu_reset), C(node_reboot), C(drain_p2p), C(drain_and_reset),
+              C(recover_imex_domain), C(bus_reset), C(system_reboot); null where the driver has no such field),
+              C(remapped_rows) (C(correctable), C(uncorrectable), C(pending), C(failure)), C(retired_pages_pending),
+              C(persistence_mode), C(reset_peers) (the indices of the GPUs linked to it directly by NVLink, which a
+              reset takes with it), C(nvlink_switch) (a link reaches an NVSwitch), C(xids) (the Xid lines of the kernel
+              log for this GPU within the last 24 hours and since its last reset by M(gpuops.nvidia.gpu_reset): C(xid),
+              C(pci), C(age_s), C(text), C(needs) and C(why) for the kinds that need a reset or a reboot),
+              C(xid_error) (why the kernel log could not be read, else null), C(needs) (C(reset), C(reboot), C(other)
+              or null) with C(why) (the reasons, in words), C(errors) (what the driver did not answer).
             - C(process_list_version) is the version of the process-list calls that answered (C(v3), C(v2) or
               C(v1) on drivers without the C(_v3) calls), C(processes_error) why the lists are partial (the aggregate
               lists of a MIG GPU need root or the mig/monitor capability; the per-instance lists were read instead).
@@ -279,6 +297,7 @@ def main() -> None:
         argument_spec=dict(
             driver_timeout=_gpus.SELECTION_ARGS["driver_timeout"],
             max_used_mib=dict(type="int", default=_gpus.DEFAULT_TOLERANCE_MIB),
+            recovery=dict(type="bool", default=True),
         ),
         supports_check_mode=True,
     )
@@ -286,7 +305,7 @@ def main() -> None:
     _options.refuse_bad_numbers(module, ("driver_timeout", "max_used_mib"), positive=("driver_timeout",))
     inspector = _gpus.Inspector(driver_timeout=module.params["driver_timeout"])
     try:
-        view = inspector.snapshot(tolerance_mib=module.params["max_used_mib"])
+        view = inspector.snapshot(tolerance_mib=module.params["max_used_mib"], recovery=module.params["recovery"])
     finally:
         inspector.close()
     for note in _advice.exited_notes(view) + view["scan_problems"]:

@@ -204,7 +204,8 @@ def unexplained_step(gpu: _shapes.WaitStatus, driver: Optional[Mapping[str, Any]
     index = gpu["index"]
     mib = " (%s MiB)" % gpu["unexplained_mib"] if gpu.get("unexplained_mib") else ""
     reset = (
-        "nvidia-smi --gpu-reset -i %s, needs no client on the device, nvidia-persistenced included, or reboot" % index
+        "ansible-playbook gpuops.nvidia.reset_gpus -e reset_gpus_gpu_reset=true, which stops the daemons that hold "
+        "the GPU and runs nvidia-smi --gpu-reset -i %s (docs/recovery.md), or reboot" % index
     )
     left = gpu.get("left_alone") or []
     if left:

@@ -191,10 +191,12 @@ class Inspector:
         """This process and its NVML worker: they hold device files but are not holders."""
         return cast(Set[int], {os.getpid(), self._query.pid} - {None})
 
-    def read_driver(self, timeout: Optional[float] = None) -> _shapes.Reading:
+    def read_driver(self, timeout: Optional[float] = None, advice: bool = False) -> _shapes.Reading:
         """NVML reading (see _nvml.read_driver) with the driver's state as a dict; never raises on driver trouble."""
         try:
-            return self._query.read(self.driver_timeout if timeout is None else min(timeout, self.driver_timeout))
+            return self._query.read(
+                self.driver_timeout if timeout is None else min(timeout, self.driver_timeout), advice=advice
+            )
         except (_nvml.NvmlTimeout, _nvml.NvmlWorkerError) as exc:
             return {
                 "available": False,
@@ -213,6 +215,7 @@ class Inspector:
         indices: Optional[Collection[int]] = None,
         tolerance_mib: int = DEFAULT_TOLERANCE_MIB,
         owners: Optional[bool] = None,
+        recovery: bool = False,
     ) -> _shapes.Snapshot:
         """Ask NVML, scan /proc, merge (see _holders.merge), with "driver", "index_source" and "scan" added.
 
@@ -222,8 +225,10 @@ class Inspector:
         "scan" says which was done ("full" or "listed").
         `owners` (default: with a full scan) adds each holder's and device user's `owner` block (_owners.owner_of:
         systemd unit and its Restart=, container, pod, Slurm job, respawning agent); the waits' repeated looks skip it.
+        `recovery` gives each GPU its "recovery" (_recovery.recovery: the driver's advice, the Xids of the kernel log,
+        what it needs); the waits' looks skip it.
         """
-        driver = self.read_driver(timeout)
+        driver = self.read_driver(timeout, advice=recovery)
         table, index_source = minor_map(driver, self.proc)
         own = self.own_pids()
         listed = _listed_pids(driver, indices, tolerance_mib) if scope == "listed" else None
@@ -247,6 +252,10 @@ class Inspector:
         view["scan"] = "full" if listed is None else "listed"
         view["driver"] = {key: driver.get(key) for key in _shapes.DRIVER_KEYS}
         view["driver"]["timed_out"] = bool(driver.get("timed_out"))
+        if recovery:
+            from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _recovery
+
+            _recovery.recovery(view["gpus"], driver.get("advice", []), self.proc)
         return cast(_shapes.Snapshot, view)
 
     def _parent(self, ppid: int) -> Optional[_shapes.Parent]:

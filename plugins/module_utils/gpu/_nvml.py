@@ -454,12 +454,13 @@ def _errors(pynvml: Pynvml) -> Tuple[Type[BaseException], ...]:
     )
 
 
-def read_driver(pynvml: Pynvml, initialized: bool = False) -> _shapes.Reading:
+def read_driver(pynvml: Pynvml, initialized: bool = False, advice: bool = False) -> _shapes.Reading:
     """One full NVML reading (run inside the worker): versions and every GPU.
 
     Returns {"available": bool, "error": str or None, "driver_version", "nvml_version",
-    "cuda_driver_version", "gpus": [read_gpu(...)]}. A missing library or driver gives
-    available=False with the NVML error text; it never raises NVMLError.
+    "cuda_driver_version", "gpus": [read_gpu(...)]}, with `advice` also "advice": [_recovery.read_advice(...)]
+    (the recovery action, remapped rows, persistence mode, NVLink peers of each GPU). A missing library or driver
+    gives available=False with the NVML error text; it never raises NVMLError.
     """
     reading: _shapes.Reading = {
         "available": False,
@@ -482,14 +483,19 @@ def read_driver(pynvml: Pynvml, initialized: bool = False) -> _shapes.Reading:
     reading["available"] = True
     list_versions: List[_shapes.ListVersion] = ["v3", "v2", "v1"]
     reading["gpus"] = [read_gpu(pynvml, index, list_versions) for index in range(count)]
+    if advice:
+        from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _recovery
+
+        reading["advice"] = [_recovery.read_advice(pynvml, index) for index in range(count)]
     return reading
 
 
 def _worker(pynvml: Pynvml, requests: int, replies: int) -> None:
-    """Worker loop: one JSON reading per request line, until the request pipe closes."""
+    """Worker loop: one JSON reading per request line ("r", or "a": with the driver's advice), until the request
+    pipe closes."""
     initialized = False
     with os.fdopen(requests, "rb", 0) as req, os.fdopen(replies, "wb", 0) as rep:
-        while req.readline():
+        for request in iter(req.readline, b""):
             try:
                 if not initialized:
                     try:
@@ -498,7 +504,7 @@ def _worker(pynvml: Pynvml, requests: int, replies: int) -> None:
                     except pynvml.NVMLError:
                         pass  # read_driver tries again and reports the error
                     rep.write(_INIT_DONE + b"\n")
-                reading = read_driver(pynvml, initialized)
+                reading = read_driver(pynvml, initialized, advice=request == b"a\n")
             except Exception as exc:  # pylint: disable=broad-except
                 rep.write(json.dumps({"worker_error": "%s: %s" % (type(exc).__name__, exc)}).encode("utf-8") + b"\n")
                 return
@@ -558,9 +564,9 @@ class DriverQuery:
         self.pid, self._req, self._rep = pid, req_w, rep_r
         self._initialized = False
 
-    def read(self, timeout: float) -> _shapes.Reading:
-        """One reading (see read_driver), or NvmlTimeout after `timeout` seconds (the worker's first nvmlInit has
-        INIT_TIMEOUT_S of its own)."""
+    def read(self, timeout: float, advice: bool = False) -> _shapes.Reading:
+        """One reading (see read_driver; `advice`: with the driver's advice), or NvmlTimeout after `timeout` seconds
+        (the worker's first nvmlInit has INIT_TIMEOUT_S of its own)."""
         if self.timed_out:
             raise NvmlTimeout("%s; not asked again in this run" % self.timed_out)
         if self.failed:
@@ -571,7 +577,7 @@ class DriverQuery:
         req, rep = cast(int, self._req), cast(int, self._rep)
         deadline = time.monotonic() + (timeout if self._initialized else max(timeout, INIT_TIMEOUT_S))
         try:
-            os.write(req, b"r\n")
+            os.write(req, b"a\n" if advice else b"r\n")
             while True:
                 while b"\n" not in self._buffer:
                     left = deadline - time.monotonic()

@@ -169,9 +169,65 @@ class _ReadingBase(TypedDict):
 
 
 class Reading(_ReadingBase, total=False):
-    """One NVML reading (_nvml.read_driver); "timed_out" where the worker did not answer (_gpus.Inspector)."""
+    """One NVML reading (_nvml.read_driver); "timed_out" where the worker did not answer (_gpus.Inspector);
+    "advice" where it was asked for (_recovery.read_advice, one per GPU)."""
 
     timed_out: bool
+    advice: List[DriverAdvice]
+
+
+# What a GPU needs (_recovery): a GPU reset, a reboot of the node, or another step (named in its reasons).
+RecoveryNeed = Literal["reset", "reboot", "other"]
+XidNeed = Literal["reset", "reboot"]
+
+
+class RemappedRows(TypedDict):
+    """nvmlDeviceGetRemappedRows of a GPU."""
+
+    correctable: int
+    uncorrectable: int
+    pending: bool
+    failure: bool
+
+
+class DriverAdvice(TypedDict):
+    """What the driver says of a GPU beyond memory and processes (_recovery.read_advice); None where not answered."""
+
+    index: int
+    recovery_action: Optional[str]
+    remapped_rows: Optional[RemappedRows]
+    retired_pages_pending: Optional[bool]
+    persistence_mode: Optional[bool]
+    nvlink_peers: List[str]
+    nvlink_switch: bool
+    errors: List[str]
+
+
+class Xid(TypedDict):
+    """An Xid line of the kernel log (_kernel_log.xids)."""
+
+    xid: int
+    pci: str
+    age_s: float
+    text: str
+    needs: Optional[XidNeed]
+    why: Optional[str]
+
+
+class Recovery(TypedDict):
+    """A GPU's "recovery" in a snapshot taken with recovery=True (_recovery.recovery)."""
+
+    action: Optional[str]
+    remapped_rows: Optional[RemappedRows]
+    retired_pages_pending: Optional[bool]
+    persistence_mode: Optional[bool]
+    reset_peers: List[int]
+    nvlink_switch: bool
+    xids: List[Xid]
+    xid_error: Optional[str]
+    needs: Optional[RecoveryNeed]
+    why: List[str]
+    errors: List[str]
 
 
 class Gpu(GpuTable):

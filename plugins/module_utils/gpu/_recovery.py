@@ -1,0 +1,215 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) 2026, gpuops.nvidia contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""What the driver advises about each GPU, and whether it needs a reset or a reboot (docs/recovery.md).
+
+`read_advice` runs in the NVML worker (_nvml.read_driver with advice): the driver's recovery action (field
+NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, 230), remapped rows, retired pages pending, persistence mode and the GPUs at the
+far end of its NVLinks (nvidia-ml-py 13.615.71). `recovery` runs on the host after the merge: it adds the Xid errors
+of the kernel log (_kernel_log) and decides what each GPU needs, with the reasons. Python 3.9.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _kernel_log, _shapes
+
+# nvmlDeviceGpuRecoveryAction_t, in its order (nvidia-ml-py 13.615.71: NVML_GPU_RECOVERY_ACTION_NONE = 0 ...).
+ACTIONS: Tuple[str, ...] = (
+    "none",
+    "gpu_reset",
+    "node_reboot",
+    "drain_p2p",
+    "drain_and_reset",
+    "recover_imex_domain",
+    "bus_reset",
+    "system_reboot",
+)
+# What each action asks of the collection: a GPU reset it can do, a reboot it can only name, or another step.
+_ACTION_NEEDS: Dict[str, _shapes.RecoveryNeed] = {
+    "gpu_reset": "reset",
+    "drain_and_reset": "reset",
+    "node_reboot": "reboot",
+    "system_reboot": "reboot",
+    "drain_p2p": "other",
+    "recover_imex_domain": "other",
+    "bus_reset": "other",
+}
+FIELD_RECOVERY_ACTION = 230
+_NVLINK_DEVICE_TYPE_GPU = 0
+_NVLINK_LINKS = 36  # NVML_NVLINK_MAX_LINKS of nvidia-ml-py 13.x; a GPU with fewer answers an error past its last
+# Xids older than this are not "recent": they stay in the kernel log until the next boot.
+XID_WINDOW_S = 24 * 3600
+# Where gpu_reset notes each GPU's last reset (seconds since boot): Xids logged before it were dealt with. A tmpfs
+# on every systemd host, emptied at boot as the kernel log is.
+RESETS_FILE = "/run/gpuops-nvidia/gpu_resets.json"
+
+
+def _call(pynvml: Any, function: str, *args: Any) -> Tuple[Any, Optional[str]]:
+    """pynvml.function(*args) and None, or None and the NVML error (a driver without the call: its error too)."""
+    try:
+        return getattr(pynvml, function)(*args), None
+    except Exception as exc:  # pylint: disable=broad-except
+        return None, "%s: %s" % (function, exc)
+
+
+def _recovery_action(pynvml: Any, handle: Any) -> Tuple[Optional[str], Optional[str]]:
+    values, error = _call(pynvml, "nvmlDeviceGetFieldValues", handle, [FIELD_RECOVERY_ACTION])
+    if error:
+        return None, error
+    value = values[0]
+    if value.nvmlReturn != 0:
+        return None, "field %d (the recovery action): NVML error %d" % (FIELD_RECOVERY_ACTION, value.nvmlReturn)
+    code = int(value.value.uiVal)
+    return (ACTIONS[code] if code < len(ACTIONS) else "unknown_%d" % code), None
+
+
+def _nvlink_peers(pynvml: Any, handle: Any) -> Tuple[List[str], bool]:
+    """Bus ids of the GPUs on this GPU's active NVLinks, and whether any link reaches an NVSwitch."""
+    peers: List[str] = []
+    switch = False
+    for link in range(_NVLINK_LINKS):
+        active, error = _call(pynvml, "nvmlDeviceGetNvLinkState", handle, link)
+        if error:
+            break  # NOT_SUPPORTED (no NVLink) or INVALID_ARGUMENT (past its last link)
+        if not active:
+            continue
+        kind, _error = _call(pynvml, "nvmlDeviceGetNvLinkRemoteDeviceType", handle, link)
+        if kind is not None and kind != _NVLINK_DEVICE_TYPE_GPU:
+            switch = True
+            continue
+        pci, _error = _call(pynvml, "nvmlDeviceGetNvLinkRemotePciInfo", handle, link)
+        bus_id = getattr(pci, "busId", None)
+        if bus_id:
+            text = bus_id.decode() if isinstance(bus_id, bytes) else str(bus_id)
+            if text not in peers:
+                peers.append(text)
+    return peers, switch
+
+
+def read_advice(pynvml: Any, index: int) -> _shapes.DriverAdvice:
+    """What the driver says of GPU `index` beyond memory and processes (in the NVML worker). Each figure is None
+    where the driver does not answer it; `errors` says why."""
+    errors: List[str] = []
+    advice: _shapes.DriverAdvice = {
+        "index": index,
+        "recovery_action": None,
+        "remapped_rows": None,
+        "retired_pages_pending": None,
+        "persistence_mode": None,
+        "nvlink_peers": [],
+        "nvlink_switch": False,
+        "errors": errors,
+    }
+    handle, error = _call(pynvml, "nvmlDeviceGetHandleByIndex", index)
+    if error:
+        errors.append(error)
+        return advice
+    advice["recovery_action"], error = _recovery_action(pynvml, handle)
+    rows, row_error = _call(pynvml, "nvmlDeviceGetRemappedRows", handle)
+    if rows is not None:
+        advice["remapped_rows"] = {
+            "correctable": int(rows[0]),
+            "uncorrectable": int(rows[1]),
+            "pending": bool(rows[2]),
+            "failure": bool(rows[3]),
+        }
+    pending, pages_error = _call(pynvml, "nvmlDeviceGetRetiredPagesPendingStatus", handle)
+    advice["retired_pages_pending"] = None if pending is None else bool(pending)
+    mode, mode_error = _call(pynvml, "nvmlDeviceGetPersistenceMode", handle)
+    advice["persistence_mode"] = None if mode is None else bool(mode)
+    advice["nvlink_peers"], advice["nvlink_switch"] = _nvlink_peers(pynvml, handle)
+    errors.extend(text for text in (error, row_error, pages_error, mode_error) if text)
+    return advice
+
+
+def last_resets(path: str = RESETS_FILE) -> Dict[str, float]:
+    """{PCI address (0000:18:00): seconds since boot} of the GPUs gpu_reset reset since boot; {} where none."""
+    try:
+        with open(path) as handle:
+            data = json.load(handle)
+    except (OSError, ValueError):
+        return {}
+    return {str(key): float(value) for key, value in data.items()} if isinstance(data, dict) else {}
+
+
+def note_reset(pci_keys: List[str], now_s: float, path: str = RESETS_FILE) -> None:
+    """Note that the GPUs at `pci_keys` were reset at `now_s` (seconds since boot)."""
+    data = last_resets(path)
+    data.update({key: now_s for key in pci_keys})
+    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+    temporary = "%s.%d.tmp" % (path, os.getpid())
+    with open(temporary, "w") as handle:
+        json.dump(data, handle)
+    os.replace(temporary, path)
+
+
+def _needs(advice: Mapping[str, Any], xids: List[_shapes.Xid]) -> Tuple[Optional[_shapes.RecoveryNeed], List[str]]:
+    """What the GPU needs (reboot before other before reset; None: nothing) and why, in words."""
+    reasons: List[Tuple[_shapes.RecoveryNeed, str]] = []
+    action = advice.get("recovery_action")
+    if action in _ACTION_NEEDS:
+        reasons.append((_ACTION_NEEDS[action], "the driver's recovery action is %s" % action))
+    rows = advice.get("remapped_rows") or {}
+    if rows.get("failure"):
+        reasons.append(("other", "row remapping failed (the GPU needs service: NVIDIA's field diagnostics)"))
+    if rows.get("pending"):
+        reasons.append(("reset", "rows are pending remapping, which a GPU reset applies"))
+    if advice.get("retired_pages_pending"):
+        reasons.append(("reset", "pages are pending retirement, which a GPU reset applies"))
+    for xid in xids:
+        if xid["needs"]:
+            reasons.append((xid["needs"], "Xid %d %.0f s ago: %s" % (xid["xid"], xid["age_s"], xid["why"])))
+    for need in ("reboot", "other", "reset"):
+        if any(kind == need for kind, _why in reasons):
+            return need, [why for _kind, why in reasons]
+    return None, []
+
+
+def recovery(
+    gpus: List[Dict[str, Any]],
+    advice: List[_shapes.DriverAdvice],
+    proc: str = "/proc",
+    kmsg: str = _kernel_log.KMSG,
+    resets_file: str = RESETS_FILE,
+) -> None:
+    """Give each GPU of a merged view its "recovery": the driver's advice, the NVLink peers a reset takes with it,
+    the recent Xids of the kernel log, and what it needs with why (docs/recovery.md)."""
+    records, log_error = _kernel_log.read(kmsg)
+    now_s = _kernel_log.uptime_s(proc) or 0.0
+    resets = last_resets(resets_file)
+    all_xids = _kernel_log.xids(records, now_s)
+    by_bus = {_kernel_log.pci_key(gpu.get("pci_bus_id")): gpu["index"] for gpu in gpus}
+    by_index = {item["index"]: item for item in advice}
+    for gpu in gpus:
+        key = _kernel_log.pci_key(gpu.get("pci_bus_id"))
+        since = max(now_s - XID_WINDOW_S, resets.get(key or "", -1.0))
+        xids = [x for x in all_xids if x["pci"] == key and now_s - x["age_s"] > since]
+        gpu["recovery"] = _gpu_recovery(by_index.get(gpu["index"]), xids, log_error, by_bus)
+
+
+def _gpu_recovery(
+    own: Optional[_shapes.DriverAdvice],
+    xids: List[_shapes.Xid],
+    log_error: Optional[str],
+    by_bus: Mapping[Optional[str], int],
+) -> _shapes.Recovery:
+    need, why = _needs(own or {}, xids)
+    peers = [_kernel_log.pci_key(peer) for peer in (own["nvlink_peers"] if own else [])]
+    return {
+        "action": own["recovery_action"] if own else None,
+        "remapped_rows": own["remapped_rows"] if own else None,
+        "retired_pages_pending": own["retired_pages_pending"] if own else None,
+        "persistence_mode": own["persistence_mode"] if own else None,
+        "reset_peers": sorted(by_bus[peer] for peer in peers if peer in by_bus),
+        "nvlink_switch": bool(own and own["nvlink_switch"]),
+        "xids": xids,
+        "xid_error": log_error,
+        "needs": need,
+        "why": why,
+        "errors": list(own["errors"]) if own else ["the driver did not answer"],
+    }
