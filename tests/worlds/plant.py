@@ -94,6 +94,10 @@ def context(spec):
     for index in gpus:
         gi = mig.get(str(index))
         lines.append("%d %d compute%s" % (index, mib, " gi=%d ci=0" % gi if gi is not None else ""))
+        if gi is not None:
+            # A context on a MIG instance holds the capability files of its GPU and compute instance (docs/mig.md).
+            caps = spec["caps"][str(index)][str(gi)]
+            fds += [os.open("/dev/nvidia-caps/nvidia-cap%d" % cap, os.O_RDONLY) for cap in caps]
     simcuda.write_context(RUN, token, lines)
     return fds
 
@@ -235,7 +239,7 @@ def plant(world):
     os.chmod(WORLD + "/sig", 0o1777)
     expected = 0
     for spec in world["procs"]:
-        spec = dict(spec, sim_dir=world["sim_dir"])
+        spec = dict(spec, sim_dir=world["sim_dir"], caps=world.get("caps", {}))
         kind = spec["kind"]
         if kind == "trainer":
             trainer(spec)

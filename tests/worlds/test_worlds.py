@@ -7,22 +7,11 @@ from __future__ import annotations
 import os
 
 import pytest
-from hypothesis import HealthCheck, assume, given, seed, settings
+from hypothesis import HealthCheck, given, seed, settings
 
 from worlds import world
 
 WORLDS = 10
-
-
-def known_class(generated):
-    """Worlds of a class found and not fixed yet, each with its shrunk world in tests/worlds/regressions/ (strict
-    xfail): an old driver (before 535.113.01) seen from a nested PID namespace with an exited creator's context
-    (test_world_*.py naming "old driver"); a creator's number reused by a holder on a MIG GPU ("MIG instance")."""
-    setup = generated["setup"]
-    trainers = [p for p in generated["procs"] if p["kind"] == "trainer"]
-    return (setup["old_driver"] and bool(trainers)) or (
-        setup["mig"] and any(p.get("reuse") == "holder" for p in trainers)
-    )
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +28,6 @@ def test_generated_worlds_end_exactly_the_selected_holders(pool):
     @settings(max_examples=WORLDS, deadline=None, database=None, suppress_health_check=list(HealthCheck))
     @given(world.worlds())
     def check(generated):
-        assume(not known_class(generated))
         decisions, violations = world.judge(generated, world.run_world(pool, generated))
         seen["worlds"] += 1
         seen["decisions"] += decisions

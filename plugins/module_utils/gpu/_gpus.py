@@ -231,7 +231,9 @@ class Inspector:
         driver = self.read_driver(timeout, advice=recovery)
         table, index_source = minor_map(driver, self.proc)
         own = self.own_pids()
-        listed = _listed_pids(driver, indices, tolerance_mib) if scope == "listed" else None
+        # Where the lists' numbers are another namespace's, a process here is never found by its number: scan all.
+        foreign = _holders.numbers_foreign(driver, initial_pid_namespace(self.proc))
+        listed = _listed_pids(driver, indices, tolerance_mib) if scope == "listed" and not foreign else None
         view = self._merge(driver, table, own, listed, tolerance_mib)
         if listed is not None and any(gpu["exited"] for gpu in view["gpus"]):
             # A listed creator has exited (or its number was reused): its context's holders are found by a full scan.

@@ -92,6 +92,13 @@ def translates_pids(driver: Optional[Mapping[str, Any]]) -> Optional[bool]:
     return numbers[:3] >= _TRANSLATING_SINCE
 
 
+def numbers_foreign(driver: Optional[Mapping[str, Any]], initial_pidns: bool) -> bool:
+    """True when the driver's PIDs are another namespace's numbers: a driver before 535.113.01 gives the initial
+    namespace's number to every caller, so seen from a nested PID namespace (a container) a listed number names
+    nothing here for sure. Then every process here that shows a context on a GPU holds it (_needs_holders)."""
+    return translates_pids(driver) is False and not initial_pidns
+
+
 def unexplained_cause(translating: Optional[bool], initial_pidns: bool) -> _shapes.UnexplainedCause:
     """What memory that no listed entry explains is, on this driver and in this PID namespace:
     "leaked" (a translating driver seen from the initial PID namespace: every creator has a number here),
@@ -302,7 +309,7 @@ def merge(
     listed_here = set(held.pids)
     for gpu in gpus:
         _device_file_holders(gpu, listed_here, lookup, context)
-        _shared_numbers(gpu, listed_here, context)
+        _shared_numbers(gpu, listed_here, lookup, context)
     if not table:
         # No index map at all (no NVML, no /proc/driver/nvidia): processes that show a context hold "a GPU".
         for pid in sorted(files):
@@ -342,12 +349,10 @@ def _name_pids(gpus: List[_Building], holders: List[_Building], users: List[_Bui
     """Give each GPU and each of its MIG devices the PIDs of its holders ("holder_pids"), and each GPU the PIDs of its
     device users ("device_user_pids")."""
     for gpu in gpus:
-        gpu["holder_pids"] = [h["pid"] for h in holders if gpu["index"] in h["gpus"]]
+        gpu["holder_pids"] = [h["pid"] for h in holders if _shapes.holds(h, gpu["index"])]
         gpu["device_user_pids"] = [u["pid"] for u in users if gpu["index"] in u["device_gpus"]]
         for instance in gpu["mig_devices"]:
-            instance["holder_pids"] = [
-                h["pid"] for h in holders if instance["uuid"] in h["mig"].get(str(gpu["index"]), ())
-            ]
+            instance["holder_pids"] = [h["pid"] for h in holders if _shapes.holds(h, gpu["index"], instance["uuid"])]
 
 
 def _context(driver: Optional[Mapping[str, Any]], initial_pidns: bool, **parts: Any) -> _Context:
@@ -355,7 +360,11 @@ def _context(driver: Optional[Mapping[str, Any]], initial_pidns: bool, **parts: 
     translating = translates_pids(driver)
     # A listed PID absent here is an exited creator where the driver numbers PIDs in this namespace, or where this is
     # the initial namespace (older drivers number every PID there).
-    parts.update(creators_here=bool(translating) or initial_pidns, cause=unexplained_cause(translating, initial_pidns))
+    parts.update(
+        creators_here=bool(translating) or initial_pidns,
+        numbers_foreign=numbers_foreign(driver, initial_pidns),
+        cause=unexplained_cause(translating, initial_pidns),
+    )
     return parts
 
 
@@ -505,9 +514,10 @@ def _judge_memory(
 def _needs_holders(part: _Building, context: _Context, unknown: bool) -> bool:
     """Whether the unlisted processes that show a context on a GPU (or MIG instance) hold it: it carries the context
     of an exited creator, or memory outside the lists that this namespace's processes may hold (memory unknown;
-    drivers before 535.113.01). On a translating driver memory outside the lists is another namespace's or leaked:
-    never theirs."""
-    if part.get("exited"):
+    drivers before 535.113.01), or the lists' numbers are another namespace's (numbers_foreign: the list cannot name
+    them, so a context shown here is all there is). On a translating driver memory outside the lists is another
+    namespace's or leaked: never theirs."""
+    if part.get("exited") or context["numbers_foreign"]:
         return True
     if not part.get("memory_unexplained"):
         return False
@@ -553,33 +563,41 @@ def _device_file_holders(
         gpu["suspects"] = candidates
 
 
-def _shared_numbers(gpu: _Building, listed_here: Set[int], context: _Context) -> None:
-    """Two driver clients under one number on a GPU without MIG instances: the context of a creator that has exited,
-    and the context of the process that got its number. The driver lists that number once with the memory of both
-    (open-gpu-kernel-modules gpu_rmapi.c: gpuGetProcWithObject_IMPL skips a client whose number is listed already,
-    gpuFindClientInfoWithPidIterator_IMPL adds up the memory of every client with it), or in one list twice.
+def _shared_numbers(
+    gpu: _Building, listed_here: Set[int], lookup: Callable[[int], Optional[CapGrant]], context: _Context
+) -> None:
+    """Two driver clients under one number: the context of a creator that has exited, and the context of the process
+    that got its number. The driver lists that number once with the memory of both (open-gpu-kernel-modules
+    gpu_rmapi.c: gpuGetProcWithObject_IMPL skips a client whose number is listed already,
+    gpuFindClientInfoWithPidIterator_IMPL adds up the memory of every client with it), or in one list twice (a MIG
+    instance keeps an entry per context).
 
-    A listed holder P shares its number so where it is listed twice in one list, or where a process the lists leave
-    out shows a context here that cannot be P's: it started before P (no child inherits a context made after it
-    started) and descends from no listed holder of the GPU (a forked child of a live creator holds that creator's).
-    Such a process holds the dead creator's context (`contexts_of` P, its memory not known). The GPU's `exited` gets
-    P (reason "reused", the memory listed under P: the two contexts together), and P's own memory is not known.
-    Where the lists name an exited creator on the GPU already, such a process may hold that creator's context: no
-    evidence then (only two entries under P are)."""
-    if gpu["mig_devices"] or not context["creators_here"]:
+    A listed holder P shares its number so where it is listed twice in one list (on one MIG instance), or where a
+    process the lists leave out shows a context here (on P's MIG instance, by its capability files) that cannot be
+    P's: it started before P or in the same clock tick (no child inherits a context made after it started) and
+    descends from no listed holder of the GPU (a forked child of a live creator holds that creator's). Such a process holds the dead creator's
+    context (`contexts_of` P, its memory not known). The GPU's `exited` (and the instance's) gets P (reason "reused",
+    the memory listed under P: the two contexts together), and P's own memory is not known. Where the lists name an
+    exited creator there already, such a process may hold that creator's context: no evidence then (only two entries
+    under P are)."""
+    if not context["creators_here"]:
         return
-    index, processes, held = gpu["index"], context["processes"], context["held"]
+    index, processes, held, instances = gpu["index"], context["processes"], context["held"], gpu["mig_devices"]
     entries = [item for item in gpu["driver_processes"] if item["verified"]]
     owners = {item["pid"] for item in entries}
-    counts = collections.Counter((item["pid"], item["type"]) for item in entries)
-    shared = {pid for (pid, _type), count in counts.items() if count > 1}
-    explained = bool(gpu["exited"])
+    counts = collections.Counter(
+        (item["pid"], item["type"], item.get("gpu_instance_id"), item.get("compute_instance_id")) for item in entries
+    )
+    shared = {key[0] for key, count in counts.items() if count > 1}
     for pid in _unlisted_contexts(gpu, listed_here, context):
-        if explained or _descends_from(pid, owners, processes):
+        mine = _instances_held(context["scan"][pid].caps, gpu["minor"], instances, lookup) if instances else []
+        parts = mine or ([] if instances else [gpu])
+        if not parts or any(part["exited"] for part in parts) or _descends_from(pid, owners, processes):
             continue
-        sharers = sorted(p for p in owners if processes[p]["start_ticks"] > processes[pid]["start_ticks"])
+        there = {item["pid"] for item in entries if not instances or _instance_of(item, mine) is not None}
+        sharers = sorted(p for p in there if processes[p]["start_ticks"] >= processes[pid]["start_ticks"])
         if sharers:
-            held.hold(pid, index, None, "device_file", (), sharers)
+            held.hold(pid, index, None, "device_file", mine, sharers)
             held.pids[pid]["memory"][index] = None  # a share of the memory listed under another number
             shared.update(sharers)
     memory, _unknown = listed_once(entries)
@@ -593,6 +611,9 @@ def _shared_numbers(gpu: _Building, listed_here: Set[int], context: _Context) ->
             "comm": processes[pid]["comm"],
         }
         gpu["exited"].append(reused)
+        listing = [_instance_of(e, instances) for e in entries if e["pid"] == pid]
+        for instance in {d["uuid"]: d for d in listing if d is not None}.values():
+            instance["exited"].append(dict(reused))
         held.pids[pid]["memory"][index] = None
 
 

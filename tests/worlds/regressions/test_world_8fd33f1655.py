@@ -1,9 +1,9 @@
-"""Shrunk world found by `make worlds` (tests/worlds/run.py):
-MIG instance: a dead creator's number reused by a holder with its own context on the same instance: gpu_facts names
-the reuser only, not the worker that keeps the dead creator's context
+"""Shrunk world found by `make worlds` (tests/worlds/run.py), fixed since (_holders._shared_numbers: on a MIG instance
+too, a number listed twice on one instance is shared by a dead creator's context, held by the process the lists
+leave out that has that instance's capability files; and the worlds' MIG contexts now hold their capability files,
+as real ones do). It was: MIG instance: a dead creator's number reused by a holder with its own context on the same
+instance: gpu_facts names the reuser only, not the worker that keeps the dead creator's context
 """
-
-import pytest
 
 from worlds.world import replay
 
@@ -38,12 +38,6 @@ WORLD = {
     },
 }
 
-VIOLATION = (
-    "MIG instance: a dead creator's number reused by a holder with its own context on the same instance: "
-    "gpu_facts names the reuser only, not the worker that keeps the dead creator's context"
-)
 
-
-@pytest.mark.xfail(strict=True, reason=VIOLATION)
 def test_world():
     assert replay(WORLD) == []

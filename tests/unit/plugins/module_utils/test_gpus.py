@@ -389,18 +389,13 @@ def inspector_on(monkeypatch):
 
 def test_listed_scope_scans_only_the_listed_pids_when_their_memory_explains_the_gpus(spawn, inspector_on, monkeypatch):
     engine, exporter = spawn(["sleep", "60"], wait=True), spawn(["sleep", "61"], wait=True)
-    # A driver before 535.113.01 seen from a container: the absent listed PID may be a host process (foreign).
     monkeypatch.setattr(_gpus, "initial_pid_namespace", lambda proc="/proc": False)
-    reading = driver(
-        nvml_gpu(0, 70003, [(engine.pid, 70000, "compute")]),
-        nvml_gpu(1, 503, [(NO_SUCH_PID, 500, "compute")]),
-        version="535.104.05",
-    )
+    reading = driver(nvml_gpu(0, 70003, [(engine.pid, 70000, "compute")]), nvml_gpu(1, 3))
     inspector, calls = inspector_on(
         reading, {engine.pid: handles(engine.pid, [0]), exporter.pid: handles(exporter.pid, [0, 1], uvm=False)}
     )
     view = inspector.snapshot(scope="listed")
-    assert calls == [("listed", sorted([engine.pid, NO_SUCH_PID]))] and view["scan"] == "listed"
+    assert calls == [("listed", [engine.pid])] and view["scan"] == "listed"
     (holder,) = view["holders"]
     assert holder["pid"] == engine.pid and holder["gpus"] == [0] and holder["memory_mib"] == {"0": 70000}
     assert holder["attribution"] == {"0": "driver"} and holder["cmdline"] == "sleep 60"
@@ -412,17 +407,33 @@ def test_listed_scope_scans_only_the_listed_pids_when_their_memory_explains_the_
     assert view["device_users"] == []  # NVML clients are not even looked at
     assert "owner" not in holder  # the waits' repeated looks skip the owners unless asked
     assert "owner" in inspector.snapshot(scope="listed", owners=True)["holders"][0]
-    foreign = view["gpus"][1]["foreign"]
-    assert foreign == [{"pid": NO_SUCH_PID, "used_mib": 500, "type": "compute", "reason": "absent", "comm": None}]
     assert view["index_source"] == "nvml"
     assert view["driver"] == {
         "available": True,
         "error": None,
-        "driver_version": "535.104.05",
+        "driver_version": "580.95.05",
         "nvml_version": "13.580.95.05",
         "cuda_driver_version": 13000,
         "timed_out": False,
     }
+
+
+def test_listed_scope_scans_in_full_where_the_lists_numbers_are_another_namespaces(spawn, inspector_on, monkeypatch):
+    """A driver before 535.113.01 seen from a container lists the initial namespace's numbers: no process here is
+    found by its number, so the look scans every process, and the one that shows a context on GPU 1 holds it (found
+    by generated worlds, tests/worlds/regressions/test_world_aff470c49e.py)."""
+    worker, exporter = spawn(["sleep", "60"], wait=True), spawn(["sleep", "61"], wait=True)
+    monkeypatch.setattr(_gpus, "initial_pid_namespace", lambda proc="/proc": False)
+    reading = driver(nvml_gpu(0, 3), nvml_gpu(1, 503, [(NO_SUCH_PID, 500, "compute")]), version="535.104.05")
+    inspector, calls = inspector_on(
+        reading, {worker.pid: handles(worker.pid, [1]), exporter.pid: handles(exporter.pid, [0, 1], uvm=False)}
+    )
+    view = inspector.snapshot(scope="listed")
+    assert [call[0] for call in calls] == ["full"] and view["scan"] == "full"
+    assert [(h["pid"], h["gpus"], h["attribution"]) for h in view["holders"]] == [(worker.pid, [1], {"1": "device_file"})]
+    foreign = view["gpus"][1]["foreign"]
+    assert foreign == [{"pid": NO_SUCH_PID, "used_mib": 500, "type": "compute", "reason": "absent", "comm": None}]
+    assert [u["pid"] for u in view["device_users"]] == [exporter.pid]
 
 
 def test_listed_scope_rescans_in_full_when_a_listed_creator_has_exited(spawn, inspector_on):

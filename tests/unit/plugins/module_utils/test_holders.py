@@ -178,24 +178,28 @@ def test_nvml_client_is_a_device_user_never_a_holder():
 
 
 def test_unlisted_cuda_user_holds_a_gpu_only_where_memory_is_unexplained_on_older_drivers():
-    """Before 535.113.01 (docs/attribution.md rule 5): 3000 MiB outside the lists make the CUDA user of GPU 0's file its
-    holder. On GPU 1 the lists explain everything: the same kind of process there is a device user."""
+    """Before 535.113.01, in the initial PID namespace (docs/attribution.md rule 5): 3000 MiB outside the lists make
+    the CUDA user of GPU 0's file its holder. On GPU 1 the lists explain everything: the same kind of process there is
+    a device user (31 started after 30: it cannot hold the context of a dead creator whose number 30 got). Seen from
+    a container, the lists' numbers are the host's: 31 shows a context, so it holds GPU 1."""
     reading = driver(gpu_reading(0, 0, 3000), gpu_reading(1, 1, 5000, processes=[(30, 5000)]), version=OLD_DRIVER)
-    scan = {20: handles(20, minors=[0]), 21: handles(21, minors=[1]), 30: handles(30, minors=[1])}
-    view = merge(reading, scan)
+    scan = {20: handles(20, minors=[0]), 31: handles(31, minors=[1]), 30: handles(30, minors=[1])}
+    view = merge(reading, scan, initial_pidns=True)
     holders = by_pid(view["holders"])
     assert sorted(holders) == [20, 30]
     assert holders[20]["gpus"] == [0] and holders[20]["memory_mib"] == {"0": None}
     assert holders[20]["attribution"] == {"0": "device_file"} and holders[20]["seen_in"] == ["fd", "mapping"]
-    assert [u["pid"] for u in view["device_users"]] == [21]
+    assert [u["pid"] for u in view["device_users"]] == [31]
     assert view["gpus"][0]["memory_unexplained"] is True and view["gpus"][0]["unexplained_mib"] == 3000
+    view = merge(reading, scan)
+    assert sorted(by_pid(view["holders"])) == [20, 30, 31] and view["device_users"] == []
 
 
 def test_unexplained_memory_within_the_tolerance_makes_no_holder():
     reading = driver(gpu_reading(0, 0, 256), version=OLD_DRIVER)
-    view = merge(reading, {20: handles(20, minors=[0])})
+    view = merge(reading, {20: handles(20, minors=[0])}, initial_pidns=True)
     assert view["holders"] == [] and view["gpus"][0]["memory_unexplained"] is False
-    view = merge(reading, {20: handles(20, minors=[0])}, tolerance_mib=255)
+    view = merge(reading, {20: handles(20, minors=[0])}, tolerance_mib=255, initial_pidns=True)
     assert [h["pid"] for h in view["holders"]] == [20]
     assert view["gpus"][0]["tolerance_mib"] == 255
 
@@ -220,11 +224,16 @@ def test_listed_process_is_no_candidate_for_other_gpus_unexplained_memory():
 
 
 def test_absent_listed_pid_is_foreign_and_its_memory_is_explained_on_older_drivers_in_a_container():
-    """Before 535.113.01 a container sees the host's numbers: an absent listed PID may be a host process."""
+    """Before 535.113.01 a container sees the host's numbers: an absent listed PID may be a host process, or this
+    container's process 20 under its host number. 20 shows a context on GPU 0: it holds GPU 0 (found by generated
+    worlds: the worker of a creator that exited was left out), its memory not known."""
     reading = driver(gpu_reading(0, 0, 6000, processes=[(NO_SUCH_PID, 6000)]), version=OLD_DRIVER)
-    view = merge(reading, {20: handles(20, minors=[0])})
+    view = merge(reading, {20: handles(20, minors=[0]), 21: nvml_client(21, [0])})
     gpu = view["gpus"][0]
-    assert view["holders"] == [] and gpu["holder_pids"] == []
+    assert [(h["pid"], h["memory_mib"], h["attribution"]) for h in view["holders"]] == [
+        (20, {"0": None}, {"0": "device_file"})
+    ]
+    assert gpu["holder_pids"] == [20] and [u["pid"] for u in view["device_users"]] == [21]
     assert gpu["foreign"] == [
         {"pid": NO_SUCH_PID, "used_mib": 6000, "type": "compute", "reason": "absent", "comm": None}
     ]
@@ -234,19 +243,19 @@ def test_absent_listed_pid_is_foreign_and_its_memory_is_explained_on_older_drive
 
 def test_listed_pid_present_here_but_holding_another_gpu_is_foreign_on_older_drivers_in_a_container():
     """Before 535.113.01, inside a container the driver's host PID 7 on GPU 0 may be the container's own PID 7, which
-    computes on GPU 1."""
+    computes on GPU 1: it holds GPU 1 (it shows a context there), never GPU 0."""
     reading = driver(
         gpu_reading(0, 0, 4000, processes=[(7, 4000)]),
         gpu_reading(1, 1, 2000, processes=[(900007, 2000)]),
         version=OLD_DRIVER,
     )
     view = merge(reading, {7: handles(7, minors=[1])})
-    assert view["holders"] == []
+    assert [(h["pid"], h["gpus"]) for h in view["holders"]] == [(7, [1])]
     assert view["gpus"][0]["foreign"] == [
         {"pid": 7, "used_mib": 4000, "type": "compute", "reason": "not_holding", "comm": "python3"}
     ]
     assert view["gpus"][1]["foreign"][0]["reason"] == "absent"
-    assert [u["pid"] for u in view["device_users"]] == [7]
+    assert view["device_users"] == []
 
 
 def test_mps_client_is_listed_twice_and_counted_once():

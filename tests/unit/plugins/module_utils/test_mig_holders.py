@@ -188,13 +188,16 @@ def test_listed_and_handle_only_holders_are_assigned_to_their_instances():
 
 def test_handle_only_process_on_an_explained_instance_is_no_holder():
     """Instance 4's memory is explained by its listed process: a CUDA user with instance 4's capability files that
-    the driver does not list is a device user, even though the GPU as a whole has unexplained memory (instance 7)."""
-    view = view_of(
-        [mig_gpu(0, {4: 5000, 7: 3000}, processes=[(10, 5000, 4)])],
-        [cuda(10, [0], cap_minors(0, 4)), cuda(11, [0], cap_minors(0, 4)), cuda(12, [0], cap_minors(0, 7))],
-    )
+    the driver does not list is a device user in the initial PID namespace, even though the GPU as a whole has
+    unexplained memory (instance 7)."""
+    gpus = [mig_gpu(0, {4: 5000, 7: 3000}, processes=[(10, 5000, 4)])]
+    scan = [cuda(10, [0], cap_minors(0, 4)), cuda(11, [0], cap_minors(0, 4)), cuda(12, [0], cap_minors(0, 7))]
+    view = view_of(gpus, scan, initial_pidns=True)
     assert sorted(h["pid"] for h in view["holders"]) == [10, 12]
     assert [u["pid"] for u in view["device_users"]] == [11]
+    # Seen from a container, the lists' numbers are the host's: 11 shows a context on instance 4, so it holds it.
+    view = view_of(gpus, scan)
+    assert sorted(h["pid"] for h in view["holders"]) == [10, 11, 12] and view["device_users"] == []
 
 
 def test_capability_files_from_mig_minors_override_the_fixed_numbering():
