@@ -445,7 +445,7 @@ before:
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _gpus, _kill, _select, _wait
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _gpus, _kill, _outcome, _select, _wait
 
 
 def main() -> None:
@@ -469,11 +469,7 @@ def main() -> None:
     outcome = _kill.run(
         module.params, check_mode=module.check_mode, run_command=module.run_command, which=module.get_bin_path
     )
-    for warning in outcome.warnings:
-        module.warn(warning)
-    if outcome.failed:
-        module.fail_json(**outcome.result)
-    module.exit_json(**outcome.result)
+    _outcome.exit_with(module, outcome)
 
 
 if __name__ == "__main__":

@@ -251,12 +251,9 @@ after:
            "unmapped_minors": [], "index_source": "nvml"}
 """
 
-from typing import Any, Mapping
-
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _options
-from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _advice, _gpus, _select, _wait
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _gpus, _outcome, _select, _wait, _wait_run
 
 
 def main() -> None:
@@ -272,59 +269,7 @@ def main() -> None:
         supports_check_mode=True,
     )
     _gpus.check_libraries(module, missing_required_lib)
-    params = module.params
-    _options.refuse_bad_numbers(
-        module,
-        ("timeout", "max_used_mib", "poll_interval", "driver_timeout", "progress_interval"),
-        positive=("driver_timeout",),
-        at_most=_wait.BOUNDS,
-    )
-    try:
-        # A null selection option is None here, as one left out: the action plugin refused it on the controller.
-        checked = _select.check_options(params)
-    except _options.OptionError as exc:
-        module.fail_json(msg=str(exc))
-    inspector = _gpus.Inspector(driver_timeout=params["driver_timeout"])
-    try:
-        # The first look initializes NVML (seconds on some drivers): it may take the whole driver_timeout.
-        first = inspector.snapshot(scope="listed", tolerance_mib=params["max_used_mib"])
-        try:
-            selection = _select.Selection.from_params(params, first, checked)
-        except _select.SelectionError as exc:
-            module.fail_json(msg=str(exc), driver=first["driver"])
-        # The first look serves as the wait's first poll (one NVML query and one scan where the GPUs are free), unless
-        # owner filters need the owners that a listed-PIDs look leaves out.
-        reuse = not selection.owners or first["scan"] == "full"
-        result = _wait.wait_released(
-            inspector,
-            selection,
-            params["timeout"],
-            params["max_used_mib"],
-            params["poll_interval"],
-            first=first if reuse else None,
-        )
-        result["after"] = result.pop("snapshot")
-    finally:
-        inspector.close()
-    finish(module, params, result)
-
-
-def finish(module: AnsibleModule, params: Mapping[str, Any], result: _wait.Waited) -> None:
-    """exit_json when released, else fail_json with one line per GPU that says why and what to do next."""
-    driver = result["driver"]
-    if not driver["available"] and not driver["timed_out"]:
-        module.warn(
-            "NVIDIA driver library not usable (%s): waited for holders from the /proc scan alone; "
-            "memory release is not confirmed" % driver["error"]
-        )
-    msg = _wait.conclude(result, params["driver_timeout"], params["timeout"] == 0)
-    if not params["return_after"]:
-        del result["after"]
-    if result["released"] and not result["memory_checked"] and params["require_memory"]:
-        module.fail_json(msg=_advice.not_checked(result), changed=False, **result)
-    if result["released"]:
-        module.exit_json(changed=False, msg=msg, **result)
-    module.fail_json(msg=msg, changed=False, **result)
+    _outcome.exit_with(module, _wait_run.run(module.params))
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import re
 
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _shapes
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._numbers import Refused, number_or_none, numbers
 
 # Documentation: plugins/filter/vllm_server/check.yml.
@@ -408,8 +409,8 @@ def gpu_problems(
 def _holds(holder: Mapping[str, Any], ref: GpuRef, gpus: Gpus) -> bool:
     """Whether a gpu_facts holder holds GPU reference ref (an index, or a MIG UUID)."""
     if isinstance(ref, str) and ref in gpus.migs:
-        return ref in (holder.get("mig") or {}).get(str(gpus.migs[ref]), [])
-    return ref in (holder.get("gpus") or [])
+        return _shapes.holds(holder, gpus.migs[ref], ref)
+    return isinstance(ref, int) and _shapes.holds(holder, ref)
 
 
 def _belongs(holder: Mapping[str, Any], name: str, config: Mapping[str, Any], settings: Settings) -> bool:

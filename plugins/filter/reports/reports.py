@@ -29,7 +29,7 @@ import re
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Tuple, cast
 
 if TYPE_CHECKING:
-    from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu._wait import Waited
+    from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu._shapes import Waited
 
 
 def _seconds(value: object) -> float:
@@ -350,7 +350,7 @@ def check_gpus_status(
         return "free", "GPUs free (%d checked): no holder, used memory at most %s MiB each%s" % (
             (len(result["gpus"]),) + _bound(result, max_used_mib)
         )
-    # gpu_wait's result, as _advice words it (a _wait.Waited).
+    # gpu_wait's result, as _advice words it (a _shapes.Waited).
     not_read = _advice.describe_unread(cast("Waited", result))
     if allow_proc_only:
         return "no_holders", "%s; accepted by check_gpus_allow_proc_only" % not_read

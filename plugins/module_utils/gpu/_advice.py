@@ -11,12 +11,9 @@ written (_wait.conclude, gpu_wait's require_memory), so the common free case doe
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterable, List, Mapping, Optional
+from typing import Any, Iterable, List, Mapping, Optional
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _shapes
-
-if TYPE_CHECKING:
-    from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu._wait import Waited
 
 
 def _named(holders: Iterable[Mapping[str, Any]]) -> str:
@@ -272,7 +269,7 @@ def describe_foreign(item: _shapes.Foreign, index: Optional[int]) -> str:
     )
 
 
-def describe_unread(result: Waited) -> str:
+def describe_unread(result: _shapes.Waited) -> str:
     """The selected GPUs whose used memory was not read (a wait_released() result completed by conclude()), in words:
     the driver library was not usable (holders from the /proc scan), or the driver does not report memory for them
     (NVML answers NOT_SUPPORTED, as on a unified-memory GB10; holders from its process lists and /proc)."""
@@ -296,7 +293,7 @@ def describe_unread(result: Waited) -> str:
     )
 
 
-def not_checked(result: Waited) -> str:
+def not_checked(result: _shapes.Waited) -> str:
     """gpu_wait's message where require_memory refuses a wait that found no holder but read no memory."""
     if (result.get("driver") or {}).get("available"):
         step = (

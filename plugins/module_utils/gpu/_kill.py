@@ -7,7 +7,7 @@
 The module gives its parameters and a few callables of AnsibleModule (run_command, get_bin_path); `run`
 returns an Outcome: the result dict, whether the run failed, and the warnings. Nothing here calls
 exit_json or fail_json. Each step returns what it found (take_lock a Lock, first_look a Look, _stop_owners a
-StopPlan and a Stopped, end an _terminate.Ended, wait a Waited); `assemble` builds the result from them once.
+StopPlan and a Stopped, end an _terminate.Ended, wait a WaitStep); `assemble` builds the result from them once.
 The parts are the other module_utils: _select chooses the targets, _stop_owners stops their owners, _terminate
 ends them, _wait and _release wait for the release, _report words the result.
 """
@@ -19,6 +19,7 @@ import time
 from typing import Any, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, TypedDict
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _options
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu._outcome import Outcome
 from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import (
     _gpus,
     _release,
@@ -34,15 +35,6 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import (
 # documents (a process is a snapshot holder plus what a step adds: owner words, signals, exit times, reasons).
 Result = Dict[str, Any]
 Entry = _terminate.Entry
-
-
-class Outcome:
-    """What gpu_kill returns: `result` (the module's result dict, with "msg"), `failed` and `warnings`."""
-
-    def __init__(self, result: Result, failed: bool = False, warnings: Iterable[str] = ()) -> None:
-        self.result = result
-        self.failed = failed
-        self.warnings = list(warnings)
 
 
 class Lock(NamedTuple):
@@ -75,7 +67,7 @@ class WaitReport(TypedDict):
     driver: _shapes.Driver
 
 
-class Waited(NamedTuple):
+class WaitStep(NamedTuple):
     """wait=true after a real run: the last snapshot, whether the GPUs were released, and the wait's report."""
 
     after: _shapes.Snapshot
@@ -94,7 +86,7 @@ class Steps(NamedTuple):
     stopped: Optional[_stop_owners.Stopped] = None  # stop_owners=true, in a real run
     ended: Optional[_terminate.Ended] = None  # a real run whose units were stopped
     elapsed_s: Optional[float] = None  # seconds from the start to the end of the targets
-    waited: Optional[Waited] = None
+    waited: Optional[WaitStep] = None
     would_fail: Optional[str] = None  # check mode, wait=true: why a real run's wait would fail whatever it ended
 
 
@@ -288,7 +280,9 @@ def would_fail(selection: _select.Selection, snapshot: _shapes.Snapshot, params:
     if not stuck:
         return None
     return _wait.conclude(
-        _wait.Waited(released=False, elapsed_s=0.0, polls=0, gpus=stuck, driver=snapshot["driver"], snapshot=snapshot),
+        _shapes.Waited(
+            released=False, elapsed_s=0.0, polls=0, gpus=stuck, driver=snapshot["driver"], snapshot=snapshot
+        ),
         params["driver_timeout"],
         single_look=True,
     )
@@ -299,7 +293,7 @@ def wait(
     selection: _select.Selection,
     first: Optional[_shapes.Snapshot],
     params: Mapping[str, Any],
-) -> Waited:
+) -> WaitStep:
     """wait=true: wait for the release as gpu_wait does (`first`: the snapshot just taken when nothing was ended)."""
     waited = _wait.wait_released(
         inspector, selection, params["wait_timeout"], params["max_used_mib"], params["poll_interval"], first=first
@@ -313,7 +307,7 @@ def wait(
         memory_checked=waited["memory_checked"],
         driver=waited["driver"],
     )
-    return Waited(waited["snapshot"], waited["released"], report)
+    return WaitStep(waited["snapshot"], waited["released"], report)
 
 
 def foreign(snapshot: _shapes.Snapshot, selection: _select.Selection) -> List[Entry]:

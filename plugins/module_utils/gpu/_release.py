@@ -190,13 +190,12 @@ def gpu_status(selection: Selection, snapshot: _shapes.Snapshot, max_used_mib: i
 
 def _holds_gpu(index: int) -> Holds:
     """Whether a holder holds the whole GPU `index`."""
-    return lambda h: index in h["gpus"]
+    return lambda h: _shapes.holds(h, index)
 
 
 def _holds_instance(uuid: str, index: int) -> Holds:
     """Whether a holder holds MIG instance `uuid` of GPU `index`."""
-    key = str(index)
-    return lambda h: uuid in (h.get("mig") or {}).get(key, ())
+    return lambda h: _shapes.holds(h, index, uuid)
 
 
 def _entry(

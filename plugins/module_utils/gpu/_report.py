@@ -5,8 +5,8 @@
 """The per-host summary of a reset, in words. Never prints None: unknown memory, names and GPUs are said in words.
 gpu_kill builds it where its run finishes the reset; the reset_gpus role builds it with the same functions on the
 controller after a longer wait, a failed kill or in check mode (plugins/filter/reports/reports.py). The owner of each holder
-is said in the words of owner_words; where ending the PID alone will not last, the owner's note and the command that
-stops it follow on the next line (owner_line)."""
+is said in the words of _owners.owner_words; where ending the PID alone will not last, the owner's note and the command
+that stops it follow on the next line (_stop_owners.owner_line)."""
 
 from __future__ import annotations
 
@@ -44,20 +44,10 @@ def annotate(process: Dict[str, Any], stop_timeout_s: Optional[float] = None) ->
     return process
 
 
-# The owner in a few words: "pod NS/NAME", "docker container 4f1c3a9e0b7d", "Slurm job 42", "unit vllm@a.service".
-owner_words = _owners.owner_words
-
-
 def place(process: Mapping[str, Any]) -> str:
     """Where a holder is and what owns it: "GPUs 0, unit vllm@a.service"."""
-    words = owner_words(process.get("owner"))
+    words = _owners.owner_words(process.get("owner"))
     return where(process) + (", " + words if words else "")
-
-
-def owner_line(process: Mapping[str, Any], stopped_units: Iterable[str] = ()) -> Optional[str]:
-    """The line under a holder saying why ending it alone will not last and what stops its owner, or None: none when
-    nothing restarts it, or when its unit was stopped by this run (_stop_owners.owner_line)."""
-    return _stop_owners.owner_line(process, stopped_units)
 
 
 def _mib(value: Optional[int]) -> str:
@@ -210,7 +200,7 @@ def summary_lines(
     stopped = _stop_owners.stopped_names(kill)
 
     def add_owner_line(process: Mapping[str, Any]) -> None:
-        line = owner_line(process, stopped)
+        line = _stop_owners.owner_line(process, stopped)
         if line:
             lines.append(line)
 

@@ -13,7 +13,7 @@ Memory is in MiB (int), times in seconds (float); None means "not known", never 
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple, TypedDict
+from typing import Any, Dict, List, Literal, Mapping, Optional, Sequence, Tuple, TypedDict
 
 # How a holder holds a GPU (docs/attribution.md): listed by the driver, or showing the context of an exited creator.
 Attribution = Literal["driver", "device_file"]
@@ -398,6 +398,34 @@ class WaitStatus(WaitGpu, total=False):
     mig_profile: Optional[str]
     mig_in_use: List[MigInUse]
     next_step: str
+
+
+class _WaitedBase(TypedDict):
+    released: bool
+    elapsed_s: float
+    polls: int
+    gpus: List[WaitStatus]
+    driver: Driver
+
+
+class Waited(_WaitedBase, total=False):
+    """What _wait.wait_released returns, "snapshot" included (the last look); _wait.conclude adds "memory_checked" and
+    "left_alone" (a left-alone holder per GPU it holds: LeftAlone plus "gpu"). gpu_wait returns the last look as
+    "after" instead of "snapshot"."""
+
+    snapshot: Snapshot
+    memory_checked: bool
+    left_alone: List[Dict[str, Any]]
+    after: Snapshot
+
+
+def holds(holder: Mapping[str, Any], index: int, mig_uuid: Optional[str] = None) -> bool:
+    """Whether a holder (a Holder, or one being built by _holders) holds GPU `index`; where `mig_uuid` is given, MIG
+    instance `mig_uuid` of it. The one test of "holds GPU reference R" of _holders, _release and the vllm_server
+    role's checks (plugins/plugin_utils/_vllm_checks.py)."""
+    if mig_uuid is None:
+        return index in (holder.get("gpus") or ())
+    return mig_uuid in (holder.get("mig") or {}).get(str(index), ())
 
 
 def keys_of(shape: type) -> Tuple[str, ...]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 import time
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Mapping, Optional, TypedDict
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _advice, _options, _release, _shapes
 
@@ -46,25 +46,6 @@ WAIT_ARGS = dict(
 )
 
 
-class _WaitedBase(TypedDict):
-    released: bool
-    elapsed_s: float
-    polls: int
-    gpus: List[_shapes.WaitStatus]
-    driver: _shapes.Driver
-
-
-class Waited(_WaitedBase, total=False):
-    """What wait_released returns, "snapshot" included (the last look); conclude adds "memory_checked" and
-    "left_alone" (a left-alone holder per GPU it holds: _shapes.LeftAlone plus "gpu"). gpu_wait returns the last
-    look as "after" instead of "snapshot"."""
-
-    snapshot: _shapes.Snapshot
-    memory_checked: bool
-    left_alone: List[Dict[str, Any]]
-    after: _shapes.Snapshot
-
-
 def wait_released(
     inspector: Inspector,
     selection: Selection,
@@ -74,7 +55,7 @@ def wait_released(
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], object] = time.sleep,
     first: Optional[_shapes.Snapshot] = None,
-) -> Waited:
+) -> _shapes.Waited:
     """Poll snapshots until every GPU `selection` (a _select.Selection) selects is released or `timeout` seconds pass.
 
     Returns {"released" (bool), "elapsed_s", "polls", "gpus" (_release.gpu_status of the last poll),
@@ -122,7 +103,7 @@ def wait_released(
         sleep(min(poll_interval, max(0.0, deadline - now)))
 
 
-def conclude(result: Waited, driver_timeout: float, single_look: bool = False) -> str:
+def conclude(result: _shapes.Waited, driver_timeout: float, single_look: bool = False) -> str:
     """Complete a wait_released() result for a module: "memory_checked", "left_alone" (one entry per GPU a left-alone
     holder holds), "next_step" on each GPU not released; return the message (one line per GPU that is not released,
     saying why and what to do next; never None or empty lists)."""
