@@ -163,70 +163,10 @@ elapsed_s:
   type: float
 """
 
-import time
-
-from typing import Dict
-
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _options
-from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _proc
-from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _detached
-
-
-def ensure_started(module: AnsibleModule) -> dict[str, object]:
-    """state=started: the running process of the pidfile, or a new one (its pidfile written)."""
-    params = module.params
-    record = _detached.read_pidfile(params["pidfile"])
-    if record is not None and record.alive():
-        return dict(
-            changed=False,
-            pid=record[0],
-            start_ticks=record[1],
-            running_cmdline=_proc.read_cmdline(record[0]),
-            msg="already running as PID %d" % record[0],
-        )
-    if module.check_mode:
-        return dict(changed=True, pid=None, msg="would start %s" % params["argv"][0])
-    pid, start_ticks, log_offset = _detached.start(
-        params["argv"],
-        params["log_file"],
-        params["environment"],
-        params["environment_files"],
-        params["cwd"],
-        params["inherit_environment"],
-    )
-    _detached.write_pidfile(params["pidfile"], pid, start_ticks)
-    return dict(
-        changed=True,
-        pid=pid,
-        start_ticks=start_ticks,
-        log_offset=log_offset,
-        msg="started PID %d, log in %s" % (pid, params["log_file"]),
-    )
-
-
-def ensure_stopped(module: AnsibleModule) -> dict[str, object]:
-    """state=stopped: every member of the session of the pidfile ended (_detached.stop)."""
-    params = module.params
-    stopped = _detached.stop(params["pidfile"], params["grace_period"], params["kill_wait"], module.check_mode)
-    if stopped["survived"]:
-        module.fail_json(
-            msg="%d process(es) of the session survived SIGKILL: %s"
-            % (
-                len(stopped["survived"]),
-                "; ".join("PID %s (%s): %s" % (s["pid"], s["comm"], s["reason"]) for s in stopped["survived"]),
-            ),
-            **stopped,
-        )
-    result: Dict[str, object] = dict(stopped)
-    if module.check_mode:
-        result["msg"] = "would signal %d process(es)" % len(stopped["would_signal"])
-    elif stopped["pid"] is None:
-        result["msg"] = "no pidfile: nothing to stop"
-    else:
-        result["msg"] = "signalled %d process(es), %d exited" % (len(stopped["signalled"]), len(stopped["exited"]))
-    return result
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _outcome
+from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _detached_run
 
 
 def main() -> None:
@@ -246,19 +186,7 @@ def main() -> None:
         required_if=[("state", "started", ("argv", "log_file"))],
         supports_check_mode=True,
     )
-    if module.params["state"] == "started" and not module.params["argv"]:
-        module.fail_json(msg="argv must not be empty")
-    _options.refuse_bad_numbers(module, ("grace_period", "kill_wait"), prefix="nothing was signalled: ")
-    started = time.monotonic()
-    try:
-        if module.params["state"] == "started":
-            result = ensure_started(module)
-        else:
-            result = ensure_stopped(module)
-    except _detached.DetachedError as exc:
-        module.fail_json(msg=str(exc))
-    result["elapsed_s"] = round(time.monotonic() - started, 3)
-    module.exit_json(**result)
+    _outcome.exit_with(module, _detached_run.run(module.params, module.check_mode))
 
 
 if __name__ == "__main__":

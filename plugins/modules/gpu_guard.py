@@ -124,55 +124,10 @@ textfile:
   type: str
 """
 
-import time
-from typing import Any, Dict, List, Mapping, Optional, Tuple, cast
-
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _options
-from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import (
-    _gpus,
-    _guard_metrics,
-    _holders,
-    _orphans,
-    _shapes,
-)
-from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _http, _vllm_stall
-
-
-def watch_instances(
-    instances: List[Dict[str, Any]], stall_seconds: float, request_timeout: float
-) -> List[Dict[str, Any]]:
-    """The state of each instance, watched at the same time (_vllm_stall.watch)."""
-    clients = [
-        _http.Client(instance["url"], instance.get("api_key"), request_timeout, instance.get("validate_certs", True))
-        for instance in instances
-    ]
-    states = _vllm_stall.watch(clients, stall_seconds)
-    return [dict(state, name=instance["name"], url=instance["url"]) for state, instance in zip(states, instances)]
-
-
-def instance_problems(instances: List[Dict[str, Any]]) -> List[str]:
-    """Why O(vllm_instances) cannot be watched ([] when it can)."""
-    problems: List[str] = []
-    for position, instance in enumerate(instances):
-        for key in ("name", "url"):
-            if not isinstance(instance.get(key), str) or not instance[key].strip():
-                problems.append("vllm_instances[%d] needs a %s (text)" % (position, key))
-    names: List[Any] = [instance.get("name") for instance in instances]
-    problems += ["vllm_instances names %r twice" % name for name in sorted(set(n for n in names if names.count(n) > 1))]
-    return problems
-
-
-def look(params: Mapping[str, Any]) -> Tuple[_shapes.Snapshot, List[_orphans.Orphan]]:
-    """(snapshot, orphans) of one look at the host."""
-    inspector = _gpus.Inspector(driver_timeout=params["driver_timeout"])
-    try:
-        view = inspector.snapshot(tolerance_mib=params["max_used_mib"], owners=True)
-    finally:
-        inspector.close()
-    judge = _orphans.Judge(initial_pidns=_gpus.initial_pid_namespace())
-    return view, _orphans.orphans(view, judge)
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _gpus, _outcome
+from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _guard
 
 
 def main() -> None:
@@ -189,71 +144,9 @@ def main() -> None:
         ),
         supports_check_mode=True,
     )
-    params = module.params
-    if params["gpus"]:
+    if module.params["gpus"]:
         _gpus.check_libraries(module, missing_required_lib)
-    problems = instance_problems(params["vllm_instances"])
-    path = params["textfile"]
-    if path is not None and (not path.startswith("/") or not path.endswith(".prom")):
-        problems.append("textfile must be an absolute path ending in .prom, got %s" % path)
-    try:
-        _options.check_numbers(
-            positive=("stall_seconds", "request_timeout", "driver_timeout"),
-            stall_seconds=params["stall_seconds"],
-            request_timeout=params["request_timeout"],
-            driver_timeout=params["driver_timeout"],
-            max_used_mib=params["max_used_mib"],
-        )
-    except _options.OptionError as exc:
-        problems.append(str(exc))
-    if path is not None and not problems:
-        problems += _guard_metrics.unwritable(path)
-    if problems:
-        module.fail_json(msg="nothing was looked at: %s" % "; ".join(problems))
-    vllm = watch_instances(params["vllm_instances"], params["stall_seconds"], params["request_timeout"])
-    # Without GPUs: no driver state, no GPU, no orphan.
-    view, orphans = look(params) if params["gpus"] else (cast(_shapes.Snapshot, {"gpus": [], "driver": {}}), [])
-    found = _guard_metrics.samples(
-        view, orphans, vllm, _holders.translates_pids(view["driver"]), time.time(), params["inventory_hostname"]
-    )
-    msg = summary(view, orphans, vllm)
-    finish(module, path, _guard_metrics.render(found), orphans, vllm, msg)
-
-
-def summary(snapshot: _shapes.Snapshot, orphans: List[_orphans.Orphan], vllm: List[Dict[str, Any]]) -> str:
-    """The look in one line: per GPU its orphaned holders and the MiB no listed process explains, then the vLLM
-    instances: "GPU 0: orphaned PID 6 VLLM::Worker_TP (vllm_server_exited), 0 MiB unexplained; GPU 1: no orphaned
-    holder, 3500 MiB unexplained; 1 vLLM instance(s) watched: qwen healthy"."""
-    parts = []
-    for gpu in snapshot.get("gpus") or []:
-        mine = [o for o in orphans if gpu.get("index") in o["gpus"]]
-        held = "orphaned %s" % ", ".join("PID %d %s (%s)" % (o["pid"], o["comm"], o["reason"]) for o in mine)
-        mib = gpu.get("unexplained_mib")
-        unexplained = "unexplained memory unknown" if mib is None else "%d MiB unexplained" % mib
-        parts.append("GPU %s: %s, %s" % (gpu.get("index"), held if mine else "no orphaned holder", unexplained))
-    if not parts:
-        parts.append("no GPU looked at" if not (snapshot.get("driver") or {}).get("timed_out") else "driver hung")
-    states = ", ".join("%s %s" % (item["name"], item["state"]) for item in vllm)
-    parts.append("%d vLLM instance(s) watched%s" % (len(vllm), ": " + states if states else ""))
-    return "; ".join(parts)
-
-
-def finish(
-    module: Any, path: Optional[str], text: str, orphans: List[_orphans.Orphan], vllm: List[Dict[str, Any]], msg: str
-) -> None:
-    """Write the textfile (not in check mode) and exit with `msg`; changed when the figures differ from the file's.
-    A textfile that cannot be written fails with the path asked for and why, without the text."""
-    before = _guard_metrics.read(path) if path else None
-    changed = bool(path) and _guard_metrics.without_timestamp(before) != _guard_metrics.without_timestamp(text)
-    written = None
-    if path and not module.check_mode:
-        try:
-            _guard_metrics.write(path, text)
-        except OSError as exc:
-            why = exc.strerror or str(exc)
-            module.fail_json(msg="textfile %s not written: %s; %s" % (path, why, msg), orphans=orphans, vllm=vllm)
-        written = path
-    module.exit_json(changed=changed, msg=msg, orphans=orphans, vllm=vllm, metrics=text, textfile=written)
+    _outcome.exit_with(module, _guard.run(module.params, module.check_mode))
 
 
 if __name__ == "__main__":

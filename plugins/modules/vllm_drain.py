@@ -175,37 +175,10 @@ stop:
   type: dict
 """
 
-from typing import Dict, Optional, Tuple
-
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _options
-from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _proc
-from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _detached, _drain, _http, _stop
-
-
-def _main_process(module: AnsibleModule) -> Optional[Tuple[int, int]]:
-    """The (PID, start_ticks) of the server's main process from O(pidfile) or O(pid); None when neither is given or
-    the PID does not run. Fails the module when the pidfile cannot be read."""
-    params = module.params
-    if params["pidfile"]:
-        try:
-            return _detached.read_pidfile(params["pidfile"])
-        except _detached.DetachedError as exc:
-            module.fail_json(msg=str(exc))
-    elif params["pid"]:
-        ticks = _proc.read_start_ticks(params["pid"])
-        if ticks is None or params["start_ticks"] not in (None, ticks):
-            return None  # gone, or the PID names another process now
-        return (params["pid"], ticks)
-    return None
-
-
-def _result(drained: _drain.Drained, stop: Optional[_stop.Stopped]) -> Dict[str, object]:
-    """The module's result: the drain's (its message apart) and the stop's."""
-    result: Dict[str, object] = {key: value for key, value in drained.items() if key != "msg"}
-    result["stop"] = stop
-    return result
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _outcome
+from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _drain_run, _http
 
 
 def main() -> None:
@@ -227,41 +200,7 @@ def main() -> None:
         mutually_exclusive=[("pid", "pidfile")],
         supports_check_mode=True,
     )
-    params = module.params
-    _options.refuse_bad_numbers(
-        module,
-        ("timeout", "poll_interval", "request_timeout", "grace_period", "kill_wait"),
-        positive=("poll_interval",),
-    )
-    record = _main_process(module)
-    client = _http.Client(params["url"], params["api_key"], params["request_timeout"], params["validate_certs"])
-    try:
-        drained = _drain.drain(
-            client, params["served_model_name"], 0 if module.check_mode else params["timeout"], params["poll_interval"]
-        )
-    except _http.VllmApiError as exc:
-        module.fail_json(msg="%s: %s; nothing was signalled" % (params["url"], exc))
-    msg = "%s: %s" % (params["url"], drained["msg"])
-    warnings = [msg] if not drained["metrics"] else []
-    stop = None
-    if record is not None and not module.check_mode:
-        if params["tree"]:
-            stop = _stop.stop_tree(record, params["grace_period"], params["kill_wait"])
-        else:
-            stop = _stop.stop_main_process(record, params["grace_period"], session=bool(params["pidfile"]))
-        if stop["signalled"]:
-            msg += "; SIGTERM to PID %d: %s after %.1f s%s" % (
-                stop["pid"],
-                "exited" if stop["exited"] else "%d process(es) left" % len(stop["left"]),
-                stop["stop_s"],
-                ", %d process(es) of its tree SIGKILLed" % len(stop["killed"]) if stop["killed"] else "",
-            )
-        if stop["left"] and params["fail_on_survivors"]:
-            module.fail_json(msg=msg, changed=stop["signalled"], **_result(drained, stop))
-    changed = bool(stop and stop["signalled"])
-    for warning in warnings:
-        module.warn(warning)
-    module.exit_json(changed=changed, msg=msg, **_result(drained, stop))
+    _outcome.exit_with(module, _drain_run.run(module.params, module.check_mode))
 
 
 if __name__ == "__main__":

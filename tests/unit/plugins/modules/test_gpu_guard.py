@@ -12,6 +12,7 @@ import os
 import pytest
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _gpus
+from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _guard
 from ansible_collections.gpuops.nvidia.plugins.modules import gpu_guard
 from module_main import run_main
 
@@ -55,7 +56,7 @@ def looked(monkeypatch):
         calls.append(params)
         return VIEW, [ORPHAN]
 
-    monkeypatch.setattr(gpu_guard, "look", look)
+    monkeypatch.setattr(_guard, "look", look)
     monkeypatch.setattr(_gpus, "check_libraries", lambda module, missing: None)
     return calls
 
@@ -81,7 +82,7 @@ def test_a_write_that_fails_names_the_path_asked_for_and_not_the_text(capsys, lo
     def refuse(*_args, **_kwargs):
         raise PermissionError(13, "Permission denied", str(tmp_path / ".gpuops_nvidia_guard.prom.x1y2z3"))
 
-    monkeypatch.setattr(gpu_guard._guard_metrics.tempfile, "mkstemp", refuse)
+    monkeypatch.setattr(_guard._guard_metrics.tempfile, "mkstemp", refuse)
     code, result = run_main(gpu_guard, capsys, {"textfile": str(path)})
     assert code == 1 and "metrics" not in result, result
     assert result["msg"].startswith("textfile %s not written: Permission denied; GPU 0: orphaned PID 6" % path), result
