@@ -259,7 +259,7 @@ def reset_gpus_plan(
             raise Refused(why)
         return dict(refusal=None, **_reset_gpus_options(given, spec))
     except Refused as exc:
-        return {"refusal": "nothing was signalled: %s" % exc, "kill": {}, "group": {}}
+        return {"refusal": "nothing was signalled: %s" % exc, "kill": {}, "group": {}, "gpu_reset": None}
 
 
 def _reset_gpus_options(given: Mapping[str, Any], spec: str) -> Dict[str, Dict[str, Any]]:
@@ -306,7 +306,24 @@ def _reset_gpus_options(given: Mapping[str, Any], spec: str) -> Dict[str, Dict[s
     # false is gpu_kill's default: passed only when asked for.
     if _flag("reset_gpus_stop_spanning_owners", given.get("reset_gpus_stop_spanning_owners", False)):
         kill["stop_spanning_owners"] = True
-    return {"kill": kill, "group": group}
+    return {"kill": kill, "group": group, "gpu_reset": _gpu_reset_options(given, group, values)}
+
+
+def _gpu_reset_options(given: Mapping[str, Any], group: Mapping[str, Any], values: Mapping[str, Any]) -> Any:
+    """gpu_reset's options where reset_gpus_gpu_reset asks for the guarded GPU reset (docs/recovery.md), else None."""
+    if not _flag("reset_gpus_gpu_reset", given.get("reset_gpus_gpu_reset", False)):
+        return None
+    options = {
+        "max_used_mib": group["max_used_mib"],
+        "driver_timeout": group["driver_timeout"],
+        "reset_timeout": values["reset_gpus_gpu_reset_timeout"],
+        "own_pid_namespace": _flag(
+            "reset_gpus_gpu_reset_own_pid_namespace", given.get("reset_gpus_gpu_reset_own_pid_namespace", False)
+        ),
+    }
+    if "gpus" in group:
+        options["gpus"] = group["gpus"]
+    return options
 
 
 def _reset_gpus_numbers(given: Mapping[str, Any]) -> Dict[str, Any]:
@@ -314,7 +331,7 @@ def _reset_gpus_numbers(given: Mapping[str, Any]) -> Dict[str, Any]:
     they set (the progress interval is a slice of the wait)."""
     return numbers(
         given,
-        positive=("reset_gpus_driver_timeout", "reset_gpus_progress_interval"),
+        positive=("reset_gpus_driver_timeout", "reset_gpus_progress_interval", "reset_gpus_gpu_reset_timeout"),
         whole=("reset_gpus_max_used_mib",),
         at_most=seconds_bounds(
             reset_gpus_grace_period="grace_period",
@@ -329,6 +346,7 @@ def _reset_gpus_numbers(given: Mapping[str, Any]) -> Dict[str, Any]:
         reset_gpus_max_used_mib=256,
         reset_gpus_driver_timeout=10,
         reset_gpus_progress_interval=15,
+        reset_gpus_gpu_reset_timeout=60,
     )
 
 

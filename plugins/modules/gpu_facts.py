@@ -146,8 +146,8 @@ ansible_facts:
               C(remapped_rows) (C(correctable), C(uncorrectable), C(pending), C(failure)), C(retired_pages_pending),
               C(persistence_mode), C(reset_peers) (the indices of the GPUs linked to it directly by NVLink, which a
               reset takes with it), C(nvlink_switch) (a link reaches an NVSwitch), C(xids) (the Xid lines of the kernel
-              log for this GPU within the last 24 hours and since its last reset by M(gpuops.nvidia.gpu_reset): C(xid),
-              C(pci), C(age_s), C(text), C(needs) and C(why) for the kinds that need a reset or a reboot),
+              log for this GPU within the last 24 hours and since its last reset by M(gpuops.nvidia.gpu_reset), with
+              C(xid), C(pci), C(age_s), C(text), C(needs) and C(why) for the kinds that need a reset or a reboot),
               C(xid_error) (why the kernel log could not be read, else null), C(needs) (C(reset), C(reboot), C(other)
               or null) with C(why) (the reasons, in words), C(errors) (what the driver did not answer).
             - C(process_list_version) is the version of the process-list calls that answered (C(v3), C(v2) or

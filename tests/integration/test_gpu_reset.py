@@ -1,0 +1,72 @@
+"""The guarded GPU reset (issue 44, docs/recovery.md) end to end: reset_gpus.yml -e reset_gpus_gpu_reset=true on
+three simulated hosts at once, in check mode and then for real. A leaked context (memory that only a reset frees) on
+an NVLink pair comes back to idle with persistence mode and the nvidia-persistenced and DCGM units as they were; a
+device user that is no GPU daemon refuses the reset and nothing changes; a reset the driver refuses ("In use by
+another client", exit 255) undoes every step and names the next one."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ansible_run import REPO, playbook
+from nodetools import gpu_memory, start_cuda_init, start_gpu_daemon_unit, unit_main_pid
+from simnode import inventory_file
+
+PLAYBOOK = REPO / "playbooks" / "reset_gpus.yml"
+UNITS = (
+    ("nvidia-persistenced.service", "nvidia-persistenced", "persistenced"),
+    ("nvidia-dcgm.service", "nv-hostengine", "nvml"),
+)
+
+
+def host(simnode, gpus, **knobs):
+    """A node with the GPU daemons' stand-ins running in their units; its unit PIDs."""
+    node = simnode(gpus=gpus, release_latency=0.1)
+    if node.info.get("cgroup") is None:
+        pytest.skip("this machine gives simulated nodes no owner cgroups: %s" % node.info.get("cgroup_unsupported"))
+    node.set(**knobs)
+    return node, {unit: start_gpu_daemon_unit(node, unit, name, kind) for unit, name, kind in UNITS}
+
+
+def conf(node, key):
+    return dict(line.split("=", 1) for line in (node.run_dir / "node.conf").read_text().splitlines()).get(key)
+
+
+def test_a_leaked_context_is_freed_by_the_guarded_reset_and_every_daemon_and_setting_comes_back(simnode, tmp_path):
+    leaked, leaked_units = host(simnode, 3, stray_mib="0:30000", nvlink="0+1")
+    refused, refused_units = host(simnode, 2, stray_mib="1:5000")
+    user = start_cuda_init(refused, visible=[1])
+    driver_says_no, no_units = host(simnode, 1, stray_mib="0:2000", kernel_clients="0")
+    inventory = inventory_file(tmp_path, leaked, refused, driver_says_no)
+    extra = json.dumps(
+        {"reset_gpus_gpu_reset": True, "reset_gpus_gpu_reset_own_pid_namespace": True, "reset_gpus_timeout": 1}
+    )
+
+    rc, out, recap = playbook(inventory, PLAYBOOK, "--check", "-e", extra)
+    assert recap[leaked.name]["failed"] == 0 and recap[leaked.name]["changed"] >= 1, out
+    assert "would: stop nvidia-persistenced.service" in out and "reset GPU 0, 1; turn persistence mode on" in out
+    assert gpu_memory(leaked)[0][0] == 30000 and conf(leaked, "persistence") is None
+    assert {unit: unit_main_pid(leaked, unit) for unit in leaked_units} == leaked_units
+
+    rc, out, recap = playbook(inventory, PLAYBOOK, "-e", extra)
+    assert rc != 0 and recap[leaked.name]["failed"] == 0 and recap[leaked.name]["changed"] == 1, out
+    assert "reset GPU 0, 1: stop nvidia-persistenced.service" in out, out
+    assert [used for used, _pids in gpu_memory(leaked)] == [0, 0, 0]
+    # Persistence mode was turned off for the reset and on again; each daemon was stopped and started again.
+    assert conf(leaked, "persistence") == "0:1,1:1"
+    for unit, pid in leaked_units.items():
+        assert unit_main_pid(leaked, unit) not in (0, pid), unit
+
+    assert recap[refused.name]["failed"] == 1 and recap[refused.name]["changed"] == 0, out
+    assert "gpu_reset refused, nothing was changed: device_users: PID %d" % user in out, out
+    assert gpu_memory(refused)[1][0] == 5000 and conf(refused, "persistence") is None
+    assert {unit: unit_main_pid(refused, unit) for unit in refused_units} == refused_units
+
+    assert recap[driver_says_no.name]["failed"] == 1, out
+    assert "the driver says the GPU is in use by another client that no process here shows" in out, out
+    assert "every step done before was undone" in out and "next: reboot the node" in out, out
+    assert "scontrol update nodename=" in out and gpu_memory(driver_says_no)[0][0] == 2000
+    assert conf(driver_says_no, "persistence") == "0:1"
+    assert all(unit_main_pid(driver_says_no, unit) not in (0, pid) for unit, pid in no_units.items())
