@@ -46,6 +46,13 @@ options:
     type: list
     elements: path
     default: []
+  images:
+    description:
+      - The container images of the instances that podman or docker runs, as C(runtime) and C(image), whose ID on the
+        host to read (nothing is pulled). When given, the GPU names of the host's CDI specs are read too.
+    type: list
+    elements: dict
+    default: []
   drafters:
     description: The C(model) and C(drafter_config) of each speculative config, whose drafter C(config.json) to read.
     type: list
@@ -179,6 +186,24 @@ missing_dirs:
   returned: always
   type: list
   elements: str
+containers:
+  description:
+    - Per deployed instance that a container runtime runs, its container as the runtime inspects it (C(id), C(image_id),
+      C(image), C(status), C(running), C(pid), C(exit_code), C(health), C(labels)); null where there is no container of
+      its name, C(error) where the runtime failed.
+  returned: always
+  type: dict
+images:
+  description: Per C("RUNTIME IMAGE") of O(images), the image's ID on this host, or null when the host does not have it.
+  returned: always
+  type: dict
+cdi:
+  description:
+    - The device names of the host's CDI specs (C(nvidia.com/gpu=0)), in C(/etc/cdi) and C(/var/run/cdi); read only
+      when O(images) is given.
+  returned: always
+  type: list
+  elements: str
 """
 
 from typing import Dict
@@ -197,6 +222,7 @@ def main() -> None:
             paths=dict(type="list", elements="path", default=[]),
             executables=dict(type="list", elements="path", default=[]),
             drafters=dict(type="list", elements="dict", default=[]),
+            images=dict(type="list", elements="dict", default=[]),
             config_dir=dict(type="path", required=True),
             state_dir=dict(type="path", required=True),
             log_dir=dict(type="path", required=True),

@@ -26,7 +26,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._speculative im
 from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._speculative_parse import SpeculativeConfigError
 from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _vllm_files, _vllm_server_facts, _vllm_versions
 from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._vllm_address import local_host, local_url
-from ansible_collections.gpuops.nvidia.plugins.plugin_utils import _vllm_unmanaged
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils import _vllm_container, _vllm_unmanaged
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._vllm_checks import (
     CONTROL,
     GpuRef,
@@ -53,6 +53,31 @@ def _executable(instance: Instance, settings: Settings) -> Any:
     return _given(instance, "vllm_executable", settings["vllm_executable"])
 
 
+def _manager(instance: Instance, settings: Settings) -> str:
+    """The instance's service manager (its own, else the role's; auto as the plan resolved it)."""
+    return _vllm_container.manager_of(instance, str(settings.get("resolved_manager") or settings["service_manager"]))
+
+
+def _contained(instance: Instance, settings: Settings) -> bool:
+    return _manager(instance, settings) in _vllm_container.RUNTIMES
+
+
+def _on_host(instance: Instance, settings: Settings, path: object) -> Optional[str]:
+    """Where a path the instance names (its model, its drafter) lies on the host (a container's: through its volumes)."""
+    return _vllm_container.host_path(instance, path, _manager(instance, settings))
+
+
+def _drafter_config(instance: Instance, settings: Settings) -> Any:
+    """The drafter config the host reads: the instance's drafter_config, or for a container, the drafter's
+    config.json through the volume that holds it."""
+    given = instance.get("drafter_config")
+    model = (instance.get("speculative_config") or {}).get("model")
+    if given or not _contained(instance, settings) or not str(model or "").startswith("/"):
+        return given
+    found = _on_host(instance, settings, model)
+    return found.rstrip("/") + "/config.json" if found else given
+
+
 def _min_rate(instance: Instance, settings: Settings) -> float:
     rate = instance.get("min_acceptance_rate")
     return float(settings["min_acceptance_rate"] if rate is None else rate)
@@ -66,13 +91,26 @@ def host_request(instances: Optional[Sequence[Any]], settings: Settings) -> Dict
     """What vllm_server_host reads: the instances' addresses, the model directories and executables to look for, and
     the drafters of the speculative configs."""
     instances = [instance for instance in instances or [] if isinstance(instance, dict)]
-    paths = [instance["model"] for instance in instances if str(instance.get("model") or "").startswith("/")]
-    executables = [str(_executable(instance, settings)) for instance in instances]
+    paths = [
+        _on_host(instance, settings, instance["model"])
+        for instance in instances
+        if str(instance.get("model") or "").startswith("/")
+    ]
+    executables = [str(_executable(instance, settings)) for instance in instances if not _contained(instance, settings)]
     paths += executables
+    paths += [volume["src"] for i in instances if _contained(i, settings) for volume in _vllm_container.volumes_of(i)]
     drafters = [
-        {"model": (instance["speculative_config"] or {}).get("model"), "drafter_config": instance.get("drafter_config")}
+        {
+            "model": (instance["speculative_config"] or {}).get("model"),
+            "drafter_config": _drafter_config(instance, settings),
+        }
         for instance in instances
         if isinstance(instance.get("speculative_config"), dict) and instance["speculative_config"]
+    ]
+    images = [
+        {"runtime": _manager(instance, settings), "image": str(instance.get("image"))}
+        for instance in instances
+        if _contained(instance, settings) and instance.get("image")
     ]
     request = {
         # An instance whose port is refused (plan) is not asked about: nothing is probed at port -1.
@@ -86,7 +124,8 @@ def host_request(instances: Optional[Sequence[Any]], settings: Settings) -> Dict
             for instance in instances
             if not port_problems(instance)
         ],
-        "paths": sorted(set(str(path) for path in paths)),
+        "paths": sorted(set(str(path) for path in paths if path)),
+        "images": images,
         # whose vLLM release to read (_vllm_versions.read_version)
         "executables": sorted(set(path for path in executables if path.startswith("/"))),
         "drafters": drafters,
@@ -123,6 +162,19 @@ def _release(instance: Instance, settings: Settings, host: Host) -> Tuple[Option
     from the version vllm_server_host read for its executable."""
     executable = str(_executable(instance, settings))
     read = (host.get("vllm_versions") or {}).get(executable) or {}
+    if _contained(instance, settings):
+        # The image's vLLM is not run to ask it: the instance says which release its image runs.
+        executable = "image %s" % instance.get("image")
+        read = {"version": instance.get("vllm_version"), "source": "the instance's vllm_version"}
+        if not read["version"]:
+            return (
+                None,
+                [
+                    "vllm_version is required with service_manager %s: the release the image runs "
+                    "(`vllm --version` in the image prints it)" % _manager(instance, settings)
+                ],
+                [],
+            )
     if not read.get("version"):
         if not (host.get("paths") or {}).get(executable, {}).get("executable"):
             return None, [], []  # _path_problems says that the executable is missing
@@ -147,7 +199,7 @@ def _speculative(
     try:
         result = validate_speculative_config(
             spec,
-            drafter_config=instance.get("drafter_config") or None,
+            drafter_config=_drafter_config(instance, settings) or None,
             target_num_layers=instance.get("target_num_layers") or None,
             extra_args=instance.get("extra_args") or [],
             environment=environment,
@@ -170,11 +222,20 @@ def _path_problems(instance: Instance, settings: Settings, host: Host, names: Se
     paths = host.get("paths") or {}
     problems = []
     model = str(instance.get("model") or "")
-    if model.startswith("/") and not (paths.get(model) or {}).get("exists"):
-        problems.append("model %s does not exist on %s" % (model, host.get("name")))
+    contained = _contained(instance, settings)
+    problems += _vllm_container.container_problems(instance, _manager(instance, settings), settings)
+    if contained:
+        problems += _container_problems(instance, settings, host)
+    on_host = _on_host(instance, settings, model) if model.startswith("/") else None
+    if model.startswith("/") and on_host is None:
+        problems.append("model %s is in no volume of the container" % model)
+    elif on_host and not (paths.get(on_host) or {}).get("exists"):
+        problems.append(
+            "model %s does not exist on %s%s" % (model, host.get("name"), " (%s)" % on_host if on_host != model else "")
+        )
     executable = str(_executable(instance, settings))
     found = paths.get(executable) or {}
-    if executable.startswith("/") and not found.get("executable"):
+    if executable.startswith("/") and not contained and not found.get("executable"):
         problems.append(
             "%s %s on %s"
             % (executable, "is not executable" if found.get("exists") else "does not exist", host.get("name"))
@@ -182,6 +243,22 @@ def _path_problems(instance: Instance, settings: Settings, host: Host, names: Se
     answer = (host.get("ports") or {}).get(str(instance.get("name")))
     if answer and not _vllm_unmanaged.port_taken_by(instance, host):  # _vllm_unmanaged.findings names that server
         problems.append(_port_problem(instance, settings, host, answer, names))
+    return problems
+
+
+def _container_problems(instance: Instance, settings: Settings, host: Host) -> List[str]:
+    """A container instance's image on the host (nothing is pulled), and its volumes' sources."""
+    manager = _manager(instance, settings)
+    problems = []
+    image = instance.get("image")
+    if image and (host.get("images") or {}).get("%s %s" % (manager, image)) is None:
+        problems.append(
+            "image %s is not on %s (%s image inspect): the role pulls nothing; pull or load it first"
+            % (image, host.get("name"), manager)
+        )
+    for volume in _vllm_container.volumes_of(instance):
+        if volume["src"].startswith("/") and not ((host.get("paths") or {}).get(volume["src"]) or {}).get("exists"):
+            problems.append("volume source %s does not exist on %s" % (volume["src"], host.get("name")))
     return problems
 
 
@@ -245,6 +322,9 @@ def config_of(
     }
     cfg["environment"].update(spec["environment"] if spec else {})
     cfg["environment"].update(instance.get("environment") or {})
+    if manager in _vllm_container.RUNTIMES:
+        cfg["vllm_executable"] = "vllm"  # the image's entrypoint: vllm serve
+        cfg["vllm_version"] = instance.get("vllm_version")
     argv = [
         cfg["vllm_executable"],
         "serve",
@@ -269,6 +349,30 @@ def config_of(
     if instance.get("shutdown_timeout") is not None:
         argv += ["--shutdown-timeout", str(int(instance["shutdown_timeout"]))]
     cfg["argv"] = argv + list(cfg["extra_args"])
+    return cfg
+
+
+def container_of(cfg: Dict[str, Any], instance: Instance, settings: Settings, host: Host) -> Dict[str, Any]:
+    """The configuration of a container instance (cfg with its "container" block: runtime, name, image, volumes,
+    shm_size, GPU options, options, the configuration's digest and the command that runs it)."""
+    runtime = cfg["service_manager"]
+    options = list(settings.get("container_options") or []) + list(instance.get("container_options") or [])
+    # A container sees only the GPUs it is given, numbered from 0 (NVML and CUDA enumerate the device files they can
+    # open), by CDI name or by device file alike: CUDA_VISIBLE_DEVICES counts them from 0 (a MIG UUID stays).
+    gpu_args = _vllm_container.gpu_args(cfg["gpus"], host.get("nvidia") or {}, list(host.get("cdi") or []))
+    if all(isinstance(gpu, int) for gpu in cfg["gpus"]):
+        cfg["environment"]["CUDA_VISIBLE_DEVICES"] = ",".join(str(n) for n in range(len(cfg["gpus"])))
+    cfg["container"] = {
+        "runtime": runtime,
+        "name": "%s%s" % (settings["unit_prefix"], cfg["name"]),
+        "image": instance["image"],
+        "volumes": _vllm_container.volumes_of(instance),
+        "shm_size": instance.get("shm_size") or None,
+        "gpu_args": gpu_args,
+        "options": options,
+    }
+    cfg["container"]["digest"] = _vllm_container.config_digest(cfg)
+    cfg["container"]["run_argv"] = _vllm_container.run_argv(cfg, settings, cfg["container"])
     return cfg
 
 
@@ -383,6 +487,7 @@ def _entry(
         "changed": changed,
         "reasons": ["%s changed" % what for what in changed]
         + _probe_reasons(running)
+        + (_container_reasons(cfg, host, running) if cfg.get("container") else [])
         + ["vLLM server PID %s not started by this role" % server["pid"] for server in replaces],
         "url": local_url(cfg["host"], cfg["port"]),
         "old": old,
@@ -402,11 +507,37 @@ def _entry(
     }
 
 
+def _container_reasons(cfg: Mapping[str, Any], host: Host, running: Optional[Mapping[str, Any]]) -> List[str]:
+    """Reasons to restart a running container of the instance: its image's ID on the host differs from the one it
+    runs (the tag moved), or its digest label from the configuration's (changed outside the role)."""
+    if not running or running.get("process_exited"):
+        return []
+    container = cfg["container"]
+    found = (host.get("containers") or {}).get(cfg["name"]) or {}
+    if not found.get("running"):
+        return []
+    reasons = []
+    image = (host.get("images") or {}).get("%s %s" % (container["runtime"], container["image"]))
+    if image and found.get("image_id") and found["image_id"] != image:
+        reasons.append(
+            "image %s is %s on the host, the container runs %s"
+            % (container["image"], image[:12], found["image_id"][:12])
+        )
+    label = (found.get("labels") or {}).get(_vllm_container.DIGEST_LABEL)
+    if label != container["digest"]:
+        reasons.append(
+            "container %s carries %s, not this configuration's"
+            % (container["name"], "configuration %s" % str(label)[:12] if label else "no configuration label")
+        )
+    return reasons
+
+
 def plan(instances: Optional[Sequence[Instance]], host: Host, settings: Settings) -> Dict[str, Any]:
     """The checks of every instance and, when all pass, what each deploys (see the module docstring)."""
     manager = settings["service_manager"]
     if manager == "auto":
         manager = "systemd" if host.get("systemd") else "detached"
+    settings = dict(settings, resolved_manager=manager)
     checks = vllm_server_check(instances, host, settings)
     problems, warnings = list(checks["problems"]), []
     specs = {}
@@ -440,7 +571,11 @@ def plan(instances: Optional[Sequence[Instance]], host: Host, settings: Settings
     if problems:
         return result
     for instance in listed:
-        cfg = config_of(instance, checks["gpus"][instance["name"]], specs[instance["name"]], manager, settings)
+        cfg = config_of(
+            instance, checks["gpus"][instance["name"]], specs[instance["name"]], _manager(instance, settings), settings
+        )
+        if _contained(instance, settings):
+            cfg = container_of(cfg, instance, settings, host)
         entries[instance["name"]] = _entry(
             instance, cfg, host, settings, specs[instance["name"]], replaces[instance["name"]]
         )

@@ -15,6 +15,7 @@ import os
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, TypedDict
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import (
+    _container,
     _detached,
     _http,
     _readiness,
@@ -72,6 +73,9 @@ class HostRead(TypedDict):
     vllm_versions: Dict[str, VersionRead]
     drafters: List[Dict[str, Any]]
     missing_dirs: List[str]
+    containers: Dict[str, Optional[Dict[str, Any]]]
+    images: Dict[str, Optional[str]]
+    cdi: List[str]
 
 
 def read_deployed(config_dir: str) -> dict[str, dict[str, Any]]:
@@ -105,9 +109,14 @@ def _api_key(path: str) -> str | None:
     return None
 
 
-def _server_process(name: str, config: Mapping[str, Any], request: Request, systemctl: Systemctl) -> ProcessArg:
+def _server_process(
+    name: str, config: Mapping[str, Any], request: Request, systemctl: Systemctl, container: Optional[Mapping[str, Any]]
+) -> ProcessArg:
     """The running server's process as wait_ready takes it: a (PID, start_ticks) pair from the pidfile of a detached
-    server, or the MainPID of an active systemd unit; (0, 0) when none runs."""
+    server, the MainPID of an active systemd unit, or the PID 1 of a running container (`container`: its inspect);
+    (0, 0) when none runs."""
+    if config.get("container"):
+        return ((container or {}).get("pid") or 0) if (container or {}).get("running") else (0, 0)
     if config.get("service_manager") == "systemd":
         status = systemctl("%s%s.service" % (request["unit_prefix"], name))
         return (int(status.get("MainPID") or 0) if status.get("ActiveState") == "active" else 0) or (0, 0)
@@ -117,9 +126,15 @@ def _server_process(name: str, config: Mapping[str, Any], request: Request, syst
         return (0, 0)
 
 
-def probe_running(name: str, config: Mapping[str, Any], request: Request, systemctl: Systemctl) -> Running:
+def probe_running(
+    name: str,
+    config: Mapping[str, Any],
+    request: Request,
+    systemctl: Systemctl,
+    container: Optional[Mapping[str, Any]] = None,
+) -> Running:
     """One look at the server of a deployed instance where its deployed configuration put it."""
-    process = _server_process(name, config, request, systemctl)
+    process = _server_process(name, config, request, systemctl, container)
     client = _http.Client(
         local_url(config.get("host"), config.get("port")),
         _api_key(os.path.join(request["config_dir"], "%s.env" % name)),
@@ -178,9 +193,13 @@ def file_states(name: str, request: Request) -> dict[str, FileState | None]:
     }
 
 
-def _records(deployed: Mapping[str, Mapping[str, Any]], request: Request) -> Dict[str, Dict[str, Any]]:
+def _records(
+    deployed: Mapping[str, Mapping[str, Any]],
+    request: Request,
+    containers: Optional[Mapping[str, Optional[Mapping[str, Any]]]] = None,
+) -> Dict[str, Dict[str, Any]]:
     """What the role keeps of each deployed instance's server: the (PID, start ticks) of its pidfile while that
-    process runs, and its unit's name."""
+    process runs, its unit's name, and its container's ID."""
     records: Dict[str, Dict[str, Any]] = {}
     for name in deployed:
         try:
@@ -190,16 +209,20 @@ def _records(deployed: Mapping[str, Mapping[str, Any]], request: Request) -> Dic
         records[name] = {
             "pidfile": list(pidfile) if pidfile is not None and pidfile.alive() else None,
             "unit": "%s%s.service" % (request["unit_prefix"], name),
+            "container": ((containers or {}).get(name) or {}).get("id"),
         }
     return records
 
 
 def read_servers(
-    deployed: Mapping[str, Mapping[str, Any]], request: Request, snapshot: Snapshot
+    deployed: Mapping[str, Mapping[str, Any]],
+    request: Request,
+    snapshot: Snapshot,
+    containers: Optional[Mapping[str, Optional[Mapping[str, Any]]]] = None,
 ) -> List[Dict[str, Any]]:
     """The vLLM API servers of the host (_vllm_servers.find_servers), each with "recorded_by": the deployed instance
     whose record it is, or None for a server this role did not start."""
-    records = _records(deployed, request)
+    records = _records(deployed, request, containers)
     servers: List[Server] = _vllm_servers.find_servers(snapshot)
     return [dict(server, recorded_by=_vllm_servers.recorded(server, records)) for server in servers]
 
@@ -215,17 +238,20 @@ def read_host(request: Request, inspector: Inspector, systemctl: Systemctl) -> H
         if str((deployed.get(entry["name"]) or {}).get("port")) != str(entry["port"]):
             ports[entry["name"]] = probe_port(entry, request)
     snapshot = inspector.snapshot(tolerance_mib=request["max_used_mib"])
+    containers = read_containers(deployed)
     return {
         "systemd": os.path.isdir(SYSTEMD_BOOTED),
         "nvidia": snapshot,
         "deployed": deployed,
         "running": {
-            entry["name"]: probe_running(entry["name"], deployed[entry["name"]], request, systemctl)
+            entry["name"]: probe_running(
+                entry["name"], deployed[entry["name"]], request, systemctl, containers.get(entry["name"])
+            )
             for entry in request["instances"]
             if entry["name"] in deployed
         },
         "ports": ports,
-        "servers": read_servers(deployed, request, snapshot),
+        "servers": read_servers(deployed, request, snapshot, containers),
         "files": {entry["name"]: file_states(entry["name"], request) for entry in request["instances"]},
         "paths": {path: _stat(path) for path in request["paths"]},
         "vllm_versions": {path: _vllm_versions.read_version(path) for path in request.get("executables") or []},
@@ -235,4 +261,34 @@ def read_host(request: Request, inspector: Inspector, systemctl: Systemctl) -> H
             for path in (request["config_dir"], request["state_dir"], request["log_dir"])
             if not os.path.isdir(path)
         ],
+        "containers": containers,
+        "images": read_images(request.get("images") or []),
+        "cdi": _container.cdi_names() if request.get("images") else [],
     }
+
+
+def read_containers(deployed: Mapping[str, Mapping[str, Any]]) -> Dict[str, Optional[Dict[str, Any]]]:
+    """The container of each deployed instance that a runtime runs (its configuration's "container": runtime and
+    name), as _container.inspect gives it: None where there is none of that name; {"error"} where the runtime failed."""
+    found: Dict[str, Optional[Dict[str, Any]]] = {}
+    for name, config in deployed.items():
+        container = config.get("container")
+        if not isinstance(container, dict):
+            continue
+        try:
+            found[name] = _container.inspect(str(container.get("runtime")), str(container.get("name")))
+        except (_container.ContainerError, ValueError) as exc:
+            found[name] = {"error": str(exc), "running": False, "pid": 0, "id": None}
+    return found
+
+
+def read_images(images: List[Mapping[str, Any]]) -> Dict[str, Optional[str]]:
+    """{"RUNTIME IMAGE": its ID on this host, or None when the host does not have it} of each ({runtime, image})."""
+    found: Dict[str, Optional[str]] = {}
+    for entry in images:
+        key = "%s %s" % (entry.get("runtime"), entry.get("image"))
+        try:
+            found[key] = _container.image_id(str(entry.get("runtime")), str(entry.get("image")))
+        except _container.ContainerError:
+            found[key] = None
+    return found

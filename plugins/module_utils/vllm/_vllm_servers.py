@@ -59,6 +59,7 @@ class Server(TypedDict):
     gpus: List[int]
     mig: Dict[str, List[str]]  # GPU index -> MIG UUIDs its tree holds there
     systemd_unit: Optional[str]
+    container_id: Optional[str]  # the container its cgroup names (docs/owners.md)
 
 
 def _after_interpreter(argv: Sequence[str]) -> List[str]:
@@ -258,7 +259,8 @@ def _details(server: Dict[str, Any], proc: str) -> None:
     server["cwd"] = _link("%s/%d/cwd" % (proc, pid))
     server["log_file"] = _link("%s/%d/fd/1" % (proc, pid))
     server["cuda_visible_devices"] = _environment(pid, "CUDA_VISIBLE_DEVICES", proc)
-    server["systemd_unit"] = _owners.parse_cgroup(_owners.read_cgroup(pid, proc))["systemd_unit"]
+    cgroup = _owners.parse_cgroup(_owners.read_cgroup(pid, proc))
+    server["systemd_unit"], server["container_id"] = cgroup["systemd_unit"], cgroup["container_id"]
 
 
 def find_servers(snapshot: Snapshot, proc: str = "/proc") -> List[Server]:
@@ -304,13 +306,17 @@ def _launched_by(pid: int, stats: Mapping[int, _proc.Stat], found: Mapping[int, 
 
 def recorded(server: Mapping[str, Any], records: Mapping[str, Mapping[str, Any]]) -> Optional[str]:
     """The name of the instance whose record `server` is, or None: the role started it when its PID (or the leader
-    of its session) is the (PID, start ticks) of the instance's pidfile, or when it runs in the instance's unit.
+    of its session) is the (PID, start ticks) of the instance's pidfile, or when it runs in the instance's unit or
+    container.
 
-    `records`: {name: {"pidfile": (pid, start_ticks) or None, "unit": unit name}} of the deployed instances."""
+    `records`: {name: {"pidfile": (pid, start_ticks) or None, "unit": unit name, "container": the ID of its container
+    or None}} of the deployed instances."""
     for name, record in sorted(records.items()):
         pidfile = record.get("pidfile")
         if pidfile and (tuple(pidfile) == (server["pid"], server["start_ticks"]) or pidfile[0] == server["sid"]):
             return name
         if record.get("unit") and server.get("systemd_unit") == record["unit"]:
+            return name
+        if record.get("container") and server.get("container_id") == record["container"]:
             return name
     return None

@@ -144,6 +144,7 @@ def test_a_server_started_by_hand_with_its_tree_gpus_log_and_directory(proc):
         "gpus": [0, 1],
         "mig": {},
         "systemd_unit": "session-3.scope",  # a login session's scope: where a nohup'd server runs
+        "container_id": None,
     }
     assert "sk-secret" not in repr(server)
 
@@ -166,3 +167,13 @@ def test_records_of_the_role():
     assert s.recorded(dict(server, pid=11, sid=10), records) == "a"  # in the session the role started
     assert s.recorded(dict(server, pid=30, systemd_unit="vllm-b.service", sid=1), records) == "b"
     assert s.recorded(dict(server, pid=30, systemd_unit="other.service", sid=1), records) is None
+
+
+def test_a_server_in_the_container_of_a_deployed_instance_is_its_record():
+    # vllm_server_host reads each deployed container's ID through its runtime (_vllm_host.read_containers).
+    cid = "4f1c3a9e0b7d" * 5 + "0123"
+    server = {"pid": 30, "start_ticks": 3030, "sid": 30, "systemd_unit": None, "container_id": cid}
+    records = {"a": {"pidfile": None, "unit": "vllm-a.service", "container": cid}}
+    assert s.recorded(server, records) == "a"
+    assert s.recorded(dict(server, container_id="0" * 64), records) is None
+    assert s.recorded(dict(server, container_id=None), {"a": dict(records["a"], container=None)}) is None
