@@ -156,11 +156,11 @@ options:
         A unit that runs this module itself (its Ansible process chain) is never stopped.
       - Every process a stop ends is named, in check mode and in the run (RV(unit_processes), the message and the
         summary of O(wait=true)).
-      - A holder in a docker or podman container (not a pod's) has its container stopped first, through its runtime:
+      - "A holder in a docker or podman container (not a pod's) has its container stopped first, through its runtime:
         C(podman stop -t N ID) or C(docker stop -t N ID), N the O(grace_period), the call bounded at N + 60 seconds
         (RV(stopped_containers)). The same rule as for a unit applies to every process of the container's cgroup
         (RV(container_processes)); the container's init (PID 1 of its PID namespace, as C(--init) runs it) is no work
-        of its own. A container that a systemd service runs (quadlet) is stopped with C(systemctl stop UNIT).
+        of its own. A container that a systemd service runs (quadlet) is stopped with C(systemctl stop UNIT)."
       - For holders in a pod or another runtime's container the runtime is never called; the command that stops the
         owner is reported in RV(owner_commands) and a warning, and the PIDs are ended.
       - When false (the default), the PIDs are ended and a warning names each owner that will restart them.
