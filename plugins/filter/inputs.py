@@ -386,6 +386,8 @@ def _check_gpus_options(
         driver_timeout=values["check_gpus_driver_timeout"],
         exclude=_names("check_gpus_exclude", given.get("check_gpus_exclude")),
         require_memory=not _flag("check_gpus_allow_proc_only", given.get("check_gpus_allow_proc_only", False)),
+        # What the driver advises (a reset, a reboot) fails the host too (docs/recovery.md).
+        recovery=True,
         return_after=False,
     )
     if "check_gpus_gpus" in given:

@@ -146,6 +146,14 @@ options:
         selected GPUs. C(playbooks/check_gpus.yml) sets V(false).
     type: bool
     default: true
+  recovery:
+    description:
+      - Also read what the driver advises about each selected GPU after the wait (M(gpuops.nvidia.gpu_facts) C(recovery), with
+        its recovery action, rows pending remapping, pages pending retirement, recent Xids of such kinds), and fail
+        where one needs a GPU reset, a reboot or another step, naming the GPU, why and the next step (RV(advice)).
+      - C(playbooks/check_gpus.yml) sets it.
+    type: bool
+    default: false
   require_memory:
     description:
       - Fail when the used memory of a selected GPU could not be read (no usable NVIDIA driver library, or a GPU whose
@@ -177,6 +185,13 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+advice:
+  description:
+    - With O(recovery), the selected GPUs that need a GPU reset, a reboot or another step, each with C(index), C(needs)
+      (C(reset), C(reboot) or C(other)) and C(why) (the reasons, in words); [] where none does.
+  returned: with O(recovery), when the GPUs could be read
+  type: list
+  elements: dict
 released:
   description: Whether every selected GPU was released before the timeout.
   returned: always
@@ -264,6 +279,7 @@ def main() -> None:
             progress_interval=dict(type="float", default=0.0),
             require_memory=dict(type="bool", default=False),
             return_after=dict(type="bool", default=True),
+            recovery=dict(type="bool", default=False),
             **dict(_wait.WAIT_ARGS, **_select.HOLDER_ARGS, **_gpus.SELECTION_ARGS),
         ),
         supports_check_mode=True,

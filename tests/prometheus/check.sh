@@ -17,7 +17,8 @@ PYTHONPATH=.collections .venv/bin/python - <<'PY' | "$promtool" check metrics
 from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _guard_metrics
 
 gpu = {"index": 0, "uuid": "GPU-1", "memory_used_mib": 75034, "memory_reserved_mib": 529, "unexplained_mib": 0,
-       "tolerance_mib": 256, "holder_pids": [11], "exited": []}
+       "tolerance_mib": 256, "holder_pids": [11], "exited": [],
+       "recovery": {"action": "gpu_reset", "xids": [{"xid": 79}, {"xid": 13}, {"xid": 13}]}}
 orphan = {"pid": 11, "start_ticks": 307177, "comm": 'VLLM::Worker_TP "x"\\', "reason": "vllm_server_exited",
           "owner_label": "unit:vllm@a.service", "gpus": [0], "memory_mib": {"0": 75034}}
 vllm = [{"name": "qwen", "url": "http://127.0.0.1:8000", "state": "stalled", "requests_running": 3}]

@@ -337,6 +337,11 @@ def check_gpus_status(
         return "failed", "check failed: %s" % (result.get("msg") or "gpu_wait returned no result")
     if (result.get("driver") or {}).get("timed_out"):
         return "not_checked", "not checked: %s" % result.get("msg", "")
+    if result.get("advice"):
+        from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu._recovery import advice_words
+
+        held = "%s; " % not_free_words(result, host, options or {}) if not result.get("released") else ""
+        return "not_free", "not free: %s%s" % (held, advice_words(result["advice"], host))
     if not result.get("released"):
         return "not_free", "not free: %s" % not_free_words(result, host, options or {})
     unread = [gpu for gpu in result["gpus"] if not gpu.get("memory_checked", True)]

@@ -43,10 +43,27 @@ FAMILIES = (
     ("gpu_holders", "Processes holding the GPU's memory."),
     ("gpu_orphaned_holders", "Holders whose server or job is gone (docs/guard.md)."),
     ("orphan_memory_bytes", "Memory an orphaned holder holds on a GPU, per process (pid, start_ticks: its identity)."),
+    (
+        "gpu_recovery_action",
+        "The driver's recovery action for the GPU (NVML field 230): 0 none, 1 GPU reset, 2 node reboot, 3 drain P2P, "
+        "4 drain and reset, 5 recover IMEX domain, 6 bus reset, 7 system reboot (docs/recovery.md).",
+    ),
+    ("gpu_xid_errors", "Xid errors of the GPU in the kernel log within 24 hours and since its last reset, per Xid."),
     ("vllm_state", "State of a vLLM instance: 1 for its state (healthy, stalled, down, unknown), 0 for the others."),
     ("vllm_requests_running", "Requests running in a vLLM instance at the end of the guard's watch."),
 )
 VLLM_STATES: Tuple[VllmState, ...] = ("healthy", "stalled", "down", "unknown")
+# nvmlDeviceGpuRecoveryAction_t in its order (as _recovery.ACTIONS; not imported: the textfile's code stays light).
+_RECOVERY_ACTIONS = (
+    "none",
+    "gpu_reset",
+    "node_reboot",
+    "drain_p2p",
+    "drain_and_reset",
+    "recover_imex_domain",
+    "bus_reset",
+    "system_reboot",
+)
 
 
 def escape(value: object) -> str:
@@ -77,6 +94,7 @@ def _gpu_samples(gpu: _shapes.Gpu, orphans: Sequence[Orphan]) -> Samples:
         if reported and figures.get(key) is not None:
             out.setdefault(family, []).append((ident, figures[key] * MIB))
     out.setdefault("gpu_holders", []).append((ident, len(gpu.get("holder_pids") or [])))
+    _recovery_samples(ident, figures.get("recovery"), out)
     mine = [orphan for orphan in orphans if gpu["index"] in orphan["gpus"]]
     out.setdefault("gpu_orphaned_holders", []).append((ident, len(mine)))
     # The exited creators' listed memory (MiB), where the driver reports it.
@@ -97,6 +115,20 @@ def _gpu_samples(gpu: _shapes.Gpu, orphans: Sequence[Orphan]) -> Samples:
         ]
         out.setdefault("orphan_memory_bytes", []).append((labels, mib * MIB))
     return out
+
+
+def _recovery_samples(ident: Labels, recovery: Optional[Mapping[str, Any]], out: Samples) -> None:
+    """The driver's recovery action (where it answers) and the count of each Xid, of a look with recovery."""
+    if not recovery:
+        return
+    action = recovery.get("action")
+    if action in _RECOVERY_ACTIONS:
+        out.setdefault("gpu_recovery_action", []).append((ident, _RECOVERY_ACTIONS.index(action)))
+    counts: Dict[int, int] = {}
+    for xid in recovery.get("xids") or []:
+        counts[xid["xid"]] = counts.get(xid["xid"], 0) + 1
+    for number, count in sorted(counts.items()):
+        out.setdefault("gpu_xid_errors", []).append((ident + [("xid", number)], count))
 
 
 def samples(

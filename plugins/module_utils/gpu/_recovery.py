@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _kernel_log, _shapes
 
@@ -213,3 +213,28 @@ def _gpu_recovery(
         "why": why,
         "errors": list(own["errors"]) if own else ["the driver did not answer"],
     }
+
+
+def needing(gpus: List[Dict[str, Any]], indices: List[int]) -> List[Dict[str, Any]]:
+    """[{"index", "needs", "why"}] of the GPUs of `indices` whose "recovery" says they need something."""
+    return [
+        {"index": gpu["index"], "needs": gpu["recovery"]["needs"], "why": gpu["recovery"]["why"]}
+        for gpu in gpus
+        if gpu["index"] in indices and (gpu.get("recovery") or {}).get("needs")
+    ]
+
+
+def advice_words(advice: Sequence[Mapping[str, Any]], host: str = "") -> str:
+    """Each GPU that needs something, with why and the next step, on one line (check_gpus, gpu_wait)."""
+    limit = " -l %s" % host if host else ""
+    steps = {
+        "reset": "ansible-playbook gpuops.nvidia.reset_gpus%s -e reset_gpus_gpu_reset=true (docs/recovery.md)" % limit,
+        "reboot": "reboot the node, drained first (docs/schedulers.md)",
+        "other": "the step the driver names (docs/recovery.md); a reset cannot take it",
+    }
+    words = {"reset": "a GPU reset", "reboot": "a reboot", "other": "another step"}
+    return "; ".join(
+        "GPU %d needs %s: %s; next: %s"
+        % (item["index"], words[item["needs"]], "; ".join(item["why"]), steps[item["needs"]])
+        for item in advice
+    )

@@ -417,6 +417,7 @@ class Waited(_WaitedBase, total=False):
     memory_checked: bool
     left_alone: List[Dict[str, Any]]
     after: Snapshot
+    advice: List[Dict[str, Any]]
 
 
 def holds(holder: Mapping[str, Any], index: int, mig_uuid: Optional[str] = None) -> bool:

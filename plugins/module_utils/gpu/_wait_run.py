@@ -11,7 +11,7 @@ run of the module is one.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Mapping
+from typing import Any, Dict, List, Mapping, cast
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _advice, _gpus, _options, _outcome, _select
 from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _shapes, _wait
@@ -50,9 +50,22 @@ def run(params: Mapping[str, Any]) -> _outcome.Outcome:
             first=first if reuse else None,
         )
         result["after"] = result.pop("snapshot")
+        if params.get("recovery"):
+            _advise(inspector, result)
     finally:
         inspector.close()
     return conclude(params, result)
+
+
+def _advise(inspector: _gpus.Inspector, result: _shapes.Waited) -> None:
+    """With `recovery`: the driver's advice and the kernel log's Xids on the last look's GPUs, and "advice", the
+    selected GPUs that need a reset, a reboot or another step (_recovery)."""
+    from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _recovery
+
+    reading = inspector.read_driver(advice=True)
+    gpus = cast(List[Dict[str, Any]], result["after"]["gpus"])
+    _recovery.recovery(gpus, reading.get("advice", []), inspector.proc)
+    result["advice"] = _recovery.needing(gpus, [gpu["index"] for gpu in result["gpus"] if gpu["index"] is not None])
 
 
 def conclude(params: Mapping[str, Any], result: _shapes.Waited) -> _outcome.Outcome:
@@ -70,5 +83,9 @@ def conclude(params: Mapping[str, Any], result: _shapes.Waited) -> _outcome.Outc
     failed = not result["released"]
     if result["released"] and not result["memory_checked"] and params["require_memory"]:
         msg, failed = _advice.not_checked(result), True
+    if result.get("advice"):
+        from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu._recovery import advice_words
+
+        msg, failed = "%s (the wait: %s)" % (advice_words(result["advice"]), msg), True
     outcome: Dict[str, Any] = dict(msg=msg, changed=False, **result)
     return _outcome.Outcome(outcome, failed=failed, warnings=warnings)

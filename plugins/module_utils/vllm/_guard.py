@@ -90,7 +90,7 @@ def look(params: Mapping[str, Any]) -> Tuple[_shapes.Snapshot, List[_orphans.Orp
     """(snapshot, orphans) of one look at the host."""
     inspector = _gpus.Inspector(driver_timeout=params["driver_timeout"])
     try:
-        view = inspector.snapshot(tolerance_mib=params["max_used_mib"], owners=True)
+        view = inspector.snapshot(tolerance_mib=params["max_used_mib"], owners=True, recovery=True)
     finally:
         inspector.close()
     judge = _orphans.Judge(initial_pidns=_gpus.initial_pid_namespace())

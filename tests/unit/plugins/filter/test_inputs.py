@@ -188,6 +188,7 @@ def test_check_gpus_plan():
             "driver_timeout": 10,
             "exclude": [],
             "require_memory": True,
+            "recovery": True,
             "return_after": False,
         },
     }

@@ -159,3 +159,45 @@ def test_recovery_joins_advice_peers_and_recent_xids_since_the_last_reset(tmp_pa
     assert second["xids"] == [] and second["needs"] is None and second["xid_error"] is None
     assert json.loads(resets.read_text()) == {"0000:2a:00": 99500.0}
     assert not [name for name in os.listdir(tmp_path) if name.endswith(".tmp")]
+
+
+def test_the_gpus_that_need_something_are_worded_with_the_next_step():
+    gpus = [
+        {"index": 0, "recovery": {"needs": "reboot", "why": ["Xid 79 5 s ago: gone"]}},
+        {"index": 1, "recovery": {"needs": "reset", "why": ["the driver's recovery action is gpu_reset"]}},
+        {"index": 2, "recovery": {"needs": None, "why": []}},
+        {"index": 3, "recovery": {"needs": "reset", "why": ["not selected"]}},
+    ]
+    advice = _recovery.needing(gpus, [0, 1, 2])
+    assert [item["index"] for item in advice] == [0, 1]
+    words = _recovery.advice_words(advice, "gpu07")
+    assert words.startswith("GPU 0 needs a reboot: Xid 79 5 s ago: gone; next: reboot the node")
+    assert "GPU 1 needs a GPU reset: the driver's recovery action is gpu_reset; next: ansible-playbook " in words
+    assert "gpuops.nvidia.reset_gpus -l gpu07 -e reset_gpus_gpu_reset=true" in words and "GPU 3" not in words
+
+
+def test_the_guard_exports_the_recovery_action_and_the_xids_per_gpu():
+    from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _guard_metrics
+
+    recovery = {"action": "drain_and_reset", "xids": [{"xid": 79}, {"xid": 13}, {"xid": 13}]}
+    gpu = {"index": 0, "uuid": "GPU-1", "memory_used_mib": 1, "holder_pids": [], "exited": [], "recovery": recovery}
+    plain = dict(gpu, index=1, uuid="GPU-2", recovery=None)
+    text = _guard_metrics.render(_guard_metrics.samples({"gpus": [gpu, plain], "driver": {}}, [], [], True, 1.0))
+    assert 'gpuops_nvidia_guard_gpu_recovery_action{gpu="0",uuid="GPU-1"} 4\n' in text
+    assert 'gpuops_nvidia_guard_gpu_xid_errors{gpu="0",uuid="GPU-1",xid="13"} 2\n' in text
+    assert 'gpuops_nvidia_guard_gpu_xid_errors{gpu="0",uuid="GPU-1",xid="79"} 1\n' in text
+    assert 'recovery_action{gpu="1"' not in text and _guard_metrics._RECOVERY_ACTIONS == _recovery.ACTIONS
+
+
+def test_check_gpus_fails_a_free_host_whose_driver_advises_a_reset():
+    from ansible_collections.gpuops.nvidia.plugins.filter.reports import reports
+
+    result = {
+        "released": True,
+        "memory_checked": True,
+        "gpus": [{"index": 1, "memory_used_mib": 0}],
+        "advice": [{"index": 1, "needs": "reset", "why": ["rows are pending remapping, which a GPU reset applies"]}],
+    }
+    status, words = reports.check_gpus_status(result, False, 256, "gpu07")
+    assert status == "not_free" and words.startswith("not free: GPU 1 needs a GPU reset: rows are pending")
+    assert "-l gpu07 -e reset_gpus_gpu_reset=true" in words
