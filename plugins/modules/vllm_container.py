@@ -11,11 +11,11 @@ version_added: 0.1.0
 description:
   - The container step of the M(gpuops.nvidia.vllm_server) role's start and stop phases, through the runtime's command
     line. Every call of the runtime is bounded (120 seconds; a stop, O(timeout) seconds more).
-  - O(state=started) runs C(RUNTIME) with O(argv) (C(run -d ...), as the role builds it), with O(environment) in the
+  - "O(state=started) runs C(RUNTIME) with O(argv) (C(run -d ...), as the role builds it), with O(environment) in the
     runtime's own environment: the command passes each variable by name (C(-e NAME)), so no value is on a command
-    line. A container of that O(name) that does not run is removed first; one that runs is refused.
-  - O(state=absent) stops the container (C(RUNTIME stop -t TIMEOUT NAME): the stop signal, SIGKILL after O(timeout)
-    seconds) and removes it. What it left on the GPUs outside its PID namespace is M(gpuops.nvidia.gpu_kill)'s.
+    line. A container of that O(name) that does not run is removed first; one that runs is refused."
+  - "O(state=absent) stops the container (C(RUNTIME stop -t TIMEOUT NAME): the stop signal, SIGKILL after O(timeout)
+    seconds) and removes it. What it left on the GPUs outside its PID namespace is M(gpuops.nvidia.gpu_kill)'s."
 author: gpuops maintainers (@gpuops)
 extends_documentation_fragment:
   - gpuops.nvidia.attributes
@@ -67,8 +67,8 @@ EXAMPLES = r"""
 RETURN = r"""
 container:
   description:
-    - The container as the runtime inspects it (C(id), C(image_id), C(image), C(status), C(running), C(pid): its PID 1
-      on the host, C(exit_code), C(health), C(labels)): after the start, or before the stop; null when there was none.
+    - "The container as the runtime inspects it (C(id), C(image_id), C(image), C(status), C(running), C(pid): its PID 1
+      on the host, C(exit_code), C(health), C(labels)): after the start, or before the stop; null when there was none."
   returned: always
   type: dict
 """

@@ -33,6 +33,8 @@ import json
 import re
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils._vllm_checks import CONTROL, CONTROL_TEXT
+
 RUNTIMES = ("podman", "docker")
 DIGEST_LABEL = "gpuops.nvidia.config-digest"
 INSTANCE_LABEL = "gpuops.nvidia.instance"
@@ -151,7 +153,11 @@ def option_problems(options: object, where: str) -> List[str]:
     if not isinstance(options, list) or not all(isinstance(option, str) for option in options):
         return ["%s must be a list of strings" % where]
     problems = []
-    for option in options:
+    for position, option in enumerate(options):
+        control = CONTROL.search(option)
+        if control:  # an instance's are checked with its other texts; the role variable's here
+            problems.append(CONTROL_TEXT % ("%s[%d]" % (where, position), ord(control.group()), control.start() + 1))
+            continue
         flag = option.split("=", 1)[0]
         if flag in REFUSED_OPTIONS:
             problems.append("%s has %s: %s" % (where, flag, REFUSED_OPTIONS[flag]))

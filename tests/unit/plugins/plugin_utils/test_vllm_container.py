@@ -62,6 +62,10 @@ def test_the_role_wide_options_are_checked_and_a_good_instance_passes():
     assert c.container_problems(instance(), "docker", SETTINGS) == []
     settings = dict(SETTINGS, container_options=["--ulimit", "nofile=4096:4096", "--security-opt", "label=disable"])
     assert c.container_problems(instance(), "podman", settings) == []
+    control = dict(SETTINGS, container_options=["--ulimit", "nofile=1\nExecStartPre=/bin/sh"])
+    assert c.container_problems(instance(), "podman", control)[0].startswith(
+        "vllm_server_container_options[1] has a control character (U+000A) at character 9"
+    )
     refused = dict(SETTINGS, container_options=["--privileged"])
     assert c.container_problems(instance(), "podman", refused)[0].startswith(
         "vllm_server_container_options has --privi"
