@@ -7,7 +7,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: gpu_reset
 short_description: Reset NVIDIA GPUs whose memory no process explains, or that the driver says need a reset
-version_added: 0.2.0
+version_added: 0.1.0
 description:
   - For a selected GPU that no process holds whose used memory is above O(max_used_mib) (a leaked context, memory
     that no process explains), or that the driver says needs a reset (its recovery action, rows pending remapping,
@@ -65,6 +65,8 @@ attributes:
   check_mode:
     support: full
     details: Lists every step and the preconditions, and changes nothing.
+  diff_mode:
+    support: none
 seealso:
   - module: gpuops.nvidia.gpu_facts
   - module: gpuops.nvidia.gpu_kill

@@ -85,6 +85,17 @@ SCENARIOS = (
     ("pinned_release", 70),
 )
 # What a simulated node cannot do yet (tests/sim/README.md): those scenarios are skipped there with the reason.
+# nvmlDeviceGpuRecoveryAction_t in its order (nvidia-ml-py 13.615.71), as gpu_facts names them.
+RECOVERY_ACTIONS = (
+    "none",
+    "gpu_reset",
+    "node_reboot",
+    "drain_p2p",
+    "drain_and_reset",
+    "recover_imex_domain",
+    "bus_reset",
+    "system_reboot",
+)
 SIM_CANNOT = {
     "mps": "a simulated node has no MPS control daemon (nvidia-cuda-mps-control) to start",
     "ipc": "the simulator models no CUDA IPC (cuIpcGetMemHandle, cuIpcOpenMemHandle)",
@@ -431,6 +442,30 @@ class CheckRun(DriverScenarios):
             gpu["memory_source"] == "nvmlDeviceGetMemoryInfo_v2",
             gpu["memory_source"],
         )
+        self.record_recovery(scenario, facts)
+
+    def record_recovery(self, scenario, facts):
+        """What the driver advises about the GPU, read only (issue 44): pynvml's own reads, gpu_facts' "recovery", and
+        whether the kernel log can be read. Nothing resets the GPU or changes persistence mode here: the check only
+        reads (tests/unit/gpu_check/test_gpucheck_recovery.py fails on a reset or -pm in tests/gpu/)."""
+        raw = self.gpu.recovery()
+        recovery = next((g.get("recovery") for g in facts["gpus"] if g["index"] == self.index), None)
+        scenario.update(driver_advice=raw, gpu_facts_recovery=recovery)
+        action = raw.get("recovery_action") or {}
+        if recovery is not None and action.get("return") == 0:
+            self.check(
+                scenario,
+                "gpu_facts reads the driver's recovery action (field 230)",
+                recovery["action"] == RECOVERY_ACTIONS[action["value"]] if action["value"] < 8 else False,
+                [recovery["action"], action],
+            )
+        if recovery is not None and isinstance(raw.get("persistence_mode"), int):
+            self.check(
+                scenario,
+                "gpu_facts reads persistence mode",
+                recovery["persistence_mode"] == bool(raw["persistence_mode"]),
+                [recovery["persistence_mode"], raw["persistence_mode"]],
+            )
 
     def ready(self, names, launcher, timeout):
         """Workloads.wait_ready (capped by the deadline), then the device files and mappings of each process."""

@@ -50,7 +50,7 @@ class Gpu:
 
     identity() -> dict; memory() -> dict; used_bytes() -> int; processes() -> {pid: {"lists", "used_mib"}};
     all_processes() -> {index: processes()}; all_used_mib() -> {index: MiB}; minors() -> [minor number of every GPU of the host];
-    mig_mode() -> {"current", "pending", "error"}.
+    mig_mode() -> {"current", "pending", "error"}; recovery() -> what the driver advises (read only).
     """
 
     def __init__(self, pynvml, index):
@@ -142,6 +142,40 @@ class Gpu:
         except nvml.NVMLError as error:
             return {"current": None, "pending": None, "error": str(error)}
         return {"current": int(current), "pending": int(pending), "error": None}
+
+    def recovery(self):
+        """What the driver advises about this GPU, each read on its own (an error is recorded, never raised): the
+        recovery action (field 230), remapped rows, retired pages pending, persistence mode, the active NVLinks with
+        their far end. Reads only: nothing here resets the GPU or changes a setting (tests/gpu/README.md)."""
+        nvml, handle, found = self.nvml, self.handle, {}
+
+        def read(key, call, *args):
+            try:
+                found[key] = call(handle, *args)
+            except Exception as error:  # an NVML error, or a library without the call
+                found[key] = {"error": str(error)}
+
+        def field(handle):
+            value = nvml.nvmlDeviceGetFieldValues(handle, [230])[0]
+            return {"return": int(value.nvmlReturn), "value": int(value.value.uiVal)}
+
+        read("recovery_action", field)
+        read("remapped_rows", lambda h: list(nvml.nvmlDeviceGetRemappedRows(h)))
+        read("retired_pages_pending", lambda h: int(nvml.nvmlDeviceGetRetiredPagesPendingStatus(h)))
+        read("persistence_mode", lambda h: int(nvml.nvmlDeviceGetPersistenceMode(h)))
+        links = []
+        for link in range(36):
+            try:
+                if not nvml.nvmlDeviceGetNvLinkState(handle, link):
+                    continue
+                remote = nvml.nvmlDeviceGetNvLinkRemotePciInfo(handle, link).busId
+                kind = nvml.nvmlDeviceGetNvLinkRemoteDeviceType(handle, link)
+                links.append({"link": link, "remote_bus_id": _text(remote), "remote_type": int(kind)})
+            except Exception as error:  # NOT_SUPPORTED (no NVLink) or INVALID_ARGUMENT (past the last link)
+                links.append({"link": link, "error": str(error)})
+                break
+        found["nvlinks"] = links
+        return found
 
     def all_used_mib(self):
         """{index: used MiB (NVML v2 where the driver has it, else v1)} for every GPU NVML sees."""
