@@ -18,6 +18,24 @@ attributes:
     description: Will return details on what has changed (or possibly needs changing in C(check_mode)), when in diff mode.
 """
 
+    # With the standard fragment: full check mode (the module's own check_mode details say what it does there).
+    FULL_CHECK = r"""
+options: {}
+attributes:
+  check_mode:
+    support: full
+"""
+
+    # With the standard fragment: a module that acts on the host, with full check mode and no diff.
+    NO_DIFF = r"""
+options: {}
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+"""
+
     # Should be used together with the standard fragment
     INFO_MODULE = r"""
 options: {}

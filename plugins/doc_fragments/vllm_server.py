@@ -6,7 +6,8 @@ from __future__ import annotations
 
 
 class ModuleDocFragment:
-    """How the modules that talk to one vLLM server reach it (argument spec: _http.SERVER_ARGS)."""
+    """How the modules that talk to one vLLM server reach it (argument spec: _http.SERVER_ARGS), and the deadline of each
+    request (its default is each module's)."""
 
     DOCUMENTATION = r"""
 options:
@@ -24,4 +25,9 @@ options:
     description: Verify TLS certificates for an V(https) O(url).
     type: bool
     default: true
+  request_timeout:
+    description: >-
+      Seconds one HTTP request may take in all (connection, request, status line, headers and body). A server that sends its
+      answer slowly fails at this deadline, with the URL and what had not come.
+    type: float
 """

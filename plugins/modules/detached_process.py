@@ -25,15 +25,11 @@ description:
   - The module does not compare O(argv) or O(environment) with those of a running process; stop it first to
     apply new ones (RV(running_cmdline) shows what runs).
 author: gpuops maintainers (@gpuops)
-extends_documentation_fragment:
-  - gpuops.nvidia.attributes
+extends_documentation_fragment: [gpuops.nvidia.attributes, gpuops.nvidia.attributes.no_diff]
 attributes:
   check_mode:
-    support: full
     details:
       - Starts and signals nothing; reports whether it would, and RV(would_signal) for O(state=stopped).
-  diff_mode:
-    support: none
 options:
   state:
     description: V(started) to have the process running, V(stopped) to have it and its session ended.

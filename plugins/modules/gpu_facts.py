@@ -43,13 +43,12 @@ description:
     unknown, so the processes that show a context on a GPU are its holders, from the C(/proc) scan alone.
   - With O(recovery), each GPU's C(recovery) says what the driver advises and what the GPU needs (docs/recovery.md).
 author: gpuops maintainers (@gpuops)
-requirements:
-  - nvidia-ml-py >= 12.535.108 (module C(pynvml); older releases misread the process lists) and psutil on the managed host
 extends_documentation_fragment:
   - gpuops.nvidia.attributes
   - gpuops.nvidia.attributes.info_module
   - gpuops.nvidia.attributes.facts
   - gpuops.nvidia.attributes.facts_module
+  - gpuops.nvidia.nvml
 options:
   driver_timeout:
     description: Seconds to wait for NVML to answer (greater than 0) before reporting the driver as hung.

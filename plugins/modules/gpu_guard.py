@@ -27,15 +27,11 @@ description:
   - The result's C(msg) is the look in one line - per GPU its orphaned holders and the MiB that no listed process
     explains, then the state of each vLLM instance.
 author: gpuops maintainers (@gpuops)
-extends_documentation_fragment:
-  - gpuops.nvidia.attributes
+extends_documentation_fragment: [gpuops.nvidia.attributes, gpuops.nvidia.attributes.no_diff]
 attributes:
   check_mode:
-    support: full
     details:
       - Looks and watches as usual; writes no textfile, and says whether it would change.
-  diff_mode:
-    support: none
 options:
   gpus:
     description: V(false) watches the vLLM instances only (C(playbooks/check_vllm.yml)); no GPU is looked at.
@@ -107,13 +103,27 @@ vllm:
   type: list
   elements: dict
   contains:
-    name: {description: "the instance's name", type: str}
-    url: {description: "its URL", type: str}
-    state: {description: "healthy, stalled, down or unknown", type: str}
-    reason: {description: "why, in words", type: str}
-    requests_running: {description: "requests running at the last reading (null when not read)", type: int}
-    generation_tokens: {description: "vllm:generation_tokens_total at the last reading (null when not read)", type: float}
-    watched_s: {description: "seconds watched", type: float}
+    name:
+      description: the instance's name
+      type: str
+    url:
+      description: its URL
+      type: str
+    state:
+      description: healthy, stalled, down or unknown
+      type: str
+    reason:
+      description: why, in words
+      type: str
+    requests_running:
+      description: requests running at the last reading (null when not read)
+      type: int
+    generation_tokens:
+      description: "vllm:generation_tokens_total at the last reading (null when not read)"
+      type: float
+    watched_s:
+      description: seconds watched
+      type: float
 metrics:
   description: The textfile's text.
   returned: always

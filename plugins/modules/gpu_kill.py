@@ -8,6 +8,7 @@ DOCUMENTATION = r"""
 module: gpu_kill
 short_description: End exactly the selected processes that hold NVIDIA GPUs
 version_added: 0.1.0
+author: gpuops maintainers (@gpuops)
 description:
   - Ensures that no selected process holds the selected GPUs. Holding a GPU means holding its memory; holders are
     attributed as in M(gpuops.nvidia.gpu_facts) (see docs/attribution.md). A process the driver lists on a GPU, and
@@ -53,21 +54,15 @@ description:
     O(driver_timeout) of 0, an unknown signal.
   - Without the NVIDIA driver library it works from the C(/proc) scan alone (all GPUs, or GPUs mapped through
     C(/proc/driver/nvidia)) and says so in a warning.
-author: gpuops maintainers (@gpuops)
-requirements:
-  - nvidia-ml-py >= 12.535.108 (module C(pynvml); older releases misread the process lists) and psutil on the managed host
-extends_documentation_fragment:
-  - gpuops.nvidia.attributes
+extends_documentation_fragment: [gpuops.nvidia.attributes, gpuops.nvidia.attributes.no_diff, gpuops.nvidia.nvml,
+  gpuops.nvidia.selection]
 attributes:
   check_mode:
-    support: full
     details:
       - Reports in RV(would_signal) what would be signalled and sends nothing.
       - With O(wait=true), fails where the wait would fail whatever was ended (a selected GPU that the driver answers
         with an error, such as one that fell off the bus, or a driver that does not answer), with the wait's words and
         next step; memory that ending the holders might free is not predicted.
-  diff_mode:
-    support: none
 options:
   gpus:
     description:
@@ -81,13 +76,6 @@ options:
     description: Only these PIDs (of holders of the selected GPUs) are selected. Omitted, any; null, an empty list or a blank entry is refused.
     type: list
     elements: int
-  pid_start_ticks:
-    description:
-      - Pins PIDs of O(pids) to processes, as a mapping of each PID to its start ticks (the start time in clock ticks since boot,
-        field 22 of C(/proc/PID/stat); the label C(start_ticks) of M(gpuops.nvidia.gpu_guard)'s orphan metric).
-        A listed PID whose process started at another time (the PID was reused) is left alone, with the reason.
-      - Every key must be one of O(pids); each value a whole number. Omitted, no PID is pinned.
-    type: dict
   match:
     description:
       - Only holders whose full command line (C(/proc/PID/cmdline) joined by spaces) matches this Python regex (search).

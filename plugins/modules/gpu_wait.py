@@ -8,6 +8,7 @@ DOCUMENTATION = r"""
 module: gpu_wait
 short_description: Wait until NVIDIA GPUs are really released
 version_added: 0.1.0
+author: gpuops maintainers (@gpuops)
 description:
   - Waits until every selected GPU has no selected holder left and its used memory (NVML memory info v2, C(used),
     which excludes reserved memory), minus the memory of the holders the operator leaves out (O(pids), O(match),
@@ -34,12 +35,8 @@ description:
   - A driver call that hangs does not hang the module. The first NVML query (which initializes NVML) is bounded by
     O(driver_timeout), each later one by the time left before O(timeout) plus one second.
   - Without the NVIDIA driver library it waits for the holders alone (from the C(/proc) scan) and says so.
-author: gpuops maintainers (@gpuops)
-requirements:
-  - nvidia-ml-py >= 12.535.108 (module C(pynvml); older releases misread the process lists) and psutil on the managed host
-extends_documentation_fragment:
-  - gpuops.nvidia.attributes
-  - gpuops.nvidia.attributes.info_module
+extends_documentation_fragment: [gpuops.nvidia.attributes, gpuops.nvidia.attributes.info_module, gpuops.nvidia.nvml,
+  gpuops.nvidia.selection]
 options:
   gpus:
     description:
@@ -89,13 +86,6 @@ options:
         left alone and their memory does not make the wait fail. Omitted, any; null, an empty list or a blank entry is refused.
     type: list
     elements: int
-  pid_start_ticks:
-    description:
-      - Pins PIDs of O(pids) to processes, as a mapping of each PID to its start ticks (the start time in clock ticks since boot,
-        field 22 of C(/proc/PID/stat); the label C(start_ticks) of M(gpuops.nvidia.gpu_guard)'s orphan metric).
-        A listed PID whose process started at another time (the PID was reused) is left alone, with the reason.
-      - Every key must be one of O(pids); each value a whole number. Omitted, no PID is pinned.
-    type: dict
   match:
     description:
       - Only holders whose full command line matches this Python regex count (as in M(gpuops.nvidia.gpu_kill)).

@@ -20,15 +20,11 @@ description:
     the processes decided within O(interval) seconds (O(decided)); RV(hosts) is what is left to look at.
   - Signals nothing; touches only O(state_dir) and O(log).
 author: gpuops maintainers (@gpuops)
-extends_documentation_fragment:
-  - gpuops.nvidia.attributes
+extends_documentation_fragment: [gpuops.nvidia.attributes, gpuops.nvidia.attributes.no_diff]
 attributes:
   check_mode:
-    support: full
     details:
       - Claims and logs in check mode too; the rate limit and the log are kept apart per mode (O(mode)).
-  diff_mode:
-    support: none
 options:
   state_dir:
     description: Directory of the ledger's state and lock (created when missing).

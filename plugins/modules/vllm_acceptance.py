@@ -27,12 +27,9 @@ description:
     the module fails and says so.
   - Definitions as in vLLM 0.33 C(vllm/v1/spec_decode/metrics.py) (the Prometheus counters' C(rate()) ratios).
 author: gpuops maintainers (@gpuops)
-extends_documentation_fragment:
-  - gpuops.nvidia.attributes
-  - gpuops.nvidia.vllm_server
+extends_documentation_fragment: [gpuops.nvidia.attributes, gpuops.nvidia.attributes.full_check, gpuops.nvidia.vllm_server]
 attributes:
   check_mode:
-    support: full
     details:
       - Sends the warm-up completions in check mode too; they change nothing on the host.
   diff_mode:
@@ -60,10 +57,6 @@ options:
     description: Fail when RV(acceptance_rate) is below this fraction (0-1). Not set, the rate is only reported.
     type: float
   request_timeout:
-    description: >-
-      Seconds one HTTP request may take in all (connection, request, status line, headers and body). A server that sends its
-      answer slowly fails at this deadline, with the URL and what had not come.
-    type: float
     default: 120.0
   window:
     description:

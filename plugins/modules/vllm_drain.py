@@ -28,12 +28,9 @@ description:
     connection instead of answering (as uvicorn does) reads as one that does not answer.
   - Fails after the stop only when the main process survives O(grace_period) with O(fail_on_survivors).
 author: gpuops maintainers (@gpuops)
-extends_documentation_fragment:
-  - gpuops.nvidia.attributes
-  - gpuops.nvidia.vllm_server
+extends_documentation_fragment: [gpuops.nvidia.attributes, gpuops.nvidia.attributes.full_check, gpuops.nvidia.vllm_server]
 attributes:
   check_mode:
-    support: full
     details:
       - Reads the gauges once and signals nothing.
   diff_mode:
@@ -57,10 +54,6 @@ options:
     type: float
     default: 1.0
   request_timeout:
-    description: >-
-      Seconds one HTTP request may take in all (connection, request, status line, headers and body). A server that sends its
-      answer slowly fails at this deadline, with the URL and what had not come.
-    type: float
     default: 10.0
   pid:
     description: PID of the server's main process (the API server; for systemd, the unit's C(MainPID)) to SIGTERM after the drain. V(0) means none.

@@ -38,10 +38,6 @@ options:
     type: float
     default: 2.0
   request_timeout:
-    description: >-
-      Seconds one HTTP request may take in all (connection, request, status line, headers and body). A server that sends its
-      answer slowly fails at this deadline, with the URL and what had not come.
-    type: float
     default: 30.0
   pid:
     description:

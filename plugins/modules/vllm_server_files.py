@@ -18,11 +18,9 @@ description:
     restart an instance.
   - The diff shows the configuration and the unit, never the API key.
 author: gpuops maintainers (@gpuops)
-extends_documentation_fragment:
-  - gpuops.nvidia.attributes
+extends_documentation_fragment: [gpuops.nvidia.attributes, gpuops.nvidia.attributes.full_check]
 attributes:
   check_mode:
-    support: full
     details: Writes nothing; RV(changed_files) says what would change.
   diff_mode:
     support: full
