@@ -43,12 +43,12 @@ def slice_plan(args: Mapping[str, Any]) -> Optional[Tuple[float, float]]:
     number, negative, not finite, above its bound), so that the module says why before anything runs."""
     if not args.get("progress_interval"):
         return None
-    from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _options, _wait
+    from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _options
 
     try:
-        timeout = _number(args.get("timeout"), _wait.DEFAULT_TIMEOUT_S)
-        interval = _number(args.get("progress_interval"), 0.0)
-        _options.check_numbers(at_most=_wait.BOUNDS, timeout=timeout, progress_interval=interval)
+        timeout = _number(args.get("timeout"), _options.default("timeout"))
+        interval = _number(args.get("progress_interval"), _options.default("progress_interval"))
+        _options.check_numbers(at_most=_options.MAX_SECONDS, timeout=timeout, progress_interval=interval)
     except (TypeError, _options.OptionError):
         return None
     return (timeout, interval) if interval > 0 else None

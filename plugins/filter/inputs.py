@@ -27,8 +27,9 @@ from ansible.errors import AnsibleFilterError
 from jinja2 import pass_environment
 from ansible.module_utils.parsing.convert_bool import boolean
 
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _options
 from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu._nothing import blank, names_nothing
-from ansible_collections.gpuops.nvidia.plugins.plugin_utils._numbers import Refused, numbers, seconds_bounds, shown
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils._numbers import Refused, numbers, shown
 
 # PyYAML ships no type information (types-PyYAML is not installed).
 import yaml  # type: ignore[import-untyped]
@@ -326,6 +327,18 @@ def _gpu_reset_options(given: Mapping[str, Any], group: Mapping[str, Any], value
     return options
 
 
+# The number variables whose defaults and bounds are those of the options they set (_options.ROLE_NUMBERS).
+_RESET_NUMBERS = (
+    "reset_gpus_grace_period",
+    "reset_gpus_kill_wait",
+    "reset_gpus_timeout",
+    "reset_gpus_max_used_mib",
+    "reset_gpus_driver_timeout",
+    "reset_gpus_progress_interval",
+)
+_CHECK_NUMBERS = ("check_gpus_wait", "check_gpus_max_used_mib", "check_gpus_driver_timeout")
+
+
 def _reset_gpus_numbers(given: Mapping[str, Any]) -> Dict[str, Any]:
     """The role's number variables, checked (_numbers.numbers), with the bounds of the gpu_kill and gpu_wait options
     they set (the progress interval is a slice of the wait)."""
@@ -333,19 +346,8 @@ def _reset_gpus_numbers(given: Mapping[str, Any]) -> Dict[str, Any]:
         given,
         positive=("reset_gpus_driver_timeout", "reset_gpus_progress_interval", "reset_gpus_gpu_reset_timeout"),
         whole=("reset_gpus_max_used_mib",),
-        at_most=seconds_bounds(
-            reset_gpus_grace_period="grace_period",
-            reset_gpus_kill_wait="kill_wait",
-            reset_gpus_timeout="timeout",
-            reset_gpus_driver_timeout="driver_timeout",
-            reset_gpus_progress_interval="wait_timeout",
-        ),
-        reset_gpus_grace_period=10,
-        reset_gpus_kill_wait=5,
-        reset_gpus_timeout=120,
-        reset_gpus_max_used_mib=256,
-        reset_gpus_driver_timeout=10,
-        reset_gpus_progress_interval=15,
+        at_most=_options.role_bounds(*_RESET_NUMBERS),
+        **_options.role_defaults(*_RESET_NUMBERS),
         reset_gpus_gpu_reset_timeout=60,
     )
 
@@ -375,10 +377,8 @@ def _check_gpus_options(
         given,
         positive=("check_gpus_driver_timeout",),
         whole=("check_gpus_max_used_mib",),
-        at_most=seconds_bounds(check_gpus_wait="timeout", check_gpus_driver_timeout="driver_timeout"),
-        check_gpus_wait=5,
-        check_gpus_max_used_mib=256,
-        check_gpus_driver_timeout=10,
+        at_most=_options.role_bounds(*_CHECK_NUMBERS),
+        **_options.role_defaults(*_CHECK_NUMBERS),
     )
     options: Dict[str, Any] = dict(
         timeout=values["check_gpus_wait"],

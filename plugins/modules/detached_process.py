@@ -167,18 +167,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _detache
 
 def main() -> None:
     module = AnsibleModule(
-        argument_spec=dict(
-            state=dict(type="str", choices=["started", "stopped"], default="started"),
-            argv=dict(type="list", elements="str"),
-            pidfile=dict(type="path", required=True),
-            log_file=dict(type="path"),
-            environment=dict(type="dict", default={}),
-            environment_files=dict(type="list", elements="path", default=[]),
-            inherit_environment=dict(type="bool", default=True),
-            cwd=dict(type="path", default="/"),
-            grace_period=dict(type="float", default=30.0, aliases=["stop_timeout"]),
-            kill_wait=dict(type="float", default=10.0),
-        ),
+        argument_spec=_detached_run.argument_spec(),
         required_if=[("state", "started", ("argv", "log_file"))],
         supports_check_mode=True,
     )

@@ -295,7 +295,7 @@ def main() -> None:
     module = AnsibleModule(
         argument_spec=dict(
             driver_timeout=_gpus.SELECTION_ARGS["driver_timeout"],
-            max_used_mib=dict(type="int", default=_gpus.DEFAULT_TOLERANCE_MIB),
+            **_options.spec(_options.GPU, "max_used_mib"),
             recovery=dict(type="bool", default=True),
         ),
         supports_check_mode=True,

@@ -141,19 +141,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _guard
 
 
 def main() -> None:
-    module = AnsibleModule(
-        argument_spec=dict(
-            gpus=dict(type="bool", default=True),
-            textfile=dict(type="path"),
-            inventory_hostname=dict(type="str"),
-            vllm_instances=dict(type="list", elements="dict", default=[]),
-            stall_seconds=dict(type="float", default=30.0),
-            request_timeout=dict(type="float", default=5.0),
-            driver_timeout=dict(type="float", default=10.0),
-            max_used_mib=dict(type="int", default=_gpus.DEFAULT_TOLERANCE_MIB),
-        ),
-        supports_check_mode=True,
-    )
+    module = AnsibleModule(argument_spec=_guard.argument_spec(), supports_check_mode=True)
     if module.params["gpus"]:
         _gpus.check_libraries(module, missing_required_lib)
     _outcome.exit_with(module, _guard.run(module.params, module.check_mode))

@@ -433,25 +433,11 @@ before:
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _gpus, _kill, _outcome, _select, _wait
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _gpus, _kill, _outcome
 
 
 def main() -> None:
-    module = AnsibleModule(
-        argument_spec=dict(
-            signal=dict(type="str", default="SIGTERM"),
-            grace_period=dict(type="float", default=10.0),
-            kill_wait=dict(type="float", default=5.0),
-            stop_owners=dict(type="bool", default=False),
-            stop_spanning_owners=dict(type="bool", default=False),
-            wait=dict(type="bool", default=False),
-            wait_timeout=dict(type="float", default=60.0),
-            fail_unreleased=dict(type="bool", default=True),
-            lock_timeout=dict(type="float", default=120.0),
-            **dict(_wait.WAIT_ARGS, **_select.HOLDER_ARGS, **_gpus.SELECTION_ARGS),
-        ),
-        supports_check_mode=True,
-    )
+    module = AnsibleModule(argument_spec=_kill.argument_spec(), supports_check_mode=True)
     _gpus.check_libraries(module, missing_required_lib)
     # A null selection option is None in params, as one left out: the action plugin refused it on the controller.
     outcome = _kill.run(

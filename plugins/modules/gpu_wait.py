@@ -258,22 +258,11 @@ after:
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _gpus, _outcome, _select, _wait, _wait_run
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _gpus, _outcome, _wait_run
 
 
 def main() -> None:
-    module = AnsibleModule(
-        argument_spec=dict(
-            timeout=dict(type="float", default=_wait.DEFAULT_TIMEOUT_S),
-            # The slices are the action plugin's (plugins/action/gpu_wait.py): each run of the module is one.
-            progress_interval=dict(type="float", default=0.0),
-            require_memory=dict(type="bool", default=False),
-            return_after=dict(type="bool", default=True),
-            recovery=dict(type="bool", default=False),
-            **dict(_wait.WAIT_ARGS, **_select.HOLDER_ARGS, **_gpus.SELECTION_ARGS),
-        ),
-        supports_check_mode=True,
-    )
+    module = AnsibleModule(argument_spec=_wait_run.argument_spec(), supports_check_mode=True)
     _gpus.check_libraries(module, missing_required_lib)
     _outcome.exit_with(module, _wait_run.run(module.params))
 

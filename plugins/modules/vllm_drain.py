@@ -171,27 +171,12 @@ stop:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _outcome
-from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _drain_run, _http
+from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _drain_run
 
 
 def main() -> None:
     module = AnsibleModule(
-        argument_spec=dict(
-            _http.SERVER_ARGS,
-            served_model_name=dict(type="str", aliases=["model"]),
-            timeout=dict(type="float", default=60.0),
-            poll_interval=dict(type="float", default=1.0),
-            request_timeout=dict(type="float", default=10.0),
-            pid=dict(type="int"),
-            pidfile=dict(type="path"),
-            grace_period=dict(type="float", default=60.0, aliases=["stop_timeout"]),
-            fail_on_survivors=dict(type="bool", default=False),
-            start_ticks=dict(type="int"),
-            tree=dict(type="bool", default=False),
-            kill_wait=dict(type="float", default=10.0),
-        ),
-        mutually_exclusive=[("pid", "pidfile")],
-        supports_check_mode=True,
+        argument_spec=_drain_run.argument_spec(), mutually_exclusive=[("pid", "pidfile")], supports_check_mode=True
     )
     _outcome.exit_with(module, _drain_run.run(module.params, module.check_mode))
 

@@ -229,8 +229,7 @@ def main() -> None:
             unit_prefix=dict(type="str", default="vllm-"),
             systemd_dir=dict(type="path", default="/etc/systemd/system"),
             request_timeout=dict(type="float", default=5.0),
-            max_used_mib=dict(type="int", default=_gpus.DEFAULT_TOLERANCE_MIB),
-            driver_timeout=_gpus.SELECTION_ARGS["driver_timeout"],
+            **_options.spec(_options.GPU, "max_used_mib", "driver_timeout"),
         ),
         supports_check_mode=True,
     )

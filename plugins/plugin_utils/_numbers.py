@@ -8,7 +8,6 @@ role, check_gpus.yml (plugins/filter/inputs.py) and the vllm_server role (plugin
 numbers(given, positive, whole, at_most, **defaults) -> {name: number}, or Refused naming each bad one as given.
 number(name, value, whole) -> one number variable as given (int or float), or Refused: the one converter.
 number_or_none(value, whole) -> the same number, or None where `number` refuses it (the vllm_server checks).
-seconds_bounds(variable=option, ...) -> {variable: the bound of that gpu_kill/gpu_wait time option} (at_most).
 shown(value) -> a value as the operator wrote it, for a message: null, true, false, never None.
 """
 
@@ -65,12 +64,6 @@ def number_or_none(value: object, whole: bool = False) -> Optional[Number]:
         return number("", value, whole)
     except Refused:
         return None
-
-
-def seconds_bounds(**options: str) -> Dict[str, float]:
-    """{variable: the largest value in seconds} for variables that set a time option of gpu_kill or gpu_wait:
-    seconds_bounds(reset_gpus_grace_period="grace_period") bounds it as the module bounds grace_period."""
-    return {variable: _options.MAX_SECONDS[option] for variable, option in options.items()}
 
 
 def numbers(

@@ -19,7 +19,14 @@ import pwd
 import traceback
 from typing import Any, Callable, Collection, Dict, List, Optional, Set, Tuple, cast
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _holders, _nvml, _proc, _procscan, _shapes
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import (
+    _holders,
+    _nvml,
+    _options,
+    _proc,
+    _procscan,
+    _shapes,
+)
 
 # psutil describes holders only: a look that finds none (a clean host, most runs across an inventory) does not
 # import it (about 8 ms of the module's CPU); its presence is checked here, the import is in Inspector.snapshot.
@@ -34,10 +41,10 @@ else:
     PYNVML_IMPORT_ERROR = None
 
 # Options shared by every module that selects GPUs and asks the driver.
-SELECTION_ARGS = dict(gpus=dict(type="list", elements="raw"), driver_timeout=dict(type="float", default=10.0))
+SELECTION_ARGS = dict(gpus=dict(type="list", elements="raw"), **_options.spec(_options.GPU, "driver_timeout"))
 # Used memory (MiB) that the driver's lists may leave unexplained on a GPU before processes that only hold its
-# device file count as its holders: the same idle floor as gpu_wait's max_used_mib default (docs/attribution.md).
-DEFAULT_TOLERANCE_MIB = 256
+# device file count as its holders: the idle floor of max_used_mib (docs/attribution.md).
+DEFAULT_TOLERANCE_MIB = int(_options.default("max_used_mib"))
 # The inode of the initial PID namespace: fixed by the kernel (include/linux/proc_ns.h PROC_PID_INIT_INO).
 PROC_PID_INIT_INO = 0xEFFFFFFC
 
@@ -182,7 +189,7 @@ class Inspector:
     The NVML worker is started on the first snapshot and kept for the next ones.
     """
 
-    def __init__(self, driver_timeout: float = 10.0, proc: str = "/proc") -> None:
+    def __init__(self, driver_timeout: float = _options.default("driver_timeout"), proc: str = "/proc") -> None:
         self.proc = proc
         self.driver_timeout = driver_timeout
         self._query = _nvml.DriverQuery(pynvml)

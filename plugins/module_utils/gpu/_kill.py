@@ -95,6 +95,31 @@ def refused(msg: str, **result: Any) -> Outcome:
     return Outcome(dict(result, changed=False, msg="nothing was signalled: %s" % msg), failed=True)
 
 
+# gpu_kill's number options (_options.GPU).
+NUMBERS = (
+    "grace_period",
+    "kill_wait",
+    "driver_timeout",
+    "wait_timeout",
+    "max_used_mib",
+    "poll_interval",
+    "lock_timeout",
+)
+
+
+def argument_spec() -> Dict[str, Any]:
+    """gpu_kill's argument spec: its number options from _options.GPU, the wait's, the selection's."""
+    return dict(
+        signal=dict(type="str", default="SIGTERM"),
+        stop_owners=dict(type="bool", default=False),
+        stop_spanning_owners=dict(type="bool", default=False),
+        wait=dict(type="bool", default=False),
+        fail_unreleased=dict(type="bool", default=True),
+        **_options.spec(_options.GPU, "grace_period", "kill_wait", "wait_timeout", "lock_timeout"),
+        **dict(_wait.WAIT_ARGS, **_select.HOLDER_ARGS, **_gpus.SELECTION_ARGS),
+    )
+
+
 def run(
     params: Mapping[str, Any],
     check_mode: bool = False,
@@ -122,17 +147,7 @@ def run(
 
 def check(params: Mapping[str, Any]) -> tuple[signal.Signals, _select.Checked]:
     """(the signal, the checked selection options); ValueError (OptionError, SelectionError) for input refused."""
-    _options.check_numbers(
-        positive=("driver_timeout",),
-        at_most=_options.MAX_SECONDS,
-        grace_period=params["grace_period"],
-        kill_wait=params["kill_wait"],
-        driver_timeout=params["driver_timeout"],
-        wait_timeout=params["wait_timeout"],
-        max_used_mib=params["max_used_mib"],
-        poll_interval=params["poll_interval"],
-        lock_timeout=params["lock_timeout"],
-    )
+    _options.check(_options.GPU, params, NUMBERS)
     return _terminate.parse_signal(params["signal"]), _select.check_options(params)
 
 

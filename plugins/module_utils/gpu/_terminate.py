@@ -25,7 +25,7 @@ import tempfile
 import time
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, TypedDict
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _proc
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _options, _proc
 
 _POLL_SECONDS = 0.02
 # Where the lock file of HostLock is made, the first directory that takes it: /run/lock is the FHS place
@@ -289,8 +289,8 @@ def _wait_exit(targets: List[Target], deadline: float) -> List[Target]:
 def end_processes(
     holders: Iterable[Entry],
     sig: signal.Signals = signal.SIGTERM,
-    grace_period: float = 10.0,
-    kill_wait: float = 5.0,
+    grace_period: float = _options.default("grace_period"),
+    kill_wait: float = _options.default("kill_wait"),
     proc: str = "/proc",
 ) -> Ends:
     """Signal each holder, wait up to `grace_period` s, SIGKILL the rest, wait up to `kill_wait` s.
@@ -357,8 +357,8 @@ def end_until_gone(
     choose: Callable[[bool], List[Entry]],
     first: List[Entry],
     sig: signal.Signals = signal.SIGTERM,
-    grace_period: float = 10.0,
-    kill_wait: float = 5.0,
+    grace_period: float = _options.default("grace_period"),
+    kill_wait: float = _options.default("kill_wait"),
     rounds: int = ROUNDS,
     proc: str = "/proc",
 ) -> Ended:

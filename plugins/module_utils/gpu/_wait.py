@@ -22,36 +22,22 @@ if TYPE_CHECKING:
     from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu._gpus import Inspector
     from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu._select import Selection
 
-# Default threshold: NVML v2 `used` excludes reserved memory, so an idle GPU reports a few MiB;
-# 256 MiB tolerates idle usage and small driver allocations, and no CUDA context is that small.
-DEFAULT_MAX_USED_MIB = 256
 # Each NVML query may take the time left before the timeout plus this much (seconds): a healthy
 # driver answers in milliseconds, a hung one is given up on at most this long after the timeout.
 NVML_SLACK_S = 1.0
-# Seconds between two looks: a look costs a few ms on a node with a few hundred processes.
-DEFAULT_POLL_INTERVAL_S = 0.02
-# gpu_wait's default timeout (seconds).
-DEFAULT_TIMEOUT_S = 60.0
-# The longest slice of gpu_wait's wait (option progress_interval, seconds): one line of progress an hour at least.
-MAX_PROGRESS_INTERVAL_S = 3600
-# gpu_wait's time options and their largest values (seconds): _options.MAX_SECONDS and progress_interval's.
-BOUNDS = dict(_options.MAX_SECONDS, progress_interval=MAX_PROGRESS_INTERVAL_S)
 # The time phrase a wait's message begins with (conclude): "released after 0.52 s", "no holder left (memory not
 # checked: no driver) after 0.52 s", "not released after 1.5 s".
 _TIMED = re.compile(r"^(not released|released|no holder left \(memory not checked: [^)]*\)) after [0-9.]+ s")
 # The wait's options, shared by gpu_wait and gpu_kill (wait=true).
-WAIT_ARGS = dict(
-    max_used_mib=dict(type="int", default=DEFAULT_MAX_USED_MIB),
-    poll_interval=dict(type="float", default=DEFAULT_POLL_INTERVAL_S),
-)
+WAIT_ARGS = _options.spec(_options.GPU, "max_used_mib", "poll_interval")
 
 
 def wait_released(
     inspector: Inspector,
     selection: Selection,
     timeout: float,
-    max_used_mib: int = DEFAULT_MAX_USED_MIB,
-    poll_interval: float = DEFAULT_POLL_INTERVAL_S,
+    max_used_mib: int,
+    poll_interval: float,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], object] = time.sleep,
     first: Optional[_shapes.Snapshot] = None,

@@ -20,13 +20,23 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _shapes, 
 NUMBERS = ("timeout", "max_used_mib", "poll_interval", "driver_timeout", "progress_interval")
 
 
+def argument_spec() -> Dict[str, Any]:
+    """gpu_wait's argument spec: its number options from _options.GPU, the wait's, the selection's."""
+    return dict(
+        require_memory=dict(type="bool", default=False),
+        return_after=dict(type="bool", default=True),
+        recovery=dict(type="bool", default=False),
+        # The slices are the action plugin's (plugins/action/gpu_wait.py): each run of the module is one.
+        **_options.spec(_options.GPU, "timeout", "progress_interval"),
+        **dict(_wait.WAIT_ARGS, **_select.HOLDER_ARGS, **_gpus.SELECTION_ARGS),
+    )
+
+
 def run(params: Mapping[str, Any]) -> _outcome.Outcome:
     """gpu_wait with `params` (the module's validated options; a null selection option was refused by the action
     plugin on the controller, and is None here as one left out)."""
     try:
-        _options.check_numbers(
-            positive=("driver_timeout",), at_most=_wait.BOUNDS, **{name: params[name] for name in NUMBERS}
-        )
+        _options.check(_options.GPU, params, NUMBERS)
         checked = _select.check_options(params)
     except _options.OptionError as exc:
         return _outcome.refused(str(exc))

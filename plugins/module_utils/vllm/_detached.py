@@ -26,7 +26,7 @@ import subprocess
 import time
 from typing import Any, Dict, Iterable, List, Literal, Mapping, Optional, Sequence, Tuple, TypedDict
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _proc, _terminate
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _options, _proc, _terminate
 
 
 # The lists of a stop that _terminate.end_until_gone fills: member dicts plus what befell each.
@@ -202,7 +202,11 @@ def start(
 
 
 def stop(
-    pidfile: str, grace_period: float = 30.0, kill_wait: float = 10.0, check_mode: bool = False, proc: str = "/proc"
+    pidfile: str,
+    grace_period: float = _options.DETACHED["grace_period"].default,
+    kill_wait: float = _options.DETACHED["kill_wait"].default,
+    check_mode: bool = False,
+    proc: str = "/proc",
 ) -> DetachedStop:
     """End every member of the session recorded in `pidfile` (SIGTERM, `grace_period` s, SIGKILL, `kill_wait` s).
 

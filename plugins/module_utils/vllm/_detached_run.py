@@ -17,12 +17,29 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _options,
 from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _detached
 
 
+def argument_spec() -> Dict[str, Any]:
+    """detached_process's argument spec (grace_period and kill_wait from _options.DETACHED)."""
+    spec: Dict[str, Dict[str, Any]] = dict(
+        state=dict(type="str", choices=["started", "stopped"], default="started"),
+        argv=dict(type="list", elements="str"),
+        pidfile=dict(type="path", required=True),
+        log_file=dict(type="path"),
+        environment=dict(type="dict", default={}),
+        environment_files=dict(type="list", elements="path", default=[]),
+        inherit_environment=dict(type="bool", default=True),
+        cwd=dict(type="path", default="/"),
+        **_options.spec(_options.DETACHED, "grace_period", "kill_wait"),
+    )
+    spec["grace_period"]["aliases"] = ["stop_timeout"]
+    return spec
+
+
 def run(params: Mapping[str, Any], check_mode: bool = False) -> _outcome.Outcome:
     """detached_process with `params` (the module's validated options)."""
     if params["state"] == "started" and not params["argv"]:
         return _outcome.refused("argv must not be empty")
     try:
-        _options.check_numbers(grace_period=params["grace_period"], kill_wait=params["kill_wait"])
+        _options.check(_options.DETACHED, params, ("grace_period", "kill_wait"))
     except _options.OptionError as exc:
         return _outcome.refused("nothing was signalled: %s" % exc)
     started = time.monotonic()

@@ -14,6 +14,7 @@ import socket
 import time
 from typing import Callable, Optional, Tuple, TypedDict
 
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _options
 from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._http import Client, VllmApiError, refused
 from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._metrics_text import RUNNING, Sample, server_load
 from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._server_metrics import metric_model_name, read_samples
@@ -59,7 +60,7 @@ def drain(
     client: Client,
     served_model_name: str,
     timeout: float,
-    poll_interval: float = 1.0,
+    poll_interval: float = _options.DRAIN["poll_interval"].default,
     sleep: Callable[[float], None] = time.sleep,
 ) -> Drained:
     """Poll the scheduler gauges until no request runs or waits, `timeout` seconds at most (0: one look).

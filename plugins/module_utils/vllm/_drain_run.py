@@ -19,10 +19,26 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _detache
 NUMBERS = ("timeout", "poll_interval", "request_timeout", "grace_period", "kill_wait")
 
 
+def argument_spec() -> Dict[str, Any]:
+    """vllm_drain's argument spec: the server's (_http.SERVER_ARGS), its number options from _options.DRAIN."""
+    spec = dict(
+        _http.SERVER_ARGS,
+        served_model_name=dict(type="str", aliases=["model"]),
+        pid=dict(type="int"),
+        pidfile=dict(type="path"),
+        fail_on_survivors=dict(type="bool", default=False),
+        start_ticks=dict(type="int"),
+        tree=dict(type="bool", default=False),
+        **_options.spec(_options.DRAIN, *NUMBERS),
+    )
+    spec["grace_period"]["aliases"] = ["stop_timeout"]
+    return spec
+
+
 def run(params: Mapping[str, Any], check_mode: bool = False) -> _outcome.Outcome:
     """vllm_drain with `params` (the module's validated options). Check mode drains with no wait and stops nothing."""
     try:
-        _options.check_numbers(positive=("poll_interval",), **{name: params[name] for name in NUMBERS})
+        _options.check(_options.DRAIN, params, NUMBERS)
         record = main_process(params)
     except (_options.OptionError, _detached.DetachedError) as exc:
         return _outcome.refused(str(exc))

@@ -25,6 +25,19 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import (
 from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _http, _vllm_stall
 
 
+def argument_spec() -> Dict[str, Any]:
+    """gpu_guard's argument spec (driver_timeout and max_used_mib from _options.GPU)."""
+    return dict(
+        gpus=dict(type="bool", default=True),
+        textfile=dict(type="path"),
+        inventory_hostname=dict(type="str"),
+        vllm_instances=dict(type="list", elements="dict", default=[]),
+        stall_seconds=dict(type="float", default=30.0),
+        request_timeout=dict(type="float", default=5.0),
+        **_options.spec(_options.GPU, "driver_timeout", "max_used_mib"),
+    )
+
+
 def run(params: Mapping[str, Any], check_mode: bool = False) -> _outcome.Outcome:
     """gpu_guard with `params` (the module's validated options): one look, its textfile (not in check mode)."""
     path = params["textfile"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _advice, _select, _wait
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _advice, _options, _select, _wait
 from polling import FakeClock
 
 
@@ -121,7 +121,10 @@ class Scripted:
         return self.views.pop(0) if len(self.views) > 1 else self.views[0]
 
 
-def wait(inspector, indices=None, timeout=10.0, max_used_mib=_wait.DEFAULT_MAX_USED_MIB, **selection):
+MAX_USED_MIB = _options.default("max_used_mib")
+
+
+def wait(inspector, indices=None, timeout=10.0, max_used_mib=MAX_USED_MIB, **selection):
     clock = FakeClock(1000.0)
     chosen = _select.Selection(indices, own_chain=OWN_CHAIN, **selection)
     result = _wait.wait_released(
