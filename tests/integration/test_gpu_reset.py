@@ -23,7 +23,7 @@ UNITS = (
 
 def host(simnode, gpus, **knobs):
     """A node with the GPU daemons' stand-ins running in their units; its unit PIDs."""
-    node = simnode(gpus=gpus, release_latency=0.1)
+    node = simnode(gpus=gpus, release_latency=0.1, nvidia_smi=True)
     if node.info.get("cgroup") is None:
         pytest.skip("this machine gives simulated nodes no owner cgroups: %s" % node.info.get("cgroup_unsupported"))
     node.set(**knobs)

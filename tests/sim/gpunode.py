@@ -905,7 +905,6 @@ def _populate_and_start(name: str, state: Path, conf: dict[str, str], driver: bo
     python = node_python()
     _write_executable(bin_dir / "vllm", _vllm_script(python))
     _write_executable(bin_dir / "systemctl", _systemctl_script(python, state))
-    _write_executable(bin_dir / "nvidia-smi", _nvidia_smi_script(python))
     refusal = cgroup_refusal()
     cgroup_root = None
     if refusal is None:
@@ -1351,6 +1350,11 @@ def _up(args: argparse.Namespace) -> int:
     if args.no_v3 and args.v3_32:
         raise GpunodeError("--no-v3 and --v3-32 exclude each other")
     info = create_node(args.name, conf, driver=not args.no_driver, reap=not args.no_reap, ssh=args.ssh)
+    if args.nvidia_smi:
+        # The simulated nvidia-smi (-pm, --gpu-reset) on the node's PATH (tests/sim/README.md, "Recovery").
+        _write_executable(Path(info["state_dir"]) / "bin" / "nvidia-smi", _nvidia_smi_script(node_python()))
+        info["nvidia_smi"] = True
+        _write_node_json(info)
     print(json.dumps(info, indent=2))
     return 0
 
@@ -1439,6 +1443,9 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--lost", default="", help="GPU indices that answer NVML_ERROR_GPU_IS_LOST")
     up.add_argument("--no-reap", action="store_true", help="init never reaps: zombies stay")
     up.add_argument("--ssh", action="store_true", help="run an sshd in the node on its own loopback address (root)")
+    up.add_argument(
+        "--nvidia-smi", action="store_true", help="put the simulated nvidia-smi (-pm, --gpu-reset) on the node's PATH"
+    )
     up.add_argument(
         "--mig",
         action="append",

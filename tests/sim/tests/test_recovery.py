@@ -48,7 +48,7 @@ def smi(node, *args):
 
 
 def test_the_driver_advice_and_a_reset_that_refuses_then_frees_the_leak(simnode):
-    node = simnode(gpus=3)
+    node = simnode(gpus=3, nvidia_smi=True)
     bus = [gpu["pci_bus_id"] for gpu in node.info["gpus"]]
     node.set(
         recovery_action="0:1,2:2",
@@ -91,7 +91,7 @@ def test_the_driver_advice_and_a_reset_that_refuses_then_frees_the_leak(simnode)
 
 
 def test_a_process_with_the_device_file_open_or_a_lost_gpu_refuses_the_reset(simnode):
-    node = simnode(gpus=2)
+    node = simnode(gpus=2, nvidia_smi=True)
     node.set(persistence="0:0,1:0")
     holder = nodetools.start_nvml_monitor(node)
     node.set(lost="1")
