@@ -15,7 +15,7 @@ import os
 import tempfile
 from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Literal, Mapping, Optional, Sequence, Tuple, cast
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _shapes
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _recovery, _shapes
 
 if TYPE_CHECKING:
     from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu._orphans import Orphan
@@ -53,17 +53,6 @@ FAMILIES = (
     ("vllm_requests_running", "Requests running in a vLLM instance at the end of the guard's watch."),
 )
 VLLM_STATES: Tuple[VllmState, ...] = ("healthy", "stalled", "down", "unknown")
-# nvmlDeviceGpuRecoveryAction_t in its order (as _recovery.ACTIONS; not imported: the textfile's code stays light).
-_RECOVERY_ACTIONS = (
-    "none",
-    "gpu_reset",
-    "node_reboot",
-    "drain_p2p",
-    "drain_and_reset",
-    "recover_imex_domain",
-    "bus_reset",
-    "system_reboot",
-)
 
 
 def escape(value: object) -> str:
@@ -122,8 +111,8 @@ def _recovery_samples(ident: Labels, recovery: Optional[Mapping[str, Any]], out:
     if not recovery:
         return
     action = recovery.get("action")
-    if action in _RECOVERY_ACTIONS:
-        out.setdefault("gpu_recovery_action", []).append((ident, _RECOVERY_ACTIONS.index(action)))
+    if action in _recovery.ACTIONS:
+        out.setdefault("gpu_recovery_action", []).append((ident, _recovery.ACTIONS.index(action)))
     counts: Dict[int, int] = {}
     for xid in recovery.get("xids") or []:
         counts[xid["xid"]] = counts.get(xid["xid"], 0) + 1

@@ -2054,15 +2054,25 @@ static nvmlReturn_t nvlink_peer(unsigned int i, unsigned int link, int *peer)
     return NVML_SUCCESS;
 }
 
+/* enter_device, then the far end of `link` (nvlink_peer); with `need_peer`, an inactive link answers NOT_SUPPORTED. */
+static nvmlReturn_t enter_link(const char *symbol, nvmlDevice_t device, unsigned int link, const void *out,
+                               int need_peer, unsigned int *i, int *peer)
+{
+    nvmlReturn_t rc = enter_device(symbol, device, i);
+    if (rc == NVML_SUCCESS && !out)
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (rc == NVML_SUCCESS)
+        rc = nvlink_peer(*i, link, peer);
+    if (rc == NVML_SUCCESS && need_peer && *peer < 0)
+        rc = NVML_ERROR_NOT_SUPPORTED;
+    return rc;
+}
+
 EXPORT nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned int link, nvmlEnableState_t *isActive)
 {
     unsigned int i;
     int peer;
-    nvmlReturn_t rc = enter_device(__func__, device, &i);
-    if (rc == NVML_SUCCESS && !isActive)
-        rc = NVML_ERROR_INVALID_ARGUMENT;
-    if (rc == NVML_SUCCESS)
-        rc = nvlink_peer(i, link, &peer);
+    nvmlReturn_t rc = enter_link(__func__, device, link, isActive, 0, &i, &peer);
     if (rc == NVML_SUCCESS)
         *isActive = peer >= 0 ? NVML_FEATURE_ENABLED : NVML_FEATURE_DISABLED;
     return leave(rc);
@@ -2072,13 +2082,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemoteDeviceType(nvmlDevice_t device, uns
 {
     unsigned int i;
     int peer;
-    nvmlReturn_t rc = enter_device(__func__, device, &i);
-    if (rc == NVML_SUCCESS && !type)
-        rc = NVML_ERROR_INVALID_ARGUMENT;
-    if (rc == NVML_SUCCESS)
-        rc = nvlink_peer(i, link, &peer);
-    if (rc == NVML_SUCCESS && peer < 0)
-        rc = NVML_ERROR_NOT_SUPPORTED;
+    nvmlReturn_t rc = enter_link(__func__, device, link, type, 1, &i, &peer);
     if (rc == NVML_SUCCESS)
         *type = 0; /* NVML_NVLINK_DEVICE_TYPE_GPU */
     return leave(rc);
@@ -2090,13 +2094,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t device, uns
 {
     unsigned int i;
     int peer;
-    nvmlReturn_t rc = enter_device(__func__, device, &i);
-    if (rc == NVML_SUCCESS && !pci)
-        rc = NVML_ERROR_INVALID_ARGUMENT;
-    if (rc == NVML_SUCCESS)
-        rc = nvlink_peer(i, link, &peer);
-    if (rc == NVML_SUCCESS && peer < 0)
-        rc = NVML_ERROR_NOT_SUPPORTED;
+    nvmlReturn_t rc = enter_link(__func__, device, link, pci, 1, &i, &peer);
     if (rc == NVML_SUCCESS)
         fill_pci((unsigned int)peer, pci);
     return leave(rc);
