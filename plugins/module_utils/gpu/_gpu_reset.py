@@ -12,25 +12,20 @@ from __future__ import annotations
 import os
 import shutil
 import socket
-import subprocess
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _gpus, _kernel_log, _recovery
 from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _reset_plan as plan
-from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _select
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _select, _stop_owners
 
 Result = Dict[str, Any]
 
 
 def _run(argv: List[str], timeout: float) -> Tuple[Optional[int], str]:
-    """(exit status, output) of `argv`; None as the status when it did not end within `timeout` seconds."""
-    try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
-    except subprocess.TimeoutExpired:
-        return None, ""
-    except OSError as exc:
-        return 127, str(exc)
-    return done.returncode, (done.stdout + done.stderr).strip()
+    """(exit status, output) of `argv`; None as the status when it did not end within `timeout` seconds (the one
+    bounded run of the collection, _stop_owners.run_bounded: AnsibleModule.run_command has no timeout)."""
+    code, out, err = _stop_owners.run_bounded(argv, timeout)
+    return code, (out + err).strip() if code is not None else ""
 
 
 def _look(params: Mapping[str, Any], recovery: bool) -> Dict[str, Any]:
