@@ -29,6 +29,7 @@ import os
 import subprocess
 import sys
 import traceback
+import typing
 import zipfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -535,13 +536,49 @@ class Report:
             self.problems.append("%s (%s): table %r, wheel %r" % (what, source, table, wheel_value))
 
 
+# Where each known release is named, file by file (CONTRIBUTING.md, "Adding a vLLM release"). The other tables hold what
+# a release changes from 0.33.0's: a fact of theirs that a release changes is named by the checks below, with its file.
+RELEASE_LISTS = (
+    ("plugins/module_utils/vllm/_vllm_versions.py", "VERSIONS", lambda tables: tables.versions.VERSIONS),
+    ("plugins/module_utils/vllm/_vllm_versions.py", "Release", lambda tables: typing.get_args(tables.versions.Release)),
+    ("tests/sim/simvllm/facts.py", "VERSIONS", lambda tables: tables.simulator.VERSIONS),
+)
+
+
+# The file of each table that a problem names (by a word of it), for the line "to change:" after the problems.
+TABLE_FILES = (
+    ("validator", "plugins/module_utils/vllm/_speculative_vllm.py (_CHANGES of the release)"),
+    ("simulator", "tests/sim/simvllm/facts.py"),
+    ("_vllm_server_facts", "plugins/module_utils/vllm/_vllm_server_facts.py"),
+    ("_metrics_text", "plugins/module_utils/vllm/_metrics_text.py"),
+    ("_vllm_checks", "plugins/plugin_utils/_vllm_checks.py"),
+)
+
+
+def files_to_change(problems):
+    """The files that the problems' tables are in, each once, in TABLE_FILES' order."""
+    named = [problem.split("): ", 1)[0] for problem in problems]
+    return [path for word, path in TABLE_FILES if any(word in what for what in named)]
+
+
+def missing_release(version, tables):
+    """Where the release `version` is not named yet, in words ("" when every list names it)."""
+    missing = {}
+    for path, name, names in RELEASE_LISTS:
+        if version not in names(tables):
+            missing.setdefault(path, []).append(name)
+    return "; ".join("add it to %s in %s" % (" and ".join(names), path) for path, names in missing.items())
+
+
 def check(wheel, tables):
     """The Report of one wheel: every table of the release it holds compared with its sources."""
     version = wheel_version(wheel)
     report = Report()
-    if version not in tables.versions.VERSIONS:
-        report.same(
-            "a known release (_vllm_versions.VERSIONS)", list(tables.versions.VERSIONS), version, "vllm/_version.py"
+    missing = missing_release(version, tables)
+    if missing:
+        report.problems.append(
+            'vllm %s (vllm/_version.py) is not a known release: %s (CONTRIBUTING.md, "Adding a vLLM release")'
+            % (version, missing)
         )
         return report
     check_fields(report, wheel, tables.validator.facts(version), tables.parse, tables.simulator.Release(version))
@@ -810,6 +847,8 @@ def check_wheel(path, tables):
         return 1
     for problem in report.problems:
         print("WRONG: %s" % problem)
+    for path in files_to_change(report.problems):
+        print("to change: %s" % path)
     print(
         "%d fact(s) checked against vllm %s: %s"
         % (report.checked, wheel_version(wheel), "%d wrong" % len(report.problems) if report.problems else "all agree")

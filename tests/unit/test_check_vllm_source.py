@@ -279,6 +279,27 @@ def test_a_release_without_tables_is_named(tmp_path):
     assert len(found) == 1 and "a known release" in found[0] and "0.35.0" in found[0], found
 
 
+def test_a_release_missing_from_one_list_names_the_file_to_change(tmp_path, monkeypatch):
+    monkeypatch.setattr(TABLES.simulator, "VERSIONS", ("0.32.0", "0.33.0"))
+    found = problems(tmp_path, _version_py=("'0.33.0'", "'0.34.0'"))
+    assert found == [
+        "vllm 0.34.0 (vllm/_version.py) is not a known release: add it to VERSIONS in tests/sim/simvllm/facts.py "
+        '(CONTRIBUTING.md, "Adding a vLLM release")'
+    ], found
+    found = problems(tmp_path, _version_py=("'0.33.0'", "'0.35.0'"))
+    assert "add it to VERSIONS and Release in plugins/module_utils/vllm/_vllm_versions.py; " in found[0], found
+
+
+def test_the_files_to_change_are_named_after_the_problems(tmp_path, capsys):
+    wheel = write_wheel(tmp_path, "0.32.0", envs_py=("'5'", "'7'"))
+    assert check_vllm_source.check_wheel(str(wheel), TABLES) == 2
+    out = capsys.readouterr().out
+    assert (
+        "to change: tests/sim/simvllm/facts.py\nto change: plugins/module_utils/vllm/_vllm_server_facts.py\n" in out
+    ), out
+    assert out.count("to change: ") == 2, out
+
+
 def test_main_checks_every_release_and_fails_on_one(tmp_path, capsys, monkeypatch):
     cache = tmp_path / "wheels"
     cache.mkdir()

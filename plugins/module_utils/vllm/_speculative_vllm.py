@@ -10,7 +10,7 @@ One table per fact, keyed by release: the vLLM 0.33.0 tables (_BASE) and what 0.
 vllm/config/speculative.py (SpeculativeConfig fields, SpeculativeMethod, MTPModelTypes, DraftSampleMethod,
 _verify_args, the method inference), vllm/v1/worker/gpu/spec_decode/speculator_config.py (0.34's method
 inference), vllm/engine/arg_utils.py (get_batch_defaults), vllm/envs.py (the V1 model runner's variable).
-Supporting a new vLLM release starts here: add its differences to _CHANGES and its version to VERSIONS.
+Adding a vLLM release: CONTRIBUTING.md, "Adding a vLLM release" (its differences go to _CHANGES).
 """
 
 from __future__ import annotations
