@@ -109,7 +109,7 @@ undone:
   returned: when something was run
   type: list
   elements: dict
-after:
+gpus_after:
   description: Each reset GPU after the reset (C(index), C(memory_used_mib), C(recovery)).
   returned: after a reset
   type: list

@@ -187,7 +187,9 @@ def shapes(result, name):
         for user in view["device_users"]:
             exactly(user, _shapes.DEVICE_USER_KEYS, "device user", optional=[_shapes.OWNER])
         for gpu in view["gpus"]:
-            exactly(gpu, _shapes.GPU_KEYS, "GPU")
+            exactly(gpu, _shapes.GPU_KEYS, "GPU", optional=[_shapes.RECOVERY])
+            if _shapes.RECOVERY in gpu:
+                exactly(gpu[_shapes.RECOVERY], _shapes.RECOVERY_KEYS, "recovery")
             for item in gpu["driver_processes"]:
                 exactly(item, _shapes.DRIVER_PROCESS_KEYS, "driver process")
             for item in gpu["foreign"]:
@@ -288,6 +290,8 @@ def run_every_module(node, inventory, tmp_path):
     run("detached_process", {"pidfile": server["pidfile"], "state": "stopped"})
     run("gpu_kill", {"gpus": [0], "wait": True, "wait_timeout": 30})
     run("gpu_wait", {"timeout": 10})
+    # Nothing to reset here (no memory that no process explains): its checks and steps are empty.
+    run("gpu_reset", {"own_pid_namespace": True})
     return runs
 
 

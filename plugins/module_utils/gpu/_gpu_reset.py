@@ -228,7 +228,7 @@ def _verify(
         code, output = _run(["systemctl", "is-active", unit], params["command_timeout"])
         if code != 0:
             problems.append("%s is %s, it was active" % (unit, output or "not active"))
-    result["after"] = [{"index": g["index"], "memory_used_mib": g.get("memory_used_mib"),
+    result["gpus_after"] = [{"index": g["index"], "memory_used_mib": g.get("memory_used_mib"),
                         "recovery": g.get("recovery")} for g in view["gpus"] if g["index"] in targets]  # fmt: skip
     if problems:
         step = "a GPU still unhealthy after a reset needs a power cycle: reboot the node, drain it first: %s" % (

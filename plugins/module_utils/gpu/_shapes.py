@@ -440,8 +440,11 @@ HOLDER_KEYS = keys_of(Holder)
 SNAPSHOT_HOLDER_KEYS = keys_of(SnapshotHolder)
 # Added to holders and device users where the snapshot reads owners (_owners.owner_of; its keys: _owners.OWNER_KEYS).
 OWNER = "owner"
+# Added to each GPU where the snapshot reads the driver's advice (recovery=True; _recovery.recovery).
+RECOVERY = "recovery"
 GPU_TABLE_KEYS = keys_of(GpuTable)
 GPU_KEYS = keys_of(Gpu)
+RECOVERY_KEYS = keys_of(Recovery)
 DRIVER_PROCESS_KEYS = keys_of(DriverProcess)
 FOREIGN_KEYS = keys_of(Foreign)
 MIG_DEVICE_KEYS = keys_of(MigDevice)
