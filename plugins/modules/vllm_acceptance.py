@@ -155,93 +155,15 @@ after:
   type: dict
 """
 
-from typing import Any, Mapping, Union
-
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _options
-from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _acceptance, _http
-
-# The result that judge() ends the module with.
-Judged = Union[_acceptance.Measured, _acceptance.Watched]
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _outcome
+from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _acceptance_run
 
 
 def main() -> None:
-    module = AnsibleModule(
-        argument_spec=dict(
-            _http.SERVER_ARGS,
-            prompts=dict(type="list", elements="str"),
-            max_tokens=dict(type="int", default=128, no_log=False),
-            min_acceptance_rate=dict(type="float"),
-            request_timeout=dict(type="float", default=120.0),
-            window=dict(type="float"),
-        ),
-        supports_check_mode=True,
-    )
-    params = module.params
-    prompts = params["prompts"] if params["prompts"] is not None else list(_acceptance.DEFAULT_PROMPTS)
-    if not prompts or params["max_tokens"] < 1:
-        module.fail_json(msg="the warm-up needs at least one prompt and max_tokens >= 1")
-    _options.refuse_bad_numbers(module, ("window", "request_timeout", "min_acceptance_rate"), positive=("window",))
-    if params["min_acceptance_rate"] is not None and params["min_acceptance_rate"] > 1:
-        module.fail_json(msg="min_acceptance_rate must be between 0 and 1, got %s" % params["min_acceptance_rate"])
-    client = _http.Client(params["url"], params["api_key"], params["request_timeout"], params["validate_certs"])
-    if params["window"] is not None:
-        watch(module, client, params)
-    try:
-        result = _acceptance.measure_acceptance(client, params["served_model_name"], prompts, params["max_tokens"])
-    except (_http.VllmApiError, ConnectionError) as exc:
-        module.fail_json(msg="%s: acceptance not measured: %s" % (params["url"], exc))
-    rate, mean = result["acceptance_rate"], result["mean_acceptance_length"]
-    if rate is None or mean is None:
-        module.fail_json(
-            msg="%s: no draft token was counted during the warm-up of %d completion(s): speculative decoding is not active"
-            % (params["url"], result["completions"]),
-            **result,
-        )
-        return
-    summary = "acceptance rate %.1f%% (%d of %d draft tokens), mean acceptance length %.2f, %s tok/s" % (
-        100 * rate,
-        result["accepted_tokens"],
-        result["draft_tokens"],
-        mean,
-        result["tokens_per_s"],
-    )
-    judge(module, params, rate, result, summary)
-
-
-def judge(module: AnsibleModule, params: Mapping[str, Any], rate: float, result: Judged, summary: str) -> None:
-    """Fail when `rate` (the result's acceptance rate) is below O(min_acceptance_rate), else exit with `summary`, in
-    both modes."""
-    threshold = params["min_acceptance_rate"]
-    if threshold is not None and rate < threshold:
-        module.fail_json(msg="%s: %s is below the minimum %.1f%%" % (params["url"], summary, 100 * threshold), **result)
-    module.exit_json(changed=False, msg="%s: %s" % (params["url"], summary), **result)
-
-
-def watch(module: AnsibleModule, client: _http.Client, params: Mapping[str, Any]) -> None:
-    """The O(window) mode: counters read twice, nothing sent."""
-    try:
-        result = _acceptance.watch_acceptance(client, params["served_model_name"], params["window"])
-    except (_http.VllmApiError, ConnectionError) as exc:
-        module.fail_json(msg="%s: acceptance not measured: %s" % (params["url"], exc))
-    rate, mean = result["acceptance_rate"], result["mean_acceptance_length"]
-    if rate is None or mean is None:
-        module.exit_json(
-            changed=False,
-            msg="%s: no draft in %.0f s: no speculative traffic to judge" % (params["url"], result["window_s"]),
-            **result,
-        )
-        return
-    summary = "acceptance rate %.1f%% (%d of %d draft tokens), mean acceptance length %.2f (%d drafts) over %.0f s" % (
-        100 * rate,
-        result["accepted_tokens"],
-        result["draft_tokens"],
-        mean,
-        result["drafts"],
-        result["window_s"],
-    )
-    judge(module, params, rate, result, summary)
+    module = AnsibleModule(argument_spec=_acceptance_run.argument_spec(), supports_check_mode=True)
+    _outcome.exit_with(module, _acceptance_run.run(module.params))
 
 
 if __name__ == "__main__":

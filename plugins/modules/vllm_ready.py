@@ -121,46 +121,15 @@ process_exited:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _options
-from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _detached, _http, _readiness
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _outcome
+from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _ready_run
 
 
 def main() -> None:
     module = AnsibleModule(
-        argument_spec=dict(
-            _http.SERVER_ARGS,
-            timeout=dict(type="float", default=600.0),
-            poll_interval=dict(type="float", default=2.0),
-            request_timeout=dict(type="float", default=30.0),
-            pid=dict(type="int"),
-            pidfile=dict(type="path"),
-            completion_max_tokens=dict(type="int", default=4, no_log=False),
-        ),
-        mutually_exclusive=[("pid", "pidfile")],
-        supports_check_mode=True,
+        argument_spec=_ready_run.argument_spec(), mutually_exclusive=[("pid", "pidfile")], supports_check_mode=True
     )
-    params = module.params
-    _options.refuse_bad_numbers(module, ("timeout", "poll_interval", "request_timeout", "completion_max_tokens"))
-    process = None if params["pid"] is None else params["pid"] or (0, 0)
-    if params["pidfile"]:
-        try:
-            process = _detached.read_pidfile(params["pidfile"]) or (0, 0)
-        except _detached.DetachedError as exc:
-            module.fail_json(msg=str(exc))
-    client = _http.Client(params["url"], params["api_key"], params["request_timeout"], params["validate_certs"])
-    ready = _readiness.wait_ready(
-        client,
-        params["served_model_name"],
-        params["timeout"],
-        params["poll_interval"],
-        process,
-        params["completion_max_tokens"],
-    )
-    msg = "%s: %s" % (params["url"], ready["msg"])
-    result = {key: value for key, value in ready.items() if key != "msg"}
-    if not ready["ready"]:
-        module.fail_json(msg=msg, **result)
-    module.exit_json(changed=False, msg=msg, **result)
+    _outcome.exit_with(module, _ready_run.run(module.params))
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@
 """The number options of every module, written once, and their one check: times in seconds and sizes in MiB.
 
 Each module family has one table of its number options (type, default, above 0 or not, largest value, one line of
-text): GPU for the GPU modules and the roles and playbooks that set them, DRAIN and DETACHED for the vLLM server's stop.
+text): GPU for the GPU modules and the roles and playbooks that set them, DRAIN, READY and DETACHED for a vLLM server.
 The modules' argument specs (`spec`), their checks (`check`), gpu_wait's action plugin and the role filters' defaults
 (`role_defaults`, plugins/filter/inputs.py) are built from them. The modules' DOCUMENTATION and the roles'
 meta/argument_specs.yml and defaults/main.yml say the same defaults: tests/unit/plugins/module_utils/test_option_table.py
@@ -87,6 +87,13 @@ DRAIN: Dict[str, Option] = {
     "request_timeout": Option("float", 10.0, "seconds one HTTP request may take in all"),
     "grace_period": Option("float", 60.0, "seconds from SIGTERM to SIGKILL"),
     "kill_wait": Option("float", 10.0, "seconds to wait for an exit after SIGKILL"),
+}
+# Waiting for a vLLM server to be ready (vllm_ready): a loaded model takes minutes.
+READY: Dict[str, Option] = {
+    "timeout": Option("float", 600.0, "seconds to wait for the server to be ready"),
+    "poll_interval": Option("float", 2.0, "seconds between two looks"),
+    "request_timeout": Option("float", 30.0, "seconds one HTTP request may take in all"),
+    "completion_max_tokens": Option("int", 4, "tokens of the completion that proves the server answers"),
 }
 DETACHED: Dict[str, Option] = {
     "grace_period": Option("float", 30.0, "seconds from SIGTERM to SIGKILL"),

@@ -42,7 +42,7 @@ def run(params: Mapping[str, Any], check_mode: bool = False) -> _outcome.Outcome
         record = main_process(params)
     except (_options.OptionError, _detached.DetachedError) as exc:
         return _outcome.refused(str(exc))
-    client = _http.Client(params["url"], params["api_key"], params["request_timeout"], params["validate_certs"])
+    client = _http.client_of(params)
     try:
         drained = _drain.drain(
             client, params["served_model_name"], 0 if check_mode else params["timeout"], params["poll_interval"]

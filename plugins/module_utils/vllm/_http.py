@@ -16,7 +16,7 @@ import signal
 import socket
 import ssl
 from http.client import HTTPException
-from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple, TypedDict
+from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Tuple, TypedDict
 from urllib.error import HTTPError, URLError
 from urllib.request import BaseHandler, HTTPSHandler, ProxyHandler, Request, build_opener
 
@@ -228,6 +228,11 @@ class Client:
         choices = answer.get("choices") or [{}]
         usage = answer.get("usage") or {}
         return choices[0].get("text", ""), int(usage.get("completion_tokens") or 0)
+
+
+def client_of(params: Mapping[str, Any]) -> Client:
+    """The Client of a module's options: SERVER_ARGS and request_timeout."""
+    return Client(params["url"], params["api_key"], params["request_timeout"], params["validate_certs"])
 
 
 def refused(exc: ConnectionError) -> bool:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, List, Literal, Optional, Tuple, TypedDict, TypeVar, Union
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _proc
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _options, _proc
 from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._http import Client, VllmApiError, brief
 
 # How far a look got: /health, /v1/models, the completion, or all of them (ready).
@@ -136,9 +136,9 @@ def wait_ready(
     client: Client,
     served_model_name: str,
     timeout: float,
-    poll_interval: float = 2.0,
+    poll_interval: float = _options.READY["poll_interval"].default,
     process: ProcessArg = None,
-    completion_max_tokens: int = 4,
+    completion_max_tokens: int = int(_options.READY["completion_max_tokens"].default),
     proc: str = "/proc",
 ) -> Readiness:
     """Poll until the server is ready (see module docstring), `timeout` seconds at most (0: one look).

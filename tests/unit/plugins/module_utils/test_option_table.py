@@ -28,6 +28,7 @@ MODULES = {
     "vllm_server_host": (GPU, ("driver_timeout", "max_used_mib")),
     "vllm_drain": (DRAIN, tuple(DRAIN)),
     "detached_process": (DETACHED, tuple(DETACHED)),
+    "vllm_ready": (_options.READY, tuple(_options.READY)),
 }
 # The code that builds on the tables: none of it may write one of their defaults again.
 CODE = [
@@ -35,6 +36,7 @@ CODE = [
     *(path for path in (ROOT / "plugins/module_utils/gpu").glob("*.py") if path.name != "_options.py"),
     *(ROOT / "plugins/module_utils/vllm" / name for name in ("_drain_run.py", "_detached_run.py", "_detached.py")),
     *(ROOT / "plugins/module_utils/vllm" / name for name in ("_guard.py", "_stop.py", "_drain.py")),
+    *(ROOT / "plugins/module_utils/vllm" / name for name in ("_ready_run.py", "_readiness.py")),
     ROOT / "plugins/filter/inputs.py",
     ROOT / "plugins/action/gpu_wait.py",
     ROOT / "plugins/action/gpu_kill.py",
@@ -72,7 +74,7 @@ def copies(source, path="<source>"):
     table default: `name=dict(..., default=10.0)`, `{"name": {"default": 10.0}}`, `def f(name: float = 10.0)`,
     `numbers(..., reset_gpus_grace_period=10)`."""
     defaults = {}
-    for table in (GPU, DRAIN, DETACHED):
+    for table in (GPU, DRAIN, DETACHED, _options.READY):
         for name, option in table.items():
             defaults.setdefault(name, set()).add(option.default)
     for variable, number in _options.role_defaults(*_options.ROLE_NUMBERS).items():
