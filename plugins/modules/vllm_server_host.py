@@ -149,8 +149,9 @@ servers:
       C(cuda_visible_devices) (the one variable read from its environment), C(listen) (C([address, port]) of each
       listening socket), C(model), C(served_model_name), C(tensor_parallel_size), C(data_parallel_size) (from its
       command line), C(tree) (its descendants' PIDs), C(holders), C(gpus) and C(mig) (what its tree holds, as in
-      C(nvidia)), C(systemd_unit).
-    - C(recorded_by) - the deployed instance whose pidfile or unit it is, or null for a server the role did not start.
+      C(nvidia)), C(systemd_unit), C(container_id) (the container its cgroup names, or null).
+    - C(recorded_by) - the deployed instance whose pidfile, unit or container it is, or null for a server the role did
+      not start.
   returned: always
   type: list
   elements: dict

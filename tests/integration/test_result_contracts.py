@@ -292,7 +292,25 @@ def run_every_module(node, inventory, tmp_path):
     run("gpu_wait", {"timeout": 10})
     # Nothing to reset here (no memory that no process explains): its checks and steps are empty.
     run("gpu_reset", {"own_pid_namespace": True})
+    # vllm_container against a stand-in podman on the node's PATH that answers `container inspect` as podman 4.3.1 does
+    # (the real podman: test_vllm_podman.py): a container that is not there, one that runs (check mode), a start.
+    standin = node.state_dir / "bin" / "podman"
+    standin.write_text(STANDIN_PODMAN)
+    standin.chmod(0o755)
+    run("vllm_container", {"runtime": "podman", "name": "vllm-gone", "state": "absent"})
+    run("vllm_container", {"runtime": "podman", "name": "vllm-m", "state": "absent", "timeout": 5}, check=True)
+    run("vllm_container", {"runtime": "podman", "name": "vllm-gone", "argv": ["run", "-d", "img"]}, check=True)
     return runs
+
+
+STANDIN_PODMAN = """#!/bin/sh
+case "$1 $2 $3" in
+  "container inspect vllm-m") echo '[{"Id": "%s", "Image": "%s", "ImageName": "localhost/m:1",
+    "State": {"Status": "running", "Running": true, "Pid": 1, "ExitCode": 0}, "Config": {"Labels": {}}}]' ;;
+  "container inspect "*) echo "Error: no such container $3" >&2; exit 125 ;;
+  *) exit 1 ;;
+esac
+""" % ("ab" * 32, "cd" * 32)
 
 
 def test_every_module_returns_what_its_documentation_says(simnode, tmp_path):
