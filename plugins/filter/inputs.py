@@ -30,6 +30,7 @@ from ansible.module_utils.parsing.convert_bool import boolean
 from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _options
 from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu._nothing import blank, names_nothing
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils._numbers import Refused, numbers, shown
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils._tags import renamed
 
 # PyYAML ships no type information (types-PyYAML is not installed).
 import yaml  # type: ignore[import-untyped]
@@ -417,4 +418,5 @@ class FilterModule(object):
             "check_gpus_plan": check_gpus_plan,
             "no_hosts": no_hosts,
             "plan_options": plan_options,
+            "renamed_tags": renamed,
         }

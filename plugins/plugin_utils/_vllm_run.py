@@ -19,6 +19,8 @@ from __future__ import annotations
 import base64
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils._tags import renamed
+
 # The run-state of one instance (roles/vllm_server/tasks/compare.yml sets it, each phase notes what it needs to):
 #   reasons     the reasons to restart (the plan's), [] for an instance left as it is
 #   cfg, url, unit_text, api_key, stop  what runs next: the new configuration, or in a rollback the previous one;
@@ -199,10 +201,20 @@ def restores(found: Optional[Sequence[Mapping[str, Any]]], planned: Mapping[str,
     return entry.get("action") == "redeployed" or str(entry.get("rollback") or "").startswith("rolled back")
 
 
-# The tags of the role's phases (docs/vllm_server.md, "Phases and tags"). A redeploy runs drain, stop, free and start
-# together or not at all: a server stopped and not started again, or started on GPUs still held, is no selection.
+def files(value: Mapping[str, Any], api_key: Optional[str] = None) -> Dict[str, Any]:
+    """What vllm_server_files writes for an instance (roles/vllm_server/tasks/files.yml): {"cfg", "api_key", "unit"}
+    of a run-state (_vllm_server_run: its "api_key" and "unit_text") or of a plan entry (_vllm_server_this: its "unit",
+    and `api_key` as the instance gives it)."""
+    if "unit_text" in value:
+        return {"cfg": value["cfg"], "api_key": value["api_key"], "unit": value["unit_text"]}
+    return {"cfg": value["cfg"], "api_key": api_key, "unit": value.get("unit")}
+
+
+# The role's phases; each phase's tag is its name prefixed with the role's (docs/vllm_server.md, "Phases and tags"). A
+# redeploy runs drain, stop, free and start together or not at all: a server stopped and not started again, or started
+# on GPUs still held, is no selection.
 PHASES = ("preflight", "drain", "stop", "free", "start", "gate", "rollback")
-REDEPLOY = ("drain", "stop", "free", "start")
+REDEPLOY = ("vllm_server_drain", "vllm_server_stop", "vllm_server_free", "vllm_server_start")
 
 
 def _selected(tag: str, run_tags: Sequence[str], skip_tags: Sequence[str]) -> bool:
@@ -215,11 +227,16 @@ def phases(run_tags: Optional[Sequence[str]], skip_tags: Optional[Sequence[str]]
     and "problem" (why the selection is refused, "" when it is not)."""
     run_tags, skip_tags = list(run_tags or ["all"]), list(skip_tags or [])
     redeploy = [tag for tag in REDEPLOY if _selected(tag, run_tags, skip_tags)]
-    problem = ""
-    if "preflight" in skip_tags:
-        problem = "--skip-tags preflight: the checks and the comparison come before every other phase"
-    elif "rollback" in skip_tags and redeploy:
-        problem = "--skip-tags rollback: set vllm_server_rollback to false to leave a failed configuration as it is"
+    problem = renamed(run_tags, skip_tags, "vllm_server", PHASES)
+    if problem:
+        redeploy = []
+    elif "vllm_server_preflight" in skip_tags:
+        problem = "--skip-tags vllm_server_preflight: the checks and the comparison come before every other phase"
+    elif "vllm_server_rollback" in skip_tags and redeploy:
+        problem = (
+            "--skip-tags vllm_server_rollback: set vllm_server_rollback to false to leave a failed configuration as "
+            "it is"
+        )
     elif redeploy and len(redeploy) < len(REDEPLOY):
         problem = "--tags selects %s of the phases %s, which run together: select all of them, or preflight alone" % (
             ", ".join(redeploy),

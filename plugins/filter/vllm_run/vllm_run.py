@@ -27,4 +27,5 @@ class FilterModule:
             "attempts": _vllm_run.attempts,
             "restores": _vllm_run.restores,
             "phases": _vllm_run.phases,
+            "files": _vllm_run.files,
         }

@@ -243,3 +243,24 @@ def test_plan_options_gives_the_options_or_an_undefined_that_carries_the_refusal
     assert isinstance(value, jinja2.Undefined)
     with pytest.raises(jinja2.UndefinedError, match="^check_gpus: nothing was checked: .*check_gpus_wait=-1"):
         str(value)
+
+
+@pytest.mark.parametrize(
+    "run_tags, skip_tags, words",
+    [
+        (["all"], [], ""),
+        (["reset_gpus_stop"], ["reset_gpus_report"], ""),
+        (["stop"], [], "tag stop is reset_gpus_stop"),
+        (["all"], ["report", "free"], "tag report is reset_gpus_report; tag free is reset_gpus_free"),
+    ],
+)
+def test_a_bare_tag_of_before_is_refused_with_its_new_name(run_tags, skip_tags, words):
+    refusal = inputs.FilterModule().filters()["renamed_tags"](
+        run_tags, skip_tags, "reset_gpus", ["preflight", "stop", "free", "report"]
+    )
+    assert refusal.endswith(words) and bool(refusal) == bool(words), refusal
+    if words:
+        assert refusal.startswith(
+            "the tags of reset_gpus are prefixed with its name now (reset_gpus_preflight, reset_gpus_stop, "
+            "reset_gpus_free, reset_gpus_report): "
+        )

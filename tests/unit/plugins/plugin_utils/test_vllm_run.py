@@ -129,14 +129,31 @@ def test_attempts_and_restores():
     "run_tags, skip_tags, dry, refused",
     [
         (["all"], [], False, ""),
-        (["preflight"], [], True, ""),
-        (["all"], ["gate"], False, ""),
-        (["stop"], [], False, "--tags selects stop"),
-        (["all"], ["preflight"], False, "--skip-tags preflight"),
-        (["all"], ["rollback"], False, "--skip-tags rollback"),
-        (["preflight", "drain", "stop", "free", "start"], [], False, ""),
+        (["vllm_server_preflight"], [], True, ""),
+        (["all"], ["vllm_server_gate"], False, ""),
+        (["vllm_server_stop"], [], False, "--tags selects vllm_server_stop"),
+        (["all"], ["vllm_server_preflight"], False, "--skip-tags vllm_server_preflight"),
+        (["all"], ["vllm_server_rollback"], False, "--skip-tags vllm_server_rollback"),
+        (["vllm_server_" + p for p in ("preflight", "drain", "stop", "free", "start")], [], False, ""),
+        # The bare tags of before select nothing now: refused, with their new names, and nothing runs.
+        (["preflight", "drain", "stop", "free", "start"], [], True, "the tags of vllm_server are prefixed"),
+        (["all"], ["gate"], True, "the tags of vllm_server are prefixed"),
     ],
 )
 def test_the_tags_select_whole_phases(run_tags, skip_tags, dry, refused):
     found = r.phases(run_tags, skip_tags)
     assert found["dry"] == dry and found["problem"].startswith(refused) and bool(found["problem"]) == bool(refused)
+
+
+def test_a_bare_tag_of_before_is_refused_with_its_new_name():
+    assert r.phases(["stop"], ["gate"])["problem"] == (
+        "the tags of vllm_server are prefixed with its name now (vllm_server_preflight, vllm_server_drain, "
+        "vllm_server_stop, vllm_server_free, vllm_server_start, vllm_server_gate, vllm_server_rollback): "
+        "tag stop is vllm_server_stop; tag gate is vllm_server_gate"
+    )
+
+
+def test_an_instances_files_come_from_its_run_state_or_its_plan():
+    run = {"cfg": {"argv": ["vllm"]}, "api_key": "k", "unit_text": "[Unit]", "url": "u"}
+    assert r.files(run) == {"cfg": {"argv": ["vllm"]}, "api_key": "k", "unit": "[Unit]"}
+    assert r.files({"cfg": {}, "unit": None, "reasons": []}, "given") == {"cfg": {}, "api_key": "given", "unit": None}
