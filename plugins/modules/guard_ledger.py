@@ -108,37 +108,14 @@ lines:
   elements: str
 """
 
-import time
-
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _options
-from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _guard_ledger
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _guard_ledger, _outcome
 
 
 def main() -> None:
-    module = AnsibleModule(
-        argument_spec=dict(
-            state_dir=dict(type="path", required=True),
-            log=dict(type="path", required=True),
-            claim_hosts=dict(type="list", elements="str", default=[]),
-            mode=dict(type="str", choices=["check", "remediate"], default="check"),
-            interval=dict(type="float", default=3600.0),
-            entries=dict(type="list", elements="dict", default=[]),
-            decided=dict(type="list", elements="dict", default=[]),
-            take_inbox=dict(type="bool", default=False),
-            screen=dict(type="dict"),
-        ),
-        supports_check_mode=True,
-    )
-    _options.refuse_bad_numbers(module, ("interval",))
-    try:
-        result = _guard_ledger.run(module.params, time.time())
-    except OSError as exc:
-        module.fail_json(
-            msg="the guard's ledger %s or log %s: %s" % (module.params["state_dir"], module.params["log"], exc)
-        )
-    module.exit_json(**result)
+    module = AnsibleModule(argument_spec=_guard_ledger.argument_spec(), supports_check_mode=True)
+    _outcome.exit_with(module, _guard_ledger.run(module.params))
 
 
 if __name__ == "__main__":

@@ -207,53 +207,21 @@ cdi:
   elements: str
 """
 
-from typing import Dict
-
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _options
-from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _advice, _gpus
-from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _vllm_host
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _gpus, _outcome
+from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _host_run
 
 
 def main() -> None:
-    module = AnsibleModule(
-        argument_spec=dict(
-            instances=dict(type="list", elements="dict", required=True),
-            paths=dict(type="list", elements="path", default=[]),
-            executables=dict(type="list", elements="path", default=[]),
-            drafters=dict(type="list", elements="dict", default=[]),
-            images=dict(type="list", elements="dict", default=[]),
-            config_dir=dict(type="path", required=True),
-            state_dir=dict(type="path", required=True),
-            log_dir=dict(type="path", required=True),
-            unit_prefix=dict(type="str", default="vllm-"),
-            systemd_dir=dict(type="path", default="/etc/systemd/system"),
-            request_timeout=dict(type="float", default=5.0),
-            **_options.spec(_options.GPU, "max_used_mib", "driver_timeout"),
-        ),
-        supports_check_mode=True,
+    module = AnsibleModule(argument_spec=_host_run.argument_spec(), supports_check_mode=True)
+    outcome = _host_run.run(
+        module.params,
+        module.run_command,
+        module.get_bin_path,
+        lambda: _gpus.check_libraries(module, missing_required_lib),
     )
-    _options.refuse_bad_numbers(
-        module, ("request_timeout", "max_used_mib", "driver_timeout"), positive=("driver_timeout",)
-    )
-    _gpus.check_libraries(module, missing_required_lib)
-
-    def systemctl(unit: str) -> Dict[str, str]:
-        binary = module.get_bin_path("systemctl")
-        if binary is None:
-            return {}
-        rc, out, _err = module.run_command([binary, "show", "--property=LoadState,ActiveState,MainPID", unit])
-        return dict(line.split("=", 1) for line in out.splitlines() if "=" in line) if rc == 0 else {}
-
-    inspector = _gpus.Inspector(driver_timeout=module.params["driver_timeout"])
-    try:
-        result = _vllm_host.read_host(module.params, inspector, systemctl)
-    finally:
-        inspector.close()
-    for note in _advice.exited_notes(result["nvidia"]) + result["nvidia"]["scan_problems"]:
-        module.warn(note)
-    module.exit_json(changed=False, **result)
+    _outcome.exit_with(module, outcome)
 
 
 if __name__ == "__main__":

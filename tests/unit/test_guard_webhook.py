@@ -41,7 +41,7 @@ def test_calls_wait_in_the_inbox_and_one_event_wakes_one_run(tmp_path):
             assert answer.status == 200
         # The first call found the inbox empty: one event; the two after it wait for the run that event starts.
         assert queue.qsize() == 1 and queue.get_nowait() == {"guard_inbox": {"waiting": 1}}
-        taken = _guard_ledger.run(ledger_params(tmp_path, tmp_path / "guard.jsonl", take_inbox=True), 1000.0)
+        taken = _guard_ledger.act(ledger_params(tmp_path, tmp_path / "guard.jsonl", take_inbox=True), 1000.0)
         assert [call["groupKey"] for call in taken["calls"]] == [0, 1, 2] and taken["lines"] == []
         # Taken: the next call wakes the next run.
         await client.post("/alerts", json={"alerts": []}, headers=TOKEN)
@@ -63,7 +63,7 @@ def test_rejected_calls_end_in_a_log_line(tmp_path):
 
     asyncio.run(_posting(tmp_path, steps, max_bytes=1024))
     log = tmp_path / "guard.jsonl"
-    taken = _guard_ledger.run(ledger_params(tmp_path, log, take_inbox=True), 1000.0)
+    taken = _guard_ledger.act(ledger_params(tmp_path, log, take_inbox=True), 1000.0)
     assert taken["calls"] == []
     lines = [json.loads(line) for line in log.read_text().splitlines()]
     assert [line["why"] for line in lines] == [
@@ -82,8 +82,8 @@ def test_decided_processes_and_taken_slots_are_refused_without_a_look(tmp_path):
     }
     refused = {"host": "gpu07", "mode": "check", "pid": 11, "start_ticks": 500, "why": "not an orphaned holder now"}
     log = tmp_path / "guard.jsonl"
-    _guard_ledger.run(ledger_params(tmp_path, log, decided=[refused], claim_hosts=["gpu08"]), 1000.0)
-    found = _guard_ledger.run(ledger_params(tmp_path, log, screen=named), 1100.0)
+    _guard_ledger.act(ledger_params(tmp_path, log, decided=[refused], claim_hosts=["gpu08"]), 1000.0)
+    found = _guard_ledger.act(ledger_params(tmp_path, log, screen=named), 1100.0)
     assert found["hosts"] == {"gpu09": named["gpu09"]}
     whys = {line["host"]: line["why"] for line in map(json.loads, found["lines"])}
     assert whys == {
@@ -92,5 +92,5 @@ def test_decided_processes_and_taken_slots_are_refused_without_a_look(tmp_path):
     }
     assert found["lines"][0].startswith('{"alerts": [{"fingerprint": "a"}]')
     # Another mode, or guard_interval later: looked at again.
-    assert _guard_ledger.run(ledger_params(tmp_path, log, screen=named, mode="remediate"), 1100.0)["hosts"] == named
-    assert _guard_ledger.run(ledger_params(tmp_path, log, screen=named), 1600.0)["hosts"] == named
+    assert _guard_ledger.act(ledger_params(tmp_path, log, screen=named, mode="remediate"), 1100.0)["hosts"] == named
+    assert _guard_ledger.act(ledger_params(tmp_path, log, screen=named), 1600.0)["hosts"] == named

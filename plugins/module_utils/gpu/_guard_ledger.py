@@ -22,7 +22,10 @@ import datetime
 import fcntl
 import json
 import os
+import time
 from typing import IO, Any, Dict, Iterable, List, Mapping, Optional, Tuple
+
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _options, _outcome
 
 STATE = "last_remediation.json"
 DECIDED = "decided.json"
@@ -185,7 +188,34 @@ def _inbox(state_dir: str) -> Tuple[List[Any], List[Dict[str, Any]]]:
     return calls, entries
 
 
-def run(params: Mapping[str, Any], now: float) -> Dict[str, Any]:
+def argument_spec() -> Dict[str, Any]:
+    """guard_ledger's argument spec."""
+    return dict(
+        state_dir=dict(type="path", required=True),
+        log=dict(type="path", required=True),
+        claim_hosts=dict(type="list", elements="str", default=[]),
+        mode=dict(type="str", choices=["check", "remediate"], default="check"),
+        interval=dict(type="float", default=3600.0),
+        entries=dict(type="list", elements="dict", default=[]),
+        decided=dict(type="list", elements="dict", default=[]),
+        take_inbox=dict(type="bool", default=False),
+        screen=dict(type="dict"),
+    )
+
+
+def run(params: Mapping[str, Any]) -> _outcome.Outcome:
+    """One run of guard_ledger with `params` (the module's validated options), now."""
+    try:
+        _options.check_numbers(interval=params["interval"])
+    except _options.OptionError as exc:
+        return _outcome.refused(str(exc))
+    try:
+        return _outcome.Outcome(act(params, time.time()))
+    except OSError as exc:
+        return _outcome.refused("the guard's ledger %s or log %s: %s" % (params["state_dir"], params["log"], exc))
+
+
+def act(params: Mapping[str, Any], now: float) -> Dict[str, Any]:
     """The module guard_ledger: take the inbox, screen, claim, log and remember, in this order, as its options
     (`params`) ask; its result."""
     state_dir, mode, interval = params["state_dir"], params["mode"], params["interval"]
