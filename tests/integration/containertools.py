@@ -66,6 +66,17 @@ runroot = "%(run)s/runroot"
 RUN_OPTIONS = ["--ulimit", "nofile=4096:4096", "--ulimit", "nproc=4096:4096"]
 
 
+def require_podman():
+    """Skip the test where podman cannot run here, or fail it where CI is set (CONTRIBUTING.md, "Tests that skip")."""
+    import pytest
+
+    missing = podman_missing()
+    if missing:
+        if os.environ.get("CI"):
+            pytest.fail(missing)
+        pytest.skip(missing)
+
+
 def podman_missing():
     """Why podman cannot run here, or None."""
     if not os.path.exists(PODMAN) or not os.path.exists("/usr/sbin/runc"):

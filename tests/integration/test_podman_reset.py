@@ -16,7 +16,7 @@ import os
 import pytest
 
 from ansible_run import REPO, module, only, playbook
-from containertools import IMAGE, RUN_OPTIONS, PodmanHost, podman_missing
+from containertools import IMAGE, RUN_OPTIONS, PodmanHost, require_podman
 from nodetools import gpu_memory, health, processes
 from polling import wait_for
 from ports import free_ports
@@ -31,11 +31,7 @@ KEEP_ALIVE = ["/bin/sh", "-c", 'vllm serve "$@" & exec sleep infinity', "sh"]
 
 @pytest.fixture
 def podman_node(simnode, tmp_path):
-    missing = podman_missing()
-    if missing:
-        if os.environ.get("CI"):
-            pytest.fail(missing)
-        pytest.skip(missing)
+    require_podman()
     node = simnode(gpus=2, release_latency=0.2)
     if node.info.get("cgroup") is None:
         pytest.skip("no cgroups of its own for the node: %s" % node.info.get("cgroup_unsupported"))

@@ -17,7 +17,7 @@ import json
 
 import pytest
 
-from containertools import IMAGE, RUN_OPTIONS, PodmanHost, podman_missing
+from containertools import IMAGE, RUN_OPTIONS, PodmanHost, require_podman
 from nodetools import processes
 from ports import free_ports
 from simnode import inventory_file
@@ -48,13 +48,7 @@ CDI_SPEC = {
 
 @pytest.fixture
 def podman_node(simnode, tmp_path):
-    missing = podman_missing()
-    if missing:
-        import os
-
-        if os.environ.get("CI"):
-            pytest.fail(missing)
-        pytest.skip(missing)
+    require_podman()
     node = simnode(gpus=2, release_latency=0.2)
     host = PodmanHost(node, tmp_path)
     node.exec("sh", "-c", "mkdir -p /run/cdi && cat > /run/cdi/nvidia.json", input=json.dumps(CDI_SPEC))

@@ -436,10 +436,8 @@ def beyond_words(item: Mapping[str, Any], check_mode: bool) -> str:
     """An owner that stop_owners stops (or reports) and its processes beyond the selection, in words:
     "stopped systemd unit vllm@a.service, and with it, beyond the selection: PID 8 (python3) holds GPU 4, outside
     the selection"."""
-    if item["kind"] == "unit":
+    if item["kind"] == "unit" or item.get("stops"):
         what = "would stop" if check_mode else "stopped"
-    elif item.get("stops"):
-        what = "%s %s would stop" % (item["command"], "(would run)" if check_mode else "(run)")
     else:
         what = "%s (reported, not run) would stop" % item["command"]
     return "%s %s, and with it, beyond the selection: %s" % (
@@ -471,16 +469,17 @@ def unit_lines(kill: Mapping[str, Any], check_mode: bool) -> List[str]:
     lines = []
     for unit in units:
         line = "  %s systemd unit %s first (stop_owners)" % ("would stop" if check_mode else "stopped", unit)
-        processes = (kill.get("unit_processes") or {}).get(unit)
-        if processes:
-            line += ", %s %s" % (
-                "ending" if check_mode else "which ended",
-                ", ".join(_member_words(p, check_mode) for p in processes),
-            )
-        elif processes is not None:
-            line += "; its processes could not be read before the stop"
-        lines.append(line)
+        lines.append(line + _ending((kill.get("unit_processes") or {}).get(unit), check_mode))
     return lines + container_lines(kill, check_mode)
+
+
+def _ending(processes: Optional[List[Mapping[str, Any]]], check_mode: bool) -> str:
+    """What a stop ends, after the owner's words: ", ending PID ..." (check mode), ", which ended PID ...", or that its
+    processes could not be read; "" where the stop was not planned with them."""
+    if processes:
+        verb = "ending" if check_mode else "which ended"
+        return ", %s %s" % (verb, ", ".join(_member_words(p, check_mode) for p in processes))
+    return "; its processes could not be read before the stop" if processes is not None else ""
 
 
 def container_lines(kill: Mapping[str, Any], check_mode: bool) -> List[str]:
@@ -496,15 +495,7 @@ def container_lines(kill: Mapping[str, Any], check_mode: bool) -> List[str]:
             container["id"][: _owners.CONTAINER_PREFIX_MIN],
             container["command"],
         )
-        processes = (kill.get("container_processes") or {}).get(container["id"])
-        if processes:
-            line += ", %s %s" % (
-                "ending" if check_mode else "which ended",
-                ", ".join(_member_words(p, check_mode) for p in processes),
-            )
-        elif processes is not None:
-            line += "; its processes could not be read before the stop"
-        lines.append(line)
+        lines.append(line + _ending((kill.get("container_processes") or {}).get(container["id"]), check_mode))
     return lines
 
 
