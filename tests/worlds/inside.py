@@ -1,8 +1,8 @@
-"""One world's runs inside its node (run there with the venv's Python: `python inside.py ARGS_JSON`).
+"""One world's runs inside its node (run there with the venv's Python: `python inside.py ARGS_JSON [plant|truth]`).
 
 Reads the simulator's truth (what tests/worlds/oracle.py judges by), then runs the collection's modules as Ansible
 runs them (module main() with its arguments, tests/module_main.py's way): gpu_facts, gpu_kill in check mode, gpu_kill,
-gpu_kill again. Prints one JSON object.
+gpu_kill again. Prints one JSON object. `plant` only plants (the playbooks then decide), `truth` only reads the truth.
 """
 
 from __future__ import annotations
@@ -178,19 +178,43 @@ def resolve(selection, manifest, node):
 
 
 def main():
+    if sys.argv[2:] == ["truth"]:
+        json.dump(truth(), sys.stdout)
+        return
     spec = json.loads(_read(sys.argv[1]))
+    if sys.argv[2:] == ["plant"]:  # a world the playbooks decide (world.run_playbook_world)
+        cleanup()
+        os.makedirs(WORLD + "/sig", exist_ok=True)
+        manifest = plant_world(spec["world"])
+        json.dump(
+            {"manifest": manifest, "args": resolve(spec["selection"], manifest, spec["node"]), "before": truth()},
+            sys.stdout,
+        )
+        return
+    clock = [time.monotonic()]
+    seconds = {}
+
+    def lap(name):
+        clock.append(time.monotonic())
+        seconds[name] = round(clock[-1] - clock[-2], 3)
+
     cleanup()
     os.makedirs(WORLD + "/sig", exist_ok=True)
     manifest = plant_world(spec["world"])
     args = resolve(spec["selection"], manifest, spec["node"])
-    out = {"manifest": manifest, "args": args, "before": truth()}
+    out = {"manifest": manifest, "args": args, "before": truth(), "phases": seconds}
+    lap("plant")
     out["facts"] = run(gpu_facts, {})
+    lap("facts")
     out["check"] = run(gpu_kill, dict(args, _ansible_check_mode=True))
     out["after_check"] = {"signals": signals()}
+    lap("check")
     out["kill"] = run(gpu_kill, args)
     out["after"] = truth()
+    lap("kill")
     out["again"] = run(gpu_kill, args)
     out["last"] = truth()
+    lap("again")
     json.dump(out, sys.stdout)
 
 

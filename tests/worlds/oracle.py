@@ -13,7 +13,14 @@ import os
 import re
 
 # The daemons gpu_kill leaves alone by default, known by what they run (docs: gpu_kill, "protected").
-PROTECTED = {"nvidia-persistenced", "nv-hostengine", "dcgm-exporter", "nvidia-fabricmanager"}
+PROTECTED = {
+    "nvidia-persistenced",
+    "nv-hostengine",
+    "dcgm-exporter",
+    "nvidia-fabricmanager",
+    "nvidia-cuda-mps-control",
+    "nvidia-cuda-mps-server",
+}
 USERS = {"root": 0, "nobody": 65534}
 
 
@@ -38,7 +45,8 @@ def context_lines(contexts: dict) -> dict:
 
 
 def holders(truth: dict, minors: list) -> dict:
-    """{pid: {index: set of MIG instance ids (None: the whole GPU)}} of live holders."""
+    """{pid: {index: set of MIG instance ids (None: the whole GPU)}} of live holders. An MPS client keeps its token on
+    /dev/nvidiactl: it holds every GPU its context has a line for."""
     tokens = context_lines(truth["contexts"])
     index_of = {"/dev/nvidia%d" % minor: index for index, minor in enumerate(minors)}
     out: dict = {}
@@ -46,11 +54,13 @@ def holders(truth: dict, minors: list) -> dict:
         if process["state"] in ("Z", "X"):
             continue
         for path, position in process["fds"]:
-            index = index_of.get(path)
             lines = tokens.get(position)
-            if index is None or lines is None or index not in lines:
+            if lines is None:
                 continue
-            out.setdefault(int(pid), {}).setdefault(index, set()).add(lines[index])
+            indices = list(lines) if path == "/dev/nvidiactl" else [index_of.get(path)]
+            for index in indices:
+                if index in lines:
+                    out.setdefault(int(pid), {}).setdefault(index, set()).add(lines[index])
     return out
 
 

@@ -10,7 +10,11 @@ Kinds (world["procs"][k]["kind"]): holder (a CUDA context on its GPUs; `ignore_t
 a creator with a context that forks `workers` workers holding its handles, then exits: reaped by the launcher, or a
 zombie when the launcher never reaps; `reuse`: a process then takes the creator's number, an NVML client or a holder
 with its own context), nvml (an NVML-only client), cuinit (CUDA initialized, no context), sleeper (no GPU file),
-daemon (a process titled `name` with a context; `real`: it runs an executable of that name, as the real daemon).
+daemon (a process titled `name` with a context; `real`: it runs an executable of that name, as the real daemon),
+mps (the MPS control daemon and server, real executables, and `clients` MPS clients), vllm (API server, EngineCore
+and one worker per TP rank; `api` "killed": the API server is SIGKILLed, its engine and workers go on), ipc (a CUDA
+IPC exporter and its importer), smi (`nvidia-smi`, its real executable: NVML only). A holder with
+`lifetime` exits by itself that many seconds after it is planted: during the modules' runs.
 """
 
 from __future__ import annotations
@@ -79,21 +83,28 @@ def title(name):
         setproctitle.setproctitle(name)
 
 
-def context(spec):
-    """Open, map and register a context on spec["gpus"] (simcuda); return the fds (keep them)."""
+def context(spec, kind="CONTEXT", words=""):
+    """Open, map and register a context on spec["gpus"] (simcuda); return the fds (keep them). `kind`: simcuda's
+    CONTEXT, MPS_CLIENT (the token on nvidiactl, context lines of type mps) or MPS_SERVER (its own small context)."""
     sys.path.insert(0, spec["sim_dir"])
     import simcuda
 
     gpus = spec["gpus"]
     table = minors()
     token = simcuda.context_token(RUN, os.getpid())
-    fds = simcuda.cuda_process("/dev", table, [table[i] for i in gpus], simcuda.CONTEXT, token)
-    mib = spec["mib"] + int(conf().get("context_overhead_mib") or 0)
+    mps_client = kind == "MPS_CLIENT"
+    fds = simcuda.cuda_process(
+        "/dev", table, [table[i] for i in gpus], getattr(simcuda, kind), token, token_on_ctl=mps_client
+    )
+    mib = spec["mib"] + (int(conf().get("context_overhead_mib") or 0) if kind != "MPS_SERVER" else 0)
     mig = spec.get("gi") or {}
     lines = []
     for index in gpus:
         gi = mig.get(str(index))
-        lines.append("%d %d compute%s" % (index, mib, " gi=%d ci=0" % gi if gi is not None else ""))
+        lines.append(
+            "%d %d %s%s%s"
+            % (index, mib, "mps" if mps_client else "compute", " gi=%d ci=0" % gi if gi is not None else "", words)
+        )
         if gi is not None:
             # A context on a MIG instance holds the capability files of its GPU and compute instance (docs/mig.md).
             caps = spec["caps"][str(index)][str(gi)]
@@ -122,7 +133,11 @@ def note(entry):
     os.close(fd)
 
 
-def hold(keep):
+def hold(keep, lifetime=None):
+    """Keep `keep` (fds) open; with `lifetime`, exit after that many seconds (a process that ends during the run)."""
+    if lifetime:
+        time.sleep(lifetime)
+        os._exit(0)
     while True:
         time.sleep(3600)
     return keep
@@ -136,12 +151,12 @@ def child(spec, role, body):
     try:
         record_signals(spec.get("ignore_term", False))
         keep = body()
-        note({"pid": os.getpid(), "id": spec["id"], "role": role})
+        note({"pid": os.getpid(), "id": spec["id"], "role": role, "lifetime": spec.get("lifetime")})
         if spec.get("user") == "nobody":
             os.setgroups([])
             os.setresgid(65534, 65534, 65534)
             os.setresuid(65534, 65534, 65534)
-        hold(keep)
+        hold(keep, spec.get("lifetime"))
     finally:
         os._exit(0)
 
@@ -226,18 +241,97 @@ def daemon(spec):
 
 
 def body(spec):
-    """The daemon's process after exec (stdlib only: the executable is a copy of the node's Python)."""
+    """The daemon's process after exec (stdlib only: the executable is a copy of the node's Python). `cuda`: simcuda's
+    kind (CONTEXT by default; CUDA_INIT: no context); `server`: the spec of a daemon it starts (the MPS server)."""
     record_signals(False)
     title(spec["name"])
-    keep = context(spec)
-    note({"pid": os.getpid(), "id": spec["id"], "role": "daemon"})
+    kind = spec.get("cuda", "CONTEXT")
+    if kind == "NVML":
+        keep = nvml_client()
+    else:
+        keep = cuda_init(spec) if kind == "CUDA_INIT" else context(spec, kind)
+    if spec.get("server"):
+        daemon(spec["server"])
+    note({"pid": os.getpid(), "id": spec["id"], "role": spec.get("role", "daemon"), "protected": spec["real"]})
     hold(keep)
+
+
+def mps(spec):
+    """An MPS control daemon (CUDA initialized, no context) that starts the MPS server (a context of 32 MiB on the
+    GPUs), both running their real executables, and `clients` MPS clients (tests/sim/README.md, MPS)."""
+    server = dict(spec, name="nvidia-cuda-mps-server", role="mps-server", real=True, mib=32, cuda="MPS_SERVER")
+    daemon(dict(spec, name="nvidia-cuda-mps-control", role="mps-control", real=True, cuda="CUDA_INIT", server=server))
+    for number in range(spec["clients"]):
+        client = dict(spec, title=spec["title"])
+        child(client, "mps-client%d" % number, lambda c=client: (title(c["title"]), context(c, "MPS_CLIENT")))
+
+
+def ipc(spec):
+    """A CUDA IPC exporter (a context of `mib` MiB on its GPU) and an importer (its own context, the exporter's `mib`
+    imported: tests/sim/README.md, "CUDA IPC"), the importer started once the exporter's context is registered."""
+    ready_r, ready_w = os.pipe()
+
+    def exporter():
+        title(spec["title"])
+        fds = context(spec)
+        os.write(ready_w, b"%d" % fds_token(fds))
+        return fds
+
+    child(spec, "exporter", exporter)
+    token = int(os.read(ready_r, 32))
+    importer = dict(spec, mib=0, title="python3 ipc_consumer.py")
+    words = " ipc=%d:%d" % (token, spec["mib"])
+    child(importer, "importer", lambda: (title(importer["title"]), context(importer, words=words)))
+
+
+def fds_token(fds):
+    """The token of a context (the position of its GPU device file's fd: tests/sim/README.md)."""
+    for fd in fds:
+        if os.readlink("/proc/self/fd/%d" % fd).startswith("/dev/nvidia") and os.lseek(fd, 0, os.SEEK_CUR):
+            return os.lseek(fd, 0, os.SEEK_CUR)
+    raise SystemExit("no context token")
+
+
+def vllm(spec):
+    """vLLM's tree: the API server starts EngineCore, which starts one worker per TP rank, each through
+    multiprocessing (the starter keeps the read end of a pipe its child holds the write end of:
+    Process.sentinel). TP 1: EngineCore holds the context; TP 2: each worker holds a context on its GPU."""
+    api = os.fork()
+    if api:
+        return api
+    record_signals(False)
+    title("python3 -m vllm.entrypoints.openai.api_server --model m --tensor-parallel-size %d" % len(spec["gpus"]))
+    note({"pid": os.getpid(), "id": spec["id"], "role": "api"})
+    read, write = os.pipe()
+    if os.fork() == 0:
+        os.close(read)
+        record_signals(spec.get("ignore_term", False))
+        title("VLLM::EngineCore")
+        keep = [write]
+        if len(spec["gpus"]) == 1:
+            keep.append(context(spec))
+        for rank, index in enumerate(spec["gpus"] if len(spec["gpus"]) > 1 else ()):
+            sentinel, end = os.pipe()
+            if os.fork() == 0:
+                os.close(sentinel)
+                record_signals(spec.get("ignore_term", False))
+                title("VLLM::Worker_TP%d" % rank)
+                fds = context(dict(spec, gpus=[index]))
+                note({"pid": os.getpid(), "id": spec["id"], "role": "worker%d" % rank})
+                hold([end, fds])
+            os.close(end)
+            keep.append(sentinel)
+        note({"pid": os.getpid(), "id": spec["id"], "role": "engine"})
+        hold(keep)
+    os.close(write)
+    hold(read)
 
 
 def plant(world):
     os.makedirs(WORLD + "/sig", exist_ok=True)
     os.chmod(WORLD + "/sig", 0o1777)
     expected = 0
+    killed = []
     for spec in world["procs"]:
         spec = dict(spec, sim_dir=world["sim_dir"], caps=world.get("caps", {}))
         kind = spec["kind"]
@@ -247,6 +341,20 @@ def plant(world):
         elif kind == "daemon":
             daemon(spec)
             expected += 1
+        elif kind == "mps":
+            mps(spec)
+            expected += 2 + spec["clients"]
+        elif kind == "ipc":
+            ipc(spec)
+            expected += 2
+        elif kind == "smi":
+            daemon(dict(spec, name="nvidia-smi", real=True, cuda="NVML", role="smi"))
+            expected += 1
+        elif kind == "vllm":
+            api = vllm(spec)
+            expected += 2 + (len(spec["gpus"]) if len(spec["gpus"]) > 1 else 0)
+            if spec["api"] == "killed":
+                killed.append(api)
         else:
             bodies = {
                 "holder": lambda spec=spec: (title(spec.get("title")), context(spec)),
@@ -260,6 +368,11 @@ def plant(world):
         if kind == "trainer":
             wait_listed(expected)
     wait_listed(expected)
+    # API servers SIGKILLed once every process is planted (no number of theirs is taken again during the planting):
+    # their EngineCore and workers go on, orphans of the node's init.
+    for api in killed:
+        os.kill(api, signal.SIGKILL)
+        os.waitpid(api, 0)
     lines = open(WORLD + "/manifest.lines").read().splitlines()
     with open(WORLD + "/manifest.json", "w") as handle:
         json.dump([json.loads(line) for line in lines], handle)

@@ -12,7 +12,9 @@ import json
 import os
 import pprint
 import re
+import shutil
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -63,9 +65,9 @@ class Enough(BaseException):
 
 
 class Search:
-    def __init__(self, pool, known):
-        self.pool, self.known = pool, known
-        self.worlds = self.decisions = self.violations = 0
+    def __init__(self, pool, known, directory):
+        self.pool, self.known, self.directory = pool, known, directory
+        self.worlds = self.decisions = self.violations = self.playbooks = 0
         self.failing = None
         self.steps = 0
 
@@ -74,7 +76,8 @@ class Search:
             self.steps += 1
             if self.steps > SHRINK_STEPS:
                 raise Enough()
-        decisions, violations = world.judge(generated, world.run_world(self.pool, generated))
+        decisions, violations, seconds = world.decide(self.pool, generated, self.directory)
+        self.playbooks += generated.get("through") == "playbook"
         self.worlds += 1
         self.decisions += decisions
         self.violations += len(violations)
@@ -108,13 +111,14 @@ def main() -> int:
     pool = world.Pool("worlds-%d" % os.getpid())
     known: set = set()
     started = time.monotonic()
-    totals = {"worlds": 0, "decisions": 0, "violations": 0}
+    totals = {"worlds": 0, "playbooks": 0, "decisions": 0, "violations": 0}
+    directory = tempfile.mkdtemp(prefix="worlds-")
     found = []
     try:
         remaining = options.worlds
         state: dict = {}
         while remaining > 0:
-            search = state["search"] = Search(pool, known)
+            search = state["search"] = Search(pool, known, Path(directory))
 
             @settings(
                 max_examples=remaining,
@@ -143,8 +147,9 @@ def main() -> int:
                 break
     finally:
         pool.close()
+        shutil.rmtree(directory, ignore_errors=True)
     elapsed = time.monotonic() - started
-    print("worlds run: %d" % totals["worlds"])
+    print("worlds run: %d (%d through ansible-playbook)" % (totals["worlds"], totals["playbooks"]))
     print("decisions checked: %d" % totals["decisions"])
     print("violations: %d" % totals["violations"])
     print("time: %.0f s" % elapsed)

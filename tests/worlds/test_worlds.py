@@ -1,5 +1,6 @@
 """The fixed-seed run of generated worlds (tests/worlds/world.py): every decision of gpu_facts and gpu_kill (check
-mode, a run, a second run) on random simulated hosts, judged by the oracle (tests/worlds/oracle.py). About 60 s on
+mode, a run, a second run), or of reset_gpus.yml and check_gpus.yml for about one world in ten, on random simulated
+hosts, judged by the oracle (tests/worlds/oracle.py). About 60 s on
 2 cores; `make worlds N=...` runs more (CONTRIBUTING.md)."""
 
 from __future__ import annotations
@@ -21,17 +22,18 @@ def pool(node_namespaces):
     nodes.close()
 
 
-def test_generated_worlds_end_exactly_the_selected_holders(pool):
-    seen = {"worlds": 0, "decisions": 0}
+def test_generated_worlds_end_exactly_the_selected_holders(pool, tmp_path):
+    seen = {"worlds": 0, "decisions": 0, "playbooks": 0}
 
     @seed(41)
     @settings(max_examples=WORLDS, deadline=None, database=None, suppress_health_check=list(HealthCheck))
     @given(world.worlds())
     def check(generated):
-        decisions, violations = world.judge(generated, world.run_world(pool, generated))
+        decisions, violations, _seconds = world.decide(pool, generated, tmp_path)
         seen["worlds"] += 1
+        seen["playbooks"] += generated["through"] == "playbook"
         seen["decisions"] += decisions
         assert violations == [], "world %r:\n%s" % (generated, "\n".join(violations))
 
     check()
-    assert seen["worlds"] >= WORLDS and seen["decisions"] > 5 * WORLDS
+    assert seen["worlds"] >= WORLDS and seen["decisions"] > 5 * WORLDS and seen["playbooks"] >= 1, seen

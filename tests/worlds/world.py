@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -27,18 +28,25 @@ OLD_DRIVER = "535.104.05"  # before 535.113.01: the driver reports node-root PID
 TITLES = ("python3 train.py", "python3 serve.py", "python3 -m jax_job")
 MATCHES = ("train", "serve", "pt_data_worker", "^python3", "jax")
 EXCLUDES = ("pt_data_worker", "nvidia-persistenced", "nvidia_gpu_exporter", "cron", "dcgm-exporter")
-OPTIONS = {"grace_period": 1.0, "kill_wait": 3.0, "wait": True, "wait_timeout": 3.0, "driver_timeout": 10.0}
+# Executables the planted daemons run (copies of the node's Python under these names, root's: tests/sim/README.md).
+DAEMONS = ("nvidia-persistenced", "dcgm-exporter", "nvidia-cuda-mps-control", "nvidia-cuda-mps-server", "nvidia-smi")
+KINDS = ("holder", "holder", "trainer", "trainer", "nvml", "cuinit", "sleeper", "daemon", "vllm", "mps", "ipc", "smi")
+OPTIONS = {"grace_period": 0.5, "kill_wait": 3.0, "wait": True, "wait_timeout": 3.0, "driver_timeout": 10.0}
 
 
 @st.composite
 def gpu_setup(draw):
     count = draw(st.integers(1, 3))
     mig = draw(st.booleans()) if count > 1 else False
+    # A GB10 (DGX Spark) is one GPU: on a zero-framebuffer GPU the evidence of a context names no one GPU of several
+    # (docs/attribution.md, rule 6).
+    gb10 = count == 1 and draw(st.booleans())
     return {
         "gpus": count,
         "mig": mig,  # GPU count-1 in MIG mode with two 2g.20gb instances
-        "gb10": (not mig) and draw(st.booleans()),
-        "old_driver": draw(st.booleans()),
+        "gb10": gb10,
+        # A GB10 (DGX Spark) came with R580 drivers: never one before 535.113.01.
+        "old_driver": (not gb10) and draw(st.booleans()),
     }
 
 
@@ -51,7 +59,7 @@ def _gpus_of(draw, setup):
 
 @st.composite
 def process(draw, setup, number):
-    kind = draw(st.sampled_from(("holder", "holder", "trainer", "trainer", "nvml", "cuinit", "sleeper", "daemon")))
+    kind = draw(st.sampled_from(KINDS))
     spec = {"id": "p%d" % number, "kind": kind}
     if kind in ("holder", "trainer", "daemon"):
         spec["gpus"], spec["gi"] = _gpus_of(draw, setup)
@@ -60,6 +68,23 @@ def process(draw, setup, number):
         spec["title"] = draw(st.sampled_from(TITLES))
         spec["ignore_term"] = draw(st.booleans())
         spec["user"] = draw(st.sampled_from(("root", "nobody")))
+        spec["lifetime"] = draw(st.sampled_from((None, None, None, 0.5, 1.5)))
+    elif kind in ("vllm", "mps", "ipc"):
+        # Whole GPUs (not the MIG one): TP ranks, an MPS server's GPUs, or the GPU of an IPC pair.
+        whole = list(range(setup["gpus"] - 1 if setup["mig"] else setup["gpus"]))
+        most = 1 if kind == "ipc" else 2
+        spec["gpus"] = draw(st.lists(st.sampled_from(whole), min_size=1, max_size=most, unique=True)) if whole else []
+        spec["gi"], spec["mib"] = {}, draw(st.sampled_from((512, 4096)))
+        if not spec["gpus"]:
+            return {"id": spec["id"], "kind": "sleeper"}
+    if kind == "vllm":
+        spec["api"] = draw(st.sampled_from(("alive", "killed")))
+        spec["ignore_term"] = draw(st.booleans())
+    elif kind == "mps":
+        spec["clients"] = draw(st.integers(1, 2))
+        spec["title"] = draw(st.sampled_from(TITLES))
+    elif kind == "ipc":
+        spec["title"] = draw(st.sampled_from(TITLES))
     elif kind == "trainer":
         spec["title"] = draw(st.sampled_from(TITLES))
         spec["workers"] = draw(st.integers(1, 3))
@@ -83,6 +108,14 @@ def refs(procs):
             out += [(spec["id"], "creator"), (spec["id"], "launcher")]
             if spec.get("reuse"):
                 out.append((spec["id"], "reuser"))
+        elif spec["kind"] == "vllm":
+            out += [(spec["id"], "api"), (spec["id"], "engine")]
+            out += [(spec["id"], "worker%d" % k) for k in range(len(spec["gpus"]) if len(spec["gpus"]) > 1 else 0)]
+        elif spec["kind"] == "ipc":
+            out += [(spec["id"], "exporter"), (spec["id"], "importer")]
+        elif spec["kind"] == "mps":
+            out += [(spec["id"], "mps-control"), (spec["id"], "mps-server")]
+            out += [(spec["id"], "mps-client%d" % k) for k in range(spec["clients"])]
         else:
             out.append((spec["id"], spec["kind"]))
     return out
@@ -114,7 +147,18 @@ def worlds(draw):
     setup = draw(gpu_setup())
     count = draw(st.integers(1, 6))
     procs = [draw(process(setup, k)) for k in range(count)]
-    return {"setup": setup, "procs": procs, "selection": draw(selection(setup, procs))}
+    # About one world in ten goes through ansible-playbook (reset_gpus.yml, check_gpus.yml); shrinking prefers modules.
+    through = draw(st.sampled_from(("modules",) * 9 + ("playbook",)))
+    return {"setup": setup, "procs": procs, "selection": draw(selection(setup, procs)), "through": through}
+
+
+def decide(pool: "Pool", world: dict, directory: Path) -> tuple:
+    """(decisions checked, violations, seconds) of `world`, through the modules or the playbooks as it says."""
+    if world.get("through") == "playbook":
+        out = run_playbook_world(pool, world, directory)
+        return judge_playbook(world, out) + (out["seconds"],)
+    out = run_world(pool, world)
+    return judge(world, out) + (out["seconds"],)
 
 
 class Pool:
@@ -157,7 +201,7 @@ class Pool:
         }
         directory = node.run_dir / "daemons"
         directory.mkdir(exist_ok=True)
-        for name in ("nvidia-persistenced", "dcgm-exporter"):
+        for name in DAEMONS:
             path = directory / name
             if not path.exists():
                 import shutil
@@ -172,24 +216,79 @@ class Pool:
         self.nodes.clear()
 
 
-def run_world(pool: Pool, world: dict) -> dict:
-    """Plant `world` on a pooled node, run the modules inside it; return inside.py's output."""
+def _prepare(pool: Pool, world: dict):
+    """The pooled node of `world`, set to its driver, with the world's spec written for inside.py."""
     node, described = pool.node(world["setup"])
     setup = world["setup"]
-    node.set(
-        memory_info="unsupported" if setup["gb10"] else None,
-        driver_version=OLD_DRIVER if setup["old_driver"] else "580.95.05",
-    )
+    knobs = {
+        "memory_info": "unsupported" if setup["gb10"] else None,
+        "driver_version": OLD_DRIVER if setup["old_driver"] else "580.95.05",
+    }
+    if described.get("knobs") != knobs:  # `gpunode set` is a process start: only when the driver changes
+        node.set(**knobs)
+        described["knobs"] = knobs
     spec = {
         "world": dict(world, sim_dir=SIM_DIR, caps=described["caps"]),
         "selection": world["selection"],
         "node": described,
     }
-    path = node.run_dir / "world.json"
-    path.write_text(json.dumps(spec))
+    (node.run_dir / "world.json").write_text(json.dumps(spec))
+    return node, described
+
+
+def _inside(node, *mode) -> dict:
+    text = node.exec(str(VENV_PYTHON), str(WORLDS / "inside.py"), "/run/gpusim/world.json", *mode, timeout=120).stdout
+    return json.loads(text)
+
+
+def run_world(pool: Pool, world: dict) -> dict:
+    """Plant `world` on a pooled node, run the modules inside it; return inside.py's output."""
+    node, described = _prepare(pool, world)
     started = time.monotonic()
-    text = node.exec(str(VENV_PYTHON), str(WORLDS / "inside.py"), "/run/gpusim/world.json", timeout=120).stdout
-    out = json.loads(text)
+    out = _inside(node)
+    out["seconds"] = time.monotonic() - started
+    out["minors"] = described["minors"]
+    return out
+
+
+# The role's and the check's variables for a world's selection (gpu_kill's options as the playbooks name them).
+ROLE_VARIABLES = {
+    "gpus": "reset_gpus_gpus",
+    "pids": "reset_gpus_pids",
+    "match": "reset_gpus_match",
+    "users": "reset_gpus_users",
+    "exclude": "reset_gpus_exclude",
+    "grace_period": "reset_gpus_grace_period",
+    "kill_wait": "reset_gpus_kill_wait",
+    "wait_timeout": "reset_gpus_timeout",
+    "driver_timeout": "reset_gpus_driver_timeout",
+}
+
+
+def playbook_variables(args: dict) -> dict:
+    variables = {ROLE_VARIABLES[key]: value for key, value in args.items() if key in ROLE_VARIABLES}
+    variables.update(check_gpus_wait=2, check_gpus_exclude=args.get("exclude", []))
+    if "gpus" in args:
+        variables["check_gpus_gpus"] = args["gpus"]
+    return variables
+
+
+def run_playbook_world(pool: Pool, world: dict, directory: Path) -> dict:
+    """Plant `world`, then run reset_gpus.yml and check_gpus.yml on its node in one ansible-playbook (tests/worlds/
+    playbook.yml); return the plant's output with the truth after, the exit status and the output."""
+    sys.path.insert(0, str(REPO / "tests" / "integration"))
+    from ansible_run import playbook
+    from simnode import inventory_file
+
+    node, described = _prepare(pool, world)
+    started = time.monotonic()
+    out = _inside(node, "plant")
+    directory.mkdir(parents=True, exist_ok=True)
+    rc, output, recap = playbook(
+        inventory_file(directory, node), WORLDS / "playbook.yml", "-e", json.dumps(playbook_variables(out["args"]))
+    )
+    out["after"] = out["last"] = _inside(node, "truth")
+    out["playbook"] = {"rc": rc, "output": output, "recap": recap}
     out["seconds"] = time.monotonic() - started
     out["minors"] = described["minors"]
     return out
@@ -204,14 +303,12 @@ def _alive(truth, pid):
 
 
 def judge(world: dict, out: dict) -> tuple:
-    """(decisions checked, violations) of one world."""
+    """(decisions checked, violations) of one world the modules decided (run_world)."""
     violations: list = []
     decisions = 0
-    minors = out["minors"]
-    manifest = {e["pid"]: e for e in out["manifest"] if e["role"] not in ("creator", "reuser-missed")}
-    daemons = {s["id"] for s in world["procs"] if s["kind"] == "daemon" and s["real"] and s["name"] in oracle.PROTECTED}
-    protected = {pid for pid, e in manifest.items() if e["role"] == "daemon" and e["id"] in daemons}
-    before = out["before"]
+    minors, before = out["minors"], out["before"]
+    manifest = _manifest(out)
+    protected = _protected(out, manifest)
     verdict = oracle.decide(before, minors, world["selection"], out["args"], protected)
     selected = {pid for pid, reason in verdict.items() if reason == "selected"}
     truth_holders = oracle.holders(before, minors)
@@ -231,7 +328,8 @@ def judge(world: dict, out: dict) -> tuple:
     decisions += len(verdict)
     if check.get("failed"):
         violations.append("check mode failed: %s" % check.get("msg"))
-    for pid in sorted(would ^ selected):
+    ephemeral = {pid for pid, e in manifest.items() if e.get("lifetime")}  # may be gone before check mode looks
+    for pid in sorted((would ^ selected) - ephemeral):
         violations.append(
             "check mode: PID %d (%s) %s, the oracle says %s"
             % (
@@ -245,52 +343,11 @@ def judge(world: dict, out: dict) -> tuple:
         violations.append("check mode sent signals: %s" % out["after_check"]["signals"])
 
     code, kill = out["kill"]
-    after = out["after"]
-    # Documented (gpu_kill, include_protected): with wait, a protected daemon's memory on a selected GPU counts, so the
-    # wait fails, unless exclude names it.
-    excluded = set(world["selection"]["options"].get("exclude", []))
-    kept = any(
-        pid in protected
-        and oracle._on_selection(gpus, world["selection"].get("gpus"))
-        and not {before["processes"][str(pid)]["comm"], oracle.argv0(before["processes"][str(pid)]["cmdline"])}
-        & excluded
-        for pid, gpus in truth_holders.items()
-    )
-    # A driver before 535.113.01 seen from the node (a nested PID namespace) lists the initial namespace's numbers: the
-    # memory a holder left alone keeps is listed under a number that names nothing here, so nothing can say it is
-    # that holder's, and the wait says "not released" (docs/attribution.md, rule 3).
-    kept = kept or (
-        world["setup"]["old_driver"]
-        and any(
-            pid not in selected and oracle._on_selection(gpus, world["selection"].get("gpus"))
-            for pid, gpus in truth_holders.items()
-        )
-    )
+    kept = _may_fail(world, before, truth_holders, selected, protected)
     if kill.get("failed") and not kept:
         violations.append("gpu_kill failed: %s" % kill.get("msg"))
     survived = {p["pid"]: p.get("reason") for p in kill.get("survived", [])}
-    for pid in sorted(selected):
-        decisions += 1
-        if _alive(after, pid) and after["processes"][str(pid)]["start"] == before["processes"][str(pid)]["start"]:
-            if not survived.get(pid):
-                violations.append("selected holder PID %d still alive and not reported" % pid)
-    last = out["last"]
-    for pid, entry in sorted(manifest.items()):
-        if pid in selected:
-            continue
-        decisions += 1
-        got = last["signals"].get(str(pid))
-        if got:
-            violations.append(
-                "PID %d (%s %s, %s) not selected but got signals %s"
-                % (pid, entry["id"], entry["role"], verdict.get(pid, "holds nothing"), got)
-            )
-        was = before["processes"].get(str(pid))
-        now = last["processes"].get(str(pid))
-        if was is None or was["state"] in ENDED:
-            continue
-        if now is None or now["state"] in ENDED or now["start"] != was["start"]:
-            violations.append("PID %d (%s %s) not selected but ended" % (pid, entry["id"], entry["role"]))
+    decisions += _check_ends(out, manifest, verdict, selected, survived, violations)
 
     code, again = out["again"]
     decisions += 1
@@ -304,10 +361,118 @@ def judge(world: dict, out: dict) -> tuple:
     return decisions, violations
 
 
+def _manifest(out: dict) -> dict:
+    """{pid: manifest entry} of the planted processes (a trainer's creator is gone; a missed reuser never got it)."""
+    return {e["pid"]: e for e in out["manifest"] if e["role"] not in ("creator", "reuser-missed")}
+
+
+def _protected(out: dict, manifest: dict) -> set:
+    """What runs a protected daemon's executable (root's copy under the daemon's name): the planter says so."""
+    return {
+        pid
+        for pid, e in manifest.items()
+        if e.get("protected")
+        and os.path.basename(out["before"]["processes"].get(str(pid), {}).get("exe") or "") in oracle.PROTECTED
+    }
+
+
+def _names(truth: dict, pid: int) -> set:
+    process = truth["processes"][str(pid)]
+    return {process["comm"], oracle.argv0(process["cmdline"])}
+
+
+def _may_fail(world: dict, before: dict, truth_holders: dict, selected: set, protected: set) -> bool:
+    """Whether the wait may rightly say "not released" on this world."""
+    wanted = world["selection"].get("gpus")
+    excluded = set(world["selection"]["options"].get("exclude", []))
+    # Documented (gpu_kill, include_protected): with wait, a protected daemon's memory on a selected GPU counts, so the
+    # wait fails, unless exclude names it.
+    kept = any(
+        pid in protected and oracle._on_selection(gpus, wanted) and not _names(before, pid) & excluded
+        for pid, gpus in truth_holders.items()
+    )
+    # A driver before 535.113.01 seen from the node (a nested PID namespace) lists the initial namespace's numbers: the
+    # memory a holder left alone keeps is listed under a number that names nothing here, so nothing can say it is
+    # that holder's, and the wait says "not released" (docs/attribution.md, rule 3).
+    return kept or (
+        world["setup"]["old_driver"]
+        and any(pid not in selected and oracle._on_selection(gpus, wanted) for pid, gpus in truth_holders.items())
+    )
+
+
+def _check_ends(out: dict, manifest: dict, verdict: dict, selected: set, survived: dict, violations: list) -> int:
+    """Every selected holder ended or reported (`survived`: {pid: reason}); nothing else signalled or ended. Returns the
+    decisions checked."""
+    decisions = 0
+    before, after, last = out["before"], out["after"], out["last"]
+    for pid in sorted(selected):
+        decisions += 1
+        if _alive(after, pid) and after["processes"][str(pid)]["start"] == before["processes"][str(pid)]["start"]:
+            if not survived.get(pid):
+                violations.append("selected holder PID %d still alive and not reported" % pid)
+    for pid, entry in sorted(manifest.items()):
+        if pid in selected:
+            continue
+        decisions += 1
+        got = last["signals"].get(str(pid))
+        if got:
+            violations.append(
+                "PID %d (%s %s, %s) not selected but got signals %s"
+                % (pid, entry["id"], entry["role"], verdict.get(pid, "holds nothing"), got)
+            )
+        was = before["processes"].get(str(pid))
+        now = last["processes"].get(str(pid))
+        if was is None or was["state"] in ENDED or entry.get("lifetime"):
+            continue  # gone before the runs, or a process that ends by itself during them
+        if now is None or now["state"] in ENDED or now["start"] != was["start"]:
+            violations.append("PID %d (%s %s) not selected but ended" % (pid, entry["id"], entry["role"]))
+    return decisions
+
+
+def judge_playbook(world: dict, out: dict) -> tuple:
+    """(decisions checked, violations) of a world that reset_gpus.yml and check_gpus.yml decided (run_playbook_world)."""
+    violations: list = []
+    minors, before = out["minors"], out["before"]
+    manifest = _manifest(out)
+    protected = _protected(out, manifest)
+    verdict = oracle.decide(before, minors, world["selection"], out["args"], protected)
+    selected = {pid for pid, reason in verdict.items() if reason == "selected"}
+    truth_holders = oracle.holders(before, minors)
+    decisions = _check_ends(out, manifest, verdict, selected, {}, violations) + 1
+    run = out["playbook"]
+    checked = re.search(r"check_gpus (?!summary)\S+: ([^\"]*)", run["output"])
+    if checked is None:
+        if not _may_fail(world, before, truth_holders, selected, protected):
+            violations.append("reset_gpus.yml failed (rc %s): %s" % (run["rc"], _failure(run["output"])))
+        return decisions, violations
+    # check_gpus says "free" only where no holder is left on the checked GPUs but those it leaves out (exclude,
+    # protected daemons).
+    excluded = set(world["selection"]["options"].get("exclude", []))
+    after = out["after"]
+    left = sorted(
+        pid
+        for pid, gpus in oracle.holders(after, minors).items()
+        if oracle._on_selection(gpus, world["selection"].get("gpus"))
+        and pid not in protected
+        and not _names(after, pid) & excluded
+    )
+    if checked.group(1).startswith("GPUs free") and left:
+        violations.append("check_gpus said free while PIDs %s hold the checked GPUs" % left)
+    return decisions, violations
+
+
+def _failure(output: str) -> str:
+    lines = [line for line in output.splitlines() if "fatal:" in line or "FAILED!" in line]
+    return (lines[-1] if lines else output[-300:]).strip()[:300]
+
+
 def replay(world: dict) -> list:
     """The violations of one world (a shrunk one, tests/worlds/regressions/), on a node of its own."""
+    import tempfile
+
     pool = Pool("t-%d-w" % os.getpid())
     try:
-        return judge(world, run_world(pool, world))[1]
+        with tempfile.TemporaryDirectory() as directory:
+            return decide(pool, world, Path(directory))[1]
     finally:
         pool.close()

@@ -337,7 +337,7 @@ def test_read_driver_bounds_each_query_by_driver_timeout():
     inspector = _gpus.Inspector(driver_timeout=4.0)
     asked = []
     inspector._query = types.SimpleNamespace(
-        read=lambda timeout: asked.append(timeout) or driver(), pid=None, close=lambda: None
+        read=lambda timeout, advice=False: asked.append(timeout) or driver(), pid=None, close=lambda: None
     )
     inspector.read_driver()
     inspector.read_driver(1.5)
@@ -378,7 +378,7 @@ def inspector_on(monkeypatch):
         monkeypatch.setattr(_procscan, "scan_holders", scan_holders)
         monkeypatch.setattr(_procscan, "scan_pids", scan_pids)
         inspector = _gpus.Inspector()
-        inspector.read_driver = lambda timeout=None: reading
+        inspector.read_driver = lambda timeout=None, advice=False: reading
         made.append(inspector)
         return inspector, calls
 
