@@ -9,7 +9,7 @@ module: vllm_container
 short_description: Start and stop a vLLM instance's container with podman or docker
 version_added: 0.1.0
 description:
-  - The container step of the M(gpuops.nvidia.vllm_server) role's start and stop phases, through the runtime's command
+  - The container step of the gpuops.nvidia.vllm_server role's start and stop phases, through the runtime's command
     line. Every call of the runtime is bounded (120 seconds; a stop, O(timeout) seconds more).
   - "O(state=started) runs C(RUNTIME) with O(argv) (C(run -d ...), as the role builds it), with O(environment) in the
     runtime's own environment: the command passes each variable by name (C(-e NAME)), so no value is on a command

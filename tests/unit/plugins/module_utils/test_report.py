@@ -66,7 +66,8 @@ def test_annotate_adds_note_command_and_label():
     unit, docker, quiet = holder(9, UNIT), holder(10, DOCKER), holder(11, QUIET_UNIT)
     assert unit["owner_note"] == "systemd unit vllm@a.service restarts it (Restart=always)"
     assert (unit["owner_command"], unit["owner_label"]) == ("systemctl stop vllm@a.service", "unit:vllm@a.service")
-    assert docker["owner_command"] == "docker stop -t 10 4f1c3a9e0b7d" and docker["owner_label"] == "container:4f1c3a9e0b7d"
+    assert docker["owner_command"] == "docker stop -t 10 4f1c3a9e0b7d"
+    assert docker["owner_label"] == "container:4f1c3a9e0b7d"
     assert (quiet["owner_note"], quiet["owner_command"], quiet["owner_label"]) == (None, None, "unit:session-3.scope")
     assert holder(12, None)["owner_label"] == ""
 
