@@ -287,34 +287,13 @@ ansible_facts:
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _options
-from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _advice, _gpus
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _facts_run, _gpus, _outcome
 
 
 def main() -> None:
-    module = AnsibleModule(
-        argument_spec=dict(
-            driver_timeout=_gpus.SELECTION_ARGS["driver_timeout"],
-            **_options.spec(_options.GPU, "max_used_mib"),
-            recovery=dict(type="bool", default=True),
-        ),
-        supports_check_mode=True,
-    )
+    module = AnsibleModule(argument_spec=_facts_run.argument_spec(), supports_check_mode=True)
     _gpus.check_libraries(module, missing_required_lib)
-    _options.refuse_bad_numbers(module, ("driver_timeout", "max_used_mib"), positive=("driver_timeout",))
-    inspector = _gpus.Inspector(driver_timeout=module.params["driver_timeout"])
-    try:
-        view = inspector.snapshot(tolerance_mib=module.params["max_used_mib"], recovery=module.params["recovery"])
-    finally:
-        inspector.close()
-    for note in _advice.exited_notes(view) + view["scan_problems"]:
-        module.warn(note)
-    if not view["driver"]["available"]:
-        module.warn(
-            "NVIDIA driver library not usable (%s): GPU memory is unknown; holders are the CUDA processes "
-            "holding device files, from the /proc scan alone" % view["driver"]["error"]
-        )
-    module.exit_json(changed=False, ansible_facts={"nvidia": view})
+    _outcome.exit_with(module, _facts_run.run(module.params))
 
 
 if __name__ == "__main__":

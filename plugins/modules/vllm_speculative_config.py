@@ -273,44 +273,13 @@ mismatches:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._speculative import (
-    SpeculativeConfigError,
-    validate_speculative_config,
-)
-from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._speculative_vllm import NEWEST
-from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._vllm_versions import VERSIONS
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _outcome
+from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _speculative
 
 
 def main() -> None:
-    module = AnsibleModule(
-        argument_spec=dict(
-            speculative_config=dict(type="dict", required=True),
-            drafter_config=dict(type="path"),
-            target_num_layers=dict(type="int"),
-            allow_fields=dict(type="list", elements="str", default=[]),
-            extra_args=dict(type="list", elements="str", default=[]),
-            environment=dict(type="dict", default={}),
-            acceptance_gate=dict(type="bool", default=False),
-            vllm_version=dict(type="str", default=NEWEST, choices=list(VERSIONS)),
-        ),
-        supports_check_mode=True,
-    )
-    try:
-        result = validate_speculative_config(
-            module.params["speculative_config"],
-            drafter_config=module.params["drafter_config"],
-            target_num_layers=module.params["target_num_layers"],
-            allow_fields=module.params["allow_fields"],
-            extra_args=module.params["extra_args"],
-            environment=module.params["environment"],
-            acceptance_gate=module.params["acceptance_gate"],
-            vllm_version=module.params["vllm_version"],
-        )
-    except SpeculativeConfigError as error:
-        module.fail_json(msg=str(error), mismatches=error.mismatches)
-    for warning in result["warnings"]:
-        module.warn(warning)
-    module.exit_json(changed=False, **{key: value for key, value in result.items() if key != "warnings"})
+    module = AnsibleModule(argument_spec=_speculative.argument_spec(), supports_check_mode=True)
+    _outcome.exit_with(module, _speculative.run(module.params))
 
 
 if __name__ == "__main__":

@@ -38,11 +38,13 @@ from __future__ import annotations
 import json
 from typing import Any, Dict, Iterable, List, Mapping, NoReturn, Optional, Sequence, Tuple, TypedDict
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._vllm_versions import Release
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _outcome
+from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._vllm_versions import VERSIONS, Release
 from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._speculative_vllm import (
     SUPPORTED_METHODS,
     DFLASH_DRAFTER_FIELDS,
     DISABLE_LOG_STATS,
+    NEWEST,
     facts as vllm_facts,
 )
 from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._speculative_parse import (
@@ -243,3 +245,31 @@ def _check_drafter(
     else:
         check_eagle(report, spec, method, config, target_num_layers)
     return path
+
+
+def argument_spec() -> Dict[str, Any]:
+    """vllm_speculative_config's argument spec."""
+    return dict(
+        speculative_config=dict(type="dict", required=True),
+        drafter_config=dict(type="path"),
+        target_num_layers=dict(type="int"),
+        allow_fields=dict(type="list", elements="str", default=[]),
+        extra_args=dict(type="list", elements="str", default=[]),
+        environment=dict(type="dict", default={}),
+        acceptance_gate=dict(type="bool", default=False),
+        vllm_version=dict(type="str", default=NEWEST, choices=list(VERSIONS)),
+    )
+
+
+def run(params: Mapping[str, Any]) -> _outcome.Outcome:
+    """One run of vllm_speculative_config with `params` (the module's validated options): the result of
+    validate_speculative_config, its warnings apart; failed with the mismatches where the config is refused."""
+    try:
+        result = validate_speculative_config(
+            params["speculative_config"],
+            **{name: params[name] for name in argument_spec() if name != "speculative_config"},
+        )
+    except SpeculativeConfigError as error:
+        return _outcome.Outcome(dict(msg=str(error), mismatches=error.mismatches), failed=True)
+    shown = {key: value for key, value in result.items() if key != "warnings"}
+    return _outcome.Outcome(dict(changed=False, **shown), warnings=result["warnings"])
