@@ -509,7 +509,8 @@ def _entry(
 
 def _container_reasons(cfg: Mapping[str, Any], host: Host, running: Optional[Mapping[str, Any]]) -> List[str]:
     """Reasons to restart a running container of the instance: its image's ID on the host differs from the one it
-    runs (the tag moved), or its digest label from the configuration's (changed outside the role)."""
+    runs (the tag moved), or its digest label from the deployed configuration's (changed outside the role; a changed
+    configuration is a reason of its own)."""
     if not running or running.get("process_exited"):
         return []
     container = cfg["container"]
@@ -524,9 +525,10 @@ def _container_reasons(cfg: Mapping[str, Any], host: Host, running: Optional[Map
             % (container["image"], image[:12], found["image_id"][:12])
         )
     label = (found.get("labels") or {}).get(_vllm_container.DIGEST_LABEL)
-    if label != container["digest"]:
+    deployed = (((host.get("deployed") or {}).get(cfg["name"]) or {}).get("container") or {}).get("digest")
+    if deployed and label != deployed:
         reasons.append(
-            "container %s carries %s, not this configuration's"
+            "container %s carries %s, not the deployed configuration's"
             % (container["name"], "configuration %s" % str(label)[:12] if label else "no configuration label")
         )
     return reasons

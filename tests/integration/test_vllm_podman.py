@@ -100,8 +100,18 @@ def test_deploy_redeploy_rollback_and_an_unchanged_run_in_podman_containers(podm
     api = [pid for pid, v in processes(node).items() if v[2] == "vllm" and "--port %d" % port in v[3]]
     assert len(api) == 1, processes(node)
 
+    # Check mode with --diff: says what would change and touches nothing.
+    config = tmp_path / node.name / "etc" / "qwen.json"
+    deployed = config.read_text()
+    dflash = '{"test_override": {"speculative_config": %s}}' % json.dumps(CORRECTED)
+    rc, out, recap = run(inventory, "--check", "--diff", "-e", dflash)
+    assert rc == 0 and recap[node.name]["failed"] == 0, out
+    assert any(line.endswith("would redeploy (configuration changed)") for line in summary(out, node)), out
+    assert '+    "--speculative-config",' in out and '+      "gpuops.nvidia.config-digest=' in out, out  # the diff
+    assert host.inspect("vllm-qwen", "{{.Id}}") == first[0] and config.read_text() == deployed
+
     # The corrected DFlash config: a new container, gated.
-    rc, out, recap = run(inventory, "-e", '{"test_override": {"speculative_config": %s}}' % json.dumps(CORRECTED))
+    rc, out, recap = run(inventory, "-e", dflash)
     assert rc == 0 and recap[node.name]["failed"] == 0, out
     lines = summary(out, node)
     assert any(line.startswith("qwen (GPUs 0, http://127.0.0.1:%d): redeployed" % port) for line in lines), lines

@@ -242,4 +242,7 @@ def test_a_running_container_of_another_image_or_configuration_is_restarted():
     )
     edited = dict(look, containers={"qwen": dict(container, labels={})})
     entry = _vllm_plan.plan([one], edited, plan_settings())["instances"]["qwen"]
-    assert "container vllm-qwen carries no configuration label, not this configuration's" in entry["reasons"]
+    assert "container vllm-qwen carries no configuration label, not the deployed configuration's" in entry["reasons"]
+    # A changed configuration is its own reason: the running container's label is not named again.
+    changed = _vllm_plan.plan([dict(one, port=8001)], look, plan_settings())["instances"]["qwen"]
+    assert changed["reasons"] == ["configuration changed"]
