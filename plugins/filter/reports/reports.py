@@ -172,8 +172,9 @@ def reset_gpus_report(
     Times: UTC, ISO 8601 with +00:00; message and wait_seconds count the same whole wait. Each holder in would_signal,
     signalled, not_signalled and respawned carries its owner block and gpu_kill's owner_note, owner_command and
     owner_label; stopped_units are the units stop_owners stopped, stopped_containers the docker and podman containers
-    it stopped (id, runtime, command), owner_commands the commands that stop the other containers and pods (not run). mig_instances: the MIG instances the run selected by MIG UUID ({"<GPU index>": [MIG UUID, ...]},
-    {} for whole GPUs); per-instance figures are in gpus_before/gpus_after[].mig_devices.
+    it stopped (id, runtime, command), owner_commands the commands that stop the other containers and pods (not run).
+    mig_instances: the MIG instances the run selected by MIG UUID ({"<GPU index>": [MIG UUID, ...]}, {} for whole
+    GPUs); per-instance figures are in gpus_before/gpus_after[].mig_devices.
 
     A failed run names its phase ("phase": preflight, stop or free) and says why in "message". What was not read is
     left out, never null: kill_seconds (gpu_kill did not run), wait_seconds (no wait ran), driver, gpus_before and
