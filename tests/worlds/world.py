@@ -314,10 +314,11 @@ def judge(world: dict, out: dict) -> tuple:
     truth_holders = oracle.holders(before, minors)
 
     code, facts = out["facts"]
+    ephemeral = {pid for pid, e in manifest.items() if e.get("lifetime")}  # may be gone before a module looks
     for gpu in facts.get("ansible_facts", {}).get("nvidia", {}).get("gpus", []):
         decisions += 1
-        expected = sorted(pid for pid, gpus in truth_holders.items() if gpu["index"] in gpus)
-        if sorted(gpu.get("holder_pids") or []) != expected:
+        expected = sorted(pid for pid, gpus in truth_holders.items() if gpu["index"] in gpus and pid not in ephemeral)
+        if sorted(set(gpu.get("holder_pids") or []) - ephemeral) != expected:
             violations.append(
                 "gpu_facts GPU %d: holder_pids %s, the oracle's holders %s"
                 % (gpu["index"], gpu.get("holder_pids"), expected)
@@ -328,7 +329,6 @@ def judge(world: dict, out: dict) -> tuple:
     decisions += len(verdict)
     if check.get("failed"):
         violations.append("check mode failed: %s" % check.get("msg"))
-    ephemeral = {pid for pid, e in manifest.items() if e.get("lifetime")}  # may be gone before check mode looks
     for pid in sorted((would ^ selected) - ephemeral):
         violations.append(
             "check mode: PID %d (%s) %s, the oracle says %s"
