@@ -72,38 +72,23 @@ changed_files:
   sample: [configuration]
 """
 
-from typing import Dict
-
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _outcome
 from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _vllm_files
 
 
 def main() -> None:
     module = AnsibleModule(
-        argument_spec=dict(
-            name=dict(type="str", required=True),
-            config=dict(type="dict", required=True),
-            config_dir=dict(type="path", required=True),
-            api_key=dict(type="str", default="", no_log=True),
-            owner=dict(type="str"),
-            unit_file=dict(type="path"),
-            unit=dict(type="str"),
-        ),
-        required_together=[("unit_file", "unit")],
-        supports_check_mode=True,
+        argument_spec=_vllm_files.argument_spec(), required_together=[("unit_file", "unit")], supports_check_mode=True
     )
-    differing = [file for file in _vllm_files.files_of(module.params) if file.differs()]
-    result: Dict[str, object] = {"changed": bool(differing), "changed_files": [file.what for file in differing]}
-    if module._diff and differing:
-        result["diff"] = [file.diff() for file in differing]
-    if not module.check_mode:
-        try:
-            for file in differing:
-                _vllm_files.write(file, lambda path, owner: module.set_owner_if_different(path, owner, False))
-        except OSError as exc:
-            module.fail_json(msg="cannot write the files of instance %s: %s" % (module.params["name"], exc), **result)
-    module.exit_json(**result)
+    outcome = _vllm_files.run(
+        module.params,
+        module.check_mode,
+        module._diff,
+        lambda path, owner: module.set_owner_if_different(path, owner, False),
+    )
+    _outcome.exit_with(module, outcome)
 
 
 if __name__ == "__main__":

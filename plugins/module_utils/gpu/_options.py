@@ -8,8 +8,8 @@ Each module family has one table of its number options (type, default, above 0 o
 text): GPU for the GPU modules and the roles and playbooks that set them, DRAIN, READY and DETACHED for a vLLM server.
 The modules' argument specs (`spec`), their checks (`check`), gpu_wait's action plugin and the role filters' defaults
 (`role_defaults`, plugins/filter/inputs.py) are built from them. The modules' DOCUMENTATION and the roles'
-meta/argument_specs.yml and defaults/main.yml say the same defaults: tests/unit/plugins/module_utils/test_option_table.py
-fails where one differs, and where a default is written again in plugins/.
+meta/argument_specs.yml and defaults/main.yml say the same defaults:
+tests/unit/plugins/module_utils/test_option_table.py fails where one differs, and where a default is written again.
 
 Ansible's `type: float` accepts "nan" and "inf" (Python's float() does): a grace period of nan
 never ends, a timeout of inf never returns. Every module refuses them, and negative values, with

@@ -15,7 +15,9 @@ import hashlib
 import json
 import os
 import tempfile
-from typing import Any, Callable, Mapping, TypedDict
+from typing import Any, Callable, Dict, Mapping, TypedDict
+
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _outcome
 
 KEY_MODE = 0o600
 # <name>.json holds the instance's environment, where an operator may put a secret (HF_TOKEN): root's alone.
@@ -159,3 +161,34 @@ def write(file: File, set_owner: Callable[[str, str], object]) -> None:
         if os.path.exists(temporary):
             os.unlink(temporary)
         raise
+
+
+def argument_spec() -> Dict[str, Any]:
+    """vllm_server_files' argument spec."""
+    return dict(
+        name=dict(type="str", required=True),
+        config=dict(type="dict", required=True),
+        config_dir=dict(type="path", required=True),
+        api_key=dict(type="str", default="", no_log=True),
+        owner=dict(type="str"),
+        unit_file=dict(type="path"),
+        unit=dict(type="str"),
+    )
+
+
+def run(
+    params: Mapping[str, Any], check_mode: bool, diff: bool, set_owner: Callable[[str, str], object]
+) -> _outcome.Outcome:
+    """One run of vllm_server_files: the files that differ, written (not in check mode), with their diff when asked."""
+    differing = [file for file in files_of(params) if file.differs()]
+    result: Dict[str, Any] = {"changed": bool(differing), "changed_files": [file.what for file in differing]}
+    if diff and differing:
+        result["diff"] = [file.diff() for file in differing]
+    if not check_mode:
+        try:
+            for file in differing:
+                write(file, set_owner)
+        except OSError as exc:
+            msg = "cannot write the files of instance %s: %s" % (params["name"], exc)
+            return _outcome.Outcome(dict(msg=msg, **result), failed=True)
+    return _outcome.Outcome(result)
