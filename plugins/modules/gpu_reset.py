@@ -122,28 +122,15 @@ next_step:
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _gpu_reset, _gpus, _options
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _gpu_reset, _gpus, _options, _outcome
 
 
 def main() -> None:
-    module = AnsibleModule(
-        argument_spec=dict(
-            gpus=dict(type="list", elements="raw"),
-            max_used_mib=dict(type="int", default=_gpus.DEFAULT_TOLERANCE_MIB),
-            reset_timeout=dict(type="float", default=60.0),
-            command_timeout=dict(type="float", default=120.0),
-            driver_timeout=_gpus.SELECTION_ARGS["driver_timeout"],
-            own_pid_namespace=dict(type="bool", default=False),
-        ),
-        supports_check_mode=True,
-    )
+    module = AnsibleModule(argument_spec=_gpu_reset.argument_spec(), supports_check_mode=True)
     _gpus.check_libraries(module, missing_required_lib)
-    names = ("max_used_mib", "reset_timeout", "command_timeout", "driver_timeout")
-    _options.refuse_bad_numbers(module, names, positive=names[1:])
+    _options.refuse_bad_numbers(module, _gpu_reset.NUMBERS, positive=_gpu_reset.NUMBERS[1:])
     result = _gpu_reset.run(module.params, module.check_mode)
-    if result.pop("failed"):
-        module.fail_json(**result)
-    module.exit_json(**result)
+    _outcome.exit_with(module, _outcome.Outcome(result, failed=result.pop("failed")))
 
 
 if __name__ == "__main__":

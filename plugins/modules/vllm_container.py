@@ -75,37 +75,17 @@ container:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _container
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _outcome
+from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _container_run
 
 
 def main() -> None:
     module = AnsibleModule(
-        argument_spec=dict(
-            runtime=dict(type="str", choices=["podman", "docker"], required=True),
-            name=dict(type="str", required=True),
-            state=dict(type="str", choices=["started", "absent"], default="started"),
-            argv=dict(type="list", elements="str"),
-            environment=dict(type="dict", default={}),
-            timeout=dict(type="float", default=60.0),
-        ),
+        argument_spec=_container_run.argument_spec(),
         required_if=[("state", "started", ("argv",))],
         supports_check_mode=True,
     )
-    params = module.params
-    try:
-        found = _container.inspect(params["runtime"], params["name"])
-        if params["state"] == "absent":
-            if module.check_mode or found is None:
-                module.exit_json(changed=found is not None, container=found)
-            module.exit_json(
-                changed=True, container=_container.stop(params["runtime"], params["name"], params["timeout"])
-            )
-        if module.check_mode:
-            module.exit_json(changed=not (found and found["running"]), container=found)
-        started = _container.start(params["runtime"], params["name"], params["argv"], params["environment"])
-    except (_container.ContainerError, ValueError) as exc:
-        module.fail_json(msg=str(exc))
-    module.exit_json(changed=True, container=started)
+    _outcome.exit_with(module, _container_run.run(module.params, module.check_mode))
 
 
 if __name__ == "__main__":

@@ -91,6 +91,22 @@ def decide(params: Mapping[str, Any]) -> Tuple[Result, Optional[Dict[str, Any]]]
     return result, {"view": view, "targets": targets, "units": units}
 
 
+def argument_spec() -> Dict[str, Any]:
+    """The gpu_reset module's options (its DOCUMENTATION says what each means)."""
+    return dict(
+        gpus=dict(type="list", elements="raw"),
+        max_used_mib=dict(type="int", default=_gpus.DEFAULT_TOLERANCE_MIB),
+        reset_timeout=dict(type="float", default=60.0),
+        command_timeout=dict(type="float", default=120.0),
+        driver_timeout=_gpus.SELECTION_ARGS["driver_timeout"],
+        own_pid_namespace=dict(type="bool", default=False),
+    )
+
+
+# Options that must be numbers at least 0 (the timeouts more than 0: _options.refuse_bad_numbers).
+NUMBERS = ("max_used_mib", "reset_timeout", "command_timeout", "driver_timeout")
+
+
 def run(params: Mapping[str, Any], check_mode: bool) -> Result:
     """The whole reset: decide, refuse or (not in check mode) do and verify. Returns the module's result."""
     result, parts = decide(params)

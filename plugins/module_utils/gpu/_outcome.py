@@ -6,7 +6,7 @@
 
 Each module's `run(params, ...)` (gpu/_kill.py, gpu/_wait_run.py, gpu/_facts_run.py, gpu/_guard_ledger.py,
 vllm/_guard.py, vllm/_drain_run.py, vllm/_detached_run.py, vllm/_ready_run.py, vllm/_acceptance_run.py,
-vllm/_host_run.py, vllm/_speculative.py, vllm/_vllm_files.py) returns an Outcome and never calls exit_json or
+vllm/_host_run.py, vllm/_speculative.py, vllm/_vllm_files.py, vllm/_container_run.py) returns an Outcome and never calls exit_json or
 fail_json; the module's main() passes it to `exit_with`.
 """
 
