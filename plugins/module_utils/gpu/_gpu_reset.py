@@ -238,14 +238,17 @@ def _verify(
         if recovery.get("needs") == "reset":
             problems.append("GPU %d still needs a reset: %s" % (gpu["index"], "; ".join(recovery.get("why") or [])))
         if recovery.get("persistence_mode") != before.get(gpu["index"]):
-            problems.append("GPU %d: persistence mode %s, before %s" % (gpu["index"], recovery.get("persistence_mode"),
-                                                                        before.get(gpu["index"])))  # fmt: skip
+            was, now = before.get(gpu["index"]), recovery.get("persistence_mode")
+            problems.append("GPU %d: persistence mode %s, before %s" % (gpu["index"], now, was))
     for unit in units:
         code, output = _run(["systemctl", "is-active", unit], params["command_timeout"])
         if code != 0:
             problems.append("%s is %s, it was active" % (unit, output or "not active"))
-    result["gpus_after"] = [{"index": g["index"], "memory_used_mib": g.get("memory_used_mib"),
-                        "recovery": g.get("recovery")} for g in view["gpus"] if g["index"] in targets]  # fmt: skip
+    result["gpus_after"] = [
+        {"index": g["index"], "memory_used_mib": g.get("memory_used_mib"), "recovery": g.get("recovery")}
+        for g in view["gpus"]
+        if g["index"] in targets
+    ]
     if problems:
         step = "a GPU still unhealthy after a reset needs a power cycle: reboot the node, drain it first: %s" % (
             plan.DRAIN % socket.gethostname()

@@ -81,8 +81,12 @@ def fake_nvml(action=0, field_status=0, rows=(0, 0, 0, 0), pending=0, persistenc
         "nvmlDeviceGetNvLinkRemotePciInfo": lambda _h, link: types.SimpleNamespace(busId=links[link][1].encode()),
     }
     for name in missing:
-        calls[name] = lambda *args, name=name: (_ for _ in ()).throw(_Error("Function Not Found"))
+        calls[name] = lambda *args, name=name: _raise(_Error("Function Not Found"))
     return types.SimpleNamespace(**calls)
+
+
+def _raise(error):
+    raise error
 
 
 def test_the_driver_advice_of_one_gpu():
