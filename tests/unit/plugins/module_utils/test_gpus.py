@@ -430,7 +430,9 @@ def test_listed_scope_scans_in_full_where_the_lists_numbers_are_another_namespac
     )
     view = inspector.snapshot(scope="listed")
     assert [call[0] for call in calls] == ["full"] and view["scan"] == "full"
-    assert [(h["pid"], h["gpus"], h["attribution"]) for h in view["holders"]] == [(worker.pid, [1], {"1": "device_file"})]
+    assert [(h["pid"], h["gpus"], h["attribution"]) for h in view["holders"]] == [
+        (worker.pid, [1], {"1": "device_file"})
+    ]
     foreign = view["gpus"][1]["foreign"]
     assert foreign == [{"pid": NO_SUCH_PID, "used_mib": 500, "type": "compute", "reason": "absent", "comm": None}]
     assert [u["pid"] for u in view["device_users"]] == [exporter.pid]
