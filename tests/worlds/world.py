@@ -306,12 +306,8 @@ def judge(world: dict, out: dict) -> tuple:
     """(decisions checked, violations) of one world the modules decided (run_world)."""
     violations: list = []
     decisions = 0
-    minors, before = out["minors"], out["before"]
-    manifest = _manifest(out)
-    protected = _protected(out, manifest)
-    verdict = oracle.decide(before, minors, world["selection"], out["args"], protected)
-    selected = {pid for pid, reason in verdict.items() if reason == "selected"}
-    truth_holders = oracle.holders(before, minors)
+    before = out["before"]
+    manifest, protected, verdict, selected, truth_holders = _verdict(world, out)
 
     code, facts = out["facts"]
     ephemeral = {pid for pid, e in manifest.items() if e.get("lifetime")}  # may be gone before a module looks
@@ -359,6 +355,15 @@ def judge(world: dict, out: dict) -> tuple:
     if again.get("failed") and not kept:
         violations.append("second run failed: %s" % again.get("msg"))
     return decisions, violations
+
+
+def _verdict(world: dict, out: dict) -> tuple:
+    """(manifest, protected PIDs, the oracle's {pid: reason}, the selected PIDs, the holders before the runs)."""
+    manifest = _manifest(out)
+    protected = _protected(out, manifest)
+    verdict = oracle.decide(out["before"], out["minors"], world["selection"], out["args"], protected)
+    selected = {pid for pid, reason in verdict.items() if reason == "selected"}
+    return manifest, protected, verdict, selected, oracle.holders(out["before"], out["minors"])
 
 
 def _manifest(out: dict) -> dict:
@@ -433,11 +438,7 @@ def judge_playbook(world: dict, out: dict) -> tuple:
     """(decisions checked, violations) of a world that reset_gpus.yml and check_gpus.yml decided (run_playbook_world)."""
     violations: list = []
     minors, before = out["minors"], out["before"]
-    manifest = _manifest(out)
-    protected = _protected(out, manifest)
-    verdict = oracle.decide(before, minors, world["selection"], out["args"], protected)
-    selected = {pid for pid, reason in verdict.items() if reason == "selected"}
-    truth_holders = oracle.holders(before, minors)
+    manifest, protected, verdict, selected, truth_holders = _verdict(world, out)
     decisions = _check_ends(out, manifest, verdict, selected, {}, violations) + 1
     run = out["playbook"]
     checked = re.search(r"check_gpus (?!summary)\S+: ([^\"]*)", run["output"])
