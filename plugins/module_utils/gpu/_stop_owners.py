@@ -29,6 +29,7 @@ selection.
 
 from __future__ import annotations
 
+import os
 import subprocess
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Literal
 from typing import Mapping, NamedTuple, Optional, Sequence, Tuple, TypedDict
@@ -539,18 +540,38 @@ def stop_units(
     return Stopped(stopped, ended, None)
 
 
-def run_bounded(argv: List[str], timeout_s: float) -> Tuple[Optional[int], str, str]:
-    """(rc, stdout, stderr) of argv; rc None when it did not end within `timeout_s` seconds (then it is killed)."""
-    # Not AnsibleModule.run_command: it has no timeout, and a runtime stuck on its storage must not hang a reset.
+# Seconds to wait for a command killed at its timeout to be gone: one stuck in the kernel (D state) ignores SIGKILL.
+_REAP_S = 2.0
+
+
+def run_bounded(
+    argv: List[str], timeout_s: float, environment: Optional[Mapping[str, str]] = None
+) -> Tuple[Optional[int], str, str]:
+    """(rc, stdout, stderr) of argv (stdin /dev/null, `environment` added to ours); rc None when it did not end
+    within `timeout_s` seconds: then it is killed, and left behind if it is stuck in the kernel (D state), never
+    waited for longer than _REAP_S."""
+    # Not AnsibleModule.run_command: it has no timeout. Not subprocess.run: at its timeout it kills the command and
+    # then waits for it without a bound, which a command stuck in the driver never ends.
+    env = None
+    if environment:
+        env = dict(os.environ)
+        env.update(environment)
     try:
-        result = subprocess.run(  # pylint: disable=ansible-bad-function
-            argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout_s, check=False
+        process = subprocess.Popen(  # pylint: disable=ansible-bad-function,consider-using-with
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
         )
-    except subprocess.TimeoutExpired:
-        return None, "", "no answer within %s s" % timeout_s
     except OSError as exc:
         return 127, "", str(exc)
-    return result.returncode, result.stdout.decode("utf-8", "replace"), result.stderr.decode("utf-8", "replace")
+    try:
+        out, err = process.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        try:
+            process.communicate(timeout=_REAP_S)
+        except subprocess.TimeoutExpired:
+            pass  # stuck in the kernel: left behind rather than waited for
+        return None, "", "no answer within %s s" % timeout_s
+    return process.returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
 
 
 def stop_containers(

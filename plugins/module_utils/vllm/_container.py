@@ -18,8 +18,9 @@ import glob
 import json
 import os
 import re
-import subprocess
 from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _stop_owners
 
 RUNTIME_TIMEOUT_S = 120  # one look, a start, a removal; a stop gets its timeout more
 # Where the NVIDIA container toolkit writes CDI specs: `nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml`, and
@@ -37,18 +38,9 @@ class ContainerError(Exception):
 
 
 def run(argv: List[str], timeout_s: float, environment: Optional[Mapping[str, str]] = None) -> Result:
-    """(rc, stdout, stderr) of argv, stdin /dev/null; rc None when it did not end within `timeout_s` (then killed)."""
-    env = dict(os.environ)
-    env.update(environment or {})
-    try:
-        done = subprocess.run(  # pylint: disable=ansible-bad-function
-            argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout_s, check=False, env=env
-        )
-    except subprocess.TimeoutExpired:
-        return None, "", "no answer within %s s" % timeout_s
-    except OSError as exc:
-        return 127, "", str(exc)
-    return done.returncode, done.stdout.decode("utf-8", "replace"), done.stderr.decode("utf-8", "replace")
+    """(rc, stdout, stderr) of argv, stdin /dev/null; rc None when it did not end within `timeout_s` (then killed, and
+    never waited for without a bound: _stop_owners.run_bounded)."""
+    return _stop_owners.run_bounded(argv, timeout_s, environment)
 
 
 def _checked(argv: List[str], timeout_s: float, environment: Optional[Mapping[str, str]] = None) -> str:

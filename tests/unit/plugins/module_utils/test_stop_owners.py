@@ -9,6 +9,8 @@ Each process of a fake tree has the files the code reads: stat (comm, state, par
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _select, _stop_owners
@@ -192,3 +194,19 @@ def test_without_a_readable_cgroup_only_the_holders_are_known(tmp_path):
     assert _stop_owners.unit_lines(
         {"stopped_units": ["cron.service"], "unit_processes": found["unit_processes"]}, False
     ) == ["  stopped systemd unit cron.service first (stop_owners); its processes could not be read before the stop"]
+
+
+def test_a_command_past_its_timeout_is_killed_and_never_waited_for_without_a_bound():
+    """At its timeout the command is killed; what keeps its output open (here a child of its own, as a command stuck
+    in the driver would keep itself) is waited for at most _REAP_S seconds, not until it ends."""
+    started = time.monotonic()
+    rc, out, err = _stop_owners.run_bounded(["sh", "-c", "sleep 4 & exec sleep 30"], 0.2)
+    elapsed = time.monotonic() - started
+    assert (rc, out, err) == (None, "", "no answer within 0.2 s")
+    assert elapsed < 0.2 + _stop_owners._REAP_S + 1, elapsed
+    assert _stop_owners.run_bounded(["sh", "-c", "echo out; echo err >&2; exit 3"], 5, {"X": "1"}) == (
+        3,
+        "out\n",
+        "err\n",
+    )
+    assert _stop_owners.run_bounded(["/nonexistent/command"], 5)[0] == 127
