@@ -44,7 +44,7 @@ MISSING_LIBRARY = re.compile(r"Failed to import the required Python library \(([
 NOT_STARTED = (126, 127)
 
 # The modules that select holders, and how each begins a refusal of its options (gpu_kill's: _kill.refused).
-SELECTING = {"gpu_kill": "nothing was signalled: ", "gpu_wait": ""}
+SELECTING = {"gpu_kill": "nothing was signalled: ", "gpu_wait": "", "gpu_reset": "no GPU was reset: "}
 # A module run's result, and the interpreters tried: (interpreter, its source, "not found" or None where it ran).
 Result = Dict[str, Any]
 Tried = List[Tuple[str, str, Optional[str]]]

@@ -119,7 +119,10 @@ def module_runs(monkeypatch):
         ({"gpus": None, "max_used_mib": 5}, "gpus is null"),
     ],
 )
-@pytest.mark.parametrize("name, prefix", [("gpuops.nvidia.gpu_kill", "nothing was signalled: "), ("gpu_wait", "")])
+@pytest.mark.parametrize(
+    "name, prefix",
+    [("gpuops.nvidia.gpu_kill", "nothing was signalled: "), ("gpu_wait", ""), ("gpu_reset", "no GPU was reset: ")],
+)
 def test_a_null_selection_option_is_refused_before_the_module_runs(module_runs, args, message, name, prefix):
     result = action(name, args).run(task_vars={})
     assert result["failed"] is True and result["changed"] is False
