@@ -311,10 +311,29 @@ def _reset_gpus_options(given: Mapping[str, Any], spec: str) -> Dict[str, Dict[s
     return {"kill": kill, "group": group, "gpu_reset": _gpu_reset_options(given, group, values)}
 
 
+# The variables that choose processes, not GPUs: with them, the GPU reset needs reset_gpus_gpus.
+_NARROWING = (
+    "reset_gpus_pids",
+    "reset_gpus_match",
+    "reset_gpus_users",
+    "reset_gpus_units",
+    "reset_gpus_containers",
+    "reset_gpus_pods",
+    "reset_gpus_slurm_jobs",
+)
+
+
 def _gpu_reset_options(given: Mapping[str, Any], group: Mapping[str, Any], values: Mapping[str, Any]) -> Any:
     """gpu_reset's options where reset_gpus_gpu_reset asks for the guarded GPU reset (docs/recovery.md), else None."""
     if not _flag("reset_gpus_gpu_reset", given.get("reset_gpus_gpu_reset", False)):
         return None
+    narrowing = sorted(name for name in _NARROWING if name in given)
+    if narrowing and "gpus" not in group:
+        # A reset chosen by process would reset every GPU of the host that needs it, not only theirs.
+        raise Refused(
+            "reset_gpus_gpu_reset with %s resets GPUs, not processes: name them in reset_gpus_gpus"
+            % ", ".join(narrowing)
+        )
     options = {
         "max_used_mib": group["max_used_mib"],
         "driver_timeout": group["driver_timeout"],

@@ -54,3 +54,15 @@ def test_its_bad_variables_are_refused_by_name_before_anything_is_signalled(give
     plan = inputs.reset_gpus_plan(given, SPEC)
     assert plan["refusal"].startswith("nothing was signalled") and words in plan["refusal"], plan
     assert plan["gpu_reset"] is None
+
+
+@pytest.mark.parametrize(
+    "narrowing", [{"reset_gpus_pids": [5]}, {"reset_gpus_match": "vllm", "reset_gpus_users": ["a"]}]
+)
+def test_a_gpu_reset_chosen_by_process_must_name_its_gpus(narrowing):
+    """Chosen by process, a GPU reset would reach every GPU of the host that needs one, not only those processes'."""
+    plan = inputs.reset_gpus_plan(dict(narrowing, reset_gpus_gpu_reset=True), SPEC)
+    assert plan["refusal"].startswith("nothing was signalled: reset_gpus_gpu_reset with reset_gpus_")
+    assert plan["refusal"].endswith("resets GPUs, not processes: name them in reset_gpus_gpus")
+    plan = inputs.reset_gpus_plan(dict(narrowing, reset_gpus_gpu_reset=True, reset_gpus_gpus=[1]), SPEC)
+    assert plan["refusal"] is None and plan["gpu_reset"]["gpus"] == plan["group"]["gpus"]
