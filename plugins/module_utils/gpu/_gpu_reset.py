@@ -145,7 +145,10 @@ class _Runner:
             return error
         timeout = self.params["reset_timeout"] if step["step"] == "reset" else self.params["command_timeout"]
         code, output = _run(step["command"], timeout)
-        self.log.append("%s: %s" % (step["what"], "done" if code == 0 else "failed (exit %s)" % code))
+        outcome = (
+            "done" if code == 0 else "failed (exit %s)" % code if code is not None else "no answer in %s s" % timeout
+        )
+        self.log.append("%s: %s" % (step["what"], outcome))
         if step["step"] == "reset":
             self.reset_answer = (code, output)
         if code == 0:
@@ -180,7 +183,10 @@ def _execute(params: Mapping[str, Any], result: Result, parts: Mapping[str, Any]
         undone=[{"what": step["what"], "error": error} for step, error in undone],
     )
     if reset_done:
-        _recovery.note_reset(_pci_keys(view, targets), _kernel_log.uptime_s() or 0.0)
+        try:
+            _recovery.note_reset(_pci_keys(view, targets), _kernel_log.uptime_s() or 0.0)
+        except OSError as exc:  # a read-only or full /run: the reset happened all the same, and is verified below
+            runner.log.append("could not note the reset in %s: %s" % (_recovery.RESETS_FILE, exc))
     if failed:
         return _failed(params, result, failed, targets, runner.reset_answer)
     return _verify(params, result, targets, before, parts["units"])
@@ -234,7 +240,8 @@ def _verify(
     for gpu in (g for g in view["gpus"] if g["index"] in targets):
         recovery = gpu.get("recovery") or {}
         if gpu.get("memory_unexplained") or gpu.get("error"):
-            problems.append("GPU %d: %s MiB used, %s" % (gpu["index"], gpu.get("memory_used_mib"), gpu.get("error")))
+            used = "memory not read" if gpu.get("memory_used_mib") is None else "%s MiB used" % gpu["memory_used_mib"]
+            problems.append("GPU %d: %s%s" % (gpu["index"], used, ", %s" % gpu["error"] if gpu.get("error") else ""))
         if recovery.get("needs") == "reset":
             problems.append("GPU %d still needs a reset: %s" % (gpu["index"], "; ".join(recovery.get("why") or [])))
         if recovery.get("persistence_mode") != before.get(gpu["index"]):

@@ -142,10 +142,13 @@ def stoppable_unit(owner: Optional[_owners.Owner]) -> Optional[str]:
 
 def stoppable_container(owner: Optional[_owners.Owner]) -> Optional[str]:
     """The id of the docker or podman container that stop_owners stops for a holder with this owner block, or None
-    (no container, a pod's, another runtime's, or one that a unit runs: stoppable_unit)."""
+    (no container, a pod's, another runtime's, a rootless one (under user@UID.service), or one that a unit runs:
+    stoppable_unit)."""
     owner = owner or _owners.Owner()
     if owner.get("runtime") not in STOPPED_RUNTIMES or _owners.container_stop_argv(owner) is None:
         return None
+    if str(owner.get("systemd_unit") or "").startswith("user@"):
+        return None  # a rootless container: root's runtime does not know it; its line names the user's command
     return owner.get("container_id")
 
 

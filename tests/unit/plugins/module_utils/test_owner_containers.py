@@ -191,6 +191,17 @@ def test_a_quadlet_container_is_stopped_with_its_unit_and_its_monitor_is_no_work
     ]
 
 
+def test_a_rootless_container_is_only_reported_root_s_runtime_does_not_know_it(tmp_path):
+    """A rootless podman container (under user@1000.service) is the user's: root's `podman stop` answers "no such
+    container". Its processes are ended as any holders; its stop command is named, never run."""
+    path = FORMS["podman rootless"]
+    proc = fake_proc(tmp_path, vllm_tree(path))
+    workers = [holder(23, [0], path, API), holder(24, [1], path, API)]
+    assert _stop_owners.stoppable_container(workers[0]["owner"]) is None
+    found = stop_plan(proc, workers)
+    assert found["containers"] == [] and found["units"] == []
+
+
 def test_pods_and_other_runtimes_are_still_only_reported(tmp_path):
     path = "/kubepods.slice/kubepods-pod0a1b2c3d_4e5f_4a6b_8c7d_9e0f1a2b3c4d.slice/cri-containerd-%s.scope" % CID
     proc = fake_proc(tmp_path, vllm_tree(path))
