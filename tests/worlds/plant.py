@@ -207,6 +207,12 @@ def trainer(spec):
             reuser(spec, creator)
     else:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        # Noted only once it is a zombie: a creator still closing its files would be a holder to the oracle's reading.
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and (
+            open("/proc/%d/stat" % creator).read().rsplit(")", 1)[1].split()[0] != "Z"
+        ):
+            time.sleep(0.005)
     note({"pid": creator, "id": spec["id"], "role": "creator"})
     hold(None)
 

@@ -193,12 +193,16 @@ def look_and_end(
         # Check mode scans every process: a holder that the driver's figures do not give away (the forked child of a
         # dead creator whose number a process with its own context has now) is named from the start, as the run ends
         # it. The run's looks scan the listed PIDs where they explain the GPUs: once the reuser has exited, its listed
-        # number is an exited creator's and the next look scans every process.
+        # number is an exited creator's and the next look scans every process. Where the selection leaves a holder
+        # alone, that holder may be the reuser, which never exits: the first look then scans every process too.
         scope: _shapes.Scope = "full" if check_mode else "listed"
         snapshot = inspector.snapshot(scope=scope, owners=True, tolerance_mib=params["max_used_mib"])
         steps = Steps(snapshot["driver"])
         try:
             look = first_look(params, snapshot, checked)
+            if snapshot["scan"] == "listed" and look.left_alone:
+                snapshot = inspector.snapshot(scope="full", owners=True, tolerance_mib=params["max_used_mib"])
+                look = first_look(params, snapshot, checked)
         except _select.SelectionError as exc:
             return steps._replace(refusal=str(exc))
         steps = steps._replace(look=look, warnings=driver_warnings(snapshot["driver"], params["driver_timeout"]))
