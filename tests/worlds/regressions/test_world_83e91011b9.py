@@ -5,8 +5,11 @@ reveal the worker that keeps that creator's context). It was: selected holder PI
 
 from worlds.world import replay
 
-WORLD = {'setup': {'gpus': 1, 'mig': False, 'gb10': True, 'old_driver': False},
- 'procs': [{'id': 'p0',
+WORLD = {
+    'setup': {'gpus': 1, 'mig': False, 'gb10': True, 'old_driver': False},
+    'procs': [
+        {
+            'id': 'p0',
             'kind': 'trainer',
             'gpus': [0],
             'gi': {},
@@ -15,18 +18,24 @@ WORLD = {'setup': {'gpus': 1, 'mig': False, 'gb10': True, 'old_driver': False},
             'workers': 1,
             'creator_end': 'reaped',
             'reuse': 'holder',
-            'reuse_gpus': [0]}],
- 'selection': {'gpus': [('index', 0)],
-               'pids': None,
-               'options': {'grace_period': 0.5,
-                           'kill_wait': 3.0,
-                           'wait': True,
-                           'wait_timeout': 3.0,
-                           'driver_timeout': 10.0,
-                           'match': 'pt_data_worker',
-                           'exclude': ['nvidia-persistenced', 'dcgm-exporter']}},
- 'through': 'modules'}
-
+            'reuse_gpus': [0],
+        }
+    ],
+    'selection': {
+        'gpus': [('index', 0)],
+        'pids': None,
+        'options': {
+            'grace_period': 0.5,
+            'kill_wait': 3.0,
+            'wait': True,
+            'wait_timeout': 3.0,
+            'driver_timeout': 10.0,
+            'match': 'pt_data_worker',
+            'exclude': ['nvidia-persistenced', 'dcgm-exporter'],
+        },
+    },
+    'through': 'modules',
+}
 
 
 def test_world():
