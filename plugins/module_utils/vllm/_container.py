@@ -29,7 +29,7 @@ CDI_DIRS = ("/etc/cdi", "/var/run/cdi")
 _CDI_KIND_RE = re.compile(r"""^\s*["']?kind["']?\s*:\s*["']?([^"'\s,]+)""", re.M)
 _CDI_NAME_RE = re.compile(r"""^\s*-?\s*["']?name["']?\s*:\s*["']?([^"'\s,]+)""", re.M)
 
-# run(argv, timeout_s, environment) -> (rc, stdout, stderr); rc None when it did not end in time.
+# _stop_owners.run_bounded(argv, timeout_s, environment) -> (rc, stdout, stderr); rc None when it did not end in time.
 Result = Tuple[Optional[int], str, str]
 
 
@@ -37,14 +37,8 @@ class ContainerError(Exception):
     """The runtime failed or did not answer; the message says which command and what it wrote."""
 
 
-def run(argv: List[str], timeout_s: float, environment: Optional[Mapping[str, str]] = None) -> Result:
-    """(rc, stdout, stderr) of argv, stdin /dev/null; rc None when it did not end within `timeout_s` (then killed, and
-    never waited for without a bound: _stop_owners.run_bounded)."""
-    return _stop_owners.run_bounded(argv, timeout_s, environment)
-
-
 def _checked(argv: List[str], timeout_s: float, environment: Optional[Mapping[str, str]] = None) -> str:
-    rc, out, err = run(argv, timeout_s, environment)
+    rc, out, err = _stop_owners.run_bounded(argv, timeout_s, environment)
     if rc != 0:
         raise ContainerError(
             "%s failed (%s): %s"
@@ -77,7 +71,7 @@ def _state(found: Mapping[str, Any]) -> Dict[str, Any]:
 def inspect(runtime: str, name: str) -> Optional[Dict[str, Any]]:
     """The container `name`: {"id", "image_id" (hex, no "sha256:"), "image", "status", "running", "pid" (its PID 1 on
     the host, 0 when it does not run), "exit_code", "health", "labels"}, or None when there is none of that name."""
-    rc, out, err = run([runtime, "container", "inspect", name], RUNTIME_TIMEOUT_S)
+    rc, out, err = _stop_owners.run_bounded([runtime, "container", "inspect", name], RUNTIME_TIMEOUT_S)
     if rc != 0:
         if rc is not None and re.search(r"no such (container|object)", err + out, re.I):
             return None
@@ -88,7 +82,9 @@ def inspect(runtime: str, name: str) -> Optional[Dict[str, Any]]:
 
 def image_id(runtime: str, image: str) -> Optional[str]:
     """The ID (hex) of `image` on this host, or None when the host does not have it (nothing is pulled)."""
-    rc, out, err = run([runtime, "image", "inspect", "--format", "{{.Id}}", image], RUNTIME_TIMEOUT_S)
+    rc, out, err = _stop_owners.run_bounded(
+        [runtime, "image", "inspect", "--format", "{{.Id}}", image], RUNTIME_TIMEOUT_S
+    )
     if rc != 0:
         if rc is not None and re.search(r"(no such|not known|unknown|failed to find)", err + out, re.I):
             return None

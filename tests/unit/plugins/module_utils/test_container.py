@@ -124,11 +124,13 @@ def test_start_passes_the_environment_by_name_and_stop_has_a_timeout(runtime):
     assert log.read_text().splitlines()[-2:] == ["stop -t 3 vllm-qwen ENV=", "rm -f vllm-qwen ENV="]
 
 
-def test_a_runtime_that_does_not_answer_is_bounded(tmp_path):
+def test_a_runtime_that_does_not_answer_is_bounded(tmp_path, monkeypatch):
     script = tmp_path / "docker"
     script.write_text("#!/bin/sh\nsleep 30\n")
     script.chmod(0o755)
-    assert _container.run([str(script)], 0.2) == (None, "", "no answer within 0.2 s")
+    monkeypatch.setattr(_container, "RUNTIME_TIMEOUT_S", 0.2)
+    with pytest.raises(_container.ContainerError, match=r"inspect vllm-qwen failed \(None\): no answer within 0.2 s"):
+        _container.inspect(str(script), "vllm-qwen")
 
 
 def test_cdi_names_of_yaml_and_json_specs(tmp_path):
