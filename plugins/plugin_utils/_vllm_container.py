@@ -211,15 +211,52 @@ def host_path(instance: Mapping[str, Any], path: object, manager: str) -> Option
     return best["src"].rstrip("/") + text[len(best["dest"].rstrip("/")) :]
 
 
+def _cdi_names(gpus: Sequence[Any], cdi: Sequence[str]) -> Optional[List[str]]:
+    """The CDI names of the instance's GPUs (`nvidia.com/gpu=<index or MIG UUID>`) where the host's specs name every
+    one (`cdi`: the names they list), else None."""
+    names = ["nvidia.com/gpu=%s" % gpu for gpu in gpus]
+    return names if names and all(name in cdi for name in names) else None
+
+
+def _minors(nvidia: Mapping[str, Any]) -> Dict[Any, int]:
+    """The minor number of each GPU index, as the driver library gave it (gpu_facts' `minor`)."""
+    found = {gpu.get("index"): gpu.get("minor") for gpu in nvidia.get("gpus") or []}
+    return {index: minor for index, minor in found.items() if isinstance(minor, int) and not isinstance(minor, bool)}
+
+
+def gpu_problems(gpus: Sequence[Any], nvidia: Mapping[str, Any], cdi: Sequence[str]) -> List[str]:
+    """Why the instance's GPUs cannot be given to its container: no CDI spec names them all and the device file of
+    one is unknown (a MIG instance, or a GPU whose minor number the driver library did not give). The index is never
+    taken for the minor number: /dev/nvidia<index> may be another GPU's."""
+    if _cdi_names(gpus, cdi) is not None:
+        return []
+    minors = _minors(nvidia)
+    unknown = [gpu for gpu in gpus if isinstance(gpu, bool) or gpu not in minors]
+    if not unknown:
+        return []
+    return [
+        "gpus %s: the host has no CDI spec that names %s, and the device file of %s is not known (%s): generate "
+        "the host's CDI spec (nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml) or give whole GPUs by index"
+        % (
+            ", ".join(str(gpu) for gpu in gpus),
+            ", ".join("nvidia.com/gpu=%s" % gpu for gpu in gpus),
+            ", ".join(str(gpu) for gpu in unknown),
+            "a MIG instance goes by its CDI name only"
+            if any(isinstance(gpu, str) for gpu in unknown)
+            else "the NVIDIA driver library gave no minor number",
+        )
+    ]
+
+
 def gpu_args(gpus: Sequence[Any], nvidia: Mapping[str, Any], cdi: Sequence[str]) -> List[str]:
     """The runtime's options for the instance's GPUs: `--device nvidia.com/gpu=<index>` each where the host's CDI
-    spec names every one (`cdi`: the names the host's specs list), else `--device` for each GPU's device file and the
-    control devices. MIG UUIDs go by CDI name only (`nvidia.com/gpu=<index>:<instance>` is not derived here)."""
-    names = ["nvidia.com/gpu=%s" % gpu for gpu in gpus]
-    if names and all(name in cdi for name in names):
+    spec names every one (`cdi`: the names the host's specs list), else `--device` for each GPU's device file
+    (`/dev/nvidia<minor>`) and the control devices. gpu_problems refuses, before this, GPUs without either."""
+    names = _cdi_names(gpus, cdi)
+    if names is not None:
         return [arg for name in names for arg in ("--device", name)]
-    minors = {gpu.get("index"): gpu.get("minor") for gpu in nvidia.get("gpus") or []}
-    files = ["/dev/nvidia%s" % minors.get(gpu, gpu) for gpu in gpus] + list(CONTROL_DEVICES)
+    minors = _minors(nvidia)
+    files = ["/dev/nvidia%d" % minors[gpu] for gpu in gpus] + list(CONTROL_DEVICES)
     return [arg for path in files for arg in ("--device", path)]
 
 

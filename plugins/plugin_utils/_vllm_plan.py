@@ -558,6 +558,10 @@ def plan(instances: Optional[Sequence[Instance]], host: Host, settings: Settings
             instance, checks["gpus"].get(instance.get("name")), host, gpus, settings
         )
         found += unmanaged
+        if _contained(instance, settings):
+            found += _vllm_container.gpu_problems(
+                checks["gpus"].get(instance.get("name")) or [], nvidia, list(host.get("cdi") or [])
+            )
         release, release_problems, release_warnings = _release(instance, settings, host)
         spec, spec_problems = _speculative(instance, settings, host.get("drafters"), release)
         specs[instance.get("name")] = spec

@@ -130,8 +130,30 @@ def test_device_files_without_a_cdi_spec_docker_and_shm_size():
     assert devices == ["/dev/nvidia0", "/dev/nvidia3", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
     assert "--ipc" not in argv and argv[argv.index("--shm-size") + 1] == "16g"
     assert "--env-file" not in argv and "--log-driver" not in argv  # docker keeps its own log driver
-    # A CDI spec that names only some of the GPUs: the device files.
-    assert c.gpu_args([0, 1], {"gpus": []}, ["nvidia.com/gpu=0"])[1] == "/dev/nvidia0"
+    # A CDI spec that names only some of the GPUs: the device files, by minor number (GPU 1 is /dev/nvidia3).
+    nvidia = {"gpus": [{"index": 0, "minor": 0}, {"index": 1, "minor": 3}]}
+    assert c.gpu_args([0, 1], nvidia, ["nvidia.com/gpu=0"])[:4] == [
+        "--device",
+        "/dev/nvidia0",
+        "--device",
+        "/dev/nvidia3",
+    ]
+    assert c.gpu_problems([0, 1], nvidia, ["nvidia.com/gpu=0"]) == []
+
+
+@pytest.mark.parametrize(
+    "gpus, nvidia, why",
+    [
+        ([0, 1], {"gpus": [{"index": 0, "minor": 0}, {"index": 1, "minor": None}]}, "device file of 1 is not known"),
+        ([0], {}, "device file of 0 is not known (the NVIDIA driver library gave no minor number)"),
+        (["MIG-0f1e"], {"gpus": [{"index": 0, "minor": 0}]}, "a MIG instance goes by its CDI name only"),
+    ],
+)
+def test_a_gpu_without_cdi_name_or_minor_number_is_refused_never_guessed(gpus, nvidia, why):
+    found = c.gpu_problems(gpus, nvidia, ["nvidia.com/gpu=all"])
+    assert len(found) == 1 and why in found[0] and "nvidia-ctk cdi generate" in found[0], found
+    # With a CDI spec that names them, nothing is needed from the driver library.
+    assert c.gpu_problems(gpus, nvidia, ["nvidia.com/gpu=%s" % gpu for gpu in gpus]) == []
 
 
 def test_the_digest_follows_the_configuration_and_not_itself():
@@ -223,6 +245,23 @@ def test_the_plan_refuses_a_missing_image_and_a_model_outside_the_volumes():
     assert any("model /models/Qwen3.6-27B is in no volume of the container" in p for p in found["problems"])
     found = _vllm_plan.plan([instance(vllm_version=None, volumes=["/srv/models:/models"])], host(), plan_settings())
     assert any("vllm_version is required with service_manager podman" in p for p in found["problems"])
+
+
+def test_the_plan_refuses_gpus_it_cannot_name_to_the_runtime():
+    nvidia = dict(host()["nvidia"], gpus=[{"index": 0, "minor": 0, "uuid": "GPU-a"}, {"index": 1, "uuid": "GPU-b"}])
+    found = _vllm_plan.plan([instance(volumes=["/srv/models:/models"])], host(cdi=[], nvidia=nvidia), plan_settings())
+    assert found["instances"] == {} and any(
+        p.startswith("instance qwen: gpus 0, 1: the host has no CDI spec that names nvidia.com/gpu=0, nvidia.com/gpu=1")
+        and "device file of 1 is not known" in p
+        for p in found["problems"]
+    ), found["problems"]
+    found = _vllm_plan.plan([instance(volumes=["/srv/models:/models"])], host(cdi=[]), plan_settings())
+    assert found["problems"] == [] and found["instances"]["qwen"]["cfg"]["container"]["gpu_args"][:4] == [
+        "--device",
+        "/dev/nvidia0",
+        "--device",
+        "/dev/nvidia1",
+    ]
 
 
 def test_a_running_container_of_another_image_or_configuration_is_restarted():
