@@ -495,6 +495,7 @@ def _entry(
         "old_served_model_name": current.get("served_model_name") or name,
         "old_manager": current.get("service_manager") or cfg["service_manager"],
         "old_unit": unit_text(old, settings) if old and old.get("service_manager") == "systemd" else None,
+        "old_container": _container_name(current, settings),
         "gate": bool(spec) and _gate(instance, settings),
         "min_rate": _min_rate(instance, settings),
         "address": _address(cfg),
@@ -505,6 +506,13 @@ def _entry(
         # vLLM servers this role did not start that the instance replaces (_vllm_unmanaged.replaced)
         "replaces": replaces,
     }
+
+
+def _container_name(cfg: Mapping[str, Any], settings: Settings) -> str:
+    """The name of the container that runs `cfg`: the one its deployment recorded (a later vllm_server_unit_prefix
+    does not rename it), else `<unit prefix><name>`."""
+    recorded = (cfg.get("container") or {}).get("name")
+    return str(recorded) if recorded else "%s%s" % (settings["unit_prefix"], cfg.get("name"))
 
 
 def _container_reasons(cfg: Mapping[str, Any], host: Host, running: Optional[Mapping[str, Any]]) -> List[str]:

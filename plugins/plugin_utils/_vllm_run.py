@@ -24,7 +24,8 @@ from ansible_collections.gpuops.nvidia.plugins.plugin_utils._tags import renamed
 # The run-state of one instance (roles/vllm_server/tasks/compare.yml sets it, each phase notes what it needs to):
 #   reasons     the reasons to restart (the plan's), [] for an instance left as it is
 #   cfg, url, unit_text, api_key, stop  what runs next: the new configuration, or in a rollback the previous one;
-#               stop is {"manager", "address"} of the server the stop phase ends
+#               stop is {"manager", "address", "container"} of the server the stop phase ends (container: the
+#               name of its container, as its deployment recorded it)
 #   down_at     when the compare phase began (seconds since the epoch)
 #   hook_failure  what failed in a drain hook ("": none): nothing was stopped
 #   failure, rollback  what failed in the redeploy ("": nothing), and what the rollback did
@@ -48,7 +49,11 @@ def run_state(planned: Mapping[str, Any], api_key: Optional[str], now: float) ->
         "url": planned["url"],
         "unit_text": planned["unit"],
         "api_key": api_key or "",
-        "stop": {"manager": planned["old_manager"], "address": planned["old_address"]},
+        "stop": {
+            "manager": planned["old_manager"],
+            "address": planned["old_address"],
+            "container": planned["old_container"],
+        },
         "down_at": float(now),
         "hook_failure": "",
         "failure": "",
@@ -118,7 +123,11 @@ def rollback_to(run: RunState, planned: Mapping[str, Any], deployed_key: Optiona
         cfg=planned["old"] if planned["old"] else planned["cfg"],
         url=planned["old_url"],
         unit_text=planned["old_unit"],
-        stop={"manager": planned["cfg"]["service_manager"], "address": planned["address"]},
+        stop={
+            "manager": planned["cfg"]["service_manager"],
+            "address": planned["address"],
+            "container": (planned["cfg"].get("container") or {}).get("name"),
+        },
         log_offset=None,
         api_key=_deployed_key(run, planned, deployed_key),
     )

@@ -12,7 +12,7 @@ import copy
 import pytest
 
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils import _vllm_container as c
-from ansible_collections.gpuops.nvidia.plugins.plugin_utils import _vllm_plan
+from ansible_collections.gpuops.nvidia.plugins.plugin_utils import _vllm_plan, _vllm_run
 
 SETTINGS = {"stop_timeout": 60, "unit_prefix": "vllm-", "container_options": []}
 
@@ -262,6 +262,19 @@ def test_the_plan_refuses_gpus_it_cannot_name_to_the_runtime():
         "--device",
         "/dev/nvidia1",
     ]
+
+
+def test_the_stop_finds_the_container_by_the_name_its_deployment_recorded():
+    one = instance(volumes=["/srv/models:/models"])
+    first = _vllm_plan.plan([one], host(), plan_settings())["instances"]["qwen"]
+    assert first["old_container"] == "vllm-qwen"  # nothing deployed yet: the name it gets
+    # Deployed under another prefix: the stop (and a rollback's start) name the running container, not a new name.
+    renamed = _vllm_plan.plan([one], host(deployed={"qwen": first["cfg"]}), plan_settings(unit_prefix="llm-"))
+    entry = renamed["instances"]["qwen"]
+    assert entry["old_container"] == "vllm-qwen" and entry["cfg"]["container"]["name"] == "llm-qwen"
+    run = _vllm_run.step(entry, "compare", api_key=None, now=0.0)
+    assert run["stop"]["container"] == "vllm-qwen"
+    assert _vllm_run.step(run, "rollback_to", planned=entry, deployed_key=None)["stop"]["container"] == "llm-qwen"
 
 
 def test_a_running_container_of_another_image_or_configuration_is_restarted():

@@ -24,6 +24,7 @@ PLANNED = {
     "old_unit": None,
     "old_manager": "systemd",
     "old_address": ["127.0.0.1", 8001],
+    "old_container": "vllm-a",
     "address": ["127.0.0.1", 8000],
     "changed": ["configuration"],
     "reasons": ["configuration changed"],
@@ -38,7 +39,10 @@ def fresh(**changes):
 def test_compare_starts_a_run_with_nothing_done():
     run = fresh()
     assert run["reasons"] == ["configuration changed"] and run["cfg"] is CFG and run["api_key"] == ""
-    assert run["stop"] == {"manager": "systemd", "address": ["127.0.0.1", 8001]} and run["down_at"] == 100.0
+    assert (
+        run["stop"] == {"manager": "systemd", "address": ["127.0.0.1", 8001], "container": "vllm-a"}
+        and run["down_at"] == 100.0
+    )
     assert (run["failure"], run["hook_failure"], run["rollback"], run["kill"], run["log_offset"]) == (
         "",
         "",
@@ -77,7 +81,8 @@ def test_the_rollback_switches_to_the_previous_configuration_and_its_key():
     key = {"content": base64.b64encode(b"VLLM_API_KEY=old-key\n").decode()}
     run = r.step(fresh(log_offset=5, api_key="new"), "rollback_to", planned=PLANNED, deployed_key=key)
     assert run["cfg"] is OLD and run["url"] == PLANNED["old_url"] and run["log_offset"] is None
-    assert run["stop"] == {"manager": "detached", "address": ["127.0.0.1", 8000]} and run["api_key"] == "old-key"
+    assert run["stop"] == {"manager": "detached", "address": ["127.0.0.1", 8000], "container": None}
+    assert run["api_key"] == "old-key"
     unread = r.step(fresh(api_key="new"), "rollback_to", planned=PLANNED, deployed_key={"skipped": True})
     assert unread["api_key"] == "new"
     changed = r.step(fresh(api_key="new"), "rollback_to", planned=dict(PLANNED, changed=["API key"]), deployed_key={})
