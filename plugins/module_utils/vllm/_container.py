@@ -37,17 +37,19 @@ class ContainerError(Exception):
     """The runtime failed or did not answer; the message says which command and what it wrote."""
 
 
+def _failure(argv: List[str], rc: Optional[int], out: str, err: str, timeout_s: float) -> str:
+    """`<command> failed (rc N): <what the runtime wrote>`, or `<command> failed: no answer within T s`; the command
+    is shown up to its sixth word."""
+    command = " ".join(argv[:6]) + (" ..." if len(argv) > 6 else "")
+    if rc is None:
+        return "%s failed: no answer within %s s" % (command, timeout_s)
+    return "%s failed (rc %s): %s" % (command, rc, (err.strip() or out.strip() or "no error text")[-500:])
+
+
 def _checked(argv: List[str], timeout_s: float, environment: Optional[Mapping[str, str]] = None) -> str:
     rc, out, err = _stop_owners.run_bounded(argv, timeout_s, environment)
     if rc != 0:
-        raise ContainerError(
-            "%s failed (%s): %s"
-            % (
-                " ".join(argv[:3]),
-                "rc %s" % rc if rc is not None else "no answer within %s s" % timeout_s,
-                (err.strip() or out.strip() or "no error text")[-500:],
-            )
-        )
+        raise ContainerError(_failure(argv, rc, out, err, timeout_s))
     return out
 
 
@@ -71,24 +73,24 @@ def _state(found: Mapping[str, Any]) -> Dict[str, Any]:
 def inspect(runtime: str, name: str) -> Optional[Dict[str, Any]]:
     """The container `name`: {"id", "image_id" (hex, no "sha256:"), "image", "status", "running", "pid" (its PID 1 on
     the host, 0 when it does not run), "exit_code", "health", "labels"}, or None when there is none of that name."""
-    rc, out, err = _stop_owners.run_bounded([runtime, "container", "inspect", name], RUNTIME_TIMEOUT_S)
+    argv = [runtime, "container", "inspect", name]
+    rc, out, err = _stop_owners.run_bounded(argv, RUNTIME_TIMEOUT_S)
     if rc != 0:
         if rc is not None and re.search(r"no such (container|object)", err + out, re.I):
             return None
-        raise ContainerError("%s container inspect %s failed (%s): %s" % (runtime, name, rc, err.strip()[-500:]))
+        raise ContainerError(_failure(argv, rc, out, err, RUNTIME_TIMEOUT_S))
     found = json.loads(out or "[]")
     return _state(found[0]) if found else None
 
 
 def image_id(runtime: str, image: str) -> Optional[str]:
     """The ID (hex) of `image` on this host, or None when the host does not have it (nothing is pulled)."""
-    rc, out, err = _stop_owners.run_bounded(
-        [runtime, "image", "inspect", "--format", "{{.Id}}", image], RUNTIME_TIMEOUT_S
-    )
+    argv = [runtime, "image", "inspect", "--format", "{{.Id}}", image]
+    rc, out, err = _stop_owners.run_bounded(argv, RUNTIME_TIMEOUT_S)
     if rc != 0:
         if rc is not None and re.search(r"(no such|not known|unknown|failed to find)", err + out, re.I):
             return None
-        raise ContainerError("%s image inspect %s failed (%s): %s" % (runtime, image, rc, err.strip()[-500:]))
+        raise ContainerError(_failure(argv, rc, out, err, RUNTIME_TIMEOUT_S))
     return out.strip().split(":", 1)[-1] or None
 
 
@@ -128,7 +130,9 @@ def start(runtime: str, name: str, argv: List[str], environment: Mapping[str, st
     found = inspect(runtime, name)
     if found is not None:
         if found["running"]:
-            raise ContainerError("container %s runs already (ID %s): stop it first" % (name, str(found["id"])[:12]))
+            raise ContainerError(
+                "container %s runs already (ID %s): stop it first" % (name, str(found["id"] or "unknown")[:12])
+            )
         _checked([runtime, "rm", "-f", name], RUNTIME_TIMEOUT_S)
     _checked([runtime] + list(argv), RUNTIME_TIMEOUT_S, {k: str(v) for k, v in environment.items()})
     started = inspect(runtime, name)
@@ -144,7 +148,13 @@ def stop(runtime: str, name: str, timeout_s: float) -> Optional[Dict[str, Any]]:
     if found is None:
         return None
     seconds = int(-(-max(timeout_s, 0) // 1))
-    if found["running"]:
-        _checked([runtime, "stop", "-t", str(seconds), name], seconds + RUNTIME_TIMEOUT_S)
-    _checked([runtime, "rm", "-f", name], RUNTIME_TIMEOUT_S)
+    try:
+        if found["running"]:
+            _checked([runtime, "stop", "-t", str(seconds), name], seconds + RUNTIME_TIMEOUT_S)
+        _checked([runtime, "rm", "-f", name], RUNTIME_TIMEOUT_S)
+    except ContainerError as exc:
+        raise ContainerError(
+            "%s; container %s (ID %s) may still run on its GPUs: look with `%s ps -a --filter name=%s`, stop it, "
+            "then run again" % (exc, name, str(found["id"] or "unknown")[:12], runtime, name)
+        ) from exc
     return found

@@ -44,8 +44,9 @@ def runtime(tmp_path):
         'case "$1 $2" in\n'
         '  "container inspect") cat %s/inspect.json; exit $(cat %s/inspect.rc) ;;\n'
         '  "image inspect") cat %s/image.out; exit $(cat %s/image.rc) ;;\n'
+        '  "stop -t") [ ! -e %s/stop.err ] || { cat %s/stop.err >&2; exit 125; } ;;\n'
         "esac\n"
-        "exit 0\n" % (log, tmp_path, tmp_path, tmp_path, tmp_path)
+        "exit 0\n" % ((log,) + (tmp_path,) * 6)
     )
     script.chmod(0o755)
 
@@ -94,7 +95,7 @@ def test_no_such_container_is_none_and_another_failure_says_so(runtime):
     assert _container.inspect(path, "vllm-qwen") is None
     with open(path.replace("podman", "inspect.json"), "w") as handle:
         handle.write("Error: database is locked\n")
-    with pytest.raises(_container.ContainerError, match="container inspect vllm-qwen failed \\(125\\)"):
+    with pytest.raises(_container.ContainerError, match="container inspect vllm-qwen failed \\(rc 125\\)"):
         _container.inspect(path, "vllm-qwen")
 
 
@@ -124,12 +125,29 @@ def test_start_passes_the_environment_by_name_and_stop_has_a_timeout(runtime):
     assert log.read_text().splitlines()[-2:] == ["stop -t 3 vllm-qwen ENV=", "rm -f vllm-qwen ENV="]
 
 
+def test_a_failed_stop_says_the_command_and_the_next_step(runtime, tmp_path):
+    path, answer, log = runtime
+    answer(PODMAN_INSPECT)
+    (tmp_path / "stop.err").write_text("Error: container state improper\n")
+    with pytest.raises(_container.ContainerError) as raised:
+        _container.stop(path, "vllm-qwen", 2)
+    assert str(raised.value) == (
+        "%s stop -t 2 vllm-qwen failed (rc 125): Error: container state improper; container vllm-qwen (ID %s) may "
+        "still run on its GPUs: look with `%s ps -a --filter name=vllm-qwen`, stop it, then run again"
+        % (path, CID[:12], path)
+    )
+    assert log.read_text().splitlines()[-1] == "stop -t 2 vllm-qwen ENV="  # not removed after a failed stop
+
+
 def test_a_runtime_that_does_not_answer_is_bounded(tmp_path, monkeypatch):
     script = tmp_path / "docker"
     script.write_text("#!/bin/sh\nsleep 30\n")
     script.chmod(0o755)
     monkeypatch.setattr(_container, "RUNTIME_TIMEOUT_S", 0.2)
-    with pytest.raises(_container.ContainerError, match=r"inspect vllm-qwen failed \(None\): no answer within 0.2 s"):
+    with pytest.raises(
+        _container.ContainerError,
+        match=r"docker container inspect vllm-qwen failed: no answer within 0.2 s$",
+    ):
         _container.inspect(str(script), "vllm-qwen")
 
 

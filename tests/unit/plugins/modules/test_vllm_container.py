@@ -56,4 +56,4 @@ def test_a_failed_run_says_which_command_and_what_the_runtime_wrote(capsys, tmp_
     stand_in(tmp_path, monkeypatch, None, run_rc=125)
     args = {"runtime": "podman", "name": "vllm-qwen", "argv": ["run", "-d", "--name", "vllm-qwen", "img"]}
     code, result = run_main(vllm_container, capsys, args)
-    assert code == 1 and result["msg"] == "podman run -d failed (rc 125): Error: image not known"
+    assert code == 1 and result["msg"] == "podman run -d --name vllm-qwen img failed (rc 125): Error: image not known"
