@@ -355,6 +355,7 @@ _RESET_NUMBERS = (
     "reset_gpus_max_used_mib",
     "reset_gpus_driver_timeout",
     "reset_gpus_progress_interval",
+    "reset_gpus_gpu_reset_timeout",
 )
 _CHECK_NUMBERS = ("check_gpus_wait", "check_gpus_max_used_mib", "check_gpus_driver_timeout")
 
@@ -368,7 +369,6 @@ def _reset_gpus_numbers(given: Mapping[str, Any]) -> Dict[str, Any]:
         whole=("reset_gpus_max_used_mib",),
         at_most=_options.role_bounds(*_RESET_NUMBERS),
         **_options.role_defaults(*_RESET_NUMBERS),
-        reset_gpus_gpu_reset_timeout=60,
     )
 
 

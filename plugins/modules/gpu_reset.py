@@ -43,11 +43,11 @@ options:
     type: int
     default: 256
   reset_timeout:
-    description: Seconds C(nvidia-smi --gpu-reset) may take (greater than 0); past it, the next step is a reboot.
+    description: Seconds C(nvidia-smi --gpu-reset) may take (greater than 0, at most 3600); past it, the next step is a reboot.
     type: float
     default: 60.0
   command_timeout:
-    description: Seconds each other command may take (C(systemctl stop) and C(start), C(nvidia-smi -pm)).
+    description: Seconds each other command may take (C(systemctl stop) and C(start), C(nvidia-smi -pm)); greater than 0, at most 3600.
     type: float
     default: 120.0
   driver_timeout:
@@ -128,7 +128,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _gpu_rese
 def main() -> None:
     module = AnsibleModule(argument_spec=_gpu_reset.argument_spec(), supports_check_mode=True)
     _gpus.check_libraries(module, missing_required_lib)
-    _options.refuse_bad_numbers(module, _gpu_reset.NUMBERS, positive=_gpu_reset.NUMBERS[1:])
+    _options.refuse_bad_numbers(module, _gpu_reset.NUMBERS, **_options.bounds(_options.GPU, _gpu_reset.NUMBERS))
     result = _gpu_reset.run(module.params, module.check_mode)
     _outcome.exit_with(module, _outcome.Outcome(result, failed=result.pop("failed")))
 

@@ -14,7 +14,7 @@ import shutil
 import socket
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _gpus, _kernel_log, _recovery
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _gpus, _kernel_log, _options, _recovery
 from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _reset_plan as plan
 from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _select, _stop_owners
 
@@ -95,15 +95,12 @@ def argument_spec() -> Dict[str, Any]:
     """The gpu_reset module's options (its DOCUMENTATION says what each means)."""
     return dict(
         gpus=dict(type="list", elements="raw"),
-        max_used_mib=dict(type="int", default=_gpus.DEFAULT_TOLERANCE_MIB),
-        reset_timeout=dict(type="float", default=60.0),
-        command_timeout=dict(type="float", default=120.0),
-        driver_timeout=_gpus.SELECTION_ARGS["driver_timeout"],
+        **_options.spec(_options.GPU, "max_used_mib", "reset_timeout", "command_timeout", "driver_timeout"),
         own_pid_namespace=dict(type="bool", default=False),
     )
 
 
-# Options that must be numbers at least 0 (the timeouts more than 0: _options.refuse_bad_numbers).
+# Options that must be numbers at least 0, with the bounds of their table (_options.GPU, _options.bounds).
 NUMBERS = ("max_used_mib", "reset_timeout", "command_timeout", "driver_timeout")
 
 

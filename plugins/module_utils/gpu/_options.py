@@ -7,8 +7,9 @@
 Each module family has one table of its number options (type, default, above 0 or not, largest value, one line of
 text): GPU for the GPU modules and the roles and playbooks that set them, DRAIN, READY and DETACHED for a vLLM server.
 The modules' argument specs (`spec`), their checks (`check`), gpu_wait's action plugin and the role filters' defaults
-(`role_defaults`, plugins/filter/inputs.py) are built from them. The modules' DOCUMENTATION and the roles'
-meta/argument_specs.yml and defaults/main.yml say the same defaults:
+(`role_defaults`, plugins/filter/inputs.py) are built from them; ROLE_NUMBERS and VLLM_ROLE_NUMBERS pair each role
+variable with the option it sets. The modules' DOCUMENTATION and the roles' meta/argument_specs.yml and
+defaults/main.yml say the same defaults:
 tests/unit/plugins/module_utils/test_option_table.py fails where one differs, and where a default is written again.
 
 Ansible's `type: float` accepts "nan" and "inf" (Python's float() does): a grace period of nan
@@ -58,6 +59,14 @@ GPU: Dict[str, Option] = {
     "max_used_mib": Option("int", 256, "used MiB per GPU that counts as released"),
     # gpu_wait's slices (its action plugin): one line of progress an hour at least.
     "progress_interval": Option("float", 0.0, "gpu_wait: seconds of one slice of the wait, 0 for one", at_most=3600),
+    # gpu_reset: `nvidia-smi --gpu-reset` of a GPU takes seconds; the other commands (systemctl stop of a daemon that
+    # saves its state, nvidia-smi -pm) up to a unit's stop timeout (systemd: 90 s by default).
+    "reset_timeout": Option(
+        "float", 60.0, "gpu_reset: seconds nvidia-smi --gpu-reset may take", positive=True, at_most=3600
+    ),
+    "command_timeout": Option(
+        "float", 120.0, "gpu_reset: seconds each other command may take", positive=True, at_most=3600
+    ),
 }
 
 # The longest time, in seconds, that each time option of the GPU modules (and the role variables that set them) may ask
@@ -77,6 +86,7 @@ ROLE_NUMBERS: Dict[str, Tuple[str, Optional[float]]] = {
     "check_gpus_wait": ("timeout", 5),
     "check_gpus_max_used_mib": ("max_used_mib", None),
     "check_gpus_driver_timeout": ("driver_timeout", None),
+    "reset_gpus_gpu_reset_timeout": ("reset_timeout", None),
 }
 
 # A vLLM server's drain and stop (vllm_drain; the vllm_server role's vllm_server_drain_timeout and
@@ -100,6 +110,21 @@ DETACHED: Dict[str, Option] = {
     "kill_wait": Option("float", 10.0, "seconds to wait for an exit after SIGKILL"),
 }
 
+# The vllm_server role's number variables: the table and option each sets, and the variable's own default where it
+# differs from the option's (a redeploy waits for a model to load and for its GPUs longer than a lone module call).
+# roles/vllm_server's defaults/main.yml and meta/argument_specs.yml say these defaults (test_option_table.py).
+VLLM_ROLE_NUMBERS: Dict[str, Tuple[Mapping[str, Option], str, Optional[float]]] = {
+    "vllm_server_drain_timeout": (DRAIN, "timeout", None),
+    "vllm_server_drain_poll_interval": (DRAIN, "poll_interval", None),
+    "vllm_server_stop_timeout": (DRAIN, "grace_period", None),
+    "vllm_server_kill_wait": (DRAIN, "kill_wait", None),
+    "vllm_server_gpu_release_timeout": (GPU, "timeout", 120),
+    "vllm_server_gpu_max_used_mib": (GPU, "max_used_mib", None),
+    "vllm_server_ready_timeout": (READY, "timeout", 1800),
+    "vllm_server_ready_poll_interval": (READY, "poll_interval", 5),
+    "vllm_server_request_timeout": (READY, "request_timeout", 120),
+}
+
 
 def spec(table: Mapping[str, Option], *names: str) -> Dict[str, Dict[str, Any]]:
     """The argument spec entries of the options `names` of `table`: {name: {"type": ..., "default": ...}}."""
@@ -120,6 +145,22 @@ def role_defaults(*variables: str) -> Dict[str, Union[int, float]]:
     return found
 
 
+def vllm_role_defaults() -> Dict[str, Union[int, float]]:
+    """{variable: its default} of the vllm_server role's number variables (VLLM_ROLE_NUMBERS)."""
+    return {
+        variable: table[option].default if own is None else own
+        for variable, (table, option, own) in VLLM_ROLE_NUMBERS.items()
+    }
+
+
+def bounds(table: Mapping[str, Option], names: Collection[str]) -> Dict[str, Any]:
+    """refuse_bad_numbers' `positive` and `at_most` for the options `names` of `table`."""
+    return {
+        "positive": [name for name in names if table[name].positive],
+        "at_most": {name: table[name].at_most for name in names if table[name].at_most is not None},
+    }
+
+
 def role_bounds(*variables: str) -> Dict[str, float]:
     """{variable: the largest value of the option it sets, seconds} of those variables whose option has one."""
     bounds = {variable: GPU[ROLE_NUMBERS[variable][0]].at_most for variable in variables}
@@ -128,11 +169,7 @@ def role_bounds(*variables: str) -> Dict[str, float]:
 
 def check(table: Mapping[str, Option], params: Mapping[str, Any], names: Collection[str]) -> None:
     """check_numbers of the options `names` (read from params) with their table's bounds; raises OptionError."""
-    check_numbers(
-        positive=[name for name in names if table[name].positive],
-        at_most={name: bound for name, bound in ((n, table[n].at_most) for n in names) if bound is not None},
-        **{name: params[name] for name in names},
-    )
+    check_numbers(**bounds(table, names), **{name: params[name] for name in names})
 
 
 class OptionError(ValueError):

@@ -48,6 +48,8 @@ def test_its_options_follow_the_selection_and_the_numbers():
         ({"reset_gpus_gpu_reset": "maybe"}, "reset_gpus_gpu_reset must be true or false, not 'maybe'"),
         ({"reset_gpus_gpu_reset": True, "reset_gpus_gpu_reset_timeout": 0}, "reset_gpus_gpu_reset_timeout"),
         ({"reset_gpus_gpu_resett": True}, "reset_gpus_gpu_resett"),
+        # The bound of gpu_reset's reset_timeout (_options.GPU): a value past an hour is a unit mix-up.
+        ({"reset_gpus_gpu_reset": True, "reset_gpus_gpu_reset_timeout": 7200}, "at most 3600"),
     ],
 )
 def test_its_bad_variables_are_refused_by_name_before_anything_is_signalled(given, words):

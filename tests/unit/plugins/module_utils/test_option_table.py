@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import pathlib
+import re
 
 import pytest
 import yaml
@@ -26,6 +27,7 @@ MODULES = {
     "gpu_facts": (GPU, ("driver_timeout", "max_used_mib")),
     "gpu_guard": (GPU, ("driver_timeout", "max_used_mib")),
     "vllm_server_host": (GPU, ("driver_timeout", "max_used_mib")),
+    "gpu_reset": (GPU, ("max_used_mib", "reset_timeout", "command_timeout", "driver_timeout")),
     "vllm_drain": (DRAIN, tuple(DRAIN)),
     "detached_process": (DETACHED, tuple(DETACHED)),
     "vllm_ready": (_options.READY, tuple(_options.READY)),
@@ -43,6 +45,7 @@ CODE = [
     ROOT / "plugins/plugin_utils/_numbers.py",
 ]
 RESET_GPUS = ROOT / "roles/reset_gpus"
+VLLM_SERVER = ROOT / "roles/vllm_server"
 
 
 def documented_defaults(module):
@@ -69,6 +72,22 @@ def test_the_reset_gpus_role_says_the_defaults_of_the_options_it_sets():
     )
 
 
+def test_the_vllm_server_role_says_the_defaults_of_the_options_it_sets():
+    wanted = _options.vllm_role_defaults()
+    defaults = yaml.safe_load((VLLM_SERVER / "defaults/main.yml").read_text())
+    specs = yaml.safe_load((VLLM_SERVER / "meta/argument_specs.yml").read_text())["argument_specs"]["main"]["options"]
+    assert {name: defaults.get(name) for name in wanted} == wanted, "roles/vllm_server/defaults/main.yml"
+    assert {name: specs[name].get("default") for name in wanted} == wanted, "roles/vllm_server/meta/argument_specs.yml"
+
+
+def test_the_vllm_server_role_passes_each_number_variable_to_the_option_of_its_table():
+    """The table's pairing is the one the role's tasks make: each variable is the value of its option there."""
+    tasks = "\n".join(path.read_text() for path in sorted((VLLM_SERVER / "tasks").glob("*.yml")))
+    for variable, (_table, option, _own) in _options.VLLM_ROLE_NUMBERS.items():
+        used = re.findall(r"^\s+(\w+): \"\{\{ (?:vllm_server_instance\.\w+ \| default\()?%s\b" % variable, tasks, re.M)
+        assert used and option in used, (variable, option, used)
+
+
 def copies(source, path="<source>"):
     """file:line of each number literal that gives an option of the tables (or a role variable that sets one) its own
     table default: `name=dict(..., default=10.0)`, `{"name": {"default": 10.0}}`, `def f(name: float = 10.0)`,
@@ -78,6 +97,8 @@ def copies(source, path="<source>"):
         for name, option in table.items():
             defaults.setdefault(name, set()).add(option.default)
     for variable, number in _options.role_defaults(*_options.ROLE_NUMBERS).items():
+        defaults[variable] = {number}
+    for variable, number in _options.vllm_role_defaults().items():
         defaults[variable] = {number}
     found = []
 
