@@ -44,9 +44,10 @@ scripts/bench/ensure_tools.sh shellcheck sshd fuser lsof ||
 # all the same: without it, every start of ansible-rulebook logs an error that ansible-core is not installed.
 scripts/bench/ensure_tools.sh prometheus promtool alertmanager node_exporter ||
   echo "setup: Prometheus' Debian packages are missing (see above); the guard's tests will fail"
-# vLLM in containers (docs/vllm_server.md, "Containers"): podman, runc (crun refuses this machine's hybrid cgroups) and
-# catatonit (podman's --init) from Debian; the container tests run podman inside simulated nodes. No service starts.
-scripts/bench/ensure_tools.sh podman runc catatonit ||
+# vLLM in containers (docs/vllm_server.md, "Containers"): podman (with conmon) and catatonit (podman's --init) from
+# Debian; the container tests run podman inside simulated nodes, with the simulator's OCI runtime (tests/sim/simruntime)
+# in place of runc or crun. No service starts.
+scripts/bench/ensure_tools.sh podman catatonit ||
   echo "setup: podman's Debian packages are missing (see above); the container tests will fail"
 eda_want=$(sha256sum requirements-eda.txt | cut -d' ' -f1)
 if [ "$(cat .venv-eda/.installed 2>/dev/null)" != "$eda_want" ]; then

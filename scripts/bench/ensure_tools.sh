@@ -2,7 +2,7 @@
 # Make sure the tools the SSH-node tests and the benchmark need are installed (Debian packages).
 #   scripts/bench/ensure_tools.sh TOOL...     TOOL: sshd (openssh-server), fuser (psmisc), lsof (lsof), shellcheck,
 #     prometheus and promtool (prometheus), alertmanager (prometheus-alertmanager), node_exporter (prometheus-node-exporter),
-#     podman, runc, catatonit (the init podman's --init runs)
+#     podman, catatonit (the init podman's --init runs)
 # Exit 0 when every tool is there (installing what is missing with apt-get), 2 with the reason on
 # stderr when it cannot be (not root, no apt-get, the install failed): callers skip on 2.
 # No daemon is started: while apt-get runs, a policy-rc.d (exit 101, the Debian way) forbids
@@ -11,10 +11,10 @@ set -uo pipefail
 
 declare -A package_of=([sshd]=openssh-server [fuser]=psmisc [lsof]=lsof [shellcheck]=shellcheck
   [prometheus]=prometheus [promtool]=prometheus [alertmanager]=prometheus-alertmanager
-  [node_exporter]=prometheus-node-exporter [podman]=podman [runc]=runc [catatonit]=catatonit)
+  [node_exporter]=prometheus-node-exporter [podman]=podman [catatonit]=catatonit)
 declare -A path_of=([sshd]=/usr/sbin/sshd [fuser]=/usr/bin/fuser [lsof]=/usr/bin/lsof [shellcheck]=/usr/bin/shellcheck
   [prometheus]=/usr/bin/prometheus [promtool]=/usr/bin/promtool [alertmanager]=/usr/bin/prometheus-alertmanager
-  [node_exporter]=/usr/bin/prometheus-node-exporter [podman]=/usr/bin/podman [runc]=/usr/sbin/runc
+  [node_exporter]=/usr/bin/prometheus-node-exporter [podman]=/usr/bin/podman
   [catatonit]=/usr/libexec/podman/catatonit)
 
 missing=()

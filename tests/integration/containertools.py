@@ -1,19 +1,24 @@
 """Real podman inside a simulated node (issue 43): what a GPU host that runs vLLM in containers looks like.
 
-What podman needs here, measured on this machine (Debian 12: podman 4.3.1, runc 1.1.5, catatonit 0.1.7):
-- runc: crun refuses the host's hybrid cgroups ("cgroups in hybrid mode not supported").
+What podman needs here, measured on this machine (Debian 12: podman 4.3.1, conmon 2.1.6, catatonit 0.1.7):
+- the simulator's OCI runtime, `tests/sim/simruntime` (tests/sim/README.md, "The simulated OCI runtime"), as the
+  simulator supplies the driver, nvidia-smi and systemctl. Every real runtime here needs the host's devices cgroup
+  hierarchy, and shared machines allow cgroups only below a node's own name=systemd cgroup: runc 1.1.5 refuses to
+  run without a devices hierarchy ("mountpoint for devices not found"); crun 1.8.1 runs with name=systemd alone up to
+  `update_cgroup_v1_resources` (src/libcrun/cgroup-resources.c), which opens /sys/fs/cgroup/devices/<path> because
+  podman 4.3.1 as root always adds a deny-all device rule (pkg/specgen/generate/oci_linux.go SpecGenToOCI).
+  Podman, conmon, catatonit (`--init`) and the kernel's PID namespaces stay real.
 - the cgroupfs manager (no systemd runs here) and the vfs storage driver.
 - explicit ulimits: podman's default limits exceed the machine's hard ones ("setrlimit RLIMIT_NOFILE: Operation not
   permitted"); the role passes them through `vllm_server_container_options`.
-- a cgroup view of the node's own cgroups. The node's mount namespace shows every hierarchy of the host; runc under
-  the cgroupfs manager would make the container's cgroup in each, memory and cpu included (and runc 1.1 refuses to run
-  without a devices hierarchy: "mountpoint for devices not found", also with --rootless=true). So `podman` on the
-  node's PATH (this wrapper, as `systemctl` is the simulated one) runs the real podman in a mount namespace of its own
-  whose /sys/fs/cgroup is a read-only tmpfs with two hierarchies only: name=systemd (no controllers), mounted from
-  inside the node's cgroup namespace, so the container's cgroup is `/libpod_parent/libpod-<id>` below the node's
-  cgroup, the path podman's cgroupfs manager writes on a real host; and devices, which runc requires (the
-  container's cgroup is made there at the hierarchy's root, `/libpod_parent/libpod-<id>`, and removed with the
-  container; `down` removes what a killed test left). memory, cpu and the other hierarchies are never mounted.
+- a cgroup view of the node's own cgroups. The node's mount namespace shows every hierarchy of the host; podman's
+  cgroupfs manager would make cgroups in each, memory and cpu included. So `podman` on the node's PATH (this wrapper,
+  as `systemctl` is the simulated one) runs the real podman in a mount namespace of its own whose /sys/fs/cgroup is a
+  read-only tmpfs with one hierarchy: name=systemd (no controllers), mounted from inside the node's cgroup namespace,
+  so the container's cgroup is `/libpod_parent/libpod-<id>` below the node's cgroup, the path podman's cgroupfs
+  manager writes on a real host. simruntime makes it there and nowhere else, and removes it with the container.
+- the host's network for a container without `--network` (containers.conf `netns = "host"`): nodes share the host's
+  network, and podman's default bridge (CNI) would add a bridge and iptables rules to the host.
 - storage and engine settings in files (CONTAINERS_CONF, CONTAINERS_STORAGE_CONF set by the wrapper), not options:
   every podman command on the node (the role's, and the reset's `podman stop`) then finds the same containers, as on a
   real host where they live in /etc/containers.
@@ -33,27 +38,41 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 PODMAN = "/usr/bin/podman"
-DEVICES_ROOT = Path("/sys/fs/cgroup/devices/libpod_parent")
+CONMON = "/usr/bin/conmon"
+CATATONIT = "/usr/libexec/podman/catatonit"
+SIMRUNTIME = REPO / "tests" / "sim" / "simruntime"
 IMAGE = "localhost/gpuops-simvllm:1"
+
+# The node's name=systemd hierarchy alone at /sys/fs/cgroup/systemd, mounted inside the node's cgroup namespace (its
+# root is the node's cgroup), in a read-only tmpfs over /sys/fs/cgroup; run in a mount namespace of its own.
+CGROUP_VIEW = """umount --recursive --lazy /sys/fs/cgroup &&
+mount -t tmpfs -o mode=755 gpuops-cgroup-view /sys/fs/cgroup &&
+mkdir /sys/fs/cgroup/systemd &&
+mount -t cgroup -o none,name=systemd cgroup /sys/fs/cgroup/systemd &&
+mount -o remount,ro,bind /sys/fs/cgroup"""
 
 _WRAPPER = """#!/bin/sh
 # podman on simulated node %(node)s (tests/integration/containertools.py): the real podman, in a mount namespace whose
-# /sys/fs/cgroup holds the node's name=systemd hierarchy and the devices hierarchy only.
+# /sys/fs/cgroup holds the node's name=systemd hierarchy only; its OCI runtime is tests/sim/simruntime.
 exec unshare --mount --propagation private /bin/sh -c '
-umount --recursive --lazy /sys/fs/cgroup &&
-mount -t tmpfs -o mode=755 gpuops-cgroup-view /sys/fs/cgroup &&
-mkdir /sys/fs/cgroup/systemd /sys/fs/cgroup/devices &&
-mount -t cgroup -o none,name=systemd cgroup /sys/fs/cgroup/systemd &&
-mount -t cgroup -o devices cgroup /sys/fs/cgroup/devices &&
-mount -o remount,ro,bind /sys/fs/cgroup &&
+%(view)s &&
 CONTAINERS_CONF=%(conf)s CONTAINERS_STORAGE_CONF=%(storage)s exec %(podman)s "$@"' podman "$@"
 """
 
 _CONTAINERS_CONF = """[engine]
-runtime = "runc"
+runtime = "simruntime"
+runtime_supports_json = ["simruntime"]
 cgroup_manager = "cgroupfs"
 events_logger = "file"
 tmp_dir = "%(run)s/tmp"
+
+[engine.runtimes]
+simruntime = ["%(simruntime)s"]
+
+[containers]
+# Nodes share the host's network: a container without --network gets the host's, never a bridge (CNI would add
+# one, with iptables rules, to the host).
+netns = "host"
 """
 
 _STORAGE_CONF = """[storage]
@@ -66,21 +85,10 @@ runroot = "%(run)s/runroot"
 RUN_OPTIONS = ["--ulimit", "nofile=4096:4096", "--ulimit", "nproc=4096:4096"]
 
 
-# runc makes each container's cgroup in the host's devices hierarchy (see above). Shared machines allow cgroups only
-# below a node's own name=systemd cgroup, so the podman tests run only where this variable says it is allowed.
-DEVICES_CGROUP_OPT_IN = "GPUOPS_PODMAN_DEVICES_CGROUP"
-
-
 def require_podman():
-    """Skip the test unless DEVICES_CGROUP_OPT_IN is 1; then skip it where podman cannot run here, or fail it where
-    CI is set (CONTRIBUTING.md, "Tests that skip")."""
+    """Skip the test where podman cannot run here, or fail it where CI is set (CONTRIBUTING.md, "Tests that skip")."""
     import pytest
 
-    if os.environ.get(DEVICES_CGROUP_OPT_IN) != "1":
-        pytest.skip(
-            "runc makes the container's cgroup in the host's devices hierarchy, which shared machines do not allow: "
-            "set %s=1 where it is allowed" % DEVICES_CGROUP_OPT_IN
-        )
     missing = podman_missing()
     if missing:
         if os.environ.get("CI"):
@@ -90,8 +98,9 @@ def require_podman():
 
 def podman_missing():
     """Why podman cannot run here, or None."""
-    if not os.path.exists(PODMAN) or not os.path.exists("/usr/sbin/runc"):
-        return "podman and runc are not installed (make setup installs them: scripts/setup.sh)"
+    absent = [path for path in (PODMAN, CONMON, CATATONIT) if not os.path.exists(path)]
+    if absent:
+        return "%s not installed (make setup installs podman: scripts/setup.sh)" % ", ".join(absent)
     if os.geteuid() != 0:
         return "podman in a simulated node needs root (it mounts the node's cgroup view)"
     return None
@@ -107,10 +116,12 @@ class PodmanHost:
         for directory in (root, run / "tmp"):
             directory.mkdir(parents=True, exist_ok=True)
         conf, storage = root / "containers.conf", root / "storage.conf"
-        conf.write_text(_CONTAINERS_CONF % {"run": "/run/gpusim/podman"})
+        conf.write_text(_CONTAINERS_CONF % {"run": "/run/gpusim/podman", "simruntime": SIMRUNTIME})
         storage.write_text(_STORAGE_CONF % {"root": root, "run": "/run/gpusim/podman"})
         self.executable = Path(node.info["state_dir"]) / "bin" / "podman"
-        self.executable.write_text(_WRAPPER % {"node": node.name, "conf": conf, "storage": storage, "podman": PODMAN})
+        self.executable.write_text(
+            _WRAPPER % {"node": node.name, "view": CGROUP_VIEW, "conf": conf, "storage": storage, "podman": PODMAN}
+        )
         self.executable.chmod(0o755)
         self.ids: set[str] = set()
 
@@ -157,17 +168,8 @@ class PodmanHost:
         return self.podman("inspect", "--format", template, name).stdout.strip()
 
     def clean(self):
-        """Remove every container of this node (runc deletes their devices cgroups), then the devices cgroups that
-        a container killed with its node left behind."""
+        """Remove every container of this node (simruntime removes their cgroups; `gpunode down` removes the node's
+        cgroup tree, with what a container killed with its node left)."""
         listed = self.podman("ps", "-aq", "--no-trunc", check=False).stdout.split()
         self.ids.update(listed)
         self.podman("rm", "-af", "-t", "0", check=False)
-        for container_id in sorted(self.ids):
-            try:
-                (DEVICES_ROOT / ("libpod-" + container_id)).rmdir()
-            except OSError:
-                pass
-        try:
-            DEVICES_ROOT.rmdir()  # only when empty: another node's container keeps it
-        except OSError:
-            pass
