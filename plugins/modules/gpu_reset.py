@@ -51,7 +51,7 @@ options:
     type: float
     default: 120.0
   driver_timeout:
-    description: Seconds to wait for NVML to answer (greater than 0).
+    description: Seconds to wait for NVML to answer (greater than 0, at most 600).
     type: float
     default: 10.0
   own_pid_namespace:

@@ -234,16 +234,16 @@ def gpu_problems(gpus: Sequence[Any], nvidia: Mapping[str, Any], cdi: Sequence[s
     unknown = [gpu for gpu in gpus if isinstance(gpu, bool) or gpu not in minors]
     if not unknown:
         return []
+    mig = any(isinstance(gpu, str) for gpu in unknown)
     return [
         "gpus %s: the host has no CDI spec that names %s, and the device file of %s is not known (%s): generate "
-        "the host's CDI spec (nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml) or give whole GPUs by index"
+        "the host's CDI spec (nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml)%s"
         % (
             ", ".join(str(gpu) for gpu in gpus),
             ", ".join("nvidia.com/gpu=%s" % gpu for gpu in gpus),
             ", ".join(str(gpu) for gpu in unknown),
-            "a MIG instance goes by its CDI name only"
-            if any(isinstance(gpu, str) for gpu in unknown)
-            else "the NVIDIA driver library gave no minor number",
+            "a MIG instance goes by its CDI name only" if mig else "the NVIDIA driver library gave no minor number",
+            "" if mig else ", or look at the driver: gpu_facts shows what it answered for each GPU",
         )
     ]
 

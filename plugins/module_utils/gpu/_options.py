@@ -7,9 +7,8 @@
 Each module family has one table of its number options (type, default, above 0 or not, largest value, one line of
 text): GPU for the GPU modules and the roles and playbooks that set them, DRAIN, READY and DETACHED for a vLLM server.
 The modules' argument specs (`spec`), their checks (`check`), gpu_wait's action plugin and the role filters' defaults
-(`role_defaults`, plugins/filter/inputs.py) are built from them; ROLE_NUMBERS and VLLM_ROLE_NUMBERS pair each role
-variable with the option it sets. The modules' DOCUMENTATION and the roles' meta/argument_specs.yml and
-defaults/main.yml say the same defaults:
+(`role_defaults`, plugins/filter/inputs.py) are built from them. The modules' DOCUMENTATION and the roles'
+meta/argument_specs.yml and defaults/main.yml say the same defaults:
 tests/unit/plugins/module_utils/test_option_table.py fails where one differs, and where a default is written again.
 
 Ansible's `type: float` accepts "nan" and "inf" (Python's float() does): a grace period of nan
@@ -110,21 +109,6 @@ DETACHED: Dict[str, Option] = {
     "kill_wait": Option("float", 10.0, "seconds to wait for an exit after SIGKILL"),
 }
 
-# The vllm_server role's number variables: the table and option each sets, and the variable's own default where it
-# differs from the option's (a redeploy waits for a model to load and for its GPUs longer than a lone module call).
-# roles/vllm_server's defaults/main.yml and meta/argument_specs.yml say these defaults (test_option_table.py).
-VLLM_ROLE_NUMBERS: Dict[str, Tuple[Mapping[str, Option], str, Optional[float]]] = {
-    "vllm_server_drain_timeout": (DRAIN, "timeout", None),
-    "vllm_server_drain_poll_interval": (DRAIN, "poll_interval", None),
-    "vllm_server_stop_timeout": (DRAIN, "grace_period", None),
-    "vllm_server_kill_wait": (DRAIN, "kill_wait", None),
-    "vllm_server_gpu_release_timeout": (GPU, "timeout", 120),
-    "vllm_server_gpu_max_used_mib": (GPU, "max_used_mib", None),
-    "vllm_server_ready_timeout": (READY, "timeout", 1800),
-    "vllm_server_ready_poll_interval": (READY, "poll_interval", 5),
-    "vllm_server_request_timeout": (READY, "request_timeout", 120),
-}
-
 
 def spec(table: Mapping[str, Option], *names: str) -> Dict[str, Dict[str, Any]]:
     """The argument spec entries of the options `names` of `table`: {name: {"type": ..., "default": ...}}."""
@@ -143,14 +127,6 @@ def role_defaults(*variables: str) -> Dict[str, Union[int, float]]:
         option, own = ROLE_NUMBERS[variable]
         found[variable] = GPU[option].default if own is None else own
     return found
-
-
-def vllm_role_defaults() -> Dict[str, Union[int, float]]:
-    """{variable: its default} of the vllm_server role's number variables (VLLM_ROLE_NUMBERS)."""
-    return {
-        variable: table[option].default if own is None else own
-        for variable, (table, option, own) in VLLM_ROLE_NUMBERS.items()
-    }
 
 
 def bounds(table: Mapping[str, Option], names: Collection[str]) -> Dict[str, Any]:

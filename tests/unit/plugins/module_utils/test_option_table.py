@@ -72,18 +72,46 @@ def test_the_reset_gpus_role_says_the_defaults_of_the_options_it_sets():
     )
 
 
+# The vllm_server role's number variables and the option each sets (its tasks pass it there). Those in
+# VLLM_ROLE_OWN_DEFAULTS have the role's own default, written once in its defaults/main.yml: a redeploy waits for a
+# model to load and for its GPUs longer than a lone module call. The others take their option's default.
+VLLM_ROLE_NUMBERS = {
+    "vllm_server_drain_timeout": (DRAIN, "timeout"),
+    "vllm_server_drain_poll_interval": (DRAIN, "poll_interval"),
+    "vllm_server_stop_timeout": (DRAIN, "grace_period"),
+    "vllm_server_kill_wait": (DRAIN, "kill_wait"),
+    "vllm_server_gpu_release_timeout": (GPU, "timeout"),
+    "vllm_server_gpu_max_used_mib": (GPU, "max_used_mib"),
+    "vllm_server_ready_timeout": (_options.READY, "timeout"),
+    "vllm_server_ready_poll_interval": (_options.READY, "poll_interval"),
+    "vllm_server_request_timeout": (_options.READY, "request_timeout"),
+}
+VLLM_ROLE_OWN_DEFAULTS = (
+    "vllm_server_gpu_release_timeout",
+    "vllm_server_ready_timeout",
+    "vllm_server_ready_poll_interval",
+    "vllm_server_request_timeout",
+)
+
+
 def test_the_vllm_server_role_says_the_defaults_of_the_options_it_sets():
-    wanted = _options.vllm_role_defaults()
     defaults = yaml.safe_load((VLLM_SERVER / "defaults/main.yml").read_text())
     specs = yaml.safe_load((VLLM_SERVER / "meta/argument_specs.yml").read_text())["argument_specs"]["main"]["options"]
+    wanted = {
+        name: table[option].default
+        for name, (table, option) in VLLM_ROLE_NUMBERS.items()
+        if name not in VLLM_ROLE_OWN_DEFAULTS
+    }
     assert {name: defaults.get(name) for name in wanted} == wanted, "roles/vllm_server/defaults/main.yml"
-    assert {name: specs[name].get("default") for name in wanted} == wanted, "roles/vllm_server/meta/argument_specs.yml"
+    assert {name: specs[name].get("default") for name in VLLM_ROLE_NUMBERS} == {
+        name: defaults[name] for name in VLLM_ROLE_NUMBERS
+    }, "roles/vllm_server/meta/argument_specs.yml"
 
 
 def test_the_vllm_server_role_passes_each_number_variable_to_the_option_of_its_table():
-    """The table's pairing is the one the role's tasks make: each variable is the value of its option there."""
+    """The pairing above is the one the role's tasks make: each variable is the value of its option there."""
     tasks = "\n".join(path.read_text() for path in sorted((VLLM_SERVER / "tasks").glob("*.yml")))
-    for variable, (_table, option, _own) in _options.VLLM_ROLE_NUMBERS.items():
+    for variable, (_table, option) in VLLM_ROLE_NUMBERS.items():
         used = re.findall(r"^\s+(\w+): \"\{\{ (?:vllm_server_instance\.\w+ \| default\()?%s\b" % variable, tasks, re.M)
         assert used and option in used, (variable, option, used)
 
@@ -97,8 +125,6 @@ def copies(source, path="<source>"):
         for name, option in table.items():
             defaults.setdefault(name, set()).add(option.default)
     for variable, number in _options.role_defaults(*_options.ROLE_NUMBERS).items():
-        defaults[variable] = {number}
-    for variable, number in _options.vllm_role_defaults().items():
         defaults[variable] = {number}
     found = []
 

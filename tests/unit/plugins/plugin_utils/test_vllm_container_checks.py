@@ -152,6 +152,7 @@ def test_device_files_without_a_cdi_spec_docker_and_shm_size():
 def test_a_gpu_without_cdi_name_or_minor_number_is_refused_never_guessed(gpus, nvidia, why):
     found = c.gpu_problems(gpus, nvidia, ["nvidia.com/gpu=all"])
     assert len(found) == 1 and why in found[0] and "nvidia-ctk cdi generate" in found[0], found
+    assert ("look at the driver" in found[0]) is all(isinstance(gpu, int) for gpu in gpus), found
     # With a CDI spec that names them, nothing is needed from the driver library.
     assert c.gpu_problems(gpus, nvidia, ["nvidia.com/gpu=%s" % gpu for gpu in gpus]) == []
 
