@@ -85,24 +85,30 @@ runroot = "%(run)s/runroot"
 RUN_OPTIONS = ["--ulimit", "nofile=4096:4096", "--ulimit", "nproc=4096:4096"]
 
 
-def require_podman():
-    """Skip the test where podman cannot run here, or fail it where CI is set (CONTRIBUTING.md, "Tests that skip")."""
+def require_podman(node):
+    """Skip the test where podman cannot run on `node`, or fail it where CI is set (CONTRIBUTING.md, "Tests that
+    skip")."""
     import pytest
 
-    missing = podman_missing()
+    missing = podman_missing(node)
     if missing:
         if os.environ.get("CI"):
             pytest.fail(missing)
         pytest.skip(missing)
 
 
-def podman_missing():
-    """Why podman cannot run here, or None."""
+def podman_missing(node):
+    """Why podman cannot run on simulated node `node`, or None."""
     absent = [path for path in (PODMAN, CONMON, CATATONIT) if not os.path.exists(path)]
     if absent:
         return "%s not installed (make setup installs podman: scripts/setup.sh)" % ", ".join(absent)
     if os.geteuid() != 0:
         return "podman in a simulated node needs root (it mounts the node's cgroup view)"
+    if node.info.get("cgroup") is None:
+        return "node %s has no cgroups of its own, which simruntime needs for the containers' cgroups: %s" % (
+            node.name,
+            node.info.get("cgroup_unsupported"),
+        )
     return None
 
 

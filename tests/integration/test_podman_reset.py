@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import json
 import os
+import sys
+from types import SimpleNamespace
 
 import pytest
 
+import containertools
 from ansible_run import REPO, module, only, playbook
 from containertools import IMAGE, RUN_OPTIONS, PodmanHost, require_podman
 from nodetools import gpu_memory, health, processes
@@ -31,10 +34,8 @@ KEEP_ALIVE = ["/bin/sh", "-c", 'vllm serve "$@" & exec sleep infinity', "sh"]
 
 @pytest.fixture
 def podman_node(simnode, tmp_path):
-    require_podman()
     node = simnode(gpus=2, release_latency=0.2)
-    if node.info.get("cgroup") is None:
-        pytest.skip("no cgroups of its own for the node: %s" % node.info.get("cgroup_unsupported"))
+    require_podman(node)
     host = PodmanHost(node, tmp_path)
     try:
         yield node, host
@@ -100,3 +101,22 @@ def test_a_killed_api_servers_engine_is_freed_and_its_container_stopped_through_
     assert gpu_memory(node)[0][0] == 0
     rc, out, recap = playbook(inventory, PLAYBOOK, "-e", json.dumps(extra))
     assert rc == 0 and recap[node.name]["changed"] == 0, out
+
+
+@pytest.mark.parametrize("ci", [None, "true"])
+def test_a_node_without_cgroups_of_its_own_skips_the_podman_tests_or_fails_them_in_ci(monkeypatch, ci):
+    """Podman and root are there, the node has no cgroups of its own: skipped, or failed where CI is set."""
+    for name in ("PODMAN", "CONMON", "CATATONIT"):
+        monkeypatch.setattr(containertools, name, sys.executable)
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    if ci:
+        monkeypatch.setenv("CI", ci)
+    else:
+        monkeypatch.delenv("CI", raising=False)
+    why = "no cgroup v1 name=systemd hierarchy at /sys/fs/cgroup/systemd"
+    node = SimpleNamespace(name="n1", info={"cgroup": None, "cgroup_unsupported": why})
+    with pytest.raises(pytest.fail.Exception if ci else pytest.skip.Exception) as stopped:
+        require_podman(node)
+    expected = "node n1 has no cgroups of its own, which simruntime needs for the containers' cgroups: " + why
+    assert str(stopped.value) == expected
+    require_podman(SimpleNamespace(name="n2", info={"cgroup": {"root": "/sys/fs/cgroup/systemd/n2"}}))

@@ -48,8 +48,8 @@ CDI_SPEC = {
 
 @pytest.fixture
 def podman_node(simnode, tmp_path):
-    require_podman()
     node = simnode(gpus=2, release_latency=0.2)
+    require_podman(node)
     host = PodmanHost(node, tmp_path)
     node.exec("sh", "-c", "mkdir -p /run/cdi && cat > /run/cdi/nvidia.json", input=json.dumps(CDI_SPEC))
     try:
