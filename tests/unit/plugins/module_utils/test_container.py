@@ -145,8 +145,7 @@ def test_a_runtime_that_does_not_answer_is_bounded(tmp_path, monkeypatch):
     script.chmod(0o755)
     monkeypatch.setattr(_container, "RUNTIME_TIMEOUT_S", 0.2)
     with pytest.raises(
-        _container.ContainerError,
-        match=r"docker container inspect vllm-qwen failed: no answer within 0.2 s$",
+        _container.ContainerError, match=r"docker container inspect vllm-qwen failed: no answer within 0.2 s$"
     ):
         _container.inspect(str(script), "vllm-qwen")
 
