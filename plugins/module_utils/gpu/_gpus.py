@@ -17,16 +17,16 @@ import importlib.util
 import os
 import pwd
 import traceback
-from typing import Any, Callable, Collection, Dict, List, Optional, Set, Tuple, cast
+from typing import TYPE_CHECKING, Any, Callable, Collection, Dict, List, Optional, Set, Tuple, cast
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import (
-    _holders,
-    _nvml,
-    _options,
-    _proc,
-    _procscan,
-    _shapes,
-)
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _holders, _nvml, _options, _proc, _shapes
+
+if TYPE_CHECKING:
+    from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu._procscan import DeviceHandles
+
+# _procscan (the /proc device-file scan), _owners and _recovery are imported where a look uses them: Ansible ships
+# module_utils as source, compiled on every module run, and a look at a clean host (most runs across an inventory)
+# scans nothing and describes no owner.
 
 # psutil describes holders only: a look that finds none (a clean host, most runs across an inventory) does not
 # import it (about 8 ms of the module's CPU); its presence is checked here, the import is in Inspector.snapshot.
@@ -97,6 +97,8 @@ def minor_map(
         if any(gpu["minor"] is None for gpu in gpus):
             _complete_from_proc_driver(gpus, proc)
         return cast(List[_shapes.GpuTable], gpus), "nvml"
+    from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _procscan
+
     gpus = cast(List[Dict[str, Any]], _procscan.proc_driver_minors(proc))
     if gpus:
         for index, gpu in enumerate(gpus):
@@ -112,6 +114,8 @@ def _complete_from_proc_driver(gpus: List[Dict[str, Any]], proc: str) -> None:
     while the kernel module keeps its entry; without its minor, the processes that hold its device file could not
     be told. The kernel's list is in PCI bus order, as NVML enumerates; it is used only where it has as many GPUs as
     NVML and agrees with NVML on the minor of every GPU that answered."""
+    from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _procscan
+
     known = _procscan.proc_driver_minors(proc)
     if len(known) != len(gpus) or any(gpu["minor"] not in (None, entry["minor"]) for gpu, entry in zip(gpus, known)):
         return
@@ -246,13 +250,14 @@ class Inspector:
             # A listed creator has exited (or its number was reused): its context's holders are found by a full scan.
             listed = None
             view = self._merge(driver, table, own, None, tolerance_mib)
-        if owners or (owners is None and listed is None):
-            # Imported here: a look without owners (every poll of a wait, check_gpus) spares the module the
-            # compilation of _owners, which Ansible ships as source.
+        described = view["holders"] + view["device_users"]
+        if described and (owners or (owners is None and listed is None)):
+            # Imported here: a look without owners (every poll of a wait, check_gpus) or without processes (a clean
+            # host) spares the module the compilation of _owners, which Ansible ships as source.
             from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu._owners import owner_of
 
             cache: Dict[Any, Any] = {}
-            for process in view["holders"] + view["device_users"]:
+            for process in described:
                 process["owner"] = owner_of(process["pid"], self.proc, cache=cache)
         context_groups(view, self.proc)
         for holder in view["holders"]:
@@ -285,10 +290,7 @@ class Inspector:
     ) -> Dict[str, Any]:
         """Scan /proc (every process, or the `listed` PIDs) and merge it with the reading."""
         problems: List[str] = []
-        if listed is None:
-            scan = _procscan.scan_holders(self.proc, skip_pids=own, problems=problems)
-        else:
-            scan = _procscan.scan_pids(sorted(listed - own), self.proc) if listed - own else {}
+        scan = _scan(self.proc, own, listed, problems)
         wanted = set(scan) | {item["pid"] for gpu in driver.get("gpus", []) for item in gpu.get("processes", [])}
         processes = {}
         if wanted - own:
@@ -298,7 +300,11 @@ class Inspector:
             if details is not None:
                 processes[pid] = details
         modes = [gpu.get("mig_mode") for gpu in driver.get("gpus", [])]
-        mig = any(mode.get("current") for mode in modes if mode)
+        caps = None
+        if any(mode.get("current") for mode in modes if mode):
+            from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _procscan
+
+            caps = _procscan.cap_map(self.proc)
         view = cast(
             Dict[str, Any],
             _holders.merge(
@@ -308,7 +314,7 @@ class Inspector:
                 processes,
                 tolerance_mib,
                 exclude_pids=own,
-                caps=_procscan.cap_map(self.proc) if mig else None,
+                caps=caps,
                 initial_pidns=initial_pid_namespace(self.proc),
             ),
         )
@@ -320,6 +326,18 @@ class Inspector:
 
     def close(self) -> Optional[int]:
         return self._query.close()
+
+
+def _scan(proc: str, own: Set[int], listed: Optional[Set[int]], problems: List[str]) -> Dict[int, DeviceHandles]:
+    """The /proc scan of a look (_procscan): every process but `own` (listed None), or the `listed` PIDs; {} where the
+    driver lists none (nothing to scan: _procscan is not imported)."""
+    if listed is not None and not listed - own:
+        return {}
+    from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _procscan
+
+    if listed is None:
+        return _procscan.scan_holders(proc, skip_pids=own, problems=problems)
+    return _procscan.scan_pids(sorted(listed - own), proc)
 
 
 def _listed_pids(driver: _shapes.Reading, indices: Optional[Collection[int]], tolerance_mib: int) -> Optional[Set[int]]:

@@ -8,28 +8,32 @@ The module gives its parameters and a few callables of AnsibleModule (run_comman
 returns an Outcome: the result dict, whether the run failed, and the warnings. Nothing here calls
 exit_json or fail_json. Each step returns what it found (take_lock a Lock, first_look a Look, _stop_owners a
 StopPlan and a Stopped, end an _terminate.Ended, wait a WaitStep); `assemble` builds the result from them once.
-The parts are the other module_utils: _select chooses the targets, _stop_owners stops their owners, _terminate
-ends them, _wait and _release wait for the release, _report words the result.
+The parts are the other module_utils: _select chooses the targets, _stop_owners stops their owners (imported only
+where stop_owners asks for it), _terminate ends them, _wait and _release wait for the release, _report and
+_owner_lines word the result.
 """
 
 from __future__ import annotations
 
 import signal
 import time
-from typing import Any, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, TypedDict
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, TypedDict
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _options
 from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu._outcome import Outcome
 from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import (
     _gpus,
+    _owner_lines,
     _release,
     _report,
     _select,
     _shapes,
-    _stop_owners,
     _terminate,
     _wait,
 )
+
+if TYPE_CHECKING:
+    from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _stop_owners
 
 # The module's result and the processes in it: JSON-ish dicts whose keys RETURN in plugins/modules/gpu_kill.py
 # documents (a process is a snapshot holder plus what a step adds: owner words, signals, exit times, reasons).
@@ -206,24 +210,13 @@ def look_and_end(
         except _select.SelectionError as exc:
             return steps._replace(refusal=str(exc))
         steps = steps._replace(look=look, warnings=driver_warnings(snapshot["driver"], params["driver_timeout"]))
-        plan = (
-            _stop_owners.plan(look.targets, snapshot, look.selection, timeout_s=params["grace_period"])
-            if params["stop_owners"]
-            else None
-        )
-        why = _stop_owners.refusal(plan["beyond"], params["stop_spanning_owners"]) if plan else None
-        steps = steps._replace(plan=plan, refusal=why)
-        if why:
-            return steps
+        if params["stop_owners"]:
+            steps = plan_stops(steps, look, snapshot, params)
+            if steps.refusal:
+                return steps
         if not check_mode:
-            if plan:
-                if run_command is None or which is None:
-                    raise TypeError("stop_owners needs run_command and which")
-                stopped = _stop_owners.stop_units(plan["units"], plan["unit_processes"], run_command, which)
-                if not stopped.failure:
-                    stopped = _stop_owners.stop_containers(
-                        stopped, plan["containers"], plan["container_processes"], which, params["grace_period"]
-                    )
+            if steps.plan:
+                stopped = stop_planned(steps.plan, params, run_command, which)
                 steps = steps._replace(stopped=stopped)
                 if stopped.failure:
                     return steps
@@ -237,6 +230,34 @@ def look_and_end(
     finally:
         inspector.close()
     return steps
+
+
+def plan_stops(steps: Steps, look: Look, snapshot: _shapes.Snapshot, params: Mapping[str, Any]) -> Steps:
+    """stop_owners=true: the owners to stop with the targets (_stop_owners.plan), and why it stops none where it
+    refuses (_stop_owners.refusal). Imported here: a run without stop_owners never compiles _stop_owners."""
+    from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _stop_owners
+
+    plan = _stop_owners.plan(look.targets, snapshot, look.selection, timeout_s=params["grace_period"])
+    return steps._replace(plan=plan, refusal=_stop_owners.refusal(plan["beyond"], params["stop_spanning_owners"]))
+
+
+def stop_planned(
+    plan: _stop_owners.StopPlan,
+    params: Mapping[str, Any],
+    run_command: Optional[_stop_owners.RunCommand],
+    which: Optional[_stop_owners.Which],
+) -> _stop_owners.Stopped:
+    """stop_owners in a real run: the planned units, then (unless a unit's stop failed) the containers."""
+    from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _stop_owners
+
+    if run_command is None or which is None:
+        raise TypeError("stop_owners needs run_command and which")
+    stopped = _stop_owners.stop_units(plan["units"], plan["unit_processes"], run_command, which)
+    if not stopped.failure:
+        stopped = _stop_owners.stop_containers(
+            stopped, plan["containers"], plan["container_processes"], which, params["grace_period"]
+        )
+    return stopped
 
 
 def first_look(params: Mapping[str, Any], snapshot: _shapes.Snapshot, checked: _select.Checked) -> Look:
@@ -375,6 +396,11 @@ def result_data(steps: Steps, look: Look, lock: Lock, check_mode: bool) -> Resul
     """The result of a run but for its message and summary."""
     plan, stopped, ended = steps.plan, steps.stopped, steps.ended
     done = stopped is None or not stopped.failure
+    commands: List[str] = []
+    if stopped:
+        from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _stop_owners
+
+        commands = _stop_owners.owner_commands(look.targets)
     data: Result = dict(
         changed=bool(look.targets)
         if check_mode
@@ -397,7 +423,7 @@ def result_data(steps: Steps, look: Look, lock: Lock, check_mode: bool) -> Resul
         before=look.snapshot,
         stopped_units=stopped.units if stopped else [],
         stopped_containers=stopped.containers if stopped else [],
-        owner_commands=_stop_owners.owner_commands(look.targets) if stopped else [],
+        owner_commands=commands,
         unit_processes=(stopped.unit_processes if stopped else plan["unit_processes"]) if plan else {},
         container_processes=(stopped.container_processes if stopped else plan["container_processes"]) if plan else {},
         lock_waited_s=lock.waited_s,
@@ -466,7 +492,7 @@ def message(result: Result, check_mode: bool) -> str:
             len(result["would_signal"]),
             ": " + _names(result["would_signal"]) if result["would_signal"] else "",
         )
-        msg += _inline(_stop_owners.unit_lines(result, check_mode))
+        msg += _inline(_owner_lines.unit_lines(result, check_mode))
     else:
         msg = "signalled %d process(es), %d exited" % (len(result["signalled"]), len(result["exited"]))
     if result["driver"]["timed_out"]:
@@ -487,8 +513,8 @@ def message(result: Result, check_mode: bool) -> str:
             item["gpu"],
         )
     if not check_mode:
-        msg += _inline(_stop_owners.unit_lines(result, check_mode))
-    msg += _inline(_stop_owners.beyond_lines(result, check_mode))
+        msg += _inline(_owner_lines.unit_lines(result, check_mode))
+    msg += _inline(_owner_lines.beyond_lines(result, check_mode))
     if result.get("released"):
         msg += "; %s" % result["wait"]["msg"]
     return msg
@@ -496,9 +522,9 @@ def message(result: Result, check_mode: bool) -> str:
 
 def owner_warnings(result: Result, check_mode: bool) -> List[str]:
     """A warning for each holder whose owner will start it again, and for each respawn seen."""
-    stopped = _stop_owners.stopped_names(result)
+    stopped = _owner_lines.stopped_names(result)
     processes = result["would_signal"] if check_mode else result["signalled"]
-    warnings = [text for text in (_stop_owners.owner_warning(p, stopped) for p in processes) if text]
+    warnings = [text for text in (_owner_lines.owner_warning(p, stopped) for p in processes) if text]
     for item in result["respawned"]:
         parent = item.get("parent")
         warnings.append(

@@ -6,13 +6,13 @@
 gpu_kill builds it where its run finishes the reset; the reset_gpus role builds it with the same functions on the
 controller after a longer wait, a failed kill or in check mode (plugins/filter/reports/reports.py). The owner of each holder
 is said in the words of _owners.owner_words; where ending the PID alone will not last, the owner's note and the command
-that stops it follow on the next line (_stop_owners.owner_line)."""
+that stops it follow on the next line (_owner_lines.owner_line)."""
 
 from __future__ import annotations
 
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _owners, _release, _shapes, _stop_owners, _wait
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _owner_lines, _release, _shapes, _wait
 
 # Command lines in the summary are cut to this many characters, "..." included.
 _CMDLINE_WIDTH = 80
@@ -37,6 +37,8 @@ def annotate(process: Dict[str, Any], stop_timeout_s: Optional[float] = None) ->
     not last, or None), "owner_command" (the command that stops the owner, or None; a container's runtime stop with
     `stop_timeout_s` seconds before SIGKILL) and "owner_label" (the Prometheus label value, "" when no owner is
     known). Returns the process."""
+    from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _owners
+
     owner = process.get("owner")
     process["owner_note"] = _owners.restart_note(owner)
     process["owner_command"] = _owners.stop_command(owner, stop_timeout_s)
@@ -46,6 +48,8 @@ def annotate(process: Dict[str, Any], stop_timeout_s: Optional[float] = None) ->
 
 def place(process: Mapping[str, Any]) -> str:
     """Where a holder is and what owns it: "GPUs 0, unit vllm@a.service"."""
+    from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _owners
+
     words = _owners.owner_words(process.get("owner"))
     return where(process) + (", " + words if words else "")
 
@@ -197,10 +201,10 @@ def summary_lines(
     """The summary: what was (or would be) signalled and left alone, the outcome `message`, and per selected GPU
     its used memory and holder count before -> after."""
     lines: List[str] = []
-    stopped = _stop_owners.stopped_names(kill)
+    stopped = _owner_lines.stopped_names(kill)
 
     def add_owner_line(process: Mapping[str, Any]) -> None:
-        line = _stop_owners.owner_line(process, stopped)
+        line = _owner_lines.owner_line(process, stopped)
         if line:
             lines.append(line)
 
@@ -211,10 +215,10 @@ def summary_lines(
                 "  would signal PID %s %s (%s): %s" % (p["pid"], p["comm"], place(p), cut_cmdline(p.get("cmdline")))
             )
             add_owner_line(p)
-        lines.extend(_stop_owners.unit_lines(kill, check_mode))
+        lines.extend(_owner_lines.unit_lines(kill, check_mode))
     else:
         lines.append("signalled %d process(es) in %.2f s" % (len(kill.get("signalled", [])), kill.get("elapsed_s", 0)))
-        lines.extend(_stop_owners.unit_lines(kill, check_mode))
+        lines.extend(_owner_lines.unit_lines(kill, check_mode))
         for p in kill.get("signalled", []):
             lines.append(
                 "  PID %s %s (%s): %s, %s"
@@ -238,7 +242,7 @@ def summary_lines(
             "  PID(s) %s from pids hold none of the selected GPUs (or do not exist): not signalled"
             % ", ".join(str(pid) for pid in kill["not_holding"])
         )
-    lines.extend(_stop_owners.beyond_lines(kill, check_mode))
+    lines.extend(_owner_lines.beyond_lines(kill, check_mode))
     if not check_mode:
         lines.append(message)
     if not before["driver"]["available"]:

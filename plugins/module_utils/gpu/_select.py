@@ -21,13 +21,16 @@ import re
 import stat
 from typing import TYPE_CHECKING, Any, Dict, FrozenSet, Iterable, List, Mapping, Optional, Pattern, Set
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _owners, _proc
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _proc
 from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu._nothing import (
     OWNER_FILTERS,
     nothing_refusal,
     null_refusal,
 )
 from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu._options import OptionError
+
+# _owners (owner blocks, their filters) is imported where an owner filter is given: a module compiles every
+# module_utils it imports (Ansible ships them as source), and most runs select by GPU alone.
 
 if TYPE_CHECKING:
     from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu._shapes import Snapshot
@@ -293,9 +296,12 @@ def check_options(params: Mapping[str, Any], given: Optional[Mapping[str, object
     # The options whose own checks come later (gpus needs a look) or that have none; pids, match and users are
     # checked by check_pids, compile_match and check_users.
     check_not_empty(**{name: params.get(name) for name in ("gpus",) + OWNER_FILTERS})
-    errors = _owners.container_ref_errors(params["containers"]) if params.get("containers") else None
-    if errors:
-        raise SelectionError("; ".join(errors))
+    if params.get("containers"):
+        from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _owners
+
+        errors = _owners.container_ref_errors(params["containers"])
+        if errors:
+            raise SelectionError("; ".join(errors))
     checked = Checked(
         gpus=params.get("gpus"),
         pids=check_pids(params.get("pids")),
@@ -426,6 +432,8 @@ class Selection:
         checked = checked or check_options(params)
         containers = checked.owners.get("containers")
         if containers:
+            from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _owners
+
             processes: List[HolderLike] = [*snapshot.get("holders", []), *snapshot.get("device_users", [])]
             known = {p["owner"]["container_id"] for p in processes if (p.get("owner") or {}).get("container_id")}
             errors = _owners.container_ref_errors(containers, known)
@@ -474,6 +482,8 @@ class Selection:
         if self.users is not None and holder.get("user") not in self.users and str(holder.get("uid")) not in self.users:
             return "user %s not in users" % holder.get("user")
         if self.owners:
+            from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _owners
+
             mismatch: Optional[str] = _owners.mismatch(holder.get("owner"), **self.owners)
             return mismatch
         return None

@@ -16,7 +16,7 @@ import re
 import time
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _advice, _options, _release, _shapes
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _options, _release, _shapes
 
 if TYPE_CHECKING:
     from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu._gpus import Inspector
@@ -103,6 +103,9 @@ def conclude(result: _shapes.Waited, driver_timeout: float, single_look: bool = 
             why = "the driver does not report it" if driver["available"] else "no driver"
             what = "no holder left (memory not checked: %s)" % why
         return after(what, result["elapsed_s"]) + left
+    # The words of GPUs not released: imported only for them (a module compiles every module_utils it imports).
+    from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _advice
+
     stuck = [gpu for gpu in result["gpus"] if not gpu["released"]]
     for gpu in stuck:
         gpu["next_step"] = _advice.next_step(gpu, driver)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Mapping, cast
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _advice, _gpus, _options, _outcome, _select
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _gpus, _options, _outcome, _select
 from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _shapes, _wait
 
 # The number options, checked before anything is looked at.
@@ -92,6 +92,8 @@ def conclude(params: Mapping[str, Any], result: _shapes.Waited) -> _outcome.Outc
         del result["after"]
     failed = not result["released"]
     if result["released"] and not result["memory_checked"] and params["require_memory"]:
+        from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _advice
+
         msg, failed = _advice.not_checked(result), True
     if result.get("advice"):
         from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu._recovery import advice_words

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _owners, _select, _stop_owners
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _owner_lines, _owners, _select, _stop_owners
 
 CID = "4f1c3a9e0b7d2c6e8a5f1b3d9c7e2a4b6d8f0e1c3a5b7d9f2e4c6a8b0d1f3e5a"
 SHORT = CID[:12]
@@ -236,12 +236,12 @@ def test_stop_containers_runs_the_runtime_with_a_bound_and_says_what_ended(tmp_p
     # The fake /proc keeps every process: none ended, and the run says so.
     assert [p["ended"] for p in stopped.container_processes[CID]] == [False] * 5
     kill = {"stopped_containers": stopped.containers, "container_processes": stopped.container_processes}
-    (line,) = _stop_owners.container_lines(kill, check_mode=False)
+    (line,) = _owner_lines.container_lines(kill, check_mode=False)
     assert line.startswith(
         "  stopped podman container %s first (stop_owners: podman stop -t 30 %s), which ended PID 23 VLLM::Worker_TP "
         "(holds GPU 0, selected) [still running after the stop]" % (SHORT, SHORT)
     ), line
-    assert _stop_owners.stopped_names(kill) == ["podman stop -t 30 " + SHORT]
+    assert _owner_lines.stopped_names(kill) == ["podman stop -t 30 " + SHORT]
 
 
 def test_a_failed_or_hung_stop_says_so_and_nothing_is_signalled(tmp_path):
@@ -265,8 +265,8 @@ def test_the_owner_line_is_silent_for_a_container_this_run_stopped():
     block = owner_at(FORMS["podman systemd"])
     process = {"pid": 23, "comm": "VLLM::Worker_TP", "owner": block}
     process["owner_note"], process["owner_command"] = _owners.restart_note(block), _owners.stop_command(block, 30)
-    assert _stop_owners.owner_line(process, []) == (
+    assert _owner_lines.owner_line(process, []) == (
         "    ending it alone will not last: it belongs to podman container %s, whose runtime may restart it; "
         "stop the owner: podman stop -t 30 %s" % (SHORT, SHORT)
     )
-    assert _stop_owners.owner_line(process, ["podman stop -t 30 " + SHORT]) is None
+    assert _owner_lines.owner_line(process, ["podman stop -t 30 " + SHORT]) is None

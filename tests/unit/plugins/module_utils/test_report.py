@@ -10,7 +10,7 @@ import copy
 
 import pytest
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _owners, _report, _stop_owners
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _owner_lines, _owners, _report
 
 CID = "4f1c3a9e0b7d2c6e8a5f1b3d9c7e2a4b6d8f0e1c3a5b7d9f2e4c6a8b0d1f3e5a"
 UID = "0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d"
@@ -76,16 +76,16 @@ def test_place_and_owner_line():
     unit = holder(9, UNIT)
     assert _report.place(unit) == "GPUs 0, unit vllm@a.service"
     assert _report.place(holder(12, None)) == "GPUs 0"
-    assert _stop_owners.owner_line(unit) == (
+    assert _owner_lines.owner_line(unit) == (
         "    ending it alone will not last: systemd unit vllm@a.service restarts it "
         "(Restart=always); stop the owner: systemctl stop vllm@a.service"
     )
     # The unit this run stopped (stop_owners) needs no word; an agent has a note and no command.
-    assert _stop_owners.owner_line(unit, ["vllm@a.service"]) is None
-    assert _stop_owners.owner_line(holder(13, AGENT)) == (
+    assert _owner_lines.owner_line(unit, ["vllm@a.service"]) is None
+    assert _owner_lines.owner_line(holder(13, AGENT)) == (
         "    ending it alone will not last: its parent agent PID 7 (torchrun, torchrun) may start it again"
     )
-    assert _stop_owners.owner_line(holder(11, QUIET_UNIT)) is None
+    assert _owner_lines.owner_line(holder(11, QUIET_UNIT)) is None
 
 
 def views(pids):

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _select, _stop_owners
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _owner_lines, _select, _stop_owners
 
 OWN_CHAIN = {1, 900}
 
@@ -88,7 +88,7 @@ def test_a_unit_that_runs_processes_holding_no_gpu_is_refused_naming_each(tmp_pa
     # The operator may say so; the run then names every process the stop ends.
     assert _stop_owners.refusal(found["beyond"], spanning_allowed=True) is None
     kill = {"would_stop_units": found["units"], "unit_processes": found["unit_processes"]}
-    assert _stop_owners.unit_lines(kill, check_mode=True) == [
+    assert _owner_lines.unit_lines(kill, check_mode=True) == [
         "  would stop systemd unit cron.service first (stop_owners), ending PID 12 python3 (holds GPU 4, selected), "
         "PID 10 cron (holds no GPU, beyond the selection), PID 11 backup.sh (holds no GPU, beyond the selection)"
     ]
@@ -191,7 +191,7 @@ def test_without_a_readable_cgroup_only_the_holders_are_known(tmp_path):
     # The target exited between the look and the plan: its unit's processes cannot be read.
     found = plan(fake_proc(tmp_path, {}), [target(90, [4], "cron.service")])
     assert found["unit_processes"] == {"cron.service": []} and found["beyond"] == []
-    assert _stop_owners.unit_lines(
+    assert _owner_lines.unit_lines(
         {"stopped_units": ["cron.service"], "unit_processes": found["unit_processes"]}, False
     ) == ["  stopped systemd unit cron.service first (stop_owners); its processes could not be read before the stop"]
 
