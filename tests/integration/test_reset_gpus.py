@@ -268,8 +268,13 @@ def test_check_gpus_probe_changes_nothing_and_fails_on_dirty_gpus(simnode, tmp_p
     assert "check_gpus %s: not free: GPU 1: 3000 MiB used" % dirty.name in out, out
     assert "%s: GPUs free (2 checked)" % clean.name in out
     assert alive(dirty, holder)
-    rc, out, recap = playbook(inventory, PLAYBOOK)
-    assert rc == 0
+    # The role's own summary, as a caller of the role keeps it (reset_gpus_summary true): gpu_kill's lines on each host
+    # whose run it finished (tasks/summary.yml).
+    rc, out, recap = playbook(inventory, PLAYBOOK, "-e", json.dumps({"reset_gpus_summary": True}))
+    assert rc == 0, out
+    shown = out.split("TASK [gpuops.nvidia.reset_gpus : Show gpu_kill's summary of the reset]")[1].split("TASK [")[0]
+    assert "ok: [%s]" % clean.name in shown and "signalled 0 process(es)" in shown, out
+    assert "ok: [%s]" % dirty.name in shown and "signalled 1 process(es)" in shown, out
     rc, out, recap = playbook(inventory, check)
     assert rc == 0 and recap[dirty.name]["failed"] == 0, out
 

@@ -19,7 +19,8 @@ Never prints None: unknown memory, names and GPUs are said in words.
 
 Each filter imports the module_utils it uses when it is called: ansible runs each task in a new worker process, whose
 collection loader compiles what it imports from source. reset_gpus_state, in the `when:` of the role's common path,
-then compiles _wait alone (plugins/filter/vllm_run/vllm_run.py says why that counts).
+compiles nothing more where gpu_kill released the GPUs, and _wait alone where it did not
+(plugins/filter/vllm_run/vllm_run.py says why that counts).
 """
 
 from __future__ import annotations
@@ -53,8 +54,6 @@ def reset_gpus_state(
     is to go on waiting after gpu_kill's slice (_wait.worth_another_slice), "finished": whether gpu_kill's run finished
     the reset (released within its first slice, and no textfile or report to write)}.
     """
-    from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _wait
-
     kill = kill or {}
     own: Dict[str, Any] = {}
     if "released" in kill:
@@ -63,12 +62,19 @@ def reset_gpus_state(
     last = dict(wait) if wait is not None and ran else own
     # gpu_wait's elapsed_s sums its own slices (its action plugin).
     total = _seconds(own.get("elapsed_s")) + (_seconds(last.get("elapsed_s")) if ran else 0.0)
+    more = False
+    if "released" in last and not last["released"]:
+        # Only a slice that ended with the GPUs still held may call for another. _wait is imported for it alone: the
+        # role's common path asks this filter in the `when` of skipped tasks, and each worker compiles what it imports.
+        from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _wait
+
+        more = _wait.worth_another_slice(last, total, _seconds(timeout))
     return {
         "last_wait": last,
         "total": total,
         # gpu_wait's timeout after gpu_kill's slice, in whole milliseconds, never above the time left.
         "left_s": max(0.0, math.floor((_seconds(timeout) - total) * 1000) / 1000),
-        "more": _wait.worth_another_slice(last, total, _seconds(timeout)),
+        "more": more,
         "finished": bool(kill.get("released")) and not destinations,
     }
 

@@ -110,3 +110,22 @@ def test_the_filters_of_when_conditions_import_only_what_they_call(name, args):
     )
     modules = set(json.loads(found.stdout))
     assert sorted(modules & set(HOST_ONLY + NOT_PER_HOST + (PACKAGE + "plugin_utils._vllm_report",))) == []
+
+
+def test_the_state_of_a_reset_that_gpu_kill_finished_imports_no_module_utils():
+    # The role's common path: gpu_kill released the GPUs within its slice. The `when:` of the tasks skipped then asks
+    # reset_gpus_state on every host, each in its own worker; only a slice that did not release them needs _wait.
+    released = {"released": True, "wait": {"elapsed_s": 0.4, "gpus": []}}
+    found = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            CALL % COLLECTIONS,
+            "gpuops.nvidia.reports.reset_gpus_state",
+            json.dumps([released, {}, 120]),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert [m for m in json.loads(found.stdout) if m.startswith(PACKAGE + "module_utils.")] == []
