@@ -120,19 +120,30 @@ def run(module, args):
         return code, {"failed": True, "unparsed": text}
 
 
-def cleanup():
-    """End the previous world's planted processes (this node's, started by this harness) and its bookkeeping."""
-    try:
-        previous = json.loads(_read(WORLD + "/manifest.json") or "[]")
-    except ValueError:
-        previous = []
-    for entry in previous:
+def _others():
+    """Every process of this node but its init, this process and its ancestors. The pooled nodes run nothing but
+    this harness, so these are what earlier worlds planted, whether their manifest names them or not (a planting that
+    failed wrote none), and a run of this script that outlived its caller's timeout."""
+    mine, pid = {1}, os.getpid()
+    while pid > 1:
+        mine.add(pid)
         try:
-            os.kill(entry["pid"], signal.SIGKILL)
+            pid = int(_read("/proc/%d/stat" % pid).rsplit(")", 1)[1].split()[1])
+        except (AttributeError, IndexError, ValueError):
+            break
+    return [int(name) for name in os.listdir("/proc") if name.isdigit() and int(name) not in mine]
+
+
+def cleanup():
+    """End every process earlier worlds left on this node (all started by this harness) and their bookkeeping."""
+    previous = _others()
+    for pid in previous:
+        try:
+            os.kill(pid, signal.SIGKILL)
         except OSError:
             pass
     deadline = time.monotonic() + 10
-    while any(os.path.exists("/proc/%d" % e["pid"]) for e in previous) and time.monotonic() < deadline:
+    while any(os.path.exists("/proc/%d" % pid) for pid in previous) and time.monotonic() < deadline:
         time.sleep(0.02)
     for directory in ("/run/gpusim/contexts", "/run/gpusim/released", WORLD + "/sig", WORLD):
         if os.path.isdir(directory):
@@ -142,8 +153,9 @@ def cleanup():
                     os.unlink(path)
 
 
-def plant_world(world):
-    """Plant through a planter that exits, so the world's processes are orphans of the node's init."""
+def _plant_once(world):
+    """Plant through a planter that exits, so the world's processes are orphans of the node's init. Raises
+    PlantingFailed with the planter's error where it wrote no manifest."""
     planter = os.fork()
     if planter == 0:
         null = os.open(os.devnull, os.O_RDWR)
@@ -151,10 +163,32 @@ def plant_world(world):
             os.dup2(null, fd)
         try:
             plant.plant(world)
+        except BaseException as error:  # noqa: B036 - said to the parent, which decides
+            with open(WORLD + "/plant.error", "w") as handle:
+                handle.write("%s: %s" % (type(error).__name__, error))
         finally:
             os._exit(0)
     os.waitpid(planter, 0)
-    return json.loads(_read(WORLD + "/manifest.json") or "[]")
+    text = _read(WORLD + "/manifest.json")
+    if text is None:
+        raise PlantingFailed(_read(WORLD + "/plant.error") or "the planter wrote no manifest")
+    return json.loads(text)
+
+
+class PlantingFailed(Exception):
+    """The world could not be planted (a harness failure, never the collection's): the run stops rather than judge a
+    world that is not there."""
+
+
+def plant_world(world):
+    """The world planted, once more after a cleanup where the first planting failed (a machine too busy for its
+    bounds); a second failure raises PlantingFailed."""
+    try:
+        return _plant_once(world)
+    except PlantingFailed:
+        cleanup()
+        os.makedirs(WORLD + "/sig", exist_ok=True)
+        return _plant_once(world)
 
 
 def resolve(selection, manifest, node):
