@@ -15,7 +15,7 @@ import os
 import tempfile
 from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Literal, Mapping, Optional, Sequence, Tuple, cast
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _recovery, _shapes
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _nvml, _shapes
 
 if TYPE_CHECKING:
     from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu._orphans import Orphan
@@ -111,8 +111,8 @@ def _recovery_samples(ident: Labels, recovery: Optional[Mapping[str, Any]], out:
     if not recovery:
         return
     action = recovery.get("action")
-    if action in _recovery.ACTIONS:
-        out.setdefault("gpu_recovery_action", []).append((ident, _recovery.ACTIONS.index(action)))
+    if action in _nvml.ACTIONS:
+        out.setdefault("gpu_recovery_action", []).append((ident, _nvml.ACTIONS.index(action)))
     counts: Dict[int, int] = {}
     for xid in recovery.get("xids") or []:
         counts[xid["xid"]] = counts.get(xid["xid"], 0) + 1

@@ -446,6 +446,103 @@ def _read_processes(
             gpu["processes"].extend(entries)
 
 
+# The driver's advice (read_advice): what _recovery judges a GPU to need.
+# nvmlDeviceGpuRecoveryAction_t, in its order (nvidia-ml-py 13.615.71: NVML_GPU_RECOVERY_ACTION_NONE = 0 ...).
+ACTIONS: Tuple[str, ...] = (
+    "none",
+    "gpu_reset",
+    "node_reboot",
+    "drain_p2p",
+    "drain_and_reset",
+    "recover_imex_domain",
+    "bus_reset",
+    "system_reboot",
+)
+FIELD_RECOVERY_ACTION = 230
+_NVLINK_DEVICE_TYPE_GPU = 0
+_NVLINK_LINKS = 36  # NVML_NVLINK_MAX_LINKS of nvidia-ml-py 13.x; a GPU with fewer answers an error past its last
+
+
+def _call(pynvml: Any, function: str, *args: Any) -> Tuple[Any, Optional[str]]:
+    """pynvml.function(*args) and None, or None and the NVML error (a driver without the call: its error too)."""
+    try:
+        return getattr(pynvml, function)(*args), None
+    except Exception as exc:  # pylint: disable=broad-except
+        return None, "%s: %s" % (function, exc)
+
+
+def _recovery_action(pynvml: Any, handle: Any) -> Tuple[Optional[str], Optional[str]]:
+    values, error = _call(pynvml, "nvmlDeviceGetFieldValues", handle, [FIELD_RECOVERY_ACTION])
+    if error:
+        return None, error
+    value = values[0]
+    if value.nvmlReturn != 0:
+        return None, "field %d (the recovery action): NVML error %d" % (FIELD_RECOVERY_ACTION, value.nvmlReturn)
+    code = int(value.value.uiVal)
+    return (ACTIONS[code] if code < len(ACTIONS) else "unknown_%d" % code), None
+
+
+def _nvlink_peers(pynvml: Any, handle: Any) -> Tuple[List[str], bool]:
+    """Bus ids of the GPUs on this GPU's active NVLinks, and whether any link reaches an NVSwitch."""
+    peers: List[str] = []
+    switch = False
+    for link in range(_NVLINK_LINKS):
+        active, error = _call(pynvml, "nvmlDeviceGetNvLinkState", handle, link)
+        if error:
+            break  # NOT_SUPPORTED (no NVLink) or INVALID_ARGUMENT (past its last link)
+        if not active:
+            continue
+        kind, _error = _call(pynvml, "nvmlDeviceGetNvLinkRemoteDeviceType", handle, link)
+        if kind is not None and kind != _NVLINK_DEVICE_TYPE_GPU:
+            switch = True
+            continue
+        pci, _error = _call(pynvml, "nvmlDeviceGetNvLinkRemotePciInfo", handle, link)
+        bus_id = getattr(pci, "busId", None)
+        if bus_id:
+            text = bus_id.decode() if isinstance(bus_id, bytes) else str(bus_id)
+            if text not in peers:
+                peers.append(text)
+    return peers, switch
+
+
+def read_advice(pynvml: Any, index: int) -> _shapes.DriverAdvice:
+    """What the driver says of GPU `index` beyond memory and processes, in the NVML worker (read_driver with advice):
+    the recovery action (field NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, 230), remapped rows, retired pages pending,
+    persistence mode and the GPUs at the far end of its NVLinks (nvidia-ml-py 13.615.71). Each figure is None where
+    the driver does not answer it; `errors` says why. What a GPU then needs is _recovery's to say."""
+    errors: List[str] = []
+    advice: _shapes.DriverAdvice = {
+        "index": index,
+        "recovery_action": None,
+        "remapped_rows": None,
+        "retired_pages_pending": None,
+        "persistence_mode": None,
+        "nvlink_peers": [],
+        "nvlink_switch": False,
+        "errors": errors,
+    }
+    handle, error = _call(pynvml, "nvmlDeviceGetHandleByIndex", index)
+    if error:
+        errors.append(error)
+        return advice
+    advice["recovery_action"], error = _recovery_action(pynvml, handle)
+    rows, row_error = _call(pynvml, "nvmlDeviceGetRemappedRows", handle)
+    if rows is not None:
+        advice["remapped_rows"] = {
+            "correctable": int(rows[0]),
+            "uncorrectable": int(rows[1]),
+            "pending": bool(rows[2]),
+            "failure": bool(rows[3]),
+        }
+    pending, pages_error = _call(pynvml, "nvmlDeviceGetRetiredPagesPendingStatus", handle)
+    advice["retired_pages_pending"] = None if pending is None else bool(pending)
+    mode, mode_error = _call(pynvml, "nvmlDeviceGetPersistenceMode", handle)
+    advice["persistence_mode"] = None if mode is None else bool(mode)
+    advice["nvlink_peers"], advice["nvlink_switch"] = _nvlink_peers(pynvml, handle)
+    errors.extend(text for text in (error, row_error, pages_error, mode_error) if text)
+    return advice
+
+
 def _errors(pynvml: Pynvml) -> Tuple[Type[BaseException], ...]:
     """Exceptions that mean "the driver said no": NVML errors, and pynvml's NVMLLibraryMismatchError
     (a driver library without the _v3 process-list functions; not an NVMLError subclass)."""
@@ -458,7 +555,7 @@ def read_driver(pynvml: Pynvml, initialized: bool = False, advice: bool = False)
     """One full NVML reading (run inside the worker): versions and every GPU.
 
     Returns {"available": bool, "error": str or None, "driver_version", "nvml_version",
-    "cuda_driver_version", "gpus": [read_gpu(...)]}, with `advice` also "advice": [_recovery.read_advice(...)]
+    "cuda_driver_version", "gpus": [read_gpu(...)]}, with `advice` also "advice": [read_advice(...)]
     (the recovery action, remapped rows, persistence mode, NVLink peers of each GPU). A missing library or driver
     gives available=False with the NVML error text; it never raises NVMLError.
     """
@@ -484,9 +581,7 @@ def read_driver(pynvml: Pynvml, initialized: bool = False, advice: bool = False)
     list_versions: List[_shapes.ListVersion] = ["v3", "v2", "v1"]
     reading["gpus"] = [read_gpu(pynvml, index, list_versions) for index in range(count)]
     if advice:
-        from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _recovery
-
-        reading["advice"] = [_recovery.read_advice(pynvml, index) for index in range(count)]
+        reading["advice"] = [read_advice(pynvml, index) for index in range(count)]
     return reading
 
 

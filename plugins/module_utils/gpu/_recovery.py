@@ -2,12 +2,12 @@
 # Copyright (c) 2026, gpuops.nvidia contributors
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""What the driver advises about each GPU, and whether it needs a reset or a reboot (docs/recovery.md).
+"""Whether each GPU needs a reset or a reboot, from what the driver advises (docs/recovery.md).
 
-`read_advice` runs in the NVML worker (_nvml.read_driver with advice): the driver's recovery action (field
-NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, 230), remapped rows, retired pages pending, persistence mode and the GPUs at the
-far end of its NVLinks (nvidia-ml-py 13.615.71). `recovery` runs on the host after the merge: it adds the Xid errors
-of the kernel log (_kernel_log) and decides what each GPU needs, with the reasons. Python 3.9.
+The driver's advice is read in the NVML worker (_nvml.read_advice, where a reading asks for it): the recovery action,
+remapped rows, retired pages pending, persistence mode and the GPUs at the far end of its NVLinks. `recovery` runs on
+the host after the merge: it adds the Xid errors of the kernel log (_kernel_log) and decides what each GPU needs, with
+the reasons. Python 3.9.
 """
 
 from __future__ import annotations
@@ -18,17 +18,6 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _kernel_log, _shapes
 
-# nvmlDeviceGpuRecoveryAction_t, in its order (nvidia-ml-py 13.615.71: NVML_GPU_RECOVERY_ACTION_NONE = 0 ...).
-ACTIONS: Tuple[str, ...] = (
-    "none",
-    "gpu_reset",
-    "node_reboot",
-    "drain_p2p",
-    "drain_and_reset",
-    "recover_imex_domain",
-    "bus_reset",
-    "system_reboot",
-)
 # What each action asks of the collection: a GPU reset it can do, a reboot it can only name, or another step.
 _ACTION_NEEDS: Dict[str, _shapes.RecoveryNeed] = {
     "gpu_reset": "reset",
@@ -39,92 +28,11 @@ _ACTION_NEEDS: Dict[str, _shapes.RecoveryNeed] = {
     "recover_imex_domain": "other",
     "bus_reset": "other",
 }
-FIELD_RECOVERY_ACTION = 230
-_NVLINK_DEVICE_TYPE_GPU = 0
-_NVLINK_LINKS = 36  # NVML_NVLINK_MAX_LINKS of nvidia-ml-py 13.x; a GPU with fewer answers an error past its last
 # Xids older than this are not "recent": they stay in the kernel log until the next boot.
 XID_WINDOW_S = 24 * 3600
 # Where gpu_reset notes each GPU's last reset (seconds since boot): Xids logged before it were dealt with. A tmpfs
 # on every systemd host, emptied at boot as the kernel log is.
 RESETS_FILE = "/run/gpuops-nvidia/gpu_resets.json"
-
-
-def _call(pynvml: Any, function: str, *args: Any) -> Tuple[Any, Optional[str]]:
-    """pynvml.function(*args) and None, or None and the NVML error (a driver without the call: its error too)."""
-    try:
-        return getattr(pynvml, function)(*args), None
-    except Exception as exc:  # pylint: disable=broad-except
-        return None, "%s: %s" % (function, exc)
-
-
-def _recovery_action(pynvml: Any, handle: Any) -> Tuple[Optional[str], Optional[str]]:
-    values, error = _call(pynvml, "nvmlDeviceGetFieldValues", handle, [FIELD_RECOVERY_ACTION])
-    if error:
-        return None, error
-    value = values[0]
-    if value.nvmlReturn != 0:
-        return None, "field %d (the recovery action): NVML error %d" % (FIELD_RECOVERY_ACTION, value.nvmlReturn)
-    code = int(value.value.uiVal)
-    return (ACTIONS[code] if code < len(ACTIONS) else "unknown_%d" % code), None
-
-
-def _nvlink_peers(pynvml: Any, handle: Any) -> Tuple[List[str], bool]:
-    """Bus ids of the GPUs on this GPU's active NVLinks, and whether any link reaches an NVSwitch."""
-    peers: List[str] = []
-    switch = False
-    for link in range(_NVLINK_LINKS):
-        active, error = _call(pynvml, "nvmlDeviceGetNvLinkState", handle, link)
-        if error:
-            break  # NOT_SUPPORTED (no NVLink) or INVALID_ARGUMENT (past its last link)
-        if not active:
-            continue
-        kind, _error = _call(pynvml, "nvmlDeviceGetNvLinkRemoteDeviceType", handle, link)
-        if kind is not None and kind != _NVLINK_DEVICE_TYPE_GPU:
-            switch = True
-            continue
-        pci, _error = _call(pynvml, "nvmlDeviceGetNvLinkRemotePciInfo", handle, link)
-        bus_id = getattr(pci, "busId", None)
-        if bus_id:
-            text = bus_id.decode() if isinstance(bus_id, bytes) else str(bus_id)
-            if text not in peers:
-                peers.append(text)
-    return peers, switch
-
-
-def read_advice(pynvml: Any, index: int) -> _shapes.DriverAdvice:
-    """What the driver says of GPU `index` beyond memory and processes (in the NVML worker). Each figure is None
-    where the driver does not answer it; `errors` says why."""
-    errors: List[str] = []
-    advice: _shapes.DriverAdvice = {
-        "index": index,
-        "recovery_action": None,
-        "remapped_rows": None,
-        "retired_pages_pending": None,
-        "persistence_mode": None,
-        "nvlink_peers": [],
-        "nvlink_switch": False,
-        "errors": errors,
-    }
-    handle, error = _call(pynvml, "nvmlDeviceGetHandleByIndex", index)
-    if error:
-        errors.append(error)
-        return advice
-    advice["recovery_action"], error = _recovery_action(pynvml, handle)
-    rows, row_error = _call(pynvml, "nvmlDeviceGetRemappedRows", handle)
-    if rows is not None:
-        advice["remapped_rows"] = {
-            "correctable": int(rows[0]),
-            "uncorrectable": int(rows[1]),
-            "pending": bool(rows[2]),
-            "failure": bool(rows[3]),
-        }
-    pending, pages_error = _call(pynvml, "nvmlDeviceGetRetiredPagesPendingStatus", handle)
-    advice["retired_pages_pending"] = None if pending is None else bool(pending)
-    mode, mode_error = _call(pynvml, "nvmlDeviceGetPersistenceMode", handle)
-    advice["persistence_mode"] = None if mode is None else bool(mode)
-    advice["nvlink_peers"], advice["nvlink_switch"] = _nvlink_peers(pynvml, handle)
-    errors.extend(text for text in (error, row_error, pages_error, mode_error) if text)
-    return advice
 
 
 def last_resets(path: str = RESETS_FILE) -> Dict[str, float]:

@@ -170,7 +170,7 @@ class _ReadingBase(TypedDict):
 
 class Reading(_ReadingBase, total=False):
     """One NVML reading (_nvml.read_driver); "timed_out" where the worker did not answer (_gpus.Inspector);
-    "advice" where it was asked for (_recovery.read_advice, one per GPU)."""
+    "advice" where it was asked for (_nvml.read_advice, one per GPU)."""
 
     timed_out: bool
     advice: List[DriverAdvice]
@@ -191,7 +191,7 @@ class RemappedRows(TypedDict):
 
 
 class DriverAdvice(TypedDict):
-    """What the driver says of a GPU beyond memory and processes (_recovery.read_advice); None where not answered."""
+    """What the driver says of a GPU beyond memory and processes (_nvml.read_advice); None where not answered."""
 
     index: int
     recovery_action: Optional[str]

@@ -69,6 +69,6 @@ def test_the_driver_advice_is_read_with_getters_only():
     ]
     assert all(name == "nvmlInit" or name.startswith("nvmlDeviceGet") for name in nvml.calls), nvml.calls
     # check.py stands alone on the GPU host: its copy of the actions' names must be gpu_facts' own.
-    from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _recovery
+    from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _nvml
 
-    assert check.RECOVERY_ACTIONS == _recovery.ACTIONS
+    assert check.RECOVERY_ACTIONS == _nvml.ACTIONS

@@ -8,7 +8,7 @@ import types
 
 import pytest
 
-from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _kernel_log, _recovery
+from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _kernel_log, _nvml, _recovery
 
 XID_79 = "NVRM: Xid (PCI:0000:2b:00): 79, GPU has fallen off the bus."
 
@@ -90,7 +90,7 @@ def _raise(error):
 
 
 def test_the_driver_advice_of_one_gpu():
-    advice = _recovery.read_advice(
+    advice = _nvml.read_advice(
         fake_nvml(action=4, rows=(2, 1, 1, 0), links=((0, "00000000:2A:00.0"), (2, "00000000:00:01.0"))), 0
     )
     assert advice["recovery_action"] == "drain_and_reset" and advice["persistence_mode"] is True
@@ -100,7 +100,7 @@ def test_the_driver_advice_of_one_gpu():
 
 
 def test_a_driver_without_the_field_or_the_calls_answers_none_and_says_why():
-    advice = _recovery.read_advice(
+    advice = _nvml.read_advice(
         fake_nvml(field_status=3, missing=("nvmlDeviceGetRemappedRows", "nvmlDeviceGetPersistenceMode")), 1
     )
     assert advice["recovery_action"] is None and advice["remapped_rows"] is None
@@ -152,8 +152,8 @@ def test_recovery_joins_advice_peers_and_recent_xids_since_the_last_reset(tmp_pa
     _recovery.note_reset(["0000:2a:00"], 99500.0, str(resets))
     gpus = [{"index": 0, "pci_bus_id": "00000000:18:00.0"}, {"index": 1, "pci_bus_id": "00000000:2A:00.0"}]
     advice = [
-        _recovery.read_advice(fake_nvml(action=0, links=((0, "00000000:2A:00.0"),)), 0),
-        _recovery.read_advice(fake_nvml(action=0, links=((0, "00000000:18:00.0"),)), 1),
+        _nvml.read_advice(fake_nvml(action=0, links=((0, "00000000:2A:00.0"),)), 0),
+        _nvml.read_advice(fake_nvml(action=0, links=((0, "00000000:18:00.0"),)), 1),
     ]
     advice[1]["index"] = 1
     _recovery.recovery(gpus, advice, proc=str(tmp_path), kmsg=path, resets_file=str(resets))
