@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import types
 
 import pytest
@@ -87,6 +88,27 @@ def fake_nvml(action=0, field_status=0, rows=(0, 0, 0, 0), pending=0, persistenc
 
 def _raise(error):
     raise error
+
+
+def test_a_reading_with_advice_imports_nothing_more_in_the_nvml_worker(monkeypatch):
+    # The worker is forked before the module judges the advice (_recovery): a module_utils it imported there would be
+    # compiled twice on every run, in the worker and in the module (Ansible ships module_utils as source).
+    package = "ansible_collections.gpuops.nvidia.plugins.module_utils.gpu."
+    for name in ("_recovery", "_kernel_log"):
+        monkeypatch.delitem(sys.modules, package + name)
+        monkeypatch.delattr(sys.modules[package[:-1]], name)
+    monkeypatch.setattr(_nvml, "read_gpu", lambda pynvml, index, list_versions=None: {"index": index})
+    nvml = fake_nvml(action=1)
+    for name, value in (
+        ("NVMLError", _Error),
+        ("nvmlDeviceGetCount", lambda: 1),
+        ("nvmlSystemGetDriverVersion", lambda: "580"),
+    ):
+        setattr(nvml, name, value)
+    nvml.nvmlSystemGetNVMLVersion = nvml.nvmlSystemGetCudaDriverVersion = lambda: "13"
+    reading = _nvml.read_driver(nvml, initialized=True, advice=True)
+    assert [advice["recovery_action"] for advice in reading["advice"]] == ["gpu_reset"]
+    assert [name for name in ("_recovery", "_kernel_log") if package + name in sys.modules] == []
 
 
 def test_the_driver_advice_of_one_gpu():
