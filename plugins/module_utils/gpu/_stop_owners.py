@@ -445,10 +445,11 @@ def stop_units(
     for unit in units:
         rc, _out, err = run_command([str(systemctl), "stop", unit])
         if rc != 0:
-            failure = "systemctl stop %s failed (rc %s): %s; nothing was signalled" % (
+            failure = "systemctl stop %s failed (rc %s): %s; %s" % (
                 unit,
                 rc,
                 err.strip() or "no error text",
+                _signalled_before(stopped, []),
             )
             return Stopped(stopped, ended, failure)
         stopped.append(unit)
@@ -513,15 +514,25 @@ def stop_containers(
             else (127, "", "%s is not on this host" % container["runtime"])
         )
         if rc != 0:
-            failure = "%s failed (%s): %s; nothing was signalled" % (
+            failure = "%s failed (%s): %s; %s" % (
                 container["command"],
                 "rc %s" % rc if rc is not None else "no answer within %s s" % (timeout_s + CONTAINER_STOP_MARGIN_S),
                 err.strip() or "no error text",
+                _signalled_before(stopped.units, done),
             )
             return stopped._replace(containers=done, container_processes=ended, failure=failure)
         done.append(container)
         ended[container["id"]] = [_ended(process, proc) for process in processes.get(container["id"], [])]
     return stopped._replace(containers=done, container_processes=ended)
+
+
+def _signalled_before(units: List[str], containers: List[ContainerStop]) -> str:
+    """What a failed stop leaves said: the units and containers stopped before it (their stop signalled their
+    processes), or that nothing was signalled."""
+    before = ["unit %s" % unit for unit in units] + ["container %s" % c["id"][:12] for c in containers]
+    if not before:
+        return "nothing was signalled"
+    return "stopped before it: %s; no process was signalled otherwise" % ", ".join(before)
 
 
 def _ended(process: UnitProcess, proc: str) -> UnitProcess:

@@ -259,6 +259,13 @@ def test_a_failed_or_hung_stop_says_so_and_nothing_is_signalled(tmp_path):
         missing.failure
         == "docker stop -t 5 %s failed (rc 127): docker is not on this host; nothing was signalled" % (SHORT)
     )
+    # After a unit was stopped (its stop signalled its processes), the failure says so rather than "nothing".
+    after_unit = _stop_owners.Stopped(["vllm-a.service"], {}, None)
+    failed = _stop_owners.stop_containers(after_unit, found["containers"], {}, lambda name: None, 5, proc=proc)
+    assert failed.failure == (
+        "docker stop -t 5 %s failed (rc 127): docker is not on this host; stopped before it: unit vllm-a.service; "
+        "no process was signalled otherwise" % SHORT
+    )
 
 
 def test_the_owner_line_is_silent_for_a_container_this_run_stopped():

@@ -210,3 +210,20 @@ def test_a_command_past_its_timeout_is_killed_and_never_waited_for_without_a_bou
         "err\n",
     )
     assert _stop_owners.run_bounded(["/nonexistent/command"], 5)[0] == 127
+
+
+def test_a_failed_unit_stop_names_the_units_stopped_before_it():
+    calls = []
+
+    def run_command(argv):
+        calls.append(argv[-1])
+        return (0, "", "") if argv[-1] == "a.service" else (5, "", "Failed to stop b.service: Unit is masked.")
+
+    found = _stop_owners.stop_units(["a.service", "b.service"], {}, run_command, lambda name: "/bin/" + name)
+    assert calls == ["a.service", "b.service"] and found.units == ["a.service"]
+    assert found.failure == (
+        "systemctl stop b.service failed (rc 5): Failed to stop b.service: Unit is masked.; stopped before it: unit "
+        "a.service; no process was signalled otherwise"
+    )
+    first = _stop_owners.stop_units(["b.service"], {}, run_command, lambda name: "/bin/" + name)
+    assert first.failure.endswith("Unit is masked.; nothing was signalled")
