@@ -364,7 +364,7 @@ def container_of(cfg: Dict[str, Any], instance: Instance, settings: Settings, ho
         cfg["environment"]["CUDA_VISIBLE_DEVICES"] = ",".join(str(n) for n in range(len(cfg["gpus"])))
     cfg["container"] = {
         "runtime": runtime,
-        "name": "%s%s" % (settings["unit_prefix"], cfg["name"]),
+        "name": _new_container_name(cfg["name"], settings),
         "image": instance["image"],
         "volumes": _vllm_container.volumes_of(instance),
         "shm_size": instance.get("shm_size") or None,
@@ -508,11 +508,16 @@ def _entry(
     }
 
 
+def _new_container_name(name: str, settings: Settings) -> str:
+    """The name a container instance's container gets: `<unit prefix><name>`."""
+    return "%s%s" % (settings["unit_prefix"], name)
+
+
 def _container_name(cfg: Mapping[str, Any], settings: Settings) -> str:
     """The name of the container that runs `cfg`: the one its deployment recorded (a later vllm_server_unit_prefix
-    does not rename it), else `<unit prefix><name>`."""
+    does not rename it), else the one it would get."""
     recorded = (cfg.get("container") or {}).get("name")
-    return str(recorded) if recorded else "%s%s" % (settings["unit_prefix"], cfg.get("name"))
+    return str(recorded) if recorded else _new_container_name(str(cfg.get("name")), settings)
 
 
 def _container_reasons(cfg: Mapping[str, Any], host: Host, running: Optional[Mapping[str, Any]]) -> List[str]:
