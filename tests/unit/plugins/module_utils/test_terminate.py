@@ -385,3 +385,13 @@ def test_a_symlink_planted_where_the_lock_goes_is_never_followed(tmp_path):
     assert lock.acquire(0) == 0.0 and lock.path == str(tmp_path / _terminate.LOCK_NAME)
     assert not target.exists()
     lock.release()
+
+
+def test_a_lock_free_at_the_first_try_is_no_wait_however_slow_the_call(tmp_path):
+    """On a busy host the process may be off the CPU between two clock readings around a lock that was free: that is
+    no wait, and gpu_kill must not warn of another run (seen at 8 hosts on 2 cores: "waited 0.00 s for another
+    gpu_kill run on this host", naming no run)."""
+    readings = iter([100.0, 100.02])
+    lock = _terminate.HostLock(dirs=[str(tmp_path)], clock=lambda: next(readings))
+    assert lock.acquire(10) == 0.0 and lock.waited_for == []
+    lock.release()
