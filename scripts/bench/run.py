@@ -4,6 +4,7 @@
     .venv/bin/python scripts/bench/run.py --quick    # fewer runs, smaller loads (about 3 minutes)
     .venv/bin/python scripts/bench/run.py --sections scan,release --runs 3
     .venv/bin/python scripts/bench/run.py --sections fleet --nodes 16 --runs 5   # the fleet alone (docs/scale.md)
+    .venv/bin/python scripts/bench/run.py --sections modules --runs 5   # the node's side of the fleet, split
 
 Sections (method and targets: docs/performance.md):
   scan     inside two nodes of about 2,000 processes and 100,000 open fds each, a few dozen of them GPU holders
@@ -19,12 +20,16 @@ Sections (method and targets: docs/performance.md):
            on nodes with an orphaned vLLM TP=8 tree, in rotating order; controller CPU per host (ansible-playbook with
            everything it reaped, plus the ControlPersist masters), node CPU per host (the nodes' sshd and everything
            below it) and wall time, each also as a ratio to the same round's ping play (docs/scale.md)
+  modules  the node's side of the fleet, split, on one SSH node: the module run each fleet play sends (ping, gpu_kill
+           of reset_gpus.yml, gpu_wait of check_gpus.yml), run as Ansible runs it, in alternating rounds: its CPU, the
+           part that compiles module_utils from source, and its CPU where each is compiled once (scripts/bench/modules.py)
   redeploy playbooks/redeploy_vllm.yml on one node: a simulated vLLM TP=2 with a DFlash drafter redeployed with a new
            configuration, idle and under load (drain hook + clients); the play's wall time split by task (junit
            callback) into drain, stop, memory release, start, model load (the server's "Loading weights took"),
            health and acceptance gates, and the rest (the collection's own part), which is judged against a
            one-ping play run between the round's two redeploys: at most REDEPLOY_RATIO times it. Alone it writes
-           performance-redeploy.json instead of performance.json (the fleet alone: performance-fleet.json).
+           performance-redeploy.json instead of performance.json (the fleet alone: performance-fleet.json; the
+           modules alone: performance-modules.json).
 Every comparison is measured side by side in one run (alternating), so load from other work on the machine
 hits both sides. Needs root (nodes, sshd); installs psmisc, lsof and openssh-server with apt-get if missing.
 Not a test: it asserts nothing about speed, it reports. It asserts the path each measured look takes, so that
@@ -49,6 +54,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "integration"), str(Path(__file__).resolve().parent)]
 
+import modules  # noqa: E402
 import nodeload  # noqa: E402
 import plot  # noqa: E402
 from nodetools import alive, start_holder, start_vllm, wait_for  # noqa: E402
@@ -196,9 +202,10 @@ def write_inventory(directory: Path, nodes: list) -> Path:
     return inventory_file(own, *nodes)
 
 
-def playbook(inventory: Path, play: Path, forks: int = 5) -> dict:
+def playbook(inventory: Path, play: Path, forks: int = 5, extra: list[str] | None = None) -> dict:
     result = timed(
-        [str(VENV_BIN / "ansible-playbook"), "-i", str(inventory), "-f", str(forks), str(play)], ansible_env()
+        [str(VENV_BIN / "ansible-playbook"), "-i", str(inventory), "-f", str(forks), str(play), *(extra or [])],
+        ansible_env(),
     )
     if result["rc"] != 0:
         raise RuntimeError(
@@ -871,6 +878,8 @@ def table(results: dict) -> str:
             "| one node: CPU of the reset, controller and node together (local connection) | %.2f s | | |"
             % median([run["cpu_s"] for run in node["runs"]["reset"]])
         )
+    if results.get("modules"):
+        rows += modules.rows(results["modules"])
     fleet = results.get("fleet")
     if fleet:
         label = "fleet, %d nodes over SSH, forks %d, %d CPUs" % (fleet["nodes"], fleet["forks"], fleet["cpus"])
@@ -952,7 +961,7 @@ def main(argv: list[str] | None = None) -> int:
     args.release_runs = args.runs if args.quick else 3
     args.fleet_runs = args.runs
     sections = args.sections.split(",")
-    unknown = set(sections) - {"scan", "release", "node", "fleet", "redeploy"}
+    unknown = set(sections) - {"scan", "release", "node", "fleet", "modules", "redeploy"}
     if unknown:
         parser.error("unknown sections: %s" % ", ".join(sorted(unknown)))
 
@@ -974,6 +983,7 @@ def main(argv: list[str] | None = None) -> int:
             ("release", bench_release),
             ("node", bench_node),
             ("fleet", bench_fleet),
+            ("modules", lambda args, workdir: modules.bench_modules(args, workdir, sys.modules[__name__])),
             ("redeploy", bench_redeploy),
         ):
             if section in sections:
@@ -982,7 +992,9 @@ def main(argv: list[str] | None = None) -> int:
     results["machine"]["load_after"] = os.getloadavg()
     results["duration_s"] = time.monotonic() - started
     args.out.mkdir(parents=True, exist_ok=True)
-    alone = sections[0] if sections in (["redeploy"], ["fleet"]) else None  # alone: keep the other sections' figures
+    alone = (
+        sections[0] if sections in (["redeploy"], ["fleet"], ["modules"]) else None
+    )  # alone: keep the other sections' figures
     if alone:
         (args.out / ("performance-%s.json" % alone)).write_text(json.dumps(results, indent=1) + "\n")
     else:
