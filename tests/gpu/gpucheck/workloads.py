@@ -307,12 +307,15 @@ class Workloads:
         own = {os.getpid(), os.getppid()}
 
         def stragglers():
-            for launcher in self.launchers:
-                launcher.poll()
-            return [
+            # A program started here is waited for through its Popen: a process loses the marker (its environment)
+            # when its memory goes, before it has exited, and a caller that polls it at once would find it running.
+            running = [launcher.pid for launcher in self.launchers if launcher.poll() is None]
+            return running + [
                 pid
                 for pid in procs.processes_with(self.marker)
-                if pid not in own and (procs.read_stat(pid) or {}).get("state") not in (None, "Z", "X")
+                if pid not in own
+                and pid not in running
+                and (procs.read_stat(pid) or {}).get("state") not in (None, "Z", "X")
             ]
 
         poll_until(lambda: not stragglers(), timeout, interval=0.05)
