@@ -4,8 +4,8 @@ One SSH node. Each fleet play (a one-ping play, reset_gpus.yml and check_gpus.ym
 interpreter that keeps the AnsiballZ script it is given on its standard input, then runs it; those scripts are then
 run again in the node over SSH, as Ansible runs them (`/bin/sh -c 'PYTHON && sleep 0'`, the script on standard input,
 the environment of an SSH session), in alternating rounds. For each module run: the CPU of the run with everything it
-reaped (its NVML worker), the CPU of compiling module_utils from source inside it (`compile` on a `.py` file), and the
-CPU of the same run where each module_utils is compiled once. CPython's zipimport compiles each module it imports
+reaped (its NVML worker), the CPU of compiling Python sources inside it (`compile` on a `.py` file: the module, its
+module_utils and ansible-core's), and the CPU of the same run where each source is compiled once. CPython's zipimport compiles each module it imports
 twice (python/cpython#141276): once to build the module's spec (`zipimporter.get_filename`), once to run it. The third
 figure puts a `sitecustomize` on PYTHONPATH for that run alone, which keeps each compiled code object for the second
 call: it measures what that bug costs. Nothing of it is in the collection.
@@ -14,6 +14,8 @@ call: it measures what that bug costs. Nothing of it is in the collection.
 from __future__ import annotations
 
 import json
+import re
+import shlex
 import subprocess
 from pathlib import Path
 
@@ -32,14 +34,15 @@ PING_PLAY = """\
 # The interpreter of the capture runs: keeps its standard input (the AnsiballZ script) under DIR, then runs it.
 CAPTURE = """\
 #!/bin/sh
-kept=$(mktemp "%(dir)s/payload-XXXXXX")
+kept=$(mktemp %(dir)s/payload-XXXXXX)
 cat > "$kept"
 exec %(python)s "$@" < "$kept"
 """
 
-# Inside the node: what compiling .py sources costs one module run (CPU, ms), the script run as Ansible's wrapper.
+# Inside the node: what compiling .py sources costs one module run (CPU, ms), the script run as Ansible's wrapper;
+# "failed" where the module's result says so.
 COMPILE_TIMER = r"""
-import builtins, json, os, runpy, sys, time
+import builtins, io, json, runpy, sys, time
 spent = [0.0, 0]
 real = builtins.compile
 def timed(source, filename, *args, **kwargs):
@@ -53,12 +56,14 @@ def timed(source, filename, *args, **kwargs):
 builtins.compile = timed
 path = sys.argv[1]
 sys.argv = [path]  # the wrapper reads a second argument as a debug command
-sys.stdout = open(os.devnull, "w")
+result, sys.stdout = sys.stdout, io.StringIO()
 try:
     runpy.run_path(path, run_name="__main__")
 except SystemExit:
     pass
-sys.stderr.write("\n" + json.dumps({"compile_ms": spent[0] * 1000, "compiles": spent[1]}) + "\n")
+result, sys.stdout = sys.stdout.getvalue(), result
+failed = '"failed": true' in result
+sys.stderr.write("\n" + json.dumps({"compile_ms": spent[0] * 1000, "compiles": spent[1], "failed": failed}) + "\n")
 """
 
 # Inside the node: zipimport compiles each source once (python/cpython#141276), for the runs that put it on PYTHONPATH.
@@ -93,28 +98,40 @@ def cpu_ms(argv, script, env):
 
 figures = {name: {"cpu_ms": [], "cpu_once_ms": [], "compile_ms": [], "compiles": []} for name in scripts}
 shell = ["/bin/sh", "-c", python + " && sleep 0"]
+
+def plain(name):
+    figures[name]["cpu_ms"].append(cpu_ms(shell, scripts[name], plain_env)[0])
+
+def once(name):
+    figures[name]["cpu_once_ms"].append(cpu_ms(shell, scripts[name], once_env)[0])
+
+def compiling(name):
+    timed = json.loads(cpu_ms([python, timer, scripts[name]], os.devnull, plain_env)[1].splitlines()[-1])
+    if timed["failed"]:
+        sys.exit("%s failed under the compile timer" % scripts[name])
+    figures[name]["compile_ms"].append(timed["compile_ms"])
+    figures[name]["compiles"].append(timed["compiles"])
+
 for number in range(rounds):
     names = list(scripts)
     names = names[number % len(names):] + names[:number % len(names)]
     for name in names:
-        figures[name]["cpu_ms"].append(cpu_ms(shell, scripts[name], plain_env)[0])
-        figures[name]["cpu_once_ms"].append(cpu_ms(shell, scripts[name], once_env)[0])
-        timed = json.loads(cpu_ms([python, timer, scripts[name]], os.devnull, plain_env)[1].splitlines()[-1])
-        figures[name]["compile_ms"].append(timed["compile_ms"])
-        figures[name]["compiles"].append(timed["compiles"])
+        for run in (plain, once, compiling) if number % 2 == 0 else (once, plain, compiling):
+            run(name)
 print(json.dumps({name: {key: statistics.median(values) for key, values in found.items()} for name, found in figures.items()}))
 """
 
 
 def bench_modules(args, workdir: Path, tools) -> dict:
     """The module run of each fleet play on one SSH node, split (module docstring). `tools`: run.py's helpers."""
+    tools.ensure_tools("sshd")
     kept = workdir / "modules"
     kept.mkdir()
     node = tools.up(tools.node_name("modules"), gpus=8, ssh=True)
     try:
         python = tools.gpunode.node_python()
         capture = kept / "capture.sh"
-        capture.write_text(CAPTURE % {"dir": kept, "python": python})
+        capture.write_text(CAPTURE % {"dir": shlex.quote(str(kept)), "python": shlex.quote(python)})
         capture.chmod(0o755)
         inventory = tools.write_inventory(workdir, [node])
         ping = workdir / "modules-ping.yml"
@@ -129,8 +146,9 @@ def bench_modules(args, workdir: Path, tools) -> dict:
                 extra=["-e", json.dumps({"ansible_python_interpreter": str(capture), "gpuops_nvidia_venv": ""})],
             )
             new = sorted(set(kept.glob("payload-*")) - before)
-            if len(new) != 1:
-                raise RuntimeError("%s: expected one module run on the node, kept %d" % (name, len(new)))
+            sent = [re.search(r"^ansible_module='([^']*)'", path.read_text(), re.MULTILINE) for path in new]
+            if [found.group(1).rsplit(".", 1)[-1] if found else None for found in sent] != [name]:
+                raise RuntimeError("%s: expected one run of it on the node, kept %d script(s)" % (name, len(new)))
             scripts[name] = new[0]
         timer, once = kept / "compile_timer.py", kept / "once"
         timer.write_text(COMPILE_TIMER)
@@ -152,7 +170,7 @@ def bench_modules(args, workdir: Path, tools) -> dict:
             "-p",
             str(ssh["port"]),
             "%s@%s" % (ssh["user"], ssh["host"]),
-            " ".join(
+            shlex.join(
                 [python, str(replay), python, str(timer), str(once), str(rounds)]
                 + ["%s=%s" % (name, path) for name, path in scripts.items()]
             ),
@@ -184,12 +202,12 @@ def rows(results: dict) -> list[str]:
     return [
         "| one SSH node, a module run as the fleet runs it (%s), CPU with its NVML worker | %s | | |"
         % (names, each("cpu_ms")),
-        "| of which compiling module_utils from source (%s compiles; zipimport compiles each twice) | %s | | |"
+        "| of which compiling Python sources (%s compiles: module, module_utils, each twice by zipimport) | %s | | |"
         % (
             " / ".join("%d" % found[name]["compiles"] for name in found),
             " / ".join("%.0f ms" % found[name]["compile_ms"] for name in found),
         ),
-        "| the same runs, each module_utils compiled once (python/cpython#141276; a sitecustomize of the bench) | "
+        "| the same runs, each source compiled once (python/cpython#141276; a sitecustomize of the bench) | "
         "%s | | |" % each("cpu_once_ms"),
         "| the AnsiballZ script each run reads from its standard input | %s | | |" % each("script_kib", " KiB"),
     ]
