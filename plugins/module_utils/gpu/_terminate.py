@@ -72,7 +72,8 @@ class HostLock:
     A record lock belongs to the process that took it: the workers it forks (NVML, the /proc scan) do not
     inherit it, and it goes when the process exits, however it ends (no stale lock file to clean up).
     `acquire(timeout)` waits at most `timeout` seconds and returns the seconds waited (0.0 when the lock was
-    free; `waited_for` then names the runs that held it), or raises LockTimeout naming the run that holds it;
+    free at the first try; after a wait, `waited_for` names the runs that held it), or raises LockTimeout naming
+    the run that holds it;
     `holders()` names the runs that hold it now, without taking it (check mode); `release()` lets it go.
     """
 
