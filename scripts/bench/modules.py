@@ -183,7 +183,7 @@ def bench_modules(args, workdir: Path, tools) -> dict:
         node.down()
     for name, path in scripts.items():
         figures[name]["script_kib"] = path.stat().st_size / 1024
-    return {"rounds": rounds, "python": python, "modules": figures}
+    return {"rounds": rounds, "modules": figures}
 
 
 def rows(results: dict) -> list[str]:
