@@ -49,16 +49,26 @@ def process_state(node, pid: int) -> str | None:
     )
 
 
-def host_processes_in(pidns: str) -> list[int]:
-    """Host PIDs of the processes (zombies included) whose PID namespace is `pidns`."""
+def boot_ticks() -> int:
+    """Now, in the clock ticks since boot of a process's start time (/proc/PID/stat, field 22)."""
+    return int(time.clock_gettime(time.CLOCK_BOOTTIME) * os.sysconf("SC_CLK_TCK"))
+
+
+def host_processes_in(pidns: str, started_by: int | None = None) -> list[int]:
+    """Host PIDs of the processes (zombies included) whose PID namespace is `pidns`; with `started_by` (boot_ticks()),
+    only those started by then. The kernel reuses a freed namespace's inode number for the next namespace made (a
+    parallel test's node): after a node is gone, only what started before it went can be its own."""
     found = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
-                if os.readlink(f"/proc/{entry}/ns/pid") == pidns:
-                    found.append(int(entry))
-            except OSError:
-                pass
+                if os.readlink(f"/proc/{entry}/ns/pid") != pidns:
+                    continue
+                started = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[19])
+            except (OSError, ValueError, IndexError):
+                continue
+            if started_by is None or started <= started_by:
+                found.append(int(entry))
     return found
 
 
@@ -233,8 +243,9 @@ def test_exec_on_a_downed_node_fails_clearly(simnode):
 
 def test_dead_node_is_reported_and_replaced(simnode):
     node = simnode(no_driver=True)
+    killed = boot_ticks()
     os.kill(node.info["init_pid"], signal.SIGKILL)
-    poll(lambda: not host_processes_in(node.info["pidns"]), "the node's processes to end")
+    poll(lambda: not host_processes_in(node.info["pidns"], killed), "the node's processes to end")
     listed = run_gpunode("list").stdout.splitlines()
     assert f"{node.name}\tdead" in listed
     result = run_gpunode("exec", node.name, "--", "true")
@@ -312,12 +323,13 @@ def test_down_all_leaves_nothing_behind(tmp_path):
             node.spawn("import time; time.sleep(600)")
             node.exec("sh", "-c", "exec sleep 600 </dev/null >/dev/null 2>&1 &")
     finally:
+        downed = boot_ticks()
         result = run_gpunode("down", "--all", root=root)
     assert result.returncode == 0, result.stderr
     assert list(root.iterdir()) == []
     assert str(root) not in Path("/proc/self/mountinfo").read_text()
     for node in nodes:
-        assert host_processes_in(node.info["pidns"]) == []
+        assert host_processes_in(node.info["pidns"], downed) == []
         assert not gpunode._alive(node.info["unshare_pid"], node.info["unshare_start_time"])
     assert run_gpunode("list", root=root).stdout == ""
     absent = run_gpunode("down", "all-0", root=root)
