@@ -202,7 +202,7 @@ def rows(results: dict) -> list[str]:
     return [
         "| one SSH node, a module run as the fleet runs it (%s), CPU with its NVML worker | %s | | |"
         % (names, each("cpu_ms")),
-        "| of which compiling Python sources (%s compiles: module, module_utils, each twice by zipimport) | %s | | |"
+        "| of which compiling Python sources (%s compilations; zipimport compiles most modules twice) | %s | | |"
         % (
             " / ".join("%d" % found[name]["compiles"] for name in found),
             " / ".join("%.0f ms" % found[name]["compile_ms"] for name in found),

@@ -960,10 +960,10 @@ def main(argv: list[str] | None = None) -> int:
     args.latencies = [0.5, 2.0] if args.quick else [0.5, 2.0, 10.0]
     args.release_runs = args.runs if args.quick else 3
     args.fleet_runs = args.runs
-    sections = args.sections.split(",")
+    sections = list(dict.fromkeys(args.sections.split(",")))  # each once, in the order given
     unknown = set(sections) - {"scan", "release", "node", "fleet", "modules", "redeploy"}
     if unknown:
-        parser.error("unknown sections: %s" % ", ".join(sorted(unknown)))
+        parser.error("unknown sections: %s" % ", ".join(repr(name) for name in sorted(unknown)))
 
     results = {
         "machine": {
