@@ -499,7 +499,7 @@ def _nvlink_peers(pynvml: Any, handle: Any) -> Tuple[List[str], bool]:
         pci, _error = _call(pynvml, "nvmlDeviceGetNvLinkRemotePciInfo", handle, link)
         bus_id = getattr(pci, "busId", None)
         if bus_id:
-            text = bus_id.decode() if isinstance(bus_id, bytes) else str(bus_id)
+            text = _text(bus_id)
             if text not in peers:
                 peers.append(text)
     return peers, switch
