@@ -120,6 +120,26 @@ class Node:
             raise NodeCommandError(result.returncode, argv, result.stdout, result.stderr)
         return result
 
+    def ssh_argv(self, command: str) -> list[str]:
+        """ssh's command line that runs `command` (one shell line) on this node, started with ssh=True: its key, its
+        known_hosts, no prompt. Over SSH a command gets a session's environment, not this process's."""
+        ssh = self.info["ssh"]
+        return [
+            "ssh",
+            "-i",
+            ssh["private_key"],
+            "-o",
+            "UserKnownHostsFile=%s" % ssh["known_hosts"],
+            "-o",
+            "StrictHostKeyChecking=yes",
+            "-o",
+            "BatchMode=yes",
+            "-p",
+            str(ssh["port"]),
+            "%s@%s" % (ssh["user"], ssh["host"]),
+            command,
+        ]
+
     def py(self, code: str, *args: str, timeout: float = 60, cgroup: str | None = None) -> str:
         """Run the venv Python with `-c code args...` inside the node (in `cgroup`, see exec);
         return its stdout.

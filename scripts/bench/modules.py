@@ -158,23 +158,12 @@ def bench_modules(args, workdir: Path, tools) -> dict:
         replay.write_text(REPLAY)
         rounds = max(4, args.runs * 4)
         tools.log("modules: %d alternating rounds of %s on %s, over SSH" % (rounds, ", ".join(scripts), node.name))
-        ssh = node.info["ssh"]
-        argv = [
-            "ssh",
-            "-i",
-            ssh["private_key"],
-            "-o",
-            "UserKnownHostsFile=%s" % ssh["known_hosts"],
-            "-o",
-            "StrictHostKeyChecking=yes",
-            "-p",
-            str(ssh["port"]),
-            "%s@%s" % (ssh["user"], ssh["host"]),
+        argv = node.ssh_argv(
             shlex.join(
                 [python, str(replay), python, str(timer), str(once), str(rounds)]
                 + ["%s=%s" % (name, path) for name, path in scripts.items()]
-            ),
-        ]
+            )
+        )
         done = subprocess.run(argv, capture_output=True, text=True, timeout=1800, check=False)
         if done.returncode != 0:
             raise RuntimeError("modules: the replay failed (rc %d): %s" % (done.returncode, done.stderr[-2000:]))

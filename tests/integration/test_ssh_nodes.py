@@ -29,28 +29,7 @@ def ssh_nodes(simnode):
 
 def ssh(node, command: str) -> str:
     """Run `command` on `node` with plain ssh and the node's key; return its stdout."""
-    info = node.info["ssh"]
-    return subprocess.run(
-        [
-            "ssh",
-            "-i",
-            info["private_key"],
-            "-o",
-            "UserKnownHostsFile=%s" % info["known_hosts"],
-            "-o",
-            "StrictHostKeyChecking=yes",
-            "-o",
-            "BatchMode=yes",
-            "-p",
-            str(info["port"]),
-            "%s@%s" % (info["user"], info["host"]),
-            command,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    ).stdout
+    return subprocess.run(node.ssh_argv(command), capture_output=True, text=True, timeout=60, check=True).stdout
 
 
 def test_ssh_session_lands_inside_its_node(ssh_nodes):
