@@ -142,12 +142,15 @@ def shared_lines(kill: Mapping[str, Any], before: _shapes.Snapshot, check_mode: 
     return lines
 
 
-def _seconds_words(value: object) -> str:
-    """Seconds as given, without a needless ".0": 120, 1.5, 104.988."""
+def _seconds_words(value: object, rounded: bool = False) -> str:
+    """Seconds without a needless ".0": as given (120, 1.5, 104.988) or, `rounded` for seconds that come from
+    arithmetic (a time left), whole from 10 s on and with at most one decimal below (116, 9.5): a whole timeout, or one
+    with a tenth below 10 s, still reads as given."""
     try:
-        return "%g" % float(value)  # type: ignore[arg-type]  # anything: what float() refuses is shown as it is
+        seconds = float(value)  # type: ignore[arg-type]  # anything: what float() refuses is shown as it is
     except (TypeError, ValueError):
         return str(value)
+    return "%g" % (round(seconds, 1 if abs(seconds) < 10 else 0) if rounded else seconds)
 
 
 def held_words(gpus: Optional[Iterable[Mapping[str, Any]]]) -> str:
@@ -177,8 +180,13 @@ def held_words(gpus: Optional[Iterable[Mapping[str, Any]]]) -> str:
 
 def progress_line(gpus: Optional[Iterable[Mapping[str, Any]]], waited_s: float, timeout_s: object) -> str:
     """The line of progress of a wait in slices, printed by gpu_wait's action plugin between two slices: the seconds
-    waited so far (`waited_s`) of `timeout_s`, and what still holds each GPU of `gpus` (held_words)."""
-    return "still waiting after %.0f s of %s s: %s" % (waited_s or 0, _seconds_words(timeout_s), held_words(gpus))
+    waited so far (`waited_s`) of `timeout_s` (rounded: the reset_gpus role gives gpu_wait the rest of its wait, such
+    as 115.995), and what still holds each GPU of `gpus` (held_words)."""
+    return "still waiting after %.0f s of %s s: %s" % (
+        waited_s or 0,
+        _seconds_words(timeout_s, rounded=True),
+        held_words(gpus),
+    )
 
 
 def first_progress_line(
@@ -191,7 +199,7 @@ def first_progress_line(
         waited_s or 0,
         _seconds_words(timeout_s),
         held_words(gpus),
-        _seconds_words(left_s),
+        _seconds_words(left_s, rounded=True),
     )
 
 

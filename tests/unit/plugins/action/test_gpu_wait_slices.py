@@ -287,6 +287,15 @@ def test_progress_line():
         "held by no selected process"
     )
     assert _report.progress_line(None, 0, "1.5") == "still waiting after 0 s of 1.5 s: "
+    # The reset_gpus role's rest of its wait (whole milliseconds) reads in whole seconds, a tenth below 10 s.
+    assert _report.progress_line(None, 5, 115.995) == "still waiting after 5 s of 116 s: "
+    assert _report.progress_line(None, 1, 3.563) == "still waiting after 1 s of 3.6 s: "
+
+
+def test_first_progress_line_rounds_the_rest_and_keeps_the_timeout_as_given():
+    line = _report.first_progress_line([HELD], 4.2, 120, 115.995)
+    assert line == "still held after 4 s of 120 s: GPU 1 5000 MiB used, held by 9; waiting up to 116 s more"
+    assert _report.first_progress_line(None, 0, "1.5", 1.097).endswith("of 1.5 s: ; waiting up to 1.1 s more")
 
 
 def test_one_slice_s_message_and_elapsed_s_agree_on_the_controller_s_clock():
