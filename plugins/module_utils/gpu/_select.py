@@ -139,9 +139,9 @@ def select_gpus(requested: Optional[List[Any]], snapshot: Snapshot) -> Optional[
         driver = snapshot.get("driver") or {}
         if driver.get("timed_out"):
             raise SelectionError(
-                "cannot select GPUs %s: NVML did not answer (%s), so GPU indices cannot be mapped to "
-                "device files; the driver may be hung: look for Xid errors in the kernel log "
-                "(dmesg), then reset the GPUs or reboot the host" % (list(requested), driver.get("error"))
+                "cannot select GPUs %s: NVML did not answer, so GPU indices cannot be mapped to device files; the "
+                "driver may be hung: look for Xid errors in the kernel log (dmesg), then reset the GPUs or reboot the "
+                "host" % list(requested)
             )
         raise SelectionError(
             "cannot select GPUs %s: the NVIDIA driver library is not usable (%s) and there is no "

@@ -111,10 +111,10 @@ def conclude(result: _shapes.Waited, driver_timeout: float, single_look: bool = 
         gpu["next_step"] = _advice.next_step(gpu, driver)
     if driver["timed_out"]:
         return (
-            "NVML did not answer within driver_timeout (%s s): the driver may be hung (%s); GPU memory release "
-            "could not be confirmed%s. Next: look for Xid errors in the kernel log (dmesg) and check nvidia-smi; a "
-            "hung driver needs a GPU reset or a reboot"
-            % (driver_timeout, driver["error"], _advice.found_by_scan(stuck))
+            # What NVML raised (driver.error) is in the result: it would say the same again ("did not return").
+            "NVML did not answer within driver_timeout (%s s): the driver may be hung; GPU memory release could not "
+            "be confirmed%s. Next: look for Xid errors in the kernel log (dmesg) and check nvidia-smi; a hung driver "
+            "needs a GPU reset or a reboot" % (driver_timeout, _advice.found_by_scan(stuck))
         )
     return "%s: %s%s" % (
         "not free" if single_look else after("not released", result["elapsed_s"]),

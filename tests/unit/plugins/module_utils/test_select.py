@@ -220,6 +220,7 @@ def test_select_gpus_without_map():
     with pytest.raises(_select.SelectionError) as info:
         _select.select_gpus([0], make_view([], driver=hung))
     assert "NVML did not answer" in str(info.value) and "Xid" in str(info.value)
+    assert str(info.value).count("NVML did not answer") == 1 and "did not return" not in str(info.value)
 
 
 def test_check_not_empty():

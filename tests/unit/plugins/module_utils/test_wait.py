@@ -272,7 +272,9 @@ def test_a_hung_driver_message_names_the_holders_that_the_proc_scan_found():
     ]
     result, _clock = wait(Scripted(view(hung, [stuck], driver=DRIVER_HUNG)), timeout=30.0)
     message = _wait.conclude(result, 1.0)
-    assert message.startswith("NVML did not answer within driver_timeout (1.0 s): the driver may be hung")
+    assert message.startswith("NVML did not answer within driver_timeout (1.0 s): the driver may be hung; GPU memory")
+    # Said once: not again in NVML's own words (driver.error, "did not return within 1.0 s (driver hung?)").
+    assert "did not return" not in message and "hung?" not in message
     assert "holders found by the /proc scan alone: GPU 0: PID 5000001 python3 (state S). Next: " in message
     assert "GPU 1:" not in message
     result, _clock = wait(Scripted(view(hung, [], driver=DRIVER_HUNG)), timeout=30.0)

@@ -426,6 +426,13 @@ def test_a_hung_driver_is_named_and_holders_come_from_the_scan(capsys, recorder)
     assert code == 0 and [call[0] for call in rec.ended] == [[5000001]]
     assert "NVML did not answer within driver_timeout (the driver may be hung)" in result["msg"]
     assert any("Xid" in w for w in warnings(result))
+    # With wait=true the wait's message says it, once, without NVML's own words again.
+    hung["error"] = "an NVML call did not return within 10.0 s (driver hung?)"
+    recorder(make_view([stray], gpus=[], driver=hung), make_view([], gpus=[], driver=hung))
+    code, result = run_module(capsys, {"wait": True, "wait_timeout": 1})
+    assert code == 1 and result["msg"].count("NVML did not answer") == 1, result["msg"]
+    assert "the driver may be hung; GPU memory release could not be confirmed" in result["msg"]
+    assert "did not return" not in result["msg"]
 
 
 def test_with_nothing_to_end_the_wait_takes_the_first_look_and_looks_once(capsys, recorder):
