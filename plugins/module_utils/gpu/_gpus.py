@@ -160,8 +160,7 @@ def process_details(psutil: Any, pid: int, proc: str = "/proc") -> Optional[_sha
                 process.create_time(), datetime.timezone.utc
             ).isoformat()
         try:
-            # rstrip: setproctitle (vLLM's VLLM::* titles) pads the argv area with spaces.
-            details["cmdline"] = " ".join(process.cmdline()).rstrip()
+            details["cmdline"] = _proc.join_argv(process.cmdline())
         except psutil.ZombieProcess:
             details["cmdline"] = ""
     except psutil.NoSuchProcess:
@@ -278,7 +277,7 @@ class Inspector:
         stat = _proc.read_stat(ppid, self.proc)
         if stat is None:
             return None
-        return {"pid": ppid, "comm": stat["comm"], "cmdline": " ".join(_proc.read_argv(ppid, self.proc) or ())}
+        return {"pid": ppid, "comm": stat["comm"], "cmdline": _proc.read_cmdline(ppid, self.proc)}
 
     def _merge(
         self,

@@ -415,7 +415,7 @@ def find_agent(
         cmdline = read_cmdline(parent)
         kind = agent_kind(stat["comm"], cmdline)
         if kind is not None:
-            return {"pid": parent, "comm": stat["comm"], "cmdline": " ".join(cmdline or ()), "kind": kind}
+            return {"pid": parent, "comm": stat["comm"], "cmdline": _proc.join_argv(cmdline or ()), "kind": kind}
     return None
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import collections
 import errno
 import os
-from typing import Any, Callable, Collection, List, Mapping, Optional, TypedDict
+from typing import Any, Callable, Collection, Iterable, List, Mapping, Optional, TypedDict
 
 _PF_KTHREAD = 0x00200000  # include/linux/sched.h: "I am a kernel thread"
 # errno values that mean "the process or thread is gone, or not ours to read": skip it.
@@ -137,9 +137,15 @@ def read_argv(pid: int, proc: str = "/proc") -> Optional[List[str]]:
     return [arg.decode("utf-8", "replace") for arg in data.split(b"\0")] if data else []
 
 
+def join_argv(argv: Iterable[str]) -> str:
+    """A command line as one str: the arguments joined by spaces, trailing blanks removed (setproctitle, with vLLM's
+    VLLM::* titles, pads the argv area with spaces or NULs)."""
+    return " ".join(argv).rstrip()
+
+
 def read_cmdline(pid: int, proc: str = "/proc") -> str:
-    """/proc/PID/cmdline joined by spaces ("" for a kernel thread or a process that is gone)."""
-    return " ".join(read_argv(pid, proc) or ())
+    """/proc/PID/cmdline joined by spaces (join_argv; "" for a kernel thread or a process that is gone)."""
+    return join_argv(read_argv(pid, proc) or ())
 
 
 def read_start_ticks(pid: int, proc: str = "/proc") -> Optional[int]:

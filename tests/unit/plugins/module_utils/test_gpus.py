@@ -264,6 +264,19 @@ def test_process_details_strips_setproctitle_padding_and_survives_access_denied(
     assert _gpus.process_details(FakePsutil(error=psutil.NoSuchProcess(os.getpid())), os.getpid()) is None
 
 
+@pytest.mark.parametrize("padding", [b" " * 200, b"\0" * 200])
+def test_a_holder_s_parent_s_command_line_is_read_as_the_holder_s(tmp_path, padding):
+    # vLLM's EngineCore, the parent of its TP workers: a setproctitle title padded to the end of the argv area.
+    (tmp_path / "4242").mkdir()
+    (tmp_path / "4242" / "stat").write_bytes(b"4242 (VLLM::EngineCor) S 1 4242 4242" + b" 0" * 46 + b"\n")
+    (tmp_path / "4242" / "cmdline").write_bytes(b"VLLM::EngineCore" + padding)
+    inspector = _gpus.Inspector(proc=str(tmp_path))
+    assert inspector._parent(4242) == {"pid": 4242, "comm": "VLLM::EngineCor", "cmdline": "VLLM::EngineCore"}
+    # The holder's own, from psutil's arguments, in the same words.
+    argv = (b"VLLM::EngineCore" + padding).decode().split("\0")
+    assert _gpus.process_details(FakePsutil(argv), os.getpid())["cmdline"] == "VLLM::EngineCore"
+
+
 # --- _listed_pids: when the driver's lists suffice -----------------------------------------------------------------
 
 

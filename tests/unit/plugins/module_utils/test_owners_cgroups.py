@@ -349,6 +349,17 @@ def test_find_agent_nearest_live_ancestor():
     }
 
 
+def test_find_agent_s_command_line_without_setproctitle_s_padding():
+    # A Ray worker's title (setproctitle) padded to the end of its argv area, as a holder's own command line reads.
+    read_stat, read_cmdline = tree(
+        {
+            10: ("ray::VLLMWorker", "S", 1, ["ray::VLLMWorker.execute_method" + " " * 200, "", ""]),
+            40: ("x", "S", 10, []),
+        }
+    )
+    assert _owners.find_agent(40, read_stat, read_cmdline)["cmdline"] == "ray::VLLMWorker.execute_method"
+
+
 def test_find_agent_self_is_not_its_own_agent_and_none_found():
     read_stat, read_cmdline = tree(
         {1: ("gpusim-init", "S", 0, ["gpusim-init"]), 8: ("vllm", "S", 1, ["python", "/x/bin/vllm", "serve", "m"])}
