@@ -169,19 +169,24 @@ def select_gpus(requested: Optional[List[Any]], snapshot: Snapshot) -> Optional[
             instances.setdefault(by_mig_uuid[text], set()).add(text)
         else:
             raise SelectionError(
-                "unknown GPU %r: GPUs are given as ASCII indices (this host has %s), GPU UUIDs (%s) "
-                "or MIG UUIDs (%s)%s"
+                "unknown GPU %r: give a GPU by its index (this host has %s), its UUID (%s) or a MIG UUID (%s)%s"
                 % (
                     item,
-                    sorted(indices),
-                    ", ".join(sorted(by_uuid)) or "none known",
-                    ", ".join(sorted(by_mig_uuid)) or "none known",
+                    ", ".join(str(index) for index in sorted(indices)),
+                    _uuid_words(by_uuid),
+                    _uuid_words(by_mig_uuid),
                     _bracket_hint(text),
                 )
             )
     # A whole GPU selected as well as some of its instances: the whole GPU.
     partial = {index: frozenset(uuids) for index, uuids in instances.items() if index not in selected}
     return GpuIndices(sorted(selected | set(partial)), partial)
+
+
+def _uuid_words(by_uuid: Mapping[str, int]) -> str:
+    """The UUIDs of `by_uuid` (UUID -> GPU index) with their GPU's index, by index: "0: GPU-5ae9..., 1: GPU-1f12..."."""
+    pairs = sorted((index, uuid) for uuid, index in by_uuid.items())
+    return ", ".join("%d: %s" % pair for pair in pairs) or "none known"
 
 
 def _bracket_hint(text: Optional[str]) -> str:

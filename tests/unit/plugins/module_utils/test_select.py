@@ -181,8 +181,22 @@ def test_select_gpus_unknown_lists_the_known_ones(requested):
     with pytest.raises(_select.SelectionError) as info:
         _select.select_gpus(requested, VIEW)
     message = str(info.value)
-    assert "unknown GPU" in message and "ASCII indices" in message
-    assert "[0, 1, 2]" in message and "GPU-0" in message and "GPU-2" in message
+    assert "unknown GPU" in message and "give a GPU by its index (this host has 0, 1, 2)" in message
+    assert "its UUID (0: GPU-0, 1: GPU-1, 2: GPU-2) or a MIG UUID (none known)" in message
+
+
+def test_select_gpus_unknown_names_each_uuid_with_its_index():
+    # UUIDs that sort otherwise than their GPUs' indices; GPU 1 split into MIG instances.
+    view = make_view([gpu(0), gpu(1), gpu(2)])
+    for entry, uuid in zip(view["gpus"], ("GPU-5ae9", "GPU-1f12", "GPU-20dd")):
+        entry["uuid"] = uuid
+    view["gpus"][1]["mig_devices"] = [{"uuid": "MIG-b"}, {"uuid": "MIG-a"}]
+    with pytest.raises(_select.SelectionError) as info:
+        _select.select_gpus([7], view)
+    assert str(info.value) == (
+        "unknown GPU 7: give a GPU by its index (this host has 0, 1, 2), its UUID (0: GPU-5ae9, 1: GPU-1f12, "
+        "2: GPU-20dd) or a MIG UUID (1: MIG-a, 1: MIG-b)"
+    )
 
 
 @pytest.mark.parametrize("requested", [["[2]"], ["[0", "2]"]])

@@ -251,7 +251,7 @@ def warnings(result):
         ({"users": []}, "users is empty", 0),
         ({"users": ["no-such-user-gpuops"]}, "no such user on this host: no-such-user-gpuops", 0),
         ({"signal": "FOO"}, "unknown signal 'FOO'", 0),
-        ({"gpus": [7]}, "unknown GPU 7: GPUs are given as ASCII indices (this host has [0, 1])", 1),
+        ({"gpus": [7]}, "unknown GPU 7: give a GPU by its index (this host has 0, 1), its UUID (0: ", 1),
         ({"gpus": ["GPU-zzzz"]}, "unknown GPU 'GPU-zzzz'", 1),
         ({"gpus": ["١"]}, "unknown GPU '١'", 1),
         ({"gpus": [True]}, "unknown GPU True", 1),
