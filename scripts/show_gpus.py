@@ -5,6 +5,11 @@ import json
 import sys
 
 
+def said(value):
+    """A value of the facts as printed: "not read" for None (no driver library, a GPU that does not answer)."""
+    return "not read" if value is None else value
+
+
 def show(host, result):
     if result.get("failed") or "ansible_facts" not in result:
         print("%s: %s" % (host, result.get("msg", "no facts")))
@@ -19,11 +24,11 @@ def show(host, result):
         print(
             "  %3s  %5s  %8s / %-9s  %8s  %s"
             % (
-                gpu["index"],
-                gpu["minor"],
-                gpu["memory_used_mib"],
-                gpu["memory_total_mib"],
-                gpu["memory_reserved_mib"],
+                said(gpu["index"]),
+                said(gpu["minor"]),
+                said(gpu["memory_used_mib"]),
+                said(gpu["memory_total_mib"]),
+                said(gpu["memory_reserved_mib"]),
                 names or "-",
             )
         )
