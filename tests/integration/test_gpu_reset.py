@@ -7,6 +7,7 @@ another client", exit 255) undoes every step and names the next one."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -40,20 +41,45 @@ def test_a_leaked_context_is_freed_by_the_guarded_reset_and_every_daemon_and_set
     user = start_cuda_init(refused, visible=[1])
     driver_says_no, no_units = host(simnode, 1, stray_mib="0:2000", kernel_clients="0")
     inventory = inventory_file(tmp_path, leaked, refused, driver_says_no)
+    reports = tmp_path / "reports"
     extra = json.dumps(
-        {"reset_gpus_gpu_reset": True, "reset_gpus_gpu_reset_own_pid_namespace": True, "reset_gpus_timeout": 1}
+        {
+            "reset_gpus_gpu_reset": True,
+            "reset_gpus_gpu_reset_own_pid_namespace": True,
+            "reset_gpus_timeout": 1,
+            "reset_gpus_report_dir": str(reports),
+        }
     )
+
+    def report(node):
+        return json.loads((reports / ("%s.json" % node.name)).read_text())
 
     rc, out, recap = playbook(inventory, PLAYBOOK, "--check", "-e", extra)
     assert recap[leaked.name]["failed"] == 0 and recap[leaked.name]["changed"] >= 1, out
     assert "would: stop nvidia-persistenced.service" in out and "reset GPU 0, 1; turn persistence mode on" in out
     assert gpu_memory(leaked)[0][0] == 30000 and conf(leaked, "persistence") is None
     assert {unit: unit_main_pid(leaked, unit) for unit in leaked_units} == leaked_units
+    # The summary and the report say what the GPU reset would do; the closing line names the host.
+    assert report(leaked)["outcome"] == "check", report(leaked)
+    assert report(leaked)["message"].endswith("; GPU 0, 1 would be reset (reset_gpus_gpu_reset)"), report(leaked)
+    would = re.search(r"; GPUs would be reset on \d+ \(([^)]*)\)", out)
+    assert would and leaked.name in would.group(1).split(", ") and refused.name not in would.group(1), out
 
     rc, out, recap = playbook(inventory, PLAYBOOK, "-e", extra)
     assert rc != 0 and recap[leaked.name]["failed"] == 0 and recap[leaked.name]["changed"] == 1, out
     assert "reset GPU 0, 1: stop nvidia-persistenced.service" in out, out
     assert [used for used, _pids in gpu_memory(leaked)] == [0, 0, 0]
+    # The summary, the report and the closing line come after the GPU reset and say what it did: no "FAILED" for a
+    # host whose GPUs it freed (they were not released by the wait before it).
+    assert report(leaked)["outcome"] == "released" and "phase" not in report(leaked), report(leaked)
+    assert report(leaked)["message"].endswith("; GPU 0, 1 were reset (reset_gpus_gpu_reset)"), report(leaked)
+    assert [gpu["memory_used_mib"] for gpu in report(leaked)["gpus_after"]] == [0, 0, 0], report(leaked)
+    assert "GPUs reset on 1 (%s)" % leaked.name in out, out
+    assert report(refused)["outcome"] == "failed" and report(refused)["phase"] == "free", report(refused)
+    assert "gpu_reset refused, nothing was changed: device_users: PID %d" % user in report(refused)["message"]
+    assert (
+        report(driver_says_no)["outcome"] == "failed" and "next: reboot the node" in report(driver_says_no)["message"]
+    )
     # Persistence mode was turned off for the reset and on again; each daemon was stopped and started again.
     assert conf(leaked, "persistence") == "0:1,1:1"
     for unit, pid in leaked_units.items():

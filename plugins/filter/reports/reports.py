@@ -42,17 +42,25 @@ def _seconds(value: object) -> float:
 
 
 def reset_gpus_state(
-    kill: Optional[Mapping[str, Any]], wait: Optional[Mapping[str, Any]], timeout: object, destinations: object = False
+    kill: Optional[Mapping[str, Any]],
+    wait: Optional[Mapping[str, Any]],
+    timeout: object,
+    destinations: object = False,
+    gpu_reset: object = False,
+    reset_check: Optional[Mapping[str, Any]] = None,
 ) -> Dict[str, Any]:
     """Filter: where one host's wait stands, from gpu_kill's registered result `kill`, gpu_wait's registered result
-    `wait` ({} or one without "released" when it did not run), reset_gpus_timeout (seconds) and whether a textfile or a
-    report is asked for (`destinations`).
+    `wait` ({} or one without "released" when it did not run), reset_gpus_timeout (seconds), whether a textfile or a
+    report is asked for (`destinations`), whether the guarded GPU reset is on (`gpu_reset`, reset_gpus_gpu_reset) and
+    the registered result of the look after the GPU reset (`reset_check`, tasks/gpu_reset.yml; {} where it did not
+    run).
 
-    Returns {"last_wait": the last slice (gpu_wait's result, else gpu_kill's own wait with its "released" and "after";
-    {} when none ran), "total": the seconds waited (gpu_kill's slice and all of gpu_wait's), "left_s": the seconds left
-    of the timeout (gpu_wait's timeout, and what the line of progress says), "more": whether gpu_wait
-    is to go on waiting after gpu_kill's slice (_wait.worth_another_slice), "finished": whether gpu_kill's run finished
-    the reset (released within its first slice, and no textfile or report to write)}.
+    Returns {"last_wait": the last look (the one after the GPU reset, else gpu_wait's last slice, else gpu_kill's own
+    wait with its "released" and "after"; {} when none ran), "total": the seconds waited (gpu_kill's slice, all of
+    gpu_wait's and the look after the GPU reset), "left_s": the seconds left of the timeout (gpu_wait's timeout, and
+    what the line of progress says), "more": whether gpu_wait is to go on waiting after gpu_kill's slice
+    (_wait.worth_another_slice), "finished": whether gpu_kill's run finished the reset (released within its first
+    slice, no textfile or report to write, no GPU reset to try)}.
     """
     kill = kill or {}
     own: Dict[str, Any] = {}
@@ -69,13 +77,17 @@ def reset_gpus_state(
         from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _wait
 
         more = _wait.worth_another_slice(last, total, _seconds(timeout))
+    # gpu_wait's timeout after gpu_kill's slice, in whole milliseconds, never above the time left.
+    left_s = max(0.0, math.floor((_seconds(timeout) - total) * 1000) / 1000)
+    if reset_check and "released" in reset_check:
+        last = dict(reset_check)
+        total += _seconds(reset_check.get("elapsed_s"))
     return {
         "last_wait": last,
         "total": total,
-        # gpu_wait's timeout after gpu_kill's slice, in whole milliseconds, never above the time left.
-        "left_s": max(0.0, math.floor((_seconds(timeout) - total) * 1000) / 1000),
+        "left_s": left_s,
         "more": more,
-        "finished": bool(kill.get("released")) and not destinations,
+        "finished": bool(kill.get("released")) and not destinations and not gpu_reset,
     }
 
 
@@ -103,19 +115,21 @@ def reset_gpus_result(
     waited_s: float,
     waited_more: bool,
     refusal: Optional[str] = None,
+    gpu_reset: Optional[Mapping[str, Any]] = None,
 ) -> Dict[str, Any]:
-    """Filter: one host's reset, from gpu_kill's registered result `kill`, the last slice of the wait `wait` (gpu_kill's
-    own or gpu_wait's, {} when none ran), gpu_facts' registered result `facts` ({} when not run, or failed), check
-    mode, the seconds waited in all slices, whether gpu_wait ran slices after gpu_kill's and the role's refusal of its
-    variables (the plan's "refusal": None where none).
+    """Filter: one host's reset, from gpu_kill's registered result `kill`, the last look of the wait `wait` (gpu_kill's
+    own, gpu_wait's or the one after the GPU reset, {} when none ran), gpu_facts' registered result `facts` ({} when
+    not run, or failed), check mode, the seconds waited in all slices, whether gpu_wait ran slices after gpu_kill's,
+    the role's refusal of its variables (the plan's "refusal": None where none) and gpu_reset's registered result
+    (`gpu_reset`, tasks/gpu_reset.yml; {} where it did not run).
 
     Returns {"before", "after"} (the GPUs in the shape of the nvidia facts: after as the wait last saw them, else as
     gpu_facts read them, else as gpu_kill found them; before as gpu_kill found them, else as after; None where nothing
     read them), "memory_checked", "outcome" (check, failed, released, no_holders), "phase" (where it failed: preflight,
-    the variables refused; stop, gpu_kill failed; free, the GPUs not released in time; None where it did not),
-    "message" (one sentence, _report.outcome) and "summary" (lines). A failure in check mode is "failed" too. A kill
-    refused before it selected anything (no "gpus" in its result) is summarized by its message alone: the GPUs it
-    did not select are not named.
+    the variables refused; stop, gpu_kill failed; free, the GPUs not released in time; gpu_reset, the GPU reset refused
+    or failed; None where it did not), "message" (one sentence, _report.outcome, and what the GPU reset did) and
+    "summary" (lines). A failure in check mode is "failed" too. A kill refused before it selected anything (no "gpus"
+    in its result) is summarized by its message alone: the GPUs it did not select are not named.
     """
     from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _report
 
@@ -126,15 +140,17 @@ def reset_gpus_result(
     after = wait.get("after") or (facts or {}).get("ansible_facts", {}).get("nvidia") or kill.get("before")
     before = kill.get("before") or after
     memory_checked = _memory_read(after, wait, kill.get("gpus"))
-    phase = _failed_phase(refusal, failed, check_mode, wait)
+    gpu_reset = gpu_reset if gpu_reset and not gpu_reset.get("skipped") else {}
+    phase = _failed_phase(refusal, failed, check_mode, wait) or ("gpu_reset" if gpu_reset.get("failed") else None)
     if refusal:
         message = "FAILED%s: %s" % (" (check mode)" if check_mode else "", refusal)
     else:
         message = _report.outcome(
             kill, dict(wait, memory_checked=memory_checked, driver=(after or {}).get("driver")), check_mode, waited_s
         )
+        message = _with_gpu_reset(message, gpu_reset, check_mode)
     outcome = "failed" if phase else "check" if check_mode else "released" if memory_checked else "no_holders"
-    if kill.get("summary") and not waited_more:
+    if kill.get("summary") and not waited_more and not gpu_reset:
         lines = list(kill["summary"])
     elif before and after and "gpus" in kill:
         kill.setdefault("left_alone", kill.get("protected", []))
@@ -150,6 +166,24 @@ def reset_gpus_result(
         "message": message,
         "summary": lines,
     }
+
+
+def _reset_gpus(gpu_reset: Mapping[str, Any]) -> List[int]:
+    """The GPUs gpu_reset's registered result reset (or in check mode would reset); [] where it reset none."""
+    return list(gpu_reset.get("gpus") or ()) if gpu_reset.get("changed") and not gpu_reset.get("failed") else []
+
+
+def _with_gpu_reset(message: str, gpu_reset: Mapping[str, Any], check_mode: bool) -> str:
+    """The outcome `message` with what the guarded GPU reset did: its failure (FAILED, with gpu_reset's words and next
+    step), or the GPUs it reset; `message` as it is where it did not run or reset nothing."""
+    if gpu_reset.get("failed"):
+        failed = message if message.startswith("FAILED") else "FAILED: %s" % message
+        return "%s; %s" % (failed, gpu_reset.get("msg") or "the GPU reset failed")
+    done = _reset_gpus(gpu_reset)
+    if not done:
+        return message
+    verb = "would be reset" if check_mode else "was reset" if len(done) == 1 else "were reset"
+    return "%s; GPU %s %s (reset_gpus_gpu_reset)" % (message, ", ".join(str(index) for index in done), verb)
 
 
 def _failed_phase(refusal: Optional[str], failed: bool, check_mode: bool, wait: Mapping[str, Any]) -> Optional[str]:
@@ -236,21 +270,28 @@ def reset_gpus_fleet_summary(
     hostvars: Mapping[str, Any], play_hosts: List[str], all_hosts: List[str], check_mode: bool
 ) -> List[str]:
     """Filter: the closing lines of playbooks/reset_gpus.yml. First, prefixed with the host's name, the summary lines
-    of each host whose gpu_kill run finished the reset (released in its first slice, no report or textfile: the role
-    printed nothing for it); then one line that sums up the play: hosts ok, failed or unreachable, on which holders
-    were (or would be) ended, on which the used memory was not read, and whose summary the role printed above."""
+    of each host whose gpu_kill run finished the reset (released in its first slice, no report or textfile, no GPU
+    reset to try: the role printed nothing for it); then one line that sums up the play: hosts ok, failed or
+    unreachable, on which holders were (or would be) ended, on which GPUs were (or would be) reset, on which the used
+    memory was not read, and whose summary the role printed above."""
+    from ansible.module_utils.parsing.convert_bool import boolean
+
     lines: List[str] = []
     done: List[str] = []
     ended: List[str] = []
+    reset: List[str] = []
     unread: List[str] = []
     for host in all_hosts:
         kill = _var(hostvars, host, "reset_gpus_kill", {})
         if kill.get("changed"):
             ended.append(host)
+        if _reset_gpus(_var(hostvars, host, "_reset_gpus_gpu_reset", {})):
+            reset.append(host)
         # Ok without the driver library (or where it reports no memory): no holder is left, the memory was not read.
         if host in play_hosts and (kill.get("wait") or {}).get("memory_checked") is False:
             unread.append(host)
         own = _var(hostvars, host, "reset_gpus_textfile", "") or _var(hostvars, host, "reset_gpus_report_dir", "")
+        own = own or boolean(_var(hostvars, host, "reset_gpus_gpu_reset", False), strict=False)
         if host in play_hosts and kill.get("released") and not own:
             done.append(host)
             lines.extend("%s: %s" % (host, line) for line in kill.get("summary", []))
@@ -258,13 +299,16 @@ def reset_gpus_fleet_summary(
     above = [host for host in play_hosts if host not in done]
     verb = "would be ended" if check_mode else "ended"
     lines.append(
-        "reset_gpus summary%s: %d host(s): %d ok%s; %s%s%s"
+        "reset_gpus summary%s: %d host(s): %d ok%s; %s%s%s%s"
         % (
             " (check mode: nothing was signalled)" if check_mode else "",
             len(all_hosts),
             len(play_hosts),
             ", %d failed or unreachable (%s)" % (len(failed), ", ".join(failed)) if failed else "",
             "holders %s on %d (%s)" % (verb, len(ended), ", ".join(ended)) if ended else "no holder %s" % verb,
+            "; GPUs %s on %d (%s)" % ("would be reset" if check_mode else "reset", len(reset), ", ".join(reset))
+            if reset
+            else "",
             "; used memory not read on %d (%s)" % (len(unread), ", ".join(unread)) if unread else "",
             "; %s printed above (%s)"
             % ("1 host's summary" if len(above) == 1 else "%d hosts' summaries" % len(above), ", ".join(above))

@@ -430,3 +430,73 @@ def test_the_line_of_progress_names_each_gpu_still_held():
     assert (
         _report.progress_line(state["last_wait"]["gpus"], 15.0, 105.0) == "still waiting after 15 s of 105 s: " + held
     )
+
+
+RESET = {"changed": True, "gpus": [0, 1], "msg": "reset GPU 0, 1: stop nvidia-persistenced.service; ..."}
+
+
+def test_the_look_after_a_gpu_reset_is_the_last_and_a_gpu_reset_leaves_the_reset_unfinished():
+    kill = {"released": False, "wait": dict(SLICE, elapsed_s=1.0), "after": {"gpus": []}}
+    check = {"released": True, "elapsed_s": 0.25, "after": facts(0, []), "gpus": [dict(HELD, released=True)]}
+    state = reports.reset_gpus_state(kill, {}, 120, "", True, check)
+    assert state["last_wait"] == check and state["total"] == 1.25
+    # What gpu_wait would wait for is decided before the GPU reset, on gpu_kill's slice.
+    assert state["more"] is True and state["left_s"] == 119.0
+    assert reports.reset_gpus_state(kill, {}, 120, "", True, {"skipped": True})["last_wait"]["released"] is False
+    # Released in gpu_kill's slice: the GPU reset may still be due (the driver's advice), so the role goes on.
+    assert reports.reset_gpus_state({"released": True, "wait": {}}, {}, 120, "", True)["finished"] is False
+
+
+def test_a_gpu_reset_that_freed_the_gpus_is_no_failure_and_says_so():
+    check = {"released": True, "elapsed_s": 0.25, "memory_checked": True, "after": facts(0, [])}
+    result = reports.reset_gpus_result(dict(KILL, summary=["own"]), check, {}, False, 1.25, True, None, RESET)
+    assert result["outcome"] == "released" and result["phase"] is None
+    assert result["message"] == "memory released after 1.25 s more; GPU 0, 1 were reset (reset_gpus_gpu_reset)"
+    assert result["message"] in result["summary"] and not any("FAILED" in line for line in result["summary"])
+    # gpu_kill's own lines never stand for a run whose GPU reset ran.
+    result = reports.reset_gpus_result(dict(KILL, summary=["own"]), check, {}, False, 0.3, False, None, RESET)
+    assert result["summary"] != ["own"] and result["message"].endswith("GPU 0, 1 were reset (reset_gpus_gpu_reset)")
+    one = dict(RESET, gpus=[1])
+    assert reports.reset_gpus_result(KILL, check, {}, False, 1.0, True, None, one)["message"].endswith(
+        "; GPU 1 was reset (reset_gpus_gpu_reset)"
+    )
+    check_mode = reports.reset_gpus_result(dict(KILL, would_signal=[]), {}, {}, True, 0.0, False, None, RESET)
+    assert check_mode["outcome"] == "check" and check_mode["message"] == (
+        "check mode: would signal 0 process(es), nothing was signalled; GPU 0, 1 would be reset (reset_gpus_gpu_reset)"
+    )
+    # A GPU reset that reset nothing, or that did not run, changes no word.
+    for nothing in ({"changed": False, "gpus": []}, {"skipped": True}, {}):
+        assert reports.reset_gpus_result(KILL, check, {}, False, 1.0, True, None, nothing)["message"] == (
+            "memory released after 1.00 s more"
+        )
+
+
+def test_a_refused_gpu_reset_fails_the_host_in_its_own_phase_with_its_words():
+    held = dict(SLICE, msg="not released after 1.0 s: GPU 1: 5000 MiB used", memory_checked=True, after=facts(5000, []))
+    refused = {"failed": True, "changed": False, "gpus": [1], "msg": "gpu_reset refused, nothing was changed: x"}
+    result = reports.reset_gpus_result(KILL, held, {}, False, 1.0, True, None, refused)
+    assert result["outcome"] == "failed" and result["phase"] == "free"
+    assert result["message"] == (
+        "FAILED: not released after 1.0 s: GPU 1: 5000 MiB used; gpu_reset refused, nothing was changed: x"
+    ), result["message"]
+    # Released, yet the GPU reset the driver asked for failed: the host failed in the GPU reset's phase.
+    released = {"released": True, "elapsed_s": 0.2, "memory_checked": True, "after": facts(0, [])}
+    result = reports.reset_gpus_result(KILL, released, {}, False, 0.2, False, None, refused)
+    assert result["outcome"] == "failed" and result["phase"] == "gpu_reset"
+    assert result["message"] == "FAILED: memory released after 0.20 s more; gpu_reset refused, nothing was changed: x"
+
+
+def test_the_fleet_summary_counts_the_gpu_resets_and_leaves_their_hosts_summaries_to_the_role():
+    done = dict(KILL, released=True, summary=["signalled 1 process(es) in 0.50 s"])
+    hostvars = Hostvars(
+        a={"reset_gpus_kill": done, "reset_gpus_gpu_reset": "true", "_reset_gpus_gpu_reset": RESET},
+        b={"reset_gpus_kill": done, "reset_gpus_gpu_reset": True, "_reset_gpus_gpu_reset": {"changed": False}},
+        c={"reset_gpus_kill": done, "_reset_gpus_gpu_reset": dict(RESET, failed=True)},
+    )
+    lines = reports.reset_gpus_fleet_summary(hostvars, ["a", "b"], ["a", "b", "c"], False)
+    assert lines == [
+        "reset_gpus summary: 3 host(s): 2 ok, 1 failed or unreachable (c); holders ended on 3 (a, b, c); "
+        "GPUs reset on 1 (a); 2 hosts' summaries printed above (a, b)"
+    ], lines
+    check = reports.reset_gpus_fleet_summary(Hostvars(a=dict(hostvars["a"])), ["a"], ["a"], True)
+    assert "; GPUs would be reset on 1 (a);" in check[-1], check
