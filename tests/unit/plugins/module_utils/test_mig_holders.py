@@ -243,7 +243,7 @@ def test_instance_is_released_when_its_holder_is_gone_whatever_its_neighbours_ho
 
 
 def test_unknown_mig_uuid_is_refused_naming_the_known_ones():
-    with pytest.raises(_select.SelectionError, match=r"MIG UUIDs \(MIG-0-2, MIG-0-4, MIG-0-7\)"):
+    with pytest.raises(_select.SelectionError, match=r"a MIG UUID \(0: MIG-0-2, 0: MIG-0-4, 0: MIG-0-7\)"):
         _select.select_gpus(["MIG-nope"], three_orphans())
 
 
