@@ -309,6 +309,9 @@ def merge(
     listed_here = set(held.pids)
     for gpu in gpus:
         _device_file_holders(gpu, listed_here, lookup, context)
+    # After every GPU's device-file holders: the exited creators whose contexts a process holds on one GPU tell which
+    # number it shares on another (_shared_numbers).
+    for gpu in gpus:
         _shared_numbers(gpu, listed_here, lookup, context)
     if not table:
         # No index map at all (no NVML, no /proc/driver/nvidia): processes that show a context hold "a GPU".
@@ -577,9 +580,11 @@ def _shared_numbers(
     P's: it started before P or in the same clock tick (no child inherits a context made after it started) and
     descends from no listed holder of the GPU (a forked child of a live creator holds that creator's). Such a process holds the dead creator's
     context (`contexts_of` P, its memory not known). The GPU's `exited` (and the instance's) gets P (reason "reused",
-    the memory listed under P: the two contexts together), and P's own memory is not known. Where the lists name an
-    exited creator there already, such a process may hold that creator's context: no evidence then (only two entries
-    under P are)."""
+    the memory listed under P: the two contexts together), and P's own memory is not known. Where several listed
+    numbers could be P and the process holds an exited creator's context on another GPU under one of them, P is that
+    number: a forked child holds its creator's contexts, listed under the creator's one number on every GPU. Where the
+    lists name an exited creator there already, such a process may hold that creator's context: no evidence then
+    (only two entries under P are)."""
     if not context["creators_here"]:
         return
     index, processes, held, instances = gpu["index"], context["processes"], context["held"], gpu["mig_devices"]
@@ -596,6 +601,8 @@ def _shared_numbers(
             continue
         there = {item["pid"] for item in entries if not instances or _instance_of(item, mine) is not None}
         sharers = sorted(p for p in there if processes[p]["start_ticks"] >= processes[pid]["start_ticks"])
+        known = set().union(*held.pids[pid]["contexts_of"].values()) if pid in held.pids else set()
+        sharers = sorted(known.intersection(sharers)) or sharers
         if sharers:
             held.hold(pid, index, None, "device_file", mine, sharers)
             held.pids[pid]["memory"][index] = None  # a share of the memory listed under another number

@@ -370,6 +370,30 @@ def test_an_exited_creators_worker_older_than_a_live_holder_is_no_evidence_of_a_
     assert _advice.exited_notes(view) == ["GPU 0: PID 8 holds the context of PID 7 (512 MiB), which has exited"]
 
 
+def test_a_number_shared_with_a_dead_creator_is_the_one_its_child_holds_elsewhere():
+    """Trainer 12 made contexts on GPUs 0 and 1, forked worker 13 and exited; its number went to 12, a server with a
+    context of its own on GPU 0 only. GPU 1 lists 12 (the creator's context: the server shows none there), which 13
+    holds. GPU 0 lists 12 (both contexts, 1024 MiB), 17 and 18 (512 MiB each, their own), all started after 13: 13's
+    context there is the same creator's, under 12, not 17's nor 18's (found by a generated world: all three were taken
+    for reused numbers, and the wait then waited for 17's and 18's memory as a dead creator's)."""
+    reading = driver(
+        gpu_reading(0, 0, 2048, processes=[(12, 1024), (17, 512), (18, 512)]),
+        gpu_reading(1, 1, 512, processes=[(12, 512)]),
+    )
+    scan = {12: handles(12, minors=[0, 1], contexts=[0]), 13: handles(13, minors=[0, 1])}
+    scan.update({pid: handles(pid, minors=[0]) for pid in (17, 18)})
+    processes = details(12, 13, 17, 18)
+    for pid, ticks in ((13, 300), (12, 400), (17, 401), (18, 401)):
+        processes[pid]["start_ticks"] = ticks
+    view = merge(reading, scan, processes)
+    holders = by_pid(view["holders"])
+    assert holders[13]["contexts_of"] == {"0": [12], "1": [12]}, holders[13]
+    assert holders[17]["memory_mib"] == {"0": 512} and holders[18]["memory_mib"] == {"0": 512}
+    assert holders[12]["memory_mib"] == {"0": None}
+    assert [(e["pid"], e["used_mib"], e["reason"]) for e in view["gpus"][0]["exited"]] == [(12, 1024, "reused")]
+    assert [(e["pid"], e["used_mib"], e["reason"]) for e in view["gpus"][1]["exited"]] == [(12, 512, "reused")]
+
+
 def test_excluded_pids_are_never_holders_nor_users():
     reading = driver(gpu_reading(0, 0, 2000, processes=[(10, 1000), (11, 1000)]))
     view = merge(reading, {10: handles(10, minors=[0]), 11: handles(11, minors=[0])}, exclude_pids=[10])
