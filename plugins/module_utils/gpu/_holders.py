@@ -306,13 +306,7 @@ def merge(
     context["contexts"] = {pid: _context_indices(scan[pid], by_minor, zero_fb) for pid in files}
     gpus = [_listed_gpu(entry, nvml_gpus.get(entry["index"], {}), driver, tolerance_mib, context) for entry in table]
     lookup: Callable[[int], Optional[CapGrant]] = mig_cap if caps is None else caps.get
-    listed_here = set(held.pids)
-    for gpu in gpus:
-        _device_file_holders(gpu, listed_here, lookup, context)
-    # After every GPU's device-file holders: the exited creators whose contexts a process holds on one GPU tell which
-    # number it shares on another (_shared_numbers).
-    for gpu in gpus:
-        _shared_numbers(gpu, listed_here, lookup, context)
+    _unlisted_holders(gpus, set(held.pids), lookup, context)
     if not table:
         # No index map at all (no NVML, no /proc/driver/nvidia): processes that show a context hold "a GPU".
         for pid in sorted(files):
@@ -566,34 +560,48 @@ def _device_file_holders(
         gpu["suspects"] = candidates
 
 
-def _shared_numbers(
-    gpu: _Building, listed_here: Set[int], lookup: Callable[[int], Optional[CapGrant]], context: _Context
+def _unlisted_holders(
+    gpus: List[_Building], listed_here: Set[int], lookup: Callable[[int], Optional[CapGrant]], context: _Context
 ) -> None:
-    """Two driver clients under one number: the context of a creator that has exited, and the context of the process
-    that got its number. The driver lists that number once with the memory of both (open-gpu-kernel-modules
-    gpu_rmapi.c: gpuGetProcWithObject_IMPL skips a client whose number is listed already,
-    gpuFindClientInfoWithPidIterator_IMPL adds up the memory of every client with it), or in one list twice (a MIG
-    instance keeps an entry per context).
+    """The holders the lists leave out, on every GPU: first those of exited creators' contexts (_device_file_holders),
+    then those of a dead creator's context listed under a number another process has now (_shared_numbers). Where
+    several listed numbers could be that one (_sharer_candidates), the evidence of every GPU narrows them: a forked
+    child holds its creator's contexts, listed under the creator's one number on every GPU. So the numbers of the
+    exited creators whose contexts it holds on another GPU, else the numbers it could share on every GPU where it
+    could share one, else all of them."""
+    for gpu in gpus:
+        _device_file_holders(gpu, listed_here, lookup, context)
+    known = {pid: set().union(*entry["contexts_of"].values()) for pid, entry in context["held"].pids.items()}
+    found = {gpu["index"]: _sharer_candidates(gpu, listed_here, lookup, context) for gpu in gpus}
+    everywhere: Dict[int, Set[int]] = {}
+    for candidates in found.values():
+        for pid, _mine, sharers in candidates:
+            everywhere[pid] = everywhere[pid].intersection(sharers) if pid in everywhere else set(sharers)
+    for gpu in gpus:
+        narrowed = [
+            (pid, mine, sorted(known.get(pid, set()).intersection(sharers) or everywhere[pid] or sharers))
+            for pid, mine, sharers in found[gpu["index"]]
+        ]
+        _shared_numbers(gpu, narrowed, context)
 
-    A listed holder P shares its number so where it is listed twice in one list (on one MIG instance), or where a
-    process the lists leave out shows a context here (on P's MIG instance, by its capability files) that cannot be
-    P's: it started before P or in the same clock tick (no child inherits a context made after it started) and
-    descends from no listed holder of the GPU (a forked child of a live creator holds that creator's). Such a process holds the dead creator's
-    context (`contexts_of` P, its memory not known). The GPU's `exited` (and the instance's) gets P (reason "reused",
-    the memory listed under P: the two contexts together), and P's own memory is not known. Where several listed
-    numbers could be P and the process holds an exited creator's context on another GPU under one of them, P is that
-    number: a forked child holds its creator's contexts, listed under the creator's one number on every GPU. Where the
-    lists name an exited creator there already, such a process may hold that creator's context: no evidence then
-    (only two entries under P are)."""
+
+def _sharer_candidates(
+    gpu: _Building, listed_here: Set[int], lookup: Callable[[int], Optional[CapGrant]], context: _Context
+) -> List[_Found]:
+    """The processes the lists leave out that show a context on the GPU that cannot be theirs, each with the listed
+    numbers that may be its dead creator's (PID, the MIG devices it holds there, those numbers).
+
+    A listed holder P may share its number with a dead creator where a process the lists leave out shows a context
+    here (on P's MIG instance, by its capability files) that cannot be P's: it started before P or in the same clock
+    tick (no child inherits a context made after it started) and descends from no listed holder of the GPU (a forked
+    child of a live creator holds that creator's). Where the lists name an exited creator there already, such a
+    process may hold that creator's context: no evidence then."""
     if not context["creators_here"]:
-        return
-    index, processes, held, instances = gpu["index"], context["processes"], context["held"], gpu["mig_devices"]
+        return []
+    processes, instances = context["processes"], gpu["mig_devices"]
     entries = [item for item in gpu["driver_processes"] if item["verified"]]
     owners = {item["pid"] for item in entries}
-    counts = collections.Counter(
-        (item["pid"], item["type"], item.get("gpu_instance_id"), item.get("compute_instance_id")) for item in entries
-    )
-    shared = {key[0] for key, count in counts.items() if count > 1}
+    found: List[_Found] = []
     for pid in _unlisted_contexts(gpu, listed_here, context):
         mine = _instances_held(context["scan"][pid].caps, gpu["minor"], instances, lookup) if instances else []
         parts = mine or ([] if instances else [gpu])
@@ -601,12 +609,35 @@ def _shared_numbers(
             continue
         there = {item["pid"] for item in entries if not instances or _instance_of(item, mine) is not None}
         sharers = sorted(p for p in there if processes[p]["start_ticks"] >= processes[pid]["start_ticks"])
-        known = set().union(*held.pids[pid]["contexts_of"].values()) if pid in held.pids else set()
-        sharers = sorted(known.intersection(sharers)) or sharers
         if sharers:
-            held.hold(pid, index, None, "device_file", mine, sharers)
-            held.pids[pid]["memory"][index] = None  # a share of the memory listed under another number
-            shared.update(sharers)
+            found.append((pid, mine, sharers))
+    return found
+
+
+def _shared_numbers(gpu: _Building, found: List[_Found], context: _Context) -> None:
+    """Two driver clients under one number: the context of a creator that has exited, and the context of the process
+    that got its number. The driver lists that number once with the memory of both (open-gpu-kernel-modules
+    gpu_rmapi.c: gpuGetProcWithObject_IMPL skips a client whose number is listed already,
+    gpuFindClientInfoWithPidIterator_IMPL adds up the memory of every client with it), or in one list twice (a MIG
+    instance keeps an entry per context).
+
+    A listed holder P shares its number so where it is listed twice in one list (on one MIG instance), or where a
+    process of `found` (_sharer_candidates, narrowed by _unlisted_holders) may hold the dead creator's context listed
+    under P. Such a process holds that context (`contexts_of` P, its memory not known). The GPU's `exited` (and the
+    instance's) gets P (reason "reused", the memory listed under P: the two contexts together), and P's own memory is
+    not known."""
+    if not context["creators_here"]:
+        return
+    index, processes, held, instances = gpu["index"], context["processes"], context["held"], gpu["mig_devices"]
+    entries = [item for item in gpu["driver_processes"] if item["verified"]]
+    counts = collections.Counter(
+        (item["pid"], item["type"], item.get("gpu_instance_id"), item.get("compute_instance_id")) for item in entries
+    )
+    shared = {key[0] for key, count in counts.items() if count > 1}
+    for pid, mine, sharers in found:
+        held.hold(pid, index, None, "device_file", mine, sharers)
+        held.pids[pid]["memory"][index] = None  # a share of the memory listed under another number
+        shared.update(sharers)
     memory, _unknown = listed_once(entries)
     for pid in sorted(shared):
         item = next(item for item in entries if item["pid"] == pid)

@@ -394,6 +394,27 @@ def test_a_number_shared_with_a_dead_creator_is_the_one_its_child_holds_elsewher
     assert [(e["pid"], e["used_mib"], e["reason"]) for e in view["gpus"][1]["exited"]] == [(12, 512, "reused")]
 
 
+@pytest.mark.parametrize("first", [17, 19])
+def test_a_number_shared_with_a_dead_creator_on_two_gpus_is_the_one_both_allow(first):
+    """Trainer 12 made contexts on GPUs 0 and 1, forked worker 13 and exited; its number went to 12, a server with
+    contexts of its own on both. No list names an exited creator. GPU 0 lists 12 and `first`, GPU 1 12 and the other of
+    17 and 19, all started after 13: 13's contexts are the one creator's, under the one number both GPUs allow, 12,
+    whichever GPU is looked at first (a reviewer's case: the first GPU's guess was taken for evidence on the second)."""
+    other = 36 - first
+    reading = driver(
+        gpu_reading(0, 0, 1536, processes=[(12, 1024), (first, 512)]),
+        gpu_reading(1, 1, 1536, processes=[(12, 1024), (other, 512)]),
+    )
+    scan = {12: handles(12, minors=[0, 1]), 13: handles(13, minors=[0, 1])}
+    scan.update({first: handles(first, minors=[0]), other: handles(other, minors=[1])})
+    processes = details(12, 13, 17, 19)
+    for pid, ticks in ((13, 300), (12, 400), (17, 401), (19, 401)):
+        processes[pid]["start_ticks"] = ticks
+    holders = by_pid(merge(reading, scan, processes)["holders"])
+    assert holders[13]["contexts_of"] == {"0": [12], "1": [12]}, holders[13]
+    assert holders[17]["memory_mib"] == {str(int(first != 17)): 512} and holders[19]["contexts_of"] == {}
+
+
 def test_excluded_pids_are_never_holders_nor_users():
     reading = driver(gpu_reading(0, 0, 2000, processes=[(10, 1000), (11, 1000)]))
     view = merge(reading, {10: handles(10, minors=[0]), 11: handles(11, minors=[0])}, exclude_pids=[10])
