@@ -495,7 +495,9 @@ def message(result: Result, check_mode: bool) -> str:
         msg += _inline(_owner_lines.unit_lines(result, check_mode))
     else:
         msg = "signalled %d process(es), %d exited" % (len(result["signalled"]), len(result["exited"]))
-    if result["driver"]["timed_out"] and not result.get("wait_timed_out"):  # else the wait's message, added, says it
+    # Where the wait timed out with NVML still silent, the wait's message (added by finish) says it.
+    said = result.get("wait_timed_out") and ((result.get("wait") or {}).get("driver") or {}).get("timed_out")
+    if result["driver"]["timed_out"] and not said:
         msg += "; NVML did not answer within driver_timeout (the driver may be hung): holders from the /proc scan alone"
     if result["left_alone"]:
         msg += "; left alone: %s" % "; ".join(

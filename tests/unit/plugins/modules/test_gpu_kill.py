@@ -433,6 +433,13 @@ def test_a_hung_driver_is_named_and_holders_come_from_the_scan(capsys, recorder)
     assert code == 1 and result["msg"].count("NVML did not answer") == 1, result["msg"]
     assert "the driver may be hung; GPU memory release could not be confirmed" in result["msg"]
     assert "did not return" not in result["msg"]
+    # NVML silent at the first look and answering in the wait, which times out on memory: the holders still came from
+    # the /proc scan alone, and the message says so (the wait's own says nothing of NVML).
+    held = dict(gpu(0), memory_used_mib=60000, memory_unexplained=True, unexplained_mib=60000, holder_pids=[])
+    recorder(make_view([stray], gpus=[], driver=hung), make_view([], gpus=[held]))
+    code, result = run_module(capsys, {"wait": True, "wait_timeout": 0})
+    assert code == 1 and result["wait_timed_out"] is True, result
+    assert "holders from the /proc scan alone" in result["msg"] and result["msg"].count("NVML did not answer") == 1
 
 
 def test_with_nothing_to_end_the_wait_takes_the_first_look_and_looks_once(capsys, recorder):
