@@ -96,3 +96,14 @@ def test_a_leaked_context_is_freed_by_the_guarded_reset_and_every_daemon_and_set
     assert "scontrol update nodename=" in out and gpu_memory(driver_says_no)[0][0] == 2000
     assert conf(driver_says_no, "persistence") == "0:1"
     assert all(unit_main_pid(driver_says_no, unit) not in (0, pid) for unit, pid in no_units.items())
+
+    # The GPU reset's phase alone: gpu_kill does not run (its tag is not asked for); the GPU reset looks again itself,
+    # and the look after it passes the clean host (before, the role failed on gpu_kill's undefined result).
+    rc, out, recap = playbook(inventory, PLAYBOOK, "--tags", "reset_gpus_gpu_reset", "-l", leaked.name, "-e", extra)
+    assert rc == 0 and recap[leaked.name]["failed"] == 0 and "is undefined" not in out, out
+    assert "Fail when the GPUs are still not released after the GPU reset" in out, out
+    # Reports skipped, GPU reset off: the GPUs still held fail the host all the same (before, skipping the report's tag
+    # skipped the rest of the wait and the failure with it, and the host passed).
+    quiet = json.dumps(dict(json.loads(extra), reset_gpus_gpu_reset=False))
+    rc, out, recap = playbook(inventory, PLAYBOOK, "--skip-tags", "reset_gpus_report", "-l", refused.name, "-e", quiet)
+    assert recap[refused.name]["failed"] == 1 and "not released after" in out, out

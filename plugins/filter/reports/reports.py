@@ -48,12 +48,13 @@ def reset_gpus_state(
     destinations: object = False,
     gpu_reset: object = False,
     reset_check: Optional[Mapping[str, Any]] = None,
+    gpu_reset_result: Optional[Mapping[str, Any]] = None,
 ) -> Dict[str, Any]:
     """Filter: where one host's wait stands, from gpu_kill's registered result `kill`, gpu_wait's registered result
     `wait` ({} or one without "released" when it did not run), reset_gpus_timeout (seconds), whether a textfile or a
-    report is asked for (`destinations`), whether the guarded GPU reset is on (`gpu_reset`, reset_gpus_gpu_reset) and
-    the registered result of the look after the GPU reset (`reset_check`, tasks/gpu_reset.yml; {} where it did not
-    run).
+    report is asked for (`destinations`), whether the guarded GPU reset is on (`gpu_reset`, reset_gpus_gpu_reset), the
+    registered result of the look after the GPU reset (`reset_check`, tasks/gpu_reset.yml) and gpu_reset's own
+    (`gpu_reset_result`; each {} where it did not run).
 
     Returns {"last_wait": the last look (the one after the GPU reset, else gpu_wait's last slice, else gpu_kill's own
     wait with its "released" and "after"; {} when none ran), "total": the seconds waited (gpu_kill's slice, all of
@@ -79,9 +80,9 @@ def reset_gpus_state(
         more = _wait.worth_another_slice(last, total, _seconds(timeout))
     # gpu_wait's timeout after gpu_kill's slice, in whole milliseconds, never above the time left.
     left_s = max(0.0, math.floor((_seconds(timeout) - total) * 1000) / 1000)
-    if reset_check and "released" in reset_check:
-        last = dict(reset_check)
-        total += _seconds(reset_check.get("elapsed_s"))
+    if _looked_after_reset(kill, reset_check or {}, gpu_reset_result or {}):
+        last = dict(reset_check or {})
+        total += _seconds(last.get("elapsed_s"))
     return {
         "last_wait": last,
         "total": total,
@@ -89,6 +90,14 @@ def reset_gpus_state(
         "more": more,
         "finished": bool(kill.get("released")) and not destinations and not gpu_reset,
     }
+
+
+def _looked_after_reset(kill: Mapping[str, Any], check: Mapping[str, Any], gpu_reset: Mapping[str, Any]) -> bool:
+    """Whether `check` is this run's look after its GPU reset: tasks/gpu_reset.yml looks after a GPU reset that ran and
+    did not fail, which only a kill that did not fail leads to. Else a look an earlier run of the role registered on
+    this host would be taken for this run's."""
+    ran = bool(gpu_reset) and not gpu_reset.get("skipped") and not gpu_reset.get("failed")
+    return ran and "released" in check and not kill.get("failed")
 
 
 def reset_gpus_progress(state: Mapping[str, Any], timeout: object) -> str:
@@ -126,10 +135,9 @@ def reset_gpus_result(
     Returns {"before", "after"} (the GPUs in the shape of the nvidia facts: after as the wait last saw them, else as
     gpu_facts read them, else as gpu_kill found them; before as gpu_kill found them, else as after; None where nothing
     read them), "memory_checked", "outcome" (check, failed, released, no_holders), "phase" (where it failed: preflight,
-    the variables refused; stop, gpu_kill failed; free, the GPUs not released in time; gpu_reset, the GPU reset refused
-    or failed; None where it did not), "message" (one sentence, _report.outcome, and what the GPU reset did) and
-    "summary" (lines). A failure in check mode is "failed" too. A kill refused before it selected anything (no "gpus"
-    in its result) is summarized by its message alone: the GPUs it did not select are not named.
+    the variables refused; stop, gpu_kill failed; free, not released in time; gpu_reset, the GPU reset failed; None),
+    "message" (_report.outcome, and what the GPU reset did) and "summary" (lines). A failure in check mode is "failed"
+    too. A kill refused before it selected anything (no "gpus") is summarized by its message alone.
     """
     from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _report
 
@@ -140,15 +148,14 @@ def reset_gpus_result(
     after = wait.get("after") or (facts or {}).get("ansible_facts", {}).get("nvidia") or kill.get("before")
     before = kill.get("before") or after
     memory_checked = _memory_read(after, wait, kill.get("gpus"))
-    gpu_reset = gpu_reset if gpu_reset and not gpu_reset.get("skipped") else {}
+    # After a failed kill no GPU reset ran: a result of one would be an earlier run's.
+    gpu_reset = gpu_reset if gpu_reset and not gpu_reset.get("skipped") and not failed else {}
     phase = _failed_phase(refusal, failed, check_mode, wait) or ("gpu_reset" if gpu_reset.get("failed") else None)
     if refusal:
         message = "FAILED%s: %s" % (" (check mode)" if check_mode else "", refusal)
     else:
-        message = _report.outcome(
-            kill, dict(wait, memory_checked=memory_checked, driver=(after or {}).get("driver")), check_mode, waited_s
-        )
-        message = _with_gpu_reset(message, gpu_reset, check_mode)
+        read = dict(wait, memory_checked=memory_checked, driver=(after or {}).get("driver"))
+        message = _with_gpu_reset(_report.outcome(kill, read, check_mode, waited_s), gpu_reset, check_mode)
     outcome = "failed" if phase else "check" if check_mode else "released" if memory_checked else "no_holders"
     if kill.get("summary") and not waited_more and not gpu_reset:
         lines = list(kill["summary"])
@@ -177,8 +184,12 @@ def _with_gpu_reset(message: str, gpu_reset: Mapping[str, Any], check_mode: bool
     """The outcome `message` with what the guarded GPU reset did: its failure (FAILED, with gpu_reset's words and next
     step), or the GPUs it reset; `message` as it is where it did not run or reset nothing."""
     if gpu_reset.get("failed"):
-        failed = message if message.startswith("FAILED") else "FAILED: %s" % message
-        return "%s; %s" % (failed, gpu_reset.get("msg") or "the GPU reset failed")
+        words = gpu_reset.get("msg") or "the GPU reset failed"
+        if check_mode:
+            return "FAILED (check mode): %s (%s)" % (words, message)
+        if message.startswith("FAILED"):
+            return "%s; %s" % (message, words)
+        return "FAILED: %s (%s)" % (words, message)
     done = _reset_gpus(gpu_reset)
     if not done:
         return message
@@ -216,9 +227,9 @@ def reset_gpus_report(
     mig_instances: the MIG instances the run selected by MIG UUID ({"<GPU index>": [MIG UUID, ...]}, {} for whole
     GPUs); per-instance figures are in gpus_before/gpus_after[].mig_devices.
 
-    A failed run names its phase ("phase": preflight, stop or free) and says why in "message". What was not read is
-    left out, never null: kill_seconds (gpu_kill did not run), wait_seconds (no wait ran), driver, gpus_before and
-    gpus_after (nothing read the GPUs: the variables refused, the host's Python without the NVIDIA library).
+    A failed run names its phase ("phase": preflight, stop, free or gpu_reset) and says why in "message". What was not
+    read is left out, never null: kill_seconds (gpu_kill did not run), wait_seconds (no wait ran), driver, gpus_before
+    and gpus_after (nothing read the GPUs: the variables refused, the host's Python without the NVIDIA library).
     """
     import datetime
 

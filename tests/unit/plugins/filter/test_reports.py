@@ -438,11 +438,15 @@ RESET = {"changed": True, "gpus": [0, 1], "msg": "reset GPU 0, 1: stop nvidia-pe
 def test_the_look_after_a_gpu_reset_is_the_last_and_a_gpu_reset_leaves_the_reset_unfinished():
     kill = {"released": False, "wait": dict(SLICE, elapsed_s=1.0), "after": {"gpus": []}}
     check = {"released": True, "elapsed_s": 0.25, "after": facts(0, []), "gpus": [dict(HELD, released=True)]}
-    state = reports.reset_gpus_state(kill, {}, 120, "", True, check)
+    state = reports.reset_gpus_state(kill, {}, 120, "", True, check, RESET)
     assert state["last_wait"] == check and state["total"] == 1.25
     # What gpu_wait would wait for is decided before the GPU reset, on gpu_kill's slice.
     assert state["more"] is True and state["left_s"] == 119.0
-    assert reports.reset_gpus_state(kill, {}, 120, "", True, {"skipped": True})["last_wait"]["released"] is False
+    assert reports.reset_gpus_state(kill, {}, 120, "", True, {"skipped": True}, RESET)["last_wait"]["released"] is False
+    # A look this run did not take (no GPU reset ran, it failed, or the kill failed) is an earlier run's: not used.
+    for gpu_reset, this_kill in (({}, kill), (dict(RESET, failed=True), kill), (RESET, dict(kill, failed=True))):
+        stale = reports.reset_gpus_state(this_kill, {}, 120, "", True, check, gpu_reset)
+        assert stale["last_wait"]["released"] is False and stale["total"] == 1.0, (gpu_reset, this_kill)
     # Released in gpu_kill's slice: the GPU reset may still be due (the driver's advice), so the role goes on.
     assert reports.reset_gpus_state({"released": True, "wait": {}}, {}, 120, "", True)["finished"] is False
 
@@ -483,7 +487,16 @@ def test_a_refused_gpu_reset_fails_the_host_in_its_own_phase_with_its_words():
     released = {"released": True, "elapsed_s": 0.2, "memory_checked": True, "after": facts(0, [])}
     result = reports.reset_gpus_result(KILL, released, {}, False, 0.2, False, None, refused)
     assert result["outcome"] == "failed" and result["phase"] == "gpu_reset"
-    assert result["message"] == "FAILED: memory released after 0.20 s more; gpu_reset refused, nothing was changed: x"
+    assert result["message"] == "FAILED: gpu_reset refused, nothing was changed: x (memory released after 0.20 s more)"
+    result = reports.reset_gpus_result(dict(KILL, would_signal=[]), {}, {}, True, 0.0, False, None, refused)
+    assert result["outcome"] == "failed" and result["message"] == (
+        "FAILED (check mode): gpu_reset refused, nothing was changed: x (check mode: would signal 0 process(es), "
+        "nothing was signalled)"
+    )
+    # After a failed kill no GPU reset ran: a result of one is an earlier run's, and says nothing here.
+    failed_kill = {"failed": True, "msg": "nothing was signalled: x"}
+    result = reports.reset_gpus_result(failed_kill, {}, {}, False, 0.0, False, None, RESET)
+    assert result["phase"] == "stop" and result["message"] == "FAILED to end the holders: nothing was signalled: x"
 
 
 def test_the_fleet_summary_counts_the_gpu_resets_and_leaves_their_hosts_summaries_to_the_role():
