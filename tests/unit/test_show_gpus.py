@@ -24,3 +24,7 @@ def test_a_node_without_the_driver_library_reads_not_read_for_memory(capsys):
     out = capsys.readouterr().out
     assert "None" not in out and "driver not available: NVMLError_LibraryNotFound" in out, out
     assert "    0      0  not read / not read   not read  -" in out.splitlines(), out
+    # No version and no reason either: still no None.
+    show_gpus.show("node1", {"ansible_facts": {"nvidia": dict(facts, driver={"driver_version": None, "error": None})}})
+    out = capsys.readouterr().out
+    assert "None" not in out and "driver not available: not read" in out, out

@@ -10,6 +10,7 @@ that stops it follow on the next line (_owner_lines.owner_line)."""
 
 from __future__ import annotations
 
+import math
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _owner_lines, _release, _shapes, _wait
@@ -150,7 +151,10 @@ def _seconds_words(value: object, rounded: bool = False) -> str:
         seconds = float(value)  # type: ignore[arg-type]  # anything: what float() refuses is shown as it is
     except (TypeError, ValueError):
         return str(value)
-    return "%g" % (round(seconds, 1 if abs(seconds) < 10 else 0) if rounded else seconds)
+    if not rounded:
+        return "%g" % seconds
+    tenths = 10 if abs(seconds) < 10 else 1
+    return "%g" % (math.floor(seconds * tenths + 0.5) / tenths)  # half up: 30.5 reads 31, as one reads it
 
 
 def held_words(gpus: Optional[Iterable[Mapping[str, Any]]]) -> str:

@@ -290,6 +290,9 @@ def test_progress_line():
     # The reset_gpus role's rest of its wait (whole milliseconds) reads in whole seconds, a tenth below 10 s.
     assert _report.progress_line(None, 5, 115.995) == "still waiting after 5 s of 116 s: "
     assert _report.progress_line(None, 1, 3.563) == "still waiting after 1 s of 3.6 s: "
+    # Half up, as one reads it (not Python's round half to even: 30.5 -> 30, 0.25 -> 0.2).
+    assert _report.progress_line(None, 5, 30.5) == "still waiting after 5 s of 31 s: "
+    assert _report.progress_line(None, 0, 0.25) == "still waiting after 0 s of 0.3 s: "
 
 
 def test_first_progress_line_rounds_the_rest_and_keeps_the_timeout_as_given():
