@@ -58,35 +58,37 @@ def reset_gpus_state(
 
     Returns {"last_wait": the last look (the one after the GPU reset, else gpu_wait's last slice, else gpu_kill's own
     wait with its "released" and "after"; {} when none ran), "total": the seconds waited (gpu_kill's slice, all of
-    gpu_wait's and the look after the GPU reset), "left_s": the seconds left of the timeout (gpu_wait's timeout, and
-    what the line of progress says), "more": whether gpu_wait is to go on waiting after gpu_kill's slice
-    (_wait.worth_another_slice), "finished": whether gpu_kill's run finished the reset (released within its first
-    slice, no textfile or report to write, no GPU reset to try)}.
+    gpu_wait's and the look after the GPU reset), "first_slice": gpu_kill's own slice, "left_s": the seconds left of
+    the timeout after it (gpu_wait's timeout, and what the line of progress says), "more": whether gpu_wait is to go on
+    waiting after it (_wait.worth_another_slice), "finished": whether gpu_kill's run finished the reset (released
+    within its first slice, no textfile or report to write, no GPU reset to try)}. "more" and "left_s" come from
+    gpu_kill's slice alone: the tasks before gpu_wait read them, while `wait` may be an earlier run's of the role.
     """
     kill = kill or {}
     own: Dict[str, Any] = {}
     if "released" in kill:
         own = dict(kill.get("wait") or {}, released=kill["released"], after=kill.get("after"))
-    ran = wait is not None and "released" in wait
-    last = dict(wait) if wait is not None and ran else own
-    # gpu_wait's elapsed_s sums its own slices (its action plugin).
-    total = _seconds(own.get("elapsed_s")) + (_seconds(last.get("elapsed_s")) if ran else 0.0)
+    own_s = _seconds(own.get("elapsed_s"))
     more = False
-    if "released" in last and not last["released"]:
+    if "released" in own and not own["released"]:
         # Only a slice that ended with the GPUs still held may call for another. _wait is imported for it alone: the
         # role's common path asks this filter in the `when` of skipped tasks, and each worker compiles what it imports.
         from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _wait
 
-        more = _wait.worth_another_slice(last, total, _seconds(timeout))
-    # gpu_wait's timeout after gpu_kill's slice, in whole milliseconds, never above the time left.
-    left_s = max(0.0, math.floor((_seconds(timeout) - total) * 1000) / 1000)
+        more = _wait.worth_another_slice(own, own_s, _seconds(timeout))
+    ran = wait is not None and "released" in wait
+    last = dict(wait) if wait is not None and ran else own
+    # gpu_wait's elapsed_s sums its own slices (its action plugin).
+    total = own_s + (_seconds(last.get("elapsed_s")) if ran else 0.0)
     if _looked_after_reset(kill, reset_check or {}, gpu_reset_result or {}):
         last = dict(reset_check or {})
         total += _seconds(last.get("elapsed_s"))
     return {
         "last_wait": last,
         "total": total,
-        "left_s": left_s,
+        "first_slice": own,
+        # gpu_wait's timeout after gpu_kill's slice, in whole milliseconds, never above the time left.
+        "left_s": max(0.0, math.floor((_seconds(timeout) - own_s) * 1000) / 1000),
         "more": more,
         "finished": bool(kill.get("released")) and not destinations and not gpu_reset,
     }
@@ -106,8 +108,9 @@ def reset_gpus_progress(state: Mapping[str, Any], timeout: object) -> str:
     holds it, and how long gpu_wait may wait for the rest (its own lines count within that rest)."""
     from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _report
 
+    first = state.get("first_slice") or {}
     return _report.first_progress_line(
-        (state.get("last_wait") or {}).get("gpus"), _seconds(state.get("total")), timeout, _seconds(state.get("left_s"))
+        first.get("gpus"), _seconds(first.get("elapsed_s")), timeout, _seconds(state.get("left_s"))
     )
 
 
@@ -135,21 +138,23 @@ def reset_gpus_result(
     Returns {"before", "after"} (the GPUs in the shape of the nvidia facts: after as the wait last saw them, else as
     gpu_facts read them, else as gpu_kill found them; before as gpu_kill found them, else as after; None where nothing
     read them), "memory_checked", "outcome" (check, failed, released, no_holders), "phase" (where it failed: preflight,
-    the variables refused; stop, gpu_kill failed; free, not released in time; gpu_reset, the GPU reset failed; None),
+    the variables refused; stop, gpu_kill failed; free, not released in time; gpu_reset, released but the GPU reset
+    failed; None),
     "message" (_report.outcome, and what the GPU reset did) and "summary" (lines). A failure in check mode is "failed"
     too. A kill refused before it selected anything (no "gpus") is summarized by its message alone.
     """
     from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _report
 
     kill = dict(kill or {})
+    # After a kill that failed no GPU reset ran: a result of one would be an earlier run's. A kill that did not run (its
+    # tag not asked for) counts as failed below, but the GPU reset may have run.
+    gpu_reset = gpu_reset if gpu_reset and not gpu_reset.get("skipped") and not kill.get("failed") else {}
     failed = _failed(kill)
     kill["failed"] = failed
     wait = wait or {}
     after = wait.get("after") or (facts or {}).get("ansible_facts", {}).get("nvidia") or kill.get("before")
     before = kill.get("before") or after
     memory_checked = _memory_read(after, wait, kill.get("gpus"))
-    # After a failed kill no GPU reset ran: a result of one would be an earlier run's.
-    gpu_reset = gpu_reset if gpu_reset and not gpu_reset.get("skipped") and not failed else {}
     phase = _failed_phase(refusal, failed, check_mode, wait) or ("gpu_reset" if gpu_reset.get("failed") else None)
     if refusal:
         message = "FAILED%s: %s" % (" (check mode)" if check_mode else "", refusal)

@@ -381,10 +381,23 @@ def test_the_last_slice_is_gpu_waits_else_gpu_kills_own_else_none():
     assert reports.reset_gpus_state({}, None, 120) == {
         "last_wait": {},
         "total": 0.0,
+        "first_slice": {},
         "left_s": 120.0,
         "more": False,
         "finished": False,
     }
+
+
+def test_whether_and_how_long_gpu_wait_goes_on_come_from_gpu_kills_slice_alone():
+    """The tasks before gpu_wait read "more", "left_s" and the line of progress while reset_gpus_wait may still be an
+    earlier run's of the role on this host (a play that runs the role twice): that wait changes none of them."""
+    kill = {"released": False, "wait": dict(SLICE, elapsed_s=5.0)}
+    fresh = reports.reset_gpus_state(kill, {}, 120)
+    for earlier in (dict(SLICE, released=True, elapsed_s=17.0), dict(SLICE, elapsed_s=110.0)):
+        state = reports.reset_gpus_state(kill, earlier, 120)
+        assert (state["more"], state["left_s"]) == (fresh["more"], fresh["left_s"]) == (True, 115.0), earlier
+        assert reports.reset_gpus_progress(state, 120) == reports.reset_gpus_progress(fresh, 120)
+    assert reports.reset_gpus_progress(fresh, 120).startswith("still held after 5 s of 120 s: GPU 1 5000 MiB used")
 
 
 def test_gpu_wait_goes_on_only_while_it_can_help_and_time_is_left():
@@ -497,6 +510,9 @@ def test_a_refused_gpu_reset_fails_the_host_in_its_own_phase_with_its_words():
     failed_kill = {"failed": True, "msg": "nothing was signalled: x"}
     result = reports.reset_gpus_result(failed_kill, {}, {}, False, 0.0, False, None, RESET)
     assert result["phase"] == "stop" and result["message"] == "FAILED to end the holders: nothing was signalled: x"
+    # A kill that did not run (its tag not asked for) counts as failed, yet the GPU reset ran: the words say so.
+    result = reports.reset_gpus_result({}, {}, {}, False, 0.0, False, None, RESET)
+    assert result["message"].endswith("; GPU 0, 1 were reset (reset_gpus_gpu_reset)"), result["message"]
 
 
 def test_the_fleet_summary_counts_the_gpu_resets_and_leaves_their_hosts_summaries_to_the_role():
