@@ -17,7 +17,10 @@ def show(host, result):
     facts = result["ansible_facts"]["nvidia"]
     holders = {h["pid"]: h for h in facts["holders"]}
     driver = facts["driver"]
-    print("%s  driver %s" % (host, driver["driver_version"] or "not available: %s" % (driver["error"] or "no error given")))
+    print(
+        "%s  driver %s"
+        % (host, driver["driver_version"] or "not available: %s" % (driver["error"] or "no error given"))
+    )
     print("  GPU  minor  used MiB / total MiB  reserved  holders")
     for gpu in facts["gpus"]:
         names = ", ".join("%d %s" % (pid, holders[pid]["comm"]) for pid in gpu["holder_pids"] if pid in holders)
