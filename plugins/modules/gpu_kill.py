@@ -62,7 +62,10 @@ attributes:
       - Reports in RV(would_signal) what would be signalled and sends nothing.
       - With O(wait=true), fails where the wait would fail whatever was ended (a selected GPU that the driver answers
         with an error, such as one that fell off the bus, or a driver that does not answer), with the wait's words and
-        next step; memory that ending the holders might free is not predicted.
+        next step. The selected GPUs that no selected holder holds and that are not free (memory that no process
+        explains, holders left alone) are named in RV(would_stay) and the message, since a real run waits its whole
+        timeout for them unless the driver frees their memory first. Memory that ending the holders might free is
+        not predicted.
 options:
   gpus:
     description:
@@ -245,6 +248,13 @@ would_signal:
   returned: always
   type: list
   elements: dict
+would_stay:
+  description:
+    - In check mode with O(wait=true), the wait's words for the selected GPUs that no selected holder holds and that
+      are not free, as a wait that ends on them says them, with their next step. Ending the holders would not free
+      them.
+  returned: check mode with O(wait=true), where there are such GPUs
+  type: str
 signalled:
   description:
     - Holders that were signalled, each with C(signals), the signal names sent in order, and C(exited_after_s)

@@ -64,6 +64,10 @@ def test_a_leaked_context_is_freed_by_the_guarded_reset_and_every_daemon_and_set
     assert report(leaked)["message"].endswith("; GPU 0, 1 would be reset (reset_gpus_gpu_reset)"), report(leaked)
     would = re.search(r"; GPUs would be reset on \d+ \(([^)]*)\)", out)
     assert would and leaked.name in would.group(1).split(", ") and refused.name not in would.group(1), out
+    # Check mode names the GPUs that ending the holders would not free, in the report and the closing line.
+    assert "; ending the holders would not free these GPUs" in report(leaked)["message"], report(leaked)
+    stay = re.search(r"; GPUs that ending the holders would not free on \d+ \(([^)]*)\)", out)
+    assert stay and set(stay.group(1).split(", ")) == {leaked.name, refused.name, driver_says_no.name}, out
 
     rc, out, recap = playbook(inventory, PLAYBOOK, "-e", extra)
     assert rc != 0 and recap[leaked.name]["failed"] == 0 and recap[leaked.name]["changed"] == 1, out

@@ -289,7 +289,8 @@ def reset_gpus_fleet_summary(
     of each host whose gpu_kill run finished the reset (released in its first slice, no report or textfile, no GPU
     reset to try: the role printed nothing for it); then one line that sums up the play: hosts ok, failed or
     unreachable, on which holders were (or would be) ended, on which GPUs were (or would be) reset, on which the used
-    memory was not read, and whose summary the role printed above."""
+    memory was not read, on which (check mode) ending the holders would not free the GPUs (gpu_kill's would_stay), and
+    whose summary the role printed above."""
     from ansible.module_utils.parsing.convert_bool import boolean
 
     lines: List[str] = []
@@ -297,10 +298,13 @@ def reset_gpus_fleet_summary(
     ended: List[str] = []
     reset: List[str] = []
     unread: List[str] = []
+    stay: List[str] = []
     for host in all_hosts:
         kill = _var(hostvars, host, "reset_gpus_kill", {})
         if kill.get("changed"):
             ended.append(host)
+        if kill.get("would_stay"):
+            stay.append(host)
         if _reset_gpus(_var(hostvars, host, "_reset_gpus_gpu_reset", {})):
             reset.append(host)
         # Ok without the driver library (or where it reports no memory): no holder is left, the memory was not read.
@@ -315,7 +319,7 @@ def reset_gpus_fleet_summary(
     above = [host for host in play_hosts if host not in done]
     verb = "would be ended" if check_mode else "ended"
     lines.append(
-        "reset_gpus summary%s: %d host(s): %d ok%s; %s%s%s%s"
+        "reset_gpus summary%s: %d host(s): %d ok%s; %s%s%s%s%s"
         % (
             " (check mode: nothing was signalled)" if check_mode else "",
             len(all_hosts),
@@ -326,6 +330,7 @@ def reset_gpus_fleet_summary(
             if reset
             else "",
             "; used memory not read on %d (%s)" % (len(unread), ", ".join(unread)) if unread else "",
+            "; GPUs that ending the holders would not free on %d (%s)" % (len(stay), ", ".join(stay)) if stay else "",
             "; %s printed above (%s)"
             % ("1 host's summary" if len(above) == 1 else "%d hosts' summaries" % len(above), ", ".join(above))
             if above

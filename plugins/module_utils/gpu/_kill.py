@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import signal
 import time
-from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, TypedDict
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple, TypedDict
 
 from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _options
 from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu._outcome import Outcome
@@ -92,6 +92,7 @@ class Steps(NamedTuple):
     elapsed_s: Optional[float] = None  # seconds from the start to the end of the targets
     waited: Optional[WaitStep] = None
     would_fail: Optional[str] = None  # check mode, wait=true: why a real run's wait would fail whatever it ended
+    would_stay: Optional[str] = None  # check mode, wait=true: selected GPUs no target holds that are not free
 
 
 def refused(msg: str, **result: Any) -> Outcome:
@@ -226,7 +227,8 @@ def look_and_end(
             ended = steps.ended["signalled"] or (steps.stopped is not None and steps.stopped.units)
             steps = steps._replace(waited=wait(inspector, look.selection, None if ended else snapshot, params))
         if params["wait"] and check_mode:
-            steps = steps._replace(would_fail=would_fail(look.selection, snapshot, params))
+            fail, stay = predict(look.selection, snapshot, params)
+            steps = steps._replace(would_fail=fail, would_stay=stay)
     finally:
         inspector.close()
     return steps
@@ -308,21 +310,27 @@ def end(inspector: _gpus.Inspector, look: Look, sig: signal.Signals, params: Map
     return _terminate.end_until_gone(choose, look.targets, sig, params["grace_period"], params["kill_wait"])
 
 
-def would_fail(selection: _select.Selection, snapshot: _shapes.Snapshot, params: Mapping[str, Any]) -> Optional[str]:
-    """Check mode with wait=true: why the wait would fail whatever the run ended, in the words of the wait's own failure
-    (selected GPUs that the driver answers with an error, such as a GPU that fell off the bus, or a driver that did not
-    answer); None where ending the targets may free the GPUs (check mode cannot tell how their memory would go)."""
-    stuck: List[_shapes.WaitStatus] = []
-    for gpu in _release.gpu_status(selection, snapshot, params["max_used_mib"]):
-        if gpu["error"] or snapshot["driver"]["timed_out"]:
-            stuck.append(gpu.copy())
-            stuck[-1]["holders"] = []
-    if not stuck:
-        return None
+def predict(
+    selection: _select.Selection, snapshot: _shapes.Snapshot, params: Mapping[str, Any]
+) -> Tuple[Optional[str], Optional[str]]:
+    """Check mode with wait=true: what a real run's wait would find whatever the run ended, in the words of the wait's
+    own failure. First, why it would fail: selected GPUs that the driver answers with an error (such as a GPU that fell
+    off the bus), or a driver that did not answer. Second, the selected GPUs that no target holds and that are not free
+    (memory no process explains, or holders left alone): the wait would go on until its timeout, and fail unless the
+    driver frees that memory first. None for each where there is none: a GPU that a target holds may be freed by its
+    end (check mode cannot tell how its memory would go)."""
+    statuses = _release.gpu_status(selection, snapshot, params["max_used_mib"])
+    stuck = [dict(gpu, holders=[]) for gpu in statuses if gpu["error"] or snapshot["driver"]["timed_out"]]
+    if stuck:
+        return _single_look(stuck, snapshot, params), None
+    stay = [gpu for gpu in statuses if not gpu["released"] and not gpu["holders"]]
+    return None, _single_look(stay, snapshot, params) if stay else None
+
+
+def _single_look(gpus: List[Any], snapshot: _shapes.Snapshot, params: Mapping[str, Any]) -> str:
+    """The wait's message on `gpus` (gpu_status entries) as one look at `snapshot` would give it."""
     return _wait.conclude(
-        _shapes.Waited(
-            released=False, elapsed_s=0.0, polls=0, gpus=stuck, driver=snapshot["driver"], snapshot=snapshot
-        ),
+        _shapes.Waited(released=False, elapsed_s=0.0, polls=0, gpus=gpus, driver=snapshot["driver"], snapshot=snapshot),
         params["driver_timeout"],
         single_look=True,
     )
@@ -431,6 +439,8 @@ def result_data(steps: Steps, look: Look, lock: Lock, check_mode: bool) -> Resul
     )
     if steps.elapsed_s is not None:
         data["elapsed_s"] = steps.elapsed_s
+    if steps.would_stay:
+        data["would_stay"] = steps.would_stay
     if steps.waited:
         data.update(
             after=steps.waited.after,
@@ -461,6 +471,7 @@ def finish(
     msg = message(data, check_mode)
     if failure:
         msg += "; a real run would fail whatever it ended: %s" % failure
+    msg += _report.would_stay_words(data)
     warnings = list(warnings) + owner_warnings(data, check_mode)
     failed = bool(failure)
     if not waits:

@@ -65,7 +65,10 @@ def outcome(kill: Mapping[str, Any], wait: Mapping[str, Any], check_mode: bool, 
     if check_mode:
         if kill.get("failed"):
             return "FAILED (check mode): %s" % kill.get("msg", "gpu_kill did not run")
-        return "check mode: would signal %d process(es), nothing was signalled" % len(kill.get("would_signal", []))
+        return "check mode: would signal %d process(es), nothing was signalled%s" % (
+            len(kill.get("would_signal", [])),
+            would_stay_words(kill),
+        )
     if kill.get("failed") and not kill.get("wait_timed_out"):
         return "FAILED to end the holders: %s" % kill.get("msg", "gpu_kill did not run")
     if wait.get("released"):
@@ -86,6 +89,17 @@ def outcome(kill: Mapping[str, Any], wait: Mapping[str, Any], check_mode: bool, 
             else "NVIDIA driver library not usable",
         )
     return "FAILED: %s" % _wait.whole_time(wait.get("msg", "the wait did not run"), waited_s)
+
+
+def would_stay_words(kill: Mapping[str, Any]) -> str:
+    """The clause of a check-mode message that names the selected GPUs no target holds that are not free (gpu_kill's
+    "would_stay"); "" where there are none."""
+    if not kill.get("would_stay"):
+        return ""
+    return (
+        "; ending the holders would not free these GPUs, and a real run would wait its whole timeout for them unless "
+        "the driver frees their memory first: %s" % kill["would_stay"]
+    )
 
 
 def kept_words(gpus: Optional[Iterable[Mapping[str, Any]]]) -> str:

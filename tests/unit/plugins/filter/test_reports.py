@@ -173,6 +173,13 @@ def test_fleet_summary_prints_the_hosts_the_role_did_not_and_sums_up():
     ]
     both = reports.reset_gpus_fleet_summary(Hostvars(a={}, b={}), ["a", "b"], ["a", "b"], True)
     assert both[-1].endswith("; 2 hosts' summaries printed above (a, b)"), both
+    # Check mode: the hosts where ending the holders would not free the GPUs (gpu_kill's would_stay) are named.
+    stay = {"reset_gpus_kill": {"changed": False, "would_stay": "not free: GPU 1: 5000 MiB used, ..."}}
+    lines = reports.reset_gpus_fleet_summary(Hostvars(a=stay, b={}), ["a", "b"], ["a", "b"], True)
+    assert lines[-1] == (
+        "reset_gpus summary (check mode: nothing was signalled): 2 host(s): 2 ok; no holder would be ended; "
+        "GPUs that ending the holders would not free on 1 (a); 2 hosts' summaries printed above (a, b)"
+    ), lines
 
 
 def gpu(index, left=(), left_mib=0):

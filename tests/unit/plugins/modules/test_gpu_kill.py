@@ -515,6 +515,28 @@ def test_check_mode_with_wait_fails_where_a_selected_gpu_is_lost_and_signals_not
     assert run_module(capsys, {"wait": True, "gpus": [0], "_ansible_check_mode": True})[0] == 0
 
 
+def test_check_mode_with_wait_names_the_gpus_that_ending_the_holders_would_not_free(capsys, recorder):
+    """GPU 1 has 5000 MiB that no process explains and no holder; GPU 0 a holder. Check mode with wait says that ending
+    the holders would not free GPU 1 (a real run waits its timeout there), in its message, its summary and
+    "would_stay", and still passes: the driver may free that memory during the wait. GPU 0, which its holder may free,
+    is not named."""
+    held = dict(gpu(0), memory_used_mib=70000, memory_unexplained=False, unexplained_mib=0, holder_pids=[5000001])
+    leaked = dict(gpu(1), memory_used_mib=5000, memory_unexplained=True, unexplained_mib=5000, holder_pids=[])
+    engine = holder(5000001, {0: 70000}, "VLLM::EngineCore")
+    rec = recorder(make_view([engine], gpus=[held, leaked]))
+    code, result = run_module(capsys, {"wait": True, "_ansible_check_mode": True})
+    assert code == 0 and not result.get("failed") and rec.ended == [], result
+    assert result["would_stay"].startswith("not free: GPU 1: 5000 MiB used, 5000 MiB that no listed process explains")
+    assert "GPU 0" not in result["would_stay"], result["would_stay"]
+    clause = "; ending the holders would not free these GPUs, and a real run would wait its whole timeout for them"
+    assert clause in result["msg"] and result["msg"].endswith(result["would_stay"]), result["msg"]
+    assert result["summary"][0].startswith("check mode: would signal 1 process(es), nothing was signalled" + clause)
+    # Without wait, or with GPU 0 alone selected, there is nothing of it to say.
+    for args in ({"_ansible_check_mode": True}, {"wait": True, "gpus": [0], "_ansible_check_mode": True}):
+        code, result = run_module(capsys, args)
+        assert code == 0 and "would_stay" not in result and "would not free" not in result["msg"], result
+
+
 def test_check_mode_with_wait_fails_where_the_driver_does_not_answer(capsys, recorder):
     hung = dict(NO_DRIVER, error="an NVML call did not return within 10.0 s", timed_out=True)
     rec = recorder(make_view([holder(5000001, {}, "python3 train.py")], gpus=[], driver=hung))
