@@ -438,7 +438,8 @@ def check_gpus_status(
 
 def not_free_words(result: Mapping[str, Any], host: str, options: Mapping[str, Any]) -> str:
     """What holds each GPU that is not free, and one next step for those that a reset frees, on one line: "GPU 0:
-    75034 MiB used, held by PID 6 VLLM::Worker_TP (state S); next: ansible-playbook gpuops.nvidia.reset_gpus -l gpu07".
+    75034 MiB used, held by PID 6 VLLM::Worker_TP (state S); next, to end them: ansible-playbook gpuops.nvidia.reset_gpus
+    -l gpu07" (it ends them whatever they serve, a live server too).
     A GPU that a reset does not free (NVML errors, a holder in D, memory no process here explains) keeps its own next
     step (_advice.next_step); a parent that starts the holders again is named where it is torchrun, a Ray raylet or
     supervisord (_advice.restarters)."""
@@ -452,7 +453,7 @@ def not_free_words(result: Mapping[str, Any], host: str, options: Mapping[str, A
     if reset:
         indices = [str(gpu["index"]) for gpu in reset if gpu.get("index") is not None]
         which = " for GPU %s" % ", ".join(indices) if indices and len(reset) < len(stuck) else ""
-        words += "; next%s: %s%s" % (
+        words += "; next%s, to end them: %s%s" % (
             which,
             reset_command(host, options),
             _advice.restarters(holder for gpu in reset for holder in gpu["holders"]),

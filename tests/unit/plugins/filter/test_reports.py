@@ -254,7 +254,7 @@ def test_check_line_says_one_next_step_that_names_the_reset_and_no_torchrun_for_
     status, words = reports.check_gpus_status(result, False, 256, "gpu07", {"exclude": []})
     assert status == "not_free" and words == (
         "not free: GPU 0: 75034 MiB used, held by PID 6 VLLM::Worker_TP (state S); GPU 1: 75034 MiB used, held by "
-        "PID 7 VLLM::Worker_TP (state S); next: ansible-playbook gpuops.nvidia.reset_gpus -l gpu07"
+        "PID 7 VLLM::Worker_TP (state S); next, to end them: ansible-playbook gpuops.nvidia.reset_gpus -l gpu07"
     ), words
     assert "torchrun" not in words and "Ray" not in words and "\n" not in words
     # The check's own selection goes with the command; a torchrun parent is named; a GPU that a reset cannot free
@@ -273,7 +273,7 @@ def test_check_line_says_one_next_step_that_names_the_reset_and_no_torchrun_for_
         in (words)
     )
     assert words.endswith(
-        "; next for GPU 1: ansible-playbook gpuops.nvidia.reset_gpus -l 'gpu 8' -e "
+        "; next for GPU 1, to end them: ansible-playbook gpuops.nvidia.reset_gpus -l 'gpu 8' -e "
         '\'{"reset_gpus_gpus": [1, 2], "reset_gpus_exclude": ["vllm"]}\'; if they come back after being ended, stop '
         "their parent (PID 40 (torchrun): a torchrun agent) first; left alone: PID 9 (vllm, excluded by name)"
     ), words
