@@ -95,24 +95,24 @@ def validate_speculative_config(
     acceptance_gate: bool = False,
     reader: DrafterReader = read_drafter,
     vllm_version: Optional[str] = None,
+    gpu_class: Optional[str] = None,
 ) -> SpeculativeResult:
     """Validate a requested speculative config against its drafter and vLLM `vllm_version`; fill in what it defines.
 
     ``requested``: dict as for ``--speculative-config`` plus, for dflash, DFLASH_DRAFTER_FIELDS (expectations
     checked against config.json, not passed to vLLM). ``drafter_config``: path of the drafter's config.json or its
     directory (default <model>/config.json; required for mtp without model, the target's own checkpoint).
-    ``target_num_layers``: layer count of the target model, to check hidden-state taps against.
-    ``extra_args``: further ``vllm serve`` arguments of the server (token budget, --enable-lora,
-    --disable-log-stats); ``environment``: the server's environment (VLLM_USE_V2_MODEL_RUNNER);
-    ``acceptance_gate``: an acceptance gate reads the server's spec-decode metrics (refuses --disable-log-stats).
-    ``reader(model, drafter_config)``: (path, config dict) of the drafter's config.json; by default from this host's
-    disk (the vllm_server role reads what vllm_server_host read). ``vllm_version``: the release of VERSIONS whose
-    facts apply (default: the newest; the role passes what _vllm_versions.resolve gives for the instance).
-    Returns {"speculative_config" (dict for vLLM), "speculative_config_json" (compact JSON of it), "environment"
-    (env vars the server needs), "filled" (fields taken from the drafter), "checks" (list of {"field", "status":
+    ``target_num_layers``: layer count of the target model, to check hidden-state taps against. ``extra_args``:
+    further ``vllm serve`` arguments (token budget, --enable-lora, --disable-log-stats); ``environment``: the
+    server's environment (VLLM_USE_V2_MODEL_RUNNER); ``acceptance_gate``: a gate reads the spec-decode metrics
+    (refuses --disable-log-stats). ``reader(model, drafter_config)``: (path, config dict) of the drafter's
+    config.json; by default from this host's disk. ``vllm_version``: the release of VERSIONS whose facts apply
+    (default: newest; the role's: _vllm_versions.resolve). ``gpu_class``: _speculative_vllm.batch_class's. Returns
+    {"speculative_config" (dict for vLLM), "speculative_config_json" (compact JSON of it), "environment" (env vars
+    the server needs), "filled" (fields taken from the drafter), "checks" (list of {"field", "status":
     ok|filled|from_drafter|warning|mismatch, "requested", "drafter", "detail"}), "warnings" (list of str),
-    "drafter_config" (path read, None without a drafter), "vllm_version"}.
-    Raises SpeculativeConfigError; for field mismatches and refusals its ``mismatches`` holds every one of them.
+    "drafter_config" (path read, None without a drafter), "vllm_version"}. Raises SpeculativeConfigError; for field
+    mismatches and refusals its ``mismatches`` holds every one of them.
     """
     facts = vllm_facts(vllm_version)
     notes: List[str] = []
@@ -126,7 +126,7 @@ def validate_speculative_config(
     method, path = _method_of(report, spec, drafter_config, reader)
     path = _check_drafter(report, spec, method, drafter_config, target_num_layers, environment, reader) or path
     if isinstance(spec.get("num_speculative_tokens"), int):
-        check_budget(report, method, spec["num_speculative_tokens"], server, bool(spec.get("parallel_drafting")))
+        check_budget(report, method, spec, server, gpu_class)
     if server["disable_log_stats"]:
         _check_log_stats(report, acceptance_gate)
     if report.mismatches:

@@ -25,8 +25,9 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._speculative_pa
 CheckStatus = Literal["ok", "filled", "from_drafter", "warning", "mismatch"]
 # The kind of drafter a config.json describes (drafter_kind).
 DrafterKind = Literal["dflash", "eagle3", "eagle", "mtp", "causal_lm"]
-# A budget case: (label, max_num_batched_tokens, max_num_seqs, GPU class whose vLLM defaults it takes or None).
-_Case = Tuple[str, int, int, Optional[str]]
+# A budget case: (GPU class, max_num_batched_tokens, max_num_seqs, the words that say which of them are vLLM's
+# defaults for that class: "" where the check reads only the server's own values).
+_Case = Tuple[str, int, int, str]
 # _lookahead's (slots per request, what K adds to them or None, their name in a message).
 _Slots = Tuple[int, Optional[int], str]
 
@@ -420,8 +421,31 @@ def _lookahead(method: str, tokens: int, facts: VllmFacts, parallel: bool = Fals
 
 
 def _where(case: _Case) -> str:
-    """The words that say a budget case takes vLLM's default for a GPU class; none for the server's own values."""
-    return "" if case[3] is None else " (vLLM's default for %s)" % case[3]
+    """The words that say which values of a budget case are vLLM's defaults for a GPU class (_cases)."""
+    return case[3]
+
+
+def _cases(facts: VllmFacts, server: ServerArgs, uses_seqs: bool, gpu_class: Optional[str]) -> List[_Case]:
+    """The budget cases of a check that reads max_num_batched_tokens (and max_num_seqs where `uses_seqs`): one with
+    the server's own values where it gives them all, else one per GPU class (only `gpu_class` where it is known) with
+    vLLM's defaults for the values not given, named in the case's words."""
+    given = {"max_num_batched_tokens": server["max_num_batched_tokens"], "max_num_seqs": server["max_num_seqs"]}
+    read = ["max_num_batched_tokens"] + (["max_num_seqs"] if uses_seqs else [])
+    defaulted = [name for name in read if not given[name]]
+    cases: List[_Case] = []
+    for label, batched, seqs in facts.batch_defaults:
+        if defaulted and gpu_class not in (None, label):
+            continue
+        if not defaulted:
+            words = ""
+        elif defaulted == read:
+            words = " (vLLM's default%s for %s)" % ("s" if len(read) > 1 else "", label)
+        else:
+            words = " (%s: vLLM's default for %s)" % (defaulted[0], label)
+        cases.append((label, given["max_num_batched_tokens"] or batched, given["max_num_seqs"] or seqs, words))
+        if not defaulted:
+            break
+    return cases
 
 
 def _slots_message(case: _Case, method: str, slots: _Slots, version: str) -> str:
@@ -465,30 +489,27 @@ def _dflash_seqs_message(case: _Case, lookahead: int, version: str) -> str:
     )
 
 
-def check_budget(report: Report, method: str, tokens: int, server: ServerArgs, parallel: bool = False) -> None:
+def check_budget(report: Report, method: str, spec: SpecConfig, server: ServerArgs, gpu_class: Optional[str]) -> None:
     """vLLM's start-up checks of the token budget against num_speculative_tokens (vllm-project/vllm#50708).
 
     vllm/config/vllm.py _set_max_num_scheduled_tokens: max_num_batched_tokens at most the per-request slots
     (_lookahead) fails at start; from 0.33, for DFlash, max_num_batched_tokens // (K + 1) below max_num_seqs lowers
     the number of requests served at once (a warning). vllm/engine/arg_utils.py: with --enable-lora,
-    max_num_batched_tokens < max_num_seqs x (K + 1) fails. A value not given takes vLLM's default for the GPU class,
-    which this module does not know: a check fails when it fails for every class, and warns when it fails for some.
+    max_num_batched_tokens < max_num_seqs x (K + 1) fails. K is spec's num_speculative_tokens (an int). A value not
+    given takes vLLM's default for the GPU class (`gpu_class`, _speculative_vllm.batch_class; None: not known): a check
+    fails when it fails for every class it considers, and warns when it fails for some.
     """
-    facts = report.facts
-    slots = _lookahead(method, tokens, facts, parallel)
+    facts, tokens = report.facts, int(spec["num_speculative_tokens"])
+    slots = _lookahead(method, tokens, facts, bool(spec.get("parallel_drafting")))
     if not slots[0]:
         return
     version, lookahead = facts.version, slots[0]
-    given_tokens, given_seqs = server["max_num_batched_tokens"], server["max_num_seqs"]
-    # (label, max_num_batched_tokens, max_num_seqs, GPU class whose defaults it takes or None)
-    cases: List[_Case] = [
-        (label, given_tokens or batched, given_seqs or seqs, label if not (given_tokens and given_seqs) else None)
-        for label, batched, seqs in facts.batch_defaults
-    ]
-    if given_tokens and given_seqs:
-        cases = cases[:1]
 
-    def judge(failing: List[_Case], message: Callable[[_Case], str], warning_only: bool = False) -> None:
+    def judge(
+        uses_seqs: bool, fails: Callable[[_Case], bool], message: Callable[[_Case], str], warning_only: bool = False
+    ) -> None:
+        cases = _cases(facts, server, uses_seqs, gpu_class)
+        failing = [case for case in cases if fails(case)]
         if not failing:
             return
         if len(failing) == len(cases) and not warning_only:
@@ -497,15 +518,13 @@ def check_budget(report: Report, method: str, tokens: int, server: ServerArgs, p
         else:
             report.warn("num_speculative_tokens", tokens, None, "; ".join(message(case) for case in failing))
 
-    judge([case for case in cases if case[1] <= lookahead], lambda case: _slots_message(case, method, slots, version))
+    judge(False, lambda case: case[1] <= lookahead, lambda case: _slots_message(case, method, slots, version))
     if server["enable_lora"]:
+        judge(True, lambda case: case[1] < case[2] * (tokens + 1), lambda case: _lora_message(case, tokens, version))
+    if method == "dflash" and facts.dflash_active_seqs and (server["max_num_batched_tokens"] or server["max_num_seqs"]):
         judge(
-            [case for case in cases if case[1] < case[2] * (tokens + 1)],
-            lambda case: _lora_message(case, tokens, version),
-        )
-    if method == "dflash" and facts.dflash_active_seqs and (given_tokens or given_seqs):
-        judge(
-            [case for case in cases if case[1] // lookahead < case[2]],
+            True,
+            lambda case: case[1] // lookahead < case[2],
             lambda case: _dflash_seqs_message(case, lookahead, version),
             warning_only=True,
         )

@@ -313,6 +313,22 @@ def facts(version: Optional[str] = None) -> VllmFacts:
     return _FACTS[version]
 
 
+def batch_class(name: Optional[str], total_mib: Optional[int]) -> Optional[str]:
+    """The GPU class of batch_defaults whose defaults vLLM takes on a GPU named `name` with `total_mib` MiB (NVML's),
+    or None where that cannot be told. vllm/engine/arg_utils.py get_batch_defaults reads CUDA device 0 (the first
+    GPU the server sees): 160 GiB or more; 70 GiB or more unless the name holds "a100" (from 0.33 also unless the
+    compute capability is 12.1, GB10); else the small class. NVML reports no memory for GB10, and its capability is not
+    read here: None for it."""
+    if not name or total_mib is None or "gb10" in name.lower():
+        return None
+    labels = [row[0] for row in _BASE.batch_defaults]
+    if total_mib >= 160 * 1024:
+        return labels[2]
+    if total_mib >= 70 * 1024 and "a100" not in name.lower():
+        return labels[1]
+    return labels[0]
+
+
 def releases_with(attribute: str, name: object) -> List[Release]:
     """The releases of VERSIONS whose `attribute` table holds `name` (to say where a refused name is valid)."""
     return [version for version in VERSIONS if name in getattr(facts(version), attribute)]

@@ -15,6 +15,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._speculative im
     SpeculativeConfigError,
     validate_speculative_config as validate_for_version,
 )
+from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._speculative_vllm import batch_class
 
 DRAFTERS = pathlib.Path(__file__).resolve().parents[3] / "fixtures" / "drafters"
 DFLASH = str(DRAFTERS / "dflash-qwen3")
@@ -656,6 +657,57 @@ def test_dflash_budget_vllm_refuses_is_caught_with_the_arithmetic():
     assert "K + 1 = 16 query tokens per request" in message and "max_num_batched_tokens <= 16" in message
     result = validate_speculative_config(requested, extra_args=["--max-num-batched-tokens=17", "--max-num-seqs", "1"])
     assert result["warnings"] == []
+
+
+def test_a_budget_the_server_gives_is_not_called_vllms_default():
+    # --max-num-batched-tokens given, --max-num-seqs not: the slot check reads only the given value
+    requested = {"method": "dflash", "model": DFLASH, "num_speculative_tokens": 15}
+    for gpu_class in (None, "H100/H200 class (70-160 GiB)"):
+        error = fail(requested, extra_args=["--max-num-batched-tokens", "16"], gpu_class=gpu_class)
+        message = str(error)
+        assert "num_speculative_tokens: 15; vLLM 0.33.0 expects at most 14 with max_num_batched_tokens 16: " in message
+        assert "default" not in message and "GPU" not in message
+
+
+def test_a_budget_check_names_the_default_it_takes_for_the_gpu_class():
+    requested = {"method": "dflash", "model": DFLASH, "num_speculative_tokens": 8191}
+    # K + 1 = 8192 slots: vLLM's 8192 on an H100 fails, 16384 on a B200 does not; the GPU unknown: a warning for some
+    h100 = "H100/H200 class (70-160 GiB)"
+    message = str(fail(requested, gpu_class=h100))
+    assert "at most 8190 with max_num_batched_tokens 8192 (vLLM's default for %s): " % h100 in message
+    assert "under 70 GiB" not in message
+    b200 = validate_speculative_config(requested, gpu_class="GPUs of 160 GiB and more")["warnings"]
+    assert not [warning for warning in b200 if "max_num_batched_tokens" in warning]
+    warning = [w for w in validate_speculative_config(requested)["warnings"] if "max_num_batched_tokens" in w][0]
+    assert (
+        "2048 (vLLM's default for GPUs under 70 GiB and A100)" in warning
+        and "(vLLM's default for %s)" % h100 in warning
+    )
+    # --max-num-seqs given, --max-num-batched-tokens not: the words name the one default taken
+    lora = fail(
+        {"method": "dflash", "model": DFLASH, "num_speculative_tokens": 15},
+        extra_args=["--enable-lora", "--max-num-seqs", "1024"],
+        gpu_class=h100,
+    )
+    assert "max_num_batched_tokens 8192 and max_num_seqs 1024 (max_num_batched_tokens: vLLM's default for %s)" % (
+        h100
+    ) in str(lora)
+
+
+@pytest.mark.parametrize(
+    "name, total_mib, expected",
+    [
+        ("NVIDIA H100 80GB HBM3", 81559, "H100/H200 class (70-160 GiB)"),
+        ("NVIDIA H200", 143771, "H100/H200 class (70-160 GiB)"),
+        ("NVIDIA A100-SXM4-80GB", 81920, "GPUs under 70 GiB and A100"),
+        ("NVIDIA L40S", 46068, "GPUs under 70 GiB and A100"),
+        ("NVIDIA B200", 183359, "GPUs of 160 GiB and more"),
+        ("NVIDIA GB10", None, None),
+        (None, 81559, None),
+    ],
+)
+def test_the_gpu_class_of_vllms_batch_defaults(name, total_mib, expected):
+    assert batch_class(name, total_mib) == expected
 
 
 def test_dflash_budget_with_lora_and_the_default_batch_sizes():
