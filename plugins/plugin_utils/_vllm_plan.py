@@ -24,6 +24,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._speculative im
     validate_speculative_config,
 )
 from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._speculative_parse import SpeculativeConfigError
+from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._speculative_vllm import releases_with
 from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._speculative_vllm import batch_class
 from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _vllm_files, _vllm_server_facts, _vllm_versions
 from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._vllm_address import local_host, local_url
@@ -68,15 +69,46 @@ def _on_host(instance: Instance, settings: Settings, path: object) -> Optional[s
     return _vllm_container.host_path(instance, path, _manager(instance, settings))
 
 
+def _spec_model(instance: Instance) -> Any:
+    """The model of the instance's speculative config (None without one)."""
+    spec = instance.get("speculative_config")
+    return spec.get("model") if isinstance(spec, dict) else None
+
+
+def _drafter(instance: Instance) -> Optional[str]:
+    """The checkpoint the instance's speculative config drafts with, as the instance names it: its model, or for MTP
+    without one the target model (vLLM's SpeculativeConfig.__post_init__ then drafts with the target's own MTP
+    layers). None where there is none to read: ngram, no speculative config, a model that is no path."""
+    spec = instance.get("speculative_config")
+    if not isinstance(spec, dict) or spec.get("method") == "ngram":
+        return None
+    model = spec.get("model")
+    if model is None and (spec.get("method") == "mtp" or releases_with("mtp_methods", spec.get("method"))):
+        model = instance.get("model")
+    return model if isinstance(model, str) and model else None
+
+
 def _drafter_config(instance: Instance, settings: Settings) -> Any:
-    """The drafter config the host reads: the instance's drafter_config, or for a container, the drafter's
-    config.json through the volume that holds it."""
+    """The drafter config the host reads: the instance's drafter_config, else the drafter's config.json where the
+    module would not find it from the model alone: through the volume that holds it (a container's), the target's
+    (MTP without a model). None for a drafter in no volume (_drafter_outside refuses it)."""
     given = instance.get("drafter_config")
-    model = (instance.get("speculative_config") or {}).get("model")
-    if given or not _contained(instance, settings) or not str(model or "").startswith("/"):
+    drafter = _drafter(instance)
+    if given or drafter is None or (drafter == _spec_model(instance) and not _contained(instance, settings)):
         return given
-    found = _on_host(instance, settings, model)
-    return found.rstrip("/") + "/config.json" if found else given
+    found = _on_host(instance, settings, drafter)
+    return found.rstrip("/") + "/config.json" if found else None
+
+
+def _drafter_outside(instance: Instance, settings: Settings) -> Optional[List[str]]:
+    """Problems of a container's drafter in none of its volumes (vLLM in the container cannot load it; it is not read
+    at the host path of that name); None where no volume is missing."""
+    drafter = _drafter(instance)
+    if drafter is None or _on_host(instance, settings, drafter) is not None:
+        return None
+    if drafter == _spec_model(instance):
+        return ["speculative_config model %s is in no volume of the container" % drafter]
+    return []  # MTP from the target model: _path_problems says that the model is in no volume
 
 
 def _min_rate(instance: Instance, settings: Settings) -> float:
@@ -101,12 +133,9 @@ def host_request(instances: Optional[Sequence[Any]], settings: Settings) -> Dict
     paths += executables
     paths += [volume["src"] for i in instances if _contained(i, settings) for volume in _vllm_container.volumes_of(i)]
     drafters = [
-        {
-            "model": (instance["speculative_config"] or {}).get("model"),
-            "drafter_config": _drafter_config(instance, settings),
-        }
+        {"model": _spec_model(instance), "drafter_config": _drafter_config(instance, settings)}
         for instance in instances
-        if isinstance(instance.get("speculative_config"), dict) and instance["speculative_config"]
+        if _drafter(instance) is not None and _drafter_outside(instance, settings) is None
     ]
     images = [
         {"runtime": _manager(instance, settings), "image": str(instance.get("image"))}
@@ -206,6 +235,9 @@ def _speculative(
     """(validation result or None, problems) of the instance's speculative config, as vLLM `release` reads it on a
     GPU of `gpu_class` (_gpu_class)."""
     spec = instance.get("speculative_config")
+    outside = _drafter_outside(instance, settings)
+    if outside is not None:
+        return None, outside
     if not spec or release is None:
         return None, []
     environment = instance.get("environment") or {}

@@ -13,7 +13,7 @@ from __future__ import annotations
 import difflib
 import json
 import os
-from typing import Any, Callable, Dict, Iterable, List, Literal, Optional, Sequence, Tuple, TypedDict, cast
+from typing import Any, Callable, Dict, Iterable, List, Literal, Optional, Sequence, Tuple, TypedDict
 
 from ansible.module_utils.parsing.convert_bool import boolean
 
@@ -329,8 +329,12 @@ def _refuse_fields(requested: SpecConfig, method: Optional[str], allow_fields: S
 def drafter_config_path(model: Optional[str], drafter_config: Optional[str] = None) -> str:
     """Path of the drafter's config.json: ``drafter_config`` (a file, or a directory holding config.json) or <model>/config.json."""
     if not drafter_config:
-        # model is None only for mtp with a drafter_config (_speculative._check_drafter refuses the rest)
-        return os.path.join(cast(str, model), "config.json")
+        if not isinstance(model, str) or not model:
+            # vllm_speculative_config never asks so (_check_drafter); vllm_server_host reads what it is given
+            raise SpeculativeConfigError(
+                "no drafter config.json to read: neither a drafter model (a directory) nor drafter_config is given"
+            )
+        return os.path.join(model, "config.json")
     return os.path.join(drafter_config, "config.json") if os.path.isdir(drafter_config) else drafter_config
 
 

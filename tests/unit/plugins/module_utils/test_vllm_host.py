@@ -144,3 +144,12 @@ def test_a_systemd_instance_is_watched_by_its_main_pid(tmp_path):
         lambda unit: units.append(unit) or {"ActiveState": "inactive", "MainPID": "0"},
     )
     assert units == ["vllm-a.service"] and found["running"]["a"]["process_exited"] is True
+
+
+@pytest.mark.parametrize("entry", [{"model": None, "drafter_config": None}, {"model": 5}, {}])
+def test_a_drafter_without_a_model_or_config_path_is_an_error_not_a_crash(entry):
+    found = _vllm_host.read_drafter(entry)
+    assert found["path"] is None and found["config"] is None
+    assert found["error"] == (
+        "no drafter config.json to read: neither a drafter model (a directory) nor drafter_config is given"
+    )

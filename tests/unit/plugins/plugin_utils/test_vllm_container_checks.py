@@ -8,9 +8,11 @@ runs the container (podman and docker alike), the configuration's digest, paths 
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 
+from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _vllm_host
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils import _vllm_container as c
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils import _vllm_plan, _vllm_run
 
@@ -246,6 +248,44 @@ def test_the_plan_refuses_a_missing_image_and_a_model_outside_the_volumes():
     assert any("model /models/Qwen3.6-27B is in no volume of the container" in p for p in found["problems"])
     found = _vllm_plan.plan([instance(vllm_version=None, volumes=["/srv/models:/models"])], host(), plan_settings())
     assert any("vllm_version is required with service_manager podman" in p for p in found["problems"])
+
+
+DRAFTERS = str(Path(__file__).parents[3] / "fixtures" / "drafters")  # on the host; /drafters in the container
+DFLASH = {"method": "dflash", "model": "/drafters/dflash-qwen3", "num_speculative_tokens": 15}
+
+
+def planned_through_the_host(one):
+    """(request, plan) of container instance `one`, over the drafters vllm_server_host reads for it, from disk."""
+    request = _vllm_plan.host_request([one], plan_settings())
+    read = [_vllm_host.read_drafter(entry) for entry in request["drafters"]]
+    paths = dict(host()["paths"], **{path: {"exists": True, "isdir": True} for path in request["paths"]})
+    return request, _vllm_plan.plan([one], host(drafters=read, paths=paths), plan_settings())
+
+
+def test_the_drafter_is_read_through_the_volume_that_holds_it():
+    volumes = ["/srv/models:/models", DRAFTERS + ":/drafters"]
+    request, found = planned_through_the_host(instance(volumes=volumes, speculative_config=dict(DFLASH)))
+    assert request["drafters"] == [
+        {"model": "/drafters/dflash-qwen3", "drafter_config": DRAFTERS + "/dflash-qwen3/config.json"}
+    ]
+    assert found["problems"] == [] and found["instances"]["qwen"]["cfg"]["speculative_config"] == DFLASH
+    # MTP without a model: vLLM drafts with the target's own MTP layers, read through the target's volume
+    one = instance(model="/drafters/mtp", volumes=volumes, speculative_config={"method": "mtp"})
+    request, found = planned_through_the_host(one)
+    assert request["drafters"] == [{"model": None, "drafter_config": DRAFTERS + "/mtp/config.json"}]
+    assert found["problems"] == [], found["problems"]
+    assert found["instances"]["qwen"]["cfg"]["speculative_config"] == {"method": "mtp", "num_speculative_tokens": 1}
+
+
+@pytest.mark.parametrize("extra", [{}, {"drafter_config": DRAFTERS + "/dflash-qwen3/config.json"}])
+def test_a_drafter_in_no_volume_is_refused_and_not_read_at_its_host_path(extra):
+    on_host = DRAFTERS + "/dflash-qwen3"  # exists on the host, but the container sees no such path
+    one = instance(volumes=["/srv/models:/models"], speculative_config=dict(DFLASH, model=on_host), **extra)
+    request, found = planned_through_the_host(one)
+    assert request["drafters"] == [] and found["instances"] == {}
+    assert found["problems"] == [
+        "instance qwen: speculative_config model %s is in no volume of the container" % on_host
+    ]
 
 
 def test_the_plan_refuses_gpus_it_cannot_name_to_the_runtime():

@@ -10,6 +10,11 @@ import json
 import shlex
 from pathlib import Path
 
+import pytest
+
+from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _vllm_host
+from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._speculative import validate_speculative_config
+from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._speculative_parse import SpeculativeConfigError
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils import _vllm_plan as p
 
 SETTINGS = {
@@ -177,6 +182,54 @@ def test_speculative_config_is_checked_with_the_drafter_the_host_read():
     missing = [dict(drafters[0], config=None, error="drafter config /models/d/config.json not found on this host")]
     planned = p.plan([instance(speculative_config=spec)], host(drafters=missing), SETTINGS)
     assert planned["problems"] == ["instance a: drafter config /models/d/config.json not found on this host"]
+
+
+MTP_TARGET = str(FIXTURE.parent / "mtp")  # a checkpoint that carries its own MTP layers (num_nextn_predict_layers)
+PLAIN_TARGET = str(FIXTURE.parents[1] / "models" / "Qwen3.6-27B")  # one without MTP layers
+
+
+def planned_through_the_host(one):
+    """The plan of instance `one` over the drafters vllm_server_host reads for the role's request, from disk."""
+    request = p.host_request([one], SETTINGS)
+    drafters = [_vllm_host.read_drafter(entry) for entry in request["drafters"]]
+    paths = dict(host()["paths"], **{one["model"]: {"exists": True, "isdir": True, "executable": False}})
+    return request, p.plan([one], host(drafters=drafters, paths=paths), SETTINGS)
+
+
+@pytest.mark.parametrize(
+    "spec, target",
+    [
+        ({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}, "/models/q"),
+        ({"method": "mtp", "num_speculative_tokens": 1}, MTP_TARGET),
+        ({"method": "deepseek_mtp"}, MTP_TARGET),
+    ],
+)
+def test_a_speculative_config_without_a_drafter_model_deploys(spec, target):
+    request, planned = planned_through_the_host(instance(model=target, speculative_config=dict(spec)))
+    assert planned["problems"] == [], planned["problems"]
+    deployed = planned["instances"]["a"]["cfg"]["speculative_config"]
+    if spec.get("method") == "ngram":
+        assert request["drafters"] == [] and deployed == spec  # no drafter to read
+    else:  # vLLM drafts with the target's own MTP layers: its config.json is the drafter's
+        assert request["drafters"] == [{"model": None, "drafter_config": target + "/config.json"}]
+        assert deployed == {"method": "mtp", "num_speculative_tokens": 1}
+
+
+@pytest.mark.parametrize(
+    "spec, target",
+    [
+        ({"num_speculative_tokens": 4}, "/models/q"),
+        ({"method": "ngram"}, "/models/q"),
+        ({"method": "mtp", "num_speculative_tokens": 1}, PLAIN_TARGET),
+        ({"method": "mtp", "model": 5}, "/models/q"),
+    ],
+)
+def test_a_speculative_config_vllm_refuses_is_refused_as_the_module_words_it(spec, target):
+    request, planned = planned_through_the_host(instance(model=target, speculative_config=dict(spec)))
+    given = {"drafter_config": target + "/config.json"} if target != "/models/q" else {}
+    with pytest.raises(SpeculativeConfigError) as refused:
+        validate_speculative_config(dict(spec), vllm_version="0.33.0", **given)
+    assert planned["instances"] == {} and planned["problems"] == ["instance a: %s" % refused.value], planned
 
 
 def test_environment_must_keep_what_the_speculative_config_needs():
