@@ -140,14 +140,15 @@ ports:
   type: dict
 servers:
   description:
-    - The vLLM API servers of the host, whoever started them. A server is known by its process and its listening
-      socket - a Python process that runs vLLM's server (C(vllm serve), C(python -m vllm.entrypoints.cli.main serve),
-      C(python -m vllm.entrypoints.openai.api_server)) and listens on a TCP port; a launcher of several API servers is
-      one server.
+    - The vLLM API servers of the host, whoever started them. A server is known by its process - a Python process that
+      runs vLLM's server (C(vllm serve), C(python -m vllm.entrypoints.cli.main serve),
+      C(python -m vllm.entrypoints.openai.api_server)), listening or still loading its model (vLLM listens once it is
+      loaded); a launcher of several API servers is one server.
     - C(pid), C(start_ticks), C(sid), C(user) (UID), C(argv) and C(command) (its command line; the values of
       C(--api-key) and C(--hf-token) are not shown), C(cwd), C(log_file) (where its standard output goes),
       C(cuda_visible_devices) (the one variable read from its environment), C(listen) (C([address, port]) of each
-      listening socket), C(model), C(served_model_name), C(tensor_parallel_size), C(data_parallel_size) (from its
+      listening socket; empty while it loads), C(host) and C(port) (what its command line binds; C(port) is vLLM's
+      default 8000 without C(--port), null with C(--uds) or C(--headless)), C(model), C(served_model_name), C(tensor_parallel_size), C(data_parallel_size) (from its
       command line), C(tree) (its descendants' PIDs), C(holders), C(gpus) and C(mig) (what its tree holds, as in
       C(nvidia)), C(systemd_unit), C(container_id) (the container its cgroup names, or null).
     - C(recorded_by) - the deployed instance whose pidfile, unit or container it is, or null for a server the role did

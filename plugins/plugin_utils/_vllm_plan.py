@@ -532,9 +532,13 @@ def _entry(
         "unit": unit,
         "changed": changed,
         "reasons": ["%s changed" % what for what in changed]
-        + _probe_reasons(running)
+        + (_probe_reasons(running) if old or not replaces else [])  # not deployed: the server replaced is what runs
         + (_container_reasons(cfg, host, running) if cfg.get("container") else [])
-        + ["vLLM server PID %s not started by this role" % server["pid"] for server in replaces],
+        + [
+            "vLLM server PID %s not started by this role%s"
+            % (server["pid"], " (still starting)" if server.get("starting") else "")
+            for server in replaces
+        ],
         "url": local_url(cfg["host"], cfg["port"]),
         "old": old,
         "old_url": local_url(current.get("host"), current.get("port")),

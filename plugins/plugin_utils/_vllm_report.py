@@ -116,7 +116,8 @@ def entry(planned: Mapping[str, Any], results: Mapping[str, Any]) -> Entry:
     return dict(
         found,
         action="redeployed",
-        was_running=bool(planned["running"]),
+        # A server this role did not start that served on its behalf counts: the instance's port was served before.
+        was_running=bool(planned["running"]) or any(not s.get("starting") for s in planned.get("replaces") or []),
         healthy_after_s=(results.get("ready") or {}).get("healthy_after_s"),
         down_s=round(float(results.get("down_s") or 0), 1),
         acceptance=acceptance if _ran(acceptance) and "acceptance_rate" in acceptance else None,
@@ -204,8 +205,10 @@ def _replaced_lines(e: Entry) -> List[str]:
     lines = []
     for server in e.get("replaced") or []:
         named = "the vLLM server PID %s on port %s that this role did not start" % (server["pid"], server["port"])
+        named += " (still starting: not listening yet)" if server.get("starting") else ""
+        verb = "stop" if server.get("starting") else "drain"
         if e["action"] == "would redeploy":
-            lines.append("  would drain and replace %s: %s" % (named, server["command"]))
+            lines.append("  would %s and replace %s: %s" % (verb, named, server["command"]))
             continue
         stop = server.get("stop") or {}
         if not stop.get("signalled"):
@@ -213,8 +216,10 @@ def _replaced_lines(e: Entry) -> List[str]:
                 "  did not signal %s (%s): %s" % (named, "it had exited" if stop else "not reached", server["command"])
             )
             continue
-        lines.append("  drained and replaced %s: %s" % (named, server["command"]))
-        drained = ["  " + line for line in _drain_lines(server.get("drain"))]
+        lines.append(
+            "  %s and replaced %s: %s" % ("stopped" if server.get("starting") else "drained", named, server["command"])
+        )
+        drained = [] if server.get("starting") else ["  " + line for line in _drain_lines(server.get("drain"))]
         if not any("after SIGTERM" in line for line in drained):
             drained.append("    SIGTERM to its API server: its tree exited after %.1f s" % (stop.get("stop_s") or 0))
         lines += drained

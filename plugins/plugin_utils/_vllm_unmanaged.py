@@ -5,7 +5,10 @@
 """vLLM servers the vllm_server role did not start, in an instance's way, on the controller: refuse, or replace.
 
 A server is in the way of an instance when it listens on the instance's port or its tree holds any of the
-instance's GPUs, and no deployed instance has a record of it (vllm_server_host's "servers", "recorded_by" None).
+instance's GPUs, and no deployed instance has a record of it (vllm_server_host's "servers", "recorded_by" None). A
+server still loading its model does not listen yet: it is in the way when its command line names the instance's port
+(vLLM has bound it already) or its tree holds the instance's GPUs; replaced, its drain finds nothing listening and
+goes on to its stop.
 Without the opt-in (vllm_server_adopt_unmanaged, or the instance's adopt_unmanaged) each one refuses the instance
 before anything is signalled. With it, a server whose GPUs are all the instance's is drained and replaced; one that
 holds other GPUs too is still refused: its stop would take them from under whatever uses them next.
@@ -43,6 +46,16 @@ def ports(server: Server) -> List[int]:
     return found
 
 
+def starting(server: Server) -> bool:
+    """Whether the server is still starting: it listens on no TCP port yet, and its command line names one."""
+    return not server.get("listen") and server.get("port") is not None
+
+
+def _port_of(server: Server) -> List[int]:
+    """The ports the server listens on; for one still starting, the port its command line names."""
+    return [int(server["port"])] if starting(server) else ports(server)
+
+
 def held(server: Server) -> List[Any]:
     """What the server's tree holds, as the role names GPUs: an index, or the MIG UUIDs it holds on a GPU in MIG
     mode."""
@@ -77,7 +90,7 @@ def in_the_way(
             continue
         theirs = held(server)
         on_gpus = resolved is not None and bool(theirs) and gpus.overlap(list(resolved), theirs)
-        if port in ports(server) or on_gpus:
+        if port in _port_of(server) or on_gpus:
             found.append(server)
     return found
 
@@ -87,9 +100,10 @@ def describe(server: Server) -> str:
     served = server.get("served_model_name")
     model = server.get("model") or "an unknown model"
     what = model if not served or served == model else "%s as %s" % (model, served)
-    return "PID %s on port %s, serving %s (tensor parallel %s, data parallel %s) on GPUs %s" % (
+    return "PID %s on port %s%s, serving %s (tensor parallel %s, data parallel %s) on GPUs %s" % (
         server["pid"],
-        _join(ports(server)) or "none",
+        _join(_port_of(server)) or "none",
+        " (still starting: not listening yet)" if starting(server) else "",
         what,
         server.get("tensor_parallel_size", 1),
         server.get("data_parallel_size", 1),
@@ -99,8 +113,8 @@ def describe(server: Server) -> str:
 
 def _why(server: Server, instance: Mapping[str, Any], resolved: Optional[Sequence[Any]], gpus: GpuTable) -> str:
     port = number_or_none(instance.get("port"), True)
-    if port in ports(server):
-        return "listens on its port %s" % port
+    if port in _port_of(server):
+        return "%s its port %s" % ("is starting on" if starting(server) else "listens on", port)
     shared = [ref for ref in held(server) if resolved is not None and gpus.overlap(list(resolved), [ref])]
     return "holds its GPUs %s" % _join(shared)
 
@@ -124,8 +138,14 @@ def replaced(server: Server) -> Dict[str, Any]:
     """What the role keeps of a server it replaces: to drain and stop it, and to name it in the report."""
     keys = ("pid", "start_ticks", "command", "cwd", "log_file", "cuda_visible_devices", "model", "served_model_name")
     entry = {key: server.get(key) for key in keys}
-    address, port = (server.get("listen") or [["", 0]])[0]
-    entry.update(port=int(port), ports=ports(server), url=local_url(address, port), gpus=held(server))
+    address, port = (server.get("listen") or [[server.get("host"), server.get("port")]])[0]
+    entry.update(
+        port=int(port),
+        ports=_port_of(server),
+        url=local_url(address, port),
+        gpus=held(server),
+        starting=starting(server),
+    )
     return entry
 
 
@@ -154,6 +174,11 @@ def findings(
             problems.append(
                 "%s. It runs in the systemd unit %s, which may start it again after its stop, so it is not replaced "
                 "even with vllm_server_adopt_unmanaged: stop the unit first (systemctl stop %s)" % (what, unit, unit)
+            )
+        elif not _port_of(server):
+            problems.append(
+                "%s. It has no TCP port (--uds or --headless) to drain it through, so it is not replaced even with "
+                "vllm_server_adopt_unmanaged: stop it by hand (kill -TERM %s)" % (what, server["pid"])
             )
         elif others:
             problems.append(

@@ -1,11 +1,12 @@
 """vllm_server meets vLLM servers it did not start (issue 46): refused by name without vllm_server_adopt_unmanaged,
 drained and replaced with it, on a simulated node.
 
-The two servers are started as operators start them, with nohup, a log file and a working directory of their own:
-one `vllm serve` on instance a's port; on ports of their own, with engines and workers on instance b's GPUs, a launcher
+The servers are started as operators start them, with nohup, a log file and a working directory of their own: one
+`vllm serve` on instance a's port; on ports of their own, with engines and workers on instance b's GPUs, a launcher
 of two API servers (`--api-server-count 2`) and vLLM's OpenAI server module (`python -m
-vllm.entrypoints.openai.api_server`). One node, four playbook runs (each start costs seconds on the test
-machine): refused (nothing signalled), check mode (would drain and replace), replaced (b's new configuration fails to
+vllm.entrypoints.openai.api_server`); on instance b's port and GPUs, a `vllm serve` still loading its model (it does
+not listen yet: a server all the same, not a leftover). One node, four playbook runs (each start costs seconds on the
+test machine): refused (nothing signalled), check mode (would drain and replace), replaced (b's new configuration fails to
 start: its failure names what it replaced), then a second run that leaves a as it is and deploys b.
 """
 
@@ -59,6 +60,18 @@ def start_module_by_hand(node, directory, port, env, args):
     return _tree(node, "vllm.entrypoints.openai.api_server", port)
 
 
+def start_loading_by_hand(node, directory, port, env, args):
+    """`cd DIRECTORY && ENV nohup vllm serve ARGS --port PORT > vllm.log 2>&1 &`, a model that loads for minutes;
+    returns the PIDs of its tree (its API server first) once its workers hold their GPUs and the load began."""
+    directory.mkdir()
+    line = "cd %s && %s nohup vllm serve %s --port %d > vllm.log 2>&1 &" % (directory, env, args, port)
+    node.exec("sh", "-c", line)
+    log = directory / "vllm.log"
+    wait_for(lambda: log.exists() and "Starting to load model" in log.read_text(), 60, 0.2, "the load to begin")
+    assert not answers(port)
+    return _tree(node, "vllm serve", port)
+
+
 def _tree(node, command, port):
     procs = processes(node)
     api = [pid for pid, entry in procs.items() if command in entry[3] and "--port %d" % port in entry[3]]
@@ -110,8 +123,16 @@ def test_servers_started_by_hand_are_refused_by_name_then_drained_and_replaced(s
         "CUDA_VISIBLE_DEVICES=2,3 SIMVLLM_LOAD_SECONDS=0.3",
         "--model /models/Qwen3-0.6B --tensor-parallel-size 2 --gpu-memory-utilization 0.4",
     )
-    api_first, api_second, api_third = first[0], second[0], third[0]
-    assert len(first) == 4 and len(second) == 6 and len(third) == 4, (first, second, third, processes(node))
+    # ... and a `vllm serve` on b's port and GPUs 2-3 that loads its model for longer than these runs.
+    fourth = start_loading_by_hand(
+        node,
+        tmp_path / "fourth",
+        port_b,
+        "CUDA_VISIBLE_DEVICES=2,3 SIMVLLM_LOAD_SECONDS=600",
+        "/models/Qwen3-0.6B --host 127.0.0.1 --tensor-parallel-size 2 --gpu-memory-utilization 0.05",
+    )
+    api_first, api_second, api_third, api_fourth = first[0], second[0], third[0], fourth[0]
+    assert len(first) == 4 and len(second) == 6 and len(third) == 4 and len(fourth) == 4, processes(node)
 
     # Without the opt-in: refused before anything is signalled, each server named with the two ways on.
     rc, out, recap = run(inventory)
@@ -132,7 +153,13 @@ def test_servers_started_by_hand_are_refused_by_name_then_drained_and_replaced(s
         "instance b: a vLLM server that this role did not start holds its GPUs 2, 3: PID %d on port %d, serving "
         "/models/Qwen3-8B (tensor parallel 2, data parallel 1) on GPUs 2, 3." % (api_second, port_hand)
     ) in out, out
-    assert all(alive(node, pid) for pid in first + second + third)
+    assert (
+        "a vLLM server that this role did not start is starting on its port %d: PID %d on port %d (still starting: not "
+        "listening yet), serving /models/Qwen3-0.6B (tensor parallel 2, data parallel 1) on GPUs 2, 3. Nothing was "
+        "signalled." % (port_b, api_fourth, port_b)
+    ) in out, out
+    assert "kill -TERM %d" % api_fourth in out, out
+    assert all(alive(node, pid) for pid in first + second + third + fourth)
 
     # Check mode with the opt-in: what would be drained and replaced, by PID, port and command line.
     rc, out, recap = run(inventory, "--check", "-e", "vllm_server_adopt_unmanaged=true")
@@ -152,7 +179,11 @@ def test_servers_started_by_hand_are_refused_by_name_then_drained_and_replaced(s
         r"PID %d on port %d .*: \S+ -m vllm\.entrypoints\.openai\.api_server --model" % (api_third, port_module),
         replace[2],
     )
-    assert all(alive(node, pid) for pid in first + second + third)
+    assert (
+        "  would stop and replace the vLLM server PID %d on port %d that this role did not start (still starting: not "
+        "listening yet): " % (api_fourth, port_b)
+    ) in "\n".join(lines), lines
+    assert all(alive(node, pid) for pid in first + second + third + fourth)
 
     # With the opt-in: a replaces the first server (drained, SIGTERM: vLLM's shutdown runs, as its log says). b's
     # new configuration fails to start after the second server was stopped: the failure says how to start it again.
@@ -170,7 +201,13 @@ def test_servers_started_by_hand_are_refused_by_name_then_drained_and_replaced(s
     assert "Received signal 15, shutting down." in (tmp_path / "first" / "vllm.log").read_text()
     assert "Received signal 15, shutting down." in (tmp_path / "second" / "vllm.log").read_text()
     assert "Received signal 15, shutting down." in (tmp_path / "third" / "api.log").read_text()
-    assert not any(alive(node, pid) for pid in first + second + third)
+    assert not any(alive(node, pid) for pid in first + second + third + fourth)
+    assert re.search(
+        r"\n  stopped and replaced the vLLM server PID %d on port %d that this role did not start \(still starting: "
+        r"not listening yet\): .*\n    SIGTERM to its API server: its tree exited after [\d.]+ s\n"
+        % (api_fourth, port_b),
+        text,
+    ), lines
     assert re.search(r"acceptance rate [\d.]+%", text), lines
     failure = out.replace("\\n", "\n")
     assert (

@@ -4,9 +4,11 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """The vLLM API servers of a host, whoever started them: read from /proc, for the vllm_server role.
 
-A vLLM API server is known by its process and its listening socket: a Python process that runs vLLM's server
-(`vllm serve`, `python -m vllm.entrypoints.cli.main serve`, `python -m vllm.entrypoints.openai.api_server`) and
-listens on a TCP port. The launcher of several API servers (`--api-server-count`, data parallel) is the one such
+A vLLM API server is known by its process: a Python process that runs vLLM's server (`vllm serve`, `python -m
+vllm.entrypoints.cli.main serve`, `python -m vllm.entrypoints.openai.api_server`), listening or not. vLLM binds its
+port before it builds the engine and listens only once the model is loaded (vLLM 0.33
+vllm/entrypoints/launchers/launcher.py setup_server): a server still loading is a server, with no listening socket
+yet, and the port its command line names (--port, else vLLM's default 8000). The launcher of several API servers (`--api-server-count`, data parallel) is the one such
 process of its tree: its `VLLM::APIServer_<i>` children carry a title, not vLLM's command line (vLLM 0.33
 vllm/v1/utils.py run_api_server_worker_proc). What its tree holds of the GPUs comes from a gpu_facts snapshot.
 
@@ -32,6 +34,10 @@ _PYTHON = re.compile(r"^python[0-9.]*$")
 # console script `vllm` calls vllm.entrypoints.cli.main:main; vllm/entrypoints/openai/api_server.py has a __main__
 # of its own (make_arg_parser, the model as --model; setup_server binds the socket that run_server listens on).
 _SERVE_MODULES = {"vllm.entrypoints.cli.main": True, "vllm.entrypoints.openai.api_server": False}
+# FrontendArgs.port's default (vLLM 0.33 vllm/entrypoints/common/cli_args.py); --uds binds a unix socket instead and
+# --headless runs no API server (vllm/entrypoints/cli/serve.py run_headless): no TCP port then.
+DEFAULT_PORT = 8000
+_NO_TCP_FLAGS = ("--uds", "--headless")
 # Flags whose value is a secret: shown as SECRET_SHOWN (plugin_utils/_vllm_checks.py SECRETS names the same two).
 _SECRET_FLAGS = ("--api-key", "--hf-token")
 SECRET_SHOWN = "<not shown>"
@@ -49,7 +55,9 @@ class Server(TypedDict):
     cwd: Optional[str]
     log_file: Optional[str]  # where its standard output goes
     cuda_visible_devices: Optional[str]  # from its environment (the one variable read there)
-    listen: List[List[Any]]  # [address, port] of each listening TCP socket
+    listen: List[List[Any]]  # [address, port] of each listening TCP socket ([]: still loading its model)
+    host: Optional[str]  # the address its command line binds (--host; None: every address)
+    port: Optional[int]  # the TCP port its command line names (vLLM's default 8000; None with --uds, --headless)
     model: Optional[str]
     served_model_name: Optional[str]
     tensor_parallel_size: int
@@ -129,6 +137,20 @@ def described(args: Sequence[str]) -> Dict[str, Any]:
         "tensor_parallel_size": _size(flags, "--tensor-parallel-size", "-tp"),
         "data_parallel_size": _size(flags, "--data-parallel-size", "-dp"),
     }
+
+
+def bound_address(args: Sequence[str]) -> Tuple[Optional[str], Optional[int]]:
+    """(--host, TCP port) that a server's arguments (serve_args) bind: --port, else DEFAULT_PORT; (host, None) with
+    --uds or --headless, or a --port that is not a number."""
+    _positional, flags = _options(args)
+    hosts = flags.get("--host")
+    host = hosts[0] if hosts else None
+    if any(flag in flags for flag in _NO_TCP_FLAGS):
+        return host, None
+    given = flags.get("--port")
+    if not given:
+        return host, DEFAULT_PORT
+    return host, int(given[0]) if given[0].isdigit() else None
 
 
 def hide_secrets(argv: Sequence[str]) -> List[str]:
@@ -224,8 +246,11 @@ def _held(tree: Iterable[int], snapshot: Snapshot) -> Tuple[List[int], List[int]
 
 def _server(pid: int, stat: _proc.Stat, argv: List[str], args: List[str], listen: List[List[Any]]) -> Dict[str, Any]:
     shown = hide_secrets(argv)
+    host, port = bound_address(args)
     return dict(
         described(args),
+        host=host,
+        port=port,
         pid=pid,
         start_ticks=stat["start_ticks"],
         sid=stat["sid"],
@@ -278,9 +303,9 @@ def find_servers(snapshot: Snapshot, proc: str = "/proc") -> List[Server]:
     for pid, stat in sorted(stats.items()):
         argv = _proc.read_argv(pid, proc) or []
         args = serve_args(argv)
-        listen = [sockets[inode] for inode in _socket_inodes(pid, proc) if inode in sockets] if args is not None else []
-        if listen and _python(pid, proc):
-            found[pid] = _server(pid, stat, argv, args or [], sorted(listen))
+        if args is not None and _python(pid, proc):
+            listen = [sockets[inode] for inode in _socket_inodes(pid, proc) if inode in sockets]
+            found[pid] = _server(pid, stat, argv, args, sorted(listen))
     servers: List[Server] = []
     for pid, server in found.items():
         if _launched_by(pid, stats, found):

@@ -2,8 +2,8 @@
 # Copyright (c) 2026, gpuops.nvidia contributors
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""plugins/module_utils/vllm/_vllm_servers.py: vLLM API servers known by their process and listening socket, on a
-/proc laid out as the kernel lays it out (stat, cmdline, exe, cwd, fd links, net/tcp)."""
+"""plugins/module_utils/vllm/_vllm_servers.py: vLLM API servers known by their process, listening or still loading,
+on a /proc laid out as the kernel lays it out (stat, cmdline, exe, cwd, fd links, net/tcp)."""
 
 from __future__ import annotations
 
@@ -121,7 +121,6 @@ def test_a_server_started_by_hand_with_its_tree_gpus_log_and_directory(proc):
     proc.add(12, 11, ["VLLM::Worker_TP0"])
     proc.add(13, 11, ["VLLM::Worker_TP1"])
     proc.add(20, 1, ["/usr/bin/python3", "-m", "http.server"], sockets=["6001"])  # listens, runs no vLLM
-    proc.add(21, 1, [PYTHON, "-m", "vllm.entrypoints.openai.api_server", "--model", "/m"])  # loading: not listening yet
     proc.add(22, 1, ["/usr/local/bin/vllm-rs", "vllm", "serve", "/m"], exe="/usr/local/bin/vllm-rs", sockets=["6001"])
     (server,) = s.find_servers(SNAPSHOT, str(proc.root))
     assert server == {
@@ -135,6 +134,8 @@ def test_a_server_started_by_hand_with_its_tree_gpus_log_and_directory(proc):
         "log_file": "/home/op/vllm.log",
         "cuda_visible_devices": "0,1",
         "listen": [["127.0.0.1", 30000]],
+        "host": None,
+        "port": 30000,
         "model": "/models/q",
         "served_model_name": "/models/q",
         "tensor_parallel_size": 2,
@@ -157,6 +158,41 @@ def test_a_launcher_of_several_api_servers_is_one_server(proc):
     proc.add(12, 10, ["VLLM::EngineCore"])
     (server,) = s.find_servers({"holders": [{"pid": 12, "gpus": [3], "mig": {}}]}, str(proc.root))
     assert (server["pid"], server["tree"], server["gpus"]) == (10, [11, 12, 14], [3])
+
+
+@pytest.mark.parametrize(
+    "args, address",
+    [
+        (["/m", "--port", "28657", "--host", "127.0.0.1"], ("127.0.0.1", 28657)),
+        (["/m", "--port=28657"], (None, 28657)),
+        (["--model", "/m"], (None, 8000)),  # FrontendArgs.port's default
+        (["/m", "--uds", "/run/v.sock", "--port", "9000"], (None, None)),  # a unix socket: no TCP port
+        (["/m", "--headless", "-dp", "2"], (None, None)),  # engines only: no API server
+        (["/m", "--port", "$PORT"], (None, None)),
+    ],
+)
+def test_the_address_a_command_line_binds(args, address):
+    assert s.bound_address(args) == address
+
+
+def test_a_server_still_loading_its_model_is_a_server(proc):
+    # vLLM binds its port before it builds the engine and listens once the model is loaded: while the workers load
+    # the weights on GPUs 0-1, the API server has no listening socket (a bound socket is not in /proc/net/tcp).
+    loading = [PYTHON, "/opt/vllm/bin/vllm", "serve", "/models/q", "--host", "127.0.0.1", "--port", "28657", "-tp", "2"]
+    proc.add(10, 1, loading)
+    proc.add(11, 10, ["VLLM::EngineCore"])
+    proc.add(12, 11, ["VLLM::Worker_TP0"])
+    proc.add(13, 11, ["VLLM::Worker_TP1"])
+    proc.add(14, 11, loading)  # a worker forked before setproctitle: vLLM's command line, its launcher stands for it
+    proc.add(20, 1, [PYTHON, "-m", "vllm.entrypoints.openai.api_server", "--model", "/m"])  # no engine yet, no GPU
+    proc.add(30, 1, ["/usr/bin/bash", "-c", "vllm serve /m"], exe="/usr/bin/bash")  # the shell that started one
+    first, second = s.find_servers(SNAPSHOT, str(proc.root))
+    assert (first["pid"], first["listen"], first["host"], first["port"]) == (10, [], "127.0.0.1", 28657)
+    assert (first["tree"], first["holders"], first["gpus"]) == ([11, 12, 13, 14], [12, 13], [0, 1])
+    assert (second["pid"], second["listen"], second["port"], second["gpus"]) == (20, [], 8000, [])
+    # The role's own instance while it loads is its record, by its pidfile's session, as when it listens.
+    assert s.recorded(first, {"b": {"pidfile": [10, 1010], "unit": "vllm-b.service"}}) == "b"
+    assert s.recorded(first, {"b": {"pidfile": None, "unit": "vllm-b.service"}}) is None
 
 
 def test_records_of_the_role():

@@ -74,7 +74,8 @@ def test_with_the_opt_in_it_is_replaced(opt_in):
     planned = plan([server()], dict(SETTINGS, adopt_unmanaged=opt_in))
     assert planned["problems"] == []
     entry = planned["instances"]["a"]
-    assert entry["reasons"] == ["configuration changed", "not running", "vLLM server PID 4242 not started by this role"]
+    # Not "not running": the instance was never deployed, and the server it replaces runs.
+    assert entry["reasons"] == ["configuration changed", "vLLM server PID 4242 not started by this role"]
     assert entry["replaces"] == [
         {
             "pid": 4242,
@@ -89,8 +90,72 @@ def test_with_the_opt_in_it_is_replaced(opt_in):
             "ports": [8000],
             "url": "http://127.0.0.1:8000",
             "gpus": [0, 1],
+            "starting": False,
         }
     ]
+
+
+def loading(pid=4242, port=8000, gpus=(0, 1), **extra):
+    """A server still loading its model: its command line names its port, vLLM does not listen on it yet."""
+    return dict(server(pid, port, gpus, **extra), listen=[], host="127.0.0.1", port=port)
+
+
+def test_a_server_still_loading_is_refused_as_one_that_listens():
+    planned = plan([loading(), loading(pid=4300, port=9001, gpus=[1])])
+    assert planned["instances"] == {}
+    (problem,) = planned["problems"]
+    assert problem.startswith(
+        "instance a: a vLLM server that this role did not start is starting on its port 8000: PID 4242 on port 8000 "
+        "(still starting: not listening yet), serving /models/Qwen3.6-27B as qwen (tensor parallel 2, data parallel 1) "
+        "on GPUs 0, 1. Nothing was signalled. To drain it and replace it with this instance, run again with "
+        "-e vllm_server_adopt_unmanaged=true (or adopt_unmanaged: true on the instance); or stop it by hand: "
+        "kill -TERM 4242; a vLLM server that this role did not start holds its GPUs 1: PID 4300 on port 9001 (still "
+        "starting: not listening yet), serving"
+    ), problem
+    # Its port alone: the API server binds it before EngineCore and the workers take a GPU.
+    assert "is starting on its port 8000: PID 4242" in plan([loading(gpus=[])])["problems"][0]
+    assert plan([loading(port=9001, gpus=[])])["problems"] == []  # another port, no GPU: not in the way
+
+
+def test_a_server_still_loading_is_stopped_and_replaced_with_the_opt_in():
+    entry = plan([loading()], ADOPT)["instances"]["a"]
+    assert entry["reasons"] == [
+        "configuration changed",
+        "vLLM server PID 4242 not started by this role (still starting)",
+    ]
+    (replaced,) = entry["replaces"]
+    # vllm_drain finds nothing listening at its URL (connection refused: nothing to drain) and goes on to SIGTERM.
+    assert (replaced["url"], replaced["port"], replaced["ports"], replaced["starting"]) == (
+        "http://127.0.0.1:8000",
+        8000,
+        [8000],
+        True,
+    )
+    e = r.entry(entry, {"reasons": entry["reasons"], "check_mode": True})
+    assert (
+        "  would stop and replace the vLLM server PID 4242 on port 8000 that this role did not start (still starting: "
+        "not listening yet): " + COMMAND
+    ) in r.summary_lines([e], ["a"])
+    nothing = dict(DRAIN, drained=True, reachable=False, running_at_start=None, stop=dict(STOP, stop_s=5.2))
+    e = r.entry(
+        entry, {"reasons": entry["reasons"], "replaced": {"results": [nothing]}, "ready": {"healthy_after_s": 2}}
+    )
+    lines = r.summary_lines([e], ["a"])
+    assert lines[2:4] == [
+        "  stopped and replaced the vLLM server PID 4242 on port 8000 that this role did not start (still starting: "
+        "not listening yet): " + COMMAND,
+        "    SIGTERM to its API server: its tree exited after 5.2 s",
+    ], lines
+    assert lines[-1].endswith("(it was not running before)"), lines  # it served nothing yet
+
+
+def test_a_server_with_no_tcp_port_is_refused_even_with_the_opt_in():
+    (problem,) = plan([loading(port=None)], ADOPT)["problems"]
+    assert problem.startswith("instance a: a vLLM server that this role did not start holds its GPUs 0, 1: PID 4242")
+    assert problem.endswith(
+        "It has no TCP port (--uds or --headless) to drain it through, so it is not replaced even with "
+        "vllm_server_adopt_unmanaged: stop it by hand (kill -TERM 4242)"
+    )
 
 
 def test_the_instance_key_overrides_the_role_variable():
@@ -171,9 +236,8 @@ def test_a_replaced_server_is_named_with_its_drain_and_stop():
     killed = dict(DRAIN, stop=dict(STOP, killed=[{"pid": 4250, "comm": "VLLM::Worker_TP"}]))
     e = _entry({"replaced": {"results": [killed]}, "ready": {"healthy_after_s": 2.0}})
     lines = r.summary_lines([e], ["a"])
-    assert lines[0].endswith(
-        "redeployed (configuration changed, not running, vLLM server PID 4242 not started by this role)"
-    )
+    assert lines[0].endswith("redeployed (configuration changed, vLLM server PID 4242 not started by this role)")
+    assert lines[-1] == "  healthy 2.0 s after start, down 0.0 s in all", lines  # it served before: not "not running"
     assert lines[2:5] == [
         "  drained and replaced the vLLM server PID 4242 on port 8000 that this role did not start: " + COMMAND,
         "    drained in 0.2 s: 0 request(s) running and 0 waiting at the stop (2 running at the start), server exited "
