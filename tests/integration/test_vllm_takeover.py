@@ -128,7 +128,7 @@ def test_servers_started_by_hand_are_refused_by_name_then_drained_and_replaced(s
         node,
         tmp_path / "fourth",
         port_b,
-        "CUDA_VISIBLE_DEVICES=2,3 SIMVLLM_LOAD_SECONDS=600",
+        "CUDA_VISIBLE_DEVICES=2,3 SIMVLLM_LOAD_SECONDS=600 VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS=1",
         "/models/Qwen3-0.6B --host 127.0.0.1 --tensor-parallel-size 2 --gpu-memory-utilization 0.05",
     )
     api_first, api_second, api_third, api_fourth = first[0], second[0], third[0], fourth[0]
