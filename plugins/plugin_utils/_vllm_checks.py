@@ -462,8 +462,15 @@ def held_problems(
                 "in %s/%s.pid), or choose other GPUs" % (settings["unit_prefix"], name, settings["state_dir"], name)
             )
         problems.append(
-            "GPUs %s are held by instance %s (deployed by this role on GPUs %s, PIDs %s), which the redeploy "
-            "would end: %s" % (_text(resolved), name, _text(config["gpus"]), _text(pids), where)
+            "%s held by instance %s (deployed by this role on GPUs %s, %s %s), which the redeploy would end: %s"
+            % (
+                "GPU %s is" % _text(resolved) if len(resolved) == 1 else "GPUs %s are" % _text(resolved),
+                name,
+                _text(config["gpus"]),
+                "PID" if len(pids) == 1 else "PIDs",
+                _text(pids),
+                where,
+            )
         )
     return problems
 

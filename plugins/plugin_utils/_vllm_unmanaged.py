@@ -56,6 +56,16 @@ def _port_of(server: Server) -> List[int]:
     return [int(server["port"])] if starting(server) else ports(server)
 
 
+def gpus_words(refs: Sequence[Any]) -> str:
+    """ "GPU 2" for one GPU reference, "GPUs 2, 3" for several."""
+    return "%s %s" % ("GPU" if len(refs) == 1 else "GPUs", _join(refs))
+
+
+def _it(count: int) -> Tuple[str, str, str]:
+    """The verb and pronouns of a sentence about `count` GPUs: ("is", "it", "it") or ("are", "them", "them")."""
+    return ("is", "it", "it") if count == 1 else ("are", "them", "them")
+
+
 def held(server: Server) -> List[Any]:
     """What the server's tree holds, as the role names GPUs: an index, or the MIG UUIDs it holds on a GPU in MIG
     mode."""
@@ -100,14 +110,14 @@ def describe(server: Server) -> str:
     served = server.get("served_model_name")
     model = server.get("model") or "an unknown model"
     what = model if not served or served == model else "%s as %s" % (model, served)
-    return "PID %s on port %s%s, serving %s (tensor parallel %s, data parallel %s) on GPUs %s" % (
+    return "PID %s on port %s%s, serving %s (tensor parallel %s, data parallel %s) on %s" % (
         server["pid"],
         _join(_port_of(server)) or "none",
         " (still starting: not listening yet)" if starting(server) else "",
         what,
         server.get("tensor_parallel_size", 1),
         server.get("data_parallel_size", 1),
-        _join(held(server)) or "none",
+        gpus_words(held(server)) if held(server) else "no GPU",
     )
 
 
@@ -116,7 +126,7 @@ def _why(server: Server, instance: Mapping[str, Any], resolved: Optional[Sequenc
     if port in _port_of(server):
         return "%s its port %s" % ("is starting on" if starting(server) else "listens on", port)
     shared = [ref for ref in held(server) if resolved is not None and gpus.overlap(list(resolved), [ref])]
-    return "holds its GPUs %s" % _join(shared)
+    return "holds its %s" % gpus_words(shared)
 
 
 def service_unit(server: Server) -> Optional[str]:
@@ -182,9 +192,10 @@ def findings(
             )
         elif others:
             problems.append(
-                "%s. It also holds GPUs %s, which are not this instance's: replacing it would take them from under "
-                "whatever uses them next, so it is refused even with vllm_server_adopt_unmanaged. Stop it by hand "
-                "(kill -TERM %s), or give the instance all of its GPUs" % (what, _join(others), server["pid"])
+                "%s. It also holds %s, which %s not this instance's: replacing it would take %s from under "
+                "whatever uses %s next, so it is refused even with vllm_server_adopt_unmanaged. Stop it by hand "
+                "(kill -TERM %s), or give the instance all of its GPUs"
+                % ((what, gpus_words(others)) + _it(len(others)) + (server["pid"],))
             )
         elif not adopt:
             problems.append(

@@ -186,7 +186,7 @@ def test_gpus_held_by_another_instance_of_the_role():
         "nvidia": nvidia(holders=[holder(41, [0], 8100), holder(42, [1], 8100), holder(50, [3])]),
     }
     (found,) = problems(one("new", 8000, [1, 2]), host=held)
-    assert "instance new: GPUs 1, 2 are held by instance old (deployed by this role on GPUs 0, 1, PIDs 42)" in found, (
+    assert "instance new: GPUs 1, 2 are held by instance old (deployed by this role on GPUs 0, 1, PID 42)" in found, (
         found
     )
     assert "not in vllm_server_instances: stop it first" in found, found
@@ -203,7 +203,10 @@ def test_gpus_held_by_another_instance_of_the_role():
     assert problems(one("new", 8000, [1, 2]), host=gone) == []
     # A systemd unit of the role.
     unit = dict(held, nvidia=nvidia(holders=[holder(43, [0], unit="vllm-old.service")]))
-    assert "PIDs 43" in problems(one("new", 8000, [0]), host=unit)[0]
+    assert (
+        "GPU 0 is held by instance old (deployed by this role on GPUs 0, 1, PID 43)"
+        in problems(one("new", 8000, [0]), host=unit)[0]
+    )
 
 
 def test_data_parallel_size_times_tensor_parallel_size_must_be_the_gpu_count():

@@ -57,8 +57,8 @@ def test_without_the_opt_in_each_server_is_refused_by_name_with_the_two_ways_on(
         "serving /models/Qwen3.6-27B as qwen (tensor parallel 2, data parallel 1) on GPUs 0, 1. Nothing was signalled. "
         "To drain it and replace it with this instance, run again with -e vllm_server_adopt_unmanaged=true (or "
         "adopt_unmanaged: true on the instance); or stop it by hand: kill -TERM 4242; "
-        "a vLLM server that this role did not start holds its GPUs 1: PID 4300 on port 9001, serving "
-        "/models/Qwen3.6-27B (tensor parallel 1, data parallel 1) on GPUs 1. Nothing was signalled."
+        "a vLLM server that this role did not start holds its GPU 1: PID 4300 on port 9001, serving "
+        "/models/Qwen3.6-27B (tensor parallel 1, data parallel 1) on GPU 1. Nothing was signalled."
     ), problem
     assert problem.endswith("kill -TERM 4300")
 
@@ -109,7 +109,7 @@ def test_a_server_still_loading_is_refused_as_one_that_listens():
         "(still starting: not listening yet), serving /models/Qwen3.6-27B as qwen (tensor parallel 2, data parallel 1) "
         "on GPUs 0, 1. Nothing was signalled. To drain it and replace it with this instance, run again with "
         "-e vllm_server_adopt_unmanaged=true (or adopt_unmanaged: true on the instance); or stop it by hand: "
-        "kill -TERM 4242; a vLLM server that this role did not start holds its GPUs 1: PID 4300 on port 9001 (still "
+        "kill -TERM 4242; a vLLM server that this role did not start holds its GPU 1: PID 4300 on port 9001 (still "
         "starting: not listening yet), serving"
     ), problem
     # Its port alone: the API server binds it before EngineCore and the workers take a GPU.
@@ -166,7 +166,7 @@ def test_the_instance_key_overrides_the_role_variable():
 def test_gpus_beyond_the_instances_are_refused_even_with_the_opt_in():
     (problem,) = plan([server(port=9001, gpus=[1, 2, 3])], ADOPT)["problems"]
     assert problem.startswith(
-        "instance a: a vLLM server that this role did not start holds its GPUs 1: PID 4242 on port 9001"
+        "instance a: a vLLM server that this role did not start holds its GPU 1: PID 4242 on port 9001"
     )
     assert (
         "It also holds GPUs 2, 3, which are not this instance's: replacing it would take them from under whatever "
@@ -197,7 +197,7 @@ def test_mig_instances_are_the_instances_gpus_only_when_they_are_its_own():
     assert p.plan([instance(gpus=["MIG-b"])], found, ADOPT)["instances"]["a"]["replaces"] == []
     found["servers"] = [server(gpus=[0], mig={"0": ["MIG-a", "MIG-b"]}, port=9001)]
     (problem,) = p.plan([instance(gpus=["MIG-a"])], found, ADOPT)["problems"]
-    assert "It also holds GPUs MIG-b, which are not this instance's" in problem
+    assert "It also holds GPU MIG-b, which is not this instance's" in problem
 
 
 def test_render_looks_at_no_server():
