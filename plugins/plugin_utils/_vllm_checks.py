@@ -444,11 +444,9 @@ def held_problems(
             continue
         if not gpus.overlap(resolved, config["gpus"]):
             continue
-        pids = sorted(
-            h["pid"]
-            for h in (host.get("nvidia") or {}).get("holders") or []
-            if _belongs(h, name, config, settings) and any(_holds(h, ref, gpus) for ref in resolved)
-        )
+        theirs = [h for h in (host.get("nvidia") or {}).get("holders") or [] if _belongs(h, name, config, settings)]
+        taken = [ref for ref in resolved if any(_holds(h, ref, gpus) for h in theirs)]
+        pids = sorted(h["pid"] for h in theirs if any(_holds(h, ref, gpus) for ref in taken))
         if not pids:
             continue
         if name in names:
@@ -462,10 +460,11 @@ def held_problems(
                 "in %s/%s.pid), or choose other GPUs" % (settings["unit_prefix"], name, settings["state_dir"], name)
             )
         problems.append(
-            "%s held by instance %s (deployed by this role on GPUs %s, %s %s), which the redeploy would end: %s"
+            "%s held by instance %s (deployed by this role on %s %s, %s %s), which the redeploy would end: %s"
             % (
-                "GPU %s is" % _text(resolved) if len(resolved) == 1 else "GPUs %s are" % _text(resolved),
+                "GPU %s is" % _text(taken) if len(taken) == 1 else "GPUs %s are" % _text(taken),
                 name,
+                "GPU" if len(config["gpus"]) == 1 else "GPUs",
                 _text(config["gpus"]),
                 "PID" if len(pids) == 1 else "PIDs",
                 _text(pids),

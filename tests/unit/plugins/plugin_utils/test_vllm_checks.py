@@ -186,9 +186,7 @@ def test_gpus_held_by_another_instance_of_the_role():
         "nvidia": nvidia(holders=[holder(41, [0], 8100), holder(42, [1], 8100), holder(50, [3])]),
     }
     (found,) = problems(one("new", 8000, [1, 2]), host=held)
-    assert "instance new: GPUs 1, 2 are held by instance old (deployed by this role on GPUs 0, 1, PID 42)" in found, (
-        found
-    )
+    assert "instance new: GPU 1 is held by instance old (deployed by this role on GPUs 0, 1, PID 42)" in found, found
     assert "not in vllm_server_instances: stop it first" in found, found
     # Listed after: it would still be there; listed before: it has moved by then.
     (found,) = problems(one("new", 8000, [1, 2]), one("old", 8100, [3]), host=held)
