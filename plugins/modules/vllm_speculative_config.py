@@ -51,7 +51,8 @@ description:
     C(--max-num-batched-tokens), C(--max-num-seqs) and C(--enable-lora) as the release checks it at start (0.33 and
     0.34: DFlash needs C(K + 1) query tokens per request, EAGLE, MTP and draft models C(K); 0.32: DFlash C(K) new
     slots, a draft model 1, the others none), with the arithmetic in the message; values not given take vLLM's
-    defaults for each GPU class (2048/256, 8192/1024, 16384/1024)."
+    defaults for each GPU class (2048/256, 8192/1024, 16384/1024), and the message says which value is such a
+    default (the vllm_server role knows the GPU: it checks its class only)."
   - Read-only; C(changed) is always V(false).
 author: gpuops maintainers (@gpuops)
 extends_documentation_fragment:

@@ -46,9 +46,16 @@ def ports(server: Server) -> List[int]:
     return found
 
 
+def apart(server: Server) -> bool:
+    """Whether the server runs in a network namespace of its own (a container on a bridge network): its sockets and
+    its port are not this host's."""
+    return server.get("own_network") is False
+
+
 def starting(server: Server) -> bool:
-    """Whether the server is still starting: it listens on no TCP port yet, and its command line names one."""
-    return not server.get("listen") and server.get("port") is not None
+    """Whether the server is still starting: in this host's network, it listens on no TCP port yet, and its command
+    line names one."""
+    return not server.get("listen") and server.get("port") is not None and not apart(server)
 
 
 def _port_of(server: Server) -> List[int]:
@@ -110,9 +117,13 @@ def describe(server: Server) -> str:
     served = server.get("served_model_name")
     model = server.get("model") or "an unknown model"
     what = model if not served or served == model else "%s as %s" % (model, served)
-    return "PID %s on port %s%s, serving %s (tensor parallel %s, data parallel %s) on %s" % (
+    return "PID %s %s%s, serving %s (tensor parallel %s, data parallel %s) on %s" % (
         server["pid"],
-        _join(_port_of(server)) or "none",
+        "on port %s" % _join(_port_of(server))
+        if _port_of(server)
+        else "in a network namespace of its own"
+        if apart(server)
+        else "on no TCP port known",
         " (still starting: not listening yet)" if starting(server) else "",
         what,
         server.get("tensor_parallel_size", 1),
@@ -185,10 +196,17 @@ def findings(
                 "%s. It runs in the systemd unit %s, which may start it again after its stop, so it is not replaced "
                 "even with vllm_server_adopt_unmanaged: stop the unit first (systemctl stop %s)" % (what, unit, unit)
             )
+        elif apart(server):
+            problems.append(
+                "%s. It runs in a network namespace of its own (a container's): this host cannot drain it, so it is "
+                "not replaced even with vllm_server_adopt_unmanaged: stop its container, or it (kill -TERM %s)"
+                % (what, server["pid"])
+            )
         elif not _port_of(server):
             problems.append(
-                "%s. It has no TCP port (--uds or --headless) to drain it through, so it is not replaced even with "
-                "vllm_server_adopt_unmanaged: stop it by hand (kill -TERM %s)" % (what, server["pid"])
+                "%s. Its command line names no TCP port to drain it through (--uds, --headless, --api-server-count 0, "
+                "or a port set in its --config file), so it is not replaced even with vllm_server_adopt_unmanaged: "
+                "stop it by hand (kill -TERM %s)" % (what, server["pid"])
             )
         elif others:
             problems.append(

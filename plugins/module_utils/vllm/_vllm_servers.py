@@ -35,9 +35,12 @@ _PYTHON = re.compile(r"^python[0-9.]*$")
 # of its own (make_arg_parser, the model as --model; setup_server binds the socket that run_server listens on).
 _SERVE_MODULES = {"vllm.entrypoints.cli.main": True, "vllm.entrypoints.openai.api_server": False}
 # FrontendArgs.port's default (vLLM 0.33 vllm/entrypoints/common/cli_args.py); --uds binds a unix socket instead and
-# --headless runs no API server (vllm/entrypoints/cli/serve.py run_headless): no TCP port then.
+# --headless, or --api-server-count (-asc) below 1, runs no API server (vllm/entrypoints/cli/serve.py cmd,
+# run_headless): no TCP port then. A --config file may set the port (FlexibleArgumentParser._pull_args_from_config):
+# it is not read, so the port is not known then.
 DEFAULT_PORT = 8000
 _NO_TCP_FLAGS = ("--uds", "--headless")
+_SERVER_COUNT_FLAGS = ("--api-server-count", "-asc")
 # Flags whose value is a secret: shown as SECRET_SHOWN (plugin_utils/_vllm_checks.py SECRETS names the same two).
 _SECRET_FLAGS = ("--api-key", "--hf-token")
 SECRET_SHOWN = "<not shown>"
@@ -56,6 +59,7 @@ class Server(TypedDict):
     log_file: Optional[str]  # where its standard output goes
     cuda_visible_devices: Optional[str]  # from its environment (the one variable read there)
     listen: List[List[Any]]  # [address, port] of each listening TCP socket ([]: still loading its model)
+    own_network: Optional[bool]  # in this module's network namespace (False: a container's own; None: not readable)
     host: Optional[str]  # the address its command line binds (--host; None: every address)
     port: Optional[int]  # the TCP port its command line names (vLLM's default 8000; None with --uds, --headless)
     model: Optional[str]
@@ -141,15 +145,17 @@ def described(args: Sequence[str]) -> Dict[str, Any]:
 
 def bound_address(args: Sequence[str]) -> Tuple[Optional[str], Optional[int]]:
     """(--host, TCP port) that a server's arguments (serve_args) bind: --port, else DEFAULT_PORT; (host, None) with
-    --uds or --headless, or a --port that is not a number."""
+    --uds, --headless or --api-server-count 0, a --config file and no --port (the file may set it), or a --port that
+    is not a number."""
     _positional, flags = _options(args)
     hosts = flags.get("--host")
     host = hosts[0] if hosts else None
-    if any(flag in flags for flag in _NO_TCP_FLAGS):
+    counts = [value for name in _SERVER_COUNT_FLAGS for value in (flags.get(name) or [])[:1]]
+    if any(flag in flags for flag in _NO_TCP_FLAGS) or any(re.match(r"^-?0+$", value) for value in counts):
         return host, None
     given = flags.get("--port")
     if not given:
-        return host, DEFAULT_PORT
+        return host, None if "--config" in flags else DEFAULT_PORT
     return host, int(given[0]) if given[0].isdigit() else None
 
 
@@ -282,6 +288,10 @@ def _details(server: Dict[str, Any], proc: str) -> None:
     except OSError:
         server["user"] = None
     server["cwd"] = _link("%s/%d/cwd" % (proc, pid))
+    # Its listening sockets are read from this namespace's /proc/net/tcp: in a namespace of its own (a container on a
+    # bridge network) they are not there, and its port is not this host's.
+    mine, its = _link("%s/self/ns/net" % proc), _link("%s/%d/ns/net" % (proc, pid))
+    server["own_network"] = None if mine is None or its is None else mine == its
     server["log_file"] = _link("%s/%d/fd/1" % (proc, pid))
     server["cuda_visible_devices"] = _environment(pid, "CUDA_VISIBLE_DEVICES", proc)
     cgroup = _owners.parse_cgroup(_owners.read_cgroup(pid, proc))

@@ -134,6 +134,7 @@ def test_a_server_started_by_hand_with_its_tree_gpus_log_and_directory(proc):
         "log_file": "/home/op/vllm.log",
         "cuda_visible_devices": "0,1",
         "listen": [["127.0.0.1", 30000]],
+        "own_network": None,  # this fake /proc has no ns links
         "host": None,
         "port": 30000,
         "model": "/models/q",
@@ -169,6 +170,14 @@ def test_a_launcher_of_several_api_servers_is_one_server(proc):
         (["/m", "--uds", "/run/v.sock", "--port", "9000"], (None, None)),  # a unix socket: no TCP port
         (["/m", "--headless", "-dp", "2"], (None, None)),  # engines only: no API server
         (["/m", "--port", "$PORT"], (None, None)),
+        # --api-server-count 0 runs headless (vllm/entrypoints/cli/serve.py cmd: api_server_count < 1).
+        (["/m", "--api-server-count", "0"], (None, None)),
+        (["/m", "-asc", "0", "--port", "9000"], (None, None)),
+        (["/m", "--api-server-count=0"], (None, None)),
+        (["/m", "--api-server-count", "2"], (None, 8000)),
+        # A --config file may set the port (FlexibleArgumentParser._pull_args_from_config): not known without --port.
+        (["--config", "/etc/vllm/b.yaml"], (None, None)),
+        (["--config", "/etc/vllm/b.yaml", "--port", "9000"], (None, 9000)),
     ],
 )
 def test_the_address_a_command_line_binds(args, address):
@@ -193,6 +202,19 @@ def test_a_server_still_loading_its_model_is_a_server(proc):
     # The role's own instance while it loads is its record, by its pidfile's session, as when it listens.
     assert s.recorded(first, {"b": {"pidfile": [10, 1010], "unit": "vllm-b.service"}}) == "b"
     assert s.recorded(first, {"b": {"pidfile": None, "unit": "vllm-b.service"}}) is None
+
+
+def test_a_server_in_a_network_namespace_of_its_own_is_said_so(proc):
+    # A container on a bridge network: its listening socket is in its own namespace's /proc/net/tcp, not in this one.
+    proc.add(10, 1, [PYTHON, "/opt/vllm/bin/vllm", "serve", "/models/q"])
+    proc.add(20, 1, [PYTHON, "/opt/vllm/bin/vllm", "serve", "/models/r", "--port", "9001"])
+    os.makedirs(proc.root / "self" / "ns")
+    os.symlink("net:[4026531840]", proc.root / "self" / "ns" / "net")
+    for pid, namespace in ((10, "net:[4026532999]"), (20, "net:[4026531840]")):
+        os.makedirs(proc.root / str(pid) / "ns")
+        os.symlink(namespace, proc.root / str(pid) / "ns" / "net")
+    apart, here = s.find_servers({"holders": []}, str(proc.root))
+    assert (apart["pid"], apart["own_network"], here["pid"], here["own_network"]) == (10, False, 20, True)
 
 
 def test_records_of_the_role():

@@ -151,11 +151,30 @@ def test_a_server_still_loading_is_stopped_and_replaced_with_the_opt_in():
 
 def test_a_server_with_no_tcp_port_is_refused_even_with_the_opt_in():
     (problem,) = plan([loading(port=None)], ADOPT)["problems"]
-    assert problem.startswith("instance a: a vLLM server that this role did not start holds its GPUs 0, 1: PID 4242")
-    assert problem.endswith(
-        "It has no TCP port (--uds or --headless) to drain it through, so it is not replaced even with "
-        "vllm_server_adopt_unmanaged: stop it by hand (kill -TERM 4242)"
+    assert problem.startswith(
+        "instance a: a vLLM server that this role did not start holds its GPUs 0, 1: PID 4242 on no TCP port known, "
     )
+    assert problem.endswith(
+        "Its command line names no TCP port to drain it through (--uds, --headless, --api-server-count 0, or a port "
+        "set in its --config file), so it is not replaced even with vllm_server_adopt_unmanaged: stop it by hand "
+        "(kill -TERM 4242)"
+    )
+
+
+def test_a_server_in_a_network_namespace_of_its_own_is_in_the_way_by_its_gpus_only():
+    """A container on a bridge network serving on its own port 8000 (not the host's): not "starting", not on the
+    instance's port 8000; on the instance's GPUs it is refused, even with the opt-in (the host cannot drain it)."""
+    apart = loading(port=8000, gpus=[3], own_network=False)
+    assert plan([apart])["problems"] == [] and plan([apart], ADOPT)["problems"] == []
+    (problem,) = plan([dict(apart, gpus=[1])], ADOPT)["problems"]
+    assert problem.startswith(
+        "instance a: a vLLM server that this role did not start holds its GPU 1: PID 4242 in a network namespace of "
+        "its own, serving "
+    ), problem
+    assert "still starting" not in problem and problem.endswith(
+        "It runs in a network namespace of its own (a container's): this host cannot drain it, so it is not replaced "
+        "even with vllm_server_adopt_unmanaged: stop its container, or it (kill -TERM 4242)"
+    ), problem
 
 
 def test_the_instance_key_overrides_the_role_variable():
