@@ -84,7 +84,9 @@ def _drafter(instance: Instance) -> Optional[str]:
         return None
     model = spec.get("model")
     if model is None and (spec.get("method") == "mtp" or releases_with("mtp_methods", spec.get("method"))):
-        model = instance.get("model")
+        target = instance.get("model")
+        # The target's checkpoint on the host: a Hugging Face id is not a path to read (drafter_config gives one).
+        model = target if isinstance(target, str) and target.startswith("/") else None
     return model if isinstance(model, str) and model else None
 
 

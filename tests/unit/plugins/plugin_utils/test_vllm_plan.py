@@ -232,6 +232,16 @@ def test_a_speculative_config_vllm_refuses_is_refused_as_the_module_words_it(spe
     assert planned["instances"] == {} and planned["problems"] == ["instance a: %s" % refused.value], planned
 
 
+def test_mtp_without_model_on_a_hugging_face_target_reads_no_relative_path():
+    """A target given as a Hugging Face id is no checkpoint on the host: nothing is read at a path relative to the
+    module's directory; the refusal says how to give the target's config.json (drafter_config)."""
+    spec = {"method": "mtp", "num_speculative_tokens": 1}
+    request, planned = planned_through_the_host(instance(model="Qwen/Qwen3-Next-80B", speculative_config=dict(spec)))
+    assert request["drafters"] == [], request
+    (problem,) = planned["problems"]
+    assert "give drafter_config=<target>/config.json" in problem and "not found on this host" not in problem, problem
+
+
 def test_environment_must_keep_what_the_speculative_config_needs():
     spec, drafters = SPEC, DRAFTERS
     needed = p.plan([instance(speculative_config=spec)], host(drafters=drafters), SETTINGS)["instances"]["a"]["cfg"][
