@@ -138,7 +138,7 @@ def test_gpus_held_by_another_instance_of_the_role_are_refused(simnode, tmp_path
         r"instance c: GPU 1 is held by instance a \(deployed by this role on GPUs 0, 1, PIDs? [0-9, ]+\), "
         r"which the redeploy would end: it is not in vllm_server_instances",
     )
-    pids = [int(pid) for pid in re.search(r"PIDs ([0-9, ]+)\)", text).group(1).split(", ")]
+    pids = [int(pid) for pid in re.search(r"PIDs? ([0-9, ]+)\)", text).group(1).split(", ")]
     assert pids == [pid for pid in tree["workers"] if pid in pids] and len(pids) == 1, (
         pids,
         tree,
