@@ -51,7 +51,7 @@ extends_documentation_fragment:
   - gpuops.nvidia.nvml
 options:
   driver_timeout:
-    description: Seconds to wait for NVML to answer (greater than 0) before reporting the driver as hung.
+    description: Seconds to wait for NVML to answer (greater than 0, at most 600) before reporting the driver as hung.
     type: float
     default: 10.0
   max_used_mib:

@@ -64,7 +64,7 @@ options:
     type: float
     default: 5
   driver_timeout:
-    description: Seconds the NVIDIA driver may take to answer.
+    description: Seconds the NVIDIA driver may take to answer (greater than 0, at most 600).
     type: float
     default: 10
   max_used_mib:

@@ -92,7 +92,7 @@ options:
     type: int
     default: 256
   driver_timeout:
-    description: Seconds the NVML reading may take, as in M(gpuops.nvidia.gpu_facts). It must be greater than 0.
+    description: Seconds the NVML reading may take, as in M(gpuops.nvidia.gpu_facts) (greater than 0, at most 600).
     type: float
     default: 10.0
 seealso:

@@ -25,7 +25,7 @@ def argument_spec() -> Dict[str, Any]:
 def run(params: Mapping[str, Any]) -> _outcome.Outcome:
     """gpu_facts with `params` (the module's validated options): the look as the fact `nvidia`, and its notes."""
     try:
-        _options.check_numbers(positive=("driver_timeout",), **{name: params[name] for name in NUMBERS})
+        _options.check(_options.GPU, params, NUMBERS)
     except _options.OptionError as exc:
         return _outcome.refused(str(exc))
     inspector = _gpus.Inspector(driver_timeout=params["driver_timeout"])

@@ -61,8 +61,10 @@ def refusals(params: Mapping[str, Any]) -> List[str]:
     if path is not None and (not path.startswith("/") or not path.endswith(".prom")):
         problems.append("textfile must be an absolute path ending in .prom, got %s" % path)
     try:
+        table = _options.bounds(_options.GPU, ("driver_timeout", "max_used_mib"))
         _options.check_numbers(
-            positive=("stall_seconds", "request_timeout", "driver_timeout"),
+            positive=["stall_seconds", "request_timeout"] + table["positive"],
+            at_most=table["at_most"],
             stall_seconds=params["stall_seconds"],
             request_timeout=params["request_timeout"],
             driver_timeout=params["driver_timeout"],

@@ -45,7 +45,8 @@ def run(
     """vllm_server_host with `params` (the module's validated options): what the host has, in one look.
     `check_libraries()` fails the module where the driver's Python libraries are missing, after the numbers' check."""
     try:
-        _options.check_numbers(positive=("driver_timeout",), **{name: params[name] for name in NUMBERS})
+        # request_timeout is this module's own; the others are the GPU table's, with its bounds.
+        _options.check_numbers(**_options.bounds(_options.GPU, NUMBERS[1:]), **{name: params[name] for name in NUMBERS})
     except _options.OptionError as exc:
         return _outcome.refused(str(exc))
     check_libraries()

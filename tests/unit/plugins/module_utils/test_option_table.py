@@ -172,3 +172,19 @@ def test_no_default_of_the_tables_is_written_again_in_the_code():
 )
 def test_a_second_copy_of_a_default_is_found(source):
     assert len(copies(source)) == 1, source
+
+
+def test_gpu_facts_and_gpu_guard_refuse_a_driver_timeout_above_the_tables_bound():
+    """A driver_timeout of 1e10 s crashed gpu_facts and gpu_guard ("timestamp out of range for platform time_t"), and
+    100000 s let a hung driver hold them for a day: they take the GPU table's bound, as gpu_kill and gpu_wait do."""
+    from ansible_collections.gpuops.nvidia.plugins.module_utils.gpu import _facts_run
+    from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _guard
+
+    words = "driver_timeout=%s (must be at most 600 seconds)"
+    for value in (1e10, 100000.0):
+        outcome = _facts_run.run({"driver_timeout": value, "max_used_mib": 256, "recovery": True})
+        assert outcome.failed and outcome.result["msg"] == "invalid option value: " + words % value, outcome
+        guard = dict(
+            vllm_instances=[], textfile=None, stall_seconds=30.0, request_timeout=5.0, driver_timeout=value
+        )
+        assert _guard.refusals(dict(guard, max_used_mib=256)) == ["invalid option value: " + words % value]

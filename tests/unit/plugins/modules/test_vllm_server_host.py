@@ -19,6 +19,8 @@ from module_main import run_main
         ({"driver_timeout": -1}, "driver_timeout=-1.0 (must be greater than 0)"),
         ({"max_used_mib": -5}, "max_used_mib=-5 (must not be negative)"),
         ({"request_timeout": float("nan")}, "request_timeout=nan (must be a finite number)"),
+        # The GPU table's bound (_options.GPU), as gpu_kill and gpu_wait have it.
+        ({"driver_timeout": 1e10}, "driver_timeout=10000000000.0 (must be at most 600 seconds)"),
     ],
 )
 def test_bad_numbers_are_refused_before_the_host_is_read(capsys, monkeypatch, tmp_path, numbers, message):
