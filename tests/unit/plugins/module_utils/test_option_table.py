@@ -184,7 +184,5 @@ def test_gpu_facts_and_gpu_guard_refuse_a_driver_timeout_above_the_tables_bound(
     for value in (1e10, 100000.0):
         outcome = _facts_run.run({"driver_timeout": value, "max_used_mib": 256, "recovery": True})
         assert outcome.failed and outcome.result["msg"] == "invalid option value: " + words % value, outcome
-        guard = dict(
-            vllm_instances=[], textfile=None, stall_seconds=30.0, request_timeout=5.0, driver_timeout=value
-        )
+        guard = dict(vllm_instances=[], textfile=None, stall_seconds=30.0, request_timeout=5.0, driver_timeout=value)
         assert _guard.refusals(dict(guard, max_used_mib=256)) == ["invalid option value: " + words % value]
