@@ -212,6 +212,10 @@ def _names(name: str, value: object) -> List[str]:
     return [_text(entry).strip() for entry in entries if _text(entry).strip()]
 
 
+# Kernel file systems where root's write permission does not let a directory be made (os.access says yes there).
+_KERNEL_FS = ("/proc", "/sys", "/dev")
+
+
 def _writable_dir(path: str) -> Optional[str]:
     """Why files cannot be written in directory `path` (created when missing), or None."""
     probe = os.path.abspath(path)
@@ -222,6 +226,8 @@ def _writable_dir(path: str) -> Optional[str]:
         probe = parent
     if not os.path.isdir(probe):
         return "%s is not a directory" % probe
+    if any(probe == top or probe.startswith(top + "/") for top in _KERNEL_FS):
+        return "%s is a kernel file system" % probe
     if not os.access(probe, os.W_OK | os.X_OK):
         return "%s is not writable" % probe
     return None
@@ -230,8 +236,9 @@ def _writable_dir(path: str) -> Optional[str]:
 def _textfile_refusal(path: str, found: Optional[Mapping[str, Any]]) -> Optional[str]:
     """Why the textfile `path` cannot be written on the host, from ansible.builtin.stat's result `found` for its
     directory (None or {} when not looked at), or None."""
-    if not path.startswith("/"):
-        return "reset_gpus_textfile must be an absolute path on the host, not %s" % shown(path)
+    if not path.startswith("/") or not path.endswith(".prom"):
+        # node_exporter's textfile collector reads the files *.prom of its directory (as gpu_guard's textfile).
+        return "reset_gpus_textfile must be an absolute path on the host ending in .prom, not %s" % shown(path)
     found = (found or {}).get("stat")
     if found is None:
         return None
@@ -253,15 +260,19 @@ def reset_gpus_plan(
     """Filter: the reset_gpus role's variables `given` ({name: value} of every defined reset_gpus_ variable) as
     {"refusal": None or the reason nothing was signalled, "kill": gpu_kill's options, "group": the options gpu_kill
     and gpu_wait share (the later slices of the wait)}. `spec`: the path of the role's meta/argument_specs.yml;
-    `textfile_dir`: ansible.builtin.stat's result for the directory of reset_gpus_textfile on the host."""
+    `textfile_dir`: ansible.builtin.stat's result for the directory of reset_gpus_textfile on the host. "report":
+    whether a report is asked for and its directory can hold it (a refused run's report is written too)."""
+    report_dir = _text(given.get("reset_gpus_report_dir") or "").strip()
+    report = bool(report_dir) and _writable_dir(report_dir) is None
     try:
         textfile = _text(given.get("reset_gpus_textfile") or "").strip()
         why = _textfile_refusal(textfile, textfile_dir) if textfile else None
         if why:
             raise Refused(why)
-        return dict(refusal=None, **_reset_gpus_options(given, spec))
+        return dict(refusal=None, report=report, **_reset_gpus_options(given, spec))
     except Refused as exc:
-        return {"refusal": "nothing was signalled: %s" % exc, "kill": {}, "group": {}, "gpu_reset": None}
+        refusal = "nothing was signalled: %s" % exc
+        return {"refusal": refusal, "report": report, "kill": {}, "group": {}, "gpu_reset": None}
 
 
 def _reset_gpus_options(given: Mapping[str, Any], spec: str) -> Dict[str, Dict[str, Any]]:

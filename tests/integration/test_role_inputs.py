@@ -108,7 +108,7 @@ def test_report_dir_is_created_and_report_failure_never_hides_the_reset(simnode,
             % (tmp_path / "none" / "x.prom", tmp_path / "none"),
         ),
         ({"reset_gpus_textfile": str(blocker / "x.prom")}, "%s is not a directory" % blocker),
-        ({"reset_gpus_textfile": "x.prom"}, "reset_gpus_textfile must be an absolute path on the host"),
+        ({"reset_gpus_textfile": "x.prom"}, "reset_gpus_textfile must be an absolute path on the host ending in .prom"),
     ):
         for check in ((), ("--check",)):
             rc, out, recap = playbook(inventory, RESET, "-e", json.dumps(dict(extra, **bad)), *check)

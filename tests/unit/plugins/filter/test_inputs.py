@@ -176,6 +176,22 @@ def test_destinations_are_checked_before_anything_is_signalled(tmp_path):
     assert inputs.reset_gpus_plan({"reset_gpus_textfile": path}, SPEC, ok)["refusal"] is None
     assert inputs.reset_gpus_plan({"reset_gpus_textfile": path}, SPEC, {"skipped": True})["refusal"] is None
     assert "must be an absolute path" in inputs.reset_gpus_plan({"reset_gpus_textfile": "x.prom"}, SPEC, ok)["refusal"]
+    # A directory (or any name node_exporter's textfile collector does not read): refused before anything is signalled.
+    refusal = inputs.reset_gpus_plan({"reset_gpus_textfile": "/var/lib/node_exporter"}, SPEC, ok)["refusal"]
+    assert refusal == (
+        "nothing was signalled: reset_gpus_textfile must be an absolute path on the host ending in .prom, not "
+        "'/var/lib/node_exporter'"
+    ), refusal
+    # A report directory under /proc cannot be made, although root may write there as far as os.access tells.
+    planned = inputs.reset_gpus_plan({"reset_gpus_report_dir": "/proc/nope"}, SPEC)
+    assert planned["refusal"] == (
+        "nothing was signalled: reset_gpus_report_dir /proc/nope cannot hold the report: /proc is a kernel file system"
+    ), planned
+    # The role writes no report there (the refusal said why once); a refused run's report goes where it can.
+    assert planned["report"] is False and inputs.reset_gpus_plan({}, SPEC)["report"] is False
+    refused_elsewhere = {"reset_gpus_report_dir": str(tmp_path / "reports"), "reset_gpus_signal": ""}
+    planned = inputs.reset_gpus_plan(refused_elsewhere, SPEC)
+    assert planned["refusal"] and planned["report"] is True, planned
 
 
 def test_check_gpus_plan():
