@@ -156,9 +156,14 @@ def test_fleet_summary_prints_the_hosts_the_role_did_not_and_sums_up():
     assert lines == [
         "a: signalled 1 process(es) in 0.50 s",
         "a: memory released after 0.00 s more",
+        # c failed after gpu_kill: the role printed its summary; d was never reached.
         "reset_gpus summary: 4 host(s): 2 ok, 2 failed or unreachable (c, d); holders ended on 2 (a, b); "
-        "1 host's summary printed above (b)",
+        "2 hosts' summaries printed above (b, c)",
     ]
+    unreachable = Hostvars(a={"reset_gpus_kill": {"unreachable": True, "msg": "ssh: connect refused"}})
+    assert reports.reset_gpus_fleet_summary(unreachable, [], ["a"], False)[-1] == (
+        "reset_gpus summary: 1 host(s): 0 ok, 1 failed or unreachable (a); no holder ended"
+    )
     # Without the driver library: ok, no holder left, and the line says the memory was not read.
     blind = dict(done, wait={"memory_checked": False}, summary=["no holder left after 0.00 s more"])
     lines = reports.reset_gpus_fleet_summary(
@@ -532,7 +537,7 @@ def test_the_fleet_summary_counts_the_gpu_resets_and_leaves_their_hosts_summarie
     lines = reports.reset_gpus_fleet_summary(hostvars, ["a", "b"], ["a", "b", "c"], False)
     assert lines == [
         "reset_gpus summary: 3 host(s): 2 ok, 1 failed or unreachable (c); holders ended on 3 (a, b, c); "
-        "GPUs reset on 1 (a); 2 hosts' summaries printed above (a, b)"
+        "GPUs reset on 1 (a); 3 hosts' summaries printed above (a, b, c)"
     ], lines
     check = reports.reset_gpus_fleet_summary(Hostvars(a=dict(hostvars["a"])), ["a"], ["a"], True)
     assert "; GPUs would be reset on 1 (a);" in check[-1], check
