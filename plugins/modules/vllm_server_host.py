@@ -150,9 +150,10 @@ servers:
       listening socket; empty while it loads), C(host) and C(port) (what its command line binds; C(port) is vLLM's
       default 8000 without C(--port), null with C(--uds), C(--headless), C(--api-server-count 0) or a C(--config) file
       without C(--port)), C(own_network) (whether it shares the module's network namespace; false for a container
-      on a bridge network, whose sockets are not in C(listen); null where not readable), C(model), C(served_model_name), C(tensor_parallel_size), C(data_parallel_size) (from its
-      command line), C(tree) (its descendants' PIDs), C(holders), C(gpus) and C(mig) (what its tree holds, as in
-      C(nvidia)), C(systemd_unit), C(container_id) (the container its cgroup names, or null).
+      on a bridge network, whose sockets are not in C(listen); null where not readable), C(model),
+      C(served_model_name), C(tensor_parallel_size), C(data_parallel_size) (from its command line), C(tree) (its
+      descendants' PIDs), C(holders), C(gpus) and C(mig) (what its tree holds, as in C(nvidia)), C(systemd_unit),
+      C(container_id) (the container its cgroup names, or null).
     - C(recorded_by) - the deployed instance whose pidfile, unit or container it is, or null for a server the role did
       not start.
   returned: always

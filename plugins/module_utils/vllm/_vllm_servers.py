@@ -8,8 +8,8 @@ A vLLM API server is known by its process: a Python process that runs vLLM's ser
 vllm.entrypoints.cli.main serve`, `python -m vllm.entrypoints.openai.api_server`), listening or not. vLLM binds its
 port before it builds the engine and listens only once the model is loaded (vLLM 0.33
 vllm/entrypoints/launchers/launcher.py setup_server): a server still loading is a server, with no listening socket
-yet, and the port its command line names (--port, else vLLM's default 8000). The launcher of several API servers (`--api-server-count`, data parallel) is the one such
-process of its tree: its `VLLM::APIServer_<i>` children carry a title, not vLLM's command line (vLLM 0.33
+yet, and the port its command line names (--port, else vLLM's default 8000). The launcher of several API servers
+(`--api-server-count`, data parallel) is the one such process of its tree: its `VLLM::APIServer_<i>` children carry a title, not vLLM's command line (vLLM 0.33
 vllm/v1/utils.py run_api_server_worker_proc). What its tree holds of the GPUs comes from a gpu_facts snapshot.
 
 find_servers(snapshot, proc) -> [Server]; recorded(server, records) -> the instance whose record it is, or None.
