@@ -285,7 +285,7 @@ def _var(hostvars: Mapping[str, Any], host: str, name: str, default: Any = None)
 def _printed(kill: Optional[Mapping[str, Any]]) -> bool:
     """Whether the role printed the summary of a host that failed, from gpu_kill's registered result there: it ran
     (or was refused) and the host was reached."""
-    return bool(kill) and not kill.get("unreachable") and not kill.get("skipped")
+    return kill is not None and bool(kill) and not kill.get("unreachable") and not kill.get("skipped")
 
 
 def reset_gpus_fleet_summary(
