@@ -369,3 +369,33 @@ def test_a_renamed_instance_names_the_deployed_one_on_its_port():
         "its files, or choose another port"
     ), problem
     assert "API key" not in problem, problem
+
+
+# --- the token budget with vLLM's defaults for the class of the instance's first GPU ---------------------------------
+
+# The simulator's H100 (tests/sim: the name NVML gives an H100 80GB HBM3, and its memory)
+H100 = {"index": 0, "uuid": "GPU-0", "name": "NVIDIA H100 80GB HBM3", "memory_total_mib": 81559}
+
+
+def nvidia(*gpus):
+    return {"driver": {"available": True}, "gpus": list(gpus), "holders": []}
+
+
+def test_the_budget_on_an_h100_names_its_class_and_not_the_users_value():
+    on_h100 = host(drafters=DRAFTERS, nvidia=nvidia(H100))
+    given = instance(gpus=[0], speculative_config=SPEC, extra_args=["--max-num-batched-tokens", "16"])
+    planned = p.plan([given], on_h100, SETTINGS)
+    assert "vLLM 0.33.0 expects at most 14 with max_num_batched_tokens 16: dflash takes" in planned["problems"][0]
+    assert "default" not in planned["problems"][0]
+    # vLLM's 8192 on an H100 leaves no slot for K + 1 = 8192 (a warning for some classes where the GPU is unknown)
+    wide = instance(gpus=[0], speculative_config=dict(SPEC, num_speculative_tokens=8191))
+    planned = p.plan([wide], on_h100, SETTINGS)
+    assert "max_num_batched_tokens 8192 (vLLM's default for H100/H200 class (70-160 GiB))" in planned["problems"][0]
+
+
+def test_the_gpu_class_is_the_first_gpus_and_none_for_a_mig_instance():
+    a100 = {"index": 1, "uuid": "GPU-1", "name": "NVIDIA A100-SXM4-80GB", "memory_total_mib": 81920}
+    assert p._gpu_class([0, 1], nvidia(H100, a100)) == "H100/H200 class (70-160 GiB)"
+    assert p._gpu_class([1, 0], nvidia(H100, a100)) == "GPUs under 70 GiB and A100"
+    assert p._gpu_class(["MIG-6a1e0c4f"], nvidia(H100)) is None
+    assert p._gpu_class([0], nvidia({"index": 0, "uuid": "GPU-0"})) is None
