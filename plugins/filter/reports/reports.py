@@ -282,9 +282,12 @@ def _var(hostvars: Mapping[str, Any], host: str, name: str, default: Any = None)
     return default if value is None else value
 
 
-def _printed(kill: Optional[Mapping[str, Any]]) -> bool:
-    """Whether the role printed the summary of a host that failed, from gpu_kill's registered result there: it ran
-    (or was refused) and the host was reached."""
+def _printed(hostvars: Mapping[str, Any], host: str, play_hosts: List[str]) -> bool:
+    """Whether the role printed a host's summary: it printed that of every host it got to after gpu_kill, failed ones
+    too (tasks/finish.yml), but not of a host that could not be reached (Ansible runs no more of its tasks)."""
+    kill = _var(hostvars, host, "reset_gpus_kill", None)
+    if host in play_hosts:
+        return True
     return kill is not None and bool(kill) and not kill.get("unreachable") and not kill.get("skipped")
 
 
@@ -322,13 +325,7 @@ def reset_gpus_fleet_summary(
             done.append(host)
             lines.extend("%s: %s" % (host, line) for line in kill.get("summary", []))
     failed = [host for host in all_hosts if host not in play_hosts]
-    # The role printed the summary of every host it got to after gpu_kill, failed ones too (tasks/finish.yml), but
-    # not of a host that could not be reached (Ansible runs no more of its tasks).
-    above = [
-        host
-        for host in all_hosts
-        if host not in done and (host in play_hosts or _printed(_var(hostvars, host, "reset_gpus_kill", None)))
-    ]
+    above = [host for host in all_hosts if host not in done and _printed(hostvars, host, play_hosts)]
     verb = "would be ended" if check_mode else "ended"
     lines.append(
         "reset_gpus summary%s: %d host(s): %d ok%s; %s%s%s%s%s"
