@@ -9,8 +9,8 @@ vllm.entrypoints.cli.main serve`, `python -m vllm.entrypoints.openai.api_server`
 port before it builds the engine and listens only once the model is loaded (vLLM 0.33
 vllm/entrypoints/launchers/launcher.py setup_server): a server still loading is a server, with no listening socket
 yet, and the port its command line names (--port, else vLLM's default 8000). The launcher of several API servers
-(`--api-server-count`, data parallel) is the one such process of its tree: its `VLLM::APIServer_<i>` children carry a title, not vLLM's command line (vLLM 0.33
-vllm/v1/utils.py run_api_server_worker_proc). What its tree holds of the GPUs comes from a gpu_facts snapshot.
+(`--api-server-count`, data parallel) is the one such process of its tree: its `VLLM::APIServer_<i>` children carry
+a title, not vLLM's command line (vLLM 0.33 vllm/v1/utils.py run_api_server_worker_proc). What its tree holds of the GPUs comes from a gpu_facts snapshot.
 
 find_servers(snapshot, proc) -> [Server]; recorded(server, records) -> the instance whose record it is, or None.
 """
@@ -151,7 +151,8 @@ def bound_address(args: Sequence[str]) -> Tuple[Optional[str], Optional[int]]:
     hosts = flags.get("--host")
     host = hosts[0] if hosts else None
     counts = [value for name in _SERVER_COUNT_FLAGS for value in (flags.get(name) or [])[:1]]
-    if any(flag in flags for flag in _NO_TCP_FLAGS) or any(re.match(r"^-?0+$", value) for value in counts):
+    headless = any(re.match(r"^(-[0-9]+|0+)$", value) for value in counts)  # serve.py cmd: api_server_count < 1
+    if headless or any(flag in flags for flag in _NO_TCP_FLAGS):
         return host, None
     given = flags.get("--port")
     if not given:

@@ -174,6 +174,7 @@ def test_a_launcher_of_several_api_servers_is_one_server(proc):
         (["/m", "--api-server-count", "0"], (None, None)),
         (["/m", "-asc", "0", "--port", "9000"], (None, None)),
         (["/m", "--api-server-count=0"], (None, None)),
+        (["/m", "--api-server-count", "-1"], (None, None)),
         (["/m", "--api-server-count", "2"], (None, 8000)),
         # A --config file may set the port (FlexibleArgumentParser._pull_args_from_config): not known without --port.
         (["--config", "/etc/vllm/b.yaml"], (None, None)),
