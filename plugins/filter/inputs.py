@@ -262,20 +262,23 @@ def reset_gpus_plan(
     and gpu_wait share (the later slices of the wait)}. `spec`: the path of the role's meta/argument_specs.yml;
     `textfile_dir`: ansible.builtin.stat's result for the directory of reset_gpus_textfile on the host. "report":
     whether a report is asked for and its directory can hold it (a refused run's report is written too)."""
-    report_dir = _text(given.get("reset_gpus_report_dir") or "").strip()
-    report = bool(report_dir) and _writable_dir(report_dir) is None
+    report_dir = _text(given.get("reset_gpus_report_dir") or "")
+    report_why = _writable_dir(report_dir) if report_dir.strip() else None
+    report = bool(report_dir.strip()) and report_why is None
     try:
         textfile = _text(given.get("reset_gpus_textfile") or "").strip()
         why = _textfile_refusal(textfile, textfile_dir) if textfile else None
         if why:
             raise Refused(why)
-        return dict(refusal=None, report=report, **_reset_gpus_options(given, spec))
+        return dict(refusal=None, report=report, **_reset_gpus_options(given, spec, report_why))
     except Refused as exc:
         refusal = "nothing was signalled: %s" % exc
         return {"refusal": refusal, "report": report, "kill": {}, "group": {}, "gpu_reset": None}
 
 
-def _reset_gpus_options(given: Mapping[str, Any], spec: str) -> Dict[str, Dict[str, Any]]:
+def _reset_gpus_options(given: Mapping[str, Any], spec: str, report_why: Optional[str]) -> Dict[str, Dict[str, Any]]:
+    """gpu_kill's options and the group's from the role's variables `given`; Refused for the first bad one
+    (`report_why`: why reset_gpus_report_dir cannot hold the report, None where it can or is not asked for)."""
     message = unknown_vars_message(
         set(given) - set(RESET_RESULTS), set(spec_options(spec)) | {"reset_gpus_hosts"}, "the role"
     )
@@ -294,11 +297,9 @@ def _reset_gpus_options(given: Mapping[str, Any], spec: str) -> Dict[str, Dict[s
             )
         group["pid_start_ticks"] = dict(ticks)
     values = _reset_gpus_numbers(given)
-    report_dir = _text(given.get("reset_gpus_report_dir") or "")
-    if report_dir.strip():
-        why = _writable_dir(report_dir)
-        if why:
-            raise Refused("reset_gpus_report_dir %s cannot hold the report: %s" % (report_dir, why))
+    if report_why:
+        report_dir = _text(given["reset_gpus_report_dir"])
+        raise Refused("reset_gpus_report_dir %s cannot hold the report: %s" % (report_dir, report_why))
     group.update(
         exclude=_names("reset_gpus_exclude", given.get("reset_gpus_exclude")),
         include_protected=_flag("reset_gpus_include_protected", given.get("reset_gpus_include_protected", False)),

@@ -24,8 +24,7 @@ from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._speculative im
     validate_speculative_config,
 )
 from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._speculative_parse import SpeculativeConfigError
-from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._speculative_vllm import releases_with
-from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._speculative_vllm import batch_class
+from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._speculative_vllm import batch_class, releases_with
 from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm import _vllm_files, _vllm_server_facts, _vllm_versions
 from ansible_collections.gpuops.nvidia.plugins.module_utils.vllm._vllm_address import local_host, local_url
 from ansible_collections.gpuops.nvidia.plugins.plugin_utils import _vllm_container, _vllm_unmanaged

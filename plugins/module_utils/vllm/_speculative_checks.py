@@ -420,11 +420,6 @@ def _lookahead(method: str, tokens: int, facts: VllmFacts, parallel: bool = Fals
     return 0, None, ""
 
 
-def _where(case: _Case) -> str:
-    """The words that say which values of a budget case are vLLM's defaults for a GPU class (_cases)."""
-    return case[3]
-
-
 def _cases(facts: VllmFacts, server: ServerArgs, uses_seqs: bool, gpu_class: Optional[str]) -> List[_Case]:
     """The budget cases of a check that reads max_num_batched_tokens (and max_num_seqs where `uses_seqs`): one with
     the server's own values where it gives them all, else one per GPU class (only `gpu_class` where it is known) with
@@ -459,7 +454,7 @@ def _slots_message(case: _Case, method: str, slots: _Slots, version: str) -> str
         % (
             "at most %d" % (case[1] - offset - 1) if offset is not None else "no value",
             case[1],
-            _where(case),
+            case[3],
             method,
             words,
             version,
@@ -476,7 +471,7 @@ def _lora_message(case: _Case, tokens: int, version: str) -> str:
         "at most %d with --enable-lora, max_num_batched_tokens %d and max_num_seqs %d%s: vLLM %s refuses to start "
         "when max_num_batched_tokens < max_num_seqs x (K + 1) = %d x %d = %d ('Consider increasing "
         "max_num_batched_tokens or decreasing num_speculative_tokens')"
-        % (case[1] // case[2] - 1, case[1], case[2], _where(case), version, case[2], tokens + 1, case[2] * (tokens + 1))
+        % (case[1] // case[2] - 1, case[1], case[2], case[3], version, case[2], tokens + 1, case[2] * (tokens + 1))
     )
 
 
@@ -485,7 +480,7 @@ def _dflash_seqs_message(case: _Case, lookahead: int, version: str) -> str:
     return (
         "max_num_batched_tokens %d // (K + 1 = %d) = %d < max_num_seqs %d%s: vLLM %s starts but serves at most %d "
         "requests at once (it lowers max_num_active_seqs; the DFlash draft pass needs K + 1 query tokens per "
-        "request)" % (case[1], lookahead, case[1] // lookahead, case[2], _where(case), version, case[1] // lookahead)
+        "request)" % (case[1], lookahead, case[1] // lookahead, case[2], case[3], version, case[1] // lookahead)
     )
 
 
